@@ -1,0 +1,256 @@
+//! The admin API (§5): JSON in and out, errors as `{"error": "…"}`.
+//!
+//! Every route here calls the same pool operations; none of them touches the request
+//! path beyond publishing a new routing table.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::config::{backend_spec, MAX_WEIGHT};
+use crate::pool::{AdminState as BackendState, BackendView, Pool, PoolError};
+use crate::strategy::StrategyKind;
+
+/// What the admin handlers share.
+#[derive(Clone)]
+pub struct AdminCtx {
+    pool: Arc<Pool>,
+    token: Option<Arc<str>>,
+}
+
+impl AdminCtx {
+    /// Admin state over `pool`; with a token, every route needs it.
+    pub fn new(pool: Arc<Pool>, token: Option<String>) -> Self {
+        AdminCtx {
+            pool,
+            token: token.map(Into::into),
+        }
+    }
+}
+
+/// An error answer: status plus `{"error": message}`.
+#[derive(Debug)]
+pub struct ApiError(StatusCode, String);
+
+impl ApiError {
+    fn bad(msg: impl Into<String>) -> Self {
+        ApiError(StatusCode::BAD_REQUEST, msg.into())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.0, Json(json!({ "error": self.1 }))).into_response()
+    }
+}
+
+impl From<PoolError> for ApiError {
+    fn from(e: PoolError) -> Self {
+        let status = match e {
+            PoolError::NotFound(_) => StatusCode::NOT_FOUND,
+            PoolError::DuplicateUrl(_) => StatusCode::CONFLICT,
+        };
+        ApiError(status, e.to_string())
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+/// Parses a JSON body ourselves, so every malformed body is a 400 with a JSON error.
+fn parse_body<T: DeserializeOwned>(body: &Bytes) -> ApiResult<T> {
+    serde_json::from_slice(body).map_err(|e| ApiError::bad(format!("invalid JSON body: {e}")))
+}
+
+fn parse_id(raw: &str) -> ApiResult<u64> {
+    raw.parse()
+        .map_err(|_| ApiError::bad(format!("invalid backend id '{raw}' (expected a non-negative integer)")))
+}
+
+fn check_weight(w: i64) -> ApiResult<u32> {
+    if (1..=MAX_WEIGHT as i64).contains(&w) {
+        Ok(w as u32)
+    } else {
+        Err(ApiError::bad(format!(
+            "invalid weight {w} (expected an integer from 1 to {MAX_WEIGHT})"
+        )))
+    }
+}
+
+async fn status(State(ctx): State<AdminCtx>) -> Json<serde_json::Value> {
+    let backends: Vec<BackendView> = ctx.pool.backends().iter().map(|b| BackendView::of(b)).collect();
+    Json(json!({ "strategy": ctx.pool.strategy().name(), "backends": backends }))
+}
+
+async fn get_strategy(State(ctx): State<AdminCtx>) -> Json<serde_json::Value> {
+    Json(json!({ "strategy": ctx.pool.strategy().name() }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StrategyBody {
+    strategy: String,
+}
+
+async fn set_strategy(State(ctx): State<AdminCtx>, body: Bytes) -> ApiResult<Json<serde_json::Value>> {
+    let b: StrategyBody = parse_body(&body)?;
+    let kind = StrategyKind::parse(&b.strategy).ok_or_else(|| {
+        ApiError::bad(format!(
+            "unknown strategy '{}' (valid: {})",
+            b.strategy,
+            StrategyKind::canonical_names().join(", ")
+        ))
+    })?;
+    let before = ctx.pool.strategy();
+    ctx.pool.set_strategy(kind);
+    tracing::info!(from = before.name(), to = kind.name(), "strategy switched");
+    Ok(Json(json!({ "strategy": kind.name() })))
+}
+
+async fn list_backends(State(ctx): State<AdminCtx>) -> Json<Vec<BackendView>> {
+    Json(ctx.pool.backends().iter().map(|b| BackendView::of(b)).collect())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AddBody {
+    url: String,
+    weight: Option<i64>,
+    name: Option<String>,
+}
+
+async fn add_backend(State(ctx): State<AdminCtx>, body: Bytes) -> ApiResult<Response> {
+    let b: AddBody = parse_body(&body)?;
+    let weight = b.weight.map(check_weight).transpose()?;
+    let spec = backend_spec(&b.url, weight, b.name.as_deref()).map_err(ApiError::bad)?;
+    let added = ctx.pool.add(spec)?;
+    tracing::info!(id = added.id, name = %added.name, url = %added.url, "backend added");
+    Ok((StatusCode::CREATED, Json(BackendView::of(&added))).into_response())
+}
+
+async fn get_backend(State(ctx): State<AdminCtx>, Path(id): Path<String>) -> ApiResult<Json<BackendView>> {
+    let b = ctx.pool.get(parse_id(&id)?)?;
+    Ok(Json(BackendView::of(&b)))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PatchBody {
+    weight: Option<i64>,
+    state: Option<String>,
+}
+
+async fn patch_backend(
+    State(ctx): State<AdminCtx>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<Json<BackendView>> {
+    let id = parse_id(&id)?;
+    let p: PatchBody = parse_body(&body)?;
+    let weight = p.weight.map(check_weight).transpose()?;
+    let state = p
+        .state
+        .as_deref()
+        .map(|s| {
+            BackendState::parse(s).ok_or_else(|| {
+                ApiError::bad(format!(
+                    "invalid state '{s}' (valid: active, draining, maintenance)"
+                ))
+            })
+        })
+        .transpose()?;
+    let b = ctx.pool.update(id, weight, state)?;
+    tracing::info!(id, name = %b.name, weight = b.weight(), state = ?b.state(), "backend updated");
+    Ok(Json(BackendView::of(&b)))
+}
+
+async fn delete_backend(State(ctx): State<AdminCtx>, Path(id): Path<String>) -> ApiResult<StatusCode> {
+    let b = ctx.pool.remove(parse_id(&id)?)?;
+    tracing::info!(id = b.id, name = %b.name, "backend removed");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn not_found() -> ApiError {
+    ApiError(StatusCode::NOT_FOUND, "no such route".into())
+}
+
+/// Gives axum's own 405 (which carries `Allow`) a JSON body.
+async fn json_405(req: Request, next: Next) -> Response {
+    let resp = next.run(req).await;
+    if resp.status() != StatusCode::METHOD_NOT_ALLOWED {
+        return resp;
+    }
+    let (mut parts, _) = resp.into_parts();
+    // axum adds the `Allow` header itself; the body only has to say what happened.
+    let body = json!({ "error": "method not allowed" }).to_string();
+    parts
+        .headers
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, Body::from(body))
+}
+
+/// With a token set, every route needs `Authorization: Bearer <token>`, compared in
+/// constant time.
+async fn auth(State(ctx): State<AdminCtx>, req: Request, next: Next) -> Response {
+    if let Some(token) = &ctx.token {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        use subtle::ConstantTimeEq;
+        let ok: bool = given.as_bytes().ct_eq(token.as_bytes()).into();
+        if !ok {
+            let mut r = ApiError(StatusCode::UNAUTHORIZED, "missing or wrong bearer token".into())
+                .into_response();
+            r.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            return r;
+        }
+    }
+    next.run(req).await
+}
+
+/// The admin router.
+pub fn router(ctx: AdminCtx) -> Router {
+    Router::new()
+        .route("/admin/status", get(status))
+        .route("/admin/strategy", get(get_strategy).post(set_strategy))
+        .route("/admin/backends", get(list_backends).post(add_backend))
+        .route(
+            "/admin/backends/{id}",
+            get(get_backend).patch(patch_backend).delete(delete_backend),
+        )
+        .fallback(not_found)
+        .layer(middleware::from_fn(json_405))
+        .layer(middleware::from_fn_with_state(ctx.clone(), auth))
+        .with_state(ctx)
+}
+
+/// Serves the admin API until `stop` resolves.
+pub async fn serve(listener: std::net::TcpListener, ctx: AdminCtx, stop: impl Future<Output = ()> + Send + 'static) {
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot use the admin listener");
+            return;
+        }
+    };
+    if let Err(e) = axum::serve(listener, router(ctx))
+        .with_graceful_shutdown(stop)
+        .await
+    {
+        tracing::error!(error = %e, "admin API stopped");
+    }
+}

@@ -1,0 +1,309 @@
+//! The pool: backends in order, and the routing table the request path reads.
+//!
+//! Control (admin API, config, later health checks) changes the pool through a few
+//! operations; each one publishes a new immutable [`Snapshot`] — eligible backends plus
+//! a freshly built [`Picker`] — through `arc-swap`. The request path does one lock-free
+//! load and one pick; it never takes the control mutex.
+
+mod backend;
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use arc_swap::ArcSwap;
+use serde::Serialize;
+
+pub use backend::{AdminState, Backend, RequestGuard};
+
+use crate::config::BackendSpec;
+use crate::strategy::{PickCtx, Picker, StrategyKind};
+
+/// An immutable view of the pool and the picker built over it.
+#[derive(Debug)]
+pub struct Snapshot {
+    /// Bumped on every publish.
+    pub generation: u64,
+    /// The live strategy.
+    pub strategy: StrategyKind,
+    /// Every backend in pool order.
+    pub backends: Vec<Arc<Backend>>,
+    /// The backends a strategy may pick, in pool order.
+    pub eligible: Vec<Arc<Backend>>,
+    /// Routing state over `eligible`.
+    pub picker: Picker,
+}
+
+impl Snapshot {
+    /// Picks an eligible backend not yet tried by this request.
+    #[inline]
+    pub fn pick(&self, ctx: &PickCtx<'_>) -> Option<&Arc<Backend>> {
+        self.picker
+            .pick(&self.eligible, ctx)
+            .map(|i| &self.eligible[i])
+    }
+}
+
+/// Why a pool operation was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PoolError {
+    /// No backend has that id.
+    NotFound(u64),
+    /// A backend with that URL is already in the pool.
+    DuplicateUrl(String),
+}
+
+impl std::fmt::Display for PoolError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PoolError::NotFound(id) => write!(f, "no backend with id {id}"),
+            PoolError::DuplicateUrl(u) => write!(f, "backend URL '{u}' is already in the pool"),
+        }
+    }
+}
+
+impl std::error::Error for PoolError {}
+
+#[derive(Debug)]
+struct Members {
+    backends: Vec<Arc<Backend>>,
+    next_id: u64,
+    strategy: StrategyKind,
+    generation: u64,
+}
+
+/// Backends, strategy and the published routing table.
+#[derive(Debug)]
+pub struct Pool {
+    members: Mutex<Members>,
+    table: ArcSwap<Snapshot>,
+    alpha: f64,
+}
+
+/// A backend as the admin API shows it.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct BackendView {
+    pub id: u64,
+    pub name: String,
+    pub url: String,
+    pub weight: u32,
+    pub effective_weight: f64,
+    pub state: AdminState,
+    pub healthy: bool,
+    pub ejected: bool,
+    pub active_conns: u64,
+    pub avg_latency_ms: Option<f64>,
+    pub requests: u64,
+    pub errors: u64,
+    pub spawned: bool,
+}
+
+impl BackendView {
+    /// Reads a backend's live numbers.
+    pub fn of(b: &Backend) -> BackendView {
+        BackendView {
+            id: b.id,
+            name: b.name.clone(),
+            url: b.url.clone(),
+            weight: b.weight(),
+            effective_weight: b.weight() as f64,
+            state: b.state(),
+            healthy: b.healthy(),
+            ejected: b.ejected(),
+            active_conns: b.in_flight(),
+            avg_latency_ms: b.avg_latency().map(|d| d.as_secs_f64() * 1000.0),
+            requests: b.requests(),
+            errors: b.errors(),
+            spawned: false,
+        }
+    }
+}
+
+fn build_snapshot(m: &Members) -> Snapshot {
+    let eligible: Vec<Arc<Backend>> = m
+        .backends
+        .iter()
+        .filter(|b| b.eligible())
+        .cloned()
+        .collect();
+    Snapshot {
+        generation: m.generation,
+        strategy: m.strategy,
+        picker: Picker::build(m.strategy, &eligible),
+        backends: m.backends.clone(),
+        eligible,
+    }
+}
+
+impl Pool {
+    /// A pool of `specs` in order, ids 0, 1, 2…
+    pub fn new(specs: Vec<BackendSpec>, strategy: StrategyKind, alpha: f64) -> Pool {
+        let backends: Vec<Arc<Backend>> = specs
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| Arc::new(Backend::new(i as u64, s, alpha)))
+            .collect();
+        let members = Members {
+            next_id: backends.len() as u64,
+            backends,
+            strategy,
+            generation: 0,
+        };
+        let table = ArcSwap::from_pointee(build_snapshot(&members));
+        Pool {
+            members: Mutex::new(members),
+            table,
+            alpha,
+        }
+    }
+
+    /// The current routing table (lock-free).
+    #[inline]
+    pub fn snapshot(&self) -> arc_swap::Guard<Arc<Snapshot>> {
+        self.table.load()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Members> {
+        // Pool operations never panic while holding the lock; if one ever did, the
+        // members are still consistent (every change is a single assignment).
+        self.members.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn publish(&self, m: &mut Members) {
+        m.generation += 1;
+        self.table.store(Arc::new(build_snapshot(m)));
+    }
+
+    /// Rebuilds the routing table after a backend's own flags changed.
+    pub fn republish(&self) {
+        let mut m = self.lock();
+        self.publish(&mut m);
+    }
+
+    /// The live strategy.
+    pub fn strategy(&self) -> StrategyKind {
+        self.lock().strategy
+    }
+
+    /// Switches strategy; requests in flight keep their backend, the next pick uses it.
+    pub fn set_strategy(&self, kind: StrategyKind) {
+        let mut m = self.lock();
+        m.strategy = kind;
+        self.publish(&mut m);
+    }
+
+    /// Every backend in pool order.
+    pub fn backends(&self) -> Vec<Arc<Backend>> {
+        self.lock().backends.clone()
+    }
+
+    /// One backend by id.
+    pub fn get(&self, id: u64) -> Result<Arc<Backend>, PoolError> {
+        self.lock()
+            .backends
+            .iter()
+            .find(|b| b.id == id)
+            .cloned()
+            .ok_or(PoolError::NotFound(id))
+    }
+
+    /// Adds a backend at the end of the pool.
+    pub fn add(&self, spec: BackendSpec) -> Result<Arc<Backend>, PoolError> {
+        let mut m = self.lock();
+        if m.backends.iter().any(|b| b.url == spec.url) {
+            return Err(PoolError::DuplicateUrl(spec.url));
+        }
+        let b = Arc::new(Backend::new(m.next_id, spec, self.alpha));
+        m.next_id += 1;
+        m.backends.push(Arc::clone(&b));
+        self.publish(&mut m);
+        Ok(b)
+    }
+
+    /// Removes a backend; its in-flight requests finish (their guards hold it).
+    pub fn remove(&self, id: u64) -> Result<Arc<Backend>, PoolError> {
+        let mut m = self.lock();
+        let pos = m
+            .backends
+            .iter()
+            .position(|b| b.id == id)
+            .ok_or(PoolError::NotFound(id))?;
+        let b = m.backends.remove(pos);
+        self.publish(&mut m);
+        Ok(b)
+    }
+
+    /// Changes weight and/or state; applies to the next pick.
+    pub fn update(
+        &self,
+        id: u64,
+        weight: Option<u32>,
+        state: Option<AdminState>,
+    ) -> Result<Arc<Backend>, PoolError> {
+        let mut m = self.lock();
+        let b = m
+            .backends
+            .iter()
+            .find(|b| b.id == id)
+            .cloned()
+            .ok_or(PoolError::NotFound(id))?;
+        if let Some(w) = weight {
+            b.set_weight(w);
+        }
+        if let Some(s) = state {
+            b.set_state(s);
+        }
+        self.publish(&mut m);
+        Ok(b)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::backend_spec;
+
+    fn pool(n: usize, kind: StrategyKind) -> Pool {
+        let specs = (0..n)
+            .map(|i| backend_spec(&format!("http://127.0.0.1:{}", 2000 + i), None, None).unwrap())
+            .collect();
+        Pool::new(specs, kind, 0.1)
+    }
+
+    fn pick_id(p: &Pool) -> Option<u64> {
+        p.snapshot().pick(&PickCtx::default()).map(|b| b.id)
+    }
+
+    #[test]
+    fn draining_and_removed_backends_get_no_new_requests() {
+        let p = pool(3, StrategyKind::RoundRobin);
+        let b1 = p.get(1).unwrap();
+        let g = b1.begin_request();
+        p.update(1, None, Some(AdminState::Draining)).unwrap();
+        let ids: Vec<_> = (0..4).filter_map(|_| pick_id(&p)).collect();
+        assert_eq!(ids, vec![0, 2, 0, 2]);
+        assert_eq!(b1.in_flight(), 1);
+        drop(g);
+        assert_eq!(b1.in_flight(), 0);
+        p.remove(0).unwrap();
+        let ids: Vec<_> = (0..2).filter_map(|_| pick_id(&p)).collect();
+        assert_eq!(ids, vec![2, 2]);
+        assert_eq!(p.remove(0), Err(PoolError::NotFound(0)));
+    }
+
+    #[test]
+    fn ids_are_never_reused_and_urls_are_unique() {
+        let p = pool(2, StrategyKind::RoundRobin);
+        p.remove(1).unwrap();
+        let b = p
+            .add(backend_spec("http://127.0.0.1:5000", None, None).unwrap())
+            .unwrap();
+        assert_eq!(b.id, 2);
+        let dup = p.add(backend_spec("http://127.0.0.1:5000", None, None).unwrap());
+        assert!(matches!(dup, Err(PoolError::DuplicateUrl(_))));
+    }
+
+    #[test]
+    fn empty_pool_picks_nothing() {
+        let p = pool(0, StrategyKind::LeastConnections);
+        assert_eq!(pick_id(&p), None);
+    }
+}

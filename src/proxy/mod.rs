@@ -1,0 +1,306 @@
+//! The request path: pick, forward, stream back (§4).
+
+mod body;
+pub mod headers;
+pub mod io;
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::uri::{PathAndQuery, Uri};
+use http::{Method, Request, Response, StatusCode, Version};
+use http_body::Body as _;
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use ipnet::IpNet;
+
+pub use body::{Hold, ReqBody, RespBody};
+
+use crate::config::Settings;
+use crate::pool::{Backend, Pool};
+use crate::strategy::PickCtx;
+
+/// The settings the request path reads.
+#[derive(Debug, Clone)]
+pub struct ProxySettings {
+    /// Bound on request sent → response headers.
+    pub upstream_timeout: Duration,
+    /// TCP connect bound.
+    pub connect_timeout: Duration,
+    /// Extra attempts for idempotent requests whose connect failed.
+    pub retries: u32,
+    /// Shed above this many in flight (0 = off).
+    pub max_inflight: usize,
+    /// Peers whose forwarding headers are believed.
+    pub trusted_proxies: Vec<IpNet>,
+}
+
+impl ProxySettings {
+    /// The request-path part of the settings.
+    pub fn from_settings(s: &Settings) -> Self {
+        ProxySettings {
+            upstream_timeout: s.upstream_timeout,
+            connect_timeout: s.connect_timeout,
+            retries: s.retries,
+            max_inflight: s.max_inflight,
+            trusted_proxies: s.trusted_proxies.clone(),
+        }
+    }
+}
+
+/// A slot in the proxy-wide in-flight count used for shedding.
+#[derive(Debug)]
+pub struct ShedPermit(Arc<AtomicUsize>);
+
+impl Drop for ShedPermit {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// One worker's proxy: shared pool, own upstream connection pool.
+#[derive(Debug)]
+pub struct Proxy {
+    pool: Arc<Pool>,
+    client: Client<HttpConnector, ReqBody>,
+    settings: ProxySettings,
+    in_flight: Arc<AtomicUsize>,
+}
+
+/// Builds the upstream client: keep-alive connections pooled per backend.
+fn client(settings: &ProxySettings) -> Client<HttpConnector, ReqBody> {
+    let mut conn = HttpConnector::new();
+    conn.set_nodelay(true);
+    conn.set_connect_timeout(Some(settings.connect_timeout));
+    conn.enforce_http(true);
+    Client::builder(TokioExecutor::new())
+        .pool_timer(TokioTimer::new())
+        .timer(TokioTimer::new())
+        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_max_idle_per_host(1024)
+        .build(conn)
+}
+
+fn own_answer(status: StatusCode, text: &'static str) -> Response<RespBody> {
+    let mut r = Response::new(RespBody::full(Bytes::from_static(text.as_bytes())));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+fn is_idempotent(m: &Method) -> bool {
+    matches!(
+        *m,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE | Method::TRACE
+    )
+}
+
+/// How one attempt ended, when it did not produce a response.
+enum Failure {
+    /// Could not connect: safe to try another backend.
+    Connect,
+    /// The backend broke the exchange.
+    Broken,
+    /// No response headers within the upstream timeout.
+    Timeout,
+}
+
+impl Failure {
+    fn answer(&self) -> Response<RespBody> {
+        match self {
+            Failure::Connect => own_answer(StatusCode::BAD_GATEWAY, "bad gateway: backend unreachable\n"),
+            Failure::Broken => own_answer(StatusCode::BAD_GATEWAY, "bad gateway\n"),
+            Failure::Timeout => own_answer(StatusCode::GATEWAY_TIMEOUT, "gateway timeout\n"),
+        }
+    }
+}
+
+impl Proxy {
+    /// A proxy over `pool`; `in_flight` is shared by every worker for shedding.
+    pub fn new(pool: Arc<Pool>, settings: ProxySettings, in_flight: Arc<AtomicUsize>) -> Proxy {
+        Proxy {
+            client: client(&settings),
+            pool,
+            settings,
+            in_flight,
+        }
+    }
+
+    fn shed_permit(&self) -> Result<Option<ShedPermit>, Response<RespBody>> {
+        let max = self.settings.max_inflight;
+        if max == 0 {
+            return Ok(None);
+        }
+        let now = self.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+        let permit = ShedPermit(Arc::clone(&self.in_flight));
+        if now > max {
+            drop(permit);
+            let mut r = own_answer(StatusCode::SERVICE_UNAVAILABLE, "overloaded, retry later\n");
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            return Err(r);
+        }
+        Ok(Some(permit))
+    }
+
+    /// Proxies one request from `peer`.
+    pub async fn handle(&self, mut req: Request<Incoming>, peer: SocketAddr) -> Response<RespBody> {
+        let permit = match self.shed_permit() {
+            Ok(p) => p,
+            Err(r) => return r,
+        };
+        let upgrade = req.version() == Version::HTTP_11 && headers::is_upgrade_request(req.headers());
+        let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+        let (mut parts, body) = req.into_parts();
+
+        // Host as the client sent it; HTTP/2 carries it in :authority.
+        let host = match parts.headers.get(header::HOST) {
+            Some(h) => Some(h.clone()),
+            None => parts
+                .uri
+                .authority()
+                .and_then(|a| HeaderValue::from_str(a.as_str()).ok()),
+        };
+        if let (None, Some(h)) = (parts.headers.get(header::HOST), &host) {
+            parts.headers.insert(header::HOST, h.clone());
+        }
+        headers::strip_hop_by_hop(&mut parts.headers, upgrade);
+        let peer_ip: IpAddr = peer.ip();
+        let trusted = headers::is_trusted(&self.settings.trusted_proxies, peer_ip);
+        headers::set_forwarded(&mut parts.headers, peer_ip, trusted, host.as_ref());
+        // The backend pool speaks HTTP/1.1 whatever the client spoke.
+        parts.version = Version::HTTP_11;
+        let pq = parts
+            .uri
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/"));
+
+        let replayable = body.is_end_stream();
+        let max_attempts = if is_idempotent(&parts.method) && replayable {
+            1 + self.settings.retries as usize
+        } else {
+            1
+        };
+        let mut body = Some(body);
+        let snap = self.pool.snapshot();
+        let mut tried: Vec<u64> = Vec::new();
+        let mut last_failure = None;
+
+        for attempt in 0..max_attempts {
+            let Some(backend) = snap.pick(&PickCtx { tried: &tried }) else {
+                break;
+            };
+            let mut guard = backend.begin_request();
+            let last = attempt + 1 == max_attempts;
+            let up_req = build_upstream(&mut parts, backend, &pq, &mut body, last);
+            let sent_at = Instant::now();
+            let result = tokio::time::timeout(self.settings.upstream_timeout, self.client.request(up_req)).await;
+            let failure = match result {
+                Ok(Ok(mut resp)) => {
+                    backend.record_latency(sent_at.elapsed());
+                    if resp.status().is_server_error() {
+                        guard.fail();
+                    }
+                    if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+                        if let Some(client_upgrade) = client_upgrade {
+                            let upstream_upgrade = hyper::upgrade::on(&mut resp);
+                            tokio::spawn(tunnel(client_upgrade, upstream_upgrade, guard));
+                            let (rparts, _) = resp.into_parts();
+                            return Response::from_parts(rparts, RespBody::empty());
+                        }
+                    }
+                    let (mut rparts, rbody) = resp.into_parts();
+                    headers::strip_hop_by_hop(&mut rparts.headers, false);
+                    let hold = Hold { guard, permit };
+                    return Response::from_parts(rparts, RespBody::upstream(rbody, hold));
+                }
+                Ok(Err(e)) if e.is_connect() => Failure::Connect,
+                Ok(Err(e)) => {
+                    tracing::debug!(backend = %backend.name, error = %e, "upstream exchange failed");
+                    Failure::Broken
+                }
+                Err(_) => Failure::Timeout,
+            };
+            guard.fail();
+            tracing::debug!(backend = %backend.name, attempt, "attempt failed");
+            let retry = matches!(failure, Failure::Connect);
+            last_failure = Some(failure);
+            if !retry {
+                break;
+            }
+            tried.push(backend.id);
+        }
+        match last_failure {
+            Some(f) => f.answer(),
+            None => own_answer(StatusCode::SERVICE_UNAVAILABLE, "no healthy backend\n"),
+        }
+    }
+}
+
+/// The request for one attempt. The client's body goes with the last attempt that can
+/// use it; an earlier attempt of a replayable request sends an empty body.
+fn build_upstream(
+    parts: &mut http::request::Parts,
+    backend: &Backend,
+    pq: &PathAndQuery,
+    body: &mut Option<Incoming>,
+    last: bool,
+) -> Request<ReqBody> {
+    let uri = Uri::from_parts({
+        let mut p = http::uri::Parts::default();
+        p.scheme = Some(backend.scheme.clone());
+        p.authority = Some(backend.authority.clone());
+        p.path_and_query = Some(pq.clone());
+        p
+    })
+    .unwrap_or_else(|_| Uri::from_static("/"));
+    let req_body = match (last, body.take()) {
+        (true, Some(b)) => ReqBody::Stream(b),
+        (false, Some(b)) => {
+            // Replayable means already at its end: keep it for the last attempt.
+            *body = Some(b);
+            ReqBody::Empty
+        }
+        (_, None) => ReqBody::Empty,
+    };
+    let mut r = Request::new(req_body);
+    *r.method_mut() = parts.method.clone();
+    *r.uri_mut() = uri;
+    *r.version_mut() = Version::HTTP_11;
+    // The last attempt takes the headers; earlier ones (retries possible) copy them.
+    *r.headers_mut() = if last {
+        std::mem::take(&mut parts.headers)
+    } else {
+        parts.headers.clone()
+    };
+    r
+}
+
+/// Joins an upgraded client connection with the upgraded backend connection. The
+/// backend's in-flight slot is held for as long as the tunnel lives.
+async fn tunnel(
+    client: hyper::upgrade::OnUpgrade,
+    upstream: hyper::upgrade::OnUpgrade,
+    guard: crate::pool::RequestGuard,
+) {
+    let (c, u) = tokio::join!(client, upstream);
+    match (c, u) {
+        (Ok(c), Ok(u)) => {
+            let mut c = TokioIo::new(c);
+            let mut u = TokioIo::new(u);
+            let _ = tokio::io::copy_bidirectional(&mut c, &mut u).await;
+        }
+        (c, u) => tracing::debug!(client_ok = c.is_ok(), upstream_ok = u.is_ok(), "upgrade failed"),
+    }
+    drop(guard);
+}

@@ -1,0 +1,267 @@
+//! Listeners, worker threads and shutdown.
+//!
+//! Each worker is one OS thread with its own single-threaded runtime, its own
+//! `SO_REUSEPORT` listener and its own upstream connection pool: a connection and
+//! everything it does stay on one core, and workers share nothing on the request path
+//! but the routing table (one atomic load) and the backends' counters.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::config::Settings;
+use crate::pool::Pool;
+use crate::proxy::io::{write_raw, SharedStream};
+use crate::proxy::{Proxy, ProxySettings};
+
+/// How long requests in flight may take to finish after a stop signal.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// A client must send its request head within this time.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Request heads larger than this are refused with 431.
+pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+
+const ANSWER_408: &[u8] = b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: 16\r\nconnection: close\r\n\r\nrequest timeout\n";
+
+/// Binds a listener with `SO_REUSEADDR` and `SO_REUSEPORT`, so several workers can
+/// share one port and a restart does not wait for TIME_WAIT.
+pub fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    socket.set_reuse_port(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(4096)?;
+    Ok(socket.into())
+}
+
+/// Binds one listener per worker on the same port (the first decides an ephemeral port).
+pub fn bind_workers(addr: SocketAddr, workers: usize) -> std::io::Result<Vec<std::net::TcpListener>> {
+    let first = bind(addr)?;
+    let actual = first.local_addr()?;
+    let mut all = vec![first];
+    for _ in 1..workers {
+        all.push(bind(actual)?);
+    }
+    Ok(all)
+}
+
+fn http_builder() -> auto::Builder<TokioExecutor> {
+    let mut b = auto::Builder::new(TokioExecutor::new());
+    b.http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT)
+        .max_buf_size(MAX_HEADER_BYTES + 1024)
+        .max_headers(256)
+        .keep_alive(true);
+    b.http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(MAX_HEADER_BYTES as u32);
+    b
+}
+
+fn is_header_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
+    e.downcast_ref::<hyper::Error>()
+        .is_some_and(|h| h.is_timeout())
+}
+
+/// Runs one worker until `shutdown` flips, then drains its connections.
+pub async fn worker(
+    listener: std::net::TcpListener,
+    proxy: &'static Proxy,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let listener = match TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot use the proxy listener");
+            return;
+        }
+    };
+    let builder = http_builder();
+    let graceful = GracefulShutdown::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, peer) = match accepted {
+                    Ok(a) => a,
+                    Err(e) => {
+                        // Out of file descriptors and the like: back off instead of spinning.
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let stream = Arc::new(stream);
+                let io = TokioIo::new(SharedStream(Arc::clone(&stream)));
+                let svc = service_fn(move |req| async move {
+                    Ok::<_, Infallible>(proxy.handle(req, peer).await)
+                });
+                let conn = builder.serve_connection_with_upgrades(io, svc).into_owned();
+                let conn = graceful.watch(conn);
+                tokio::spawn(async move {
+                    if let Err(e) = conn.await {
+                        if is_header_timeout(&*e) {
+                            write_raw(&stream, ANSWER_408).await;
+                        } else {
+                            tracing::debug!(error = %e, %peer, "client connection ended with an error");
+                        }
+                    }
+                });
+            }
+            _ = shutdown.changed() => break,
+        }
+    }
+    drop(listener);
+    if tokio::time::timeout(DRAIN_TIMEOUT, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("requests still in flight after the drain timeout; closing them");
+    }
+}
+
+/// A running balancer: its addresses and the handle that stops it.
+pub struct Running {
+    /// Proxy listener address (after binding, so port 0 is resolved).
+    pub listen: SocketAddr,
+    /// Admin listener address.
+    pub admin: SocketAddr,
+    /// The shared pool.
+    pub pool: Arc<Pool>,
+    shutdown: watch::Sender<bool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Running {
+    /// Stops accepting, lets requests in flight finish (≤ 10 s) and waits for every thread.
+    pub fn stop(self) {
+        let _ = self.shutdown.send(true);
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+}
+
+fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+}
+
+/// Binds both listeners and starts the workers and the admin API.
+pub fn start(settings: &Settings) -> Result<Running, String> {
+    let listeners = bind_workers(settings.listen, settings.workers)
+        .map_err(|e| format!("cannot listen on {}: {e}", settings.listen))?;
+    let listen = listeners[0]
+        .local_addr()
+        .map_err(|e| format!("proxy listener: {e}"))?;
+    let admin_listener =
+        bind(settings.admin).map_err(|e| format!("cannot listen on {} (admin): {e}", settings.admin))?;
+    let admin = admin_listener
+        .local_addr()
+        .map_err(|e| format!("admin listener: {e}"))?;
+
+    let pool = Arc::new(Pool::new(
+        settings.backends.clone(),
+        settings.strategy,
+        settings.ewma_alpha,
+    ));
+    let (shutdown, rx) = watch::channel(false);
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let proxy_settings = ProxySettings::from_settings(settings);
+    let mut threads = Vec::new();
+    for (i, l) in listeners.into_iter().enumerate() {
+        let rt = runtime().map_err(|e| format!("cannot start a worker: {e}"))?;
+        let pool = Arc::clone(&pool);
+        let ps = proxy_settings.clone();
+        let inf = Arc::clone(&in_flight);
+        let rx = rx.clone();
+        let t = std::thread::Builder::new()
+            .name(format!("fulcrum-worker-{i}"))
+            .spawn(move || {
+                // Each worker's proxy lives as long as the process: leaking it gives the
+                // connection tasks a `'static` reference without a refcount per request.
+                let proxy: &'static Proxy = rt.block_on(async move { Box::leak(Box::new(Proxy::new(pool, ps, inf))) });
+                rt.block_on(worker(l, proxy, rx));
+            })
+            .map_err(|e| format!("cannot start a worker: {e}"))?;
+        threads.push(t);
+    }
+    let admin_state = crate::admin::AdminCtx::new(Arc::clone(&pool), settings.admin_token.clone());
+    let rt = runtime().map_err(|e| format!("cannot start the admin API: {e}"))?;
+    let mut arx = rx.clone();
+    threads.push(
+        std::thread::Builder::new()
+            .name("fulcrum-admin".into())
+            .spawn(move || {
+                rt.block_on(async move {
+                    let stop = async move {
+                        let _ = arx.changed().await;
+                    };
+                    crate::admin::serve(admin_listener, admin_state, stop).await;
+                })
+            })
+            .map_err(|e| format!("cannot start the admin API: {e}"))?,
+    );
+    tracing::info!("proxy listening on {listen}");
+    tracing::info!("admin listening on {admin}");
+    Ok(Running {
+        listen,
+        admin,
+        pool,
+        shutdown,
+        threads,
+    })
+}
+
+/// SIGTERM/SIGINT/SIGHUP handlers, installed before anything listens so that a stop
+/// signal arriving early still drains instead of killing the process.
+pub struct Signals {
+    rt: tokio::runtime::Runtime,
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// Installs the handlers.
+    pub fn install() -> std::io::Result<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let rt = runtime()?;
+        let (term, int, hup) = rt.block_on(async {
+            Ok::<_, std::io::Error>((
+                signal(SignalKind::terminate())?,
+                signal(SignalKind::interrupt())?,
+                signal(SignalKind::hangup())?,
+            ))
+        })?;
+        Ok(Signals { rt, term, int, hup })
+    }
+
+    /// Blocks until SIGTERM or SIGINT (SIGHUP is logged and otherwise ignored).
+    pub fn wait(mut self) {
+        self.rt.block_on(async {
+            loop {
+                tokio::select! {
+                    _ = self.term.recv() => { tracing::info!("SIGTERM: draining"); return; }
+                    _ = self.int.recv() => { tracing::info!("SIGINT: draining"); return; }
+                    _ = self.hup.recv() => {
+                        tracing::warn!("SIGHUP received: configuration reload is not supported in this version; ignored");
+                    }
+                }
+            }
+        });
+    }
+}

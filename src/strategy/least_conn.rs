@@ -1,0 +1,54 @@
+use std::sync::Arc;
+
+use super::PickCtx;
+use crate::pool::Backend;
+
+/// Fewest requests in flight wins; ties go to the lowest index. Reads the in-flight
+/// counts the backends keep themselves, so nothing here can drift from the truth.
+#[derive(Debug, Default)]
+pub struct LeastConnections;
+
+impl LeastConnections {
+    /// Scans the eligible backends once (O(n)).
+    #[inline]
+    pub fn pick(eligible: &[Arc<Backend>], ctx: &PickCtx<'_>) -> Option<usize> {
+        let mut best: Option<(usize, u64)> = None;
+        for (i, b) in eligible.iter().enumerate() {
+            if !ctx.allows(b) {
+                continue;
+            }
+            let load = b.in_flight();
+            if best.is_none_or(|(_, l)| load < l) {
+                best = Some((i, load));
+                if load == 0 {
+                    break; // nothing beats an idle backend at the lowest index
+                }
+            }
+        }
+        best.map(|(i, _)| i)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_util::*;
+    use super::super::*;
+
+    #[test]
+    fn ties_go_to_the_lowest_index_and_load_is_followed() {
+        let bs = backends(&[1, 1, 1]);
+        let p = Picker::build(StrategyKind::LeastConnections, &bs);
+        assert_eq!(sequence(&p, &bs, 3), "AAA");
+        let g0 = bs[0].begin_request();
+        assert_eq!(sequence(&p, &bs, 1), "B");
+        let g1 = bs[1].begin_request();
+        assert_eq!(sequence(&p, &bs, 1), "C");
+        let _g2 = bs[2].begin_request();
+        let _g3 = bs[2].begin_request();
+        assert_eq!(sequence(&p, &bs, 1), "A");
+        drop(g1);
+        assert_eq!(sequence(&p, &bs, 1), "B");
+        drop(g0);
+        assert_eq!(sequence(&p, &bs, 1), "A");
+    }
+}

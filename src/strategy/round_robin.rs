@@ -1,0 +1,35 @@
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Rotates over the eligible backends, ignoring weights. One shared counter, so N
+/// concurrent requests over k backends split exactly N/k; a new picker (any pool change)
+/// starts again at the first backend.
+#[derive(Debug, Default)]
+pub struct RoundRobin {
+    next: AtomicUsize,
+}
+
+impl RoundRobin {
+    /// A rotation that starts at index 0.
+    pub fn new() -> Self {
+        RoundRobin::default()
+    }
+
+    /// The next index in `0..n` (`n > 0`).
+    #[inline]
+    pub fn pick(&self, n: usize) -> usize {
+        self.next.fetch_add(1, Ordering::Relaxed) % n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_util::*;
+    use super::super::*;
+
+    #[test]
+    fn rotates_in_pool_order() {
+        let bs = backends(&[5, 1, 1]);
+        let p = Picker::build(StrategyKind::RoundRobin, &bs);
+        assert_eq!(sequence(&p, &bs, 9), "ABCABCABC");
+    }
+}
