@@ -11,7 +11,11 @@ use crate::config::{self, LogFormat, RawFlags, Settings};
 pub const EXIT_USAGE: i32 = 2;
 
 #[derive(Parser, Debug)]
-#[command(name = "fulcrum", version, about = "An HTTP load balancer and reverse proxy")]
+#[command(
+    name = "fulcrum",
+    version,
+    about = "An HTTP load balancer and reverse proxy"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -30,6 +34,7 @@ enum Command {
 }
 
 #[derive(Args, Debug)]
+#[command(allow_negative_numbers = true)]
 struct ServeArgs {
     /// TOML config file; flags override it.
     #[arg(long, value_name = "FILE")]
@@ -191,9 +196,18 @@ pub fn main() -> i32 {
         Ok(c) => c,
         Err(e) => {
             use clap::error::ErrorKind;
-            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand) {
+            if matches!(
+                e.kind(),
+                ErrorKind::DisplayHelp
+                    | ErrorKind::DisplayVersion
+                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) {
                 let _ = e.print();
-                return if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand { EXIT_USAGE } else { 0 };
+                return if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                    EXIT_USAGE
+                } else {
+                    0
+                };
             }
             // One line: clap's first line names the flag and the value.
             let text = e.render().to_string();
@@ -216,11 +230,16 @@ fn serve(flags: RawFlags) -> i32 {
         Err(errors) => return usage_error(&errors[0]),
     };
     init_logging(settings.log_format);
-    run_until_signal(&settings, || ())
+    run_until_signal(&settings, |_| (), || ())
 }
 
-/// Starts the balancer, waits for SIGTERM/SIGINT, drains, then runs `after`.
-fn run_until_signal(settings: &Settings, after: impl FnOnce()) -> i32 {
+/// Starts the balancer, calls `started`, waits for SIGTERM/SIGINT, drains, then runs
+/// `after`.
+fn run_until_signal(
+    settings: &Settings,
+    started: impl FnOnce(&crate::server::Running),
+    after: impl FnOnce(),
+) -> i32 {
     let signals = match crate::server::Signals::install() {
         Ok(s) => s,
         Err(e) => {
@@ -236,6 +255,7 @@ fn run_until_signal(settings: &Settings, after: impl FnOnce()) -> i32 {
             return 1;
         }
     };
+    started(&running);
     signals.wait();
     running.stop();
     after();
@@ -306,15 +326,30 @@ fn demo(args: DemoArgs) -> i32 {
     };
     settings.backends = children
         .iter()
-        .filter_map(|c| config::backend_spec(&format!("http://{}", c.addr), None, Some(&c.name)).ok())
+        .filter_map(|c| {
+            config::backend_spec(&format!("http://{}", c.addr), None, Some(&c.name)).ok()
+        })
         .collect();
-    println!("fulcrum demo");
-    println!("  proxy:   http://{}/", settings.listen);
-    println!("  admin:   http://{}/admin/status", settings.admin);
-    for c in &children {
-        println!("  backend: {} at http://{} (pid {})", c.name, c.addr, c.child.id());
-    }
-    println!("  try:     curl -s http://{}/hello", settings.listen);
-    println!("Ctrl-C stops everything.");
-    run_until_signal(&settings, move || drop(children))
+    let lines: Vec<String> = children
+        .iter()
+        .map(|c| {
+            format!(
+                "  backend: {} at http://{} (pid {})",
+                c.name,
+                c.addr,
+                c.child.id()
+            )
+        })
+        .collect();
+    let started = move |r: &crate::server::Running| {
+        println!("fulcrum demo");
+        println!("  proxy:   http://{}/", r.listen);
+        println!("  admin:   http://{}/admin/status", r.admin);
+        for l in &lines {
+            println!("{l}");
+        }
+        println!("  try:     curl -s http://{}/hello", r.listen);
+        println!("Ctrl-C stops everything.");
+    };
+    run_until_signal(&settings, started, move || drop(children))
 }

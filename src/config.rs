@@ -216,7 +216,9 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 fn parse_positive_duration(s: &str) -> Result<Duration, String> {
     let d = parse_duration(s)?;
     if d.is_zero() {
-        return Err(format!("invalid duration '{s}' (must be greater than zero)"));
+        return Err(format!(
+            "invalid duration '{s}' (must be greater than zero)"
+        ));
     }
     Ok(d)
 }
@@ -249,9 +251,7 @@ pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
 /// Parses and checks a backend URL: `http://host[:port]` with no path beyond `/`.
 pub fn parse_backend_url(url: &str) -> Result<http::uri::Authority, String> {
     let bad = |why: &str| format!("invalid backend URL '{url}' ({why})");
-    let uri: Uri = url
-        .parse()
-        .map_err(|_| bad("expected http://HOST:PORT"))?;
+    let uri: Uri = url.parse().map_err(|_| bad("expected http://HOST:PORT"))?;
     match uri.scheme_str() {
         Some("http") => {}
         Some(other) => return Err(bad(&format!("scheme '{other}' is not supported; use http"))),
@@ -285,7 +285,11 @@ pub fn parse_weight(s: &str) -> Result<u32, String> {
 }
 
 /// Builds a backend from its parts, defaulting the name to `host:port`.
-pub fn backend_spec(url: &str, weight: Option<u32>, name: Option<&str>) -> Result<BackendSpec, String> {
+pub fn backend_spec(
+    url: &str,
+    weight: Option<u32>,
+    name: Option<&str>,
+) -> Result<BackendSpec, String> {
     let authority = parse_backend_url(url)?;
     let weight = weight.unwrap_or(1);
     if !(1..=MAX_WEIGHT).contains(&weight) {
@@ -353,7 +357,9 @@ pub fn parse_cidrs(s: &str) -> Result<Vec<IpNet>, String> {
         .map(|p| {
             p.parse::<IpNet>()
                 .or_else(|_| p.parse::<IpAddr>().map(IpNet::from))
-                .map_err(|_| format!("invalid CIDR '{p}' (expected e.g. 10.0.0.0/8 or 192.168.1.7)"))
+                .map_err(|_| {
+                    format!("invalid CIDR '{p}' (expected e.g. 10.0.0.0/8 or 192.168.1.7)")
+                })
         })
         .collect()
 }
@@ -361,7 +367,9 @@ pub fn parse_cidrs(s: &str) -> Result<Vec<IpNet>, String> {
 fn parse_alpha(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
         Ok(a) if a > 0.0 && a <= 1.0 => Ok(a),
-        _ => Err(format!("invalid value '{s}' (expected a number with 0 < F <= 1)")),
+        _ => Err(format!(
+            "invalid value '{s}' (expected a number with 0 < F <= 1)"
+        )),
     }
 }
 
@@ -534,11 +542,27 @@ pub fn apply_file(s: &mut Settings, path: &Path, text: &str) -> Vec<ConfigError>
         set!("health path", s.health.path, parse_health_path, val);
         let _ = key;
     }
-    for val in [h.and_then(|h| h.interval.as_ref()), fc.health_interval.as_ref()] {
-        set!("health interval", s.health.interval, parse_positive_duration, val);
+    for val in [
+        h.and_then(|h| h.interval.as_ref()),
+        fc.health_interval.as_ref(),
+    ] {
+        set!(
+            "health interval",
+            s.health.interval,
+            parse_positive_duration,
+            val
+        );
     }
-    for val in [h.and_then(|h| h.timeout.as_ref()), fc.health_timeout.as_ref()] {
-        set!("health timeout", s.health.timeout, parse_positive_duration, val);
+    for val in [
+        h.and_then(|h| h.timeout.as_ref()),
+        fc.health_timeout.as_ref(),
+    ] {
+        set!(
+            "health timeout",
+            s.health.timeout,
+            parse_positive_duration,
+            val
+        );
     }
     let thr = |x: &str| parse_uint::<u32>(x, 1, 100);
     for val in [
@@ -551,11 +575,31 @@ pub fn apply_file(s: &mut Settings, path: &Path, text: &str) -> Vec<ConfigError>
         h.and_then(|h| h.unhealthy_threshold.as_ref()),
         fc.unhealthy_threshold.as_ref(),
     ] {
-        set_int!("unhealthy_threshold", s.health.unhealthy_threshold, thr, val);
+        set_int!(
+            "unhealthy_threshold",
+            s.health.unhealthy_threshold,
+            thr,
+            val
+        );
     }
-    set!("connect_timeout", s.connect_timeout, parse_positive_duration, &fc.connect_timeout);
-    set!("upstream_timeout", s.upstream_timeout, parse_positive_duration, &fc.upstream_timeout);
-    set_int!("retries", s.retries, |x: &str| parse_uint::<u32>(x, 0, 10), &fc.retries);
+    set!(
+        "connect_timeout",
+        s.connect_timeout,
+        parse_positive_duration,
+        &fc.connect_timeout
+    );
+    set!(
+        "upstream_timeout",
+        s.upstream_timeout,
+        parse_positive_duration,
+        &fc.upstream_timeout
+    );
+    set_int!(
+        "retries",
+        s.retries,
+        |x: &str| parse_uint::<u32>(x, 0, 10),
+        &fc.retries
+    );
     set_int!(
         "max_inflight",
         s.max_inflight,
@@ -630,16 +674,61 @@ pub fn build(flags: &RawFlags) -> Result<Settings, Vec<ConfigError>> {
     over!("admin", s.admin, parse_addr, flags.admin);
     over!("strategy", s.strategy, parse_strategy, flags.strategy);
     over!("hash-key", s.hash_key, parse_hash_key, flags.hash_key);
-    over!("trusted-proxies", s.trusted_proxies, parse_cidrs, flags.trusted_proxies);
-    over!("health-path", s.health.path, parse_health_path, flags.health_path);
-    over!("health-interval", s.health.interval, parse_positive_duration, flags.health_interval);
-    over!("health-timeout", s.health.timeout, parse_positive_duration, flags.health_timeout);
+    over!(
+        "trusted-proxies",
+        s.trusted_proxies,
+        parse_cidrs,
+        flags.trusted_proxies
+    );
+    over!(
+        "health-path",
+        s.health.path,
+        parse_health_path,
+        flags.health_path
+    );
+    over!(
+        "health-interval",
+        s.health.interval,
+        parse_positive_duration,
+        flags.health_interval
+    );
+    over!(
+        "health-timeout",
+        s.health.timeout,
+        parse_positive_duration,
+        flags.health_timeout
+    );
     let thr = |x: &str| parse_uint::<u32>(x, 1, 100);
-    over!("healthy-threshold", s.health.healthy_threshold, thr, flags.healthy_threshold);
-    over!("unhealthy-threshold", s.health.unhealthy_threshold, thr, flags.unhealthy_threshold);
-    over!("connect-timeout", s.connect_timeout, parse_positive_duration, flags.connect_timeout);
-    over!("upstream-timeout", s.upstream_timeout, parse_positive_duration, flags.upstream_timeout);
-    over!("retries", s.retries, |x: &str| parse_uint::<u32>(x, 0, 10), flags.retries);
+    over!(
+        "healthy-threshold",
+        s.health.healthy_threshold,
+        thr,
+        flags.healthy_threshold
+    );
+    over!(
+        "unhealthy-threshold",
+        s.health.unhealthy_threshold,
+        thr,
+        flags.unhealthy_threshold
+    );
+    over!(
+        "connect-timeout",
+        s.connect_timeout,
+        parse_positive_duration,
+        flags.connect_timeout
+    );
+    over!(
+        "upstream-timeout",
+        s.upstream_timeout,
+        parse_positive_duration,
+        flags.upstream_timeout
+    );
+    over!(
+        "retries",
+        s.retries,
+        |x: &str| parse_uint::<u32>(x, 0, 10),
+        flags.retries
+    );
     over!(
         "max-inflight",
         s.max_inflight,
@@ -649,7 +738,12 @@ pub fn build(flags: &RawFlags) -> Result<Settings, Vec<ConfigError>> {
     over!("slow-start", s.slow_start, parse_duration, flags.slow_start);
     over!("ewma-alpha", s.ewma_alpha, parse_alpha, flags.ewma_alpha);
     over!("workers", s.workers, parse_workers, flags.workers);
-    over!("log-format", s.log_format, parse_log_format, flags.log_format);
+    over!(
+        "log-format",
+        s.log_format,
+        parse_log_format,
+        flags.log_format
+    );
     if !flags.backend.is_empty() {
         let mut out = Vec::new();
         for b in &flags.backend {
@@ -780,7 +874,11 @@ mod tests {
         assert_eq!(errs.len(), 1);
         assert!(errs[0].to_string().contains("line 2"), "{}", errs[0]);
         assert!(errs[0].to_string().contains("round_robin"), "{}", errs[0]);
-        let errs = apply_file(&mut s, Path::new("f.toml"), "listen = \"x:1\"\ncolour = 1\n");
+        let errs = apply_file(
+            &mut s,
+            Path::new("f.toml"),
+            "listen = \"x:1\"\ncolour = 1\n",
+        );
         assert!(errs[0].to_string().contains("line 2"), "{}", errs[0]);
         assert!(errs[0].to_string().contains("colour"), "{}", errs[0]);
     }

@@ -21,14 +21,12 @@ use tokio::sync::watch;
 use crate::config::Settings;
 use crate::pool::Pool;
 use crate::proxy::io::{write_raw, SharedStream};
-use crate::proxy::{Proxy, ProxySettings};
+use crate::proxy::{Proxy, ProxySettings, MAX_HEADER_BYTES};
 
 /// How long requests in flight may take to finish after a stop signal.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// A client must send its request head within this time.
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
-/// Request heads larger than this are refused with 431.
-pub const MAX_HEADER_BYTES: usize = 64 * 1024;
 
 const ANSWER_408: &[u8] = b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: 16\r\nconnection: close\r\n\r\nrequest timeout\n";
 
@@ -46,7 +44,10 @@ pub fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
 }
 
 /// Binds one listener per worker on the same port (the first decides an ephemeral port).
-pub fn bind_workers(addr: SocketAddr, workers: usize) -> std::io::Result<Vec<std::net::TcpListener>> {
+pub fn bind_workers(
+    addr: SocketAddr,
+    workers: usize,
+) -> std::io::Result<Vec<std::net::TcpListener>> {
     let first = bind(addr)?;
     let actual = first.local_addr()?;
     let mut all = vec![first];
@@ -167,8 +168,8 @@ pub fn start(settings: &Settings) -> Result<Running, String> {
     let listen = listeners[0]
         .local_addr()
         .map_err(|e| format!("proxy listener: {e}"))?;
-    let admin_listener =
-        bind(settings.admin).map_err(|e| format!("cannot listen on {} (admin): {e}", settings.admin))?;
+    let admin_listener = bind(settings.admin)
+        .map_err(|e| format!("cannot listen on {} (admin): {e}", settings.admin))?;
     let admin = admin_listener
         .local_addr()
         .map_err(|e| format!("admin listener: {e}"))?;
@@ -193,7 +194,8 @@ pub fn start(settings: &Settings) -> Result<Running, String> {
             .spawn(move || {
                 // Each worker's proxy lives as long as the process: leaking it gives the
                 // connection tasks a `'static` reference without a refcount per request.
-                let proxy: &'static Proxy = rt.block_on(async move { Box::leak(Box::new(Proxy::new(pool, ps, inf))) });
+                let proxy: &'static Proxy =
+                    rt.block_on(async move { Box::leak(Box::new(Proxy::new(pool, ps, inf))) });
                 rt.block_on(worker(l, proxy, rx));
             })
             .map_err(|e| format!("cannot start a worker: {e}"))?;

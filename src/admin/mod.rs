@@ -72,8 +72,11 @@ fn parse_body<T: DeserializeOwned>(body: &Bytes) -> ApiResult<T> {
 }
 
 fn parse_id(raw: &str) -> ApiResult<u64> {
-    raw.parse()
-        .map_err(|_| ApiError::bad(format!("invalid backend id '{raw}' (expected a non-negative integer)")))
+    raw.parse().map_err(|_| {
+        ApiError::bad(format!(
+            "invalid backend id '{raw}' (expected a non-negative integer)"
+        ))
+    })
 }
 
 fn check_weight(w: i64) -> ApiResult<u32> {
@@ -87,7 +90,12 @@ fn check_weight(w: i64) -> ApiResult<u32> {
 }
 
 async fn status(State(ctx): State<AdminCtx>) -> Json<serde_json::Value> {
-    let backends: Vec<BackendView> = ctx.pool.backends().iter().map(|b| BackendView::of(b)).collect();
+    let backends: Vec<BackendView> = ctx
+        .pool
+        .backends()
+        .iter()
+        .map(|b| BackendView::of(b))
+        .collect();
     Json(json!({ "strategy": ctx.pool.strategy().name(), "backends": backends }))
 }
 
@@ -101,7 +109,10 @@ struct StrategyBody {
     strategy: String,
 }
 
-async fn set_strategy(State(ctx): State<AdminCtx>, body: Bytes) -> ApiResult<Json<serde_json::Value>> {
+async fn set_strategy(
+    State(ctx): State<AdminCtx>,
+    body: Bytes,
+) -> ApiResult<Json<serde_json::Value>> {
     let b: StrategyBody = parse_body(&body)?;
     let kind = StrategyKind::parse(&b.strategy).ok_or_else(|| {
         ApiError::bad(format!(
@@ -117,7 +128,13 @@ async fn set_strategy(State(ctx): State<AdminCtx>, body: Bytes) -> ApiResult<Jso
 }
 
 async fn list_backends(State(ctx): State<AdminCtx>) -> Json<Vec<BackendView>> {
-    Json(ctx.pool.backends().iter().map(|b| BackendView::of(b)).collect())
+    Json(
+        ctx.pool
+            .backends()
+            .iter()
+            .map(|b| BackendView::of(b))
+            .collect(),
+    )
 }
 
 #[derive(Deserialize)]
@@ -137,7 +154,10 @@ async fn add_backend(State(ctx): State<AdminCtx>, body: Bytes) -> ApiResult<Resp
     Ok((StatusCode::CREATED, Json(BackendView::of(&added))).into_response())
 }
 
-async fn get_backend(State(ctx): State<AdminCtx>, Path(id): Path<String>) -> ApiResult<Json<BackendView>> {
+async fn get_backend(
+    State(ctx): State<AdminCtx>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<BackendView>> {
     let b = ctx.pool.get(parse_id(&id)?)?;
     Ok(Json(BackendView::of(&b)))
 }
@@ -173,7 +193,10 @@ async fn patch_backend(
     Ok(Json(BackendView::of(&b)))
 }
 
-async fn delete_backend(State(ctx): State<AdminCtx>, Path(id): Path<String>) -> ApiResult<StatusCode> {
+async fn delete_backend(
+    State(ctx): State<AdminCtx>,
+    Path(id): Path<String>,
+) -> ApiResult<StatusCode> {
     let b = ctx.pool.remove(parse_id(&id)?)?;
     tracing::info!(id = b.id, name = %b.name, "backend removed");
     Ok(StatusCode::NO_CONTENT)
@@ -192,9 +215,10 @@ async fn json_405(req: Request, next: Next) -> Response {
     let (mut parts, _) = resp.into_parts();
     // axum adds the `Allow` header itself; the body only has to say what happened.
     let body = json!({ "error": "method not allowed" }).to_string();
-    parts
-        .headers
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     parts.headers.remove(header::CONTENT_LENGTH);
     Response::from_parts(parts, Body::from(body))
 }
@@ -212,8 +236,11 @@ async fn auth(State(ctx): State<AdminCtx>, req: Request, next: Next) -> Response
         use subtle::ConstantTimeEq;
         let ok: bool = given.as_bytes().ct_eq(token.as_bytes()).into();
         if !ok {
-            let mut r = ApiError(StatusCode::UNAUTHORIZED, "missing or wrong bearer token".into())
-                .into_response();
+            let mut r = ApiError(
+                StatusCode::UNAUTHORIZED,
+                "missing or wrong bearer token".into(),
+            )
+            .into_response();
             r.headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             return r;
@@ -239,7 +266,11 @@ pub fn router(ctx: AdminCtx) -> Router {
 }
 
 /// Serves the admin API until `stop` resolves.
-pub async fn serve(listener: std::net::TcpListener, ctx: AdminCtx, stop: impl Future<Output = ()> + Send + 'static) {
+pub async fn serve(
+    listener: std::net::TcpListener,
+    ctx: AdminCtx,
+    stop: impl Future<Output = ()> + Send + 'static,
+) {
     let listener = match tokio::net::TcpListener::from_std(listener) {
         Ok(l) => l,
         Err(e) => {

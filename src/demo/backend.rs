@@ -73,8 +73,10 @@ async fn answer(opts: &BackendOptions, req: Request<Incoming>) -> Response<Full<
     );
     let mut r = Response::new(Full::new(Bytes::from(body)));
     *r.status_mut() = status;
-    r.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     r
 }
 
@@ -92,8 +94,11 @@ pub async fn run(listener: std::net::TcpListener, opts: BackendOptions) -> std::
             }
         };
         let _ = stream.set_nodelay(true);
-        let svc = service_fn(move |req| async move { Ok::<_, Infallible>(answer(opts, req).await) });
-        let conn = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
+        let svc =
+            service_fn(move |req| async move { Ok::<_, Infallible>(answer(opts, req).await) });
+        let conn = builder
+            .serve_connection(TokioIo::new(stream), svc)
+            .into_owned();
         tokio::spawn(async move {
             let _ = conn.await;
         });
@@ -102,7 +107,8 @@ pub async fn run(listener: std::net::TcpListener, opts: BackendOptions) -> std::
 
 /// Binds `addr` and serves on a small runtime; returns only on error.
 pub fn serve_blocking(addr: SocketAddr, opts: BackendOptions) -> Result<(), String> {
-    let listener = crate::server::bind(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    let listener =
+        crate::server::bind(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()

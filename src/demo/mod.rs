@@ -65,7 +65,9 @@ pub fn spawn_backend(name: &str, latency_ms: u64, jitter_ms: u64) -> Result<Chil
             });
         }
     }
-    let child = cmd.spawn().map_err(|e| format!("cannot start backend {name}: {e}"))?;
+    let child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot start backend {name}: {e}"))?;
     Ok(ChildBackend {
         child,
         addr,
@@ -80,8 +82,7 @@ pub fn wait_healthy(addr: SocketAddr, limit: Duration) -> bool {
     while Instant::now() < deadline {
         if let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
             let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
-            if s
-                .write_all(b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            if s.write_all(b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
                 .is_ok()
             {
                 let mut buf = [0u8; 16];
@@ -107,7 +108,10 @@ pub fn start_demo_backends(n: usize) -> Result<Vec<ChildBackend>, String> {
     }
     for c in &children {
         if !wait_healthy(c.addr, Duration::from_secs(5)) {
-            return Err(format!("demo backend {} did not answer on {} within 5 s", c.name, c.addr));
+            return Err(format!(
+                "demo backend {} did not answer on {} within 5 s",
+                c.name, c.addr
+            ));
         }
     }
     Ok(children)

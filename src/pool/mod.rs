@@ -286,7 +286,7 @@ mod tests {
         p.remove(0).unwrap();
         let ids: Vec<_> = (0..2).filter_map(|_| pick_id(&p)).collect();
         assert_eq!(ids, vec![2, 2]);
-        assert_eq!(p.remove(0), Err(PoolError::NotFound(0)));
+        assert_eq!(p.remove(0).err(), Some(PoolError::NotFound(0)));
     }
 
     #[test]

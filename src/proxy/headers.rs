@@ -111,7 +111,12 @@ pub fn client_ip(headers: &HeaderMap, peer: IpAddr, trusted: &[IpNet]) -> IpAddr
 /// Sets the forwarding headers of this hop: appends the peer's IP to
 /// `X-Forwarded-For` (merging several incoming lines into one), and sets
 /// `X-Forwarded-Proto`/`X-Forwarded-Host` unless a trusted peer already did.
-pub fn set_forwarded(headers: &mut HeaderMap, peer: IpAddr, peer_trusted: bool, host: Option<&HeaderValue>) {
+pub fn set_forwarded(
+    headers: &mut HeaderMap,
+    peer: IpAddr,
+    peer_trusted: bool,
+    host: Option<&HeaderValue>,
+) {
     let peer = canonical(peer);
     let mut xff = String::with_capacity(64);
     for e in forwarded_entries(headers) {
@@ -145,7 +150,10 @@ mod tests {
     fn map(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
         for (k, v) in pairs {
-            h.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), v.parse().unwrap());
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
         }
         h
     }
@@ -177,7 +185,10 @@ mod tests {
 
     #[test]
     fn forwarded_for_is_merged_and_appended() {
-        let mut h = map(&[("x-forwarded-for", "1.1.1.1"), ("x-forwarded-for", "2.2.2.2, 3.3.3.3")]);
+        let mut h = map(&[
+            ("x-forwarded-for", "1.1.1.1"),
+            ("x-forwarded-for", "2.2.2.2, 3.3.3.3"),
+        ]);
         set_forwarded(&mut h, "127.0.0.1".parse().unwrap(), false, None);
         assert_eq!(h["x-forwarded-for"], "1.1.1.1, 2.2.2.2, 3.3.3.3, 127.0.0.1");
         assert_eq!(h.get_all("x-forwarded-for").iter().count(), 1);
@@ -191,6 +202,9 @@ mod tests {
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
         assert_eq!(client_ip(&h, ip("7.7.7.7"), &trusted), ip("7.7.7.7"));
         assert_eq!(client_ip(&h, ip("10.0.0.1"), &trusted), ip("8.8.8.8"));
-        assert_eq!(client_ip(&HeaderMap::new(), ip("10.0.0.1"), &trusted), ip("10.0.0.1"));
+        assert_eq!(
+            client_ip(&HeaderMap::new(), ip("10.0.0.1"), &trusted),
+            ip("10.0.0.1")
+        );
     }
 }

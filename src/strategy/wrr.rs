@@ -147,12 +147,20 @@ mod tests {
         let weights: Vec<u32> = (0..10_000).map(|i| 1 + (i % 1000)).collect();
         let p = SmoothWeightedRoundRobin::new(&weights);
         assert!(matches!(p.mode, Mode::Live { .. }));
-        let mut counts = vec![0u32; weights.len()];
-        let total: u32 = weights.iter().sum();
-        for _ in 0..total {
-            counts[p.pick()] += 1;
+        // Reference: the algorithm as nginx writes it.
+        let total: i64 = weights.iter().map(|&w| w as i64).sum();
+        let mut current = vec![0i64; weights.len()];
+        for _ in 0..200 {
+            let mut best = 0;
+            for i in 0..weights.len() {
+                current[i] += weights[i] as i64;
+                if current[i] > current[best] {
+                    best = i;
+                }
+            }
+            current[best] -= total;
+            assert_eq!(p.pick(), best);
         }
-        assert_eq!(counts, weights);
     }
 
     proptest! {

@@ -1,0 +1,513 @@
+//! Test support: real fulcrum processes and real backends on ephemeral 127.0.0.1 ports.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_fulcrum");
+
+// ------------------------------------------------------------------ fulcrum process
+
+/// A running `fulcrum serve`, killed on drop.
+pub struct Fulcrum {
+    pub child: Child,
+    pub proxy: SocketAddr,
+    pub admin: SocketAddr,
+    pub log: Arc<Mutex<String>>,
+}
+
+impl Fulcrum {
+    /// Starts `fulcrum serve` on ephemeral ports with `args` appended.
+    pub fn start(args: &[&str]) -> Fulcrum {
+        Self::start_cmd(
+            &["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"],
+            args,
+        )
+    }
+
+    pub fn start_cmd(base: &[&str], args: &[&str]) -> Fulcrum {
+        let mut child = Command::new(BIN)
+            .args(base)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start fulcrum");
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let log2 = Arc::clone(&log);
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stderr).lines();
+            let mut proxy = None;
+            let mut admin = None;
+            let mut sent = false;
+            while let Some(Ok(line)) = lines.next() {
+                log2.lock().unwrap().push_str(&line);
+                log2.lock().unwrap().push('\n');
+                if let Some(a) = addr_after(&line, "proxy listening on ") {
+                    proxy = Some(a);
+                }
+                if let Some(a) = addr_after(&line, "admin listening on ") {
+                    admin = Some(a);
+                }
+                if !sent {
+                    if let (Some(p), Some(a)) = (proxy, admin) {
+                        let _ = tx.send((p, a));
+                        sent = true;
+                    }
+                }
+            }
+        });
+        match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok((proxy, admin)) => Fulcrum {
+                child,
+                proxy,
+                admin,
+                log,
+            },
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("fulcrum did not start; log:\n{}", log.lock().unwrap());
+            }
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.proxy, path)
+    }
+
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{}", self.admin, path)
+    }
+
+    pub fn signal(&self, sig: &str) {
+        let st = Command::new("kill")
+            .args([&format!("-{sig}"), &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(st.success());
+    }
+
+    /// Waits for the process to exit, up to `limit`.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return Some(st);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Fulcrum {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn addr_after(line: &str, marker: &str) -> Option<SocketAddr> {
+    let i = line.find(marker)?;
+    line[i + marker.len()..]
+        .split(|c: char| c.is_whitespace() || c == '"')
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Runs fulcrum to completion with `args`; returns (status, stderr).
+pub fn run_fulcrum(args: &[&str]) -> (ExitStatus, String, String) {
+    let out = Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run fulcrum");
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+// ------------------------------------------------------------------ test backend
+
+/// What a test backend saw and how it is doing.
+#[derive(Default)]
+pub struct BackendStats {
+    pub requests: AtomicU64,
+    pub in_flight: AtomicUsize,
+    pub connections: AtomicU64,
+    pub last_headers: Mutex<Option<HeaderMap>>,
+    pub last_body_len: AtomicU64,
+}
+
+/// An HTTP backend on its own thread and runtime. Behaviour by path:
+/// - `/status/N` answers N; `/sleep/MS` sleeps first; `/big/N` streams N bytes;
+/// - `/echo` streams the request body back; `/stall` sends headers and never ends;
+/// - `/ws` upgrades (101) and echoes bytes over the raw connection;
+/// - anything else: 200 with body `NAME` and headers `x-backend`, `x-method`, `x-uri`.
+pub struct TestBackend {
+    pub name: String,
+    pub addr: SocketAddr,
+    pub stats: Arc<BackendStats>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Drop for TestBackend {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+}
+
+impl TestBackend {
+    pub fn start(name: &str) -> TestBackend {
+        Self::start_on(name, "127.0.0.1:0".parse().unwrap())
+    }
+
+    pub fn start_on(name: &str, addr: SocketAddr) -> TestBackend {
+        let listener = std::net::TcpListener::bind(addr).expect("bind backend");
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stats = Arc::new(BackendStats::default());
+        let (stop, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let name2 = name.to_string();
+        let stats2 = Arc::clone(&stats);
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                let name: &'static str = Box::leak(name2.into_boxed_str());
+                loop {
+                    let (stream, _) = tokio::select! {
+                        a = listener.accept() => match a { Ok(a) => a, Err(_) => continue },
+                        _ = &mut stop_rx => return,
+                    };
+                    stats2.connections.fetch_add(1, Ordering::SeqCst);
+                    let stats = Arc::clone(&stats2);
+                    tokio::spawn(async move {
+                        let svc = service_fn(move |req| {
+                            let stats = Arc::clone(&stats);
+                            async move { Ok::<_, Infallible>(backend_answer(name, stats, req).await) }
+                        });
+                        let _ = hyper::server::conn::http1::Builder::new()
+                            .serve_connection(TokioIo::new(stream), svc)
+                            .with_upgrades()
+                            .await;
+                    });
+                }
+            });
+        });
+        TestBackend {
+            name: name.to_string(),
+            addr,
+            stats,
+            stop: Some(stop),
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// `--backend` spec with this backend's name.
+    pub fn spec(&self) -> String {
+        format!("http://{},name={}", self.addr, self.name)
+    }
+
+    pub fn requests(&self) -> u64 {
+        self.stats.requests.load(Ordering::SeqCst)
+    }
+}
+
+type TestBody = http_body_util::combinators::BoxBody<Bytes, hyper::Error>;
+
+fn full(b: impl Into<Bytes>) -> TestBody {
+    Full::new(b.into())
+        .map_err(|e: Infallible| match e {})
+        .boxed()
+}
+
+struct InFlight(Arc<BackendStats>);
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+async fn backend_answer(
+    name: &'static str,
+    stats: Arc<BackendStats>,
+    mut req: Request<Incoming>,
+) -> Response<TestBody> {
+    stats.requests.fetch_add(1, Ordering::SeqCst);
+    stats.in_flight.fetch_add(1, Ordering::SeqCst);
+    let _g = InFlight(Arc::clone(&stats));
+    *stats.last_headers.lock().unwrap() = Some(req.headers().clone());
+    let path = req.uri().path().to_string();
+    let uri = req.uri().to_string();
+    let method = req.method().to_string();
+    let mut parts = path.trim_start_matches('/').splitn(2, '/');
+    let head = parts.next().unwrap_or("");
+    let arg = parts.next().unwrap_or("");
+    let mut resp = match head {
+        "status" => {
+            let mut r = Response::new(full(name));
+            *r.status_mut() = StatusCode::from_u16(arg.parse().unwrap_or(200)).unwrap();
+            r
+        }
+        "sleep" => {
+            tokio::time::sleep(Duration::from_millis(arg.parse().unwrap_or(0))).await;
+            Response::new(full(name))
+        }
+        "big" => {
+            let n: usize = arg.parse().unwrap_or(0);
+            let chunk = Bytes::from(vec![b'x'; 64 * 1024]);
+            let frames = (0..n.div_ceil(chunk.len())).map(move |i| {
+                let len = (n - i * 64 * 1024).min(64 * 1024);
+                Ok::<_, hyper::Error>(Frame::data(chunk.slice(..len)))
+            });
+            let body = StreamBody::new(futures_util::stream::iter(frames));
+            let mut r = Response::new(BodyExt::boxed(body));
+            r.headers_mut()
+                .insert("content-length", n.to_string().parse().unwrap());
+            r
+        }
+        "echo" => {
+            let body = req.into_body();
+            let counted = CountBody {
+                inner: body,
+                stats: Arc::clone(&stats),
+                n: 0,
+            };
+            Response::new(BodyExt::boxed(counted))
+        }
+        "stall" => {
+            let body = StreamBody::new(futures_util::stream::pending::<
+                Result<Frame<Bytes>, hyper::Error>,
+            >());
+            let mut r = Response::new(BodyExt::boxed(body));
+            r.headers_mut()
+                .insert("content-length", "100".parse().unwrap());
+            r
+        }
+        "ws" => {
+            let on = hyper::upgrade::on(&mut req);
+            tokio::spawn(async move {
+                if let Ok(up) = on.await {
+                    let mut io = TokioIo::new(up);
+                    let mut buf = [0u8; 1024];
+                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                    while let Ok(n) = io.read(&mut buf).await {
+                        if n == 0 || io.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                }
+            });
+            let mut r = Response::new(full(""));
+            *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+            r.headers_mut()
+                .insert("connection", "upgrade".parse().unwrap());
+            r.headers_mut()
+                .insert("upgrade", "websocket".parse().unwrap());
+            r
+        }
+        _ => {
+            let mut n = 0u64;
+            while let Some(Ok(f)) = req.body_mut().frame().await {
+                if let Some(d) = f.data_ref() {
+                    n += d.len() as u64;
+                }
+            }
+            stats.last_body_len.store(n, Ordering::SeqCst);
+            let mut r = Response::new(full(name));
+            r.headers_mut()
+                .insert("x-body-len", n.to_string().parse().unwrap());
+            r
+        }
+    };
+    let h = resp.headers_mut();
+    h.insert("x-backend", name.parse().unwrap());
+    h.insert("x-method", method.parse().unwrap());
+    h.insert("x-uri", uri.parse().unwrap());
+    resp
+}
+
+/// A body that counts what passes through (for `/echo`).
+struct CountBody {
+    inner: Incoming,
+    stats: Arc<BackendStats>,
+    n: u64,
+}
+
+impl hyper::body::Body for CountBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let r = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
+        if let std::task::Poll::Ready(Some(Ok(f))) = &r {
+            if let Some(d) = f.data_ref() {
+                let n = self.n + d.len() as u64;
+                self.n = n;
+                self.stats.last_body_len.store(n, Ordering::SeqCst);
+            }
+        }
+        r
+    }
+}
+
+// ------------------------------------------------------------------ clients
+
+pub type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
+
+pub fn client() -> HttpClient {
+    Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(512)
+        .build_http()
+}
+
+/// A response read whole.
+pub struct Got {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Got {
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
+    }
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+    pub fn backend(&self) -> String {
+        self.header("x-backend").unwrap_or("?").to_string()
+    }
+}
+
+pub async fn send(
+    c: &HttpClient,
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: impl Into<Bytes>,
+) -> Got {
+    let mut b = Request::builder().method(method).uri(url);
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    let resp = c
+        .request(b.body(Full::new(body.into())).unwrap())
+        .await
+        .expect("request");
+    let (parts, body) = resp.into_parts();
+    let body = body.collect().await.expect("body").to_bytes();
+    Got {
+        status: parts.status,
+        headers: parts.headers,
+        body,
+    }
+}
+
+pub async fn get(c: &HttpClient, url: &str) -> Got {
+    send(c, "GET", url, &[], Bytes::new()).await
+}
+
+pub async fn admin(c: &HttpClient, method: &str, url: &str, json: &str) -> Got {
+    send(
+        c,
+        method,
+        url,
+        &[("content-type", "application/json")],
+        json.to_string(),
+    )
+    .await
+}
+
+/// Sends raw bytes on a fresh connection and reads until the peer closes or `limit`.
+pub fn raw_exchange(addr: SocketAddr, request: &[u8], limit: Duration) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(limit)).unwrap();
+    s.write_all(request).unwrap();
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Status of the pool as the admin API shows it.
+pub async fn status(c: &HttpClient, f: &Fulcrum) -> serde_json::Value {
+    get(c, &f.admin_url("/admin/status")).await.json()
+}
+
+/// `active_conns` per backend name.
+pub async fn active_conns(c: &HttpClient, f: &Fulcrum) -> HashMap<String, u64> {
+    let s = status(c, f).await;
+    s["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| {
+            (
+                b["name"].as_str().unwrap().to_string(),
+                b["active_conns"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Polls `cond` until true or `limit`.
+pub async fn eventually<F, Fut>(limit: Duration, mut cond: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if cond().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
