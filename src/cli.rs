@@ -24,7 +24,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the load balancer.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Run the demo: spawned backends with different latencies plus the balancer.
     Demo(DemoArgs),
     /// Run a demo backend.
@@ -217,7 +217,7 @@ pub fn main() -> i32 {
         }
     };
     match cli.command {
-        Command::Serve(args) => serve(args.into_raw()),
+        Command::Serve(args) => serve((*args).into_raw()),
         Command::Check(args) => check(&args.config),
         Command::Backend(args) => backend(args),
         Command::Demo(args) => demo(args),

@@ -166,9 +166,7 @@ async fn x_forwarded_headers_are_set_fresh_and_appended() {
     );
     assert_eq!(h["x-forwarded-host"], f.proxy.to_string());
     // Several incoming lines are merged into one.
-    let raw = format!(
-        "GET / HTTP/1.1\r\nHost: example.test\r\nX-Forwarded-For: 1.1.1.1\r\nX-Forwarded-For: 2.2.2.2, 3.3.3.3\r\nConnection: close\r\n\r\n"
-    );
+    let raw = "GET / HTTP/1.1\r\nHost: example.test\r\nX-Forwarded-For: 1.1.1.1\r\nX-Forwarded-For: 2.2.2.2, 3.3.3.3\r\nConnection: close\r\n\r\n";
     let out = raw_exchange(f.proxy, raw.as_bytes(), Duration::from_secs(5));
     assert!(out.starts_with("HTTP/1.1 200"), "{out}");
     let h = seen();

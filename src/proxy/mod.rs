@@ -151,7 +151,8 @@ impl Proxy {
         }
     }
 
-    fn shed_permit(&self) -> Result<Option<ShedPermit>, Response<RespBody>> {
+    /// `Err(())` when the proxy is over `--max-inflight` and must shed this request.
+    fn shed_permit(&self) -> Result<Option<ShedPermit>, ()> {
         let max = self.settings.max_inflight;
         if max == 0 {
             return Ok(None);
@@ -159,11 +160,7 @@ impl Proxy {
         let now = self.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
         let permit = ShedPermit(Arc::clone(&self.in_flight));
         if now > max {
-            drop(permit);
-            let mut r = own_answer(StatusCode::SERVICE_UNAVAILABLE, "overloaded, retry later\n");
-            r.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-            return Err(r);
+            return Err(());
         }
         Ok(Some(permit))
     }
@@ -180,7 +177,13 @@ impl Proxy {
         }
         let permit = match self.shed_permit() {
             Ok(p) => p,
-            Err(r) => return r,
+            Err(()) => {
+                let mut r =
+                    own_answer(StatusCode::SERVICE_UNAVAILABLE, "overloaded, retry later\n");
+                r.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                return r;
+            }
         };
         let upgrade =
             req.version() == Version::HTTP_11 && headers::is_upgrade_request(req.headers());
