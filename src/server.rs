@@ -7,6 +7,7 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::os::fd::AsFd;
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,7 +21,6 @@ use tokio::sync::watch;
 
 use crate::config::Settings;
 use crate::pool::Pool;
-use crate::proxy::io::{write_raw, SharedStream};
 use crate::proxy::{Proxy, ProxySettings, MAX_HEADER_BYTES};
 
 /// How long requests in flight may take to finish after a stop signal.
@@ -44,10 +44,30 @@ pub fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
 }
 
 /// Binds one listener per worker on the same port (the first decides an ephemeral port).
+///
+/// `SO_REUSEPORT` would let a second process of the same user join a port silently and
+/// take half its traffic. A listener already answering on the address makes the port an
+/// error instead, as nginx and HAProxy report it.
 pub fn bind_workers(
     addr: SocketAddr,
     workers: usize,
 ) -> std::io::Result<Vec<std::net::TcpListener>> {
+    if addr.port() != 0 {
+        let mut probe = addr;
+        if probe.ip().is_unspecified() {
+            probe.set_ip(if addr.is_ipv4() {
+                std::net::Ipv4Addr::LOCALHOST.into()
+            } else {
+                std::net::Ipv6Addr::LOCALHOST.into()
+            });
+        }
+        if std::net::TcpStream::connect_timeout(&probe, Duration::from_millis(200)).is_ok() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AddrInUse,
+                "address already in use",
+            ));
+        }
+    }
     let first = bind(addr)?;
     let actual = first.local_addr()?;
     let mut all = vec![first];
@@ -104,8 +124,11 @@ pub async fn worker(
                     }
                 };
                 let _ = stream.set_nodelay(true);
-                let stream = Arc::new(stream);
-                let io = TokioIo::new(SharedStream(Arc::clone(&stream)));
+                // hyper closes a connection whose request head is late but writes
+                // nothing; a second descriptor of the same socket lets this task still
+                // answer 408 afterwards (one dup per connection, none per request).
+                let late_answer = stream.as_fd().try_clone_to_owned().ok().map(std::net::TcpStream::from);
+                let io = TokioIo::new(stream);
                 let svc = service_fn(move |req| async move {
                     Ok::<_, Infallible>(proxy.handle(req, peer).await)
                 });
@@ -114,7 +137,10 @@ pub async fn worker(
                 tokio::spawn(async move {
                     if let Err(e) = conn.await {
                         if is_header_timeout(&*e) {
-                            write_raw(&stream, ANSWER_408).await;
+                            if let Some(mut s) = late_answer {
+                                // A short answer into an empty send buffer: it does not block.
+                                let _ = std::io::Write::write_all(&mut s, ANSWER_408);
+                            }
                         } else {
                             tracing::debug!(error = %e, %peer, "client connection ended with an error");
                         }
@@ -168,7 +194,8 @@ pub fn start(settings: &Settings) -> Result<Running, String> {
     let listen = listeners[0]
         .local_addr()
         .map_err(|e| format!("proxy listener: {e}"))?;
-    let admin_listener = bind(settings.admin)
+    let admin_listener = bind_workers(settings.admin, 1)
+        .map(|mut v| v.remove(0))
         .map_err(|e| format!("cannot listen on {} (admin): {e}", settings.admin))?;
     let admin = admin_listener
         .local_addr()

@@ -2,7 +2,6 @@
 
 mod body;
 pub mod headers;
-pub mod io;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
