@@ -58,6 +58,8 @@ pub struct Backend {
     pub scheme: Scheme,
     /// `host:port` to connect to.
     pub authority: Authority,
+    /// The address itself when the host is an IP literal (no resolution per connect).
+    pub socket_addr: Option<std::net::SocketAddr>,
     weight: AtomicU32,
     state: AtomicU8,
     healthy: AtomicBool,
@@ -78,6 +80,7 @@ impl Backend {
             name: spec.name,
             url: spec.url,
             scheme: Scheme::HTTP,
+            socket_addr: spec.authority.as_str().parse().ok(),
             authority: spec.authority,
             weight: AtomicU32::new(spec.weight),
             state: AtomicU8::new(0),

@@ -7,6 +7,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
+use super::upstream::{Conn, Upstreams};
 use crate::pool::RequestGuard;
 
 /// What keeps a request accounted for until its response has been received whole.
@@ -16,6 +17,17 @@ pub struct Hold {
     pub guard: RequestGuard,
     /// The proxy-wide shedding slot, when shedding is on.
     pub permit: Option<crate::proxy::ShedPermit>,
+    /// The upstream connection, returned to its pool once the body has been read whole.
+    pub conn: Option<(Conn, &'static Upstreams)>,
+}
+
+impl Hold {
+    /// The response was received whole: the connection can serve another request.
+    fn complete(mut self) {
+        if let Some((conn, pool)) = self.conn.take() {
+            pool.checkin(conn);
+        }
+    }
 }
 
 /// The body sent upstream: the client's stream, or nothing (a replayable request).
@@ -76,6 +88,7 @@ impl RespBody {
     /// Wraps a backend body; an already-finished one releases its hold at once.
     pub fn upstream(inner: Incoming, hold: Hold) -> RespBody {
         let hold = if inner.is_end_stream() {
+            hold.complete();
             None
         } else {
             Some(hold)
@@ -109,15 +122,22 @@ impl Body for RespBody {
                 match &r {
                     Poll::Ready(Some(Ok(_))) => {
                         if inner.is_end_stream() {
-                            *hold = None;
+                            if let Some(h) = hold.take() {
+                                h.complete();
+                            }
                         }
                     }
                     Poll::Ready(Some(Err(_))) => {
+                        // A broken body: the connection is dropped, not pooled.
                         if let Some(mut h) = hold.take() {
                             h.guard.fail();
                         }
                     }
-                    Poll::Ready(None) => *hold = None,
+                    Poll::Ready(None) => {
+                        if let Some(h) = hold.take() {
+                            h.complete();
+                        }
+                    }
                     Poll::Pending => {}
                 }
                 r

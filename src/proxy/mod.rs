@@ -2,11 +2,12 @@
 
 mod body;
 pub mod headers;
+mod upstream;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
@@ -14,12 +15,11 @@ use http::uri::{PathAndQuery, Uri};
 use http::{Method, Request, Response, StatusCode, Version};
 use http_body::Body as _;
 use hyper::body::Incoming;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use ipnet::IpNet;
 
 pub use body::{Hold, ReqBody, RespBody};
+pub use upstream::{Failure, Upstreams};
 
 use crate::config::Settings;
 use crate::pool::{Backend, Pool};
@@ -63,27 +63,13 @@ impl Drop for ShedPermit {
     }
 }
 
-/// One worker's proxy: shared pool, own upstream connection pool.
+/// One worker's proxy: shared pool, own upstream connections.
 #[derive(Debug)]
 pub struct Proxy {
     pool: Arc<Pool>,
-    client: Client<HttpConnector, ReqBody>,
+    upstreams: &'static Upstreams,
     settings: ProxySettings,
     in_flight: Arc<AtomicUsize>,
-}
-
-/// Builds the upstream client: keep-alive connections pooled per backend.
-fn client(settings: &ProxySettings) -> Client<HttpConnector, ReqBody> {
-    let mut conn = HttpConnector::new();
-    conn.set_nodelay(true);
-    conn.set_connect_timeout(Some(settings.connect_timeout));
-    conn.enforce_http(true);
-    Client::builder(TokioExecutor::new())
-        .pool_timer(TokioTimer::new())
-        .timer(TokioTimer::new())
-        .pool_idle_timeout(Duration::from_secs(90))
-        .pool_max_idle_per_host(1024)
-        .build(conn)
 }
 
 fn own_answer(status: StatusCode, text: &'static str) -> Response<RespBody> {
@@ -112,18 +98,8 @@ fn head_size<B>(req: &Request<B>) -> usize {
 fn is_idempotent(m: &Method) -> bool {
     matches!(
         *m,
-        Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE | Method::TRACE
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE
     )
-}
-
-/// How one attempt ended, when it did not produce a response.
-enum Failure {
-    /// Could not connect: safe to try another backend.
-    Connect,
-    /// The backend broke the exchange.
-    Broken,
-    /// No response headers within the upstream timeout.
-    Timeout,
 }
 
 impl Failure {
@@ -141,13 +117,24 @@ impl Failure {
 
 impl Proxy {
     /// A proxy over `pool`; `in_flight` is shared by every worker for shedding.
+    ///
+    /// A proxy lives as long as its worker thread, which is as long as the process: its
+    /// connection pool is leaked so response bodies can hand connections back to it
+    /// without a reference count per request.
     pub fn new(pool: Arc<Pool>, settings: ProxySettings, in_flight: Arc<AtomicUsize>) -> Proxy {
         Proxy {
-            client: client(&settings),
+            upstreams: Box::leak(Box::new(Upstreams::new(settings.connect_timeout))),
             pool,
             settings,
             in_flight,
         }
+    }
+
+    /// Closes idle upstream connections past their time or to backends no longer pooled.
+    pub fn sweep_idle(&self) {
+        let snap = self.pool.snapshot();
+        let live: std::collections::HashSet<u64> = snap.backends.iter().map(|b| b.id).collect();
+        self.upstreams.sweep(|id| live.contains(&id));
     }
 
     /// `Err(())` when the proxy is over `--max-inflight` and must shed this request.
@@ -230,12 +217,12 @@ impl Proxy {
             let mut guard = backend.begin_request();
             let last = attempt + 1 == max_attempts;
             let up_req = build_upstream(&mut parts, backend, &pq, &mut body, last);
-            let sent_at = Instant::now();
-            let result =
-                tokio::time::timeout(self.settings.upstream_timeout, self.client.request(up_req))
-                    .await;
+            let result = self
+                .upstreams
+                .send(backend, up_req, self.settings.upstream_timeout)
+                .await;
             let failure = match result {
-                Ok(Ok(mut resp)) => {
+                Ok((mut resp, conn, sent_at)) => {
                     backend.record_latency(sent_at.elapsed());
                     if resp.status().is_server_error() {
                         guard.fail();
@@ -250,15 +237,14 @@ impl Proxy {
                     }
                     let (mut rparts, rbody) = resp.into_parts();
                     headers::strip_hop_by_hop(&mut rparts.headers, false);
-                    let hold = Hold { guard, permit };
+                    let hold = Hold {
+                        guard,
+                        permit,
+                        conn: Some((conn, self.upstreams)),
+                    };
                     return Response::from_parts(rparts, RespBody::upstream(rbody, hold));
                 }
-                Ok(Err(e)) if e.is_connect() => Failure::Connect,
-                Ok(Err(e)) => {
-                    tracing::debug!(backend = %backend.name, error = %e, "upstream exchange failed");
-                    Failure::Broken
-                }
-                Err(_) => Failure::Timeout,
+                Err(f) => f,
             };
             guard.fail();
             tracing::debug!(backend = %backend.name, attempt, "attempt failed");
@@ -285,14 +271,8 @@ fn build_upstream(
     body: &mut Option<Incoming>,
     last: bool,
 ) -> Request<ReqBody> {
-    let uri = Uri::from_parts({
-        let mut p = http::uri::Parts::default();
-        p.scheme = Some(backend.scheme.clone());
-        p.authority = Some(backend.authority.clone());
-        p.path_and_query = Some(pq.clone());
-        p
-    })
-    .unwrap_or_else(|_| Uri::from_static("/"));
+    // Origin form: the connection already knows which backend it goes to.
+    let uri = Uri::from(pq.clone());
     let req_body = match (last, body.take()) {
         (true, Some(b)) => ReqBody::Stream(b),
         (false, Some(b)) => {
@@ -312,6 +292,12 @@ fn build_upstream(
     } else {
         parts.headers.clone()
     };
+    // HTTP/1.1 needs a Host; a client that sent none (HTTP/1.0) gets the backend's.
+    if !r.headers().contains_key(header::HOST) {
+        if let Ok(h) = HeaderValue::from_str(backend.authority.as_str()) {
+            r.headers_mut().insert(header::HOST, h);
+        }
+    }
     r
 }
 

@@ -1,0 +1,189 @@
+//! Keep-alive HTTP/1.1 connections to backends, one pool per worker.
+//!
+//! Written here rather than taken from hyper-util's pooled client because the request
+//! path needs less than that client does: the pool key is the backend's numeric id (no
+//! URI hashing), a connection goes back to the pool exactly when its response body has
+//! been read whole (no background "is it ready yet" polling), and a connect failure must
+//! be told apart from a broken exchange so that only the former is retried elsewhere.
+//! The pool belongs to one worker thread, so its lock is never contended.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+
+use super::body::ReqBody;
+use crate::pool::Backend;
+
+/// Idle connections older than this are closed.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Idle connections kept per backend and worker.
+const MAX_IDLE_PER_BACKEND: usize = 1024;
+
+/// How an attempt ended without a response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// No connection could be made: nothing was sent, another backend may be tried.
+    Connect,
+    /// The backend broke the exchange.
+    Broken,
+    /// No response headers within the upstream timeout.
+    Timeout,
+}
+
+/// A connection checked out of the pool.
+#[derive(Debug)]
+pub struct Conn {
+    sender: SendRequest<ReqBody>,
+    backend: u64,
+    reused: bool,
+}
+
+#[derive(Debug)]
+struct Idle {
+    sender: SendRequest<ReqBody>,
+    since: Instant,
+}
+
+/// One worker's keep-alive connections, by backend id.
+#[derive(Debug)]
+pub struct Upstreams {
+    idle: Mutex<HashMap<u64, Vec<Idle>>>,
+    connect_timeout: Duration,
+}
+
+impl Upstreams {
+    /// An empty pool.
+    pub fn new(connect_timeout: Duration) -> Self {
+        Upstreams {
+            idle: Mutex::new(HashMap::new()),
+            connect_timeout,
+        }
+    }
+
+    fn pop_idle(&self, backend: u64) -> Option<SendRequest<ReqBody>> {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let list = idle.get_mut(&backend)?;
+        // Most recently used first: it is the least likely to have been closed.
+        while let Some(i) = list.pop() {
+            if !i.sender.is_closed() && i.since.elapsed() < IDLE_TIMEOUT {
+                return Some(i.sender);
+            }
+        }
+        None
+    }
+
+    async fn checkout(&self, b: &Backend) -> Result<Conn, Failure> {
+        while let Some(mut sender) = self.pop_idle(b.id) {
+            if sender.is_ready() {
+                return Ok(Conn {
+                    sender,
+                    backend: b.id,
+                    reused: true,
+                });
+            }
+            // Just checked in: its connection task has not run since the body ended.
+            if let Ok(Ok(())) = tokio::time::timeout(self.connect_timeout, sender.ready()).await {
+                return Ok(Conn {
+                    sender,
+                    backend: b.id,
+                    reused: true,
+                });
+            }
+        }
+        self.connect(b).await
+    }
+
+    async fn connect(&self, b: &Backend) -> Result<Conn, Failure> {
+        let connecting = async {
+            match b.socket_addr {
+                Some(addr) => TcpStream::connect(addr).await,
+                None => TcpStream::connect(b.authority.as_str()).await,
+            }
+        };
+        let stream = match tokio::time::timeout(self.connect_timeout, connecting).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
+                tracing::debug!(backend = %b.name, error = %e, "connect failed");
+                return Err(Failure::Connect);
+            }
+            Err(_) => {
+                tracing::debug!(backend = %b.name, "connect timed out");
+                return Err(Failure::Connect);
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let (sender, conn) = http1::Builder::new()
+            .handshake(TokioIo::new(stream))
+            .await
+            .map_err(|_| Failure::Connect)?;
+        tokio::spawn(async move {
+            let _ = conn.with_upgrades().await;
+        });
+        Ok(Conn {
+            sender,
+            backend: b.id,
+            reused: false,
+        })
+    }
+
+    /// Sends `req` to `b` and waits for the response head, at most `timeout` from the
+    /// moment the request is handed to a connection. A pooled connection that turns out
+    /// to have been closed by the backend before anything was sent is replaced by a new
+    /// one once. Returns the response, its connection and when the request was sent.
+    pub async fn send(
+        &self,
+        b: &Backend,
+        mut req: Request<ReqBody>,
+        timeout: Duration,
+    ) -> Result<(Response<Incoming>, Conn, Instant), Failure> {
+        let mut replaced_stale = false;
+        loop {
+            let mut conn = self.checkout(b).await?;
+            let sent_at = Instant::now();
+            match tokio::time::timeout(timeout, conn.sender.try_send_request(req)).await {
+                Err(_) => return Err(Failure::Timeout),
+                Ok(Ok(resp)) => return Ok((resp, conn, sent_at)),
+                Ok(Err(mut e)) => match e.take_message() {
+                    Some(unsent) if conn.reused && !replaced_stale => {
+                        replaced_stale = true;
+                        req = unsent;
+                    }
+                    _ => {
+                        tracing::debug!(backend = %b.name, error = %e.error(), "upstream exchange failed");
+                        return Err(Failure::Broken);
+                    }
+                },
+            }
+        }
+    }
+
+    /// Returns a connection whose response has been read whole.
+    pub fn checkin(&self, conn: Conn) {
+        if conn.sender.is_closed() {
+            return;
+        }
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let list = idle.entry(conn.backend).or_default();
+        if list.len() < MAX_IDLE_PER_BACKEND {
+            list.push(Idle {
+                sender: conn.sender,
+                since: Instant::now(),
+            });
+        }
+    }
+
+    /// Closes idle connections past their time, and those of backends that are gone.
+    pub fn sweep(&self, live: impl Fn(u64) -> bool) {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        idle.retain(|id, list| {
+            list.retain(|i| !i.sender.is_closed() && i.since.elapsed() < IDLE_TIMEOUT);
+            live(*id) && !list.is_empty()
+        });
+    }
+}
