@@ -148,8 +148,10 @@ pub async fn worker(
                 // answer 408 afterwards (one dup per connection, none per request).
                 let late_answer = stream.as_fd().try_clone_to_owned().ok().map(std::net::TcpStream::from);
                 let io = TokioIo::new(stream);
-                let svc = service_fn(move |req| async move {
-                    Ok::<_, Infallible>(proxy.handle(req, peer).await)
+                let peer_value = crate::proxy::headers::forwarded_value(peer.ip());
+                let svc = service_fn(move |req| {
+                    let peer_value = peer_value.clone();
+                    async move { Ok::<_, Infallible>(proxy.handle(req, peer, peer_value).await) }
                 });
                 let conn = builder.serve_connection_with_upgrades(io, svc).into_owned();
                 let conn = graceful.watch(conn);

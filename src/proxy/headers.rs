@@ -38,15 +38,33 @@ fn connection_has(headers: &HeaderMap, token: &str) -> bool {
 
 /// Removes hop-by-hop headers. With `upgrade`, `Connection: upgrade` and `Upgrade`
 /// stay, as the next hop needs them to switch protocols.
+///
+/// Runs on every request and every response, so the common cases stay cheap: one pass
+/// over the names finds whether there is anything to remove at all, and the usual
+/// `Connection: keep-alive`/`close` values name no header that needs looking up.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
+    let present = headers
+        .keys()
+        .any(|k| *k == header::UPGRADE || HOP_BY_HOP.contains(k));
+    if !present && !upgrade {
+        return;
+    }
     if headers.contains_key(header::CONNECTION) {
-        let named: Vec<HeaderName> = headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|s| s.split(','))
-            .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
-            .collect();
+        let mut named: Vec<HeaderName> = Vec::new();
+        for v in headers.get_all(header::CONNECTION) {
+            let Ok(s) = v.to_str() else { continue };
+            for t in s.split(',').map(str::trim) {
+                if t.is_empty()
+                    || t.eq_ignore_ascii_case("keep-alive")
+                    || t.eq_ignore_ascii_case("close")
+                {
+                    continue; // Keep-Alive goes with the fixed list below
+                }
+                if let Ok(name) = HeaderName::from_bytes(t.as_bytes()) {
+                    named.push(name);
+                }
+            }
+        }
         for name in named {
             if !(upgrade && name == header::UPGRADE) {
                 headers.remove(&name);
@@ -108,25 +126,34 @@ pub fn client_ip(headers: &HeaderMap, peer: IpAddr, trusted: &[IpNet]) -> IpAddr
     last_trusted
 }
 
-/// Sets the forwarding headers of this hop: appends the peer's IP to
+/// The value this hop appends to `X-Forwarded-For` for `peer` (its IP, no port).
+/// Computed once per client connection.
+pub fn forwarded_value(peer: IpAddr) -> HeaderValue {
+    HeaderValue::from_str(&canonical(peer).to_string())
+        .unwrap_or_else(|_| HeaderValue::from_static("unknown"))
+}
+
+/// Sets the forwarding headers of this hop: appends `peer` (see [`forwarded_value`]) to
 /// `X-Forwarded-For` (merging several incoming lines into one), and sets
 /// `X-Forwarded-Proto`/`X-Forwarded-Host` unless a trusted peer already did.
 pub fn set_forwarded(
     headers: &mut HeaderMap,
-    peer: IpAddr,
+    peer: &HeaderValue,
     peer_trusted: bool,
     host: Option<&HeaderValue>,
 ) {
-    let peer = canonical(peer);
-    let mut xff = String::with_capacity(64);
-    for e in forwarded_entries(headers) {
-        xff.push_str(e);
-        xff.push_str(", ");
-    }
-    use std::fmt::Write;
-    let _ = write!(xff, "{peer}");
-    if let Ok(v) = HeaderValue::from_str(&xff) {
-        headers.insert(X_FORWARDED_FOR, v);
+    if headers.contains_key(&X_FORWARDED_FOR) {
+        let mut xff = String::with_capacity(64);
+        for e in forwarded_entries(headers) {
+            xff.push_str(e);
+            xff.push_str(", ");
+        }
+        xff.push_str(peer.to_str().unwrap_or("unknown"));
+        if let Ok(v) = HeaderValue::from_str(&xff) {
+            headers.insert(X_FORWARDED_FOR, v);
+        }
+    } else {
+        headers.insert(X_FORWARDED_FOR, peer.clone());
     }
     if !(peer_trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
         headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
@@ -189,7 +216,8 @@ mod tests {
             ("x-forwarded-for", "1.1.1.1"),
             ("x-forwarded-for", "2.2.2.2, 3.3.3.3"),
         ]);
-        set_forwarded(&mut h, "127.0.0.1".parse().unwrap(), false, None);
+        let peer = forwarded_value("127.0.0.1".parse().unwrap());
+        set_forwarded(&mut h, &peer, false, None);
         assert_eq!(h["x-forwarded-for"], "1.1.1.1, 2.2.2.2, 3.3.3.3, 127.0.0.1");
         assert_eq!(h.get_all("x-forwarded-for").iter().count(), 1);
         assert_eq!(h["x-forwarded-proto"], "http");

@@ -151,8 +151,13 @@ impl Proxy {
         Ok(Some(permit))
     }
 
-    /// Proxies one request from `peer`.
-    pub async fn handle(&self, mut req: Request<Incoming>, peer: SocketAddr) -> Response<RespBody> {
+    /// Proxies one request from `peer`; `peer_value` is its [`headers::forwarded_value`].
+    pub async fn handle(
+        &self,
+        mut req: Request<Incoming>,
+        peer: SocketAddr,
+        peer_value: HeaderValue,
+    ) -> Response<RespBody> {
         // hyper bounds its read buffer, but a head that arrives in one read can slip past
         // that bound; the contract's limit is checked here exactly.
         if head_size(&req) > MAX_HEADER_BYTES {
@@ -190,7 +195,7 @@ impl Proxy {
         headers::strip_hop_by_hop(&mut parts.headers, upgrade);
         let peer_ip: IpAddr = peer.ip();
         let trusted = headers::is_trusted(&self.settings.trusted_proxies, peer_ip);
-        headers::set_forwarded(&mut parts.headers, peer_ip, trusted, host.as_ref());
+        headers::set_forwarded(&mut parts.headers, &peer_value, trusted, host.as_ref());
         // The backend pool speaks HTTP/1.1 whatever the client spoke.
         parts.version = Version::HTTP_11;
         let pq = parts
