@@ -310,6 +310,7 @@ fn demo(args: DemoArgs) -> i32 {
         strategy: Some(args.strategy),
         health_interval: Some("1s".into()),
         health_timeout: Some("500ms".into()),
+        admin_token_env: std::env::var("FULCRUM_ADMIN_TOKEN").ok(),
         ..Default::default()
     };
     let mut settings = match config::build(&flags) {

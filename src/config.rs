@@ -535,53 +535,57 @@ pub fn apply_file(s: &mut Settings, path: &Path, text: &str) -> Vec<ConfigError>
         c.at("trusted_proxies", v, r);
     }
     let h = fc.health.as_ref();
-    for (key, val) in [
-        ("health.path", h.and_then(|h| h.path.as_ref())),
-        ("health_path", fc.health_path.as_ref()),
-    ] {
-        set!("health path", s.health.path, parse_health_path, val);
-        let _ = key;
-    }
-    for val in [
-        h.and_then(|h| h.interval.as_ref()),
-        fc.health_interval.as_ref(),
-    ] {
-        set!(
-            "health interval",
-            s.health.interval,
-            parse_positive_duration,
-            val
-        );
-    }
-    for val in [
-        h.and_then(|h| h.timeout.as_ref()),
-        fc.health_timeout.as_ref(),
-    ] {
-        set!(
-            "health timeout",
-            s.health.timeout,
-            parse_positive_duration,
-            val
-        );
-    }
+    let v = h.and_then(|h| h.path.as_ref());
+    set!("health.path", s.health.path, parse_health_path, v);
+    let v = fc.health_path.as_ref();
+    set!("health_path", s.health.path, parse_health_path, v);
+    let v = h.and_then(|h| h.interval.as_ref());
+    set!(
+        "health.interval",
+        s.health.interval,
+        parse_positive_duration,
+        v
+    );
+    let v = fc.health_interval.as_ref();
+    set!(
+        "health_interval",
+        s.health.interval,
+        parse_positive_duration,
+        v
+    );
+    let v = h.and_then(|h| h.timeout.as_ref());
+    set!(
+        "health.timeout",
+        s.health.timeout,
+        parse_positive_duration,
+        v
+    );
+    let v = fc.health_timeout.as_ref();
+    set!(
+        "health_timeout",
+        s.health.timeout,
+        parse_positive_duration,
+        v
+    );
     let thr = |x: &str| parse_uint::<u32>(x, 1, 100);
-    for val in [
-        h.and_then(|h| h.healthy_threshold.as_ref()),
-        fc.healthy_threshold.as_ref(),
-    ] {
-        set_int!("healthy_threshold", s.health.healthy_threshold, thr, val);
-    }
-    for val in [
-        h.and_then(|h| h.unhealthy_threshold.as_ref()),
-        fc.unhealthy_threshold.as_ref(),
-    ] {
-        set_int!(
-            "unhealthy_threshold",
-            s.health.unhealthy_threshold,
-            thr,
-            val
-        );
-    }
+    let v = h.and_then(|h| h.healthy_threshold.as_ref());
+    set_int!(
+        "health.healthy_threshold",
+        s.health.healthy_threshold,
+        thr,
+        v
+    );
+    let v = fc.healthy_threshold.as_ref();
+    set_int!("healthy_threshold", s.health.healthy_threshold, thr, v);
+    let v = h.and_then(|h| h.unhealthy_threshold.as_ref());
+    set_int!(
+        "health.unhealthy_threshold",
+        s.health.unhealthy_threshold,
+        thr,
+        v
+    );
+    let v = fc.unhealthy_threshold.as_ref();
+    set_int!("unhealthy_threshold", s.health.unhealthy_threshold, thr, v);
     set!(
         "connect_timeout",
         s.connect_timeout,
@@ -793,15 +797,6 @@ fn check_whole(s: &Settings, errors: &mut Vec<ConfigError>) {
                 message: format!("duplicate backend URL '{}'", b.url),
             });
         }
-    }
-    if s.health.timeout > s.health.interval {
-        errors.push(ConfigError {
-            origin: "--health-timeout".into(),
-            message: format!(
-                "health timeout {:?} is longer than the health interval {:?}",
-                s.health.timeout, s.health.interval
-            ),
-        });
     }
     if !s.admin.ip().is_loopback() && s.admin_token.is_none() {
         errors.push(ConfigError {

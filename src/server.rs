@@ -8,7 +8,7 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -149,7 +149,13 @@ pub async fn worker(
                 let late_answer = stream.as_fd().try_clone_to_owned().ok().map(std::net::TcpStream::from);
                 let io = TokioIo::new(stream);
                 let peer_value = crate::proxy::headers::forwarded_value(peer.ip());
+                // Whether a request head ever arrived on this connection (see below).
+                let served = Arc::new(AtomicBool::new(false));
+                let seen = Arc::clone(&served);
                 let svc = service_fn(move |req| {
+                    if !seen.load(Ordering::Relaxed) {
+                        seen.store(true, Ordering::Relaxed);
+                    }
                     let peer_value = peer_value.clone();
                     async move { Ok::<_, Infallible>(proxy.handle(req, peer, peer_value).await) }
                 });
@@ -157,7 +163,10 @@ pub async fn worker(
                 let conn = graceful.watch(conn);
                 tokio::spawn(async move {
                     if let Err(e) = conn.await {
-                        if is_header_timeout(&*e) {
+                        // 408 for a client that never completed a request head, as HAProxy's
+                        // `timeout http-request` does; an idle keep-alive connection that
+                        // served requests is closed silently, as nginx and HAProxy do.
+                        if is_header_timeout(&*e) && !served.load(Ordering::Relaxed) {
                             if let Some(mut s) = late_answer {
                                 // A short answer into an empty send buffer: it does not block.
                                 let _ = std::io::Write::write_all(&mut s, ANSWER_408);
@@ -257,10 +266,20 @@ pub fn start(settings: &Settings) -> Result<Running, String> {
             .name("fulcrum-admin".into())
             .spawn(move || {
                 rt.block_on(async move {
+                    let mut arx2 = arx.clone();
                     let stop = async move {
                         let _ = arx.changed().await;
                     };
-                    crate::admin::serve(admin_listener, admin_state, stop).await;
+                    // An admin client that never finishes its request must not hold the
+                    // process past the drain time.
+                    let deadline = async move {
+                        let _ = arx2.changed().await;
+                        tokio::time::sleep(DRAIN_TIMEOUT).await;
+                    };
+                    tokio::select! {
+                        _ = crate::admin::serve(admin_listener, admin_state, stop) => {}
+                        _ = deadline => tracing::warn!("admin connections still open after the drain timeout; closing them"),
+                    }
                 })
             })
             .map_err(|e| format!("cannot start the admin API: {e}"))?,

@@ -312,6 +312,16 @@ fn oversized_request_headers_get_431() {
         "{}",
         &out[..out.len().min(200)]
     );
+    // Just over 64 KiB: within hyper's read buffer, so the proxy's own limit answers.
+    let big = "v".repeat(64 * 1024 + 100);
+    let raw = format!("GET / HTTP/1.1\r\nHost: h\r\nX-Big: {big}\r\nConnection: close\r\n\r\n");
+    let out = raw_exchange(f.proxy, raw.as_bytes(), Duration::from_secs(5));
+    assert!(
+        out.starts_with("HTTP/1.1 431"),
+        "{}",
+        &out[..out.len().min(200)]
+    );
+    let before = a.requests();
     let ok = "v".repeat(48 * 1024);
     let raw = format!("GET / HTTP/1.1\r\nHost: h\r\nX-Big: {ok}\r\nConnection: close\r\n\r\n");
     let out = raw_exchange(f.proxy, raw.as_bytes(), Duration::from_secs(5));
@@ -319,6 +329,11 @@ fn oversized_request_headers_get_431() {
         out.starts_with("HTTP/1.1 200"),
         "{}",
         &out[..out.len().min(200)]
+    );
+    assert_eq!(
+        a.requests(),
+        before + 1,
+        "refused heads never reach the backend"
     );
 }
 
@@ -355,6 +370,32 @@ fn slow_request_head_gets_408() {
     assert!(
         waited >= Duration::from_secs(9) && waited < Duration::from_secs(13),
         "{waited:?}"
+    );
+}
+
+#[test]
+fn an_idle_keep_alive_connection_is_closed_without_a_408() {
+    use std::io::{Read, Write};
+    let a = TestBackend::start("A");
+    let f = Fulcrum::start(&["--backend", &a.spec()]);
+    let mut s = std::net::TcpStream::connect(f.proxy).unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n").unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    let mut first = vec![0u8; 4096];
+    let n = s.read(&mut first).unwrap();
+    assert!(first[..n].starts_with(b"HTTP/1.1 200"));
+    let t = Instant::now();
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    assert!(
+        t.elapsed() >= Duration::from_secs(9),
+        "closed too early: {:?}",
+        t.elapsed()
+    );
+    assert!(
+        rest.is_empty(),
+        "unsolicited answer: {}",
+        String::from_utf8_lossy(&rest)
     );
 }
 

@@ -151,7 +151,7 @@ async fn least_connections_breaks_ties_by_index_and_follows_requests_in_flight()
     // Hold one slow request on A: the next goes to B; hold one there too: the next to C.
     let slow = |c: &HttpClient| {
         let c = c.clone();
-        let url = f.url("/sleep/1500");
+        let url = f.url("/sleep/6000");
         tokio::spawn(async move { get(&c, &url).await })
     };
     let s1 = slow(&c);
@@ -196,7 +196,7 @@ async fn a_strategy_switch_keeps_in_flight_counts_and_fails_no_request() {
     let mut slow = Vec::new();
     for _ in 0..9 {
         let c = c.clone();
-        let url = f.url("/sleep/1200");
+        let url = f.url("/sleep/6000");
         slow.push(tokio::spawn(async move { get(&c, &url).await }));
     }
     assert!(
@@ -225,10 +225,11 @@ async fn a_strategy_switch_keeps_in_flight_counts_and_fails_no_request() {
     let counts = active_conns(&c, &f).await;
     assert_eq!(counts.values().sum::<u64>(), 9, "{counts:?}");
     assert_eq!(counts["A"], 3, "{counts:?}");
-    // Least connections now sees the in-flight counts: load A and B more, C gets the next one.
+    // Least connections now sees the in-flight counts (3, 3, 3): one more goes to A (lowest
+    // index), and the next to B.
     let extra = {
         let c = c.clone();
-        let url = f.url("/sleep/800");
+        let url = f.url("/sleep/3000");
         tokio::spawn(async move { get(&c, &url).await })
     };
     assert!(

@@ -206,15 +206,24 @@ async fn not_found() -> ApiError {
     ApiError(StatusCode::NOT_FOUND, "no such route".into())
 }
 
-/// Gives axum's own 405 (which carries `Allow`) a JSON body.
-async fn json_405(req: Request, next: Next) -> Response {
+/// Gives every error answer a JSON body: axum's own ones (405 with `Allow`, a path that
+/// is not UTF-8, a body over the size limit) come as plain text.
+async fn json_errors(req: Request, next: Next) -> Response {
     let resp = next.run(req).await;
-    if resp.status() != StatusCode::METHOD_NOT_ALLOWED {
+    let status = resp.status();
+    let is_json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
         return resp;
     }
     let (mut parts, _) = resp.into_parts();
-    // axum adds the `Allow` header itself; the body only has to say what happened.
-    let body = json!({ "error": "method not allowed" }).to_string();
+    let reason = status
+        .canonical_reason()
+        .unwrap_or("error")
+        .to_ascii_lowercase();
+    let body = json!({ "error": reason }).to_string();
     parts.headers.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
@@ -223,15 +232,19 @@ async fn json_405(req: Request, next: Next) -> Response {
     Response::from_parts(parts, Body::from(body))
 }
 
-/// With a token set, every route needs `Authorization: Bearer <token>`, compared in
-/// constant time.
+/// With a token set, every `/admin/*` route and `/metrics` need
+/// `Authorization: Bearer <token>`, compared in constant time.
 async fn auth(State(ctx): State<AdminCtx>, req: Request, next: Next) -> Response {
-    if let Some(token) = &ctx.token {
+    let path = req.uri().path();
+    let guarded = path == "/metrics" || path == "/admin" || path.starts_with("/admin/");
+    if let (Some(token), true) = (&ctx.token, guarded) {
         let given = req
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
+            .and_then(|v| v.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, t)| t.trim())
             .unwrap_or("");
         use subtle::ConstantTimeEq;
         let ok: bool = given.as_bytes().ct_eq(token.as_bytes()).into();
@@ -260,7 +273,7 @@ pub fn router(ctx: AdminCtx) -> Router {
             get(get_backend).patch(patch_backend).delete(delete_backend),
         )
         .fallback(not_found)
-        .layer(middleware::from_fn(json_405))
+        .layer(middleware::from_fn(json_errors))
         .layer(middleware::from_fn_with_state(ctx.clone(), auth))
         .with_state(ctx)
 }

@@ -1,6 +1,8 @@
 //! Body types of the request path: no boxing, no buffering.
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -19,12 +21,19 @@ pub struct Hold {
     pub permit: Option<crate::proxy::ShedPermit>,
     /// The upstream connection, returned to its pool once the body has been read whole.
     pub conn: Option<(Conn, &'static Upstreams)>,
+    /// Set when the request body has been sent whole (`None`: there was none).
+    pub upload: Option<Arc<AtomicBool>>,
 }
 
 impl Hold {
-    /// The response was received whole: the connection can serve another request.
+    /// The response was received whole. The connection can serve another request unless
+    /// the backend answered before the upload ended; that connection is closed instead.
     fn complete(mut self) {
-        if let Some((conn, pool)) = self.conn.take() {
+        let uploaded = self
+            .upload
+            .as_ref()
+            .is_none_or(|u| u.load(Ordering::Relaxed));
+        if let (Some((conn, pool)), true) = (self.conn.take(), uploaded) {
             pool.checkin(conn);
         }
     }
@@ -33,10 +42,33 @@ impl Hold {
 /// The body sent upstream: the client's stream, or nothing (a replayable request).
 #[derive(Debug)]
 pub enum ReqBody {
-    /// The client's body, streamed through.
-    Stream(Incoming),
+    /// The client's body, streamed through; `done` is set once it has been sent whole.
+    Stream {
+        /// The client's body.
+        inner: Incoming,
+        /// Set at the end of the stream.
+        done: Arc<AtomicBool>,
+    },
     /// No body.
     Empty,
+}
+
+impl ReqBody {
+    /// Streams `inner` through, noting when it ends.
+    pub fn streaming(inner: Incoming) -> ReqBody {
+        ReqBody::Stream {
+            inner,
+            done: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// The flag that tells when the body has been sent whole.
+    pub fn upload_flag(&self) -> Option<Arc<AtomicBool>> {
+        match self {
+            ReqBody::Stream { done, .. } => Some(Arc::clone(done)),
+            ReqBody::Empty => None,
+        }
+    }
 }
 
 impl Body for ReqBody {
@@ -49,21 +81,32 @@ impl Body for ReqBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         match self.get_mut() {
-            ReqBody::Stream(b) => Pin::new(b).poll_frame(cx),
+            ReqBody::Stream { inner, done } => {
+                let r = Pin::new(&mut *inner).poll_frame(cx);
+                let ended = match &r {
+                    Poll::Ready(None) => true,
+                    Poll::Ready(Some(Ok(_))) => inner.is_end_stream(),
+                    _ => false,
+                };
+                if ended {
+                    done.store(true, Ordering::Relaxed);
+                }
+                r
+            }
             ReqBody::Empty => Poll::Ready(None),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match self {
-            ReqBody::Stream(b) => b.is_end_stream(),
+            ReqBody::Stream { inner, .. } => inner.is_end_stream(),
             ReqBody::Empty => true,
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match self {
-            ReqBody::Stream(b) => b.size_hint(),
+            ReqBody::Stream { inner, .. } => inner.size_hint(),
             ReqBody::Empty => SizeHint::with_exact(0),
         }
     }

@@ -81,6 +81,22 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
     }
 }
 
+/// HTTP/2 clients may split `Cookie` into several fields; an HTTP/1.1 backend expects
+/// one line, joined with `; ` (RFC 9113 §8.2.3).
+pub fn merge_cookies(headers: &mut HeaderMap) {
+    if headers.get_all(header::COOKIE).iter().nth(1).is_none() {
+        return;
+    }
+    let joined: Vec<&[u8]> = headers
+        .get_all(header::COOKIE)
+        .iter()
+        .map(|v| v.as_bytes())
+        .collect();
+    if let Ok(v) = HeaderValue::from_bytes(&joined.join(&b"; "[..])) {
+        headers.insert(header::COOKIE, v);
+    }
+}
+
 /// Whether `ip` is one of the trusted proxies.
 pub fn is_trusted(trusted: &[IpNet], ip: IpAddr) -> bool {
     let ip = canonical(ip);
@@ -221,6 +237,14 @@ mod tests {
         assert_eq!(h["x-forwarded-for"], "1.1.1.1, 2.2.2.2, 3.3.3.3, 127.0.0.1");
         assert_eq!(h.get_all("x-forwarded-for").iter().count(), 1);
         assert_eq!(h["x-forwarded-proto"], "http");
+    }
+
+    #[test]
+    fn split_cookies_are_joined() {
+        let mut h = map(&[("cookie", "a=1"), ("cookie", "b=2")]);
+        merge_cookies(&mut h);
+        assert_eq!(h.get_all("cookie").iter().count(), 1);
+        assert_eq!(h["cookie"], "a=1; b=2");
     }
 
     #[test]

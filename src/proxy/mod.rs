@@ -111,6 +111,8 @@ impl Failure {
             ),
             Failure::Broken => own_answer(StatusCode::BAD_GATEWAY, "bad gateway\n"),
             Failure::Timeout => own_answer(StatusCode::GATEWAY_TIMEOUT, "gateway timeout\n"),
+            // Nobody is left to read it; hyper needs some answer all the same.
+            Failure::ClientGone => own_answer(StatusCode::BAD_REQUEST, "request body broke off\n"),
         }
     }
 }
@@ -192,6 +194,9 @@ impl Proxy {
         if let (None, Some(h)) = (parts.headers.get(header::HOST), &host) {
             parts.headers.insert(header::HOST, h.clone());
         }
+        if parts.version == Version::HTTP_2 {
+            headers::merge_cookies(&mut parts.headers);
+        }
         headers::strip_hop_by_hop(&mut parts.headers, upgrade);
         let peer_ip: IpAddr = peer.ip();
         let trusted = headers::is_trusted(&self.settings.trusted_proxies, peer_ip);
@@ -204,24 +209,34 @@ impl Proxy {
             .cloned()
             .unwrap_or_else(|| PathAndQuery::from_static("/"));
 
-        let replayable = body.is_end_stream();
+        // An empty body is not forwarded as a stream: such a request can be replayed.
+        let mut body = (!body.is_end_stream()).then_some(body);
+        let replayable = body.is_none();
         let max_attempts = if is_idempotent(&parts.method) && replayable {
             1 + self.settings.retries as usize
         } else {
             1
         };
-        let mut body = Some(body);
-        let snap = self.pool.snapshot();
         let mut tried: Vec<u64> = Vec::new();
         let mut last_failure = None;
 
         for attempt in 0..max_attempts {
-            let Some(backend) = snap.pick(&PickCtx { tried: &tried }) else {
+            // The routing table is read afresh per attempt and not held across the wait
+            // (arc-swap's cheap read slots are few per thread); the guard keeps the
+            // backend itself alive.
+            let Some(mut guard) = self
+                .pool
+                .snapshot()
+                .pick(&PickCtx { tried: &tried })
+                .map(|b| b.begin_request())
+            else {
                 break;
             };
-            let mut guard = backend.begin_request();
+            let backend = Arc::clone(guard.backend());
+            let backend = &*backend;
             let last = attempt + 1 == max_attempts;
             let up_req = build_upstream(&mut parts, backend, &pq, &mut body, last);
+            let upload = up_req.body().upload_flag();
             let result = self
                 .upstreams
                 .send(backend, up_req, self.settings.upstream_timeout)
@@ -246,12 +261,15 @@ impl Proxy {
                         guard,
                         permit,
                         conn: Some((conn, self.upstreams)),
+                        upload,
                     };
                     return Response::from_parts(rparts, RespBody::upstream(rbody, hold));
                 }
                 Err(f) => f,
             };
-            guard.fail();
+            if failure != Failure::ClientGone {
+                guard.fail();
+            }
             tracing::debug!(backend = %backend.name, attempt, "attempt failed");
             let retry = matches!(failure, Failure::Connect);
             last_failure = Some(failure);
@@ -267,8 +285,8 @@ impl Proxy {
     }
 }
 
-/// The request for one attempt. The client's body goes with the last attempt that can
-/// use it; an earlier attempt of a replayable request sends an empty body.
+/// The request for one attempt. Only a request without a body can have several
+/// attempts, so the body (when there is one) goes with the first and only attempt.
 fn build_upstream(
     parts: &mut http::request::Parts,
     backend: &Backend,
@@ -278,14 +296,9 @@ fn build_upstream(
 ) -> Request<ReqBody> {
     // Origin form: the connection already knows which backend it goes to.
     let uri = Uri::from(pq.clone());
-    let req_body = match (last, body.take()) {
-        (true, Some(b)) => ReqBody::Stream(b),
-        (false, Some(b)) => {
-            // Replayable means already at its end: keep it for the last attempt.
-            *body = Some(b);
-            ReqBody::Empty
-        }
-        (_, None) => ReqBody::Empty,
+    let req_body = match body.take() {
+        Some(inner) => ReqBody::streaming(inner),
+        None => ReqBody::Empty,
     };
     let mut r = Request::new(req_body);
     *r.method_mut() = parts.method.clone();

@@ -34,6 +34,8 @@ pub enum Failure {
     Broken,
     /// No response headers within the upstream timeout.
     Timeout,
+    /// The client's request body broke off: the client is gone.
+    ClientGone,
 }
 
 /// A connection checked out of the pool.
@@ -87,8 +89,9 @@ impl Upstreams {
                     reused: true,
                 });
             }
-            // Just checked in: its connection task has not run since the body ended.
-            if let Ok(Ok(())) = tokio::time::timeout(self.connect_timeout, sender.ready()).await {
+            // Checked in when its exchange had ended both ways, its connection task just
+            // has not run since: it turns ready (or closed) at its next turn, no timer needed.
+            if sender.ready().await.is_ok() {
                 return Ok(Conn {
                     sender,
                     backend: b.id,
@@ -150,11 +153,19 @@ impl Upstreams {
                 Err(_) => return Err(Failure::Timeout),
                 Ok(Ok(resp)) => return Ok((resp, conn, sent_at)),
                 Ok(Err(mut e)) => match e.take_message() {
+                    // Nothing was written: a stale pooled connection is replaced once, and
+                    // otherwise the request is as unsent as after a failed connect.
                     Some(unsent) if conn.reused && !replaced_stale => {
                         replaced_stale = true;
                         req = unsent;
                     }
-                    _ => {
+                    Some(_) => return Err(Failure::Connect),
+                    None if e.error().is_user() => {
+                        // The client's own body failed (it went away mid-upload): not the
+                        // backend's fault.
+                        return Err(Failure::ClientGone);
+                    }
+                    None => {
                         tracing::debug!(backend = %b.name, error = %e.error(), "upstream exchange failed");
                         return Err(Failure::Broken);
                     }

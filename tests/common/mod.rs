@@ -41,6 +41,7 @@ impl Fulcrum {
 
     pub fn start_cmd(base: &[&str], args: &[&str]) -> Fulcrum {
         let mut child = Command::new(BIN)
+            .env_remove("FULCRUM_ADMIN_TOKEN")
             .args(base)
             .args(args)
             .stdin(Stdio::null())
@@ -141,6 +142,7 @@ fn addr_after(line: &str, marker: &str) -> Option<SocketAddr> {
 /// Runs fulcrum to completion with `args`; returns (status, stderr).
 pub fn run_fulcrum(args: &[&str]) -> (ExitStatus, String, String) {
     let out = Command::new(BIN)
+        .env_remove("FULCRUM_ADMIN_TOKEN")
         .args(args)
         .stdin(Stdio::null())
         .output()
