@@ -25,6 +25,16 @@ async fn sequence(c: &HttpClient, f: &Fulcrum, n: usize) -> String {
     s
 }
 
+/// fulcrum over `specs` (as `--backend` values) with `strategy`.
+fn start_with(specs: &[String], strategy: &str) -> Fulcrum {
+    let mut args: Vec<&str> = Vec::new();
+    for s in specs {
+        args.extend(["--backend", s]);
+    }
+    args.extend(["--strategy", strategy]);
+    Fulcrum::start(&args)
+}
+
 fn weighted(b: &TestBackend, w: u32) -> String {
     format!("{},weight={w}", b.spec())
 }
@@ -32,16 +42,7 @@ fn weighted(b: &TestBackend, w: u32) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn round_robin_sequential_and_concurrent() {
     let (a, b, cc) = three();
-    let f = Fulcrum::start(&[
-        "--backend",
-        &a.spec(),
-        "--backend",
-        &b.spec(),
-        "--backend",
-        &cc.spec(),
-        "--strategy",
-        "rr",
-    ]);
+    let f = start_with(&[a.spec(), b.spec(), cc.spec()], "rr");
     let c = client();
     assert_eq!(sequence(&c, &f, 9).await, "ABCABCABC");
     let mut tasks = Vec::new();
@@ -65,28 +66,11 @@ async fn round_robin_sequential_and_concurrent() {
 async fn smooth_weighted_round_robin_is_nginx_exact() {
     let (a, b, cc) = three();
     let c = client();
-    let f = Fulcrum::start(&[
-        "--backend",
-        &weighted(&a, 5),
-        "--backend",
-        &weighted(&b, 3),
-        "--backend",
-        &weighted(&cc, 2),
-        "--strategy",
-        "weighted_round_robin",
-    ]);
+    let specs = [weighted(&a, 5), weighted(&b, 3), weighted(&cc, 2)];
+    let f = start_with(&specs, "weighted_round_robin");
     assert_eq!(sequence(&c, &f, 20).await, "ABCAABACBAABCAABACBA");
     drop(f);
-    let f = Fulcrum::start(&[
-        "--backend",
-        &weighted(&a, 5),
-        "--backend",
-        &weighted(&b, 1),
-        "--backend",
-        &weighted(&cc, 1),
-        "--strategy",
-        "wrr",
-    ]);
+    let f = start_with(&[weighted(&a, 5), weighted(&b, 1), weighted(&cc, 1)], "wrr");
     assert_eq!(sequence(&c, &f, 7).await, "AABACAA");
 }
 
@@ -94,16 +78,7 @@ async fn smooth_weighted_round_robin_is_nginx_exact() {
 async fn a_patched_weight_rules_the_next_pick() {
     let (a, b, cc) = three();
     let c = client();
-    let f = Fulcrum::start(&[
-        "--backend",
-        &a.spec(),
-        "--backend",
-        &b.spec(),
-        "--backend",
-        &cc.spec(),
-        "--strategy",
-        "wrr",
-    ]);
+    let f = start_with(&[a.spec(), b.spec(), cc.spec()], "wrr");
     assert_eq!(sequence(&c, &f, 3).await, "ABC");
     let r = admin(
         &c,
@@ -133,16 +108,7 @@ async fn a_patched_weight_rules_the_next_pick() {
 async fn least_connections_breaks_ties_by_index_and_follows_requests_in_flight() {
     let (a, b, cc) = three();
     let c = client();
-    let f = Fulcrum::start(&[
-        "--backend",
-        &a.spec(),
-        "--backend",
-        &b.spec(),
-        "--backend",
-        &cc.spec(),
-        "--strategy",
-        "least_connections",
-    ]);
+    let f = start_with(&[a.spec(), b.spec(), cc.spec()], "least_connections");
     assert_eq!(
         sequence(&c, &f, 4).await,
         "AAAA",
@@ -185,14 +151,7 @@ async fn least_connections_breaks_ties_by_index_and_follows_requests_in_flight()
 async fn a_strategy_switch_keeps_in_flight_counts_and_fails_no_request() {
     let (a, b, cc) = three();
     let c = client();
-    let f = Fulcrum::start(&[
-        "--backend",
-        &a.spec(),
-        "--backend",
-        &b.spec(),
-        "--backend",
-        &cc.spec(),
-    ]);
+    let f = start_with(&[a.spec(), b.spec(), cc.spec()], "round_robin");
     let mut slow = Vec::new();
     for _ in 0..9 {
         let c = c.clone();
@@ -255,7 +214,7 @@ async fn a_strategy_switch_keeps_in_flight_counts_and_fails_no_request() {
 async fn unknown_strategy_is_refused_with_the_valid_names() {
     let a = TestBackend::start("A");
     let c = client();
-    let f = Fulcrum::start(&["--backend", &a.spec(), "--strategy", "lc"]);
+    let f = start_with(&[a.spec()], "lc");
     let r = admin(
         &c,
         "POST",
