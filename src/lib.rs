@@ -9,6 +9,7 @@ pub mod admin;
 pub mod cli;
 pub mod config;
 pub mod demo;
+pub mod health;
 pub mod pool;
 pub mod proxy;
 pub mod server;

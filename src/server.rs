@@ -259,6 +259,9 @@ pub fn start(settings: &Settings) -> Result<Running, String> {
         threads.push(t);
     }
     let admin_state = crate::admin::AdminCtx::new(Arc::clone(&pool), settings.admin_token.clone());
+    let health_pool = Arc::clone(&pool);
+    let health_settings = settings.health.clone();
+    let health_stop = rx.clone();
     let rt = runtime().map_err(|e| format!("cannot start the admin API: {e}"))?;
     let mut arx = rx.clone();
     threads.push(
@@ -266,6 +269,9 @@ pub fn start(settings: &Settings) -> Result<Running, String> {
             .name("fulcrum-admin".into())
             .spawn(move || {
                 rt.block_on(async move {
+                    // The health checker shares this thread with the admin API: neither
+                    // belongs on the request path's workers.
+                    tokio::spawn(crate::health::run(health_pool, health_settings, health_stop));
                     let mut arx2 = arx.clone();
                     let stop = async move {
                         let _ = arx.changed().await;

@@ -231,11 +231,14 @@ async fn refused_port_gives_502() {
     let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = dead.local_addr().unwrap().port();
     drop(dead);
+    // Health checks would take the dead backend out of rotation (then: 503); keep it in.
     let f = Fulcrum::start(&[
         "--backend",
         &format!("http://127.0.0.1:{port}"),
         "--retries",
         "0",
+        "--unhealthy-threshold",
+        "100",
     ]);
     let r = get(&client(), &f.url("/")).await;
     assert_eq!(r.status, 502);
@@ -249,7 +252,16 @@ async fn idempotent_requests_are_retried_on_another_backend_after_a_connect_fail
     let port = dead.local_addr().unwrap().port();
     drop(dead);
     let dead_spec = format!("http://127.0.0.1:{port},name=dead");
-    let f = Fulcrum::start(&["--backend", &dead_spec, "--backend", &a.spec()]);
+    // A high threshold keeps the dead backend in rotation despite its failed probes.
+    let keep = ["--unhealthy-threshold", "100"];
+    let f = Fulcrum::start(&[
+        "--backend",
+        &dead_spec,
+        "--backend",
+        &a.spec(),
+        keep[0],
+        keep[1],
+    ]);
     let c = client();
     for _ in 0..6 {
         let r = get(&c, &f.url("/")).await;
@@ -279,6 +291,8 @@ async fn idempotent_requests_are_retried_on_another_backend_after_a_connect_fail
         &a.spec(),
         "--retries",
         "0",
+        keep[0],
+        keep[1],
     ]);
     let first = get(&c, &f.url("/")).await;
     assert_eq!(first.status, 502);
@@ -459,9 +473,10 @@ async fn upstream_connections_are_kept_alive_and_reused() {
     for _ in 0..200 {
         assert_eq!(get(&c, &f.url("/")).await.status, 200);
     }
+    // Health probes come on connections of their own; count the ones traffic used.
     let conns = a
         .stats
-        .connections
+        .traffic_connections
         .load(std::sync::atomic::Ordering::SeqCst);
     assert_eq!(
         conns, 1,

@@ -117,6 +117,10 @@ impl Backend {
         self.healthy.load(Ordering::Relaxed)
     }
 
+    pub(crate) fn set_healthy(&self, healthy: bool) {
+        self.healthy.store(healthy, Ordering::Relaxed);
+    }
+
     /// Ejected by passive outlier detection.
     pub fn ejected(&self) -> bool {
         self.ejected.load(Ordering::Relaxed)

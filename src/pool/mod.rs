@@ -178,6 +178,25 @@ impl Pool {
         self.publish(&mut m);
     }
 
+    /// Records the verdict of the health checks. Returns whether it changed anything; a
+    /// change publishes a new routing table, so every strategy follows it at once. A
+    /// backend that becomes healthy again starts with a fresh latency average.
+    pub fn mark_health(&self, id: u64, healthy: bool) -> bool {
+        let mut m = self.lock();
+        let Some(b) = m.backends.iter().find(|b| b.id == id).cloned() else {
+            return false;
+        };
+        if b.healthy() == healthy {
+            return false;
+        }
+        b.set_healthy(healthy);
+        if healthy {
+            b.clear_latency();
+        }
+        self.publish(&mut m);
+        true
+    }
+
     /// The live strategy.
     pub fn strategy(&self) -> StrategyKind {
         self.lock().strategy

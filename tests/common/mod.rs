@@ -164,6 +164,12 @@ pub struct BackendStats {
     pub connections: AtomicU64,
     pub last_headers: Mutex<Option<HeaderMap>>,
     pub last_body_len: AtomicU64,
+    /// Connections that carried at least one request other than a health probe.
+    pub traffic_connections: AtomicU64,
+    /// Health probes received (`GET /health`); they count nowhere else.
+    pub health_probes: AtomicU64,
+    /// Status `/health` answers with; 0 = never answer (hang). Starts at 200.
+    pub health_status: std::sync::atomic::AtomicU16,
 }
 
 /// An HTTP backend on its own thread and runtime. Behaviour by path:
@@ -196,6 +202,7 @@ impl TestBackend {
         listener.set_nonblocking(true).unwrap();
         let addr = listener.local_addr().unwrap();
         let stats = Arc::new(BackendStats::default());
+        stats.health_status.store(200, Ordering::SeqCst);
         let (stop, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
         let name2 = name.to_string();
         let stats2 = Arc::clone(&stats);
@@ -215,8 +222,12 @@ impl TestBackend {
                     stats2.connections.fetch_add(1, Ordering::SeqCst);
                     let stats = Arc::clone(&stats2);
                     tokio::spawn(async move {
-                        let svc = service_fn(move |req| {
+                        let carried_traffic = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                        let svc = service_fn(move |req: Request<Incoming>| {
                             let stats = Arc::clone(&stats);
+                            if req.uri().path() != "/health" && !carried_traffic.swap(true, Ordering::SeqCst) {
+                                stats.traffic_connections.fetch_add(1, Ordering::SeqCst);
+                            }
                             async move { Ok::<_, Infallible>(backend_answer(name, stats, req).await) }
                         });
                         let _ = hyper::server::conn::http1::Builder::new()
@@ -247,6 +258,15 @@ impl TestBackend {
     pub fn requests(&self) -> u64 {
         self.stats.requests.load(Ordering::SeqCst)
     }
+
+    pub fn probes(&self) -> u64 {
+        self.stats.health_probes.load(Ordering::SeqCst)
+    }
+
+    /// What `/health` answers from now on (0 = hang).
+    pub fn set_health(&self, code: u16) {
+        self.stats.health_status.store(code, Ordering::SeqCst);
+    }
 }
 
 type TestBody = http_body_util::combinators::BoxBody<Bytes, hyper::Error>;
@@ -269,6 +289,16 @@ async fn backend_answer(
     stats: Arc<BackendStats>,
     mut req: Request<Incoming>,
 ) -> Response<TestBody> {
+    if req.uri().path() == "/health" {
+        stats.health_probes.fetch_add(1, Ordering::SeqCst);
+        let code = stats.health_status.load(Ordering::SeqCst);
+        if code == 0 {
+            std::future::pending::<()>().await;
+        }
+        let mut r = Response::new(full("health"));
+        *r.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::OK);
+        return r;
+    }
     stats.requests.fetch_add(1, Ordering::SeqCst);
     stats.in_flight.fetch_add(1, Ordering::SeqCst);
     let _g = InFlight(Arc::clone(&stats));
