@@ -238,6 +238,7 @@ pub fn start(settings: &Settings) -> Result<Running, String> {
     ));
     let (shutdown, rx) = watch::channel(false);
     let in_flight = Arc::new(AtomicUsize::new(0));
+    let budget = Arc::new(crate::proxy::RetryBudget::new());
     let proxy_settings = ProxySettings::from_settings(settings);
     let mut threads = Vec::new();
     for (i, l) in listeners.into_iter().enumerate() {
@@ -245,6 +246,7 @@ pub fn start(settings: &Settings) -> Result<Running, String> {
         let pool = Arc::clone(&pool);
         let ps = proxy_settings.clone();
         let inf = Arc::clone(&in_flight);
+        let budget = Arc::clone(&budget);
         let rx = rx.clone();
         let t = std::thread::Builder::new()
             .name(format!("fulcrum-worker-{i}"))
@@ -252,7 +254,9 @@ pub fn start(settings: &Settings) -> Result<Running, String> {
                 // Each worker's proxy lives as long as the process: leaking it gives the
                 // connection tasks a `'static` reference without a refcount per request.
                 let proxy: &'static Proxy =
-                    rt.block_on(async move { Box::leak(Box::new(Proxy::new(pool, ps, inf))) });
+                    rt.block_on(
+                        async move { Box::leak(Box::new(Proxy::new(pool, ps, inf, budget))) },
+                    );
                 rt.block_on(worker(l, proxy, rx));
             })
             .map_err(|e| format!("cannot start a worker: {e}"))?;

@@ -1,6 +1,7 @@
 //! The request path: pick, forward, stream back (§4).
 
 mod body;
+pub mod budget;
 pub mod headers;
 mod upstream;
 
@@ -19,6 +20,7 @@ use hyper_util::rt::TokioIo;
 use ipnet::IpNet;
 
 pub use body::{Hold, ReqBody, RespBody};
+pub use budget::RetryBudget;
 pub use upstream::{Failure, Upstreams};
 
 use crate::config::Settings;
@@ -70,6 +72,7 @@ pub struct Proxy {
     upstreams: &'static Upstreams,
     settings: ProxySettings,
     in_flight: Arc<AtomicUsize>,
+    budget: Arc<RetryBudget>,
 }
 
 fn own_answer(status: StatusCode, text: &'static str) -> Response<RespBody> {
@@ -118,13 +121,20 @@ impl Failure {
 }
 
 impl Proxy {
-    /// A proxy over `pool`; `in_flight` is shared by every worker for shedding.
+    /// A proxy over `pool`; `in_flight` (shedding) and `budget` (retries) are shared by
+    /// every worker.
     ///
     /// A proxy lives as long as its worker thread, which is as long as the process: its
     /// connection pool is leaked so response bodies can hand connections back to it
     /// without a reference count per request.
-    pub fn new(pool: Arc<Pool>, settings: ProxySettings, in_flight: Arc<AtomicUsize>) -> Proxy {
+    pub fn new(
+        pool: Arc<Pool>,
+        settings: ProxySettings,
+        in_flight: Arc<AtomicUsize>,
+        budget: Arc<RetryBudget>,
+    ) -> Proxy {
         Proxy {
+            budget,
             upstreams: Box::leak(Box::new(Upstreams::new(settings.connect_timeout))),
             pool,
             settings,
@@ -217,6 +227,8 @@ impl Proxy {
         } else {
             1
         };
+        // Every request funds the budget; only retryable ones may draw on it.
+        self.budget.deposit();
         let mut tried: Vec<u64> = Vec::new();
         let mut last_failure = None;
 
@@ -271,7 +283,11 @@ impl Proxy {
                 guard.fail();
             }
             tracing::debug!(backend = %backend.name, attempt, "attempt failed");
-            let retry = matches!(failure, Failure::Connect);
+            // Nothing of the answer has reached the client yet, so an idempotent request
+            // without a body may go to another backend, while the budget allows.
+            let retry = failure != Failure::ClientGone
+                && attempt + 1 < max_attempts
+                && self.budget.withdraw();
             last_failure = Some(failure);
             if !retry {
                 break;
