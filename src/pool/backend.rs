@@ -1,8 +1,8 @@
 //! A backend and the live numbers it keeps about itself.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use http::uri::{Authority, Scheme};
 use serde::Serialize;
@@ -70,6 +70,42 @@ pub struct Backend {
     /// Latency EWMA in nanoseconds as f64 bits; `NO_SAMPLE` when unsampled.
     ewma: AtomicU64,
     alpha: f64,
+    /// Passive outlier detection: failures in a row seen on live traffic.
+    consecutive_failures: AtomicU32,
+    /// How often it has been ejected (sets the length of the next ejection).
+    ejections: AtomicU32,
+    /// When the current ejection ends (control path only).
+    ejected_until: Mutex<Option<Instant>>,
+    /// Half-open after an ejection: `TRIAL_OPEN` until one request has been let through,
+    /// `TRIAL_RUNNING` while it is in flight.
+    trial: AtomicU8,
+}
+
+/// No trial: the backend takes traffic normally.
+const TRIAL_NONE: u8 = 0;
+/// An ejection just ended: the next request that picks it is the trial.
+const TRIAL_OPEN: u8 = 1;
+/// The trial request is in flight; nobody else may use the backend.
+const TRIAL_RUNNING: u8 = 2;
+
+/// Consecutive failures on live traffic that eject a backend.
+pub const EJECT_AFTER_FAILURES: u32 = 5;
+/// Length of the first ejection; the n-th lasts n times as long.
+pub const EJECTION_BASE: Duration = Duration::from_secs(30);
+/// Longest ejection.
+pub const EJECTION_MAX: Duration = Duration::from_secs(300);
+
+/// What one outcome on live traffic asks the pool to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutlierAction {
+    /// Nothing.
+    None,
+    /// Enough failures in a row: eject it.
+    Eject,
+    /// The half-open trial failed: eject it again, for longer.
+    TrialFailed,
+    /// The half-open trial succeeded: full traffic again.
+    Restored,
 }
 
 impl Backend {
@@ -91,6 +127,10 @@ impl Backend {
             errors: AtomicU64::new(0),
             ewma: AtomicU64::new(NO_SAMPLE),
             alpha,
+            consecutive_failures: AtomicU32::new(0),
+            ejections: AtomicU32::new(0),
+            ejected_until: Mutex::new(None),
+            trial: AtomicU8::new(TRIAL_NONE),
         }
     }
 
@@ -119,6 +159,94 @@ impl Backend {
 
     pub(crate) fn set_healthy(&self, healthy: bool) {
         self.healthy.store(healthy, Ordering::Relaxed);
+    }
+
+    /// Counts one outcome seen on live traffic (a 5xx answer, a connect failure, a broken
+    /// exchange or a timeout is a failure) and says what the pool should do about it.
+    pub fn record_outcome(&self, ok: bool, was_trial: bool) -> OutlierAction {
+        if ok {
+            self.consecutive_failures.store(0, Ordering::Relaxed);
+            if was_trial && self.end_trial() {
+                return OutlierAction::Restored;
+            }
+            return OutlierAction::None;
+        }
+        if was_trial && self.end_trial() {
+            return OutlierAction::TrialFailed;
+        }
+        let n = self.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if n >= EJECT_AFTER_FAILURES && !self.ejected() {
+            OutlierAction::Eject
+        } else {
+            OutlierAction::None
+        }
+    }
+
+    fn end_trial(&self) -> bool {
+        self.trial
+            .compare_exchange(
+                TRIAL_RUNNING,
+                TRIAL_NONE,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+    }
+
+    /// Whether the backend is half-open (an ejection ended, no trial has passed yet).
+    #[inline]
+    pub fn half_open(&self) -> bool {
+        self.trial.load(Ordering::Relaxed) != TRIAL_NONE
+    }
+
+    /// Claims the single trial request of a half-open backend; `false` when another
+    /// request already has it.
+    pub fn claim_trial(&self) -> bool {
+        self.trial
+            .compare_exchange(
+                TRIAL_OPEN,
+                TRIAL_RUNNING,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+    }
+
+    /// The trial request ended without an outcome (the client went away): the next
+    /// request may try instead.
+    fn release_trial(&self) {
+        let _ = self.trial.compare_exchange(
+            TRIAL_RUNNING,
+            TRIAL_OPEN,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Ejects it (the pool has checked the half-of-the-pool cap); returns how long for.
+    pub(crate) fn eject(&self, now: Instant) -> Duration {
+        let n = self.ejections.fetch_add(1, Ordering::Relaxed) + 1;
+        let d = (EJECTION_BASE * n).min(EJECTION_MAX);
+        *self.ejected_until.lock().unwrap_or_else(|e| e.into_inner()) = Some(now + d);
+        self.trial.store(TRIAL_NONE, Ordering::Relaxed);
+        self.consecutive_failures.store(0, Ordering::Relaxed);
+        self.ejected.store(true, Ordering::Relaxed);
+        d
+    }
+
+    /// Ends an ejection whose time is up: the backend turns half-open. Returns whether
+    /// it did.
+    pub(crate) fn end_ejection_if_due(&self, now: Instant) -> bool {
+        let mut until = self.ejected_until.lock().unwrap_or_else(|e| e.into_inner());
+        match *until {
+            Some(t) if t <= now => {
+                *until = None;
+                self.trial.store(TRIAL_OPEN, Ordering::Relaxed);
+                self.ejected.store(false, Ordering::Relaxed);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Ejected by passive outlier detection.
@@ -183,6 +311,7 @@ impl Backend {
         RequestGuard {
             backend: Arc::clone(self),
             failed: false,
+            trial: false,
         }
     }
 }
@@ -194,6 +323,7 @@ impl Backend {
 pub struct RequestGuard {
     backend: Arc<Backend>,
     failed: bool,
+    trial: bool,
 }
 
 impl RequestGuard {
@@ -206,11 +336,25 @@ impl RequestGuard {
     pub fn fail(&mut self) {
         self.failed = true;
     }
+
+    /// This request is the half-open trial of its backend.
+    pub fn set_trial(&mut self) {
+        self.trial = true;
+    }
+
+    /// Counts the exchange's outcome for passive outlier detection (once per guard).
+    pub fn outcome(&mut self, ok: bool) -> OutlierAction {
+        let was_trial = std::mem::take(&mut self.trial);
+        self.backend.record_outcome(ok, was_trial)
+    }
 }
 
 impl Drop for RequestGuard {
     fn drop(&mut self) {
         self.backend.in_flight.fetch_sub(1, Ordering::Relaxed);
+        if self.trial {
+            self.backend.release_trial();
+        }
         if self.failed {
             self.backend.errors.fetch_add(1, Ordering::Relaxed);
         }
@@ -252,5 +396,67 @@ mod tests {
         drop(g2);
         drop(g1);
         assert_eq!((b.in_flight(), b.requests(), b.errors()), (0, 2, 1));
+    }
+}
+
+#[cfg(test)]
+mod outlier_tests {
+    use super::*;
+    use crate::config::backend_spec;
+
+    fn b() -> Arc<Backend> {
+        Arc::new(Backend::new(
+            0,
+            backend_spec("http://127.0.0.1:1", None, None).unwrap(),
+            0.1,
+        ))
+    }
+
+    #[test]
+    fn five_failures_in_a_row_ask_for_an_ejection() {
+        let b = b();
+        for _ in 0..4 {
+            assert_eq!(b.record_outcome(false, false), OutlierAction::None);
+        }
+        assert_eq!(b.record_outcome(true, false), OutlierAction::None);
+        for _ in 0..4 {
+            assert_eq!(b.record_outcome(false, false), OutlierAction::None);
+        }
+        assert_eq!(b.record_outcome(false, false), OutlierAction::Eject);
+    }
+
+    #[test]
+    fn ejections_grow_and_end_half_open_with_one_trial() {
+        let b = b();
+        let t0 = Instant::now();
+        assert_eq!(b.eject(t0), EJECTION_BASE);
+        assert!(b.ejected() && !b.eligible());
+        assert!(!b.end_ejection_if_due(t0 + Duration::from_secs(29)));
+        assert!(b.end_ejection_if_due(t0 + Duration::from_secs(30)));
+        assert!(b.eligible() && b.half_open());
+        assert!(b.claim_trial());
+        assert!(!b.claim_trial(), "only one trial at a time");
+        assert_eq!(b.record_outcome(false, true), OutlierAction::TrialFailed);
+        assert_eq!(b.eject(t0), EJECTION_BASE * 2);
+        for _ in 0..20 {
+            b.eject(t0);
+        }
+        assert_eq!(b.eject(t0), EJECTION_MAX);
+        assert!(b.end_ejection_if_due(t0 + EJECTION_MAX));
+        assert!(b.claim_trial());
+        assert_eq!(b.record_outcome(true, true), OutlierAction::Restored);
+        assert!(!b.half_open());
+    }
+
+    #[test]
+    fn a_trial_that_ends_without_an_outcome_is_offered_again() {
+        let b = b();
+        b.eject(Instant::now());
+        assert!(b.end_ejection_if_due(Instant::now() + EJECTION_MAX));
+        assert!(b.claim_trial());
+        let mut g = b.begin_request();
+        g.set_trial();
+        drop(g);
+        assert!(b.claim_trial());
     }
 }

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use arc_swap::ArcSwap;
 use serde::Serialize;
 
-pub use backend::{AdminState, Backend, RequestGuard};
+pub use backend::{AdminState, Backend, OutlierAction, RequestGuard};
 
 use crate::config::BackendSpec;
 use crate::strategy::{PickCtx, Picker, StrategyKind};
@@ -195,6 +195,42 @@ impl Pool {
         }
         self.publish(&mut m);
         true
+    }
+
+    /// Ejects a backend after failures on live traffic, unless that would put more than
+    /// half of the pool (rounded down) out at once. Returns the ejection's length.
+    pub fn eject(&self, id: u64) -> Option<std::time::Duration> {
+        let mut m = self.lock();
+        let b = m.backends.iter().find(|b| b.id == id).cloned()?;
+        if b.ejected() {
+            return None;
+        }
+        let out = m.backends.iter().filter(|b| b.ejected()).count();
+        if out + 1 > m.backends.len() / 2 {
+            tracing::debug!(backend = %b.name, ejected = out, pool = m.backends.len(), "not ejecting: at most half of the pool may be ejected");
+            return None;
+        }
+        let d = b.eject(std::time::Instant::now());
+        tracing::warn!(backend = %b.name, seconds = d.as_secs(), "backend ejected after failures on live traffic");
+        self.publish(&mut m);
+        Some(d)
+    }
+
+    /// Ends the ejections whose time is up (each backend turns half-open: one request
+    /// goes through before it takes full traffic).
+    pub fn end_due_ejections(&self) {
+        let now = std::time::Instant::now();
+        let mut m = self.lock();
+        let mut changed = false;
+        for b in &m.backends {
+            if b.ejected() && b.end_ejection_if_due(now) {
+                tracing::info!(backend = %b.name, "ejection over: half-open, one request goes through first");
+                changed = true;
+            }
+        }
+        if changed {
+            self.publish(&mut m);
+        }
     }
 
     /// The live strategy.

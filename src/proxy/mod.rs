@@ -24,7 +24,7 @@ pub use budget::RetryBudget;
 pub use upstream::{Failure, Upstreams};
 
 use crate::config::Settings;
-use crate::pool::{Backend, Pool};
+use crate::pool::{Backend, OutlierAction, Pool};
 use crate::strategy::PickCtx;
 
 /// The settings the request path reads.
@@ -149,6 +149,19 @@ impl Proxy {
         self.upstreams.sweep(|id| live.contains(&id));
     }
 
+    /// Feeds passive outlier detection and carries out what it asks for.
+    fn note_outcome(&self, guard: &mut crate::pool::RequestGuard, ok: bool) {
+        match guard.outcome(ok) {
+            OutlierAction::None => {}
+            OutlierAction::Eject | OutlierAction::TrialFailed => {
+                self.pool.eject(guard.backend().id);
+            }
+            OutlierAction::Restored => {
+                tracing::info!(backend = %guard.backend().name, "half-open trial succeeded: full traffic again");
+            }
+        }
+    }
+
     /// `Err(())` when the proxy is over `--max-inflight` and must shed this request.
     fn shed_permit(&self) -> Result<Option<ShedPermit>, ()> {
         let max = self.settings.max_inflight;
@@ -232,17 +245,36 @@ impl Proxy {
         let mut tried: Vec<u64> = Vec::new();
         let mut last_failure = None;
 
-        for attempt in 0..max_attempts {
+        let mut attempt = 0;
+        while attempt < max_attempts {
             // The routing table is read afresh per attempt and not held across the wait
             // (arc-swap's cheap read slots are few per thread); the guard keeps the
             // backend itself alive.
-            let Some(mut guard) = self
-                .pool
-                .snapshot()
-                .pick(&PickCtx { tried: &tried })
-                .map(|b| b.begin_request())
-            else {
-                break;
+            let picked = {
+                let snap = self.pool.snapshot();
+                match snap.pick(&PickCtx { tried: &tried }) {
+                    None => Pick::Nothing,
+                    // Half-open after an ejection: one request at a time goes through
+                    // until one has succeeded; the others pick elsewhere.
+                    Some(b) if b.half_open() => match b.claim_trial() {
+                        true => Pick::Go(b.begin_request(), true),
+                        false => Pick::Busy(b.id),
+                    },
+                    Some(b) => Pick::Go(b.begin_request(), false),
+                }
+            };
+            let mut guard = match picked {
+                Pick::Nothing => break,
+                Pick::Busy(id) => {
+                    tried.push(id);
+                    continue;
+                }
+                Pick::Go(mut g, trial) => {
+                    if trial {
+                        g.set_trial();
+                    }
+                    g
+                }
             };
             let backend = Arc::clone(guard.backend());
             let backend = &*backend;
@@ -256,9 +288,11 @@ impl Proxy {
             let failure = match result {
                 Ok((mut resp, conn, sent_at)) => {
                     backend.record_latency(sent_at.elapsed());
-                    if resp.status().is_server_error() {
+                    let failed = resp.status().is_server_error();
+                    if failed {
                         guard.fail();
                     }
+                    self.note_outcome(&mut guard, !failed);
                     if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
                         if let Some(client_upgrade) = client_upgrade {
                             let upstream_upgrade = hyper::upgrade::on(&mut resp);
@@ -281,6 +315,7 @@ impl Proxy {
             };
             if failure != Failure::ClientGone {
                 guard.fail();
+                self.note_outcome(&mut guard, false);
             }
             tracing::debug!(backend = %backend.name, attempt, "attempt failed");
             // Nothing of the answer has reached the client yet, so an idempotent request
@@ -293,12 +328,23 @@ impl Proxy {
                 break;
             }
             tried.push(backend.id);
+            attempt += 1;
         }
         match last_failure {
             Some(f) => f.answer(),
             None => own_answer(StatusCode::SERVICE_UNAVAILABLE, "no healthy backend\n"),
         }
     }
+}
+
+/// What one pick of an attempt gave.
+enum Pick {
+    /// A backend, its in-flight slot taken; `true` when this request is its trial.
+    Go(crate::pool::RequestGuard, bool),
+    /// A half-open backend whose trial request is already in flight.
+    Busy(u64),
+    /// Nothing eligible and untried.
+    Nothing,
 }
 
 /// The request for one attempt. Only a request without a body can have several

@@ -164,6 +164,8 @@ pub struct BackendStats {
     pub connections: AtomicU64,
     pub last_headers: Mutex<Option<HeaderMap>>,
     pub last_body_len: AtomicU64,
+    /// When set, every request but the health probes is answered with 500.
+    pub failing: std::sync::atomic::AtomicBool,
     /// Connections that carried at least one request other than a health probe.
     pub traffic_connections: AtomicU64,
     /// Health probes received (`GET /health`); they count nowhere else.
@@ -263,6 +265,11 @@ impl TestBackend {
         self.stats.health_probes.load(Ordering::SeqCst)
     }
 
+    /// Answer every request (but health probes) with 500, or stop doing so.
+    pub fn set_failing(&self, failing: bool) {
+        self.stats.failing.store(failing, Ordering::SeqCst);
+    }
+
     /// What `/health` answers from now on (0 = hang).
     pub fn set_health(&self, code: u16) {
         self.stats.health_status.store(code, Ordering::SeqCst);
@@ -300,6 +307,12 @@ async fn backend_answer(
         return r;
     }
     stats.requests.fetch_add(1, Ordering::SeqCst);
+    if stats.failing.load(Ordering::SeqCst) {
+        let mut r = Response::new(full(name));
+        *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+        r.headers_mut().insert("x-backend", name.parse().unwrap());
+        return r;
+    }
     stats.in_flight.fetch_add(1, Ordering::SeqCst);
     let _g = InFlight(Arc::clone(&stats));
     *stats.last_headers.lock().unwrap() = Some(req.headers().clone());
