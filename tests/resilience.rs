@@ -208,3 +208,117 @@ async fn an_ejection_ends_half_open_and_a_success_restores_full_traffic() {
     assert!(b.requests() - before >= 4, "{seen}");
     assert_eq!(ejected(&c, &f).await, vec![false, false]);
 }
+
+struct Proc(std::process::Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn demo_backend(name: &str, port: u16) -> Proc {
+    let child = std::process::Command::new(BIN)
+        .args([
+            "backend",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--name",
+            name,
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    Proc(child)
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_killing_and_restarting_a_backend_fails_no_client_request() {
+    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let names = ["a", "b", "c"];
+    let mut procs: Vec<Option<Proc>> = ports
+        .iter()
+        .zip(names)
+        .map(|(p, n)| Some(demo_backend(n, *p)))
+        .collect();
+    let mut args = Vec::new();
+    for (p, n) in ports.iter().zip(names) {
+        args.push("--backend".to_string());
+        args.push(format!("http://127.0.0.1:{p},name={n}"));
+    }
+    args.extend(["--health-interval", "1s", "--health-timeout", "500ms"].map(String::from));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let f = Fulcrum::start(&args);
+    let c = client();
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            get(&c, &f.url("/")).await.status == 200
+        })
+        .await
+    );
+
+    // 250 requests a second for 10 s; kill b at 3 s, start it again at 6 s.
+    let start = Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_millis(4));
+    let mut tasks = Vec::new();
+    let mut killed = false;
+    let mut restarted = false;
+    while start.elapsed() < Duration::from_secs(10) {
+        tick.tick().await;
+        if !killed && start.elapsed() >= Duration::from_secs(3) {
+            procs[1] = None; // SIGKILL and reap
+            killed = true;
+        }
+        if !restarted && start.elapsed() >= Duration::from_secs(6) {
+            procs[1] = Some(demo_backend("b", ports[1]));
+            restarted = true;
+        }
+        let c = c.clone();
+        let url = f.url("/chaos");
+        tasks.push(tokio::spawn(async move {
+            let r = c.get(url.parse().unwrap()).await;
+            match r {
+                Ok(r) => {
+                    let st = r.status().as_u16();
+                    let backend = r.headers().get("x-backend").is_some();
+                    let _ = http_body_util::BodyExt::collect(r.into_body()).await;
+                    (st, backend)
+                }
+                Err(_) => (0, false),
+            }
+        }));
+    }
+    let sent = tasks.len();
+    let mut failed = Vec::new();
+    for t in tasks {
+        let (st, _) = t.await.unwrap();
+        if st != 200 {
+            failed.push(st);
+        }
+    }
+    assert!(sent >= 2000, "only {sent} requests sent");
+    assert!(
+        failed.is_empty(),
+        "{} of {sent} failed: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(20)]
+    );
+
+    // b comes back into rotation.
+    let back = eventually(Duration::from_secs(10), || async {
+        let r = get(&c, &f.url("/x")).await;
+        r.json()["backend"] == "b"
+    })
+    .await;
+    assert!(back, "b never returned: {}", status(&c, &f).await);
+}

@@ -249,6 +249,18 @@ impl Backend {
         }
     }
 
+    /// Ends an ejection at once (the backend came back through the health checks): it
+    /// turns half-open like at the end of its time.
+    pub(crate) fn end_ejection_now(&self) -> bool {
+        if !self.ejected() {
+            return false;
+        }
+        *self.ejected_until.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        self.trial.store(TRIAL_OPEN, Ordering::Relaxed);
+        self.ejected.store(false, Ordering::Relaxed);
+        true
+    }
+
     /// Ejected by passive outlier detection.
     pub fn ejected(&self) -> bool {
         self.ejected.load(Ordering::Relaxed)

@@ -180,7 +180,8 @@ impl Pool {
 
     /// Records the verdict of the health checks. Returns whether it changed anything; a
     /// change publishes a new routing table, so every strategy follows it at once. A
-    /// backend that becomes healthy again starts with a fresh latency average.
+    /// backend that becomes healthy again starts with a fresh latency average, and any
+    /// ejection it has ends (half-open).
     pub fn mark_health(&self, id: u64, healthy: bool) -> bool {
         let mut m = self.lock();
         let Some(b) = m.backends.iter().find(|b| b.id == id).cloned() else {
@@ -192,6 +193,11 @@ impl Pool {
         b.set_healthy(healthy);
         if healthy {
             b.clear_latency();
+            // It was down and came back (a restart, say): an ejection earned while it
+            // was down ends too, through the same half-open trial.
+            if b.end_ejection_now() {
+                tracing::info!(backend = %b.name, "healthy again: ejection over, half-open");
+            }
         }
         self.publish(&mut m);
         true
