@@ -322,3 +322,102 @@ async fn chaos_killing_and_restarting_a_backend_fails_no_client_request() {
     .await;
     assert!(back, "b never returned: {}", status(&c, &f).await);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn degrade_injects_latency_and_errors_and_recover_clears_them() {
+    let a = TestBackend::start("A");
+    let b = TestBackend::start("B");
+    let c = client();
+    let f = Fulcrum::start(&[
+        "--backend",
+        &a.spec(),
+        "--backend",
+        &b.spec(),
+        "--strategy",
+        "lc",
+    ]);
+    // bad input changes nothing
+    for (path, body, code) in [
+        ("/admin/backends/x/degrade", r#"{"latency_ms": 10}"#, 400),
+        ("/admin/backends/9/degrade", r#"{"latency_ms": 10}"#, 404),
+        ("/admin/backends/0/degrade", r#"{"latency_ms": -1}"#, 400),
+        ("/admin/backends/0/degrade", r#"{"error_rate": 1.5}"#, 400),
+        (
+            "/admin/backends/0/degrade",
+            r#"{"error_rate": "lots"}"#,
+            400,
+        ),
+        ("/admin/backends/0/degrade", r#"{"colour": 1}"#, 400),
+        ("/admin/backends/x/recover", "", 400),
+        ("/admin/backends/9/recover", "", 404),
+    ] {
+        let r = admin(&c, "POST", &f.admin_url(path), body).await;
+        assert_eq!(r.status.as_u16(), code, "{path} {body}");
+        assert!(r.json()["error"].is_string());
+    }
+    // latency: counted in the request and in the latency average
+    let r = admin(
+        &c,
+        "POST",
+        &f.admin_url("/admin/backends/0/degrade"),
+        r#"{"latency_ms": 300}"#,
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["id"], 0);
+    let t = Instant::now();
+    let r = get(&c, &f.url("/")).await; // least connections: A first
+    assert_eq!(r.backend(), "A");
+    assert!(t.elapsed() >= Duration::from_millis(300));
+    let lat = status(&c, &f).await["backends"][0]["avg_latency_ms"]
+        .as_f64()
+        .unwrap();
+    assert!(lat >= 300.0, "{lat}");
+    // errors: the proxy answers 503 itself; the backend sees nothing; they count
+    let r = admin(
+        &c,
+        "POST",
+        &f.admin_url("/admin/backends/0/degrade"),
+        r#"{"latency_ms": 0, "error_rate": 1.0}"#,
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let before = a.requests();
+    let r = get(&c, &f.url("/")).await;
+    assert_eq!(
+        (r.status.as_u16(), r.text().trim()),
+        (503, "injected failure")
+    );
+    assert_eq!(a.requests(), before);
+    assert_eq!(status(&c, &f).await["backends"][0]["errors"], 1);
+    // recover: faults and latency average gone
+    let r = admin(&c, "POST", &f.admin_url("/admin/backends/0/recover"), "").await;
+    assert_eq!(r.status, 200);
+    assert!(r.json()["avg_latency_ms"].is_null());
+    let r = get(&c, &f.url("/")).await;
+    assert_eq!((r.status.as_u16(), r.backend().as_str()), (200, "A"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn injected_errors_eject_like_real_ones() {
+    let a = TestBackend::start("A");
+    let b = TestBackend::start("B");
+    let c = client();
+    let f = Fulcrum::start(&["--backend", &a.spec(), "--backend", &b.spec()]);
+    let r = admin(
+        &c,
+        "POST",
+        &f.admin_url("/admin/backends/1/degrade"),
+        r#"{"error_rate": 1}"#,
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let mut failures = 0;
+    for _ in 0..40 {
+        if get(&c, &f.url("/")).await.status != 200 {
+            failures += 1;
+        }
+    }
+    assert_eq!(failures, 5, "ejected at the fifth injected failure");
+    assert_eq!(status(&c, &f).await["backends"][1]["ejected"], true);
+}

@@ -11,7 +11,7 @@ use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
@@ -202,6 +202,53 @@ async fn delete_backend(
     Ok(StatusCode::NO_CONTENT)
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DegradeBody {
+    latency_ms: Option<i64>,
+    error_rate: Option<f64>,
+}
+
+/// Longest injectable latency.
+const MAX_INJECTED_LATENCY_MS: i64 = 60_000;
+
+async fn degrade_backend(
+    State(ctx): State<AdminCtx>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<Json<BackendView>> {
+    let id = parse_id(&id)?;
+    let d: DegradeBody = parse_body(&body)?;
+    if let Some(ms) = d.latency_ms {
+        if !(0..=MAX_INJECTED_LATENCY_MS).contains(&ms) {
+            return Err(ApiError::bad(format!(
+                "invalid latency_ms {ms} (expected an integer from 0 to {MAX_INJECTED_LATENCY_MS})"
+            )));
+        }
+    }
+    if let Some(r) = d.error_rate {
+        if !(0.0..=1.0).contains(&r) {
+            return Err(ApiError::bad(format!(
+                "invalid error_rate {r} (expected a number from 0 to 1)"
+            )));
+        }
+    }
+    let b = ctx.pool.get(id)?;
+    b.degrade(d.latency_ms.map(|ms| ms as u32), d.error_rate);
+    tracing::warn!(id, name = %b.name, latency_ms = ?d.latency_ms, error_rate = ?d.error_rate, "faults injected");
+    Ok(Json(BackendView::of(&b)))
+}
+
+async fn recover_backend(
+    State(ctx): State<AdminCtx>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<BackendView>> {
+    let b = ctx.pool.get(parse_id(&id)?)?;
+    b.recover();
+    tracing::info!(id = b.id, name = %b.name, "faults cleared, latency average cleared");
+    Ok(Json(BackendView::of(&b)))
+}
+
 async fn not_found() -> ApiError {
     ApiError(StatusCode::NOT_FOUND, "no such route".into())
 }
@@ -272,6 +319,8 @@ pub fn router(ctx: AdminCtx) -> Router {
             "/admin/backends/{id}",
             get(get_backend).patch(patch_backend).delete(delete_backend),
         )
+        .route("/admin/backends/{id}/degrade", post(degrade_backend))
+        .route("/admin/backends/{id}/recover", post(recover_backend))
         .fallback(not_found)
         .layer(middleware::from_fn(json_errors))
         .layer(middleware::from_fn_with_state(ctx.clone(), auth))

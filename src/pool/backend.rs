@@ -79,6 +79,19 @@ pub struct Backend {
     /// Half-open after an ejection: `TRIAL_OPEN` until one request has been let through,
     /// `TRIAL_RUNNING` while it is in flight.
     trial: AtomicU8,
+    /// Injected latency (`degrade`), milliseconds.
+    fault_latency_ms: AtomicU32,
+    /// Injected error rate (`degrade`), in millionths.
+    fault_error_ppm: AtomicU32,
+}
+
+/// Faults injected through the admin API to rehearse a sick backend.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Faults {
+    /// Added before the request is forwarded.
+    pub latency: Duration,
+    /// Share of requests answered 503 by the proxy itself, 0..=1.
+    pub error_rate: f64,
 }
 
 /// No trial: the backend takes traffic normally.
@@ -131,6 +144,8 @@ impl Backend {
             ejections: AtomicU32::new(0),
             ejected_until: Mutex::new(None),
             trial: AtomicU8::new(TRIAL_NONE),
+            fault_latency_ms: AtomicU32::new(0),
+            fault_error_ppm: AtomicU32::new(0),
         }
     }
 
@@ -247,6 +262,35 @@ impl Backend {
             }
             _ => false,
         }
+    }
+
+    /// The injected faults, `None` when there are none (the common case: two loads).
+    #[inline]
+    pub fn faults(&self) -> Option<Faults> {
+        let ms = self.fault_latency_ms.load(Ordering::Relaxed);
+        let ppm = self.fault_error_ppm.load(Ordering::Relaxed);
+        (ms != 0 || ppm != 0).then(|| Faults {
+            latency: Duration::from_millis(ms as u64),
+            error_rate: ppm as f64 / 1e6,
+        })
+    }
+
+    /// Sets injected faults; `None` leaves that one as it is.
+    pub fn degrade(&self, latency_ms: Option<u32>, error_rate: Option<f64>) {
+        if let Some(ms) = latency_ms {
+            self.fault_latency_ms.store(ms, Ordering::Relaxed);
+        }
+        if let Some(r) = error_rate {
+            self.fault_error_ppm
+                .store((r.clamp(0.0, 1.0) * 1e6).round() as u32, Ordering::Relaxed);
+        }
+    }
+
+    /// Clears injected faults and the latency average.
+    pub fn recover(&self) {
+        self.fault_latency_ms.store(0, Ordering::Relaxed);
+        self.fault_error_ppm.store(0, Ordering::Relaxed);
+        self.clear_latency();
     }
 
     /// Ends an ejection at once (the backend came back through the health checks): it

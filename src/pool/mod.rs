@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use arc_swap::ArcSwap;
 use serde::Serialize;
 
-pub use backend::{AdminState, Backend, OutlierAction, RequestGuard};
+pub use backend::{AdminState, Backend, Faults, OutlierAction, RequestGuard};
 
 use crate::config::BackendSpec;
 use crate::strategy::{PickCtx, Picker, StrategyKind};

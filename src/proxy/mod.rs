@@ -278,6 +278,20 @@ impl Proxy {
             };
             let backend = Arc::clone(guard.backend());
             let backend = &*backend;
+            // Faults injected with `degrade`: the proxy itself delays, or answers 503 as
+            // if the backend had; both count like the real thing.
+            let mut injected_delay = Duration::ZERO;
+            if let Some(faults) = backend.faults() {
+                if !faults.latency.is_zero() {
+                    tokio::time::sleep(faults.latency).await;
+                    injected_delay = faults.latency;
+                }
+                if faults.error_rate > 0.0 && fastrand::f64() < faults.error_rate {
+                    guard.fail();
+                    self.note_outcome(&mut guard, false);
+                    return own_answer(StatusCode::SERVICE_UNAVAILABLE, "injected failure\n");
+                }
+            }
             let last = attempt + 1 == max_attempts;
             let up_req = build_upstream(&mut parts, backend, &pq, &mut body, last);
             let upload = up_req.body().upload_flag();
@@ -287,7 +301,7 @@ impl Proxy {
                 .await;
             let failure = match result {
                 Ok((mut resp, conn, sent_at)) => {
-                    backend.record_latency(sent_at.elapsed());
+                    backend.record_latency(sent_at.elapsed() + injected_delay);
                     let failed = resp.status().is_server_error();
                     if failed {
                         guard.fail();
