@@ -6,6 +6,7 @@
 //! load and one pick; it never takes the control mutex.
 
 mod backend;
+mod events;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -13,6 +14,7 @@ use arc_swap::ArcSwap;
 use serde::Serialize;
 
 pub use backend::{AdminState, Backend, Faults, OutlierAction, RequestGuard};
+pub use events::{Event, EVENT_CAPACITY};
 
 use crate::config::BackendSpec;
 use crate::strategy::{PickCtx, Picker, StrategyKind};
@@ -76,6 +78,7 @@ pub struct Pool {
     members: Mutex<Members>,
     table: ArcSwap<Snapshot>,
     alpha: f64,
+    events: tokio::sync::broadcast::Sender<Event>,
 }
 
 /// A backend as the admin API shows it.
@@ -152,7 +155,18 @@ impl Pool {
             members: Mutex::new(members),
             table,
             alpha,
+            events: tokio::sync::broadcast::channel(EVENT_CAPACITY).0,
         }
+    }
+
+    /// A receiver of every event from now on.
+    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Event> {
+        self.events.subscribe()
+    }
+
+    /// Sends an event to whoever listens (nobody listening is fine).
+    pub fn emit(&self, e: Event) {
+        let _ = self.events.send(e);
     }
 
     /// The current routing table (lock-free).
@@ -191,12 +205,23 @@ impl Pool {
             return false;
         }
         b.set_healthy(healthy);
+        self.emit(Event::Health {
+            id,
+            backend: b.name.clone(),
+            healthy,
+        });
         if healthy {
             b.clear_latency();
             // It was down and came back (a restart, say): an ejection earned while it
             // was down ends too, through the same half-open trial.
             if b.end_ejection_now() {
                 tracing::info!(backend = %b.name, "healthy again: ejection over, half-open");
+                self.emit(Event::Ejection {
+                    id,
+                    backend: b.name.clone(),
+                    ejected: false,
+                    seconds: None,
+                });
             }
         }
         self.publish(&mut m);
@@ -218,6 +243,12 @@ impl Pool {
         }
         let d = b.eject(std::time::Instant::now());
         tracing::warn!(backend = %b.name, seconds = d.as_secs(), "backend ejected after failures on live traffic");
+        self.emit(Event::Ejection {
+            id,
+            backend: b.name.clone(),
+            ejected: true,
+            seconds: Some(d.as_secs()),
+        });
         self.publish(&mut m);
         Some(d)
     }
@@ -231,6 +262,12 @@ impl Pool {
         for b in &m.backends {
             if b.ejected() && b.end_ejection_if_due(now) {
                 tracing::info!(backend = %b.name, "ejection over: half-open, one request goes through first");
+                let _ = self.events.send(Event::Ejection {
+                    id: b.id,
+                    backend: b.name.clone(),
+                    ejected: false,
+                    seconds: None,
+                });
                 changed = true;
             }
         }
@@ -249,6 +286,9 @@ impl Pool {
         let mut m = self.lock();
         m.strategy = kind;
         self.publish(&mut m);
+        self.emit(Event::Strategy {
+            strategy: kind.name(),
+        });
     }
 
     /// Every backend in pool order.
@@ -276,6 +316,9 @@ impl Pool {
         m.next_id += 1;
         m.backends.push(Arc::clone(&b));
         self.publish(&mut m);
+        self.emit(Event::BackendAdded {
+            backend: BackendView::of(&b),
+        });
         Ok(b)
     }
 
@@ -289,6 +332,10 @@ impl Pool {
             .ok_or(PoolError::NotFound(id))?;
         let b = m.backends.remove(pos);
         self.publish(&mut m);
+        self.emit(Event::BackendRemoved {
+            id,
+            backend: b.name.clone(),
+        });
         Ok(b)
     }
 
@@ -313,6 +360,9 @@ impl Pool {
             b.set_state(s);
         }
         self.publish(&mut m);
+        self.emit(Event::BackendUpdated {
+            backend: BackendView::of(&b),
+        });
         Ok(b)
     }
 }
@@ -360,6 +410,41 @@ mod tests {
         assert_eq!(b.id, 2);
         let dup = p.add(backend_spec("http://127.0.0.1:5000", None, None).unwrap());
         assert!(matches!(dup, Err(PoolError::DuplicateUrl(_))));
+    }
+
+    #[test]
+    fn every_change_is_an_event() {
+        let p = pool(2, StrategyKind::RoundRobin);
+        let mut rx = p.subscribe();
+        p.set_strategy(StrategyKind::LeastConnections);
+        p.update(0, Some(3), None).unwrap();
+        assert!(p.mark_health(1, false));
+        assert!(!p.mark_health(1, false), "no change, no event");
+        p.remove(1).unwrap();
+        let b = p
+            .add(backend_spec("http://127.0.0.1:4999", None, None).unwrap())
+            .unwrap();
+        let got: Vec<Event> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
+        assert_eq!(got.len(), 5, "{got:?}");
+        assert_eq!(
+            got[0],
+            Event::Strategy {
+                strategy: "least_connections"
+            }
+        );
+        assert!(matches!(&got[1], Event::BackendUpdated { backend } if backend.weight == 3));
+        assert!(matches!(
+            &got[2],
+            Event::Health {
+                id: 1,
+                healthy: false,
+                ..
+            }
+        ));
+        assert!(matches!(&got[3], Event::BackendRemoved { id: 1, .. }));
+        assert!(matches!(&got[4], Event::BackendAdded { backend } if backend.id == b.id));
+        let json = serde_json::to_value(&got[2]).unwrap();
+        assert_eq!(json["type"], "health");
     }
 
     #[test]

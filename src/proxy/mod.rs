@@ -157,7 +157,12 @@ impl Proxy {
                 self.pool.eject(guard.backend().id);
             }
             OutlierAction::Restored => {
-                tracing::info!(backend = %guard.backend().name, "half-open trial succeeded: full traffic again");
+                let b = guard.backend();
+                tracing::info!(backend = %b.name, "half-open trial succeeded: full traffic again");
+                self.pool.emit(crate::pool::Event::Restored {
+                    id: b.id,
+                    backend: b.name.clone(),
+                });
             }
         }
     }

@@ -1,0 +1,68 @@
+//! The pool's event bus: every change of membership, health, ejection or strategy, for
+//! the logs today and the admin event stream.
+//!
+//! A `tokio::sync::broadcast` channel: sending never waits, and a subscriber that falls
+//! behind loses the oldest events (it is told how many) instead of slowing anyone down.
+
+use serde::Serialize;
+
+use super::BackendView;
+
+/// Events kept for a subscriber that has not read them yet.
+pub const EVENT_CAPACITY: usize = 1024;
+
+/// One change, as JSON: `{"type": "health", …}`.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Event {
+    /// The health checks changed their verdict.
+    Health {
+        /// Backend id.
+        id: u64,
+        /// Backend name.
+        backend: String,
+        /// The new verdict.
+        healthy: bool,
+    },
+    /// Passive outlier detection ejected a backend, or its ejection ended (half-open).
+    Ejection {
+        /// Backend id.
+        id: u64,
+        /// Backend name.
+        backend: String,
+        /// Whether it is ejected now.
+        ejected: bool,
+        /// Length of the ejection that starts, in seconds.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        seconds: Option<u64>,
+    },
+    /// A half-open backend's trial request succeeded: full traffic again.
+    Restored {
+        /// Backend id.
+        id: u64,
+        /// Backend name.
+        backend: String,
+    },
+    /// The strategy was switched.
+    Strategy {
+        /// Canonical name of the new strategy.
+        strategy: &'static str,
+    },
+    /// A backend joined the pool.
+    BackendAdded {
+        /// The backend as it joined.
+        backend: BackendView,
+    },
+    /// A backend left the pool.
+    BackendRemoved {
+        /// Backend id.
+        id: u64,
+        /// Backend name.
+        backend: String,
+    },
+    /// A backend's weight or state changed.
+    BackendUpdated {
+        /// The backend after the change.
+        backend: BackendView,
+    },
+}
