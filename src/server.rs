@@ -235,6 +235,7 @@ pub fn start(settings: &Settings) -> Result<Running, String> {
         settings.backends.clone(),
         settings.strategy,
         settings.ewma_alpha,
+        settings.slow_start,
     ));
     let (shutdown, rx) = watch::channel(false);
     let in_flight = Arc::new(AtomicUsize::new(0));

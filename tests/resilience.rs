@@ -421,3 +421,52 @@ async fn injected_errors_eject_like_real_ones() {
     assert_eq!(failures, 5, "ejected at the fifth injected failure");
     assert_eq!(status(&c, &f).await["backends"][1]["ejected"], true);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_start_ramps_a_joining_backend_from_a_tenth_of_its_weight() {
+    let a = TestBackend::start("A");
+    let b = TestBackend::start("B");
+    let c = client();
+    let f = Fulcrum::start(&[
+        "--backend",
+        &format!("{},weight=10", a.spec()),
+        "--strategy",
+        "wrr",
+        "--slow-start",
+        "3s",
+    ]);
+    // Present at start-up: full weight at once.
+    assert_eq!(
+        status(&c, &f).await["backends"][0]["effective_weight"],
+        10.0
+    );
+    let r = admin(
+        &c,
+        "POST",
+        &f.admin_url("/admin/backends"),
+        &format!(r#"{{"url": "{}", "weight": 10, "name": "B"}}"#, b.url()),
+    )
+    .await;
+    assert_eq!(r.status, 201);
+    let ew = r.json()["effective_weight"].as_f64().unwrap();
+    assert!((1.0..2.0).contains(&ew), "joins at a tenth: {ew}");
+    // Early on B gets about 1 request in 11.
+    let mut seq = String::new();
+    for _ in 0..22 {
+        seq.push_str(&get(&c, &f.url("/")).await.backend());
+    }
+    let early = seq.matches('B').count();
+    assert!((1..=5).contains(&early), "{seq}");
+    // After the ramp: equal shares.
+    assert!(
+        eventually(Duration::from_secs(6), || async {
+            status(&c, &f).await["backends"][1]["effective_weight"] == 10.0
+        })
+        .await
+    );
+    let mut seq = String::new();
+    for _ in 0..20 {
+        seq.push_str(&get(&c, &f.url("/")).await.backend());
+    }
+    assert_eq!(seq.matches('B').count(), 10, "{seq}");
+}

@@ -130,6 +130,7 @@ pub async fn run(pool: Arc<Pool>, settings: HealthSettings, mut stop: watch::Rec
         tokio::select! {
             _ = tick.tick() => {
                 pool.end_due_ejections();
+                pool.refresh_ramps();
                 let now = Instant::now();
                 let backends = pool.backends();
                 tracks.retain(|id, _| backends.iter().any(|b| b.id == *id));

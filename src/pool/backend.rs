@@ -79,6 +79,10 @@ pub struct Backend {
     /// Half-open after an ejection: `TRIAL_OPEN` until one request has been let through,
     /// `TRIAL_RUNNING` while it is in flight.
     trial: AtomicU8,
+    /// `--slow-start`: how long a joining or recovering backend ramps its weight.
+    slow_start: Duration,
+    /// When the current ramp began (control path only).
+    ramp_since: Mutex<Option<Instant>>,
     /// Injected latency (`degrade`), milliseconds.
     fault_latency_ms: AtomicU32,
     /// Injected error rate (`degrade`), in millionths.
@@ -144,9 +148,59 @@ impl Backend {
             ejections: AtomicU32::new(0),
             ejected_until: Mutex::new(None),
             trial: AtomicU8::new(TRIAL_NONE),
+            slow_start: Duration::ZERO,
+            ramp_since: Mutex::new(None),
             fault_latency_ms: AtomicU32::new(0),
             fault_error_ppm: AtomicU32::new(0),
         }
+    }
+
+    /// Sets `--slow-start` (before the backend is shared).
+    pub fn with_slow_start(mut self, d: Duration) -> Backend {
+        self.slow_start = d;
+        self
+    }
+
+    /// Starts a weight ramp (the backend joined or recovered); no-op without slow start.
+    pub(crate) fn start_ramp(&self, now: Instant) {
+        if !self.slow_start.is_zero() {
+            *self.ramp_since.lock().unwrap_or_else(|e| e.into_inner()) = Some(now);
+        }
+    }
+
+    /// The share of its weight a ramping backend has at `now`: 10 % at the start, 100 %
+    /// after `--slow-start`; `None` when it is not ramping.
+    fn ramp_share(&self, now: Instant) -> Option<f64> {
+        let since = (*self.ramp_since.lock().unwrap_or_else(|e| e.into_inner()))?;
+        let t = now.saturating_duration_since(since).as_secs_f64() / self.slow_start.as_secs_f64();
+        (t < 1.0).then_some(0.1 + 0.9 * t)
+    }
+
+    /// Ends a ramp whose time is up; returns whether a ramp was running before the call.
+    pub(crate) fn ramp_step(&self, now: Instant) -> bool {
+        let mut since = self.ramp_since.lock().unwrap_or_else(|e| e.into_inner());
+        match *since {
+            Some(t) if now.saturating_duration_since(t) >= self.slow_start => {
+                *since = None;
+                true
+            }
+            Some(_) => true,
+            None => false,
+        }
+    }
+
+    /// The weight the weighted strategies use now (slow start applied).
+    pub fn effective_weight(&self) -> f64 {
+        let w = self.weight() as f64;
+        match self.ramp_share(Instant::now()) {
+            Some(share) => w * share,
+            None => w,
+        }
+    }
+
+    /// [`Self::effective_weight`] as a whole weight of at least 1, for smooth WRR.
+    pub fn effective_weight_whole(&self) -> u32 {
+        (self.effective_weight().round() as u32).max(1)
     }
 
     /// Configured weight.
@@ -258,6 +312,7 @@ impl Backend {
                 *until = None;
                 self.trial.store(TRIAL_OPEN, Ordering::Relaxed);
                 self.ejected.store(false, Ordering::Relaxed);
+                self.start_ramp(now);
                 true
             }
             _ => false,
@@ -302,6 +357,7 @@ impl Backend {
         *self.ejected_until.lock().unwrap_or_else(|e| e.into_inner()) = None;
         self.trial.store(TRIAL_OPEN, Ordering::Relaxed);
         self.ejected.store(false, Ordering::Relaxed);
+        self.start_ramp(Instant::now());
         true
     }
 
@@ -514,5 +570,40 @@ mod outlier_tests {
         g.set_trial();
         drop(g);
         assert!(b.claim_trial());
+    }
+}
+
+#[cfg(test)]
+mod slow_start_tests {
+    use super::*;
+    use crate::config::backend_spec;
+
+    #[test]
+    fn the_weight_ramps_from_a_tenth_to_all_of_it() {
+        let b = Backend::new(
+            0,
+            backend_spec("http://127.0.0.1:1", Some(100), None).unwrap(),
+            0.1,
+        )
+        .with_slow_start(Duration::from_secs(10));
+        let t0 = Instant::now();
+        assert_eq!(b.ramp_share(t0), None);
+        b.start_ramp(t0);
+        assert!((b.ramp_share(t0).unwrap() - 0.1).abs() < 1e-9);
+        assert!((b.ramp_share(t0 + Duration::from_secs(5)).unwrap() - 0.55).abs() < 1e-9);
+        assert_eq!(b.ramp_share(t0 + Duration::from_secs(10)), None);
+        assert!(b.ramp_step(t0 + Duration::from_secs(5)));
+        assert!(
+            b.ramp_step(t0 + Duration::from_secs(10)),
+            "the last step reports the change"
+        );
+        assert!(!b.ramp_step(t0 + Duration::from_secs(11)));
+        let off = Backend::new(
+            1,
+            backend_spec("http://127.0.0.1:2", Some(7), None).unwrap(),
+            0.1,
+        );
+        off.start_ramp(t0);
+        assert_eq!(off.effective_weight(), 7.0);
     }
 }

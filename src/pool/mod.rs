@@ -19,6 +19,9 @@ pub use events::{Event, EVENT_CAPACITY};
 use crate::config::BackendSpec;
 use crate::strategy::{PickCtx, Picker, StrategyKind};
 
+/// How often a running slow-start ramp republishes the routing table.
+pub const RAMP_REPUBLISH: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// An immutable view of the pool and the picker built over it.
 #[derive(Debug)]
 pub struct Snapshot {
@@ -66,6 +69,8 @@ impl std::error::Error for PoolError {}
 
 #[derive(Debug)]
 struct Members {
+    /// When a slow-start ramp last republished the routing table.
+    last_ramp_publish: Option<std::time::Instant>,
     backends: Vec<Arc<Backend>>,
     next_id: u64,
     strategy: StrategyKind,
@@ -78,6 +83,7 @@ pub struct Pool {
     members: Mutex<Members>,
     table: ArcSwap<Snapshot>,
     alpha: f64,
+    slow_start: std::time::Duration,
     events: tokio::sync::broadcast::Sender<Event>,
 }
 
@@ -107,7 +113,7 @@ impl BackendView {
             name: b.name.clone(),
             url: b.url.clone(),
             weight: b.weight(),
-            effective_weight: b.weight() as f64,
+            effective_weight: b.effective_weight(),
             state: b.state(),
             healthy: b.healthy(),
             ejected: b.ejected(),
@@ -138,13 +144,22 @@ fn build_snapshot(m: &Members) -> Snapshot {
 
 impl Pool {
     /// A pool of `specs` in order, ids 0, 1, 2…
-    pub fn new(specs: Vec<BackendSpec>, strategy: StrategyKind, alpha: f64) -> Pool {
+    ///
+    /// Backends present at start-up take their full weight at once (as in HAProxy);
+    /// `slow_start` applies to those that join or recover later.
+    pub fn new(
+        specs: Vec<BackendSpec>,
+        strategy: StrategyKind,
+        alpha: f64,
+        slow_start: std::time::Duration,
+    ) -> Pool {
         let backends: Vec<Arc<Backend>> = specs
             .into_iter()
             .enumerate()
-            .map(|(i, s)| Arc::new(Backend::new(i as u64, s, alpha)))
+            .map(|(i, s)| Arc::new(Backend::new(i as u64, s, alpha).with_slow_start(slow_start)))
             .collect();
         let members = Members {
+            last_ramp_publish: None,
             next_id: backends.len() as u64,
             backends,
             strategy,
@@ -155,6 +170,7 @@ impl Pool {
             members: Mutex::new(members),
             table,
             alpha,
+            slow_start,
             events: tokio::sync::broadcast::channel(EVENT_CAPACITY).0,
         }
     }
@@ -212,6 +228,7 @@ impl Pool {
         });
         if healthy {
             b.clear_latency();
+            b.start_ramp(std::time::Instant::now());
             // It was down and came back (a restart, say): an ejection earned while it
             // was down ends too, through the same half-open trial.
             if b.end_ejection_now() {
@@ -276,6 +293,31 @@ impl Pool {
         }
     }
 
+    /// Republishes while a slow-start ramp runs, at most every [`RAMP_REPUBLISH`], and
+    /// once when a ramp ends, so the weighted strategies follow the rising weight.
+    pub fn refresh_ramps(&self) {
+        if self.slow_start.is_zero() {
+            return;
+        }
+        let now = std::time::Instant::now();
+        let mut m = self.lock();
+        let mut ramping = false;
+        let mut ended = false;
+        for b in &m.backends {
+            if b.ramp_step(now) {
+                ramping = true;
+                ended |= b.effective_weight() == b.weight() as f64;
+            }
+        }
+        let due = m
+            .last_ramp_publish
+            .is_none_or(|t| now.duration_since(t) >= RAMP_REPUBLISH);
+        if ramping && (due || ended) {
+            m.last_ramp_publish = Some(now);
+            self.publish(&mut m);
+        }
+    }
+
     /// The live strategy.
     pub fn strategy(&self) -> StrategyKind {
         self.lock().strategy
@@ -312,7 +354,9 @@ impl Pool {
         if m.backends.iter().any(|b| b.url == spec.url) {
             return Err(PoolError::DuplicateUrl(spec.url));
         }
-        let b = Arc::new(Backend::new(m.next_id, spec, self.alpha));
+        let b =
+            Arc::new(Backend::new(m.next_id, spec, self.alpha).with_slow_start(self.slow_start));
+        b.start_ramp(std::time::Instant::now());
         m.next_id += 1;
         m.backends.push(Arc::clone(&b));
         self.publish(&mut m);
@@ -376,7 +420,7 @@ mod tests {
         let specs = (0..n)
             .map(|i| backend_spec(&format!("http://127.0.0.1:{}", 2000 + i), None, None).unwrap())
             .collect();
-        Pool::new(specs, kind, 0.1)
+        Pool::new(specs, kind, 0.1, std::time::Duration::ZERO)
     }
 
     fn pick_id(p: &Pool) -> Option<u64> {

@@ -106,7 +106,10 @@ impl Picker {
         match kind {
             StrategyKind::RoundRobin => Picker::RoundRobin(RoundRobin::new()),
             StrategyKind::WeightedRoundRobin => {
-                let weights: Vec<u32> = eligible.iter().map(|b| b.weight()).collect();
+                let weights: Vec<u32> = eligible
+                    .iter()
+                    .map(|b| b.effective_weight_whole())
+                    .collect();
                 Picker::WeightedRoundRobin(SmoothWeightedRoundRobin::new(&weights))
             }
             StrategyKind::LeastConnections => Picker::LeastConnections(LeastConnections),
