@@ -126,7 +126,9 @@ impl BackendView {
     }
 }
 
-fn build_snapshot(m: &Members) -> Snapshot {
+/// Builds the snapshot of `m`; `previous` lets a rotation carry on where it was instead
+/// of restarting at the first backend on every change (a health flip, a weight edit).
+fn build_snapshot(m: &Members, previous: Option<&Picker>) -> Snapshot {
     let eligible: Vec<Arc<Backend>> = m
         .backends
         .iter()
@@ -136,7 +138,7 @@ fn build_snapshot(m: &Members) -> Snapshot {
     Snapshot {
         generation: m.generation,
         strategy: m.strategy,
-        picker: Picker::build(m.strategy, &eligible),
+        picker: Picker::build(m.strategy, &eligible).continuing(previous),
         backends: m.backends.clone(),
         eligible,
     }
@@ -165,7 +167,7 @@ impl Pool {
             strategy,
             generation: 0,
         };
-        let table = ArcSwap::from_pointee(build_snapshot(&members));
+        let table = ArcSwap::from_pointee(build_snapshot(&members, None));
         Pool {
             members: Mutex::new(members),
             table,
@@ -199,7 +201,9 @@ impl Pool {
 
     fn publish(&self, m: &mut Members) {
         m.generation += 1;
-        self.table.store(Arc::new(build_snapshot(m)));
+        let previous = self.table.load();
+        self.table
+            .store(Arc::new(build_snapshot(m, Some(&previous.picker))));
     }
 
     /// Rebuilds the routing table after a backend's own flags changed.

@@ -116,6 +116,17 @@ impl Picker {
         }
     }
 
+    /// Carries a round-robin rotation over from the picker this one replaces, so a pool
+    /// change does not send the next requests back to the first backends.
+    pub fn continuing(self, previous: Option<&Picker>) -> Picker {
+        match (self, previous) {
+            (Picker::RoundRobin(_), Some(Picker::RoundRobin(prev))) => {
+                Picker::RoundRobin(RoundRobin::starting_at(prev.position()))
+            }
+            (p, _) => p,
+        }
+    }
+
     /// Picks an index into `eligible`, or `None` when nothing allowed is left.
     #[inline]
     pub fn pick(&self, eligible: &[Arc<Backend>], ctx: &PickCtx<'_>) -> Option<usize> {

@@ -14,6 +14,18 @@ impl RoundRobin {
         RoundRobin::default()
     }
 
+    /// A rotation that goes on from `position` (see [`Self::position`]).
+    pub fn starting_at(position: usize) -> Self {
+        RoundRobin {
+            next: AtomicUsize::new(position),
+        }
+    }
+
+    /// How many picks this rotation has made.
+    pub fn position(&self) -> usize {
+        self.next.load(Ordering::Relaxed)
+    }
+
     /// The next index in `0..n` (`n > 0`).
     #[inline]
     pub fn pick(&self, n: usize) -> usize {
@@ -25,6 +37,17 @@ impl RoundRobin {
 mod tests {
     use super::super::test_util::*;
     use super::super::*;
+
+    #[test]
+    fn a_rebuilt_rotation_goes_on_where_it_was() {
+        let bs = backends(&[1, 1, 1]);
+        let p = Picker::build(StrategyKind::RoundRobin, &bs);
+        assert_eq!(sequence(&p, &bs, 4), "ABCA");
+        let p2 = Picker::build(StrategyKind::RoundRobin, &bs).continuing(Some(&p));
+        assert_eq!(sequence(&p2, &bs, 2), "BC");
+        let fresh = Picker::build(StrategyKind::RoundRobin, &bs).continuing(None);
+        assert_eq!(sequence(&fresh, &bs, 1), "A");
+    }
 
     #[test]
     fn rotates_in_pool_order() {
