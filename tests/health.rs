@@ -12,7 +12,7 @@ async fn healthy(c: &HttpClient, f: &Fulcrum, i: usize) -> bool {
         .unwrap()
 }
 
-/// Waits until `b` has received `n` more probes than `from`.
+/// Waits until `b` has received `n` probes in all.
 async fn probes_reach(b: &TestBackend, n: u64) {
     assert!(
         eventually(Duration::from_secs(10), || async { b.probes() >= n }).await,
@@ -26,16 +26,10 @@ async fn unhealthy_only_at_the_third_consecutive_failure_and_back_after_two_succ
     let a = TestBackend::start("A");
     let b = TestBackend::start("B");
     let c = client();
-    let f = Fulcrum::start(&[
-        "--backend",
-        &a.spec(),
-        "--backend",
-        &b.spec(),
-        "--health-interval",
-        "300ms",
-        "--health-timeout",
-        "1500ms",
-    ]);
+    let f = Fulcrum::over(
+        &[&a, &b],
+        &["--health-interval", "300ms", "--health-timeout", "1500ms"],
+    );
     probes_reach(&a, 1).await;
     a.set_health(500);
     let base = a.probes();
@@ -92,14 +86,10 @@ async fn unhealthy_only_at_the_third_consecutive_failure_and_back_after_two_succ
 async fn fail_fail_succeed_never_ejects() {
     let a = TestBackend::start("A");
     let c = client();
-    let f = Fulcrum::start(&[
-        "--backend",
-        &a.spec(),
-        "--health-interval",
-        "100ms",
-        "--health-timeout",
-        "80ms",
-    ]);
+    let f = Fulcrum::over(
+        &[&a],
+        &["--health-interval", "100ms", "--health-timeout", "80ms"],
+    );
     probes_reach(&a, 1).await;
     let t = Instant::now();
     let mut n = a.probes();
@@ -142,16 +132,10 @@ async fn a_hung_probe_times_out_and_does_not_delay_the_others() {
     let b = TestBackend::start("B");
     b.set_health(0); // B's health never answers
     let c = client();
-    let f = Fulcrum::start(&[
-        "--backend",
-        &a.spec(),
-        "--backend",
-        &b.spec(),
-        "--health-interval",
-        "200ms",
-        "--health-timeout",
-        "1s",
-    ]);
+    let f = Fulcrum::over(
+        &[&a, &b],
+        &["--health-interval", "200ms", "--health-timeout", "1s"],
+    );
     // A is probed on its own schedule while B's probes hang.
     probes_reach(&a, 1).await;
     let t = Instant::now();
@@ -179,14 +163,7 @@ async fn with_every_backend_down_every_strategy_answers_503_at_once() {
     a.set_health(500);
     b.set_health(500);
     let c = client();
-    let f = Fulcrum::start(&[
-        "--backend",
-        &a.spec(),
-        "--backend",
-        &b.spec(),
-        "--health-interval",
-        "200ms",
-    ]);
+    let f = Fulcrum::over(&[&a, &b], &["--health-interval", "200ms"]);
     assert!(
         eventually(Duration::from_secs(5), || async {
             let s = status(&c, &f).await;
@@ -229,7 +206,7 @@ async fn with_every_backend_down_every_strategy_answers_503_at_once() {
 async fn a_backend_that_comes_back_is_probed_into_rotation_with_a_fresh_latency_average() {
     let a = TestBackend::start("A");
     let c = client();
-    let f = Fulcrum::start(&["--backend", &a.spec(), "--health-interval", "200ms"]);
+    let f = Fulcrum::over(&[&a], &["--health-interval", "200ms"]);
     get(&c, &f.url("/")).await;
     assert!(status(&c, &f).await["backends"][0]["avg_latency_ms"].is_number());
     a.set_health(503);

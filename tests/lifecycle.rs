@@ -18,7 +18,7 @@ async fn all_idle(c: &HttpClient, f: &Fulcrum) -> bool {
 async fn in_flight_counts_return_to_zero_on_every_path() {
     let a = TestBackend::start("A");
     let c = client();
-    let f = Fulcrum::start(&["--backend", &a.spec(), "--upstream-timeout", "400ms"]);
+    let f = Fulcrum::over(&[&a], &["--upstream-timeout", "400ms"]);
     // 5xx answers
     for _ in 0..5 {
         assert_eq!(get(&c, &f.url("/status/500")).await.status, 500);
@@ -74,14 +74,7 @@ async fn draining_or_deleted_backends_finish_in_flight_requests_and_get_no_new_o
     let b = TestBackend::start("B");
     let c = client();
     // Least connections: with both idle the slow request lands on A (lowest index).
-    let f = Fulcrum::start(&[
-        "--backend",
-        &a.spec(),
-        "--backend",
-        &b.spec(),
-        "--strategy",
-        "lc",
-    ]);
+    let f = Fulcrum::over(&[&a, &b], &["--strategy", "lc"]);
     for (op, body) in [("PATCH", r#"{"state": "draining"}"#), ("DELETE", "")] {
         let slow = {
             let c = c.clone();
@@ -131,7 +124,7 @@ async fn maintenance_takes_a_backend_out_of_rotation() {
     let a = TestBackend::start("A");
     let b = TestBackend::start("B");
     let c = client();
-    let f = Fulcrum::start(&["--backend", &a.spec(), "--backend", &b.spec()]);
+    let f = Fulcrum::over(&[&a, &b], &[]);
     let r = admin(
         &c,
         "PATCH",
@@ -268,7 +261,7 @@ async fn admin_api_answers_with_the_contract_statuses_and_json_errors() {
 async fn sigterm_stops_accepting_and_drains_requests_in_flight() {
     let a = TestBackend::start("A");
     let c = client();
-    let mut f = Fulcrum::start(&["--backend", &a.spec()]);
+    let mut f = Fulcrum::over(&[&a], &[]);
     let slow = {
         let c = c.clone();
         let url = f.url("/sleep/1500");
@@ -543,7 +536,7 @@ async fn demo_balances_over_spawned_backends_and_leaves_no_child_behind() {
 async fn shedding_answers_503_with_retry_after_above_max_inflight() {
     let a = TestBackend::start("A");
     let c = client();
-    let f = Fulcrum::start(&["--backend", &a.spec(), "--max-inflight", "2"]);
+    let f = Fulcrum::over(&[&a], &["--max-inflight", "2"]);
     let mut slow = Vec::new();
     for _ in 0..2 {
         let c = c.clone();
@@ -571,7 +564,7 @@ async fn shedding_answers_503_with_retry_after_above_max_inflight() {
 async fn head_and_no_content_answers_release_the_count() {
     let a = TestBackend::start("A");
     let c = client();
-    let f = Fulcrum::start(&["--backend", &a.spec()]);
+    let f = Fulcrum::over(&[&a], &[]);
     for _ in 0..5 {
         assert_eq!(
             send(&c, "HEAD", &f.url("/big/1000"), &[], Bytes::new())

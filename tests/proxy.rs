@@ -11,7 +11,7 @@ use http_body_util::{BodyExt, Full};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn passes_method_path_query_headers_body_and_status_through() {
     let a = TestBackend::start("A");
-    let f = Fulcrum::start(&["--backend", &a.spec()]);
+    let f = Fulcrum::over(&[&a], &[]);
     let c = client();
     for method in ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"] {
         let r = send(
@@ -48,7 +48,7 @@ async fn passes_method_path_query_headers_body_and_status_through() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_five_mib_each_way() {
     let a = TestBackend::start("A");
-    let f = Fulcrum::start(&["--backend", &a.spec()]);
+    let f = Fulcrum::over(&[&a], &[]);
     let c = client();
     let five = 5 * 1024 * 1024;
     let up: Vec<u8> = (0..five).map(|i| (i % 251) as u8).collect();
@@ -74,7 +74,7 @@ fn vm_hwm_kib(pid: u32) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bodies_stream_without_being_held_whole() {
     let a = TestBackend::start("A");
-    let f = Fulcrum::start(&["--backend", &a.spec(), "--workers", "1"]);
+    let f = Fulcrum::over(&[&a], &["--workers", "1"]);
     let c = client();
     // Warm up, then measure the peak resident set across 64 MiB each way.
     get(&c, &f.url("/big/1024")).await;
@@ -133,7 +133,7 @@ impl futures_util::Stream for ReceiverStream {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn x_forwarded_headers_are_set_fresh_and_appended() {
     let a = TestBackend::start("A");
-    let f = Fulcrum::start(&["--backend", &a.spec()]);
+    let f = Fulcrum::over(&[&a], &[]);
     let c = client();
     let seen = || a.stats.last_headers.lock().unwrap().clone().unwrap();
     get(&c, &f.url("/")).await;
@@ -179,7 +179,7 @@ async fn x_forwarded_headers_are_set_fresh_and_appended() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trusted_proxies_keep_their_forwarded_proto_and_host() {
     let a = TestBackend::start("A");
-    let f = Fulcrum::start(&["--backend", &a.spec(), "--trusted-proxies", "127.0.0.0/8"]);
+    let f = Fulcrum::over(&[&a], &["--trusted-proxies", "127.0.0.0/8"]);
     let c = client();
     send(
         &c,
@@ -202,7 +202,7 @@ async fn trusted_proxies_keep_their_forwarded_proto_and_host() {
 #[test]
 fn hop_by_hop_headers_are_removed() {
     let a = TestBackend::start("A");
-    let f = Fulcrum::start(&["--backend", &a.spec()]);
+    let f = Fulcrum::over(&[&a], &[]);
     let raw = "GET /x HTTP/1.1\r\nHost: h\r\nConnection: close, x-private\r\nX-Private: secret\r\nKeep-Alive: timeout=5\r\nProxy-Connection: keep-alive\r\nTE: trailers\r\nTrailer: x-t\r\nUpgrade: h2c\r\nProxy-Authorization: Basic Zm9v\r\nX-Kept: yes\r\n\r\n";
     let out = raw_exchange(f.proxy, raw.as_bytes(), Duration::from_secs(5));
     assert!(out.starts_with("HTTP/1.1 200"), "{out}");
@@ -305,7 +305,7 @@ async fn idempotent_requests_are_retried_on_another_backend_after_a_connect_fail
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_timeout_gives_504() {
     let a = TestBackend::start("A");
-    let f = Fulcrum::start(&["--backend", &a.spec(), "--upstream-timeout", "300ms"]);
+    let f = Fulcrum::over(&[&a], &["--upstream-timeout", "300ms"]);
     let t = Instant::now();
     let r = get(&client(), &f.url("/sleep/3000")).await;
     assert_eq!(r.status, 504);
@@ -321,7 +321,7 @@ async fn upstream_timeout_gives_504() {
 #[test]
 fn oversized_request_headers_get_431() {
     let a = TestBackend::start("A");
-    let f = Fulcrum::start(&["--backend", &a.spec()]);
+    let f = Fulcrum::over(&[&a], &[]);
     let big = "v".repeat(70 * 1024);
     let raw = format!("GET / HTTP/1.1\r\nHost: h\r\nX-Big: {big}\r\nConnection: close\r\n\r\n");
     let out = raw_exchange(f.proxy, raw.as_bytes(), Duration::from_secs(5));
@@ -358,7 +358,7 @@ fn oversized_request_headers_get_431() {
 #[test]
 fn garbage_request_line_gets_400_and_the_next_client_is_served() {
     let a = TestBackend::start("A");
-    let f = Fulcrum::start(&["--backend", &a.spec()]);
+    let f = Fulcrum::over(&[&a], &[]);
     let out = raw_exchange(
         f.proxy,
         b"\x16\x03garbage here\r\n\r\n",
@@ -376,7 +376,7 @@ fn garbage_request_line_gets_400_and_the_next_client_is_served() {
 #[test]
 fn slow_request_head_gets_408() {
     let a = TestBackend::start("A");
-    let f = Fulcrum::start(&["--backend", &a.spec()]);
+    let f = Fulcrum::over(&[&a], &[]);
     let t = Instant::now();
     let out = raw_exchange(
         f.proxy,
@@ -395,7 +395,7 @@ fn slow_request_head_gets_408() {
 fn an_idle_keep_alive_connection_is_closed_without_a_408() {
     use std::io::{Read, Write};
     let a = TestBackend::start("A");
-    let f = Fulcrum::start(&["--backend", &a.spec()]);
+    let f = Fulcrum::over(&[&a], &[]);
     let mut s = std::net::TcpStream::connect(f.proxy).unwrap();
     s.write_all(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n").unwrap();
     s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
@@ -420,7 +420,7 @@ fn an_idle_keep_alive_connection_is_closed_without_a_408() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn h2c_prior_knowledge_from_clients() {
     let a = TestBackend::start("A");
-    let f = Fulcrum::start(&["--backend", &a.spec()]);
+    let f = Fulcrum::over(&[&a], &[]);
     let c = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .http2_only(true)
         .build_http::<Full<Bytes>>();
@@ -448,7 +448,7 @@ async fn h2c_prior_knowledge_from_clients() {
 fn websocket_upgrade_is_tunnelled() {
     use std::io::{Read, Write};
     let a = TestBackend::start("A");
-    let f = Fulcrum::start(&["--backend", &a.spec()]);
+    let f = Fulcrum::over(&[&a], &[]);
     let mut s = std::net::TcpStream::connect(f.proxy).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     s.write_all(b"GET /ws HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n").unwrap();
@@ -472,7 +472,7 @@ fn websocket_upgrade_is_tunnelled() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_connections_are_kept_alive_and_reused() {
     let a = TestBackend::start("A");
-    let f = Fulcrum::start(&["--backend", &a.spec(), "--workers", "1"]);
+    let f = Fulcrum::over(&[&a], &["--workers", "1"]);
     let c = client();
     for _ in 0..200 {
         assert_eq!(get(&c, &f.url("/")).await.status, 200);

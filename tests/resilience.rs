@@ -123,14 +123,7 @@ async fn a_backend_answering_5xx_is_ejected_and_clients_barely_notice() {
     let cc = TestBackend::start("C");
     b.set_failing(true);
     let c = client();
-    let f = Fulcrum::start(&[
-        "--backend",
-        &a.spec(),
-        "--backend",
-        &b.spec(),
-        "--backend",
-        &cc.spec(),
-    ]);
+    let f = Fulcrum::over(&[&a, &b, &cc], &[]);
     let mut ok = 0;
     for _ in 0..300 {
         if get(&c, &f.url("/")).await.status == 200 {
@@ -162,16 +155,7 @@ async fn never_more_than_half_the_pool_is_ejected() {
         x.set_failing(true);
     }
     let c = client();
-    let f = Fulcrum::start(&[
-        "--backend",
-        &a.spec(),
-        "--backend",
-        &b.spec(),
-        "--backend",
-        &cc.spec(),
-        "--backend",
-        &d.spec(),
-    ]);
+    let f = Fulcrum::over(&[&a, &b, &cc, &d], &[]);
     for _ in 0..120 {
         get(&c, &f.url("/")).await;
     }
@@ -186,7 +170,7 @@ async fn an_ejection_ends_half_open_and_a_success_restores_full_traffic() {
     let b = TestBackend::start("B");
     b.set_failing(true);
     let c = client();
-    let f = Fulcrum::start(&["--backend", &a.spec(), "--backend", &b.spec()]);
+    let f = Fulcrum::over(&[&a, &b], &[]);
     let mut n = 0;
     while b.requests() < 5 && n < 50 {
         get(&c, &f.url("/")).await;
@@ -328,14 +312,7 @@ async fn degrade_injects_latency_and_errors_and_recover_clears_them() {
     let a = TestBackend::start("A");
     let b = TestBackend::start("B");
     let c = client();
-    let f = Fulcrum::start(&[
-        "--backend",
-        &a.spec(),
-        "--backend",
-        &b.spec(),
-        "--strategy",
-        "lc",
-    ]);
+    let f = Fulcrum::over(&[&a, &b], &["--strategy", "lc"]);
     // bad input changes nothing
     for (path, body, code) in [
         ("/admin/backends/x/degrade", r#"{"latency_ms": 10}"#, 400),
@@ -403,7 +380,7 @@ async fn injected_errors_eject_like_real_ones() {
     let a = TestBackend::start("A");
     let b = TestBackend::start("B");
     let c = client();
-    let f = Fulcrum::start(&["--backend", &a.spec(), "--backend", &b.spec()]);
+    let f = Fulcrum::over(&[&a, &b], &[]);
     let r = admin(
         &c,
         "POST",

@@ -39,6 +39,17 @@ impl Fulcrum {
         )
     }
 
+    /// Starts `fulcrum serve` in front of `backends` (in order), with `extra` flags.
+    pub fn over(backends: &[&TestBackend], extra: &[&str]) -> Fulcrum {
+        let specs: Vec<String> = backends.iter().map(|b| b.spec()).collect();
+        let mut args: Vec<&str> = Vec::new();
+        for s in &specs {
+            args.extend(["--backend", s.as_str()]);
+        }
+        args.extend_from_slice(extra);
+        Self::start(&args)
+    }
+
     pub fn start_cmd(base: &[&str], args: &[&str]) -> Fulcrum {
         let mut child = Command::new(BIN)
             .env_remove("FULCRUM_ADMIN_TOKEN")
