@@ -441,6 +441,8 @@ async fn slow_start_ramps_a_joining_backend_from_a_tenth_of_its_weight() {
         })
         .await
     );
+    // The status computes the weight live; the picker gets it at the next ramp step.
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let mut seq = String::new();
     for _ in 0..20 {
         seq.push_str(&get(&c, &f.url("/")).await.backend());

@@ -116,12 +116,16 @@ impl Picker {
         }
     }
 
-    /// Carries a round-robin rotation over from the picker this one replaces, so a pool
-    /// change does not send the next requests back to the first backends.
+    /// Carries a round-robin rotation (and a smooth-WRR sequence whose weights did not
+    /// change) over from the picker this one replaces, so a pool change does not send
+    /// the next requests back to the first backends.
     pub fn continuing(self, previous: Option<&Picker>) -> Picker {
         match (self, previous) {
             (Picker::RoundRobin(_), Some(Picker::RoundRobin(prev))) => {
                 Picker::RoundRobin(RoundRobin::starting_at(prev.position()))
+            }
+            (Picker::WeightedRoundRobin(p), Some(Picker::WeightedRoundRobin(prev))) => {
+                Picker::WeightedRoundRobin(p.continuing(prev))
             }
             (p, _) => p,
         }

@@ -18,6 +18,7 @@ pub struct SmoothWeightedRoundRobin {
 #[derive(Debug)]
 enum Mode {
     Table {
+        weights: Box<[i64]>,
         schedule: Box<[u32]>,
         next: AtomicUsize,
     },
@@ -70,6 +71,7 @@ impl SmoothWeightedRoundRobin {
                 .collect();
             SmoothWeightedRoundRobin {
                 mode: Mode::Table {
+                    weights: reduced,
                     schedule,
                     next: AtomicUsize::new(0),
                 },
@@ -86,11 +88,45 @@ impl SmoothWeightedRoundRobin {
         }
     }
 
+    /// Carries the rotation over from the picker this one replaces when both run the
+    /// same weights (a republish that changed nothing the algorithm sees, such as the
+    /// last step of a slow start that rounds to the same whole weight), so the sequence
+    /// continues instead of restarting.
+    pub fn continuing(self, previous: &SmoothWeightedRoundRobin) -> Self {
+        match (&self.mode, &previous.mode) {
+            (
+                Mode::Table { weights, next, .. },
+                Mode::Table {
+                    weights: pw,
+                    next: pn,
+                    ..
+                },
+            ) if weights == pw => {
+                next.store(pn.load(Ordering::Relaxed), Ordering::Relaxed);
+            }
+            (
+                Mode::Live {
+                    weights, current, ..
+                },
+                Mode::Live {
+                    weights: pw,
+                    current: pc,
+                    ..
+                },
+            ) if weights == pw => {
+                let prev = pc.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                *current.lock().unwrap_or_else(|e| e.into_inner()) = prev;
+            }
+            _ => {}
+        }
+        self
+    }
+
     /// The next index (the pool must not be empty).
     #[inline]
     pub fn pick(&self) -> usize {
         match &self.mode {
-            Mode::Table { schedule, next } => {
+            Mode::Table { schedule, next, .. } => {
                 let i = next.fetch_add(1, Ordering::Relaxed) % schedule.len();
                 schedule[i] as usize
             }
@@ -140,6 +176,19 @@ mod tests {
         for _ in 0..100 {
             assert_eq!(table.pick(), live.pick());
         }
+    }
+
+    #[test]
+    fn a_rebuild_with_the_same_weights_continues_the_sequence() {
+        let old = SmoothWeightedRoundRobin::new(&[5, 3, 2]);
+        let first: Vec<usize> = (0..4).map(|_| old.pick()).collect();
+        assert_eq!(first, [0, 1, 2, 0]);
+        let same = SmoothWeightedRoundRobin::new(&[5, 3, 2]).continuing(&old);
+        let rest: Vec<usize> = (0..6).map(|_| same.pick()).collect();
+        assert_eq!(rest, [0, 1, 0, 2, 1, 0], "A B A C B A continues");
+        // Different weights start their own sequence.
+        let other = SmoothWeightedRoundRobin::new(&[1, 1]).continuing(&same);
+        assert_eq!(other.pick(), 0);
     }
 
     #[test]
