@@ -99,6 +99,9 @@ struct ServeArgs {
     /// Log format on stderr: text or json [default: text].
     #[arg(long, value_name = "FORMAT")]
     log_format: Option<String>,
+    /// One access log line per request on stderr: on or off [default: on].
+    #[arg(long, value_name = "on|off")]
+    access_log: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -134,6 +137,10 @@ struct BackendArgs {
     /// Share of requests answered with 500, 0..=1.
     #[arg(long, value_name = "F", default_value_t = 0.0)]
     error_rate: f64,
+    /// Serve on this already-bound listening socket instead of binding --listen (used
+    /// by fulcrum for the backends it spawns).
+    #[arg(long, value_name = "FD", hide = true)]
+    listen_fd: Option<i32>,
 }
 
 #[derive(Args, Debug)]
@@ -168,6 +175,7 @@ impl ServeArgs {
             admin_token_env: std::env::var("FULCRUM_ADMIN_TOKEN").ok(),
             workers: self.workers,
             log_format: self.log_format,
+            access_log: self.access_log,
         }
     }
 }
@@ -294,7 +302,32 @@ fn backend(args: BackendArgs) -> i32 {
         jitter_ms: args.jitter_ms,
         error_rate: args.error_rate,
     };
-    match crate::demo::backend::serve_blocking(addr, opts) {
+    let listener = match args.listen_fd {
+        Some(fd) if fd > 2 => {
+            use std::os::fd::FromRawFd;
+            // SAFETY: the parent passed a bound, listening socket on this descriptor,
+            // and nothing else in this process owns it.
+            let l = unsafe { std::net::TcpListener::from_raw_fd(fd) };
+            if let Err(e) = l.set_nonblocking(true) {
+                eprintln!("error: --listen-fd {fd}: {e}");
+                return 1;
+            }
+            l
+        }
+        Some(fd) => {
+            return usage_error(format!(
+                "--listen-fd: invalid value '{fd}' (expected 3 or more)"
+            ))
+        }
+        None => match crate::server::bind(addr) {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("error: cannot listen on {addr}: {e}");
+                return 1;
+            }
+        },
+    };
+    match crate::demo::backend::serve_blocking(listener, opts) {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("error: {e}");

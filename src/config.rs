@@ -126,6 +126,8 @@ pub struct Settings {
     pub workers: usize,
     /// Log format.
     pub log_format: LogFormat,
+    /// One access log line per request on stderr.
+    pub access_log: bool,
     /// The config file, kept for reloads.
     pub config_file: Option<PathBuf>,
 }
@@ -158,6 +160,7 @@ impl Default for Settings {
                 .map(|n| n.get())
                 .unwrap_or(1),
             log_format: LogFormat::Text,
+            access_log: true,
             config_file: None,
         }
     }
@@ -188,6 +191,7 @@ pub struct RawFlags {
     pub admin_token_env: Option<String>,
     pub workers: Option<String>,
     pub log_format: Option<String>,
+    pub access_log: Option<String>,
 }
 
 // ---------------------------------------------------------------- value parsers
@@ -381,6 +385,14 @@ fn parse_log_format(s: &str) -> Result<LogFormat, String> {
     }
 }
 
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" | "true" => Ok(true),
+        "off" | "false" => Ok(false),
+        _ => Err(format!("invalid value '{s}' (valid: on, off)")),
+    }
+}
+
 fn parse_health_path(s: &str) -> Result<String, String> {
     if s.starts_with('/') && s.parse::<http::uri::PathAndQuery>().is_ok() {
         Ok(s.to_string())
@@ -427,6 +439,13 @@ struct FileBackend {
 
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
+enum BoolOrStr {
+    Bool(bool),
+    Str(String),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
 enum StrOrList {
     One(String),
     Many(Vec<String>),
@@ -455,6 +474,7 @@ struct FileConfig {
     admin_token_file: Option<Sp<String>>,
     workers: Option<Sp<i64>>,
     log_format: Option<Sp<String>>,
+    access_log: Option<Sp<BoolOrStr>>,
     backends: Option<Vec<FileBackend>>,
 }
 
@@ -620,6 +640,14 @@ pub fn apply_file(s: &mut Settings, path: &Path, text: &str) -> Vec<ConfigError>
     }
     set_int!("workers", s.workers, parse_workers, &fc.workers);
     set!("log_format", s.log_format, parse_log_format, &fc.log_format);
+    if let Some(v) = &fc.access_log {
+        let r = match v.get_ref() {
+            BoolOrStr::Bool(b) => Ok(*b),
+            BoolOrStr::Str(x) => parse_on_off(x),
+        }
+        .map(|x| s.access_log = x);
+        c.at("access_log", v, r);
+    }
     if let Some(bs) = &fc.backends {
         let mut out = Vec::new();
         for b in bs {
@@ -742,6 +770,7 @@ pub fn build(flags: &RawFlags) -> Result<Settings, Vec<ConfigError>> {
     over!("slow-start", s.slow_start, parse_duration, flags.slow_start);
     over!("ewma-alpha", s.ewma_alpha, parse_alpha, flags.ewma_alpha);
     over!("workers", s.workers, parse_workers, flags.workers);
+    over!("access-log", s.access_log, parse_on_off, flags.access_log);
     over!(
         "log-format",
         s.log_format,

@@ -197,6 +197,10 @@ pub struct Running {
     pub admin: SocketAddr,
     /// The shared pool.
     pub pool: Arc<Pool>,
+    /// Starts and stops spawned backends.
+    pub spawner: Arc<crate::spawn::Spawner>,
+    /// The admin thread's runtime, where spawned children are supervised.
+    pub admin_rt: tokio::runtime::Handle,
     shutdown: watch::Sender<bool>,
     threads: Vec<std::thread::JoinHandle<()>>,
 }
@@ -204,6 +208,7 @@ pub struct Running {
 impl Running {
     /// Stops accepting, lets requests in flight finish (≤ 10 s) and waits for every thread.
     pub fn stop(self) {
+        self.spawner.stop_all();
         let _ = self.shutdown.send(true);
         for t in self.threads {
             let _ = t.join();
@@ -263,11 +268,17 @@ pub fn start(settings: &Settings) -> Result<Running, String> {
             .map_err(|e| format!("cannot start a worker: {e}"))?;
         threads.push(t);
     }
-    let admin_state = crate::admin::AdminCtx::new(Arc::clone(&pool), settings.admin_token.clone());
+    let spawner = Arc::new(crate::spawn::Spawner::new(Arc::clone(&pool)));
+    let admin_state = crate::admin::AdminCtx::new(
+        Arc::clone(&pool),
+        settings.admin_token.clone(),
+        Arc::clone(&spawner),
+    );
     let health_pool = Arc::clone(&pool);
     let health_settings = settings.health.clone();
     let health_stop = rx.clone();
     let rt = runtime().map_err(|e| format!("cannot start the admin API: {e}"))?;
+    let admin_rt = rt.handle().clone();
     let mut arx = rx.clone();
     threads.push(
         std::thread::Builder::new()
@@ -301,6 +312,8 @@ pub fn start(settings: &Settings) -> Result<Running, String> {
         listen,
         admin,
         pool,
+        spawner,
+        admin_rt,
         shutdown,
         threads,
     })

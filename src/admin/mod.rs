@@ -19,6 +19,7 @@ use serde_json::json;
 
 use crate::config::{backend_spec, MAX_WEIGHT};
 use crate::pool::{AdminState as BackendState, BackendView, Pool, PoolError};
+use crate::spawn::{SpawnError, SpawnRequest, Spawner};
 use crate::strategy::StrategyKind;
 
 /// What the admin handlers share.
@@ -26,14 +27,16 @@ use crate::strategy::StrategyKind;
 pub struct AdminCtx {
     pool: Arc<Pool>,
     token: Option<Arc<str>>,
+    spawner: Arc<Spawner>,
 }
 
 impl AdminCtx {
     /// Admin state over `pool`; with a token, every route needs it.
-    pub fn new(pool: Arc<Pool>, token: Option<String>) -> Self {
+    pub fn new(pool: Arc<Pool>, token: Option<String>, spawner: Arc<Spawner>) -> Self {
         AdminCtx {
             pool,
             token: token.map(Into::into),
+            spawner,
         }
     }
 }
@@ -51,6 +54,17 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         (self.0, Json(json!({ "error": self.1 }))).into_response()
+    }
+}
+
+impl From<SpawnError> for ApiError {
+    fn from(e: SpawnError) -> Self {
+        let status = match e {
+            SpawnError::Conflict(_) => StatusCode::CONFLICT,
+            SpawnError::NotHealthy(_) => StatusCode::GATEWAY_TIMEOUT,
+            SpawnError::Failed(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        ApiError(status, e.to_string())
     }
 }
 
@@ -198,6 +212,7 @@ async fn delete_backend(
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
     let b = ctx.pool.remove(parse_id(&id)?)?;
+    Spawner::stop(&b);
     tracing::info!(id = b.id, name = %b.name, "backend removed");
     Ok(StatusCode::NO_CONTENT)
 }
@@ -246,6 +261,149 @@ async fn recover_backend(
     let b = ctx.pool.get(parse_id(&id)?)?;
     b.recover();
     tracing::info!(id = b.id, name = %b.name, "faults cleared, latency average cleared");
+    Ok(Json(BackendView::of(&b)))
+}
+
+/// `GET /metrics`.
+async fn metrics(State(ctx): State<AdminCtx>) -> ApiResult<Response> {
+    let text = crate::metrics::render(&ctx.pool).map_err(|_| {
+        ApiError(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "cannot encode metrics".into(),
+        )
+    })?;
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
+        )],
+        text,
+    )
+        .into_response())
+}
+
+/// The OpenAPI document of this API (kept in the repository next to this file).
+const OPENAPI: &str = include_str!("openapi.json");
+
+async fn openapi() -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        OPENAPI,
+    )
+        .into_response()
+}
+
+/// Keeps `request` events flowing while a subscriber is connected.
+struct Subscriber(Arc<Pool>);
+
+impl Subscriber {
+    fn new(pool: Arc<Pool>) -> Self {
+        pool.sampler.subscribe();
+        Subscriber(pool)
+    }
+}
+
+impl Drop for Subscriber {
+    fn drop(&mut self) {
+        self.0.sampler.unsubscribe();
+    }
+}
+
+/// `GET /admin/events`: server-sent events, one JSON object per event. A subscriber
+/// that reads too slowly misses events (it gets a `dropped` event saying how many)
+/// instead of slowing anything down.
+async fn events(State(ctx): State<AdminCtx>) -> Response {
+    use axum::response::sse::{Event as Sse, KeepAlive};
+    use tokio::sync::broadcast::error::RecvError;
+    let rx = ctx.pool.subscribe();
+    let sub = Subscriber::new(Arc::clone(&ctx.pool));
+    let stream = futures_util::stream::unfold((rx, sub), |(mut rx, sub)| async move {
+        let data = match rx.recv().await {
+            Ok(e) => serde_json::to_string(&e).unwrap_or_default(),
+            Err(RecvError::Lagged(n)) => {
+                sub.0
+                    .stats
+                    .events_dropped
+                    .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+                json!({ "type": "dropped", "count": n }).to_string()
+            }
+            Err(RecvError::Closed) => return None,
+        };
+        Some((
+            Ok::<_, std::convert::Infallible>(Sse::default().data(data)),
+            (rx, sub),
+        ))
+    });
+    axum::response::Sse::new(stream)
+        .keep_alive(KeepAlive::new().interval(std::time::Duration::from_secs(15)))
+        .into_response()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SpawnBody {
+    weight: Option<i64>,
+    latency_ms: Option<i64>,
+    name: Option<String>,
+}
+
+async fn spawn_backend(State(ctx): State<AdminCtx>, body: Bytes) -> ApiResult<Response> {
+    // An empty body means all defaults.
+    let b: SpawnBody = if body.iter().all(u8::is_ascii_whitespace) {
+        SpawnBody {
+            weight: None,
+            latency_ms: None,
+            name: None,
+        }
+    } else {
+        parse_body(&body)?
+    };
+    let weight = b.weight.map(check_weight).transpose()?;
+    let latency_ms = match b.latency_ms {
+        None => 0,
+        Some(ms) if (0..=MAX_INJECTED_LATENCY_MS).contains(&ms) => ms as u64,
+        Some(ms) => {
+            return Err(ApiError::bad(format!(
+                "invalid latency_ms {ms} (expected an integer from 0 to {MAX_INJECTED_LATENCY_MS})"
+            )))
+        }
+    };
+    if let Some(n) = &b.name {
+        if n.trim().is_empty() || n.len() > 64 || n.chars().any(char::is_control) {
+            return Err(ApiError::bad(
+                "invalid name (expected 1 to 64 printable characters)",
+            ));
+        }
+    }
+    let added = ctx
+        .spawner
+        .spawn(SpawnRequest {
+            weight,
+            latency_ms,
+            name: b.name,
+        })
+        .await?;
+    Ok((StatusCode::CREATED, Json(BackendView::of(&added))).into_response())
+}
+
+async fn kill_backend(
+    State(ctx): State<AdminCtx>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<BackendView>> {
+    let b = ctx.pool.get(parse_id(&id)?)?;
+    ctx.spawner.kill(&b)?;
+    Ok(Json(BackendView::of(&b)))
+}
+
+async fn revive_backend(
+    State(ctx): State<AdminCtx>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<BackendView>> {
+    let b = ctx.pool.get(parse_id(&id)?)?;
+    ctx.spawner.revive(Arc::clone(&b)).await?;
     Ok(Json(BackendView::of(&b)))
 }
 
@@ -321,6 +479,12 @@ pub fn router(ctx: AdminCtx) -> Router {
         )
         .route("/admin/backends/{id}/degrade", post(degrade_backend))
         .route("/admin/backends/{id}/recover", post(recover_backend))
+        .route("/admin/backends/spawn", post(spawn_backend))
+        .route("/admin/backends/{id}/kill", post(kill_backend))
+        .route("/admin/backends/{id}/revive", post(revive_backend))
+        .route("/admin/events", get(events))
+        .route("/admin/openapi.json", get(openapi))
+        .route("/metrics", get(metrics))
         .fallback(not_found)
         .layer(middleware::from_fn(json_errors))
         .layer(middleware::from_fn_with_state(ctx.clone(), auth))

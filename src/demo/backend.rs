@@ -1,7 +1,6 @@
 //! `fulcrum backend`: a small HTTP server to balance over (§6).
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -105,10 +104,9 @@ pub async fn run(listener: std::net::TcpListener, opts: BackendOptions) -> std::
     }
 }
 
-/// Binds `addr` and serves on a small runtime; returns only on error.
-pub fn serve_blocking(addr: SocketAddr, opts: BackendOptions) -> Result<(), String> {
-    let listener =
-        crate::server::bind(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+/// Serves on `listener` on a small runtime; returns only on error.
+pub fn serve_blocking(listener: std::net::TcpListener, opts: BackendOptions) -> Result<(), String> {
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()

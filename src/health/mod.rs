@@ -148,6 +148,7 @@ pub async fn run(pool: Arc<Pool>, settings: HealthSettings, mut stop: watch::Rec
                     let s = Arc::clone(&settings);
                     tokio::spawn(async move {
                         let ok = probe(&b, &s.path, s.timeout).await;
+                        b.stats.probe(ok);
                         let _ = tx.send((b.id, ok));
                     });
                 }

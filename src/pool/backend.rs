@@ -87,6 +87,52 @@ pub struct Backend {
     fault_latency_ms: AtomicU32,
     /// Injected error rate (`degrade`), in millionths.
     fault_error_ppm: AtomicU32,
+    /// What the metrics endpoint reads.
+    pub stats: super::stats::BackendStats,
+    /// Set for a backend fulcrum started itself (`POST /admin/backends/spawn`).
+    pub spawn: Option<SpawnInfo>,
+}
+
+/// The process behind a spawned backend.
+#[derive(Debug)]
+pub struct SpawnInfo {
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+    /// The demo backend's latency, kept for a revive.
+    pub latency_ms: u64,
+    /// Its process id while it runs, 0 when it does not.
+    pid: AtomicU32,
+}
+
+impl SpawnInfo {
+    /// A spawned backend on `port`, not running yet.
+    pub fn new(port: u16, latency_ms: u64) -> SpawnInfo {
+        SpawnInfo {
+            port,
+            latency_ms,
+            pid: AtomicU32::new(0),
+        }
+    }
+
+    /// The running process, if any.
+    pub fn pid(&self) -> Option<u32> {
+        match self.pid.load(Ordering::Acquire) {
+            0 => None,
+            p => Some(p),
+        }
+    }
+
+    /// Notes the process now running.
+    pub fn set_pid(&self, pid: u32) {
+        self.pid.store(pid, Ordering::Release);
+    }
+
+    /// Notes that process `pid` has ended (a no-op when another one runs by now).
+    pub fn clear_pid(&self, pid: u32) {
+        let _ = self
+            .pid
+            .compare_exchange(pid, 0, Ordering::AcqRel, Ordering::Relaxed);
+    }
 }
 
 /// Faults injected through the admin API to rehearse a sick backend.
@@ -152,7 +198,15 @@ impl Backend {
             ramp_since: Mutex::new(None),
             fault_latency_ms: AtomicU32::new(0),
             fault_error_ppm: AtomicU32::new(0),
+            stats: Default::default(),
+            spawn: None,
         }
+    }
+
+    /// Marks it as spawned by fulcrum (before the backend is shared).
+    pub fn with_spawn(mut self, spawn: Option<SpawnInfo>) -> Backend {
+        self.spawn = spawn;
+        self
     }
 
     /// Sets `--slow-start` (before the backend is shared).
@@ -361,6 +415,11 @@ impl Backend {
         true
     }
 
+    /// How often passive outlier detection has ejected it.
+    pub fn ejection_count(&self) -> u32 {
+        self.ejections.load(Ordering::Relaxed)
+    }
+
     /// Ejected by passive outlier detection.
     pub fn ejected(&self) -> bool {
         self.ejected.load(Ordering::Relaxed)
@@ -447,6 +506,11 @@ impl RequestGuard {
     /// Marks the exchange as failed (counted in `errors` when the guard drops).
     pub fn fail(&mut self) {
         self.failed = true;
+    }
+
+    /// Whether the exchange has been marked failed.
+    pub fn failed(&self) -> bool {
+        self.failed
     }
 
     /// This request is the half-open trial of its backend.

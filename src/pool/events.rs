@@ -65,4 +65,21 @@ pub enum Event {
         /// The backend after the change.
         backend: BackendView,
     },
+    /// A proxied request finished (sampled: at most a few hundred per second).
+    Request {
+        /// Backend id.
+        id: u64,
+        /// Backend name.
+        backend: String,
+        /// Status sent to the client.
+        status: u16,
+        /// From the request's arrival until the response had been sent whole.
+        latency_ms: f64,
+        /// Request method.
+        method: String,
+        /// Request path (without the query).
+        path: String,
+        /// Retries it took.
+        retries: u32,
+    },
 }

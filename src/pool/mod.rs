@@ -7,13 +7,14 @@
 
 mod backend;
 mod events;
+pub mod stats;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use arc_swap::ArcSwap;
 use serde::Serialize;
 
-pub use backend::{AdminState, Backend, Faults, OutlierAction, RequestGuard};
+pub use backend::{AdminState, Backend, Faults, OutlierAction, RequestGuard, SpawnInfo};
 pub use events::{Event, EVENT_CAPACITY};
 
 use crate::config::BackendSpec;
@@ -85,6 +86,10 @@ pub struct Pool {
     alpha: f64,
     slow_start: std::time::Duration,
     events: tokio::sync::broadcast::Sender<Event>,
+    /// Proxy-wide counters.
+    pub stats: stats::ProxyStats,
+    /// Which finished requests become `request` events.
+    pub sampler: stats::RequestSampler,
 }
 
 /// A backend as the admin API shows it.
@@ -103,6 +108,12 @@ pub struct BackendView {
     pub requests: u64,
     pub errors: u64,
     pub spawned: bool,
+    /// A spawned backend's process id (`null` while it is not running).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pid: Option<Option<u32>>,
+    /// A spawned backend's port.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
 }
 
 impl BackendView {
@@ -121,7 +132,9 @@ impl BackendView {
             avg_latency_ms: b.avg_latency().map(|d| d.as_secs_f64() * 1000.0),
             requests: b.requests(),
             errors: b.errors(),
-            spawned: false,
+            spawned: b.spawn.is_some(),
+            pid: b.spawn.as_ref().map(|s| s.pid()),
+            port: b.spawn.as_ref().map(|s| s.port),
         }
     }
 }
@@ -174,6 +187,8 @@ impl Pool {
             alpha,
             slow_start,
             events: tokio::sync::broadcast::channel(EVENT_CAPACITY).0,
+            stats: Default::default(),
+            sampler: Default::default(),
         }
     }
 
@@ -354,12 +369,24 @@ impl Pool {
 
     /// Adds a backend at the end of the pool.
     pub fn add(&self, spec: BackendSpec) -> Result<Arc<Backend>, PoolError> {
+        self.add_with(spec, None)
+    }
+
+    /// Adds a backend whose process fulcrum started and supervises.
+    pub fn add_with(
+        &self,
+        spec: BackendSpec,
+        spawn: Option<SpawnInfo>,
+    ) -> Result<Arc<Backend>, PoolError> {
         let mut m = self.lock();
         if m.backends.iter().any(|b| b.url == spec.url) {
             return Err(PoolError::DuplicateUrl(spec.url));
         }
-        let b =
-            Arc::new(Backend::new(m.next_id, spec, self.alpha).with_slow_start(self.slow_start));
+        let b = Arc::new(
+            Backend::new(m.next_id, spec, self.alpha)
+                .with_slow_start(self.slow_start)
+                .with_spawn(spawn),
+        );
         b.start_ramp(std::time::Instant::now());
         m.next_id += 1;
         m.backends.push(Arc::clone(&b));

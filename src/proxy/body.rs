@@ -23,6 +23,16 @@ pub struct Hold {
     pub conn: Option<(Conn, &'static Upstreams)>,
     /// Set when the request body has been sent whole (`None`: there was none).
     pub upload: Option<Arc<AtomicBool>>,
+    /// The request's record, written when the hold is released.
+    pub finish: Option<(super::Finish, &'static super::Recorder)>,
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        if let Some((fin, rec)) = self.finish.take() {
+            rec.finish(&fin, Some(self.guard.backend()));
+        }
+    }
 }
 
 impl Hold {

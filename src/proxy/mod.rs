@@ -3,12 +3,13 @@
 mod body;
 pub mod budget;
 pub mod headers;
+pub mod record;
 mod upstream;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
@@ -21,9 +22,11 @@ use ipnet::IpNet;
 
 pub use body::{Hold, ReqBody, RespBody};
 pub use budget::RetryBudget;
+pub use record::{Finish, Recorder};
 pub use upstream::{Failure, Upstreams};
 
 use crate::config::Settings;
+use crate::pool::stats::bump;
 use crate::pool::{Backend, OutlierAction, Pool};
 use crate::strategy::PickCtx;
 
@@ -40,6 +43,8 @@ pub struct ProxySettings {
     pub max_inflight: usize,
     /// Peers whose forwarding headers are believed.
     pub trusted_proxies: Vec<IpNet>,
+    /// One access log line per request.
+    pub access_log: bool,
 }
 
 impl ProxySettings {
@@ -51,6 +56,7 @@ impl ProxySettings {
             retries: s.retries,
             max_inflight: s.max_inflight,
             trusted_proxies: s.trusted_proxies.clone(),
+            access_log: s.access_log,
         }
     }
 }
@@ -73,6 +79,7 @@ pub struct Proxy {
     settings: ProxySettings,
     in_flight: Arc<AtomicUsize>,
     budget: Arc<RetryBudget>,
+    rec: &'static Recorder,
 }
 
 fn own_answer(status: StatusCode, text: &'static str) -> Response<RespBody> {
@@ -136,6 +143,10 @@ impl Proxy {
         Proxy {
             budget,
             upstreams: Box::leak(Box::new(Upstreams::new(settings.connect_timeout))),
+            rec: Box::leak(Box::new(Recorder::new(
+                Arc::clone(&pool),
+                settings.access_log,
+            ))),
             pool,
             settings,
             in_flight,
@@ -188,22 +199,40 @@ impl Proxy {
         peer: SocketAddr,
         peer_value: HeaderValue,
     ) -> Response<RespBody> {
+        let mut fin = Finish {
+            started: Instant::now(),
+            method: req.method().clone(),
+            path: req
+                .uri()
+                .path_and_query()
+                .cloned()
+                .unwrap_or_else(|| PathAndQuery::from_static("/")),
+            client: peer.ip(),
+            status: 0,
+            upstream: None,
+            retries: 0,
+        };
         // hyper bounds its read buffer, but a head that arrives in one read can slip past
         // that bound; the contract's limit is checked here exactly.
         if head_size(&req) > MAX_HEADER_BYTES {
-            return own_answer(
-                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-                "request header fields too large\n",
+            return self.own(
+                &mut fin,
+                None,
+                own_answer(
+                    StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                    "request header fields too large\n",
+                ),
             );
         }
         let permit = match self.shed_permit() {
             Ok(p) => p,
             Err(()) => {
+                bump(&self.pool.stats.shed);
                 let mut r =
                     own_answer(StatusCode::SERVICE_UNAVAILABLE, "overloaded, retry later\n");
                 r.headers_mut()
                     .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-                return r;
+                return self.own(&mut fin, None, r);
             }
         };
         let upgrade =
@@ -231,11 +260,7 @@ impl Proxy {
         headers::set_forwarded(&mut parts.headers, &peer_value, trusted, host.as_ref());
         // The backend pool speaks HTTP/1.1 whatever the client spoke.
         parts.version = Version::HTTP_11;
-        let pq = parts
-            .uri
-            .path_and_query()
-            .cloned()
-            .unwrap_or_else(|| PathAndQuery::from_static("/"));
+        let pq = fin.path.clone();
 
         // An empty body is not forwarded as a stream: such a request can be replayed.
         let mut body = (!body.is_end_stream()).then_some(body);
@@ -249,6 +274,7 @@ impl Proxy {
         self.budget.deposit();
         let mut tried: Vec<u64> = Vec::new();
         let mut last_failure = None;
+        let mut last_backend: Option<Arc<Backend>> = None;
 
         let mut attempt = 0;
         while attempt < max_attempts {
@@ -294,7 +320,13 @@ impl Proxy {
                 if faults.error_rate > 0.0 && fastrand::f64() < faults.error_rate {
                     guard.fail();
                     self.note_outcome(&mut guard, false);
-                    return own_answer(StatusCode::SERVICE_UNAVAILABLE, "injected failure\n");
+                    drop(guard);
+                    fin.retries = attempt as u32;
+                    return self.own(
+                        &mut fin,
+                        Some(backend),
+                        own_answer(StatusCode::SERVICE_UNAVAILABLE, "injected failure\n"),
+                    );
                 }
             }
             let last = attempt + 1 == max_attempts;
@@ -306,7 +338,11 @@ impl Proxy {
                 .await;
             let failure = match result {
                 Ok((mut resp, conn, sent_at)) => {
-                    backend.record_latency(sent_at.elapsed() + injected_delay);
+                    let upstream_time = sent_at.elapsed() + injected_delay;
+                    backend.record_latency(upstream_time);
+                    fin.status = resp.status().as_u16();
+                    fin.upstream = Some(upstream_time);
+                    fin.retries = attempt as u32;
                     let failed = resp.status().is_server_error();
                     if failed {
                         guard.fail();
@@ -314,6 +350,7 @@ impl Proxy {
                     self.note_outcome(&mut guard, !failed);
                     if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
                         if let Some(client_upgrade) = client_upgrade {
+                            self.rec.finish(&fin, Some(backend));
                             let upstream_upgrade = hyper::upgrade::on(&mut resp);
                             tokio::spawn(tunnel(client_upgrade, upstream_upgrade, guard));
                             let (rparts, _) = resp.into_parts();
@@ -327,6 +364,7 @@ impl Proxy {
                         permit,
                         conn: Some((conn, self.upstreams)),
                         upload,
+                        finish: Some((fin, self.rec)),
                     };
                     return Response::from_parts(rparts, RespBody::upstream(rbody, hold));
                 }
@@ -343,16 +381,38 @@ impl Proxy {
                 && attempt + 1 < max_attempts
                 && self.budget.withdraw();
             last_failure = Some(failure);
+            last_backend = Some(Arc::clone(guard.backend()));
             if !retry {
                 break;
             }
             tried.push(backend.id);
+            bump(&self.pool.stats.retries);
             attempt += 1;
         }
+        fin.retries = attempt as u32;
         match last_failure {
-            Some(f) => f.answer(),
-            None => own_answer(StatusCode::SERVICE_UNAVAILABLE, "no healthy backend\n"),
+            Some(f) => {
+                let backend = last_backend.as_deref();
+                self.own(&mut fin, backend, f.answer())
+            }
+            None => {
+                bump(&self.pool.stats.no_backend);
+                let r = own_answer(StatusCode::SERVICE_UNAVAILABLE, "no healthy backend\n");
+                self.own(&mut fin, None, r)
+            }
         }
+    }
+
+    /// Records an answer of fulcrum's own and returns it.
+    fn own(
+        &self,
+        fin: &mut Finish,
+        backend: Option<&Backend>,
+        r: Response<RespBody>,
+    ) -> Response<RespBody> {
+        fin.status = r.status().as_u16();
+        self.rec.finish(fin, backend);
+        r
     }
 }
 

@@ -1,0 +1,217 @@
+//! Counters the metrics endpoint reads: per backend and for the whole proxy.
+//!
+//! Plain relaxed atomics, written on the request path and read at scrape time. The
+//! latency histogram is our own rather than prometheus-client's `Histogram`, which takes
+//! a lock on every observation; here an observation is two atomic adds.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// Upper bounds (seconds) of the request duration histogram, as in most HTTP
+/// instrumentation: 1 ms to 10 s.
+pub const DURATION_BUCKETS: [f64; 13] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// A fixed-bucket histogram of durations.
+#[derive(Debug, Default)]
+pub struct Histogram {
+    /// Non-cumulative counts; the last slot is `+Inf`.
+    counts: [AtomicU64; DURATION_BUCKETS.len() + 1],
+    sum_ns: AtomicU64,
+}
+
+impl Histogram {
+    /// Records one duration.
+    #[inline]
+    pub fn observe(&self, d: Duration) {
+        let s = d.as_secs_f64();
+        let i = DURATION_BUCKETS
+            .iter()
+            .position(|&b| s <= b)
+            .unwrap_or(DURATION_BUCKETS.len());
+        self.counts[i].fetch_add(1, Ordering::Relaxed);
+        self.sum_ns
+            .fetch_add(d.as_nanos().min(u64::MAX as u128) as u64, Ordering::Relaxed);
+    }
+
+    /// `(sum in seconds, count, per-bucket counts)`; the buckets are not cumulative
+    /// (prometheus-client's encoder accumulates them).
+    pub fn read(&self) -> (f64, u64, Vec<(f64, u64)>) {
+        let mut count = 0;
+        let mut buckets = Vec::with_capacity(self.counts.len());
+        for (i, c) in self.counts.iter().enumerate() {
+            let n = c.load(Ordering::Relaxed);
+            count += n;
+            let le = DURATION_BUCKETS.get(i).copied().unwrap_or(f64::INFINITY);
+            buckets.push((le, n));
+        }
+        let sum = self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
+        (sum, count, buckets)
+    }
+}
+
+/// What the metrics endpoint shows about one backend.
+#[derive(Debug, Default)]
+pub struct BackendStats {
+    /// Answers by status class: 1xx … 5xx.
+    by_class: [AtomicU64; 5],
+    /// Time from the request's arrival until its response has been sent whole.
+    pub duration: Histogram,
+    health_ok: AtomicU64,
+    health_failed: AtomicU64,
+}
+
+/// Status class labels in `by_class` order.
+pub const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+
+impl BackendStats {
+    /// Counts one finished request.
+    #[inline]
+    pub fn finished(&self, status: u16, took: Duration) {
+        let class = (status / 100).clamp(1, 5) as usize - 1;
+        self.by_class[class].fetch_add(1, Ordering::Relaxed);
+        self.duration.observe(took);
+    }
+
+    /// Answers per status class, in [`STATUS_CLASSES`] order.
+    pub fn by_class(&self) -> [u64; 5] {
+        std::array::from_fn(|i| self.by_class[i].load(Ordering::Relaxed))
+    }
+
+    /// Counts one health probe.
+    pub fn probe(&self, ok: bool) {
+        let c = if ok {
+            &self.health_ok
+        } else {
+            &self.health_failed
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `(successful, failed)` health probes.
+    pub fn probes(&self) -> (u64, u64) {
+        (
+            self.health_ok.load(Ordering::Relaxed),
+            self.health_failed.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// Proxy-wide counters.
+#[derive(Debug, Default)]
+pub struct ProxyStats {
+    /// Retries sent.
+    pub retries: AtomicU64,
+    /// Requests answered 503 by `--max-inflight`.
+    pub shed: AtomicU64,
+    /// Requests answered 503 because nothing was eligible.
+    pub no_backend: AtomicU64,
+    /// Events a slow subscriber of the event stream missed.
+    pub events_dropped: AtomicU64,
+}
+
+/// Adds one to a counter.
+#[inline]
+pub fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// At most this many `request` events per second reach the event stream.
+pub const REQUEST_EVENTS_PER_SEC: u64 = 200;
+
+/// Decides which requests become `request` events: none while nobody subscribes, and
+/// at most [`REQUEST_EVENTS_PER_SEC`] otherwise — one shared time slot, claimed by
+/// compare-and-swap, so the check costs one load when the slot is not due.
+#[derive(Debug)]
+pub struct RequestSampler {
+    subscribers: AtomicUsize,
+    epoch: Instant,
+    next_ns: AtomicU64,
+}
+
+impl Default for RequestSampler {
+    fn default() -> Self {
+        RequestSampler {
+            subscribers: AtomicUsize::new(0),
+            epoch: Instant::now(),
+            next_ns: AtomicU64::new(0),
+        }
+    }
+}
+
+impl RequestSampler {
+    /// Registers a subscriber; pair with [`Self::unsubscribe`].
+    pub fn subscribe(&self) {
+        self.subscribers.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Unregisters a subscriber.
+    pub fn unsubscribe(&self) {
+        self.subscribers.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Whether the request finishing at `now` should be sampled.
+    #[inline]
+    pub fn sample(&self, now: Instant) -> bool {
+        if self.subscribers.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        let t = now.saturating_duration_since(self.epoch).as_nanos() as u64;
+        let next = self.next_ns.load(Ordering::Relaxed);
+        t >= next
+            && self
+                .next_ns
+                .compare_exchange(
+                    next,
+                    t + 1_000_000_000 / REQUEST_EVENTS_PER_SEC,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_count_their_own_range() {
+        let h = Histogram::default();
+        h.observe(Duration::from_micros(500));
+        h.observe(Duration::from_millis(30));
+        h.observe(Duration::from_secs(20));
+        let (sum, count, buckets) = h.read();
+        assert_eq!(count, 3);
+        assert!((sum - 20.0305).abs() < 1e-6, "{sum}");
+        assert_eq!(buckets[0], (0.001, 1));
+        assert_eq!(buckets[5], (0.05, 1));
+        assert_eq!(buckets[12], (10.0, 0));
+        assert_eq!(buckets[13], (f64::INFINITY, 1));
+    }
+
+    #[test]
+    fn status_classes() {
+        let s = BackendStats::default();
+        for code in [101, 200, 204, 302, 404, 500, 503, 999] {
+            s.finished(code, Duration::ZERO);
+        }
+        assert_eq!(s.by_class(), [1, 2, 1, 1, 3]);
+    }
+
+    #[test]
+    fn sampler_is_off_without_subscribers_and_rate_limited_with() {
+        let s = RequestSampler::default();
+        let t0 = Instant::now();
+        assert!(!s.sample(t0));
+        s.subscribe();
+        let taken = (0..1000)
+            .filter(|i| s.sample(t0 + Duration::from_micros(i * 100)))
+            .count();
+        // 100 ms of requests every 100 µs: 20 slots at 200 per second.
+        assert!((19..=21).contains(&taken), "{taken}");
+        s.unsubscribe();
+        assert!(!s.sample(t0 + Duration::from_secs(5)));
+    }
+}

@@ -1,0 +1,286 @@
+//! Backends fulcrum starts itself: `fulcrum backend` child processes for the demo, the
+//! dashboard and rehearsals (`POST /admin/backends/spawn`, `kill`, `revive`).
+//!
+//! The port is found by binding it here and handing the bound socket to the child (as
+//! file descriptor 3), so no other process can take it between choosing and listening.
+//! Every child runs in its own process group, is reaped by a task that waits for it, gets
+//! `SIGTERM` when fulcrum's admin thread ends (`PR_SET_PDEATHSIG`, so even a killed
+//! fulcrum leaves nothing behind), and is stopped explicitly on a normal exit.
+
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::config::backend_spec;
+use crate::pool::{Backend, Pool, PoolError, SpawnInfo};
+
+/// How long a new child has to answer its health check.
+pub const HEALTH_DEADLINE: Duration = Duration::from_secs(5);
+/// Spawned backends allowed at once.
+pub const MAX_SPAWNED: usize = 32;
+/// The descriptor a child finds its listening socket on.
+pub const CHILD_LISTEN_FD: i32 = 3;
+
+/// What can go wrong while spawning.
+#[derive(Debug)]
+pub enum SpawnError {
+    /// Too many spawned backends, not spawned, already running, port taken…
+    Conflict(String),
+    /// The child did not answer its health check in time (it has been stopped).
+    NotHealthy(String),
+    /// The system refused (no executable, no socket…).
+    Failed(String),
+}
+
+impl std::fmt::Display for SpawnError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SpawnError::Conflict(m) | SpawnError::NotHealthy(m) | SpawnError::Failed(m) => {
+                f.write_str(m)
+            }
+        }
+    }
+}
+
+/// What a spawned backend is asked to be.
+#[derive(Debug, Clone, Default)]
+pub struct SpawnRequest {
+    /// Pool weight.
+    pub weight: Option<u32>,
+    /// The demo backend's latency.
+    pub latency_ms: u64,
+    /// Display name (default `spawned-PORT`).
+    pub name: Option<String>,
+}
+
+/// Starts, stops and reaps spawned backends.
+#[derive(Debug)]
+pub struct Spawner {
+    pool: Arc<Pool>,
+    exe: Option<PathBuf>,
+    /// Serialises spawns so the limit and port choices are not raced.
+    lock: tokio::sync::Mutex<()>,
+}
+
+/// Binds `port` on 127.0.0.1 (0 = the kernel picks) without `SO_REUSEPORT`, so a port
+/// another process listens on is refused.
+fn bind_loopback(port: u16) -> std::io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    let s = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))?;
+    s.set_reuse_address(true)?;
+    s.bind(&addr.into())?;
+    s.listen(1024)?;
+    Ok(s.into())
+}
+
+/// Whether `addr` answers `GET /health` with a 2xx before `deadline`.
+async fn answers_health(addr: SocketAddr, deadline: Instant) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    while Instant::now() < deadline {
+        let attempt = async {
+            let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+            s.write_all(b"GET /health HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n")
+                .await
+                .ok()?;
+            let mut buf = [0u8; 12];
+            s.read_exact(&mut buf).await.ok()?;
+            Some(buf.starts_with(b"HTTP/1.1 2"))
+        };
+        if let Ok(Some(true)) = tokio::time::timeout(Duration::from_millis(500), attempt).await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    false
+}
+
+/// Sends `sig` to the process group led by `pid`.
+fn signal_group(pid: u32, sig: i32) {
+    if let Ok(pid) = i32::try_from(pid) {
+        // SAFETY: kill(2) with a negative pid signals that process group; no memory is
+        // involved.
+        unsafe {
+            libc::kill(-pid, sig);
+        }
+    }
+}
+
+impl Spawner {
+    /// A spawner adding to `pool`; children run this same executable.
+    pub fn new(pool: Arc<Pool>) -> Spawner {
+        Spawner {
+            pool,
+            exe: std::env::current_exe().ok(),
+            lock: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Starts `fulcrum backend` on `listener` and waits for its health; the child is
+    /// stopped again when it does not answer in time.
+    async fn start_child(
+        &self,
+        listener: std::net::TcpListener,
+        name: &str,
+        latency_ms: u64,
+    ) -> Result<tokio::process::Child, SpawnError> {
+        let exe = self
+            .exe
+            .as_ref()
+            .ok_or_else(|| SpawnError::Failed("cannot find fulcrum's own executable".into()))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| SpawnError::Failed(format!("listener: {e}")))?;
+        let fd: OwnedFd = listener.into();
+        let raw = fd.as_raw_fd();
+        let mut cmd = tokio::process::Command::new(exe);
+        cmd.args(["backend", "--listen", &addr.to_string(), "--name", name])
+            .args(["--latency-ms", &latency_ms.to_string()])
+            .args(["--jitter-ms", &(latency_ms / 5).to_string()])
+            .args(["--listen-fd", &CHILD_LISTEN_FD.to_string()])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .process_group(0)
+            .kill_on_drop(true);
+        // SAFETY: between fork and exec only async-signal-safe calls: dup2, fcntl, prctl.
+        unsafe {
+            cmd.pre_exec(move || {
+                if raw == CHILD_LISTEN_FD {
+                    // dup2 onto itself keeps close-on-exec; clear it instead.
+                    let flags = libc::fcntl(raw, libc::F_GETFD);
+                    libc::fcntl(raw, libc::F_SETFD, flags & !libc::FD_CLOEXEC);
+                } else if libc::dup2(raw, CHILD_LISTEN_FD) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                #[cfg(target_os = "linux")]
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                Ok(())
+            });
+        }
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| SpawnError::Failed(format!("cannot start a backend: {e}")))?;
+        drop(fd);
+        if answers_health(addr, Instant::now() + HEALTH_DEADLINE).await {
+            Ok(child)
+        } else {
+            let _ = child.kill().await;
+            Err(SpawnError::NotHealthy(format!(
+                "backend on {addr} did not answer its health check within {} s; stopped",
+                HEALTH_DEADLINE.as_secs()
+            )))
+        }
+    }
+
+    /// Reaps `child` when it ends and notes that the backend's process is gone.
+    fn watch(b: Arc<Backend>, mut child: tokio::process::Child) {
+        let Some(pid) = child.id() else { return };
+        if let Some(s) = &b.spawn {
+            s.set_pid(pid);
+        }
+        tokio::spawn(async move {
+            let status = child.wait().await;
+            if let Some(s) = &b.spawn {
+                s.clear_pid(pid);
+            }
+            tracing::info!(backend = %b.name, pid, status = ?status.ok(), "spawned backend exited");
+        });
+    }
+
+    fn spawned_running(&self) -> usize {
+        self.pool
+            .backends()
+            .iter()
+            .filter(|b| b.spawn.as_ref().is_some_and(|s| s.pid().is_some()))
+            .count()
+    }
+
+    /// Starts a new backend and adds it to the pool once its health answers.
+    pub async fn spawn(&self, req: SpawnRequest) -> Result<Arc<Backend>, SpawnError> {
+        let _serial = self.lock.lock().await;
+        if self.spawned_running() >= MAX_SPAWNED {
+            return Err(SpawnError::Conflict(format!(
+                "at most {MAX_SPAWNED} spawned backends may run at once"
+            )));
+        }
+        let listener =
+            bind_loopback(0).map_err(|e| SpawnError::Failed(format!("no free port: {e}")))?;
+        let port = listener
+            .local_addr()
+            .map_err(|e| SpawnError::Failed(format!("listener: {e}")))?
+            .port();
+        let name = req.name.unwrap_or_else(|| format!("spawned-{port}"));
+        let url = format!("http://127.0.0.1:{port}");
+        let spec = backend_spec(&url, req.weight, Some(&name)).map_err(SpawnError::Failed)?;
+        let child = self.start_child(listener, &name, req.latency_ms).await?;
+        match self
+            .pool
+            .add_with(spec, Some(SpawnInfo::new(port, req.latency_ms)))
+        {
+            Ok(b) => {
+                Self::watch(Arc::clone(&b), child);
+                tracing::info!(backend = %b.name, port, "spawned backend added");
+                Ok(b)
+            }
+            Err(e) => {
+                // `child` is killed on drop.
+                Err(match e {
+                    PoolError::DuplicateUrl(_) => SpawnError::Conflict(e.to_string()),
+                    PoolError::NotFound(_) => SpawnError::Failed(e.to_string()),
+                })
+            }
+        }
+    }
+
+    /// Kills a spawned backend's process (the health checks then notice).
+    pub fn kill(&self, b: &Backend) -> Result<(), SpawnError> {
+        let s = b.spawn.as_ref().ok_or_else(|| {
+            SpawnError::Conflict(format!("backend {} was not spawned by fulcrum", b.id))
+        })?;
+        let pid = s
+            .pid()
+            .ok_or_else(|| SpawnError::Conflict(format!("backend {} is not running", b.id)))?;
+        signal_group(pid, libc::SIGKILL);
+        s.clear_pid(pid);
+        tracing::warn!(backend = %b.name, pid, "spawned backend killed");
+        Ok(())
+    }
+
+    /// Starts a killed spawned backend again on its port.
+    pub async fn revive(&self, b: Arc<Backend>) -> Result<(), SpawnError> {
+        let _serial = self.lock.lock().await;
+        let s = b.spawn.as_ref().ok_or_else(|| {
+            SpawnError::Conflict(format!("backend {} was not spawned by fulcrum", b.id))
+        })?;
+        if s.pid().is_some() {
+            return Err(SpawnError::Conflict(format!(
+                "backend {} is already running",
+                b.id
+            )));
+        }
+        let listener = bind_loopback(s.port).map_err(|e| {
+            SpawnError::Conflict(format!("port {} cannot be bound again: {e}", s.port))
+        })?;
+        let child = self.start_child(listener, &b.name, s.latency_ms).await?;
+        tracing::info!(backend = %b.name, port = s.port, "spawned backend revived");
+        Self::watch(b, child);
+        Ok(())
+    }
+
+    /// Stops the process of a backend that left the pool.
+    pub fn stop(b: &Backend) {
+        if let Some(pid) = b.spawn.as_ref().and_then(|s| s.pid()) {
+            signal_group(pid, libc::SIGTERM);
+        }
+    }
+
+    /// Stops every spawned process (fulcrum is exiting).
+    pub fn stop_all(&self) {
+        for b in self.pool.backends() {
+            Self::stop(&b);
+        }
+    }
+}
