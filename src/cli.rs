@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use clap::{Args, Parser, Subcommand};
 
@@ -238,14 +239,15 @@ fn serve(flags: RawFlags) -> i32 {
         Err(errors) => return usage_error(&errors[0]),
     };
     init_logging(settings.log_format);
-    run_until_signal(&settings, |_| (), || ())
+    run_until_signal(&settings, &flags, |_| Ok(()), || ())
 }
 
 /// Starts the balancer, calls `started`, waits for SIGTERM/SIGINT, drains, then runs
 /// `after`.
 fn run_until_signal(
     settings: &Settings,
-    started: impl FnOnce(&crate::server::Running),
+    flags: &RawFlags,
+    started: impl FnOnce(&crate::server::Running) -> Result<(), String>,
     after: impl FnOnce(),
 ) -> i32 {
     let signals = match crate::server::Signals::install() {
@@ -255,7 +257,7 @@ fn run_until_signal(
             return 1;
         }
     };
-    let running = match crate::server::start(settings) {
+    let running = match crate::server::start(settings, flags) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: {e}");
@@ -263,8 +265,18 @@ fn run_until_signal(
             return 1;
         }
     };
-    started(&running);
-    signals.wait();
+    if let Err(e) = started(&running) {
+        eprintln!("error: {e}");
+        running.stop();
+        after();
+        return 1;
+    }
+    let reloader = Arc::clone(&running.reloader);
+    signals.wait(move || {
+        if let Err(e) = reloader.reload() {
+            tracing::error!("{e}; the running configuration stays");
+        }
+    });
     running.stop();
     after();
     tracing::info!("stopped");
@@ -344,46 +356,56 @@ fn demo(args: DemoArgs) -> i32 {
         health_interval: Some("1s".into()),
         health_timeout: Some("500ms".into()),
         admin_token_env: std::env::var("FULCRUM_ADMIN_TOKEN").ok(),
+        // The dashboard shows the traffic; a line per request would flood the terminal.
+        access_log: Some("off".into()),
         ..Default::default()
     };
-    let mut settings = match config::build(&flags) {
+    let settings = match config::build(&flags) {
         Ok(s) => s,
         Err(errors) => return usage_error(&errors[0]),
     };
     init_logging(settings.log_format);
-    let children = match crate::demo::start_demo_backends(args.backends as usize) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return 1;
+    let n = args.backends as usize;
+    let started = move |r: &crate::server::Running| -> Result<(), String> {
+        let mut lines = Vec::new();
+        for i in 0..n {
+            let (name, latency_ms) = crate::demo::backend_plan(i);
+            let req = crate::spawn::SpawnRequest {
+                weight: None,
+                latency_ms,
+                name: Some(name),
+            };
+            let b = r
+                .admin_rt
+                .block_on(r.spawner.spawn(req))
+                .map_err(|e| format!("demo backend: {e}"))?;
+            lines.push(format!(
+                "  backend: {} at {} ({} ms)",
+                b.name, b.url, latency_ms
+            ));
         }
-    };
-    settings.backends = children
-        .iter()
-        .filter_map(|c| {
-            config::backend_spec(&format!("http://{}", c.addr), None, Some(&c.name)).ok()
-        })
-        .collect();
-    let lines: Vec<String> = children
-        .iter()
-        .map(|c| {
-            format!(
-                "  backend: {} at http://{} (pid {})",
-                c.name,
-                c.addr,
-                c.child.id()
-            )
-        })
-        .collect();
-    let started = move |r: &crate::server::Running| {
+        let plan = crate::traffic::Plan {
+            rps: crate::demo::DEMO_RPS,
+            seconds: crate::traffic::MAX_SECONDS,
+            path: "/".into(),
+        };
+        r.admin_rt
+            .block_on(async { r.traffic.start(plan) })
+            .map_err(|_| "traffic generator busy".to_string())?;
         println!("fulcrum demo");
-        println!("  proxy:   http://{}/", r.listen);
-        println!("  admin:   http://{}/admin/status", r.admin);
+        println!("  dashboard: http://{}/", r.admin);
+        println!("  proxy:     http://{}/", r.listen);
+        println!("  admin:     http://{}/admin/status", r.admin);
         for l in &lines {
             println!("{l}");
         }
-        println!("  try:     curl -s http://{}/hello", r.listen);
+        println!(
+            "  traffic:   {} requests/s through the proxy for {} minutes",
+            crate::demo::DEMO_RPS,
+            crate::traffic::MAX_SECONDS / 60
+        );
         println!("Ctrl-C stops everything.");
+        Ok(())
     };
-    run_until_signal(&settings, started, move || drop(children))
+    run_until_signal(&settings, &flags, started, || ())
 }

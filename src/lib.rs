@@ -13,6 +13,8 @@ pub mod health;
 pub mod metrics;
 pub mod pool;
 pub mod proxy;
+pub mod reload;
 pub mod server;
 pub mod spawn;
 pub mod strategy;
+pub mod traffic;

@@ -199,6 +199,10 @@ pub struct Running {
     pub pool: Arc<Pool>,
     /// Starts and stops spawned backends.
     pub spawner: Arc<crate::spawn::Spawner>,
+    /// The traffic generator.
+    pub traffic: Arc<crate::traffic::Traffic>,
+    /// Applies the config file again (`SIGHUP`).
+    pub reloader: Arc<crate::reload::Reloader>,
     /// The admin thread's runtime, where spawned children are supervised.
     pub admin_rt: tokio::runtime::Handle,
     shutdown: watch::Sender<bool>,
@@ -223,7 +227,10 @@ fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 }
 
 /// Binds both listeners and starts the workers and the admin API.
-pub fn start(settings: &Settings) -> Result<Running, String> {
+///
+/// `flags` are the command line's, kept so a reload reads the file again with the same
+/// flags on top.
+pub fn start(settings: &Settings, flags: &crate::config::RawFlags) -> Result<Running, String> {
     let listeners = bind_workers(settings.listen, settings.workers)
         .map_err(|e| format!("cannot listen on {}: {e}", settings.listen))?;
     let listen = listeners[0]
@@ -269,10 +276,18 @@ pub fn start(settings: &Settings) -> Result<Running, String> {
         threads.push(t);
     }
     let spawner = Arc::new(crate::spawn::Spawner::new(Arc::clone(&pool)));
+    let traffic = Arc::new(crate::traffic::Traffic::new(listen));
+    let reloader = Arc::new(crate::reload::Reloader::new(
+        flags.clone(),
+        settings.clone(),
+        Arc::clone(&pool),
+    ));
     let admin_state = crate::admin::AdminCtx::new(
         Arc::clone(&pool),
         settings.admin_token.clone(),
         Arc::clone(&spawner),
+        Arc::clone(&traffic),
+        Arc::clone(&reloader),
     );
     let health_pool = Arc::clone(&pool);
     let health_settings = settings.health.clone();
@@ -313,6 +328,8 @@ pub fn start(settings: &Settings) -> Result<Running, String> {
         admin,
         pool,
         spawner,
+        traffic,
+        reloader,
         admin_rt,
         shutdown,
         threads,
@@ -343,15 +360,16 @@ impl Signals {
         Ok(Signals { rt, term, int, hup })
     }
 
-    /// Blocks until SIGTERM or SIGINT (SIGHUP is logged and otherwise ignored).
-    pub fn wait(mut self) {
+    /// Blocks until SIGTERM or SIGINT; SIGHUP calls `on_hup` (the config reload).
+    pub fn wait(mut self, on_hup: impl Fn()) {
         self.rt.block_on(async {
             loop {
                 tokio::select! {
                     _ = self.term.recv() => { tracing::info!("SIGTERM: draining"); return; }
                     _ = self.int.recv() => { tracing::info!("SIGINT: draining"); return; }
                     _ = self.hup.recv() => {
-                        tracing::warn!("SIGHUP received: configuration reload is not supported in this version; ignored");
+                        tracing::info!("SIGHUP: reloading the configuration");
+                        on_hup();
                     }
                 }
             }

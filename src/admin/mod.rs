@@ -21,6 +21,7 @@ use crate::config::{backend_spec, MAX_WEIGHT};
 use crate::pool::{AdminState as BackendState, BackendView, Pool, PoolError};
 use crate::spawn::{SpawnError, SpawnRequest, Spawner};
 use crate::strategy::StrategyKind;
+use crate::traffic::{Plan, Progress, StartError, Traffic, MAX_RPS, MAX_SECONDS};
 
 /// What the admin handlers share.
 #[derive(Clone)]
@@ -28,15 +29,25 @@ pub struct AdminCtx {
     pool: Arc<Pool>,
     token: Option<Arc<str>>,
     spawner: Arc<Spawner>,
+    traffic: Arc<Traffic>,
+    reloader: Arc<crate::reload::Reloader>,
 }
 
 impl AdminCtx {
     /// Admin state over `pool`; with a token, every route needs it.
-    pub fn new(pool: Arc<Pool>, token: Option<String>, spawner: Arc<Spawner>) -> Self {
+    pub fn new(
+        pool: Arc<Pool>,
+        token: Option<String>,
+        spawner: Arc<Spawner>,
+        traffic: Arc<Traffic>,
+        reloader: Arc<crate::reload::Reloader>,
+    ) -> Self {
         AdminCtx {
             pool,
             token: token.map(Into::into),
             spawner,
+            traffic,
+            reloader,
         }
     }
 }
@@ -407,6 +418,95 @@ async fn revive_backend(
     Ok(Json(BackendView::of(&b)))
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TrafficBody {
+    rps: i64,
+    seconds: i64,
+    path: Option<String>,
+}
+
+async fn start_traffic(State(ctx): State<AdminCtx>, body: Bytes) -> ApiResult<Response> {
+    let t: TrafficBody = parse_body(&body)?;
+    if !(1..=MAX_RPS as i64).contains(&t.rps) {
+        return Err(ApiError::bad(format!(
+            "invalid rps {} (expected an integer from 1 to {MAX_RPS})",
+            t.rps
+        )));
+    }
+    if !(1..=MAX_SECONDS as i64).contains(&t.seconds) {
+        return Err(ApiError::bad(format!(
+            "invalid seconds {} (expected an integer from 1 to {MAX_SECONDS})",
+            t.seconds
+        )));
+    }
+    let path = t.path.unwrap_or_else(|| "/".into());
+    if !path.starts_with('/') || path.parse::<http::uri::PathAndQuery>().is_err() {
+        return Err(ApiError::bad(format!(
+            "invalid path '{path}' (expected an origin-form path starting with /)"
+        )));
+    }
+    let plan = Plan {
+        rps: t.rps as u64,
+        seconds: t.seconds as u64,
+        path,
+    };
+    match ctx.traffic.start(plan) {
+        Ok(p) => {
+            tracing::info!(
+                rps = t.rps,
+                seconds = t.seconds,
+                "traffic generator started"
+            );
+            Ok((StatusCode::CREATED, Json(p)).into_response())
+        }
+        Err(StartError::Busy) => Err(ApiError(
+            StatusCode::CONFLICT,
+            "a traffic run is already going on (DELETE /admin/traffic stops it)".into(),
+        )),
+    }
+}
+
+async fn get_traffic(State(ctx): State<AdminCtx>) -> Json<Progress> {
+    Json(ctx.traffic.progress())
+}
+
+async fn stop_traffic(State(ctx): State<AdminCtx>) -> Json<Progress> {
+    Json(ctx.traffic.stop())
+}
+
+/// `POST /admin/reload`: the same as `SIGHUP`.
+async fn reload(State(ctx): State<AdminCtx>) -> ApiResult<Json<crate::reload::Report>> {
+    use crate::reload::ReloadError;
+    ctx.reloader.reload().map(Json).map_err(|e| match e {
+        ReloadError::NoConfigFile => ApiError(StatusCode::CONFLICT, e.to_string()),
+        ReloadError::Invalid(_) => ApiError::bad(e.to_string()),
+    })
+}
+
+/// The dashboard: one self-contained page, kept next to this file.
+const DASHBOARD: &str = include_str!("dashboard.html");
+
+async fn dashboard() -> Response {
+    (
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/html; charset=utf-8"),
+            ),
+            (
+                header::CONTENT_SECURITY_POLICY,
+                HeaderValue::from_static(
+                    "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'",
+                ),
+            ),
+            (header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY")),
+        ],
+        DASHBOARD,
+    )
+        .into_response()
+}
+
 async fn not_found() -> ApiError {
     ApiError(StatusCode::NOT_FOUND, "no such route".into())
 }
@@ -483,6 +583,12 @@ pub fn router(ctx: AdminCtx) -> Router {
         .route("/admin/backends/{id}/kill", post(kill_backend))
         .route("/admin/backends/{id}/revive", post(revive_backend))
         .route("/admin/events", get(events))
+        .route(
+            "/admin/traffic",
+            get(get_traffic).post(start_traffic).delete(stop_traffic),
+        )
+        .route("/admin/reload", post(reload))
+        .route("/", get(dashboard))
         .route("/admin/openapi.json", get(openapi))
         .route("/metrics", get(metrics))
         .fallback(not_found)
