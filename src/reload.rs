@@ -95,10 +95,11 @@ impl Reloader {
         };
         let wanted: HashSet<&str> = next.backends.iter().map(|b| b.url.as_str()).collect();
         for b in self.pool.backends() {
-            if b.spawn.is_none() && !wanted.contains(b.url.as_str()) {
-                if self.pool.remove(b.id).is_ok() {
-                    report.removed.push(b.name.clone());
-                }
+            if b.spawn.is_none()
+                && !wanted.contains(b.url.as_str())
+                && self.pool.remove(b.id).is_ok()
+            {
+                report.removed.push(b.name.clone());
             }
         }
         for spec in &next.backends {

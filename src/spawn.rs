@@ -216,10 +216,14 @@ impl Spawner {
         let url = format!("http://127.0.0.1:{port}");
         let spec = backend_spec(&url, req.weight, Some(&name)).map_err(SpawnError::Failed)?;
         let child = self.start_child(listener, &name, req.latency_ms).await?;
-        match self
-            .pool
-            .add_with(spec, Some(SpawnInfo::new(port, req.latency_ms)))
-        {
+        match self.pool.add_with(
+            spec,
+            Some(SpawnInfo::new(
+                port,
+                req.latency_ms,
+                child.id().unwrap_or(0),
+            )),
+        ) {
             Ok(b) => {
                 Self::watch(Arc::clone(&b), child);
                 tracing::info!(backend = %b.name, port, "spawned backend added");

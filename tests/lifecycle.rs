@@ -505,13 +505,39 @@ async fn demo_balances_over_spawned_backends_and_leaves_no_child_behind() {
         &[],
     );
     let c = client();
-    let kids = children_of(f.child.id());
-    assert_eq!(kids.len(), 3, "demo children: {kids:?}");
+    // The demo spawns its backends once the listeners are up, then adds them.
+    let pid = f.child.id();
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            children_of(pid).len() == 3
+                && status(&client(), &f).await["backends"]
+                    .as_array()
+                    .is_some_and(|b| b.len() == 3)
+        })
+        .await,
+        "demo children: {:?}",
+        children_of(pid)
+    );
+    let kids = children_of(pid);
+    // The traffic generator runs from the start.
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            get(&c, &f.admin_url("/admin/traffic")).await.json()["sent"]
+                .as_u64()
+                .unwrap_or(0)
+                > 0
+        })
+        .await
+    );
+    // The generator's requests share the rotation; every backend still answers soon.
     let mut names = std::collections::BTreeSet::new();
-    for _ in 0..6 {
+    for _ in 0..60 {
         let r = get(&c, &f.url("/hello")).await;
         assert_eq!(r.status, 200);
         names.insert(r.json()["backend"].as_str().unwrap().to_string());
+        if names.len() == 3 {
+            break;
+        }
     }
     assert_eq!(names.len(), 3, "{names:?}");
     let s = status(&c, &f).await;

@@ -92,16 +92,28 @@ impl From<PoolError> for ApiError {
 type ApiResult<T> = Result<T, ApiError>;
 
 /// Parses a JSON body ourselves, so every malformed body is a 400 with a JSON error.
+///
+/// Only a JSON object is accepted: serde would also take an array, filling the fields
+/// in order, which is not what anybody means.
 fn parse_body<T: DeserializeOwned>(body: &Bytes) -> ApiResult<T> {
-    serde_json::from_slice(body).map_err(|e| ApiError::bad(format!("invalid JSON body: {e}")))
+    let v: serde_json::Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad(format!("invalid JSON body: {e}")))?;
+    if !v.is_object() {
+        return Err(ApiError::bad("invalid JSON body: expected an object"));
+    }
+    serde_json::from_value(v).map_err(|e| ApiError::bad(format!("invalid JSON body: {e}")))
 }
 
 fn parse_id(raw: &str) -> ApiResult<u64> {
-    raw.parse().map_err(|_| {
-        ApiError::bad(format!(
-            "invalid backend id '{raw}' (expected a non-negative integer)"
-        ))
-    })
+    raw.bytes()
+        .all(|c| c.is_ascii_digit())
+        .then(|| raw.parse().ok())
+        .flatten()
+        .ok_or_else(|| {
+            ApiError::bad(format!(
+                "invalid backend id '{raw}' (expected a non-negative integer)"
+            ))
+        })
 }
 
 fn check_weight(w: i64) -> ApiResult<u32> {
@@ -383,7 +395,7 @@ async fn spawn_backend(State(ctx): State<AdminCtx>, body: Bytes) -> ApiResult<Re
         }
     };
     if let Some(n) = &b.name {
-        if n.trim().is_empty() || n.len() > 64 || n.chars().any(char::is_control) {
+        if n.trim().is_empty() || n.chars().count() > 64 || n.chars().any(char::is_control) {
             return Err(ApiError::bad(
                 "invalid name (expected 1 to 64 printable characters)",
             ));
@@ -564,7 +576,40 @@ async fn auth(State(ctx): State<AdminCtx>, req: Request, next: Next) -> Response
             return r;
         }
     }
+    if !same_origin(&req) {
+        return ApiError(
+            StatusCode::FORBIDDEN,
+            "cross-origin requests may not change anything".into(),
+        )
+        .into_response();
+    }
     next.run(req).await
+}
+
+/// A state-changing request sent by a browser page from another origin is refused (the
+/// admin API answers no CORS preflight either, so such a page cannot read answers). The
+/// browser says where a request comes from in `Origin` and `Sec-Fetch-Site`; clients
+/// that are not browsers (curl, scripts) send neither.
+fn same_origin(req: &Request) -> bool {
+    use axum::http::Method;
+    if matches!(*req.method(), Method::GET | Method::HEAD) {
+        return true;
+    }
+    let h = req.headers();
+    if let Some(site) = h.get("sec-fetch-site") {
+        if !matches!(site.as_bytes(), b"same-origin" | b"none") {
+            return false;
+        }
+    }
+    match (h.get(header::ORIGIN), h.get(header::HOST)) {
+        (None, _) => true,
+        (Some(origin), Some(host)) => origin
+            .to_str()
+            .ok()
+            .and_then(|o| o.split_once("://"))
+            .is_some_and(|(_, authority)| authority.as_bytes() == host.as_bytes()),
+        (Some(_), None) => false,
+    }
 }
 
 /// The admin router.

@@ -105,12 +105,12 @@ pub struct SpawnInfo {
 }
 
 impl SpawnInfo {
-    /// A spawned backend on `port`, not running yet.
-    pub fn new(port: u16, latency_ms: u64) -> SpawnInfo {
+    /// A spawned backend on `port` whose process is `pid` (0: none yet).
+    pub fn new(port: u16, latency_ms: u64, pid: u32) -> SpawnInfo {
         SpawnInfo {
             port,
             latency_ms,
-            pid: AtomicU32::new(0),
+            pid: AtomicU32::new(pid),
         }
     }
 

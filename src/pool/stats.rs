@@ -43,7 +43,8 @@ impl Histogram {
         for (i, c) in self.counts.iter().enumerate() {
             let n = c.load(Ordering::Relaxed);
             count += n;
-            let le = DURATION_BUCKETS.get(i).copied().unwrap_or(f64::INFINITY);
+            // prometheus-client writes `+Inf` for f64::MAX (and `inf` for infinity).
+            let le = DURATION_BUCKETS.get(i).copied().unwrap_or(f64::MAX);
             buckets.push((le, n));
         }
         let sum = self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
@@ -188,7 +189,7 @@ mod tests {
         assert_eq!(buckets[0], (0.001, 1));
         assert_eq!(buckets[5], (0.05, 1));
         assert_eq!(buckets[12], (10.0, 0));
-        assert_eq!(buckets[13], (f64::INFINITY, 1));
+        assert_eq!(buckets[13], (f64::MAX, 1));
     }
 
     #[test]

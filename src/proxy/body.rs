@@ -131,7 +131,8 @@ pub enum RespBody {
         /// The backend's body.
         inner: Incoming,
         /// Released at the end of the stream.
-        hold: Option<Hold>,
+        /// Boxed: it is large, and a response body is moved around by value.
+        hold: Option<Box<Hold>>,
     },
     /// A short answer of fulcrum's own.
     Full(Option<Bytes>),
@@ -144,7 +145,7 @@ impl RespBody {
             hold.complete();
             None
         } else {
-            Some(hold)
+            Some(Box::new(hold))
         };
         RespBody::Upstream { inner, hold }
     }
