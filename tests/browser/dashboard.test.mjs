@@ -1,0 +1,420 @@
+// Drives fulcrum's dashboard in headless Chromium against a running fulcrum.
+//
+//   node dashboard.test.mjs <admin-url> [token]
+//
+// Without a token: the full tour (three backends, traffic started from the page, packets,
+// strategy switches, degrade/recover, kill/revive with health and traffic share, drain,
+// spawn/remove, an API error shown). With a token: the page asks for it, refuses a wrong
+// one, and works once given the right one.
+//
+// Environment:
+//   FULCRUM_CHROMIUM            browser executable (default /usr/bin/chromium)
+//   DASHBOARD_SCREENSHOTS       folder for screenshots (default ../../target/dashboard-screenshots)
+//   DASHBOARD_DOWN_WITHIN_MS    how soon a killed backend must show as down (default 6000)
+//
+// Exit status 0 when every check passed.
+
+import fs from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { chromium } from 'playwright-core';
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const [adminArg, token] = process.argv.slice(2);
+if (!adminArg) {
+  console.error('usage: node dashboard.test.mjs <admin-url> [token]');
+  process.exit(2);
+}
+const ADMIN = adminArg.replace(/\/+$/, '');
+const CHROMIUM = process.env.FULCRUM_CHROMIUM || '/usr/bin/chromium';
+const SHOTS = path.resolve(process.env.DASHBOARD_SCREENSHOTS || path.join(here, '..', '..', 'target', 'dashboard-screenshots'));
+const DOWN_WITHIN_MS = Number(process.env.DASHBOARD_DOWN_WITHIN_MS || 6000);
+const HARD_LIMIT_MS = 100_000;
+
+const started = Date.now();
+const secs = () => ((Date.now() - started) / 1000).toFixed(1) + ' s';
+let passed = 0;
+let failed = 0;
+
+if (!fs.existsSync(CHROMIUM)) {
+  console.error(`no browser at ${CHROMIUM}: run .ci/browser-setup.sh (or set FULCRUM_CHROMIUM)`);
+  process.exit(2);
+}
+fs.mkdirSync(SHOTS, { recursive: true });
+
+// ------------------------------------------------------------------ helpers
+
+async function api(method, p, body) {
+  const headers = { 'Content-Type': 'application/json' };
+  if (token) headers.Authorization = `Bearer ${token}`;
+  const res = await fetch(ADMIN + p, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+  const text = await res.text();
+  let data = null;
+  try { data = text ? JSON.parse(text) : null; } catch { data = text; }
+  if (!res.ok) throw new Error(`${method} ${p} -> ${res.status}: ${text}`);
+  return data;
+}
+const status = () => api('GET', '/admin/status');
+
+async function waitFor(what, fn, timeoutMs = 10_000, everyMs = 100) {
+  const deadline = Date.now() + timeoutMs;
+  let last;
+  for (;;) {
+    try {
+      last = await fn();
+      if (last) return last;
+    } catch (e) {
+      last = e;
+    }
+    if (Date.now() > deadline) {
+      throw new Error(`timed out after ${timeoutMs} ms waiting for ${what} (last: ${last instanceof Error ? last.message : JSON.stringify(last)})`);
+    }
+    await new Promise(r => setTimeout(r, everyMs));
+  }
+}
+
+async function step(name, fn) {
+  const t0 = Date.now();
+  try {
+    await fn();
+    passed++;
+    console.log(`ok ${passed + failed} - ${name} (${((Date.now() - t0) / 1000).toFixed(1)} s, at ${secs()})`);
+  } catch (e) {
+    failed++;
+    console.log(`not ok ${passed + failed} - ${name} (at ${secs()})`);
+    throw e;
+  }
+}
+
+const attr = (page, sel, name) => page.$eval(sel, (el, n) => el.getAttribute(n), name).catch(() => null);
+const text = (page, sel) => page.$eval(sel, el => el.textContent).catch(() => null);
+
+// Console errors, except the ones a step expects (the browser logs every 4xx answer).
+const consoleErrors = [];
+let allowedConsole = [];
+function watchConsole(page) {
+  page.on('console', m => {
+    if (m.type() !== 'error') return;
+    const t = m.text();
+    if (allowedConsole.some(re => re.test(t))) return;
+    consoleErrors.push(t);
+  });
+  page.on('pageerror', e => consoleErrors.push('uncaught: ' + e.message));
+}
+function assertNoConsoleErrors() {
+  if (consoleErrors.length) throw new Error('console errors:\n  ' + consoleErrors.join('\n  '));
+}
+
+async function shot(page, name) {
+  const file = path.join(SHOTS, name);
+  await page.evaluate(() => { document.activeElement && document.activeElement.blur && document.activeElement.blur(); window.scrollTo(0, 0); });
+  await page.screenshot({ path: file, fullPage: true });
+  console.log(`# screenshot ${file}`);
+}
+
+/** Sums of `requests` per backend id. */
+const counts = st => new Map(st.backends.map(b => [b.id, b.requests]));
+
+// ------------------------------------------------------------------ the tour (no token)
+
+async function tour(page) {
+  let ids = [];
+
+  await step('page loads, event stream live, no console error', async () => {
+    const res = await page.goto(ADMIN + '/', { waitUntil: 'load' });
+    if (!res || res.status() !== 200) throw new Error(`GET / answered ${res && res.status()}`);
+    const ct = res.headers()['content-type'] || '';
+    if (!ct.startsWith('text/html')) throw new Error(`GET / content-type ${ct}`);
+    await waitFor('stream live', async () => (await attr(page, '[data-testid="stream-status"]', 'data-state')) === 'live');
+    assertNoConsoleErrors();
+  });
+
+  await step('three backends appear as healthy nodes and cards', async () => {
+    const st = await status();
+    ids = st.backends.map(b => b.id);
+    if (ids.length !== 3) throw new Error(`expected 3 backends in /admin/status, got ${ids.length}`);
+    for (const id of ids) {
+      await waitFor(`node ${id} up`, async () => (await attr(page, `[data-testid="backend-node-${id}"]`, 'data-health')) === 'up');
+      await waitFor(`card ${id}`, () => page.$(`[data-testid="backend-card-${id}"]`));
+    }
+    const nodes = await page.$$('[data-testid^="backend-node-"]');
+    if (nodes.length !== 3) throw new Error(`expected 3 nodes, found ${nodes.length}`);
+    await waitFor(`select showing ${st.strategy}`, async () => (await attr(page, '[data-testid="strategy-select"]', 'data-current')) === st.strategy);
+    if (st.strategy !== 'round_robin') {
+      await api('POST', '/admin/strategy', { strategy: 'round_robin' });
+      await waitFor('page follows a switch made elsewhere', async () => (await attr(page, '[data-testid="strategy-select"]', 'data-current')) === 'round_robin');
+    }
+  });
+
+  await step('nodes can be dragged with the mouse or moved with the keyboard, and put back', async () => {
+    const sel = `[data-testid="backend-node-${ids[0]}"]`;
+    const edge = `[data-testid="edge-${ids[0]}"]`;
+    const before = await attr(page, sel, 'transform');
+    const edgeBefore = await attr(page, edge, 'd');
+    const box = await (await page.$(sel)).boundingBox();
+    await page.mouse.move(box.x + box.width / 2, box.y + box.height / 2);
+    await page.mouse.down();
+    await page.mouse.move(box.x + box.width / 2 - 150, box.y + box.height / 2 + 30, { steps: 8 });
+    await page.mouse.up();
+    const dragged = await attr(page, sel, 'transform');
+    if (dragged === before) throw new Error(`node did not move: ${before}`);
+    if ((await attr(page, edge, 'd')) === edgeBefore) throw new Error('edge did not follow the node');
+    await page.focus(sel);
+    await page.keyboard.press('ArrowDown');
+    if ((await attr(page, sel, 'transform')) === dragged) throw new Error('arrow key did not move the node');
+    await page.click('[data-testid="reset-layout"]');
+    await waitFor('node back in place', async () => (await attr(page, sel, 'transform')) === before, 3000);
+  });
+
+  await step('traffic started from the page moves packets to every backend', async () => {
+    await page.fill('[data-testid="traffic-rps"]', '80');
+    await page.fill('[data-testid="traffic-seconds"]', '90');
+    await page.click('[data-testid="traffic-start"]');
+    await waitFor('traffic running in the page', async () => (await attr(page, '[data-testid="traffic-state"]', 'data-running')) === 'true');
+    const t = await api('GET', '/admin/traffic');
+    if (!t.running || t.rps !== 80) throw new Error(`/admin/traffic: ${JSON.stringify(t)}`);
+    await waitFor('a packet on screen', () => page.$('[data-testid="packet"]'));
+    // the same packet element is somewhere else a few frames later
+    const moved = await page.evaluate(async () => {
+      const frames = n => new Promise(r => { const f = () => (--n ? requestAnimationFrame(f) : r()); requestAnimationFrame(f); });
+      for (let tries = 0; tries < 20; tries++) {
+        const p = document.querySelector('[data-testid="packet"]');
+        if (!p) { await frames(2); continue; }
+        const a = p.getAttribute('transform');
+        await frames(4);
+        if (p.isConnected && p.getAttribute('transform') !== a) return true;
+      }
+      return false;
+    });
+    if (!moved) throw new Error('packets do not move');
+    for (const id of ids) {
+      await waitFor(`packets to backend ${id}`, async () => {
+        const n = await page.$$eval(`[data-testid="packet"][data-backend="${id}"]`, els => els.length);
+        const total = Number((await text(page, `[data-testid="backend-card-${id}"] [data-f="packets"]`) || '0').replace(/,/g, ''));
+        return n > 0 || total > 0;
+      });
+    }
+    await waitFor('chart has points', async () => ((await text(page, '[data-testid="chart-now"]')) || '').includes('requests/s'));
+  });
+
+  await step('degrade from the page, then switch strategy from the page', async () => {
+    const slow = ids[1];
+    await page.fill(`[data-testid="backend-degrade-latency-${slow}"]`, '120');
+    await page.click(`[data-testid="backend-degrade-${slow}"]`);
+    await waitFor('degrade notice', async () => {
+      const notes = await page.$$eval('[data-testid="notice"]', els => els.map(e => e.textContent));
+      return notes.some(n => n.includes('degraded'));
+    });
+    await waitFor('slow backend latency visible', async () => {
+      const st = await status();
+      const b = st.backends.find(x => x.id === slow);
+      return b.avg_latency_ms !== null && b.avg_latency_ms > 60;
+    }, 10_000);
+    await page.waitForTimeout(2500); // some round robin under a slow backend for the chart
+    await page.selectOption('[data-testid="strategy-select"]', 'least_connections');
+    await waitFor('/admin/status says least_connections', async () => (await status()).strategy === 'least_connections', 5000);
+    await waitFor('page shows least_connections', async () => (await attr(page, '[data-testid="strategy-select"]', 'data-current')) === 'least_connections');
+    await page.waitForTimeout(3500);
+    await waitFor('chart marks the strategies', async () => {
+      const labels = await page.$$eval('[data-testid="chart-strategy"]', els => els.map(e => e.dataset.strategy));
+      return labels.includes('least_connections');
+    }, 5000);
+    await shot(page, 'dashboard-strategies.png');
+    await page.click(`[data-testid="backend-recover-${slow}"]`);
+    await waitFor('recover notice', async () => {
+      const notes = await page.$$eval('[data-testid="notice"]', els => els.map(e => e.textContent));
+      return notes.some(n => n.includes('recovered'));
+    });
+    await page.selectOption('[data-testid="strategy-select"]', 'round_robin');
+    await waitFor('/admin/status says round_robin', async () => (await status()).strategy === 'round_robin', 5000);
+    await page.waitForTimeout(1500);
+    await shot(page, 'dashboard-overview.png');
+    assertNoConsoleErrors();
+  });
+
+  const victim = () => ids[2];
+  await step('kill from the page: node goes down in time, its traffic share goes to 0', async () => {
+    const id = victim();
+    const st = await status();
+    const b = st.backends.find(x => x.id === id);
+    if (!b.spawned || b.pid === null) throw new Error(`backend ${id} is not a running spawned backend: ${JSON.stringify(b)}`);
+    const t0 = Date.now();
+    await page.click(`[data-testid="backend-kill-${id}"]`);
+    await waitFor(`node ${id} down`, async () => (await attr(page, `[data-testid="backend-node-${id}"]`, 'data-health')) === 'down', DOWN_WITHIN_MS, 50);
+    console.log(`# killed backend shown down after ${Date.now() - t0} ms (limit ${DOWN_WITHIN_MS} ms)`);
+    const after = (await status()).backends.find(x => x.id === id);
+    if (after.pid !== null) throw new Error(`pid still ${after.pid} after kill`);
+    // the page's share goes to 0 ...
+    await waitFor('page share 0', async () => (await attr(page, `[data-testid="backend-card-${id}"]`, 'data-share')) === '0.0000', 10_000);
+    // ... and so does the real one: no request sent to it while the others keep taking traffic
+    const c1 = counts(await status());
+    await page.waitForTimeout(1500);
+    const c2 = counts(await status());
+    const own = c2.get(id) - c1.get(id);
+    const others = ids.filter(x => x !== id).reduce((a, x) => a + c2.get(x) - c1.get(x), 0);
+    if (own !== 0 || others < 20) throw new Error(`in 1.5 s: killed backend got ${own} requests, the others ${others}`);
+    const label = await page.$eval(`[data-testid="backend-node-${id}"] text.label`, el => el.textContent);
+    if (!label.includes('DOWN')) throw new Error(`node label: ${label}`);
+    await shot(page, 'dashboard-failover.png');
+  });
+
+  await step('revive from the page: node healthy again and taking traffic', async () => {
+    const id = victim();
+    await page.click(`[data-testid="backend-revive-${id}"]`);
+    await waitFor(`node ${id} up`, async () => (await attr(page, `[data-testid="backend-node-${id}"]`, 'data-health')) === 'up', 10_000, 50);
+    await waitFor('page share > 0', async () => Number(await attr(page, `[data-testid="backend-card-${id}"]`, 'data-share')) > 0.1, 10_000);
+    const c1 = counts(await status());
+    await page.waitForTimeout(1000);
+    const c2 = counts(await status());
+    if (c2.get(id) - c1.get(id) <= 0) throw new Error('revived backend gets no requests');
+    assertNoConsoleErrors();
+  });
+
+  await step('drain and maintenance from the page', async () => {
+    const id = ids[0];
+    await page.click(`[data-testid="backend-state-draining-${id}"]`);
+    await waitFor('draining in API', async () => (await api('GET', `/admin/backends/${id}`)).state === 'draining', 5000);
+    await waitFor('draining on node', async () => (await attr(page, `[data-testid="backend-node-${id}"]`, 'data-state')) === 'draining');
+    await page.click(`[data-testid="backend-state-maintenance-${id}"]`);
+    await waitFor('maintenance on node', async () => (await attr(page, `[data-testid="backend-node-${id}"]`, 'data-state')) === 'maintenance');
+    await page.click(`[data-testid="backend-state-active-${id}"]`);
+    await waitFor('active in API', async () => (await api('GET', `/admin/backends/${id}`)).state === 'active', 5000);
+    await waitFor('active on node', async () => (await attr(page, `[data-testid="backend-node-${id}"]`, 'data-state')) === 'active');
+  });
+
+  await step('weight edit from the page', async () => {
+    const id = ids[0];
+    await page.fill(`[data-testid="backend-weight-input-${id}"]`, '3');
+    await page.click(`[data-testid="backend-weight-${id}"]`);
+    await waitFor('weight 3 in API', async () => (await api('GET', `/admin/backends/${id}`)).weight === 3, 5000);
+  });
+
+  await step('stop traffic from the page', async () => {
+    await page.click('[data-testid="traffic-stop"]');
+    await waitFor('generator stopped', async () => (await api('GET', '/admin/traffic')).running === false, 5000);
+    await waitFor('page shows it stopped', async () => (await attr(page, '[data-testid="traffic-state"]', 'data-running')) === 'false');
+    assertNoConsoleErrors();
+  });
+
+  await step('spawn and remove a backend from the page', async () => {
+    await page.fill('[data-testid="spawn-name"]', 'from-the-page');
+    await page.fill('[data-testid="spawn-latency"]', '5');
+    await page.click('[data-testid="spawn-submit"]');
+    const added = await waitFor('spawned backend in API', async () => (await status()).backends.find(b => b.name === 'from-the-page'), 10_000);
+    await waitFor('its node', () => page.$(`[data-testid="backend-node-${added.id}"]`));
+    const rm = `[data-testid="backend-remove-${added.id}"]`;
+    await page.click(rm); // arms
+    await page.click(rm); // confirms
+    await waitFor('gone from API', async () => !(await status()).backends.some(b => b.id === added.id), 5000);
+    await waitFor('gone from page', async () => !(await page.$(`[data-testid="backend-node-${added.id}"]`)) && !(await page.$(`[data-testid="backend-card-${added.id}"]`)));
+    assertNoConsoleErrors();
+  });
+
+  await step('an API error is shown with its message', async () => {
+    allowedConsole = [/status of 400/];
+    const id = ids[0];
+    await page.fill(`[data-testid="backend-weight-input-${id}"]`, '0');
+    await page.click(`[data-testid="backend-weight-${id}"]`);
+    await waitFor('error message', async () => {
+      const errs = await page.$$eval('[data-testid="api-error"]', els => els.map(e => e.textContent));
+      return errs.some(e => e.includes('400') && e.includes('invalid weight'));
+    }, 5000);
+    if ((await api('GET', `/admin/backends/${id}`)).weight !== 3) throw new Error('weight changed by a refused edit');
+    assertNoConsoleErrors();
+  });
+}
+
+// ------------------------------------------------------------------ with a token
+
+async function tokenTour(page) {
+  // The first calls are refused (401) until the page has the token: the browser logs them.
+  allowedConsole = [/status of 401/];
+
+  await step('the page asks for the token', async () => {
+    await page.goto(ADMIN + '/', { waitUntil: 'load' });
+    await waitFor('token dialog open', () => page.$('[data-testid="token-dialog"][open]'));
+    const input = await page.$('[data-testid="token-input"]');
+    if (!(await input.isVisible())) throw new Error('token input not visible');
+    const nodes = await page.$$('[data-testid^="backend-node-"]');
+    if (nodes.length) throw new Error('backends shown before the token was given');
+    await shot(page, 'dashboard-token.png');
+  });
+
+  await step('a wrong token is refused and the page asks again', async () => {
+    await page.fill('[data-testid="token-input"]', 'not-the-token');
+    await page.click('[data-testid="token-submit"]');
+    await waitFor('asked again', async () => {
+      const open = await page.$('[data-testid="token-dialog"][open]');
+      const msg = await text(page, '#token-message');
+      return open && /refused/i.test(msg || '');
+    }, 5000);
+  });
+
+  await step('with the right token the page works', async () => {
+    await page.fill('[data-testid="token-input"]', token);
+    await page.click('[data-testid="token-submit"]');
+    await waitFor('dialog closed', async () => !(await page.$('[data-testid="token-dialog"][open]')));
+    await waitFor('stream live', async () => (await attr(page, '[data-testid="stream-status"]', 'data-state')) === 'live');
+    const st = await status();
+    for (const b of st.backends) {
+      await waitFor(`node ${b.id}`, async () => (await attr(page, `[data-testid="backend-node-${b.id}"]`, 'data-health')) === 'up');
+    }
+    await page.selectOption('[data-testid="strategy-select"]', 'least_connections');
+    await waitFor('/admin/status says least_connections', async () => (await status()).strategy === 'least_connections', 5000);
+    await page.fill('[data-testid="traffic-rps"]', '40');
+    await page.fill('[data-testid="traffic-seconds"]', '3');
+    await page.click('[data-testid="traffic-start"]');
+    await waitFor('packets through the authenticated stream', () => page.$('[data-testid="packet"]'), 10_000);
+    const stored = await page.evaluate(() => sessionStorage.getItem('fulcrum.admin_token'));
+    if (stored !== token) throw new Error('token not kept in sessionStorage');
+    const cookies = await page.context().cookies();
+    if (cookies.length) throw new Error('cookies set: ' + JSON.stringify(cookies));
+  });
+
+  await step('a reload keeps the token for the tab and asks nothing', async () => {
+    allowedConsole = [];
+    await page.reload({ waitUntil: 'load' });
+    await waitFor('stream live', async () => (await attr(page, '[data-testid="stream-status"]', 'data-state')) === 'live');
+    if (await page.$('[data-testid="token-dialog"][open]')) throw new Error('asked again after reload');
+    assertNoConsoleErrors();
+  });
+}
+
+// ------------------------------------------------------------------ main
+
+const hardLimit = setTimeout(() => {
+  console.error(`browser test still running after ${HARD_LIMIT_MS / 1000} s: giving up`);
+  process.exit(1);
+}, HARD_LIMIT_MS);
+
+let browser;
+let page;
+let code = 0;
+try {
+  browser = await chromium.launch({
+    executablePath: CHROMIUM,
+    headless: true,
+    args: [
+      '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+      '--disable-background-networking', '--disable-component-update', '--disable-sync',
+      '--disable-renderer-backgrounding', '--disable-background-timer-throttling',
+    ],
+  });
+  const context = await browser.newContext({ viewport: { width: 1440, height: 1000 }, colorScheme: 'dark' });
+  page = await context.newPage();
+  page.setDefaultTimeout(15_000);
+  watchConsole(page);
+  console.log(`# ${token ? 'token' : 'tour'} against ${ADMIN} with Chromium ${browser.version()}`);
+  if (token) await tokenTour(page);
+  else await tour(page);
+} catch (e) {
+  code = 1;
+  console.error(`FAILED: ${e && e.stack ? e.stack : e}`);
+  if (consoleErrors.length) console.error('console errors:\n  ' + consoleErrors.join('\n  '));
+  if (page) await shot(page, `failure-${token ? 'token' : 'tour'}.png`).catch(() => {});
+} finally {
+  if (browser) await browser.close().catch(() => {});
+  clearTimeout(hardLimit);
+}
+console.log(`${passed} passed, ${failed} failed (${secs()})`);
+process.exit(code);

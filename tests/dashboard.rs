@@ -1,0 +1,315 @@
+//! The dashboard in a real headless Chromium: `tests/browser/dashboard.test.mjs` drives the
+//! page that a real fulcrum serves, with backends it spawned itself.
+//!
+//! Needs Node.js, Debian's Chromium (`/usr/bin/chromium`, or `FULCRUM_CHROMIUM`) and
+//! `npm ci` done in `tests/browser`; `.ci/browser-setup.sh` provides all three, and the
+//! test runs it itself when something is missing. If that cannot help, the tests fail,
+//! saying so: they are never skipped.
+//!
+//! Screenshots land in `target/tmp/dashboard-screenshots/`; they are copied to `docs/img/`
+//! when one is missing there, or every time with `FULCRUM_UPDATE_SCREENSHOTS=1`.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// Health interval of the fulcrum under test, and its unhealthy threshold (the default).
+const HEALTH_INTERVAL_MS: u64 = 500;
+const UNHEALTHY_THRESHOLD: u64 = 3;
+/// How soon the page must show a killed backend as down: the checks' own detection time
+/// plus a margin for a busy machine.
+const DOWN_WITHIN_MS: u64 = HEALTH_INTERVAL_MS * UNHEALTHY_THRESHOLD + 4500;
+/// The browser script gives up by itself after 100 s; this is the last resort.
+const SCRIPT_LIMIT: Duration = Duration::from_secs(150);
+const TOKEN: &str = "dashboard-test-token-7f3a";
+
+/// One Chromium at a time: both tests are timing-sensitive on a small machine.
+static BROWSER: Mutex<()> = Mutex::new(());
+
+fn browser_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser")
+}
+
+fn chromium() -> PathBuf {
+    std::env::var_os("FULCRUM_CHROMIUM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/bin/chromium"))
+}
+
+fn screenshot_dir() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard-screenshots")
+}
+
+/// Installs what the browser test needs when something is missing (once per run), so
+/// the README's single test command works on a fresh machine; then fails (never skips)
+/// if anything is still missing.
+fn require_browser_tools() {
+    static SETUP: std::sync::Once = std::sync::Once::new();
+    if !missing_browser_tools().is_empty() {
+        SETUP.call_once(|| {
+            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join(".ci/browser-setup.sh");
+            eprintln!("dashboard test: running {}", script.display());
+            let _ = Command::new("bash").arg(&script).status();
+        });
+    }
+    let missing = missing_browser_tools();
+    assert!(
+        missing.is_empty(),
+        "the dashboard browser test cannot run, missing: {}.\n\
+         Run `bash .ci/browser-setup.sh` once (it installs Debian's chromium and runs \
+         `npm ci` in tests/browser), then run the tests again.",
+        missing.join("; ")
+    );
+}
+
+fn missing_browser_tools() -> Vec<String> {
+    let mut missing = Vec::new();
+    let node = Command::new("node")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    if !node.is_ok_and(|s| s.success()) {
+        missing.push("Node.js (`node` on PATH)".to_string());
+    }
+    if !browser_dir()
+        .join("node_modules/playwright-core/package.json")
+        .is_file()
+    {
+        missing.push("tests/browser/node_modules (npm ci in tests/browser)".to_string());
+    }
+    if !chromium().is_file() {
+        missing.push(format!("Chromium at {}", chromium().display()));
+    }
+    missing
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Spawns a demo backend through the admin API and checks the answer.
+async fn spawn_backend(c: &HttpClient, f: &Fulcrum, token: Option<&str>, body: &str) {
+    let auth = token.map(|t| format!("Bearer {t}"));
+    let mut headers = vec![("content-type", "application/json")];
+    if let Some(a) = &auth {
+        headers.push(("authorization", a.as_str()));
+    }
+    let r = send(
+        c,
+        "POST",
+        &f.admin_url("/admin/backends/spawn"),
+        &headers,
+        body.to_string(),
+    )
+    .await;
+    assert_eq!(r.status, 201, "spawn {body}: {}", r.text());
+    let b = r.json();
+    assert!(b["pid"].is_u64() && b["port"].is_u64(), "{b}");
+}
+
+/// The page itself: served at `/`, as HTML, without a token.
+async fn check_page_served(c: &HttpClient, f: &Fulcrum) {
+    let r = get(c, &f.admin_url("/")).await;
+    assert_eq!(r.status, 200, "GET / answered {}: {}", r.status, r.text());
+    let ct = r.header("content-type").unwrap_or("");
+    assert!(ct.starts_with("text/html"), "GET / content-type {ct}");
+    assert!(
+        r.text().contains("data-testid=\"topology\""),
+        "GET / is not the dashboard"
+    );
+}
+
+/// Runs the browser script against `admin` and fails with its output unless it passes.
+fn run_browser_script(admin: SocketAddr, token: Option<&str>) {
+    let shots = screenshot_dir();
+    std::fs::create_dir_all(&shots).unwrap();
+    let mut cmd = Command::new("node");
+    cmd.current_dir(browser_dir())
+        .arg("dashboard.test.mjs")
+        .arg(format!("http://{admin}"))
+        .env("FULCRUM_CHROMIUM", chromium())
+        .env("DASHBOARD_SCREENSHOTS", &shots)
+        .env("DASHBOARD_DOWN_WITHIN_MS", DOWN_WITHIN_MS.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(t) = token {
+        cmd.arg(t);
+    }
+    let started = Instant::now();
+    let mut child = cmd.spawn().expect("start node");
+    let output = Arc::new(Mutex::new(String::new()));
+    let readers: Vec<_> = [
+        Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+        Box::new(child.stderr.take().unwrap()),
+    ]
+    .into_iter()
+    .map(|pipe| {
+        let out = Arc::clone(&output);
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                println!("{line}");
+                let mut o = out.lock().unwrap();
+                o.push_str(&line);
+                o.push('\n');
+            }
+        })
+    })
+    .collect();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break Some(st);
+        }
+        if started.elapsed() > SCRIPT_LIMIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    for r in readers {
+        let _ = r.join();
+    }
+    let out = output.lock().unwrap().clone();
+    match status {
+        Some(st) if st.success() => {
+            println!(
+                "browser test passed in {:.1} s",
+                started.elapsed().as_secs_f64()
+            );
+        }
+        Some(st) => panic!(
+            "browser test failed ({st}); screenshots in {}; output:\n{out}",
+            shots.display()
+        ),
+        None => panic!(
+            "browser test still running after {} s; output:\n{out}",
+            SCRIPT_LIMIT.as_secs()
+        ),
+    }
+}
+
+/// Copies the screenshots that `docs/dashboard.md` shows into `docs/img/`.
+fn publish_screenshots(names: &[&str]) {
+    let update = std::env::var("FULCRUM_UPDATE_SCREENSHOTS").is_ok_and(|v| v == "1");
+    let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/img");
+    for name in names {
+        let from = screenshot_dir().join(name);
+        let to = docs.join(name);
+        if from.is_file() && (update || !to.exists()) {
+            std::fs::create_dir_all(&docs).unwrap();
+            std::fs::copy(&from, &to).unwrap();
+        }
+    }
+}
+
+/// Starts `fulcrum serve` with `FULCRUM_ADMIN_TOKEN` in its environment (the shared helper
+/// clears that variable so no other test inherits a token by accident).
+fn start_with_token(token: &str, args: &[&str]) -> Fulcrum {
+    let mut child = Command::new(BIN)
+        .env("FULCRUM_ADMIN_TOKEN", token)
+        .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start fulcrum");
+    let stderr = child.stderr.take().unwrap();
+    let log = Arc::new(Mutex::new(String::new()));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let log2 = Arc::clone(&log);
+    std::thread::spawn(move || {
+        let (mut proxy, mut admin, mut sent) = (None, None, false);
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            proxy = proxy.or_else(|| addr_after(&line, "proxy listening on "));
+            admin = admin.or_else(|| addr_after(&line, "admin listening on "));
+            let mut l = log2.lock().unwrap();
+            l.push_str(&line);
+            l.push('\n');
+            if let (Some(p), Some(a), false) = (proxy, admin, sent) {
+                let _ = tx.send((p, a));
+                sent = true;
+            }
+        }
+    });
+    match rx.recv_timeout(Duration::from_secs(20)) {
+        Ok((proxy, admin)) => Fulcrum {
+            child,
+            proxy,
+            admin,
+            log,
+        },
+        Err(_) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("fulcrum did not start; log:\n{}", log.lock().unwrap());
+        }
+    }
+}
+
+fn addr_after(line: &str, marker: &str) -> Option<SocketAddr> {
+    let i = line.find(marker)?;
+    line[i + marker.len()..]
+        .split(|c: char| c.is_whitespace() || c == '"')
+        .next()?
+        .parse()
+        .ok()
+}
+
+#[test]
+fn dashboard_tour_in_headless_chromium() {
+    require_browser_tools();
+    let _one = BROWSER.lock().unwrap_or_else(|e| e.into_inner());
+    let interval = format!("{HEALTH_INTERVAL_MS}ms");
+    let f = Fulcrum::start(&["--health-interval", &interval]);
+    let rt = runtime();
+    rt.block_on(async {
+        let c = client();
+        check_page_served(&c, &f).await;
+        for (name, latency) in [("alpha", 5), ("beta", 10), ("gamma", 15)] {
+            let body = format!(r#"{{"name": "{name}", "latency_ms": {latency}}}"#);
+            spawn_backend(&c, &f, None, &body).await;
+        }
+    });
+    run_browser_script(f.admin, None);
+    publish_screenshots(&[
+        "dashboard-overview.png",
+        "dashboard-strategies.png",
+        "dashboard-failover.png",
+    ]);
+}
+
+#[test]
+fn dashboard_asks_for_the_admin_token() {
+    require_browser_tools();
+    let _one = BROWSER.lock().unwrap_or_else(|e| e.into_inner());
+    let interval = format!("{HEALTH_INTERVAL_MS}ms");
+    let f = start_with_token(TOKEN, &["--health-interval", &interval]);
+    let rt = runtime();
+    rt.block_on(async {
+        let c = client();
+        // The page is public, the API behind it is not.
+        check_page_served(&c, &f).await;
+        let r = get(&c, &f.admin_url("/admin/status")).await;
+        assert_eq!(r.status, 401, "{}", r.text());
+        for name in ["one", "two"] {
+            let body = format!(r#"{{"name": "{name}"}}"#);
+            spawn_backend(&c, &f, Some(TOKEN), &body).await;
+        }
+    });
+    run_browser_script(f.admin, Some(TOKEN));
+    publish_screenshots(&["dashboard-token.png"]);
+}
