@@ -13,11 +13,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use arc_swap::ArcSwap;
 use serde::Serialize;
 
-pub use backend::{AdminState, Backend, Faults, OutlierAction, RequestGuard};
+pub use backend::{
+    clock_ns, AdminState, Backend, Faults, OutlierAction, RequestGuard, LRT_FADE, LRT_QUIET,
+    PEAK_DECAY, PEAK_UNSAMPLED_PENALTY,
+};
 pub use events::{Event, EVENT_CAPACITY};
 
 use crate::config::BackendSpec;
-use crate::strategy::{PickCtx, Picker, StrategyKind};
+use crate::strategy::{PickCtx, Picker, PickerOptions, StrategyKind};
 
 /// How often a running slow-start ramp republishes the routing table.
 pub const RAMP_REPUBLISH: std::time::Duration = std::time::Duration::from_millis(250);
@@ -75,6 +78,8 @@ struct Members {
     next_id: u64,
     strategy: StrategyKind,
     generation: u64,
+    /// What pickers are built with.
+    options: PickerOptions,
 }
 
 /// Backends, strategy and the published routing table.
@@ -138,7 +143,7 @@ fn build_snapshot(m: &Members, previous: Option<&Picker>) -> Snapshot {
     Snapshot {
         generation: m.generation,
         strategy: m.strategy,
-        picker: Picker::build(m.strategy, &eligible).continuing(previous),
+        picker: Picker::build_with(m.strategy, &eligible, &m.options, previous),
         backends: m.backends.clone(),
         eligible,
     }
@@ -166,6 +171,7 @@ impl Pool {
             backends,
             strategy,
             generation: 0,
+            options: PickerOptions::default(),
         };
         let table = ArcSwap::from_pointee(build_snapshot(&members, None));
         Pool {
@@ -175,6 +181,17 @@ impl Pool {
             slow_start,
             events: tokio::sync::broadcast::channel(EVENT_CAPACITY).0,
         }
+    }
+
+    /// Sets `--hash-balance-factor` (bounded load for the hashing strategies; `None` =
+    /// off) and republishes.
+    pub fn with_hash_balance_factor(self, factor: Option<f64>) -> Pool {
+        {
+            let mut m = self.lock();
+            m.options.hash_balance_factor = factor;
+            self.publish(&mut m);
+        }
+        self
     }
 
     /// A receiver of every event from now on.

@@ -23,7 +23,7 @@ pub use body::{Hold, ReqBody, RespBody};
 pub use budget::RetryBudget;
 pub use upstream::{Failure, Upstreams};
 
-use crate::config::Settings;
+use crate::config::{HashKey, Settings};
 use crate::pool::{Backend, OutlierAction, Pool};
 use crate::strategy::PickCtx;
 
@@ -40,6 +40,8 @@ pub struct ProxySettings {
     pub max_inflight: usize,
     /// Peers whose forwarding headers are believed.
     pub trusted_proxies: Vec<IpNet>,
+    /// Request key of `consistent_hash` and `maglev`.
+    pub hash_key: HashKey,
 }
 
 impl ProxySettings {
@@ -51,6 +53,7 @@ impl ProxySettings {
             retries: s.retries,
             max_inflight: s.max_inflight,
             trusted_proxies: s.trusted_proxies.clone(),
+            hash_key: s.hash_key.clone(),
         }
     }
 }
@@ -249,6 +252,11 @@ impl Proxy {
         self.budget.deposit();
         let mut tried: Vec<u64> = Vec::new();
         let mut last_failure = None;
+        // The request key of a hashing strategy, computed (once) only when the routing
+        // table's strategy needs one. It is read from the headers as forwarded: the
+        // client IP rule sees the same right-most untrusted entry either way, and HTTP/2
+        // cookies are joined by then.
+        let mut key: Option<u64> = None;
 
         let mut attempt = 0;
         while attempt < max_attempts {
@@ -257,7 +265,16 @@ impl Proxy {
             // backend itself alive.
             let picked = {
                 let snap = self.pool.snapshot();
-                match snap.pick(&PickCtx { tried: &tried }) {
+                if let (None, Some(source)) = (key, snap.strategy.key_source()) {
+                    key = Some(crate::strategy::request_key(
+                        source,
+                        &self.settings.hash_key,
+                        &parts.headers,
+                        peer_ip,
+                        &self.settings.trusted_proxies,
+                    ));
+                }
+                match snap.pick(&PickCtx { tried: &tried, key }) {
                     None => Pick::Nothing,
                     // Half-open after an ejection: one request at a time goes through
                     // until one has succeeded; the others pick elsewhere.
