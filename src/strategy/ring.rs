@@ -21,15 +21,21 @@ pub const POINTS_PER_WEIGHT: u32 = 150;
 /// point per bucket) and a binary search within the bucket: O(1) expected, O(log n) worst.
 #[derive(Debug)]
 pub struct Ring {
-    /// Point hashes, ascending.
-    hashes: Box<[u64]>,
-    /// The eligible index owning each point.
-    owners: Box<[u32]>,
+    /// The points, by ascending hash: a lookup reads the hash and its owner from one
+    /// cache line.
+    points: Box<[Point]>,
     /// `buckets[b]`: the first point whose hash has top bits ≥ `b`; one extra at the end.
     buckets: Box<[u32]>,
     shift: u32,
     /// (id, weight) of the backends it was built over, in eligible order.
     members: Box<[(u64, u32)]>,
+}
+
+/// One point: its hash and the eligible index that owns it.
+#[derive(Debug, Clone, Copy)]
+struct Point {
+    hash: u64,
+    owner: u32,
 }
 
 /// The (id, weight) of every eligible backend: what a ring or a table depends on.
@@ -45,34 +51,39 @@ impl Ring {
             .iter()
             .map(|b| (b.weight() * POINTS_PER_WEIGHT) as usize)
             .sum();
-        let mut points: Vec<(u64, u32)> = Vec::with_capacity(total);
+        let mut points: Vec<Point> = Vec::with_capacity(total);
         let mut key = String::new();
         for (i, b) in eligible.iter().enumerate() {
             for p in 0..b.weight() * POINTS_PER_WEIGHT {
                 key.clear();
                 let _ = write!(key, "{}#{}", b.url, p);
-                points.push((placement_hash(key.as_bytes()), i as u32));
+                points.push(Point {
+                    hash: placement_hash(key.as_bytes()),
+                    owner: i as u32,
+                });
             }
         }
         points.sort_unstable_by(|a, b| {
-            a.0.cmp(&b.0)
-                .then_with(|| eligible[a.1 as usize].url.cmp(&eligible[b.1 as usize].url))
+            a.hash.cmp(&b.hash).then_with(|| {
+                eligible[a.owner as usize]
+                    .url
+                    .cmp(&eligible[b.owner as usize].url)
+            })
         });
-        // About one point per bucket, at least 16 buckets.
-        let bits = (usize::BITS - total.max(16).leading_zeros()).min(24);
+        // About two points per bucket, at least 16 buckets.
+        let bits = (usize::BITS - (total / 2).max(16).leading_zeros()).min(24);
         let shift = 64 - bits;
         let mut buckets = Vec::with_capacity((1 << bits) + 1);
         let mut p = 0usize;
         for bucket in 0..(1u64 << bits) {
-            while p < points.len() && (points[p].0 >> shift) < bucket {
+            while p < points.len() && (points[p].hash >> shift) < bucket {
                 p += 1;
             }
             buckets.push(p as u32);
         }
         buckets.push(points.len() as u32);
         Ring {
-            hashes: points.iter().map(|p| p.0).collect(),
-            owners: points.iter().map(|p| p.1).collect(),
+            points: points.into_boxed_slice(),
             buckets: buckets.into_boxed_slice(),
             shift,
             members: members(eligible),
@@ -86,12 +97,12 @@ impl Ring {
 
     /// Number of points.
     pub fn len(&self) -> usize {
-        self.hashes.len()
+        self.points.len()
     }
 
     /// Whether the ring has no points.
     pub fn is_empty(&self) -> bool {
-        self.hashes.is_empty()
+        self.points.is_empty()
     }
 
     /// The first point at or after `key`, clockwise.
@@ -99,8 +110,8 @@ impl Ring {
     fn first_point(&self, key: u64) -> usize {
         let b = (key >> self.shift) as usize;
         let (lo, hi) = (self.buckets[b] as usize, self.buckets[b + 1] as usize);
-        let p = lo + self.hashes[lo..hi].partition_point(|&h| h < key);
-        if p == self.hashes.len() {
+        let p = lo + self.points[lo..hi].partition_point(|p| p.hash < key);
+        if p == self.points.len() {
             0
         } else {
             p
@@ -118,19 +129,19 @@ impl Ring {
         ctx: &PickCtx<'_>,
         factor: Option<f64>,
     ) -> Option<usize> {
-        if self.hashes.is_empty() {
+        if self.points.is_empty() {
             return None;
         }
         let start = self.first_point(ctx.key.unwrap_or(0));
-        let first = self.owners[start] as usize;
+        let first = self.points[start].owner as usize;
         if factor.is_none() && ctx.tried.is_empty() {
             return Some(first);
         }
         let mut bound = LoadBound::new(factor, eligible, &self.members);
         let mut fallback = None;
-        let (head, tail) = self.owners.split_at(start);
-        for &o in tail.iter().chain(head) {
-            let i = o as usize;
+        let (head, tail) = self.points.split_at(start);
+        for p in tail.iter().chain(head) {
+            let i = p.owner as usize;
             if !ctx.allows(&eligible[i]) {
                 continue;
             }
@@ -144,7 +155,7 @@ impl Ring {
 
     /// Which eligible index owns `key` (no retries, no bound).
     pub fn owner(&self, key: u64) -> Option<usize> {
-        (!self.hashes.is_empty()).then(|| self.owners[self.first_point(key)] as usize)
+        (!self.points.is_empty()).then(|| self.points[self.first_point(key)].owner as usize)
     }
 }
 
@@ -183,10 +194,15 @@ mod tests {
         let ring = Ring::new(&bs);
         assert_eq!(ring.len(), 300);
         let first = placement_hash(b"http://127.0.0.1:8001#0");
-        assert!(ring.hashes.contains(&first));
+        let hashes: Vec<u64> = ring.points.iter().map(|p| p.hash).collect();
+        assert!(hashes.is_sorted());
         assert_eq!(
             ring.first_point(first),
-            ring.hashes.binary_search(&first).unwrap()
+            hashes.binary_search(&first).unwrap()
+        );
+        assert_eq!(
+            ring.first_point(first + 1),
+            hashes.partition_point(|&h| h <= first)
         );
         // A key past the last point wraps to the first.
         assert_eq!(ring.first_point(u64::MAX), 0);
@@ -233,10 +249,10 @@ mod tests {
             assert_ne!(second, first);
             // It is the owner of the first point after the key that is not `first`'s.
             let mut p = ring.first_point(k);
-            while ring.owners[p] as usize == first {
+            while ring.points[p].owner as usize == first {
                 p = (p + 1) % ring.len();
             }
-            assert_eq!(second, ring.owners[p] as usize);
+            assert_eq!(second, ring.points[p].owner as usize);
             let all: Vec<u64> = bs.iter().map(|b| b.id).collect();
             let none = PickCtx {
                 tried: &all,
