@@ -150,6 +150,24 @@ fn build_consistent_hash(bencher: divan::Bencher, n: usize) {
         .bench_local(|| Picker::build(StrategyKind::ConsistentHash, divan::black_box(&backends)));
 }
 
+/// Deriving the ring after one backend left (a health flip): the points of the others
+/// are kept, nothing is hashed or sorted again.
+#[divan::bench(args = sizes(), sample_count = 10)]
+fn rebuild_consistent_hash_one_gone(bencher: divan::Bencher, n: usize) {
+    let backends = pool(n);
+    let before = Picker::build(StrategyKind::ConsistentHash, &backends);
+    let after = backends[1..].to_vec();
+    let opts = fulcrum::strategy::PickerOptions::default();
+    bencher.bench_local(|| {
+        Picker::build_with(
+            StrategyKind::ConsistentHash,
+            divan::black_box(&after),
+            &opts,
+            Some(&before),
+        )
+    });
+}
+
 /// Building a Maglev table: what every pool change costs under `maglev`.
 #[divan::bench(args = sizes(), sample_count = 10)]
 fn build_maglev(bencher: divan::Bencher, n: usize) {

@@ -195,7 +195,8 @@ impl Picker {
     /// (the picker it replaces): a rotation continues (see [`Self::continuing`]), and a
     /// hash ring or Maglev table built over the same backends and weights is shared
     /// instead of built again — a republish that changed nothing they depend on (a
-    /// slow-start step, say) costs nothing.
+    /// slow-start step, say) costs nothing — and a ring over different backends is
+    /// derived from the previous one ([`Ring::from_previous`]).
     pub fn build_with(
         kind: StrategyKind,
         eligible: &[Arc<Backend>],
@@ -224,6 +225,7 @@ impl Picker {
                     Some(Picker::Ring(r, _)) if r.built_for(&ring::members(eligible)) => {
                         Arc::clone(r)
                     }
+                    Some(Picker::Ring(r, _)) => Arc::new(Ring::from_previous(r, eligible)),
                     _ => Arc::new(Ring::new(eligible)),
                 };
                 return Picker::Ring(ring, factor);

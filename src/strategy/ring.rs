@@ -43,6 +43,29 @@ pub(super) fn members(eligible: &[Arc<Backend>]) -> Box<[(u64, u32)]> {
     eligible.iter().map(|b| (b.id, b.weight())).collect()
 }
 
+/// The points of eligible backend `i`, unsorted.
+fn points_of(i: usize, b: &Backend, out: &mut Vec<Point>) {
+    let mut key = String::with_capacity(b.url.len() + 8);
+    for p in 0..b.weight() * POINTS_PER_WEIGHT {
+        key.clear();
+        let _ = write!(key, "{}#{}", b.url, p);
+        out.push(Point {
+            hash: placement_hash(key.as_bytes()),
+            owner: i as u32,
+        });
+    }
+}
+
+/// The order of points on the ring: by hash, then by URL.
+#[inline]
+fn ring_order(eligible: &[Arc<Backend>], a: &Point, b: &Point) -> std::cmp::Ordering {
+    a.hash.cmp(&b.hash).then_with(|| {
+        eligible[a.owner as usize]
+            .url
+            .cmp(&eligible[b.owner as usize].url)
+    })
+}
+
 impl Ring {
     /// Builds the ring over `eligible` with their configured weights (slow start does
     /// not apply: a ring that followed a ramp would move keys at every step).
@@ -52,26 +75,64 @@ impl Ring {
             .map(|b| (b.weight() * POINTS_PER_WEIGHT) as usize)
             .sum();
         let mut points: Vec<Point> = Vec::with_capacity(total);
-        let mut key = String::new();
         for (i, b) in eligible.iter().enumerate() {
-            for p in 0..b.weight() * POINTS_PER_WEIGHT {
-                key.clear();
-                let _ = write!(key, "{}#{}", b.url, p);
-                points.push(Point {
-                    hash: placement_hash(key.as_bytes()),
-                    owner: i as u32,
-                });
+            points_of(i, b, &mut points);
+        }
+        points.sort_unstable_by(|a, b| ring_order(eligible, a, b));
+        Self::finish(points, eligible)
+    }
+
+    /// The ring over `eligible`, derived from `previous` (built over an earlier set):
+    /// the points of backends still there with the same weight are kept in their order,
+    /// and only those of new or reweighted backends are hashed, sorted and merged in. The
+    /// result is the ring [`Ring::new`] builds, at a fraction of the cost when a large
+    /// pool changes by a few backends (a health flip, a weight edit).
+    pub fn from_previous(previous: &Ring, eligible: &[Arc<Backend>]) -> Ring {
+        let now = members(eligible);
+        let index: std::collections::HashMap<(u64, u32), u32> = now
+            .iter()
+            .enumerate()
+            .map(|(i, &m)| (m, i as u32))
+            .collect();
+        // Old eligible index → new one, for backends kept with the same weight.
+        let remap: Vec<Option<u32>> = previous
+            .members
+            .iter()
+            .map(|m| index.get(m).copied())
+            .collect();
+        let mut kept = vec![false; eligible.len()];
+        for &i in remap.iter().flatten() {
+            kept[i as usize] = true;
+        }
+        let mut fresh = Vec::new();
+        for (i, b) in eligible.iter().enumerate() {
+            if !kept[i] {
+                points_of(i, b, &mut fresh);
             }
         }
-        points.sort_unstable_by(|a, b| {
-            a.hash.cmp(&b.hash).then_with(|| {
-                eligible[a.owner as usize]
-                    .url
-                    .cmp(&eligible[b.owner as usize].url)
+        fresh.sort_unstable_by(|a, b| ring_order(eligible, a, b));
+        let old = previous.points.iter().filter_map(|p| {
+            remap[p.owner as usize].map(|owner| Point {
+                hash: p.hash,
+                owner,
             })
         });
+        let mut points = Vec::with_capacity(old.size_hint().1.unwrap_or(0) + fresh.len());
+        let mut fresh = fresh.into_iter().peekable();
+        for p in old {
+            while let Some(f) = fresh.next_if(|f| ring_order(eligible, f, &p).is_lt()) {
+                points.push(f);
+            }
+            points.push(p);
+        }
+        points.extend(fresh);
+        Self::finish(points, eligible)
+    }
+
+    /// The ring of sorted `points`: adds the bucket index.
+    fn finish(points: Vec<Point>, eligible: &[Arc<Backend>]) -> Ring {
         // About two points per bucket, at least 16 buckets.
-        let bits = (usize::BITS - (total / 2).max(16).leading_zeros()).min(24);
+        let bits = (usize::BITS - (points.len() / 2).max(16).leading_zeros()).min(24);
         let shift = 64 - bits;
         let mut buckets = Vec::with_capacity((1 << bits) + 1);
         let mut p = 0usize;
@@ -314,6 +375,28 @@ mod tests {
             let mut back = rest.clone();
             back.push(backend_at(99, all[v].url.rsplit(':').next().unwrap().parse().unwrap(), all[v].weight()));
             prop_assert_eq!(mapping(&back, &keys), before);
+        }
+
+        /// A ring derived from the previous one is the ring built afresh.
+        #[test]
+        fn a_derived_ring_is_the_fresh_ring(
+            before in pool_strategy(),
+            after in pool_strategy(),
+        ) {
+            // Backends are identified by id; give equal ports equal ids so that some are
+            // kept, some reweighted, some removed and some added.
+            let pool = |ps: &[(u16, u32)]| -> Vec<Arc<Backend>> {
+                ps.iter().map(|&(port, w)| backend_at(port as u64, port, w)).collect()
+            };
+            let (old, new) = (pool(&before), pool(&after));
+            let fresh = Ring::new(&new);
+            let derived = Ring::from_previous(&Ring::new(&old), &new);
+            prop_assert_eq!(fresh.points.len(), derived.points.len());
+            for (f, d) in fresh.points.iter().zip(derived.points.iter()) {
+                prop_assert_eq!((f.hash, f.owner), (d.hash, d.owner));
+            }
+            prop_assert_eq!(&fresh.buckets, &derived.buckets);
+            prop_assert!(derived.built_for(&members(&new)));
         }
 
         /// Adding a backend moves keys only to it.
