@@ -183,15 +183,22 @@ impl Pool {
         }
     }
 
-    /// Sets `--hash-balance-factor` (bounded load for the hashing strategies; `None` =
-    /// off) and republishes.
+    /// Sets `--hash-balance-factor` before the pool is shared (see
+    /// [`Self::set_hash_balance_factor`]).
     pub fn with_hash_balance_factor(self, factor: Option<f64>) -> Pool {
-        {
-            let mut m = self.lock();
+        self.set_hash_balance_factor(factor);
+        self
+    }
+
+    /// Sets `--hash-balance-factor` (bounded load for the hashing strategies; `None` =
+    /// off); the next pick follows it. A ring or Maglev table in use is kept: the factor
+    /// changes how it is walked, not where its points are.
+    pub fn set_hash_balance_factor(&self, factor: Option<f64>) {
+        let mut m = self.lock();
+        if m.options.hash_balance_factor != factor {
             m.options.hash_balance_factor = factor;
             self.publish(&mut m);
         }
-        self
     }
 
     /// A receiver of every event from now on.
@@ -510,6 +517,21 @@ mod tests {
         assert!(matches!(&got[4], Event::BackendAdded { backend } if backend.id == b.id));
         let json = serde_json::to_value(&got[2]).unwrap();
         assert_eq!(json["type"], "health");
+    }
+
+    #[test]
+    fn a_balance_factor_applies_to_the_next_pick_and_keeps_the_ring() {
+        let p = pool(3, StrategyKind::ConsistentHash);
+        let ring = |p: &Pool| match &p.snapshot().picker {
+            Picker::Ring(r, f) => (Arc::clone(r), *f),
+            other => panic!("{other:?}"),
+        };
+        let (before, f) = ring(&p);
+        assert_eq!(f, None);
+        p.set_hash_balance_factor(Some(1.5));
+        let (after, f) = ring(&p);
+        assert_eq!(f, Some(1.5));
+        assert!(Arc::ptr_eq(&before, &after));
     }
 
     #[test]
