@@ -233,7 +233,7 @@ async fn unknown_strategy_is_refused_with_the_valid_names() {
     );
 }
 
-// ------------------------------------------------------------------ helpers
+// ------------------------------------------------------------------ shared steps
 
 /// Starts a request to `path` that stays in flight, and waits until `backend` shows one
 /// more request in flight.
