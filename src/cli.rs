@@ -58,6 +58,9 @@ struct ServeArgs {
     /// Peers whose X-Forwarded-For is believed, CIDR[,CIDR…].
     #[arg(long, value_name = "CIDRS")]
     trusted_proxies: Option<String>,
+    /// Bounded load for the hashing strategies: a backend may hold at most F times its share of the requests in flight, F > 1; 0 = off [default: 0].
+    #[arg(long, value_name = "F")]
+    hash_balance_factor: Option<String>,
     /// Active health check path [default: /health].
     #[arg(long, value_name = "PATH")]
     health_path: Option<String>,
@@ -161,6 +164,7 @@ impl ServeArgs {
             strategy: self.strategy,
             hash_key: self.hash_key,
             trusted_proxies: self.trusted_proxies,
+            hash_balance_factor: self.hash_balance_factor,
             health_path: self.health_path,
             health_interval: self.health_interval,
             health_timeout: self.health_timeout,

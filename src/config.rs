@@ -104,6 +104,8 @@ pub struct Settings {
     pub hash_key: HashKey,
     /// Peers whose forwarding headers are believed.
     pub trusted_proxies: Vec<IpNet>,
+    /// Bounded load for the hashing strategies; `None` = off.
+    pub hash_balance_factor: Option<f64>,
     /// Active health checks.
     pub health: HealthSettings,
     /// TCP connect bound.
@@ -141,6 +143,7 @@ impl Default for Settings {
             strategy: StrategyKind::RoundRobin,
             hash_key: HashKey::ClientIp,
             trusted_proxies: Vec::new(),
+            hash_balance_factor: None,
             health: HealthSettings {
                 path: "/health".into(),
                 interval: Duration::from_secs(5),
@@ -176,6 +179,7 @@ pub struct RawFlags {
     pub strategy: Option<String>,
     pub hash_key: Option<String>,
     pub trusted_proxies: Option<String>,
+    pub hash_balance_factor: Option<String>,
     pub health_path: Option<String>,
     pub health_interval: Option<String>,
     pub health_timeout: Option<String>,
@@ -368,6 +372,18 @@ pub fn parse_cidrs(s: &str) -> Result<Vec<IpNet>, String> {
         .collect()
 }
 
+/// Parses `--hash-balance-factor`: a factor above 1 (1.25 lets a backend hold 125 % of
+/// its share of the load), or 0 for off.
+pub fn parse_balance_factor(s: &str) -> Result<Option<f64>, String> {
+    match s.trim().parse::<f64>() {
+        Ok(0.0) => Ok(None),
+        Ok(f) if f > 1.0 && f <= 100.0 => Ok(Some(f)),
+        _ => Err(format!(
+            "invalid value '{s}' (expected a factor above 1 and at most 100, e.g. 1.25 for 125 % of the average load, or 0 for off)"
+        )),
+    }
+}
+
 fn parse_alpha(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
         Ok(a) if a > 0.0 && a <= 1.0 => Ok(a),
@@ -459,6 +475,7 @@ struct FileConfig {
     strategy: Option<Sp<String>>,
     hash_key: Option<Sp<String>>,
     trusted_proxies: Option<Sp<StrOrList>>,
+    hash_balance_factor: Option<Sp<f64>>,
     health: Option<FileHealth>,
     health_path: Option<Sp<String>>,
     health_interval: Option<Sp<String>>,
@@ -553,6 +570,10 @@ pub fn apply_file(s: &mut Settings, path: &Path, text: &str) -> Vec<ConfigError>
         };
         let r = parse_cidrs(&joined).map(|x| s.trusted_proxies = x);
         c.at("trusted_proxies", v, r);
+    }
+    if let Some(v) = &fc.hash_balance_factor {
+        let r = parse_balance_factor(&v.get_ref().to_string()).map(|x| s.hash_balance_factor = x);
+        c.at("hash_balance_factor", v, r);
     }
     let h = fc.health.as_ref();
     let v = h.and_then(|h| h.path.as_ref());
@@ -711,6 +732,12 @@ pub fn build(flags: &RawFlags) -> Result<Settings, Vec<ConfigError>> {
         s.trusted_proxies,
         parse_cidrs,
         flags.trusted_proxies
+    );
+    over!(
+        "hash-balance-factor",
+        s.hash_balance_factor,
+        parse_balance_factor,
+        flags.hash_balance_factor
     );
     over!(
         "health-path",
@@ -927,5 +954,46 @@ mod tests {
         assert_eq!(s.retries, 0);
         assert_eq!(s.health.interval, Duration::from_secs(2));
         assert_eq!(s.backends[0].weight, 5);
+    }
+
+    #[test]
+    fn hash_settings() {
+        assert_eq!(parse_balance_factor("1.25"), Ok(Some(1.25)));
+        assert_eq!(parse_balance_factor("0"), Ok(None));
+        for bad in ["1", "0.5", "150", "-2", "x", "NaN"] {
+            let e = parse_balance_factor(bad).unwrap_err();
+            assert!(e.contains(bad) && e.contains("1.25"), "{e}");
+        }
+        let mut s = Settings::default();
+        let errs = apply_file(
+            &mut s,
+            Path::new("f.toml"),
+            "hash_key = \"cookie:sid\"\nhash_balance_factor = 1.5\n",
+        );
+        assert!(errs.is_empty(), "{errs:?}");
+        assert_eq!(s.hash_key, HashKey::Cookie("sid".into()));
+        assert_eq!(s.hash_balance_factor, Some(1.5));
+        let errs = apply_file(&mut s, Path::new("f.toml"), "\nhash_balance_factor = 125\n");
+        assert!(errs[0].to_string().contains("line 2"), "{}", errs[0]);
+        let flags = RawFlags {
+            hash_balance_factor: Some("2".into()),
+            strategy: Some("maglev".into()),
+            ..Default::default()
+        };
+        let s = build(&flags).unwrap();
+        assert_eq!(
+            (s.hash_balance_factor, s.strategy),
+            (Some(2.0), StrategyKind::Maglev)
+        );
+        let flags = RawFlags {
+            hash_balance_factor: Some("1.0".into()),
+            ..Default::default()
+        };
+        let e = build(&flags).unwrap_err();
+        assert!(
+            e[0].to_string().starts_with("--hash-balance-factor: "),
+            "{}",
+            e[0]
+        );
     }
 }

@@ -3,7 +3,7 @@
 //! difference is applied to the live pool. An invalid file changes nothing.
 //!
 //! What is applied live: backends added (appended in file order), removed, re-weighted,
-//! and the strategy. A backend whose URL stays keeps its live numbers (in flight, latency
+//! the strategy and the hash balance factor. A backend whose URL stays keeps its live numbers (in flight, latency
 //! average, counters, health); one whose name changed is replaced. Backends started by
 //! `POST /admin/backends/spawn` are runtime objects and are left alone. Backends added
 //! through the API are not in the file, so a reload removes them, as HAProxy's and
@@ -126,6 +126,9 @@ impl Reloader {
         }
         if self.pool.strategy() != next.strategy {
             self.pool.set_strategy(next.strategy);
+        }
+        if current.hash_balance_factor != next.hash_balance_factor {
+            self.pool.set_hash_balance_factor(next.hash_balance_factor);
         }
         tracing::info!(
             added = ?report.added,

@@ -243,12 +243,15 @@ pub fn start(settings: &Settings, flags: &crate::config::RawFlags) -> Result<Run
         .local_addr()
         .map_err(|e| format!("admin listener: {e}"))?;
 
-    let pool = Arc::new(Pool::new(
-        settings.backends.clone(),
-        settings.strategy,
-        settings.ewma_alpha,
-        settings.slow_start,
-    ));
+    let pool = Arc::new(
+        Pool::new(
+            settings.backends.clone(),
+            settings.strategy,
+            settings.ewma_alpha,
+            settings.slow_start,
+        )
+        .with_hash_balance_factor(settings.hash_balance_factor),
+    );
     let (shutdown, rx) = watch::channel(false);
     let in_flight = Arc::new(AtomicUsize::new(0));
     let budget = Arc::new(crate::proxy::RetryBudget::new());

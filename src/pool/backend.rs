@@ -1,7 +1,7 @@
 //! A backend and the live numbers it keeps about itself.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use http::uri::{Authority, Scheme};
@@ -41,8 +41,40 @@ impl AdminState {
     }
 }
 
-/// Sentinel for "no latency sample yet" in the EWMA cell.
+/// Sentinel for "no latency sample yet" in the EWMA cells.
 const NO_SAMPLE: u64 = u64::MAX;
+/// Sentinel for "never sampled" in the time stamp of the last sample.
+const NEVER: u64 = u64::MAX;
+
+/// `least_response_time` does not believe an average that no sample has fed for this
+/// long: the next sample seeds it again, as the first one did.
+pub const LRT_QUIET: Duration = Duration::from_secs(1);
+/// `least_response_time`: time constant with which the average of a backend that has
+/// nothing in flight fades toward zero as seen by a pick (×1/e per second idle).
+pub const LRT_FADE: Duration = Duration::from_secs(1);
+/// `peak_ewma`: time constant of the decay, both of old samples against new ones and of
+/// the estimate of an idle backend (linkerd's and finagle's 10 s).
+pub const PEAK_DECAY: Duration = Duration::from_secs(10);
+/// `peak_ewma`: what a backend without a sample is taken to cost per request while its
+/// first answer is awaited (finagle's rule: free while idle, expensive while unknown).
+pub const PEAK_UNSAMPLED_PENALTY: Duration = Duration::from_secs(1);
+
+/// Nanoseconds on a process-wide monotonic clock: the time stamps of the latency
+/// estimates. One `Instant::now()`.
+#[inline]
+pub fn clock_ns() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+/// `v` faded by `exp(-elapsed / tau)`.
+#[inline]
+fn fade(v: f64, elapsed_ns: u64, tau: Duration) -> f64 {
+    if elapsed_ns == 0 {
+        return v;
+    }
+    v * (-(elapsed_ns as f64) / tau.as_nanos() as f64).exp()
+}
 
 /// One upstream server. Shared (`Arc`) by the pool, every snapshot and every request
 /// guard, so a backend removed from the pool lives until its last request ends.
@@ -67,9 +99,18 @@ pub struct Backend {
     in_flight: AtomicU64,
     requests: AtomicU64,
     errors: AtomicU64,
-    /// Latency EWMA in nanoseconds as f64 bits; `NO_SAMPLE` when unsampled.
+    /// Latency EWMA in nanoseconds as f64 bits; `NO_SAMPLE` when unsampled. This is the
+    /// average of the contract, shown as `avg_latency_ms`.
     ewma: AtomicU64,
     alpha: f64,
+    /// The same EWMA as `least_response_time` ranks by: seeded again by the first sample
+    /// after [`LRT_QUIET`] without one (see [`Backend::lrt_estimate`]).
+    route_ewma: AtomicU64,
+    /// Peak-sensitive, time-decayed latency estimate in nanoseconds as f64 bits
+    /// (`peak_ewma`); `NO_SAMPLE` when unsampled.
+    peak: AtomicU64,
+    /// [`clock_ns`] of the last latency sample; `NEVER` before the first.
+    sampled_at: AtomicU64,
     /// Passive outlier detection: failures in a row seen on live traffic.
     consecutive_failures: AtomicU32,
     /// How often it has been ejected (sets the length of the next ejection).
@@ -190,6 +231,9 @@ impl Backend {
             errors: AtomicU64::new(0),
             ewma: AtomicU64::new(NO_SAMPLE),
             alpha,
+            route_ewma: AtomicU64::new(NO_SAMPLE),
+            peak: AtomicU64::new(NO_SAMPLE),
+            sampled_at: AtomicU64::new(NEVER),
             consecutive_failures: AtomicU32::new(0),
             ejections: AtomicU32::new(0),
             ejected_until: Mutex::new(None),
@@ -452,26 +496,137 @@ impl Backend {
         (bits != NO_SAMPLE).then(|| Duration::from_nanos(f64::from_bits(bits) as u64))
     }
 
-    /// Folds one latency sample into the EWMA; the first sample seeds it.
+    /// Folds one latency sample into every estimate the strategies read (whatever the
+    /// strategy: a switch finds them up to date). The first sample seeds them.
     pub fn record_latency(&self, sample: Duration) {
+        self.record_latency_at(sample, clock_ns());
+    }
+
+    /// [`Self::record_latency`] at `now` ([`clock_ns`]).
+    ///
+    /// Lock-free: each estimate is one atomic cell updated by compare-and-swap. Two
+    /// samples that land at the same moment each take the time since the sample before
+    /// them from one `swap` of the time stamp, so elapsed time is never counted twice; the
+    /// order in which their values are folded in may differ from the order of their time
+    /// stamps by the width of the race, which moves an average by a rounding error.
+    pub fn record_latency_at(&self, sample: Duration, now: u64) {
         let x = sample.as_nanos() as f64;
         let alpha = self.alpha;
+        let ewma = |bits: u64| {
+            let next = if bits == NO_SAMPLE {
+                x
+            } else {
+                let prev = f64::from_bits(bits);
+                prev + alpha * (x - prev)
+            };
+            Some(next.to_bits())
+        };
         let _ = self
             .ewma
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, ewma);
+        let before = self.sampled_at.swap(now, Ordering::Relaxed);
+        let elapsed = match before {
+            NEVER => None,
+            t => Some(now.saturating_sub(t)),
+        };
+        // least_response_time: an average nothing fed for LRT_QUIET is stale; start over.
+        let quiet = elapsed.is_none_or(|e| e >= LRT_QUIET.as_nanos() as u64);
+        let _ = self
+            .route_ewma
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+                if quiet {
+                    Some(x.to_bits())
+                } else {
+                    ewma(bits)
+                }
+            });
+        // peak_ewma: a sample above the estimate replaces it at once (the peak); a lower
+        // one pulls it down with a weight that grows with the time since the last sample.
+        let keep = (-(elapsed.unwrap_or(0) as f64) / PEAK_DECAY.as_nanos() as f64).exp();
+        let _ = self
+            .peak
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
                 let next = if bits == NO_SAMPLE {
                     x
                 } else {
-                    let prev = f64::from_bits(bits);
-                    prev + alpha * (x - prev)
+                    let c = f64::from_bits(bits);
+                    if x > c {
+                        x
+                    } else {
+                        c * keep + x * (1.0 - keep)
+                    }
                 };
                 Some(next.to_bits())
             });
     }
 
-    /// Forgets the latency average (recovery, or back to healthy).
+    /// Forgets every latency estimate (recovery, or back to healthy).
     pub fn clear_latency(&self) {
         self.ewma.store(NO_SAMPLE, Ordering::Relaxed);
+        self.route_ewma.store(NO_SAMPLE, Ordering::Relaxed);
+        self.peak.store(NO_SAMPLE, Ordering::Relaxed);
+        self.sampled_at.store(NEVER, Ordering::Relaxed);
+    }
+
+    /// How long nothing has been measured on a backend with `in_flight` requests: zero
+    /// while it has requests in flight (it is getting traffic; a backend that hangs must
+    /// not look cheaper by the second), else the time since its last sample.
+    #[inline]
+    fn idle_ns(&self, now: u64, in_flight: u64) -> u64 {
+        if in_flight > 0 {
+            return 0;
+        }
+        match self.sampled_at.load(Ordering::Relaxed) {
+            NEVER => 0,
+            t => now.saturating_sub(t),
+        }
+    }
+
+    /// The latency `least_response_time` believes at `now`, in nanoseconds; `None` when
+    /// unsampled. It is the EWMA of the samples, started over after [`LRT_QUIET`] without
+    /// one, and, while the backend has nothing in flight, faded toward zero with
+    /// [`LRT_FADE`]: a backend that lost its traffic by being slow looks cheaper by the
+    /// second until one request goes to it, and that request's sample decides.
+    #[inline]
+    pub fn lrt_estimate(&self, now: u64, in_flight: u64) -> Option<f64> {
+        let bits = self.route_ewma.load(Ordering::Relaxed);
+        if bits == NO_SAMPLE {
+            return None;
+        }
+        Some(fade(
+            f64::from_bits(bits),
+            self.idle_ns(now, in_flight),
+            LRT_FADE,
+        ))
+    }
+
+    /// The `peak_ewma` cost at `now`: the peak-EWMA latency (faded toward zero with
+    /// [`PEAK_DECAY`] while nothing is in flight) × (in flight + 1). Unsampled, it is 0
+    /// while idle and [`PEAK_UNSAMPLED_PENALTY`] × (in flight + 1) while its first answer
+    /// is awaited.
+    #[inline]
+    pub fn peak_cost(&self, now: u64, in_flight: u64) -> f64 {
+        let bits = self.peak.load(Ordering::Relaxed);
+        let estimate = if bits == NO_SAMPLE {
+            if in_flight == 0 {
+                0.0
+            } else {
+                PEAK_UNSAMPLED_PENALTY.as_nanos() as f64
+            }
+        } else {
+            fade(
+                f64::from_bits(bits),
+                self.idle_ns(now, in_flight),
+                PEAK_DECAY,
+            )
+        };
+        estimate * (in_flight + 1) as f64
+    }
+
+    /// The raw peak-EWMA estimate, `None` until the first sample.
+    pub fn peak_latency(&self) -> Option<Duration> {
+        let bits = self.peak.load(Ordering::Relaxed);
+        (bits != NO_SAMPLE).then(|| Duration::from_nanos(f64::from_bits(bits) as u64))
     }
 
     /// Counts a request in flight until the returned guard drops.

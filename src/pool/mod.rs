@@ -14,11 +14,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use arc_swap::ArcSwap;
 use serde::Serialize;
 
-pub use backend::{AdminState, Backend, Faults, OutlierAction, RequestGuard, SpawnInfo};
+pub use backend::{
+    clock_ns, AdminState, Backend, Faults, OutlierAction, RequestGuard, SpawnInfo, LRT_FADE,
+    LRT_QUIET, PEAK_DECAY, PEAK_UNSAMPLED_PENALTY,
+};
 pub use events::{Event, EVENT_CAPACITY};
 
 use crate::config::BackendSpec;
-use crate::strategy::{PickCtx, Picker, StrategyKind};
+use crate::strategy::{PickCtx, Picker, PickerOptions, StrategyKind};
 
 /// How often a running slow-start ramp republishes the routing table.
 pub const RAMP_REPUBLISH: std::time::Duration = std::time::Duration::from_millis(250);
@@ -76,6 +79,8 @@ struct Members {
     next_id: u64,
     strategy: StrategyKind,
     generation: u64,
+    /// What pickers are built with.
+    options: PickerOptions,
 }
 
 /// Backends, strategy and the published routing table.
@@ -151,7 +156,7 @@ fn build_snapshot(m: &Members, previous: Option<&Picker>) -> Snapshot {
     Snapshot {
         generation: m.generation,
         strategy: m.strategy,
-        picker: Picker::build(m.strategy, &eligible).continuing(previous),
+        picker: Picker::build_with(m.strategy, &eligible, &m.options, previous),
         backends: m.backends.clone(),
         eligible,
     }
@@ -179,6 +184,7 @@ impl Pool {
             backends,
             strategy,
             generation: 0,
+            options: PickerOptions::default(),
         };
         let table = ArcSwap::from_pointee(build_snapshot(&members, None));
         Pool {
@@ -189,6 +195,24 @@ impl Pool {
             events: tokio::sync::broadcast::channel(EVENT_CAPACITY).0,
             stats: Default::default(),
             sampler: Default::default(),
+        }
+    }
+
+    /// Sets `--hash-balance-factor` before the pool is shared (see
+    /// [`Self::set_hash_balance_factor`]).
+    pub fn with_hash_balance_factor(self, factor: Option<f64>) -> Pool {
+        self.set_hash_balance_factor(factor);
+        self
+    }
+
+    /// Sets `--hash-balance-factor` (bounded load for the hashing strategies; `None` =
+    /// off); the next pick follows it. A ring or Maglev table in use is kept: the factor
+    /// changes how it is walked, not where its points are.
+    pub fn set_hash_balance_factor(&self, factor: Option<f64>) {
+        let mut m = self.lock();
+        if m.options.hash_balance_factor != factor {
+            m.options.hash_balance_factor = factor;
+            self.publish(&mut m);
         }
     }
 
@@ -520,6 +544,21 @@ mod tests {
         assert!(matches!(&got[4], Event::BackendAdded { backend } if backend.id == b.id));
         let json = serde_json::to_value(&got[2]).unwrap();
         assert_eq!(json["type"], "health");
+    }
+
+    #[test]
+    fn a_balance_factor_applies_to_the_next_pick_and_keeps_the_ring() {
+        let p = pool(3, StrategyKind::ConsistentHash);
+        let ring = |p: &Pool| match &p.snapshot().picker {
+            Picker::Ring(r, f) => (Arc::clone(r), *f),
+            other => panic!("{other:?}"),
+        };
+        let (before, f) = ring(&p);
+        assert_eq!(f, None);
+        p.set_hash_balance_factor(Some(1.5));
+        let (after, f) = ring(&p);
+        assert_eq!(f, Some(1.5));
+        assert!(Arc::ptr_eq(&before, &after));
     }
 
     #[test]

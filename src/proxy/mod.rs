@@ -25,7 +25,7 @@ pub use budget::RetryBudget;
 pub use record::{Finish, Recorder};
 pub use upstream::{Failure, Upstreams};
 
-use crate::config::Settings;
+use crate::config::{HashKey, Settings};
 use crate::pool::stats::bump;
 use crate::pool::{Backend, OutlierAction, Pool};
 use crate::strategy::PickCtx;
@@ -45,6 +45,8 @@ pub struct ProxySettings {
     pub trusted_proxies: Vec<IpNet>,
     /// One access log line per request.
     pub access_log: bool,
+    /// Request key of `consistent_hash` and `maglev`.
+    pub hash_key: HashKey,
 }
 
 impl ProxySettings {
@@ -57,6 +59,7 @@ impl ProxySettings {
             max_inflight: s.max_inflight,
             trusted_proxies: s.trusted_proxies.clone(),
             access_log: s.access_log,
+            hash_key: s.hash_key.clone(),
         }
     }
 }
@@ -275,6 +278,11 @@ impl Proxy {
         let mut tried: Vec<u64> = Vec::new();
         let mut last_failure = None;
         let mut last_backend: Option<Arc<Backend>> = None;
+        // The request key of a hashing strategy, computed (once) only when the routing
+        // table's strategy needs one. It is read from the headers as forwarded: the
+        // client IP rule sees the same right-most untrusted entry either way, and HTTP/2
+        // cookies are joined by then.
+        let mut key: Option<u64> = None;
 
         let mut attempt = 0;
         while attempt < max_attempts {
@@ -283,7 +291,16 @@ impl Proxy {
             // backend itself alive.
             let picked = {
                 let snap = self.pool.snapshot();
-                match snap.pick(&PickCtx { tried: &tried }) {
+                if let (None, Some(source)) = (key, snap.strategy.key_source()) {
+                    key = Some(crate::strategy::request_key(
+                        source,
+                        &self.settings.hash_key,
+                        &parts.headers,
+                        peer_ip,
+                        &self.settings.trusted_proxies,
+                    ));
+                }
+                match snap.pick(&PickCtx { tried: &tried, key }) {
                     None => Pick::Nothing,
                     // Half-open after an ejection: one request at a time goes through
                     // until one has succeeded; the others pick elsewhere.

@@ -2,22 +2,37 @@
 //!
 //! A strategy is a pure function of a [`Snapshot`](crate::pool::Snapshot)'s eligible
 //! backends: [`Picker::build`] turns them into a picker holding whatever per-strategy
-//! state it needs (the smooth-WRR schedule, a rotation counter). When membership,
-//! health, weight or the strategy changes, the pool builds a new picker and swaps it in;
-//! nothing holds a strategy across time except the routing table itself. Measurements
-//! (in-flight counts, latency averages) live on the [`Backend`], never in a picker, so
-//! they survive a switch.
+//! state it needs (the smooth-WRR schedule, a rotation counter, a hash ring, a Maglev
+//! table). When membership, health, weight or the strategy changes, the pool builds a
+//! new picker and swaps it in; nothing holds a strategy across time except the routing
+//! table itself. Measurements (in-flight counts, latency averages, peak-EWMA estimates)
+//! live on the [`Backend`], never in a picker, so they survive a switch.
+//!
+//! `docs/strategies.md` explains each strategy's rule, the bet it makes and its cost.
 
+mod bounded;
+pub mod key;
 mod least_conn;
+mod least_time;
+mod maglev;
+mod p2c;
+mod ring;
 mod round_robin;
+mod weighted_least_conn;
 mod wrr;
 
 use std::sync::Arc;
 
 use crate::pool::Backend;
 
+pub use key::{request_key, KeySource};
 pub use least_conn::LeastConnections;
+pub use least_time::LeastResponseTime;
+pub use maglev::Maglev;
+pub use p2c::{PeakEwma, PowerOfTwo};
+pub use ring::Ring;
 pub use round_robin::RoundRobin;
+pub use weighted_least_conn::WeightedLeastConnections;
 pub use wrr::SmoothWeightedRoundRobin;
 
 /// The strategies fulcrum knows, by canonical name.
@@ -29,6 +44,20 @@ pub enum StrategyKind {
     WeightedRoundRobin,
     /// Fewest requests in flight, ties to the lowest index.
     LeastConnections,
+    /// Lowest in flight ÷ effective weight, ties to the lowest index.
+    WeightedLeastConnections,
+    /// Lowest latency average × (in flight + 1); unsampled first.
+    LeastResponseTime,
+    /// Two random choices, lower peak-EWMA cost wins.
+    PeakEwma,
+    /// Two random choices, fewer in flight wins.
+    PowerOfTwo,
+    /// Hash ring keyed by `--hash-key`.
+    ConsistentHash,
+    /// Hash ring keyed by the client IP.
+    IpHash,
+    /// Maglev table keyed by `--hash-key`.
+    Maglev,
 }
 
 /// Canonical names and their accepted aliases.
@@ -48,6 +77,29 @@ const NAMES: &[(StrategyKind, &str, &[&str])] = &[
         "least_connections",
         &["leastconn", "least-connections", "lc"],
     ),
+    (
+        StrategyKind::WeightedLeastConnections,
+        "weighted_least_connections",
+        &["wlc"],
+    ),
+    (
+        StrategyKind::LeastResponseTime,
+        "least_response_time",
+        &["least-response-time", "lrt"],
+    ),
+    (StrategyKind::PeakEwma, "peak_ewma", &["p2c_ewma"]),
+    (
+        StrategyKind::PowerOfTwo,
+        "power_of_two",
+        &["p2c", "least_request"],
+    ),
+    (
+        StrategyKind::ConsistentHash,
+        "consistent_hash",
+        &["consistent-hash", "ch"],
+    ),
+    (StrategyKind::IpHash, "ip_hash", &["ip-hash"]),
+    (StrategyKind::Maglev, "maglev", &[]),
 ];
 
 impl StrategyKind {
@@ -73,6 +125,17 @@ impl StrategyKind {
     pub fn canonical_names() -> Vec<&'static str> {
         NAMES.iter().map(|(_, n, _)| *n).collect()
     }
+
+    /// Where a hashing strategy takes its request key from; `None` for the others, whose
+    /// requests need no key (so none is computed).
+    #[inline]
+    pub fn key_source(self) -> Option<KeySource> {
+        match self {
+            StrategyKind::ConsistentHash | StrategyKind::Maglev => Some(KeySource::Configured),
+            StrategyKind::IpHash => Some(KeySource::ClientIp),
+            _ => None,
+        }
+    }
 }
 
 /// What a pick may depend on besides the snapshot.
@@ -80,6 +143,16 @@ impl StrategyKind {
 pub struct PickCtx<'a> {
     /// Backend ids already tried for this request (retries go elsewhere).
     pub tried: &'a [u64],
+    /// The request's key for the hashing strategies ([`request_key`]); `None` for the
+    /// others (a hashing strategy then uses key 0).
+    pub key: Option<u64>,
+}
+
+/// Settings a picker is built with.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct PickerOptions {
+    /// `--hash-balance-factor`: bounded load for the hashing strategies.
+    pub hash_balance_factor: Option<f64>,
 }
 
 impl PickCtx<'_> {
@@ -98,12 +171,40 @@ pub enum Picker {
     WeightedRoundRobin(SmoothWeightedRoundRobin),
     /// See [`LeastConnections`].
     LeastConnections(LeastConnections),
+    /// See [`WeightedLeastConnections`].
+    WeightedLeastConnections(WeightedLeastConnections),
+    /// See [`LeastResponseTime`].
+    LeastResponseTime(LeastResponseTime),
+    /// See [`PeakEwma`].
+    PeakEwma(PeakEwma),
+    /// See [`PowerOfTwo`].
+    PowerOfTwo(PowerOfTwo),
+    /// See [`Ring`] (`consistent_hash` and `ip_hash`), with the balance factor.
+    Ring(Arc<Ring>, Option<f64>),
+    /// See [`Maglev`], with the balance factor.
+    Maglev(Arc<Maglev>, Option<f64>),
 }
 
 impl Picker {
-    /// Builds the picker of `kind` over `eligible` (pool order).
+    /// Builds the picker of `kind` over `eligible` (pool order) with default options.
     pub fn build(kind: StrategyKind, eligible: &[Arc<Backend>]) -> Picker {
-        match kind {
+        Self::build_with(kind, eligible, &PickerOptions::default(), None)
+    }
+
+    /// Builds the picker of `kind` over `eligible` with `opts`, going on from `previous`
+    /// (the picker it replaces): a rotation continues (see [`Self::continuing`]), and a
+    /// hash ring or Maglev table built over the same backends and weights is shared
+    /// instead of built again — a republish that changed nothing they depend on (a
+    /// slow-start step, say) costs nothing — and a ring over different backends is
+    /// derived from the previous one ([`Ring::from_previous`]).
+    pub fn build_with(
+        kind: StrategyKind,
+        eligible: &[Arc<Backend>],
+        opts: &PickerOptions,
+        previous: Option<&Picker>,
+    ) -> Picker {
+        let factor = opts.hash_balance_factor;
+        let p = match kind {
             StrategyKind::RoundRobin => Picker::RoundRobin(RoundRobin::new()),
             StrategyKind::WeightedRoundRobin => {
                 let weights: Vec<u32> = eligible
@@ -113,7 +214,33 @@ impl Picker {
                 Picker::WeightedRoundRobin(SmoothWeightedRoundRobin::new(&weights))
             }
             StrategyKind::LeastConnections => Picker::LeastConnections(LeastConnections),
-        }
+            StrategyKind::WeightedLeastConnections => {
+                Picker::WeightedLeastConnections(WeightedLeastConnections::new(eligible))
+            }
+            StrategyKind::LeastResponseTime => Picker::LeastResponseTime(LeastResponseTime),
+            StrategyKind::PeakEwma => Picker::PeakEwma(PeakEwma),
+            StrategyKind::PowerOfTwo => Picker::PowerOfTwo(PowerOfTwo),
+            StrategyKind::ConsistentHash | StrategyKind::IpHash => {
+                let ring = match previous {
+                    Some(Picker::Ring(r, _)) if r.built_for(&ring::members(eligible)) => {
+                        Arc::clone(r)
+                    }
+                    Some(Picker::Ring(r, _)) => Arc::new(Ring::from_previous(r, eligible)),
+                    _ => Arc::new(Ring::new(eligible)),
+                };
+                return Picker::Ring(ring, factor);
+            }
+            StrategyKind::Maglev => {
+                let table = match previous {
+                    Some(Picker::Maglev(t, _)) if t.built_for(&ring::members(eligible)) => {
+                        Arc::clone(t)
+                    }
+                    _ => Arc::new(Maglev::new(eligible)),
+                };
+                return Picker::Maglev(table, factor);
+            }
+        };
+        p.continuing(previous)
     }
 
     /// Carries a round-robin rotation (and a smooth-WRR sequence whose weights did not
@@ -141,6 +268,12 @@ impl Picker {
             Picker::RoundRobin(p) => p.pick(eligible.len()),
             Picker::WeightedRoundRobin(p) => p.pick(),
             Picker::LeastConnections(_) => return LeastConnections::pick(eligible, ctx),
+            Picker::WeightedLeastConnections(p) => return p.pick(eligible, ctx),
+            Picker::LeastResponseTime(_) => return LeastResponseTime::pick(eligible, ctx),
+            Picker::PeakEwma(_) => return PeakEwma::pick(eligible, ctx),
+            Picker::PowerOfTwo(_) => return PowerOfTwo::pick(eligible, ctx),
+            Picker::Ring(r, factor) => return r.pick(eligible, ctx, *factor),
+            Picker::Maglev(t, factor) => return t.pick(eligible, ctx, *factor),
         };
         if ctx.tried.is_empty() || ctx.allows(&eligible[first]) {
             return Some(first);
@@ -157,6 +290,12 @@ impl Picker {
 pub(crate) mod test_util {
     use super::*;
     use crate::config::backend_spec;
+
+    /// Backend `id` at `http://127.0.0.1:PORT` with `weight`.
+    pub fn backend_at(id: u64, port: u16, weight: u32) -> Arc<Backend> {
+        let spec = backend_spec(&format!("http://127.0.0.1:{port}"), Some(weight), None).unwrap();
+        Arc::new(Backend::new(id, spec, 0.1))
+    }
 
     /// Backends named A, B, C… with the given weights.
     pub fn backends(weights: &[u32]) -> Vec<Arc<Backend>> {
@@ -203,19 +342,56 @@ mod tests {
     #[test]
     fn retries_skip_tried_backends() {
         let bs = test_util::backends(&[1, 1, 1]);
-        for kind in [
-            StrategyKind::RoundRobin,
-            StrategyKind::WeightedRoundRobin,
-            StrategyKind::LeastConnections,
-        ] {
-            let p = Picker::build(kind, &bs);
+        for (kind, _, _) in NAMES {
+            let p = Picker::build(*kind, &bs);
             let tried = [bs[0].id, bs[1].id];
-            let ctx = PickCtx { tried: &tried };
-            for _ in 0..5 {
+            for key in 0..5u64 {
+                let ctx = PickCtx {
+                    tried: &tried,
+                    key: Some(key.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+                };
                 assert_eq!(p.pick(&bs, &ctx), Some(2), "{kind:?}");
             }
             let all = [0, 1, 2];
-            assert_eq!(p.pick(&bs, &PickCtx { tried: &all }), None);
+            let ctx = PickCtx {
+                tried: &all,
+                key: Some(7),
+            };
+            assert_eq!(p.pick(&bs, &ctx), None, "{kind:?}");
+            assert_eq!(p.pick(&[], &PickCtx::default()), None, "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn only_hashing_strategies_need_a_key() {
+        for (kind, name, _) in NAMES {
+            let hashing = matches!(*name, "consistent_hash" | "ip_hash" | "maglev");
+            assert_eq!(kind.key_source().is_some(), hashing, "{name}");
+        }
+        assert_eq!(StrategyKind::IpHash.key_source(), Some(KeySource::ClientIp));
+        assert_eq!(
+            StrategyKind::Maglev.key_source(),
+            Some(KeySource::Configured)
+        );
+    }
+
+    #[test]
+    fn a_ring_is_shared_by_a_rebuild_over_the_same_backends() {
+        let bs = test_util::backends(&[1, 2, 1]);
+        let opts = PickerOptions::default();
+        for kind in [StrategyKind::ConsistentHash, StrategyKind::Maglev] {
+            let a = Picker::build_with(kind, &bs, &opts, None);
+            let b = Picker::build_with(kind, &bs, &opts, Some(&a));
+            let c = Picker::build_with(kind, &bs[..2], &opts, Some(&b));
+            match (&a, &b, &c) {
+                (Picker::Ring(a, _), Picker::Ring(b, _), Picker::Ring(c, _)) => {
+                    assert!(Arc::ptr_eq(a, b) && !Arc::ptr_eq(b, c))
+                }
+                (Picker::Maglev(a, _), Picker::Maglev(b, _), Picker::Maglev(c, _)) => {
+                    assert!(Arc::ptr_eq(a, b) && !Arc::ptr_eq(b, c))
+                }
+                _ => panic!("{kind:?}"),
+            }
         }
     }
 }
