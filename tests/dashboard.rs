@@ -215,58 +215,13 @@ fn publish_screenshots(names: &[&str]) {
     }
 }
 
-/// Starts `fulcrum serve` with `FULCRUM_ADMIN_TOKEN` in its environment (the shared helper
-/// clears that variable so no other test inherits a token by accident).
+/// Starts `fulcrum serve` with `FULCRUM_ADMIN_TOKEN` in its environment.
 fn start_with_token(token: &str, args: &[&str]) -> Fulcrum {
-    let mut child = Command::new(BIN)
-        .env("FULCRUM_ADMIN_TOKEN", token)
-        .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start fulcrum");
-    let stderr = child.stderr.take().unwrap();
-    let log = Arc::new(Mutex::new(String::new()));
-    let (tx, rx) = std::sync::mpsc::channel();
-    let log2 = Arc::clone(&log);
-    std::thread::spawn(move || {
-        let (mut proxy, mut admin, mut sent) = (None, None, false);
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            proxy = proxy.or_else(|| addr_after(&line, "proxy listening on "));
-            admin = admin.or_else(|| addr_after(&line, "admin listening on "));
-            let mut l = log2.lock().unwrap();
-            l.push_str(&line);
-            l.push('\n');
-            if let (Some(p), Some(a), false) = (proxy, admin, sent) {
-                let _ = tx.send((p, a));
-                sent = true;
-            }
-        }
-    });
-    match rx.recv_timeout(Duration::from_secs(20)) {
-        Ok((proxy, admin)) => Fulcrum {
-            child,
-            proxy,
-            admin,
-            log,
-        },
-        Err(_) => {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("fulcrum did not start; log:\n{}", log.lock().unwrap());
-        }
-    }
-}
-
-fn addr_after(line: &str, marker: &str) -> Option<SocketAddr> {
-    let i = line.find(marker)?;
-    line[i + marker.len()..]
-        .split(|c: char| c.is_whitespace() || c == '"')
-        .next()?
-        .parse()
-        .ok()
+    Fulcrum::start_env(
+        &["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"],
+        args,
+        &[("FULCRUM_ADMIN_TOKEN", token)],
+    )
 }
 
 #[test]

@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
@@ -694,35 +694,12 @@ async fn admin_safety_tokens_origins_and_documents() {
     let a = TestBackend::start("A");
     let c = client();
     // Token from the environment guards /metrics and /admin/*, not the dashboard page.
-    let mut cmd = std::process::Command::new(BIN);
-    cmd.env("FULCRUM_ADMIN_TOKEN", "t0ken");
-    let f = {
-        // Fulcrum::start_cmd clears the variable; start by hand with it set.
-        let mut child = cmd
-            .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
-            .args(["--backend", &a.spec()])
-            .stderr(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut err = child.stderr.take().unwrap();
-        let mut seen = String::new();
-        let mut buf = [0u8; 4096];
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !seen.contains("admin listening on") && Instant::now() < deadline {
-            let n = err.read(&mut buf).unwrap_or(0);
-            seen.push_str(&String::from_utf8_lossy(&buf[..n]));
-        }
-        let admin: std::net::SocketAddr = seen
-            .split("admin listening on ")
-            .nth(1)
-            .and_then(|s| s.split_whitespace().next())
-            .unwrap()
-            .parse()
-            .unwrap();
-        (child, admin)
-    };
-    let (mut child, admin_addr) = f;
+    let t = Fulcrum::start_env(
+        &["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"],
+        &["--backend", &a.spec()],
+        &[("FULCRUM_ADMIN_TOKEN", "t0ken")],
+    );
+    let admin_addr = t.admin;
     let url = |p: &str| format!("http://{admin_addr}{p}");
     assert_eq!(get(&c, &url("/metrics")).await.status, 401);
     assert_eq!(get(&c, &url("/admin/events")).await.status, 401);
@@ -741,8 +718,7 @@ async fn admin_safety_tokens_origins_and_documents() {
         .header("content-type")
         .unwrap()
         .starts_with("text/html"));
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(t);
 
     // A page on another origin cannot change anything, even without a token.
     let f = Fulcrum::over(&[&a], &[]);

@@ -1,6 +1,6 @@
 use std::sync::Arc;
 
-use super::bounded::LoadBound;
+use super::bounded::{first_admitted, LoadBound};
 use super::key::{placement_hash, placement_hash_seeded};
 use super::ring::members;
 use super::PickCtx;
@@ -110,20 +110,10 @@ impl Maglev {
         if factor.is_none() && ctx.tried.is_empty() {
             return Some(first);
         }
-        let mut bound = LoadBound::new(factor, eligible, &self.members);
-        let mut fallback = None;
+        let bound = LoadBound::new(factor, eligible, &self.members);
         let (head, tail) = self.table.split_at(slot);
-        for &o in tail.iter().chain(head) {
-            let i = o as usize;
-            if !ctx.allows(&eligible[i]) {
-                continue;
-            }
-            if bound.admits(i) {
-                return Some(i);
-            }
-            fallback.get_or_insert(i);
-        }
-        fallback
+        let owners = tail.iter().chain(head).map(|&o| o as usize);
+        first_admitted(owners, eligible, ctx, bound)
     }
 
     /// Which eligible index owns `key` (no retries, no bound).

@@ -1,7 +1,7 @@
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use super::bounded::LoadBound;
+use super::bounded::{first_admitted, LoadBound};
 use super::key::placement_hash;
 use super::PickCtx;
 use crate::pool::Backend;
@@ -198,20 +198,10 @@ impl Ring {
         if factor.is_none() && ctx.tried.is_empty() {
             return Some(first);
         }
-        let mut bound = LoadBound::new(factor, eligible, &self.members);
-        let mut fallback = None;
+        let bound = LoadBound::new(factor, eligible, &self.members);
         let (head, tail) = self.points.split_at(start);
-        for p in tail.iter().chain(head) {
-            let i = p.owner as usize;
-            if !ctx.allows(&eligible[i]) {
-                continue;
-            }
-            if bound.admits(i) {
-                return Some(i);
-            }
-            fallback.get_or_insert(i);
-        }
-        fallback
+        let owners = tail.iter().chain(head).map(|p| p.owner as usize);
+        first_admitted(owners, eligible, ctx, bound)
     }
 
     /// Which eligible index owns `key` (no retries, no bound).

@@ -51,8 +51,15 @@ impl Fulcrum {
     }
 
     pub fn start_cmd(base: &[&str], args: &[&str]) -> Fulcrum {
+        Self::start_env(base, args, &[])
+    }
+
+    /// Starts fulcrum with `env` set. `FULCRUM_ADMIN_TOKEN` is cleared unless `env` sets
+    /// it, so no test inherits a token by accident.
+    pub fn start_env(base: &[&str], args: &[&str], env: &[(&str, &str)]) -> Fulcrum {
         let mut child = Command::new(BIN)
             .env_remove("FULCRUM_ADMIN_TOKEN")
+            .envs(env.iter().copied())
             .args(base)
             .args(args)
             .stdin(Stdio::null())
