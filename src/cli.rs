@@ -191,16 +191,7 @@ fn usage_error(msg: impl std::fmt::Display) -> i32 {
 }
 
 fn init_logging(format: LogFormat) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("FULCRUM_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    let b = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false);
-    let _ = match format {
-        LogFormat::Text => b.with_ansi(false).try_init(),
-        LogFormat::Json => b.json().try_init(),
-    };
+    crate::logging::init(format);
 }
 
 /// Parses the command line and runs; returns the process exit status.

@@ -10,6 +10,7 @@ pub mod cli;
 pub mod config;
 pub mod demo;
 pub mod health;
+pub mod logging;
 pub mod metrics;
 pub mod pool;
 pub mod proxy;

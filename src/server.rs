@@ -127,6 +127,7 @@ pub async fn worker(
     loop {
         tokio::select! {
             _ = heartbeat.tick() => {
+                crate::logging::flush_this_thread();
                 beats = beats.wrapping_add(1);
                 if beats % SWEEP_EVERY_BEATS == 0 {
                     proxy.sweep_idle();
@@ -273,7 +274,9 @@ pub fn start(settings: &Settings, flags: &crate::config::RawFlags) -> Result<Run
                     rt.block_on(
                         async move { Box::leak(Box::new(Proxy::new(pool, ps, inf, budget))) },
                     );
+                crate::logging::batch_this_thread();
                 rt.block_on(worker(l, proxy, rx));
+                crate::logging::flush_this_thread();
             })
             .map_err(|e| format!("cannot start a worker: {e}"))?;
         threads.push(t);
