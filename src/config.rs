@@ -454,14 +454,17 @@ struct FileBackend {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "access_log: expected on, off, true or false")]
 enum BoolOrStr {
     Bool(bool),
     Str(String),
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "trusted_proxies: expected a CIDR string or a list of CIDR strings"
+)]
 enum StrOrList {
     One(String),
     Many(Vec<String>),
@@ -915,6 +918,34 @@ mod tests {
         assert!(parse_backend_spec("ftp://127.0.0.1:3001").is_err());
         assert!(parse_backend_spec("http://127.0.0.1:3001/x").is_err());
         assert!(parse_backend_spec("http://127.0.0.1:3001,color=red").is_err());
+    }
+
+    #[test]
+    fn access_log_takes_on_off_and_booleans() {
+        for (text, want) in [
+            ("access_log = false", false),
+            ("access_log = \"off\"", false),
+            ("access_log = true", true),
+            ("access_log = \"on\"", true),
+        ] {
+            let mut s = Settings::default();
+            s.access_log = !want;
+            assert!(apply_file(&mut s, Path::new("f.toml"), text).is_empty());
+            assert_eq!(s.access_log, want, "{text}");
+        }
+        let mut s = Settings::default();
+        let errs = apply_file(&mut s, Path::new("f.toml"), "access_log = 3");
+        assert!(errs[0].to_string().contains("access_log"), "{}", errs[0]);
+        let flags = RawFlags {
+            access_log: Some("sometimes".into()),
+            ..Default::default()
+        };
+        let errs = build(&flags).unwrap_err();
+        assert!(
+            errs[0].to_string().starts_with("--access-log"),
+            "{}",
+            errs[0]
+        );
     }
 
     #[test]
