@@ -928,8 +928,10 @@ mod tests {
             ("access_log = true", true),
             ("access_log = \"on\"", true),
         ] {
-            let mut s = Settings::default();
-            s.access_log = !want;
+            let mut s = Settings {
+                access_log: !want,
+                ..Default::default()
+            };
             assert!(apply_file(&mut s, Path::new("f.toml"), text).is_empty());
             assert_eq!(s.access_log, want, "{text}");
         }

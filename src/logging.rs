@@ -46,6 +46,34 @@ fn write_out(buf: &mut Vec<u8>) {
     }
 }
 
+/// Appends one line to the current thread's batch through `fill` (or, on a thread that
+/// does not batch, writes it at once). The access log formats straight into the batch.
+pub fn write_line(fill: impl FnOnce(&mut Vec<u8>)) {
+    BUFFER.with(|b| {
+        let mut b = b.borrow_mut();
+        match b.as_mut() {
+            Some(buf) => {
+                let before = buf.len();
+                fill(buf);
+                if buf.len() > BATCH {
+                    // Write what was gathered before this line, then keep the line.
+                    let line = buf.split_off(before);
+                    write_out(buf);
+                    buf.extend_from_slice(&line);
+                    if buf.len() > BATCH {
+                        write_out(buf);
+                    }
+                }
+            }
+            None => {
+                let mut line = Vec::with_capacity(256);
+                fill(&mut line);
+                write_out(&mut line);
+            }
+        }
+    });
+}
+
 /// The writer `tracing-subscriber` formats each event into.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Stderr;

@@ -43,8 +43,8 @@ pub struct ProxySettings {
     pub max_inflight: usize,
     /// Peers whose forwarding headers are believed.
     pub trusted_proxies: Vec<IpNet>,
-    /// One access log line per request.
-    pub access_log: bool,
+    /// The access log's format; `None` when it is off.
+    pub access_log: Option<crate::config::LogFormat>,
     /// Request key of `consistent_hash` and `maglev`.
     pub hash_key: HashKey,
 }
@@ -58,7 +58,7 @@ impl ProxySettings {
             retries: s.retries,
             max_inflight: s.max_inflight,
             trusted_proxies: s.trusted_proxies.clone(),
-            access_log: s.access_log,
+            access_log: s.access_log.then_some(s.log_format),
             hash_key: s.hash_key.clone(),
         }
     }

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use http::uri::PathAndQuery;
 use http::Method;
 
+use crate::config::LogFormat;
 use crate::pool::{Backend, Event, Pool};
 
 /// One request's facts, filled in along the way.
@@ -33,7 +34,8 @@ pub struct Finish {
 #[derive(Debug)]
 pub struct Recorder {
     pool: std::sync::Arc<Pool>,
-    access_log: bool,
+    /// The access log's format, `None` when it is off.
+    access_log: Option<LogFormat>,
 }
 
 /// Milliseconds with microsecond precision, for logs and events.
@@ -42,8 +44,9 @@ fn ms(d: Duration) -> f64 {
 }
 
 impl Recorder {
-    /// A recorder for `pool`'s backends; `access_log` writes one line per request.
-    pub fn new(pool: std::sync::Arc<Pool>, access_log: bool) -> Recorder {
+    /// A recorder for `pool`'s backends; `access_log` writes one line per request in
+    /// that format.
+    pub fn new(pool: std::sync::Arc<Pool>, access_log: Option<LogFormat>) -> Recorder {
         Recorder { pool, access_log }
     }
 
@@ -55,18 +58,9 @@ impl Recorder {
         if let Some(b) = backend {
             b.stats.finished(f.status, total);
         }
-        if self.access_log {
-            tracing::info!(
-                client = %f.client,
-                method = %f.method,
-                path = %f.path,
-                status = f.status,
-                backend = backend.map_or("-", |b| b.name.as_str()),
-                upstream_ms = f.upstream.map(ms),
-                total_ms = ms(total),
-                retries = f.retries,
-                "access"
-            );
+        if let Some(format) = self.access_log {
+            let name = backend.map_or("-", |b| b.name.as_str());
+            crate::logging::write_line(|buf| access_line(buf, format, f, name, total));
         }
         if let Some(b) = backend {
             if self.pool.sampler.sample(now) {
@@ -81,5 +75,240 @@ impl Recorder {
                 });
             }
         }
+    }
+}
+
+// ------------------------------------------------------------------ the access log line
+//
+// Formatted by hand, straight into the worker's log batch, in the layout of the rest of
+// the log (tracing-subscriber's text and JSON formats). Going through `tracing!` cost
+// about 10 % of a worker's throughput in its generic formatter (timestamp, field
+// visitors, float formatting); this costs a few hundred nanoseconds.
+
+/// Appends `n` in decimal.
+fn push_u64(buf: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    buf.extend_from_slice(&digits[i..]);
+}
+
+/// Appends `d` as milliseconds with three decimals (`1.018`).
+fn push_ms(buf: &mut Vec<u8>, d: Duration) {
+    let us = d.as_micros().min(u64::MAX as u128) as u64;
+    push_u64(buf, us / 1000);
+    let frac = us % 1000;
+    buf.extend_from_slice(&[
+        b'.',
+        b'0' + (frac / 100) as u8,
+        b'0' + (frac / 10 % 10) as u8,
+        b'0' + (frac % 10) as u8,
+    ]);
+}
+
+/// Year, month, day of a day count since 1970-01-01 (proleptic Gregorian).
+fn civil(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+thread_local! {
+    /// The current second's `YYYY-MM-DDTHH:MM:SS`, made once a second per thread.
+    static SECOND: std::cell::Cell<(u64, [u8; 19])> = const { std::cell::Cell::new((u64::MAX, [0; 19])) };
+}
+
+/// Appends the time as `2026-11-29T22:35:51.049566Z`.
+fn push_timestamp(buf: &mut Vec<u8>, now: std::time::SystemTime) {
+    let since = now
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let secs = since.as_secs();
+    let (cached, mut text) = SECOND.with(|c| c.get());
+    if cached != secs {
+        let (y, m, d) = civil((secs / 86_400) as i64);
+        let t = secs % 86_400;
+        let s = format!(
+            "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}",
+            t / 3600,
+            t / 60 % 60,
+            t % 60
+        );
+        if s.len() == 19 {
+            text.copy_from_slice(s.as_bytes());
+            SECOND.with(|c| c.set((secs, text)));
+        }
+    }
+    buf.extend_from_slice(&text);
+    let us = since.subsec_micros();
+    let mut frac = [b'.', 0, 0, 0, 0, 0, 0, b'Z'];
+    let mut v = us;
+    for i in (1..7).rev() {
+        frac[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+    }
+    buf.extend_from_slice(&frac);
+}
+
+/// Appends `s` as tracing's text format shows a string field: quoted, escaped.
+fn push_quoted(buf: &mut Vec<u8>, s: &str) {
+    if s.bytes()
+        .all(|c| c >= 0x20 && c != b'"' && c != b'\\' && c != 0x7f)
+    {
+        buf.push(b'"');
+        buf.extend_from_slice(s.as_bytes());
+        buf.push(b'"');
+    } else {
+        use std::io::Write;
+        let _ = write!(buf, "{s:?}");
+    }
+}
+
+/// Appends `s` as a JSON string.
+fn push_json_str(buf: &mut Vec<u8>, s: &str) {
+    // Writing into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *buf, s);
+}
+
+/// One access log line.
+fn access_line(buf: &mut Vec<u8>, format: LogFormat, f: &Finish, backend: &str, total: Duration) {
+    use std::io::Write;
+    let now = std::time::SystemTime::now();
+    match format {
+        LogFormat::Text => {
+            push_timestamp(buf, now);
+            buf.extend_from_slice(b"  INFO access client=");
+            let _ = write!(buf, "{}", f.client);
+            buf.extend_from_slice(b" method=");
+            buf.extend_from_slice(f.method.as_str().as_bytes());
+            buf.extend_from_slice(b" path=");
+            buf.extend_from_slice(f.path.as_str().as_bytes());
+            buf.extend_from_slice(b" status=");
+            push_u64(buf, u64::from(f.status));
+            buf.extend_from_slice(b" backend=");
+            push_quoted(buf, backend);
+            if let Some(up) = f.upstream {
+                buf.extend_from_slice(b" upstream_ms=");
+                push_ms(buf, up);
+            }
+            buf.extend_from_slice(b" total_ms=");
+            push_ms(buf, total);
+            buf.extend_from_slice(b" retries=");
+            push_u64(buf, u64::from(f.retries));
+            buf.push(b'\n');
+        }
+        LogFormat::Json => {
+            buf.extend_from_slice(b"{\"timestamp\":\"");
+            push_timestamp(buf, now);
+            buf.extend_from_slice(
+                b"\",\"level\":\"INFO\",\"fields\":{\"message\":\"access\",\"client\":\"",
+            );
+            let _ = write!(buf, "{}", f.client);
+            buf.extend_from_slice(b"\",\"method\":");
+            push_json_str(buf, f.method.as_str());
+            buf.extend_from_slice(b",\"path\":");
+            push_json_str(buf, f.path.as_str());
+            buf.extend_from_slice(b",\"status\":");
+            push_u64(buf, u64::from(f.status));
+            buf.extend_from_slice(b",\"backend\":");
+            push_json_str(buf, backend);
+            if let Some(up) = f.upstream {
+                buf.extend_from_slice(b",\"upstream_ms\":");
+                push_ms(buf, up);
+            }
+            buf.extend_from_slice(b",\"total_ms\":");
+            push_ms(buf, total);
+            buf.extend_from_slice(b",\"retries\":");
+            push_u64(buf, u64::from(f.retries));
+            buf.extend_from_slice(b"}}\n");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn finish() -> Finish {
+        Finish {
+            started: Instant::now(),
+            method: Method::GET,
+            path: PathAndQuery::from_static("/a?b=c%22"),
+            client: "10.0.0.7".parse().unwrap(),
+            status: 502,
+            upstream: Some(Duration::from_micros(1018)),
+            retries: 1,
+        }
+    }
+
+    #[test]
+    fn dates_and_times() {
+        assert_eq!(civil(0), (1970, 1, 1));
+        assert_eq!(civil(19_723), (2024, 1, 1));
+        assert_eq!(civil(20_421), (2025, 11, 29));
+        assert_eq!(civil(11_016), (2000, 2, 29));
+        let t = std::time::UNIX_EPOCH + Duration::from_micros(1_764_455_751_049_566);
+        let mut b = Vec::new();
+        push_timestamp(&mut b, t);
+        assert_eq!(String::from_utf8(b).unwrap(), "2025-11-29T22:35:51.049566Z");
+        let mut b = Vec::new();
+        push_ms(&mut b, Duration::from_micros(2_005));
+        push_u64(&mut b, 0);
+        assert_eq!(b, b"2.0050");
+    }
+
+    #[test]
+    fn text_line_reads_like_the_rest_of_the_log() {
+        let mut b = Vec::new();
+        access_line(
+            &mut b,
+            LogFormat::Text,
+            &finish(),
+            "a \"b\"",
+            Duration::from_micros(1_301),
+        );
+        let line = String::from_utf8(b).unwrap();
+        let (_, rest) = line.split_once("Z  INFO ").unwrap();
+        assert_eq!(
+            rest,
+            "access client=10.0.0.7 method=GET path=/a?b=c%22 status=502 backend=\"a \\\"b\\\"\" upstream_ms=1.018 total_ms=1.301 retries=1\n"
+        );
+    }
+
+    #[test]
+    fn json_line_is_json() {
+        let mut b = Vec::new();
+        access_line(
+            &mut b,
+            LogFormat::Json,
+            &finish(),
+            "a \"b\"",
+            Duration::from_micros(1_301),
+        );
+        assert_eq!(b.last(), Some(&b'\n'));
+        let v: serde_json::Value = serde_json::from_slice(&b).unwrap();
+        assert_eq!(v["level"], "INFO");
+        let f = &v["fields"];
+        assert_eq!(f["message"], "access");
+        assert_eq!(f["client"], "10.0.0.7");
+        assert_eq!(f["path"], "/a?b=c%22");
+        assert_eq!(f["backend"], "a \"b\"");
+        assert_eq!(f["status"], 502);
+        assert_eq!(f["upstream_ms"], 1.018);
+        assert_eq!(f["retries"], 1);
     }
 }
