@@ -497,6 +497,26 @@ async fn the_access_log_has_one_line_per_request_in_text_and_json() {
     assert_eq!(fields["backend"], "A");
     assert_eq!(fields["method"], "GET");
 
+    // A client that gives up while the backend thinks is logged and counted too (499).
+    let r = tokio::time::timeout(Duration::from_millis(300), get(&c, &f.url("/sleep/1500"))).await;
+    assert!(r.is_err(), "the request was meant to be abandoned");
+    assert!(
+        eventually(Duration::from_secs(3), || async {
+            f.log()
+                .lines()
+                .any(|l| l.contains("path=/sleep/1500") && l.contains("status=499"))
+        })
+        .await,
+        "{}",
+        f.log()
+    );
+    let m = metrics(&c, &f).await;
+    assert_eq!(
+        series(&m, r#"fulcrum_requests_total{backend="A",code="4xx"}"#),
+        Some(1.0),
+        "{m}"
+    );
+
     // Off by flag.
     let off = Fulcrum::over(&[&a], &["--access-log", "off"]);
     get(&c, &off.url("/not-logged")).await;

@@ -22,7 +22,7 @@ use ipnet::IpNet;
 
 pub use body::{Hold, ReqBody, RespBody};
 pub use budget::RetryBudget;
-pub use record::{Finish, Recorder};
+pub use record::{Finish, Pending, Recorder};
 pub use upstream::{Failure, Upstreams};
 
 use crate::config::{HashKey, Settings};
@@ -202,19 +202,22 @@ impl Proxy {
         peer: SocketAddr,
         peer_value: HeaderValue,
     ) -> Response<RespBody> {
-        let mut fin = Finish {
-            started: Instant::now(),
-            method: req.method().clone(),
-            path: req
-                .uri()
-                .path_and_query()
-                .cloned()
-                .unwrap_or_else(|| PathAndQuery::from_static("/")),
-            client: peer.ip(),
-            status: 0,
-            upstream: None,
-            retries: 0,
-        };
+        let mut fin = Pending::new(
+            Finish {
+                started: Instant::now(),
+                method: req.method().clone(),
+                path: req
+                    .uri()
+                    .path_and_query()
+                    .cloned()
+                    .unwrap_or_else(|| PathAndQuery::from_static("/")),
+                client: peer.ip(),
+                status: 0,
+                upstream: None,
+                retries: 0,
+            },
+            self.rec,
+        );
         // hyper bounds its read buffer, but a head that arrives in one read can slip past
         // that bound; the contract's limit is checked here exactly.
         if head_size(&req) > MAX_HEADER_BYTES {
@@ -326,6 +329,7 @@ impl Proxy {
             };
             let backend = Arc::clone(guard.backend());
             let backend = &*backend;
+            fin.backend_id = Some(backend.id);
             // Faults injected with `degrade`: the proxy itself delays, or answers 503 as
             // if the backend had; both count like the real thing.
             let mut injected_delay = Duration::ZERO;
@@ -367,7 +371,7 @@ impl Proxy {
                     self.note_outcome(&mut guard, !failed);
                     if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
                         if let Some(client_upgrade) = client_upgrade {
-                            self.rec.finish(&fin, Some(backend));
+                            fin.finish(Some(backend));
                             let upstream_upgrade = hyper::upgrade::on(&mut resp);
                             tokio::spawn(tunnel(client_upgrade, upstream_upgrade, guard));
                             let (rparts, _) = resp.into_parts();
@@ -381,7 +385,7 @@ impl Proxy {
                         permit,
                         conn: Some((conn, self.upstreams)),
                         upload,
-                        finish: Some((fin, self.rec)),
+                        finish: Some(fin.hand_off()),
                     };
                     return Response::from_parts(rparts, RespBody::upstream(rbody, hold));
                 }
@@ -423,12 +427,12 @@ impl Proxy {
     /// Records an answer of fulcrum's own and returns it.
     fn own(
         &self,
-        fin: &mut Finish,
+        fin: &mut Pending,
         backend: Option<&Backend>,
         r: Response<RespBody>,
     ) -> Response<RespBody> {
         fin.status = r.status().as_u16();
-        self.rec.finish(fin, backend);
+        fin.finish(backend);
         r
     }
 }

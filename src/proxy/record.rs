@@ -12,7 +12,7 @@ use crate::config::LogFormat;
 use crate::pool::{Backend, Event, Pool};
 
 /// One request's facts, filled in along the way.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Finish {
     /// When the request head had arrived.
     pub started: Instant,
@@ -28,6 +28,77 @@ pub struct Finish {
     pub upstream: Option<Duration>,
     /// Retries it took.
     pub retries: u32,
+}
+
+/// A request's record while the request is being handled. Dropped without having been
+/// written — hyper dropped the handler because the client went away or reset the stream
+/// while the backend was still thinking — it records the request all the same, with
+/// status 499 ("client closed request", as nginx logs it) unless a status was known.
+#[derive(Debug)]
+pub struct Pending {
+    fin: Finish,
+    armed: bool,
+    /// The backend of the attempt in progress.
+    pub backend_id: Option<u64>,
+    rec: &'static Recorder,
+}
+
+/// What nginx logs for a request whose client went away first.
+pub const CLIENT_CLOSED: u16 = 499;
+
+impl Pending {
+    /// Starts the record of a request.
+    pub fn new(fin: Finish, rec: &'static Recorder) -> Pending {
+        Pending {
+            fin,
+            armed: true,
+            backend_id: None,
+            rec,
+        }
+    }
+
+    /// Writes the record now (an answer of fulcrum's own, an upgrade).
+    pub fn finish(&mut self, backend: Option<&Backend>) {
+        if std::mem::take(&mut self.armed) {
+            self.rec.finish(&self.fin, backend);
+        }
+    }
+
+    /// Hands the record to the response body, which writes it when it ends.
+    pub fn hand_off(&mut self) -> (Finish, &'static Recorder) {
+        self.armed = false;
+        (self.fin.clone(), self.rec)
+    }
+}
+
+impl std::ops::Deref for Pending {
+    type Target = Finish;
+    fn deref(&self) -> &Finish {
+        &self.fin
+    }
+}
+
+impl std::ops::DerefMut for Pending {
+    fn deref_mut(&mut self) -> &mut Finish {
+        &mut self.fin
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        if self.fin.status == 0 {
+            self.fin.status = CLIENT_CLOSED;
+        }
+        // Rare path: find the backend again by id.
+        let snap = self.rec.pool.snapshot();
+        let backend = self
+            .backend_id
+            .and_then(|id| snap.backends.iter().find(|b| b.id == id));
+        self.rec.finish(&self.fin, backend.map(|b| &**b));
+    }
 }
 
 /// Records finished requests for one proxy (shared by its workers).
