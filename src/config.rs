@@ -307,6 +307,16 @@ pub fn backend_spec(
     }
     let name = match name {
         Some(n) if n.trim().is_empty() => return Err("a backend name must not be empty".into()),
+        // A name is a metrics label and a log field: printable, no quotes or backslashes.
+        Some(n)
+            if n.chars().count() > 64
+                || n.chars().any(|c| c.is_control() || c == '"' || c == '\\') =>
+        {
+            return Err(format!(
+                "invalid backend name '{}' (1 to 64 printable characters, no quotes or backslashes)",
+                n.escape_default()
+            ))
+        }
         Some(n) => n.to_string(),
         None => authority.as_str().to_string(),
     };
@@ -849,11 +859,20 @@ pub fn build(flags: &RawFlags) -> Result<Settings, Vec<ConfigError>> {
 /// Checks that concern several settings at once.
 fn check_whole(s: &Settings, errors: &mut Vec<ConfigError>) {
     let mut seen = std::collections::HashSet::new();
+    let mut names = std::collections::HashSet::new();
     for b in &s.backends {
         if !seen.insert(b.url.as_str()) {
             errors.push(ConfigError {
                 origin: "backend".into(),
                 message: format!("duplicate backend URL '{}'", b.url),
+            });
+        } else if !names.insert(b.name.as_str()) {
+            errors.push(ConfigError {
+                origin: "backend".into(),
+                message: format!(
+                    "duplicate backend name '{}' (names label metrics and logs; give each backend its own with name=…)",
+                    b.name
+                ),
             });
         }
     }

@@ -105,6 +105,8 @@ impl Reloader {
         for spec in &next.backends {
             let existing = self.pool.backends().into_iter().find(|b| b.url == spec.url);
             match existing {
+                // Spawned backends are runtime objects; the file does not manage them.
+                Some(b) if b.spawn.is_some() => {}
                 None => {
                     if self.pool.add(spec.clone()).is_ok() {
                         report.added.push(spec.name.clone());

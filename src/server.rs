@@ -207,15 +207,26 @@ pub struct Running {
     /// The admin thread's runtime, where spawned children are supervised.
     pub admin_rt: tokio::runtime::Handle,
     shutdown: watch::Sender<bool>,
+    /// The workers, then the admin thread (last).
     threads: Vec<std::thread::JoinHandle<()>>,
+    /// Tells the admin thread that the workers have drained.
+    workers_done: watch::Sender<bool>,
 }
 
 impl Running {
     /// Stops accepting, lets requests in flight finish (≤ 10 s) and waits for every thread.
-    pub fn stop(self) {
-        self.spawner.stop_all();
+    ///
+    /// Spawned backends are stopped once the workers have drained, so requests in flight
+    /// to them finish first; the admin thread, which supervises them, ends last.
+    pub fn stop(mut self) {
         let _ = self.shutdown.send(true);
+        let admin = self.threads.pop();
         for t in self.threads {
+            let _ = t.join();
+        }
+        self.spawner.stop_all();
+        let _ = self.workers_done.send(true);
+        if let Some(t) = admin {
             let _ = t.join();
         }
     }
@@ -227,11 +238,32 @@ fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
         .build()
 }
 
+/// Raises the soft limit on open files to the hard one, as HAProxy does by itself and
+/// nginx with `worker_rlimit_nofile`: every proxied connection holds two descriptors,
+/// and the usual soft limit of 1024 would refuse connections long before the machine
+/// runs out.
+fn raise_fd_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write the struct passed to them.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                tracing::debug!("cannot raise the open-file limit");
+            }
+        }
+    }
+}
+
 /// Binds both listeners and starts the workers and the admin API.
 ///
 /// `flags` are the command line's, kept so a reload reads the file again with the same
 /// flags on top.
 pub fn start(settings: &Settings, flags: &crate::config::RawFlags) -> Result<Running, String> {
+    raise_fd_limit();
     let listeners = bind_workers(settings.listen, settings.workers)
         .map_err(|e| format!("cannot listen on {}: {e}", settings.listen))?;
     let listen = listeners[0]
@@ -276,6 +308,9 @@ pub fn start(settings: &Settings, flags: &crate::config::RawFlags) -> Result<Run
                     );
                 crate::logging::batch_this_thread();
                 rt.block_on(worker(l, proxy, rx));
+                // Connections still open after the drain end with the runtime; their
+                // access log lines go into the batch, so flush after it.
+                drop(rt);
                 crate::logging::flush_this_thread();
             })
             .map_err(|e| format!("cannot start a worker: {e}"))?;
@@ -301,6 +336,7 @@ pub fn start(settings: &Settings, flags: &crate::config::RawFlags) -> Result<Run
     let rt = runtime().map_err(|e| format!("cannot start the admin API: {e}"))?;
     let admin_rt = rt.handle().clone();
     let mut arx = rx.clone();
+    let (workers_done, mut done_rx) = watch::channel(false);
     threads.push(
         std::thread::Builder::new()
             .name("fulcrum-admin".into())
@@ -323,6 +359,13 @@ pub fn start(settings: &Settings, flags: &crate::config::RawFlags) -> Result<Run
                         _ = crate::admin::serve(admin_listener, admin_state, stop) => {}
                         _ = deadline => tracing::warn!("admin connections still open after the drain timeout; closing them"),
                     }
+                    // Spawned children are supervised here: keep them until the workers
+                    // have drained (the runtime's end stops any that are left).
+                    let _ = tokio::time::timeout(
+                        DRAIN_TIMEOUT + Duration::from_secs(2),
+                        done_rx.wait_for(|d| *d),
+                    )
+                    .await;
                 })
             })
             .map_err(|e| format!("cannot start the admin API: {e}"))?,
@@ -339,6 +382,7 @@ pub fn start(settings: &Settings, flags: &crate::config::RawFlags) -> Result<Run
         admin_rt,
         shutdown,
         threads,
+        workers_done,
     })
 }
 

@@ -136,15 +136,21 @@ impl Spawner {
         let fd: OwnedFd = listener.into();
         let raw = fd.as_raw_fd();
         let mut cmd = tokio::process::Command::new(exe);
-        cmd.args(["backend", "--listen", &addr.to_string(), "--name", name])
-            .args(["--latency-ms", &latency_ms.to_string()])
-            .args(["--jitter-ms", &(latency_ms / 5).to_string()])
-            .args(["--listen-fd", &CHILD_LISTEN_FD.to_string()])
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .process_group(0)
-            .kill_on_drop(true);
+        // `--name=…` in one argument: a name starting with '-' stays a value.
+        cmd.args([
+            "backend",
+            "--listen",
+            &addr.to_string(),
+            &format!("--name={name}"),
+        ])
+        .args(["--latency-ms", &latency_ms.to_string()])
+        .args(["--jitter-ms", &(latency_ms / 5).to_string()])
+        .args(["--listen-fd", &CHILD_LISTEN_FD.to_string()])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .process_group(0)
+        .kill_on_drop(true);
         // SAFETY: between fork and exec only async-signal-safe calls: dup2, fcntl, prctl.
         unsafe {
             cmd.pre_exec(move || {
@@ -232,7 +238,9 @@ impl Spawner {
             Err(e) => {
                 // `child` is killed on drop.
                 Err(match e {
-                    PoolError::DuplicateUrl(_) => SpawnError::Conflict(e.to_string()),
+                    PoolError::DuplicateUrl(_) | PoolError::DuplicateName(_) => {
+                        SpawnError::Conflict(e.to_string())
+                    }
                     PoolError::NotFound(_) => SpawnError::Failed(e.to_string()),
                 })
             }
@@ -265,16 +273,60 @@ impl Spawner {
                 b.id
             )));
         }
-        let listener = bind_loopback(s.port).map_err(|e| {
-            SpawnError::Conflict(format!("port {} cannot be bound again: {e}", s.port))
-        })?;
+        if self.spawned_running() >= MAX_SPAWNED {
+            return Err(SpawnError::Conflict(format!(
+                "at most {MAX_SPAWNED} spawned backends may run at once"
+            )));
+        }
+        // A process killed a moment ago may still hold the port while it exits.
+        let deadline = Instant::now() + Duration::from_secs(1);
+        let listener = loop {
+            match bind_loopback(s.port) {
+                Ok(l) => break l,
+                Err(_) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => {
+                    return Err(SpawnError::Conflict(format!(
+                        "port {} cannot be bound again: {e}",
+                        s.port
+                    )))
+                }
+            }
+        };
         let child = self.start_child(listener, &b.name, s.latency_ms).await?;
+        if !self.pool.get(b.id).is_ok_and(|p| Arc::ptr_eq(&p, &b)) {
+            // Removed while its child was starting: do not leave that child behind
+            // (`child` is killed on drop).
+            return Err(SpawnError::Conflict(format!(
+                "backend {} was removed meanwhile",
+                b.id
+            )));
+        }
         tracing::info!(backend = %b.name, port = s.port, "spawned backend revived");
         Self::watch(b, child);
         Ok(())
     }
 
-    /// Stops the process of a backend that left the pool.
+    /// Removes a backend from the pool; a spawned one's process is stopped once its
+    /// requests in flight have finished (at most 10 s later).
+    pub async fn remove(&self, id: u64) -> Result<Arc<Backend>, PoolError> {
+        let _serial = self.lock.lock().await;
+        let b = self.pool.remove(id)?;
+        if b.spawn.is_some() {
+            let gone = Arc::clone(&b);
+            tokio::spawn(async move {
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while gone.in_flight() > 0 && Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Self::stop(&gone);
+            });
+        }
+        Ok(b)
+    }
+
+    /// Stops the process of a spawned backend now.
     pub fn stop(b: &Backend) {
         if let Some(pid) = b.spawn.as_ref().and_then(|s| s.pid()) {
             signal_group(pid, libc::SIGTERM);

@@ -22,7 +22,7 @@ pub const MAX_RPS: u64 = 5000;
 /// Longest run.
 pub const MAX_SECONDS: u64 = 600;
 /// Outstanding generator requests allowed.
-pub const MAX_IN_FLIGHT: u64 = 2000;
+pub const MAX_IN_FLIGHT: u64 = 1000;
 /// Latency samples kept for the percentiles (the most recent ones).
 const SAMPLES: usize = 4096;
 /// A generator request slower than this counts as an error.
@@ -44,7 +44,9 @@ struct Counters {
     sent: AtomicU64,
     ok: AtomicU64,
     errors: AtomicU64,
-    in_flight: AtomicU64,
+    /// Set by `stop`: the run sends nothing more, whichever future the runtime polls
+    /// first.
+    stopped: std::sync::atomic::AtomicBool,
     /// Recent latencies in microseconds (ring buffer) and the next slot.
     recent: Mutex<(Vec<u32>, usize)>,
 }
@@ -129,6 +131,9 @@ pub enum StartError {
 pub struct Traffic {
     target: SocketAddr,
     run: Mutex<Option<Run>>,
+    /// Outstanding requests of every run: a stopped run's requests still count until
+    /// they end, so start/stop cycles cannot pile them up.
+    in_flight: Arc<AtomicU64>,
 }
 
 impl Traffic {
@@ -146,6 +151,7 @@ impl Traffic {
         Traffic {
             target,
             run: Mutex::new(None),
+            in_flight: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -199,7 +205,7 @@ impl Traffic {
         loop {
             tick.tick().await;
             let now = Instant::now();
-            if now >= end {
+            if now >= end || c.stopped.load(Ordering::Relaxed) {
                 return;
             }
             // Open loop: what the rate asks for by now, whatever came back.
@@ -208,11 +214,12 @@ impl Traffic {
             while due_total < due {
                 due_total += 1;
                 c.sent.fetch_add(1, Ordering::Relaxed);
-                if c.in_flight.load(Ordering::Relaxed) >= MAX_IN_FLIGHT {
+                if self.in_flight.load(Ordering::Relaxed) >= MAX_IN_FLIGHT {
                     c.errors.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
-                c.in_flight.fetch_add(1, Ordering::Relaxed);
+                self.in_flight.fetch_add(1, Ordering::Relaxed);
+                let in_flight = Arc::clone(&self.in_flight);
                 let c = Arc::clone(c);
                 let client = client.clone();
                 let uri = uri.clone();
@@ -239,7 +246,7 @@ impl Traffic {
                     c.sample(t0.elapsed());
                     let counter = if ok { &c.ok } else { &c.errors };
                     counter.fetch_add(1, Ordering::Relaxed);
-                    c.in_flight.fetch_sub(1, Ordering::Relaxed);
+                    in_flight.fetch_sub(1, Ordering::Relaxed);
                 });
             }
         }
@@ -250,6 +257,7 @@ impl Traffic {
         if let Some(r) = self.lock().as_mut() {
             if r.ended.is_none() {
                 r.ended = Some(Instant::now());
+                r.counters.stopped.store(true, Ordering::Relaxed);
                 r.stop.notify_one();
             }
         }

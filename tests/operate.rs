@@ -148,7 +148,7 @@ struct EventStream {
 impl EventStream {
     fn open(f: &Fulcrum) -> EventStream {
         let mut s = TcpStream::connect(f.admin).unwrap();
-        s.write_all(b"GET /admin/events HTTP/1.1\r\nhost: x\r\n\r\n")
+        s.write_all(b"GET /admin/events HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
             .unwrap();
         s.set_read_timeout(Some(Duration::from_millis(200)))
             .unwrap();
@@ -288,7 +288,7 @@ async fn a_subscriber_that_stops_reading_does_not_slow_the_proxy() {
     let mut stuck = Vec::new();
     for _ in 0..3 {
         let mut s = TcpStream::connect(f.admin).unwrap();
-        s.write_all(b"GET /admin/events HTTP/1.1\r\nhost: x\r\n\r\n")
+        s.write_all(b"GET /admin/events HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
             .unwrap();
         stuck.push(s);
     }
@@ -407,6 +407,16 @@ async fn spawn_kill_revive_delete_and_nothing_is_left_behind() {
         .status,
         409
     );
+    // A name that looks like a flag is still a name.
+    let r = admin(
+        &c,
+        "POST",
+        &f.admin_url("/admin/backends/spawn"),
+        r#"{"name":"-x"}"#,
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    assert_eq!(r.json()["name"], "-x");
     // Bad input.
     for body in [
         r#"{"weight":0}"#,
@@ -759,6 +769,46 @@ async fn admin_safety_tokens_origins_and_documents() {
         assert!(r.header("access-control-allow-origin").is_none());
     }
     assert_eq!(status(&c, &f).await["strategy"], "round_robin");
+    // Without a token only loopback host names are believed (DNS rebinding).
+    for host in ["evil.test:9090", "10.0.0.1"] {
+        let r = send(
+            &c,
+            "GET",
+            &f.admin_url("/admin/status"),
+            &[("host", host)],
+            Bytes::new(),
+        )
+        .await;
+        assert_eq!(r.status, 403, "{host}");
+    }
+    for host in ["localhost:1", "127.0.0.1", "[::1]:9090"] {
+        let r = send(
+            &c,
+            "GET",
+            &f.admin_url("/admin/status"),
+            &[("host", host)],
+            Bytes::new(),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{host}");
+    }
+    // Names label metrics: no quotes, no duplicates.
+    let r = admin(
+        &c,
+        "POST",
+        &f.admin_url("/admin/backends"),
+        r#"{"url":"http://127.0.0.1:9","name":"a\"} 1"}"#,
+    )
+    .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    let r = admin(
+        &c,
+        "POST",
+        &f.admin_url("/admin/backends"),
+        r#"{"url":"http://127.0.0.1:9","name":"A"}"#,
+    )
+    .await;
+    assert_eq!(r.status, 409, "{}", r.text());
     // The same origin (the dashboard) may.
     let origin = format!("http://{}", f.admin);
     let r = send(

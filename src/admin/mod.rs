@@ -83,7 +83,7 @@ impl From<PoolError> for ApiError {
     fn from(e: PoolError) -> Self {
         let status = match e {
             PoolError::NotFound(_) => StatusCode::NOT_FOUND,
-            PoolError::DuplicateUrl(_) => StatusCode::CONFLICT,
+            PoolError::DuplicateUrl(_) | PoolError::DuplicateName(_) => StatusCode::CONFLICT,
         };
         ApiError(status, e.to_string())
     }
@@ -234,8 +234,7 @@ async fn delete_backend(
     State(ctx): State<AdminCtx>,
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
-    let b = ctx.pool.remove(parse_id(&id)?)?;
-    Spawner::stop(&b);
+    let b = ctx.spawner.remove(parse_id(&id)?).await?;
     tracing::info!(id = b.id, name = %b.name, "backend removed");
     Ok(StatusCode::NO_CONTENT)
 }
@@ -395,11 +394,8 @@ async fn spawn_backend(State(ctx): State<AdminCtx>, body: Bytes) -> ApiResult<Re
         }
     };
     if let Some(n) = &b.name {
-        if n.trim().is_empty() || n.chars().count() > 64 || n.chars().any(char::is_control) {
-            return Err(ApiError::bad(
-                "invalid name (expected 1 to 64 printable characters)",
-            ));
-        }
+        // The same rule as every other backend name.
+        backend_spec("http://127.0.0.1:1", None, Some(n)).map_err(ApiError::bad)?;
     }
     let added = ctx
         .spawner
@@ -576,6 +572,15 @@ async fn auth(State(ctx): State<AdminCtx>, req: Request, next: Next) -> Response
             return r;
         }
     }
+    if ctx.token.is_none() && !loopback_host(&req) {
+        // Without a token the admin API trusts loopback only; a page that rebinds its own
+        // domain name to 127.0.0.1 still sends that name as the Host.
+        return ApiError(
+            StatusCode::FORBIDDEN,
+            "without an admin token only loopback host names are accepted (127.0.0.1, [::1], localhost)".into(),
+        )
+        .into_response();
+    }
     if !same_origin(&req) {
         return ApiError(
             StatusCode::FORBIDDEN,
@@ -584,6 +589,27 @@ async fn auth(State(ctx): State<AdminCtx>, req: Request, next: Next) -> Response
         .into_response();
     }
     next.run(req).await
+}
+
+/// Whether the request names a loopback host (or none: HTTP/1.0 clients).
+fn loopback_host(req: &Request) -> bool {
+    let Some(host) = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .map(str::to_ascii_lowercase)
+    else {
+        return true;
+    };
+    let name = match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => host.split(':').next().unwrap_or(""),
+    };
+    name == "localhost"
+        || name.ends_with(".localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// A state-changing request sent by a browser page from another origin is refused (the

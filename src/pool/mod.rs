@@ -58,6 +58,8 @@ pub enum PoolError {
     NotFound(u64),
     /// A backend with that URL is already in the pool.
     DuplicateUrl(String),
+    /// Another backend already has this name.
+    DuplicateName(String),
 }
 
 impl std::fmt::Display for PoolError {
@@ -65,6 +67,7 @@ impl std::fmt::Display for PoolError {
         match self {
             PoolError::NotFound(id) => write!(f, "no backend with id {id}"),
             PoolError::DuplicateUrl(u) => write!(f, "backend URL '{u}' is already in the pool"),
+            PoolError::DuplicateName(n) => write!(f, "backend name '{n}' is already in the pool"),
         }
     }
 }
@@ -405,6 +408,9 @@ impl Pool {
         let mut m = self.lock();
         if m.backends.iter().any(|b| b.url == spec.url) {
             return Err(PoolError::DuplicateUrl(spec.url));
+        }
+        if m.backends.iter().any(|b| b.name == spec.name) {
+            return Err(PoolError::DuplicateName(spec.name));
         }
         let b = Arc::new(
             Backend::new(m.next_id, spec, self.alpha)

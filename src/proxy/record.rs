@@ -109,6 +109,22 @@ pub struct Recorder {
     access_log: Option<LogFormat>,
 }
 
+/// Longest path carried by a `request` event (a subscriber that lags holds up to 1024
+/// events).
+const EVENT_PATH_MAX: usize = 256;
+
+/// `s` cut to at most `max` bytes at a character boundary.
+fn truncated(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
 /// Milliseconds with microsecond precision, for logs and events.
 fn ms(d: Duration) -> f64 {
     (d.as_micros() as f64) / 1000.0
@@ -141,7 +157,7 @@ impl Recorder {
                     status: f.status,
                     latency_ms: ms(total),
                     method: f.method.to_string(),
-                    path: f.path.path().to_string(),
+                    path: truncated(f.path.path(), EVENT_PATH_MAX).to_string(),
                     retries: f.retries,
                 });
             }
