@@ -233,7 +233,10 @@ async fn latency_aware_strategies_keep_p99_low_when_a_backend_turns_slow() {
     }
     let rr = by("round_robin");
     // Round robin sends a third of the second half to C: its p99 is C's 100 ms. The
-    // latency-aware strategies must stay well under half of that, noise included.
+    // latency-aware strategies must beat it by a wide margin: a p99 at most three
+    // quarters of round robin's (typically a fifth), and at most a third of its share of
+    // the slow backend. The margins leave room for a busy machine, where each of their
+    // probes of C (a request every few seconds) weighs more in a short run.
     assert!(
         rr.p99 >= Duration::from_millis(90),
         "round robin p99 {:?}",
@@ -242,10 +245,16 @@ async fn latency_aware_strategies_keep_p99_low_when_a_backend_turns_slow() {
     for name in ["least_response_time", "peak_ewma"] {
         let o = by(name);
         assert!(
-            o.p99 * 2 < rr.p99,
+            o.p99 * 4 < rr.p99 * 3,
             "{name}: p99 {:?} vs round robin {:?}",
             o.p99,
             rr.p99
+        );
+        assert!(
+            o.slow_share * 3.0 < rr.slow_share,
+            "{name}: {:.1} % of the second half on the slow backend vs round robin {:.1} %",
+            100.0 * o.slow_share,
+            100.0 * rr.slow_share
         );
     }
 }
