@@ -44,8 +44,7 @@ struct Counters {
     sent: AtomicU64,
     ok: AtomicU64,
     errors: AtomicU64,
-    /// Set by `stop`: the run sends nothing more, whichever future the runtime polls
-    /// first.
+    /// Set by `stop`: the run sends nothing more (checked before every 10 ms batch).
     stopped: std::sync::atomic::AtomicBool,
     /// Recent latencies in microseconds (ring buffer) and the next slot.
     recent: Mutex<(Vec<u32>, usize)>,
@@ -89,7 +88,6 @@ struct Run {
     started: Instant,
     ended: Option<Instant>,
     counters: Arc<Counters>,
-    stop: Arc<tokio::sync::Notify>,
 }
 
 /// Progress of the current (or last) run, as `GET /admin/traffic` shows it.
@@ -166,21 +164,16 @@ impl Traffic {
             return Err(StartError::Busy);
         }
         let counters = Arc::new(Counters::default());
-        let stop = Arc::new(tokio::sync::Notify::new());
         *slot = Some(Run {
             plan: plan.clone(),
             started: Instant::now(),
             ended: None,
             counters: Arc::clone(&counters),
-            stop: Arc::clone(&stop),
         });
         drop(slot);
         let me = Arc::clone(self);
         tokio::spawn(async move {
-            tokio::select! {
-                _ = me.drive(&plan, &counters) => {}
-                _ = stop.notified() => {}
-            }
+            me.drive(&plan, &counters).await;
             if let Some(r) = me.lock().as_mut() {
                 if Arc::ptr_eq(&r.counters, &counters) && r.ended.is_none() {
                     r.ended = Some(Instant::now());
@@ -258,7 +251,6 @@ impl Traffic {
             if r.ended.is_none() {
                 r.ended = Some(Instant::now());
                 r.counters.stopped.store(true, Ordering::Relaxed);
-                r.stop.notify_one();
             }
         }
         self.progress()

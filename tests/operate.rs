@@ -461,18 +461,9 @@ async fn the_access_log_has_one_line_per_request_in_text_and_json() {
     let c = client();
     let f = Fulcrum::over(&[&a], &[]);
     get(&c, &f.url("/logged?x=1")).await;
-    assert!(
-        eventually(Duration::from_secs(2), || async {
-            f.log().contains("path=/logged?x=1")
-        })
-        .await
-    );
     let line = f
-        .log()
-        .lines()
-        .find(|l| l.contains("path=/logged?x=1"))
-        .unwrap()
-        .to_string();
+        .log_line(&["path=/logged?x=1"], Duration::from_secs(2))
+        .expect("an access log line");
     for part in [
         " access ",
         "client=127.0.0.1",
@@ -488,18 +479,9 @@ async fn the_access_log_has_one_line_per_request_in_text_and_json() {
 
     let j = Fulcrum::over(&[&a], &["--log-format", "json"]);
     get(&c, &j.url("/json-logged")).await;
-    assert!(
-        eventually(Duration::from_secs(2), || async {
-            j.log().contains("/json-logged")
-        })
-        .await
-    );
     let line = j
-        .log()
-        .lines()
-        .find(|l| l.contains("/json-logged"))
-        .unwrap()
-        .to_string();
+        .log_line(&["/json-logged"], Duration::from_secs(2))
+        .expect("a JSON access log line");
     let v: serde_json::Value = serde_json::from_str(&line).expect(&line);
     let fields = &v["fields"];
     assert_eq!(fields["message"], "access");
@@ -511,12 +493,8 @@ async fn the_access_log_has_one_line_per_request_in_text_and_json() {
     let r = tokio::time::timeout(Duration::from_millis(300), get(&c, &f.url("/sleep/1500"))).await;
     assert!(r.is_err(), "the request was meant to be abandoned");
     assert!(
-        eventually(Duration::from_secs(3), || async {
-            f.log()
-                .lines()
-                .any(|l| l.contains("path=/sleep/1500") && l.contains("status=499"))
-        })
-        .await,
+        f.log_line(&["path=/sleep/1500", "status=499"], Duration::from_secs(3))
+            .is_some(),
         "{}",
         f.log()
     );

@@ -280,7 +280,6 @@ impl Proxy {
         self.budget.deposit();
         let mut tried: Vec<u64> = Vec::new();
         let mut last_failure = None;
-        let mut last_backend: Option<Arc<Backend>> = None;
         // The request key of a hashing strategy, computed (once) only when the routing
         // table's strategy needs one. It is read from the headers as forwarded: the
         // client IP rule sees the same right-most untrusted entry either way, and HTTP/2
@@ -402,7 +401,6 @@ impl Proxy {
                 && attempt + 1 < max_attempts
                 && self.budget.withdraw();
             last_failure = Some(failure);
-            last_backend = Some(Arc::clone(guard.backend()));
             if !retry {
                 break;
             }
@@ -413,8 +411,11 @@ impl Proxy {
         fin.retries = attempt as u32;
         match last_failure {
             Some(f) => {
-                let backend = last_backend.as_deref();
-                self.own(&mut fin, backend, f.answer())
+                // Recorded against the backend of the last attempt.
+                let r = f.answer();
+                fin.status = r.status().as_u16();
+                fin.finish_attempted();
+                r
             }
             None => {
                 bump(&self.pool.stats.no_backend);

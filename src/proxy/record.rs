@@ -12,7 +12,7 @@ use crate::config::LogFormat;
 use crate::pool::{Backend, Event, Pool};
 
 /// One request's facts, filled in along the way.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Finish {
     /// When the request head had arrived.
     pub started: Instant,
@@ -64,10 +64,32 @@ impl Pending {
         }
     }
 
+    /// Writes the record now against the backend of the last attempt (looked up by
+    /// id: failure paths only, off the common path).
+    pub fn finish_attempted(&mut self) {
+        if std::mem::take(&mut self.armed) {
+            let snap = self.rec.pool.snapshot();
+            let backend = self
+                .backend_id
+                .and_then(|id| snap.backends.iter().find(|b| b.id == id));
+            self.rec.finish(&self.fin, backend.map(|b| &**b));
+        }
+    }
+
     /// Hands the record to the response body, which writes it when it ends.
     pub fn hand_off(&mut self) -> (Finish, &'static Recorder) {
         self.armed = false;
-        (self.fin.clone(), self.rec)
+        // Moved out, not cloned: what is left behind is never read.
+        let left = Finish {
+            started: self.fin.started,
+            method: Method::GET,
+            path: PathAndQuery::from_static("/"),
+            client: self.fin.client,
+            status: self.fin.status,
+            upstream: None,
+            retries: 0,
+        };
+        (std::mem::replace(&mut self.fin, left), self.rec)
     }
 }
 
@@ -92,12 +114,7 @@ impl Drop for Pending {
         if self.fin.status == 0 {
             self.fin.status = CLIENT_CLOSED;
         }
-        // Rare path: find the backend again by id.
-        let snap = self.rec.pool.snapshot();
-        let backend = self
-            .backend_id
-            .and_then(|id| snap.backends.iter().find(|b| b.id == id));
-        self.rec.finish(&self.fin, backend.map(|b| &**b));
+        self.finish_attempted();
     }
 }
 

@@ -128,14 +128,6 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn pool_of(ports: &[(u16, u32)]) -> Vec<Arc<Backend>> {
-        ports
-            .iter()
-            .enumerate()
-            .map(|(i, &(port, w))| backend_at(i as u64, port, w))
-            .collect()
-    }
-
     /// The URL of every slot.
     fn slots(bs: &[Arc<Backend>]) -> Vec<&str> {
         let t = Maglev::new(bs);

@@ -297,6 +297,15 @@ pub(crate) mod test_util {
         Arc::new(Backend::new(id, spec, 0.1))
     }
 
+    /// Backends with ids 0, 1, 2… at the given (port, weight) pairs.
+    pub fn pool_of(ports: &[(u16, u32)]) -> Vec<Arc<Backend>> {
+        ports
+            .iter()
+            .enumerate()
+            .map(|(i, &(port, w))| backend_at(i as u64, port, w))
+            .collect()
+    }
+
     /// Backends named A, B, C… with the given weights.
     pub fn backends(weights: &[u32]) -> Vec<Arc<Backend>> {
         weights

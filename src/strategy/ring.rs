@@ -217,14 +217,6 @@ mod tests {
     use proptest::prelude::*;
     use std::collections::HashMap;
 
-    fn pool_of(ports: &[(u16, u32)]) -> Vec<Arc<Backend>> {
-        ports
-            .iter()
-            .enumerate()
-            .map(|(i, &(port, w))| backend_at(i as u64, port, w))
-            .collect()
-    }
-
     /// The URL each key goes to.
     fn mapping(bs: &[Arc<Backend>], keys: &[u64]) -> Vec<String> {
         let ring = Ring::new(bs);

@@ -139,6 +139,22 @@ impl Fulcrum {
     pub fn log(&self) -> String {
         self.log.lock().unwrap().clone()
     }
+
+    /// The first log line containing every one of `parts`, waiting up to `limit`.
+    pub fn log_line(&self, parts: &[&str], limit: Duration) -> Option<String> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let found = self
+                .log()
+                .lines()
+                .find(|l| parts.iter().all(|p| l.contains(p)))
+                .map(str::to_string);
+            if found.is_some() || Instant::now() >= deadline {
+                return found;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
 
 impl Drop for Fulcrum {
