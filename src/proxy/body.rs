@@ -10,6 +10,7 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
 use super::upstream::{Conn, Upstreams};
+use super::wire::WireBody;
 use crate::pool::RequestGuard;
 
 /// What keeps a request accounted for until its response has been received whole.
@@ -134,9 +135,21 @@ pub enum RespBody {
         /// Boxed: it is large, and a response body is moved around by value.
         hold: Option<Box<Hold>>,
     },
+    /// The backend's body, read from its socket as it is polled (see `wire`).
+    Wire {
+        /// The body and its connection.
+        inner: WireBody,
+        /// Released at the end of the stream.
+        hold: Option<Box<Hold>>,
+        /// Where the connection goes back when the body has been read whole.
+        pool: &'static Upstreams,
+    },
     /// A short answer of fulcrum's own.
     Full(Option<Bytes>),
 }
+
+/// The error of a response body: the backend's stream broke off.
+pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
 
 impl RespBody {
     /// Wraps a backend body; an already-finished one releases its hold at once.
@@ -148,6 +161,21 @@ impl RespBody {
             Some(Box::new(hold))
         };
         RespBody::Upstream { inner, hold }
+    }
+
+    /// Wraps a body read inline; an already-finished one releases its hold and its
+    /// connection at once.
+    pub fn wire(mut inner: WireBody, hold: Hold, pool: &'static Upstreams) -> RespBody {
+        let hold = if inner.is_end_stream() {
+            if let Some(w) = inner.take_reusable() {
+                pool.checkin_wire(w);
+            }
+            hold.complete();
+            None
+        } else {
+            Some(Box::new(hold))
+        };
+        RespBody::Wire { inner, hold, pool }
     }
 
     /// A fixed body.
@@ -163,14 +191,35 @@ impl RespBody {
 
 impl Body for RespBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     #[inline]
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         match self.get_mut() {
+            RespBody::Wire { inner, hold, pool } => {
+                let r = inner.poll_frame(cx);
+                match &r {
+                    Poll::Ready(Some(Ok(_))) if !inner.is_end_stream() => {}
+                    Poll::Ready(Some(Ok(_)) | None) => {
+                        if let Some(w) = inner.take_reusable() {
+                            pool.checkin_wire(w);
+                        }
+                        if let Some(h) = hold.take() {
+                            h.complete();
+                        }
+                    }
+                    Poll::Ready(Some(Err(_))) => {
+                        if let Some(mut h) = hold.take() {
+                            h.guard.fail();
+                        }
+                    }
+                    Poll::Pending => {}
+                }
+                r.map_err(Into::into)
+            }
             RespBody::Upstream { inner, hold } => {
                 let r = Pin::new(&mut *inner).poll_frame(cx);
                 match &r {
@@ -194,7 +243,7 @@ impl Body for RespBody {
                     }
                     Poll::Pending => {}
                 }
-                r
+                r.map_err(Into::into)
             }
             RespBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
         }
@@ -202,6 +251,7 @@ impl Body for RespBody {
 
     fn is_end_stream(&self) -> bool {
         match self {
+            RespBody::Wire { inner, .. } => inner.is_end_stream(),
             RespBody::Upstream { inner, .. } => inner.is_end_stream(),
             RespBody::Full(b) => b.is_none(),
         }
@@ -209,6 +259,7 @@ impl Body for RespBody {
 
     fn size_hint(&self) -> SizeHint {
         match self {
+            RespBody::Wire { inner, .. } => inner.size_hint(),
             RespBody::Upstream { inner, .. } => inner.size_hint(),
             RespBody::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
             RespBody::Full(None) => SizeHint::with_exact(0),

@@ -5,6 +5,7 @@ pub mod budget;
 pub mod headers;
 pub mod record;
 mod upstream;
+mod wire;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -352,41 +353,66 @@ impl Proxy {
             let last = attempt + 1 == max_attempts;
             let up_req = build_upstream(&mut parts, backend, &pq, &mut body, last);
             let upload = up_req.body().upload_flag();
-            let result = self
-                .upstreams
-                .send(backend, up_req, self.settings.upstream_timeout)
-                .await;
+            let timeout = self.settings.upstream_timeout;
+            // A request without a body (and not an upgrade) is exchanged inline; only
+            // idempotent ones, so that a pooled connection found closed can be replaced.
+            let result =
+                if upload.is_none() && client_upgrade.is_none() && is_idempotent(up_req.method()) {
+                    let mut head = Vec::with_capacity(256 + pq.as_str().len());
+                    wire::write_head(&mut head, up_req.method(), pq.as_str(), up_req.headers());
+                    self.upstreams
+                        .send_head(backend, &head, up_req.method(), timeout)
+                        .await
+                        .map(|(p, b, at)| (Answer::Wire(p, b), at))
+                } else {
+                    self.upstreams
+                        .send(backend, up_req, timeout)
+                        .await
+                        .map(|(r, c, at)| (Answer::Hyper(r, c), at))
+                };
             let failure = match result {
-                Ok((mut resp, conn, sent_at)) => {
+                Ok((answer, sent_at)) => {
+                    let status = answer.status();
                     let upstream_time = sent_at.elapsed() + injected_delay;
                     backend.record_latency(upstream_time);
-                    fin.status = resp.status().as_u16();
+                    fin.status = status.as_u16();
                     fin.upstream = Some(upstream_time);
                     fin.retries = attempt as u32;
-                    let failed = resp.status().is_server_error();
+                    let failed = status.is_server_error();
                     if failed {
                         guard.fail();
                     }
                     self.note_outcome(&mut guard, !failed);
-                    if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
-                        if let Some(client_upgrade) = client_upgrade {
-                            fin.finish(Some(backend));
-                            let upstream_upgrade = hyper::upgrade::on(&mut resp);
-                            tokio::spawn(tunnel(client_upgrade, upstream_upgrade, guard));
-                            let (rparts, _) = resp.into_parts();
-                            return Response::from_parts(rparts, RespBody::empty());
+                    let (mut rparts, wire_body, conn, rbody) = match answer {
+                        Answer::Hyper(mut resp, conn) => {
+                            if status == StatusCode::SWITCHING_PROTOCOLS {
+                                if let Some(client_upgrade) = client_upgrade {
+                                    fin.finish(Some(backend));
+                                    let upstream_upgrade = hyper::upgrade::on(&mut resp);
+                                    tokio::spawn(tunnel(client_upgrade, upstream_upgrade, guard));
+                                    let (rparts, _) = resp.into_parts();
+                                    return Response::from_parts(rparts, RespBody::empty());
+                                }
+                            }
+                            let (rparts, rbody) = resp.into_parts();
+                            (rparts, None, Some((conn, self.upstreams)), Some(rbody))
                         }
-                    }
-                    let (mut rparts, rbody) = resp.into_parts();
+                        Answer::Wire(rparts, wbody) => (rparts, Some(wbody), None, None),
+                    };
                     headers::strip_hop_by_hop(&mut rparts.headers, false);
                     let hold = Hold {
                         guard,
                         permit,
-                        conn: Some((conn, self.upstreams)),
+                        conn,
                         upload,
                         finish: Some(fin.hand_off()),
                     };
-                    return Response::from_parts(rparts, RespBody::upstream(rbody, hold));
+                    let body = match (wire_body, rbody) {
+                        (Some(w), _) => RespBody::wire(w, hold, self.upstreams),
+                        (None, Some(r)) => RespBody::upstream(r, hold),
+                        (None, None) => RespBody::empty(),
+                    };
+                    return Response::from_parts(rparts, body);
                 }
                 Err(f) => f,
             };
@@ -435,6 +461,21 @@ impl Proxy {
         fin.status = r.status().as_u16();
         fin.finish(backend);
         r
+    }
+}
+
+/// A backend's answer, from hyper's client or from an inline exchange.
+enum Answer {
+    Hyper(Response<Incoming>, upstream::Conn),
+    Wire(http::response::Parts, wire::WireBody),
+}
+
+impl Answer {
+    fn status(&self) -> StatusCode {
+        match self {
+            Answer::Hyper(r, _) => r.status(),
+            Answer::Wire(p, _) => p.status,
+        }
     }
 }
 

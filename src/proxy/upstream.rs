@@ -18,6 +18,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
 use super::body::ReqBody;
+use super::wire::{Wire, WireBody, WireError};
 use crate::pool::Backend;
 
 /// Idle connections older than this are closed.
@@ -56,6 +57,8 @@ struct Idle {
 #[derive(Debug)]
 pub struct Upstreams {
     idle: Mutex<HashMap<u64, Vec<Idle>>>,
+    /// Connections driven inline (requests without a body), by backend id.
+    wires: Mutex<HashMap<u64, Vec<(Wire, Instant)>>>,
     connect_timeout: Duration,
 }
 
@@ -64,6 +67,7 @@ impl Upstreams {
     pub fn new(connect_timeout: Duration) -> Self {
         Upstreams {
             idle: Mutex::new(HashMap::new()),
+            wires: Mutex::new(HashMap::new()),
             connect_timeout,
         }
     }
@@ -102,7 +106,7 @@ impl Upstreams {
         self.connect(b).await
     }
 
-    async fn connect(&self, b: &Backend) -> Result<Conn, Failure> {
+    async fn dial(&self, b: &Backend) -> Result<TcpStream, Failure> {
         let connecting = async {
             match b.socket_addr {
                 Some(addr) => TcpStream::connect(addr).await,
@@ -121,7 +125,13 @@ impl Upstreams {
             }
         };
         let _ = stream.set_nodelay(true);
+        Ok(stream)
+    }
+
+    async fn connect(&self, b: &Backend) -> Result<Conn, Failure> {
+        let stream = self.dial(b).await?;
         let (sender, conn) = http1::Builder::new()
+            .writev(false)
             .handshake(TokioIo::new(stream))
             .await
             .map_err(|_| Failure::Connect)?;
@@ -174,6 +184,57 @@ impl Upstreams {
         }
     }
 
+    /// Sends a request without a body, already serialised as `head`, over an inline
+    /// connection to `b`, and waits for the response head at most `timeout`. A pooled
+    /// connection that the backend closed without answering is replaced by a new one
+    /// once (only idempotent requests come this way, so sending again is safe).
+    pub async fn send_head(
+        &'static self,
+        b: &Backend,
+        head: &[u8],
+        method: &http::Method,
+        timeout: Duration,
+    ) -> Result<(http::response::Parts, WireBody, Instant), Failure> {
+        let mut replaced_stale = false;
+        loop {
+            let wire = match self.pop_wire(b.id) {
+                Some(w) => w,
+                None => Wire::new(self.dial(b).await?, b.id),
+            };
+            let reused = wire.reused;
+            let sent_at = Instant::now();
+            match tokio::time::timeout(timeout, wire.exchange(head, method)).await {
+                Err(_) => return Err(Failure::Timeout),
+                Ok(Ok((parts, body))) => return Ok((parts, body, sent_at)),
+                Ok(Err(WireError::Silent)) if reused && !replaced_stale => replaced_stale = true,
+                Ok(Err(_)) => {
+                    tracing::debug!(backend = %b.name, "upstream exchange failed");
+                    return Err(Failure::Broken);
+                }
+            }
+        }
+    }
+
+    fn pop_wire(&self, backend: u64) -> Option<Wire> {
+        let mut wires = self.wires.lock().unwrap_or_else(|e| e.into_inner());
+        let list = wires.get_mut(&backend)?;
+        while let Some((w, since)) = list.pop() {
+            if since.elapsed() < IDLE_TIMEOUT {
+                return Some(w);
+            }
+        }
+        None
+    }
+
+    /// Returns an inline connection whose response has been read whole.
+    pub fn checkin_wire(&self, w: Wire) {
+        let mut wires = self.wires.lock().unwrap_or_else(|e| e.into_inner());
+        let list = wires.entry(w.backend).or_default();
+        if list.len() < MAX_IDLE_PER_BACKEND {
+            list.push((w, Instant::now()));
+        }
+    }
+
     /// Returns a connection whose response has been read whole.
     pub fn checkin(&self, conn: Conn) {
         if conn.sender.is_closed() {
@@ -194,6 +255,12 @@ impl Upstreams {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         idle.retain(|id, list| {
             list.retain(|i| !i.sender.is_closed() && i.since.elapsed() < IDLE_TIMEOUT);
+            live(*id) && !list.is_empty()
+        });
+        drop(idle);
+        let mut wires = self.wires.lock().unwrap_or_else(|e| e.into_inner());
+        wires.retain(|id, list| {
+            list.retain(|(_, since)| since.elapsed() < IDLE_TIMEOUT);
             live(*id) && !list.is_empty()
         });
     }

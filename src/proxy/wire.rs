@@ -1,0 +1,611 @@
+//! HTTP/1.1 exchanges with a backend driven inline, for requests without a body.
+//!
+//! hyper's client runs each connection as a task of its own and passes every request and
+//! response through channels between that task and the caller. Most proxied requests
+//! have no body, and for those the caller's task can do the whole exchange itself: it
+//! writes the request head with one `send`, parses the response head in place with
+//! `httparse`, and the response body is read from the socket by whoever polls it (hyper's
+//! server connection, writing to the client). No task, no channel, one buffer per
+//! connection. Requests with a body, and upgrades, still go through hyper's client,
+//! which sends the upload while it waits for the answer.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, StatusCode, Version};
+use http_body::{Frame, SizeHint};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+
+/// Largest response head accepted from a backend.
+const MAX_HEAD: usize = 64 * 1024;
+/// Most header lines accepted in a response head.
+const MAX_HEADERS: usize = 128;
+/// Bytes asked of the kernel per read.
+const READ_CHUNK: usize = 8 * 1024;
+
+/// An open HTTP/1.1 connection to a backend, with the bytes read and not yet used.
+#[derive(Debug)]
+pub struct Wire {
+    stream: TcpStream,
+    buf: BytesMut,
+    /// The backend this connection goes to.
+    pub backend: u64,
+    /// Whether it served a request before this one.
+    pub reused: bool,
+}
+
+/// Why an inline exchange produced no response.
+#[derive(Debug)]
+pub enum WireError {
+    /// The connection was closed or failed before a single byte of the answer came back.
+    Silent,
+    /// The answer was malformed or broke off.
+    Broken,
+}
+
+/// How the response body is delimited (RFC 9112 §6.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    /// Exactly this many bytes remain.
+    Length(u64),
+    /// Chunked transfer coding.
+    Chunked(Chunk),
+    /// Until the backend closes the connection.
+    Close,
+}
+
+/// Where a chunked body's decoder stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Chunk {
+    /// Expecting a chunk-size line.
+    Size,
+    /// Inside chunk data, this many bytes left.
+    Data(u64),
+    /// Expecting the CRLF after chunk data.
+    DataEnd,
+    /// Reading trailer lines after the last chunk.
+    Trailers,
+}
+
+impl Wire {
+    /// A fresh connection.
+    pub fn new(stream: TcpStream, backend: u64) -> Wire {
+        Wire {
+            stream,
+            buf: BytesMut::new(),
+            backend,
+            reused: false,
+        }
+    }
+
+    /// Sends a request head (the request has no body) and reads the response head.
+    /// `head` is the serialised request; `method` decides whether a body follows.
+    pub async fn exchange(
+        mut self,
+        head: &[u8],
+        method: &Method,
+    ) -> Result<(http::response::Parts, WireBody), WireError> {
+        if self.stream.write_all(head).await.is_err() {
+            return Err(WireError::Silent);
+        }
+        let mut answered = false;
+        loop {
+            let (parts, head_len, framing, keep) = loop {
+                if !self.buf.is_empty() {
+                    match parse_head(&self.buf, method) {
+                        Ok(Some(p)) => break p,
+                        Ok(None) => {}
+                        Err(()) => return Err(WireError::Broken),
+                    }
+                    if self.buf.len() > MAX_HEAD {
+                        return Err(WireError::Broken);
+                    }
+                }
+                if self.buf.capacity() - self.buf.len() < READ_CHUNK / 2 {
+                    self.buf.reserve(READ_CHUNK);
+                }
+                let silent = self.buf.is_empty() && !answered;
+                match self.stream.read_buf(&mut self.buf).await {
+                    Ok(0) | Err(_) if silent => return Err(WireError::Silent),
+                    Ok(0) | Err(_) => return Err(WireError::Broken),
+                    Ok(_) => {}
+                }
+            };
+            self.buf.advance(head_len);
+            // Interim answers (100 Continue, 103 Early Hints) are not forwarded; the
+            // final answer follows on the same connection. A 101 was not asked for.
+            if parts.status.is_informational() {
+                if parts.status == StatusCode::SWITCHING_PROTOCOLS {
+                    return Err(WireError::Broken);
+                }
+                answered = true;
+                continue;
+            }
+            let body = WireBody {
+                wire: Some(self),
+                framing,
+                keep,
+            };
+            return Ok((parts, body));
+        }
+    }
+}
+
+type Head = (http::response::Parts, usize, Framing, bool);
+
+/// Parses a response head at the start of `buf`: `Ok(None)` when it is incomplete.
+fn parse_head(buf: &BytesMut, method: &Method) -> Result<Option<Head>, ()> {
+    let mut lines = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut resp = httparse::Response::new(&mut lines);
+    let len = match resp.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(_) => return Err(()),
+    };
+    let status = resp
+        .code
+        .and_then(|c| StatusCode::from_u16(c).ok())
+        .ok_or(())?;
+    let http11 = resp.version == Some(1);
+    let mut headers = HeaderMap::with_capacity(resp.headers.len());
+    let mut length: Option<u64> = None;
+    let mut chunked = false;
+    let mut coded = false;
+    let mut close = !http11;
+    for h in resp.headers.iter() {
+        let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| ())?;
+        let value = HeaderValue::from_bytes(h.value).map_err(|_| ())?;
+        if name == header::CONTENT_LENGTH {
+            let n = parse_length(h.value)?;
+            if length.is_some_and(|l| l != n) {
+                return Err(());
+            }
+            length = Some(n);
+        } else if name == header::TRANSFER_ENCODING {
+            coded = true;
+            // Only a final `chunked` delimits the body; any other coding runs to the close.
+            chunked = h
+                .value
+                .rsplit(|&c| c == b',')
+                .next()
+                .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+        } else if name == header::CONNECTION {
+            for token in h.value.split(|&c| c == b',') {
+                let token = token.trim_ascii();
+                if token.eq_ignore_ascii_case(b"close") {
+                    close = true;
+                } else if token.eq_ignore_ascii_case(b"keep-alive") && !http11 {
+                    close = false;
+                }
+            }
+        }
+        headers.append(name, value);
+    }
+    let bodiless = *method == Method::HEAD
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED;
+    let framing = if bodiless {
+        Framing::Length(0)
+    } else if coded {
+        // Transfer-Encoding overrides Content-Length; a message with both is not trusted
+        // to leave the connection in a known state.
+        if length.is_some() {
+            close = true;
+        }
+        if chunked {
+            Framing::Chunked(Chunk::Size)
+        } else {
+            Framing::Close
+        }
+    } else {
+        match length {
+            Some(n) => Framing::Length(n),
+            None => Framing::Close,
+        }
+    };
+    if framing == Framing::Close {
+        close = true;
+    }
+    let mut parts = http::Response::new(()).into_parts().0;
+    parts.status = status;
+    parts.version = if http11 {
+        Version::HTTP_11
+    } else {
+        Version::HTTP_10
+    };
+    parts.headers = headers;
+    Ok(Some((parts, len, framing, !close)))
+}
+
+fn parse_length(v: &[u8]) -> Result<u64, ()> {
+    let v = v.trim_ascii();
+    if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
+        return Err(());
+    }
+    Ok(v.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0')))
+}
+
+/// Writes the head of a request without a body into `out`.
+pub fn write_head(out: &mut Vec<u8>, method: &Method, target: &str, headers: &HeaderMap) {
+    out.clear();
+    out.extend_from_slice(method.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(target.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    for (k, v) in headers {
+        out.extend_from_slice(k.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(v.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    // A request that can carry a body says it has none, as hyper's client does.
+    if !matches!(*method, Method::GET | Method::HEAD | Method::CONNECT)
+        && !headers.contains_key(header::CONTENT_LENGTH)
+    {
+        out.extend_from_slice(b"content-length: 0\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// A response body read straight from the backend's socket.
+#[derive(Debug)]
+pub struct WireBody {
+    wire: Option<Wire>,
+    framing: Framing,
+    keep: bool,
+}
+
+/// What ended a body early.
+#[derive(Debug)]
+pub struct BodyBroken;
+
+impl std::fmt::Display for BodyBroken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the backend's response body broke off")
+    }
+}
+
+impl std::error::Error for BodyBroken {}
+
+impl WireBody {
+    /// Whether the body is over (nothing more will come).
+    pub fn is_end_stream(&self) -> bool {
+        self.framing == Framing::Length(0)
+    }
+
+    /// How much is left, when known.
+    pub fn size_hint(&self) -> SizeHint {
+        match self.framing {
+            Framing::Length(n) => SizeHint::with_exact(n),
+            _ => SizeHint::default(),
+        }
+    }
+
+    /// Takes the connection back once the body has been read whole, if it can serve
+    /// another request.
+    pub fn take_reusable(&mut self) -> Option<Wire> {
+        let clean = self.is_end_stream()
+            && self.keep
+            && self.wire.as_ref().is_some_and(|w| w.buf.is_empty());
+        let mut w = if clean {
+            self.wire.take()?
+        } else {
+            return None;
+        };
+        w.reused = true;
+        // An idle connection keeps no buffer.
+        w.buf = BytesMut::new();
+        Some(w)
+    }
+
+    /// The next piece of the body; `None` at its end.
+    pub fn poll_frame(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyBroken>>> {
+        loop {
+            let Some(w) = self.wire.as_mut() else {
+                return Poll::Ready(None);
+            };
+            match self.framing {
+                Framing::Length(0) => return Poll::Ready(None),
+                Framing::Length(n) => {
+                    if !w.buf.is_empty() {
+                        let take = w.buf.len().min(usize::try_from(n).unwrap_or(usize::MAX));
+                        self.framing = Framing::Length(n - take as u64);
+                        return Poll::Ready(Some(Ok(Frame::data(w.buf.split_to(take).freeze()))));
+                    }
+                }
+                Framing::Close => {
+                    if !w.buf.is_empty() {
+                        return Poll::Ready(Some(Ok(Frame::data(w.buf.split().freeze()))));
+                    }
+                }
+                Framing::Chunked(state) => match step_chunked(&mut w.buf, state) {
+                    Ok(Step::Data(b, next)) => {
+                        self.framing = Framing::Chunked(next);
+                        return Poll::Ready(Some(Ok(Frame::data(b))));
+                    }
+                    Ok(Step::Moved(next)) => {
+                        self.framing = Framing::Chunked(next);
+                        continue;
+                    }
+                    Ok(Step::Done) => {
+                        self.framing = Framing::Length(0);
+                        return Poll::Ready(None);
+                    }
+                    Ok(Step::More) => {}
+                    Err(()) => return self.broken(),
+                },
+            }
+            // Nothing usable buffered: read more.
+            match ready!(poll_fill(w, cx)) {
+                Ok(0) if self.framing == Framing::Close => {
+                    self.framing = Framing::Length(0);
+                    return Poll::Ready(None);
+                }
+                Ok(0) | Err(_) => return self.broken(),
+                Ok(_) => {}
+            }
+        }
+    }
+
+    fn broken(&mut self) -> Poll<Option<Result<Frame<Bytes>, BodyBroken>>> {
+        self.wire = None;
+        self.framing = Framing::Length(0);
+        Poll::Ready(Some(Err(BodyBroken)))
+    }
+}
+
+fn poll_fill(w: &mut Wire, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+    if w.buf.capacity() - w.buf.len() < READ_CHUNK / 2 {
+        w.buf.reserve(READ_CHUNK);
+    }
+    let spare = w.buf.spare_capacity_mut();
+    let mut rb = ReadBuf::uninit(spare);
+    ready!(Pin::new(&mut w.stream).poll_read(cx, &mut rb))?;
+    let n = rb.filled().len();
+    // SAFETY: `poll_read` initialised the first `n` bytes of the spare capacity.
+    unsafe { w.buf.advance_mut(n) };
+    Poll::Ready(Ok(n))
+}
+
+/// One step of the chunked decoder over the bytes buffered so far.
+#[derive(Debug, PartialEq, Eq)]
+enum Step {
+    /// Body bytes, and the state after them.
+    Data(Bytes, Chunk),
+    /// Framing consumed; go on in this state.
+    Moved(Chunk),
+    /// The last chunk and its trailers are consumed.
+    Done,
+    /// More bytes are needed.
+    More,
+}
+
+/// Longest chunk-size or trailer line accepted.
+const MAX_LINE: usize = 8 * 1024;
+
+/// The index just past the next CRLF (or bare LF) in `buf`, if a whole line is there.
+fn line_end(buf: &[u8]) -> Result<Option<usize>, ()> {
+    match buf.iter().position(|&c| c == b'\n') {
+        Some(i) => Ok(Some(i + 1)),
+        None if buf.len() > MAX_LINE => Err(()),
+        None => Ok(None),
+    }
+}
+
+fn step_chunked(buf: &mut BytesMut, state: Chunk) -> Result<Step, ()> {
+    match state {
+        Chunk::Size => {
+            let Some(end) = line_end(buf)? else {
+                return Ok(Step::More);
+            };
+            let line = &buf[..end];
+            let digits = line.iter().take_while(|c| c.is_ascii_hexdigit()).count();
+            if digits == 0 || digits > 15 {
+                return Err(());
+            }
+            let rest = &line[digits..];
+            // After the size: optional whitespace and extensions, then the line end.
+            if !matches!(rest.first(), Some(b';' | b'\r' | b'\n' | b' ' | b'\t')) {
+                return Err(());
+            }
+            let size = line[..digits].iter().fold(0u64, |n, &c| {
+                n * 16 + u64::from((c as char).to_digit(16).unwrap_or(0))
+            });
+            buf.advance(end);
+            Ok(Step::Moved(if size == 0 {
+                Chunk::Trailers
+            } else {
+                Chunk::Data(size)
+            }))
+        }
+        Chunk::Data(n) => {
+            if buf.is_empty() {
+                return Ok(Step::More);
+            }
+            let take = buf.len().min(usize::try_from(n).unwrap_or(usize::MAX));
+            let data = buf.split_to(take).freeze();
+            let left = n - take as u64;
+            Ok(Step::Data(
+                data,
+                if left == 0 {
+                    Chunk::DataEnd
+                } else {
+                    Chunk::Data(left)
+                },
+            ))
+        }
+        Chunk::DataEnd => match buf.first() {
+            None => Ok(Step::More),
+            Some(b'\n') => {
+                buf.advance(1);
+                Ok(Step::Moved(Chunk::Size))
+            }
+            Some(b'\r') if buf.len() < 2 => Ok(Step::More),
+            Some(b'\r') if buf[1] == b'\n' => {
+                buf.advance(2);
+                Ok(Step::Moved(Chunk::Size))
+            }
+            Some(_) => Err(()),
+        },
+        Chunk::Trailers => {
+            let Some(end) = line_end(buf)? else {
+                return Ok(Step::More);
+            };
+            let blank = end <= 2 && buf[..end].iter().all(|&c| c == b'\r' || c == b'\n');
+            buf.advance(end);
+            Ok(if blank {
+                Step::Done
+            } else {
+                // Trailer fields are dropped, as they would be by most proxies.
+                Step::Moved(Chunk::Trailers)
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn decode_all(input: &[u8], split: &[usize]) -> Result<Vec<u8>, ()> {
+        let mut buf = BytesMut::new();
+        let mut out = Vec::new();
+        let mut state = Chunk::Size;
+        let mut fed = 0;
+        let mut cuts = split.iter().copied().chain(std::iter::once(input.len()));
+        loop {
+            match step_chunked(&mut buf, state)? {
+                Step::Data(b, next) => {
+                    out.extend_from_slice(&b);
+                    state = next;
+                }
+                Step::Moved(next) => state = next,
+                Step::Done => return Ok(out),
+                Step::More => {
+                    let Some(cut) = cuts.next() else {
+                        return Err(());
+                    };
+                    let cut = cut.clamp(fed, input.len());
+                    buf.extend_from_slice(&input[fed..cut]);
+                    fed = cut;
+                }
+            }
+        }
+    }
+
+    fn encode(pieces: &[Vec<u8>]) -> Vec<u8> {
+        let mut v = Vec::new();
+        for p in pieces.iter().filter(|p| !p.is_empty()) {
+            v.extend_from_slice(format!("{:x};ext=1\r\n", p.len()).as_bytes());
+            v.extend_from_slice(p);
+            v.extend_from_slice(b"\r\n");
+        }
+        v.extend_from_slice(b"0\r\nx-trailer: 1\r\n\r\n");
+        v
+    }
+
+    proptest! {
+        #[test]
+        fn chunked_decodes_whatever_the_reads(
+            pieces in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..300), 0..8),
+            mut cuts in proptest::collection::vec(0usize..3000, 0..12),
+        ) {
+            cuts.sort_unstable();
+            let wire = encode(&pieces);
+            let body = decode_all(&wire, &cuts).expect("valid framing");
+            prop_assert_eq!(body, pieces.concat());
+        }
+    }
+
+    #[test]
+    fn chunked_refuses_bad_framing() {
+        assert!(decode_all(b"zz\r\nab\r\n0\r\n\r\n", &[]).is_err());
+        assert!(decode_all(b"2\r\nabX0\r\n\r\n", &[]).is_err());
+        assert!(decode_all(b"ffffffffffffffff\r\n", &[]).is_err());
+        assert_eq!(decode_all(b"2\nab\n0\n\n", &[]).unwrap(), b"ab");
+    }
+
+    fn head(text: &str, method: Method) -> Result<Option<Head>, ()> {
+        parse_head(&BytesMut::from(text.as_bytes()), &method)
+    }
+
+    #[test]
+    fn response_framing_follows_rfc_9112() {
+        let (p, len, f, keep) = head(
+            "HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello",
+            Method::GET,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (p.status, len, f, keep),
+            (StatusCode::OK, 38, Framing::Length(5), true)
+        );
+        let (_, _, f, keep) = head(
+            "HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n",
+            Method::GET,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!((f, keep), (Framing::Chunked(Chunk::Size), true));
+        let (_, _, f, keep) = head("HTTP/1.1 200 OK\r\n\r\n", Method::GET)
+            .unwrap()
+            .unwrap();
+        assert_eq!((f, keep), (Framing::Close, false));
+        let (_, _, f, _) = head("HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\n", Method::HEAD)
+            .unwrap()
+            .unwrap();
+        assert_eq!(f, Framing::Length(0));
+        let (_, _, f, _) = head(
+            "HTTP/1.1 304 Not Modified\r\ncontent-length: 9\r\n\r\n",
+            Method::GET,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(f, Framing::Length(0));
+        let (_, _, _, keep) = head(
+            "HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 0\r\n\r\n",
+            Method::GET,
+        )
+        .unwrap()
+        .unwrap();
+        assert!(!keep);
+        let (_, _, _, keep) = head("HTTP/1.0 200 OK\r\ncontent-length: 0\r\n\r\n", Method::GET)
+            .unwrap()
+            .unwrap();
+        assert!(!keep);
+        assert!(head(
+            "HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\n",
+            Method::GET
+        )
+        .is_err());
+        assert!(head("HTTP/1.1 200 OK\r\ncontent-length: -5\r\n\r\n", Method::GET).is_err());
+        assert!(head("HTTP/1.1 200 OK\r\ncontent-le", Method::GET)
+            .unwrap()
+            .is_none());
+        assert!(head("garbage\r\n\r\n", Method::GET).is_err());
+    }
+
+    #[test]
+    fn request_heads_say_when_there_is_no_body() {
+        let mut h = HeaderMap::new();
+        h.insert(header::HOST, HeaderValue::from_static("a"));
+        let mut out = Vec::new();
+        write_head(&mut out, &Method::GET, "/x?y", &h);
+        assert_eq!(out, b"GET /x?y HTTP/1.1\r\nhost: a\r\n\r\n");
+        write_head(&mut out, &Method::DELETE, "/x", &h);
+        assert_eq!(
+            out,
+            b"DELETE /x HTTP/1.1\r\nhost: a\r\ncontent-length: 0\r\n\r\n"
+        );
+    }
+}
