@@ -351,25 +351,34 @@ impl Proxy {
                 }
             }
             let last = attempt + 1 == max_attempts;
-            let up_req = build_upstream(&mut parts, backend, &pq, &mut body, last);
-            let upload = up_req.body().upload_flag();
             let timeout = self.settings.upstream_timeout;
             // A request without a body (and not an upgrade) is exchanged inline; only
             // idempotent ones, so that a pooled connection found closed can be replaced.
-            let result =
-                if upload.is_none() && client_upgrade.is_none() && is_idempotent(up_req.method()) {
-                    let mut head = Vec::with_capacity(256 + pq.as_str().len());
-                    wire::write_head(&mut head, up_req.method(), pq.as_str(), up_req.headers());
-                    self.upstreams
-                        .send_head(backend, &head, up_req.method(), timeout)
-                        .await
-                        .map(|(p, b, at)| (Answer::Wire(p, b), at))
-                } else {
-                    self.upstreams
-                        .send(backend, up_req, timeout)
-                        .await
-                        .map(|(r, c, at)| (Answer::Hyper(r, c), at))
+            let inline = body.is_none() && client_upgrade.is_none() && is_idempotent(&parts.method);
+            let (result, upload) = if inline {
+                let mut head = Vec::with_capacity(256 + pq.as_str().len());
+                // HTTP/1.1 needs a Host; a client that sent none (HTTP/1.0) gets the backend's.
+                let host = match parts.headers.contains_key(header::HOST) {
+                    true => None,
+                    false => Some(backend.authority.as_str()),
                 };
+                wire::write_head(&mut head, &parts.method, pq.as_str(), &parts.headers, host);
+                let r = self
+                    .upstreams
+                    .send_head(backend, &head, &parts.method, timeout)
+                    .await
+                    .map(|(p, b, at)| (Answer::Wire(p, b), at));
+                (r, None)
+            } else {
+                let up_req = build_upstream(&mut parts, backend, &pq, &mut body, last);
+                let upload = up_req.body().upload_flag();
+                let r = self
+                    .upstreams
+                    .send(backend, up_req, timeout)
+                    .await
+                    .map(|(r, c, at)| (Answer::Hyper(r, c), at));
+                (r, upload)
+            };
             let failure = match result {
                 Ok((answer, sent_at)) => {
                     let status = answer.status();
@@ -397,9 +406,12 @@ impl Proxy {
                             let (rparts, rbody) = resp.into_parts();
                             (rparts, None, Some((conn, self.upstreams)), Some(rbody))
                         }
+                        // Its hop-by-hop fields were left out as it was parsed.
                         Answer::Wire(rparts, wbody) => (rparts, Some(wbody), None, None),
                     };
-                    headers::strip_hop_by_hop(&mut rparts.headers, false);
+                    if conn.is_some() {
+                        headers::strip_hop_by_hop(&mut rparts.headers, false);
+                    }
                     let hold = Hold {
                         guard,
                         permit,

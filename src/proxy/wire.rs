@@ -94,9 +94,9 @@ impl Wire {
         }
         let mut answered = false;
         loop {
-            let (parts, head_len, framing, keep) = loop {
+            let (parts, framing, keep) = loop {
                 if !self.buf.is_empty() {
-                    match parse_head(&self.buf, method) {
+                    match parse_head(&mut self.buf, method) {
                         Ok(Some(p)) => break p,
                         Ok(None) => {}
                         Err(()) => return Err(WireError::Broken),
@@ -115,7 +115,6 @@ impl Wire {
                     Ok(_) => {}
                 }
             };
-            self.buf.advance(head_len);
             // Interim answers (100 Continue, 103 Early Hints) are not forwarded; the
             // final answer follows on the same connection. A 101 was not asked for.
             if parts.status.is_informational() {
@@ -135,32 +134,63 @@ impl Wire {
     }
 }
 
-type Head = (http::response::Parts, usize, Framing, bool);
+type Head = (http::response::Parts, Framing, bool);
 
-/// Parses a response head at the start of `buf`: `Ok(None)` when it is incomplete.
-fn parse_head(buf: &BytesMut, method: &Method) -> Result<Option<Head>, ()> {
-    let mut lines = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut resp = httparse::Response::new(&mut lines);
-    let len = match resp.parse(buf) {
-        Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) => return Ok(None),
-        Err(_) => return Err(()),
+/// Hop-by-hop fields (RFC 9110 §7.6.1), left out of the response as it is parsed.
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    *name == header::CONNECTION
+        || *name == header::TRANSFER_ENCODING
+        || *name == header::TE
+        || *name == header::TRAILER
+        || *name == header::UPGRADE
+        || *name == header::PROXY_AUTHORIZATION
+        || name.as_str() == "keep-alive"
+        || name.as_str() == "proxy-connection"
+}
+
+/// Parses a response head at the start of `buf` and takes it out of `buf`; `Ok(None)`
+/// (and `buf` untouched) when it is incomplete. Header values are slices of the head's
+/// own bytes, not copies; hop-by-hop fields are dropped on the way.
+fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, ()> {
+    // Where each line's name and value lie in the head, as offsets.
+    let mut spans = [(0u32, 0u32, 0u32, 0u32); MAX_HEADERS];
+    let (len, code, http11, count) = {
+        let mut lines = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
+        let mut resp = httparse::Response::new(&mut []);
+        let parsed = httparse::ParserConfig::default()
+            .parse_response_with_uninit_headers(&mut resp, buf, &mut lines);
+        let len = match parsed {
+            Ok(httparse::Status::Complete(n)) => n,
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(_) => return Err(()),
+        };
+        let base = buf.as_ptr() as usize;
+        let at = |s: &[u8]| (s.as_ptr() as usize - base) as u32;
+        for (span, h) in spans.iter_mut().zip(resp.headers.iter()) {
+            *span = (
+                at(h.name.as_bytes()),
+                h.name.len() as u32,
+                at(h.value),
+                h.value.len() as u32,
+            );
+        }
+        (len, resp.code, resp.version == Some(1), resp.headers.len())
     };
-    let status = resp
-        .code
-        .and_then(|c| StatusCode::from_u16(c).ok())
-        .ok_or(())?;
-    let http11 = resp.version == Some(1);
-    let mut headers = HeaderMap::with_capacity(resp.headers.len());
+    let status = code.and_then(|c| StatusCode::from_u16(c).ok()).ok_or(())?;
+    let head = buf.split_to(len).freeze();
+    let mut headers = HeaderMap::with_capacity(count);
     let mut length: Option<u64> = None;
     let mut chunked = false;
     let mut coded = false;
     let mut close = !http11;
-    for h in resp.headers.iter() {
-        let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| ())?;
-        let value = HeaderValue::from_bytes(h.value).map_err(|_| ())?;
+    // Fields that `Connection` names are hop-by-hop too (rare beyond keep-alive/close).
+    let mut named: Vec<HeaderName> = Vec::new();
+    for &(ns, nl, vs, vl) in &spans[..count] {
+        let (ns, nl, vs, vl) = (ns as usize, nl as usize, vs as usize, vl as usize);
+        let name = HeaderName::from_bytes(&head[ns..ns + nl]).map_err(|_| ())?;
+        let raw = &head[vs..vs + vl];
         if name == header::CONTENT_LENGTH {
-            let n = parse_length(h.value)?;
+            let n = parse_length(raw)?;
             if length.is_some_and(|l| l != n) {
                 return Err(());
             }
@@ -168,22 +198,32 @@ fn parse_head(buf: &BytesMut, method: &Method) -> Result<Option<Head>, ()> {
         } else if name == header::TRANSFER_ENCODING {
             coded = true;
             // Only a final `chunked` delimits the body; any other coding runs to the close.
-            chunked = h
-                .value
+            chunked = raw
                 .rsplit(|&c| c == b',')
                 .next()
                 .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
         } else if name == header::CONNECTION {
-            for token in h.value.split(|&c| c == b',') {
+            for token in raw.split(|&c| c == b',') {
                 let token = token.trim_ascii();
                 if token.eq_ignore_ascii_case(b"close") {
                     close = true;
-                } else if token.eq_ignore_ascii_case(b"keep-alive") && !http11 {
-                    close = false;
+                } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                    if !http11 {
+                        close = false;
+                    }
+                } else if let Ok(n) = HeaderName::from_bytes(token) {
+                    named.push(n);
                 }
             }
         }
+        if is_hop_by_hop(&name) {
+            continue;
+        }
+        let value = HeaderValue::from_maybe_shared(head.slice(vs..vs + vl)).map_err(|_| ())?;
         headers.append(name, value);
+    }
+    for n in &named {
+        headers.remove(n);
     }
     let bodiless = *method == Method::HEAD
         || status.is_informational()
@@ -196,6 +236,7 @@ fn parse_head(buf: &BytesMut, method: &Method) -> Result<Option<Head>, ()> {
         // to leave the connection in a known state.
         if length.is_some() {
             close = true;
+            headers.remove(header::CONTENT_LENGTH);
         }
         if chunked {
             Framing::Chunked(Chunk::Size)
@@ -219,7 +260,7 @@ fn parse_head(buf: &BytesMut, method: &Method) -> Result<Option<Head>, ()> {
         Version::HTTP_10
     };
     parts.headers = headers;
-    Ok(Some((parts, len, framing, !close)))
+    Ok(Some((parts, framing, !close)))
 }
 
 fn parse_length(v: &[u8]) -> Result<u64, ()> {
@@ -230,13 +271,25 @@ fn parse_length(v: &[u8]) -> Result<u64, ()> {
     Ok(v.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0')))
 }
 
-/// Writes the head of a request without a body into `out`.
-pub fn write_head(out: &mut Vec<u8>, method: &Method, target: &str, headers: &HeaderMap) {
+/// Writes the head of a request without a body into `out`, with a `host` line first
+/// when one is given.
+pub fn write_head(
+    out: &mut Vec<u8>,
+    method: &Method,
+    target: &str,
+    headers: &HeaderMap,
+    host: Option<&str>,
+) {
     out.clear();
     out.extend_from_slice(method.as_str().as_bytes());
     out.push(b' ');
     out.extend_from_slice(target.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
+    if let Some(h) = host {
+        out.extend_from_slice(b"host: ");
+        out.extend_from_slice(h.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
     for (k, v) in headers {
         out.extend_from_slice(k.as_str().as_bytes());
         out.extend_from_slice(b": ");
@@ -534,8 +587,13 @@ mod tests {
         assert_eq!(decode_all(b"2\nab\n0\n\n", &[]).unwrap(), b"ab");
     }
 
-    fn head(text: &str, method: Method) -> Result<Option<Head>, ()> {
-        parse_head(&BytesMut::from(text.as_bytes()), &method)
+    /// Parses `text`; also returns how many bytes the head took.
+    fn head(
+        text: &str,
+        method: Method,
+    ) -> Result<Option<(http::response::Parts, usize, Framing, bool)>, ()> {
+        let mut buf = BytesMut::from(text.as_bytes());
+        Ok(parse_head(&mut buf, &method)?.map(|(p, f, k)| (p, text.len() - buf.len(), f, k)))
     }
 
     #[test]
@@ -593,6 +651,18 @@ mod tests {
             .unwrap()
             .is_none());
         assert!(head("garbage\r\n\r\n", Method::GET).is_err());
+        // Hop-by-hop fields stay behind, with those `Connection` names.
+        let (p, _, _, keep) = head(
+            "HTTP/1.1 200 OK\r\nconnection: keep-alive, x-private\r\nkeep-alive: timeout=5\r\n\
+             x-private: 1\r\nx-kept: 2\r\nupgrade: h2c\r\ncontent-length: 0\r\n\r\n",
+            Method::GET,
+        )
+        .unwrap()
+        .unwrap();
+        assert!(keep);
+        let mut names: Vec<&str> = p.headers.keys().map(|k| k.as_str()).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["content-length", "x-kept"]);
     }
 
     #[test]
@@ -600,12 +670,18 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(header::HOST, HeaderValue::from_static("a"));
         let mut out = Vec::new();
-        write_head(&mut out, &Method::GET, "/x?y", &h);
+        write_head(&mut out, &Method::GET, "/x?y", &h, None);
         assert_eq!(out, b"GET /x?y HTTP/1.1\r\nhost: a\r\n\r\n");
-        write_head(&mut out, &Method::DELETE, "/x", &h);
+        write_head(
+            &mut out,
+            &Method::DELETE,
+            "/x",
+            &HeaderMap::new(),
+            Some("b:1"),
+        );
         assert_eq!(
             out,
-            b"DELETE /x HTTP/1.1\r\nhost: a\r\ncontent-length: 0\r\n\r\n"
+            b"DELETE /x HTTP/1.1\r\nhost: b:1\r\ncontent-length: 0\r\n\r\n"
         );
     }
 }
