@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Cost guard: user-space instructions per proxied request, counted by valgrind's
+# callgrind, against the budget in .ci/cost-budget. Instruction counts do not depend on
+# how busy the machine is, so this cannot flake the way a timed test would; a change
+# that makes the request path markedly more expensive fails it.
+#
+#   .ci/cost.sh [BIN]      (BIN defaults to target/release/fulcrum)
+#
+# Workload: one client connection (curl), N sequential GETs through `fulcrum serve
+# --workers 1` (round robin, health checks, EWMA, retries, metrics and the access log
+# on) to three `fulcrum backend` processes. Two runs (N = 200 and N = 1200) are
+# subtracted, so start-up and shutdown cancel out.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin=${1:-target/release/fulcrum}
+budget=$(grep -v '^#' .ci/cost-budget | head -1)
+
+if ! command -v valgrind >/dev/null || ! command -v curl >/dev/null; then
+  if [ "$(id -u)" = 0 ]; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind curl >/dev/null
+  else
+    echo "cost guard: valgrind and curl are needed" >&2
+    exit 1
+  fi
+fi
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_port() {
+  for _ in $(seq 200); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+    sleep 0.05
+  done
+  echo "cost guard: nothing listens on $1" >&2
+  return 1
+}
+
+pids=()
+cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; }
+trap cleanup EXIT
+
+backends=()
+for i in 1 2 3; do
+  p=$(free_port)
+  "$bin" backend --listen "127.0.0.1:$p" --name "b$i" >/dev/null 2>&1 &
+  pids+=($!)
+  wait_port "$p"
+  backends+=(--backend "http://127.0.0.1:$p")
+done
+
+out=$(mktemp -d)
+# Instructions of one `fulcrum serve` under callgrind serving $1 requests.
+count() {
+  local n=$1 port admin
+  port=$(free_port)
+  admin=$(free_port)
+  valgrind --tool=callgrind --callgrind-out-file="$out/cg.$n" \
+    "$bin" serve --listen "127.0.0.1:$port" --admin "127.0.0.1:$admin" --workers 1 \
+    --health-interval 60s "${backends[@]}" 2>/dev/null &
+  local vg=$!
+  wait_port "$port"
+  curl -s -o /dev/null "http://127.0.0.1:$port/cost?[1-$n]"
+  kill -INT "$vg"
+  wait "$vg" || true
+  grep '^summary:' "$out/cg.$n" | awk '{print $2}'
+}
+
+small=$(count 200)
+large=$(count 1200)
+per=$(( (large - small) / 1000 ))
+echo "cost guard: $per instructions per request (budget $budget)"
+if [ "$per" -gt "$budget" ]; then
+  echo "cost guard: over budget: the request path got more expensive" >&2
+  exit 1
+fi
