@@ -30,6 +30,10 @@ const FAST_INTERVAL: Duration = Duration::from_millis(200);
 const DOWN_INTERVAL: Duration = Duration::from_secs(1);
 /// How often the checker looks for probes that are due.
 const TICK: Duration = Duration::from_millis(25);
+/// Probes in flight at once. A pool of thousands is probed in waves of this size rather
+/// than all at once, which would hold a connection and its buffers per backend (and
+/// leave the allocator holding that peak) just after start.
+const MAX_PROBES_IN_FLIGHT: usize = 1024;
 
 /// The consecutive results of one backend and when to probe it next.
 #[derive(Debug, Clone, Default)]
@@ -124,6 +128,7 @@ pub async fn run(pool: Arc<Pool>, settings: HealthSettings, mut stop: watch::Rec
     let settings = Arc::new(settings);
     let (tx, mut results) = mpsc::unbounded_channel::<(u64, bool)>();
     let mut tracks: HashMap<u64, Track> = HashMap::new();
+    let mut in_flight = 0usize;
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -133,7 +138,14 @@ pub async fn run(pool: Arc<Pool>, settings: HealthSettings, mut stop: watch::Rec
                 pool.refresh_ramps();
                 let now = Instant::now();
                 let backends = pool.backends();
-                tracks.retain(|id, _| backends.iter().any(|b| b.id == *id));
+                // Linear in the pool, not quadratic: pools of thousands are checked too.
+                if tracks.len() > backends.len()
+                    || backends.iter().any(|b| !tracks.contains_key(&b.id))
+                {
+                    let live: std::collections::HashSet<u64> =
+                        backends.iter().map(|b| b.id).collect();
+                    tracks.retain(|id, _| live.contains(id));
+                }
                 for b in backends {
                     let t = tracks.entry(b.id).or_insert_with(|| Track {
                         streak: Streak::default(),
@@ -143,6 +155,10 @@ pub async fn run(pool: Arc<Pool>, settings: HealthSettings, mut stop: watch::Rec
                     if t.probing || t.next_at > now {
                         continue;
                     }
+                    if in_flight >= MAX_PROBES_IN_FLIGHT {
+                        break;
+                    }
+                    in_flight += 1;
                     t.probing = true;
                     let tx = tx.clone();
                     let s = Arc::clone(&settings);
@@ -154,6 +170,7 @@ pub async fn run(pool: Arc<Pool>, settings: HealthSettings, mut stop: watch::Rec
                 }
             }
             Some((id, ok)) = results.recv() => {
+                in_flight = in_flight.saturating_sub(1);
                 let Some(t) = tracks.get_mut(&id) else { continue };
                 t.probing = false;
                 let Ok(b) = pool.get(id) else { continue };
