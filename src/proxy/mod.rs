@@ -335,7 +335,8 @@ impl Proxy {
             let mut injected_delay = Duration::ZERO;
             if let Some(faults) = backend.faults() {
                 if !faults.latency.is_zero() {
-                    tokio::time::sleep(faults.latency).await;
+                    // Boxed: rare, and it would otherwise enlarge every request's future.
+                    Box::pin(tokio::time::sleep(faults.latency)).await;
                     injected_delay = faults.latency;
                 }
                 if faults.error_rate > 0.0 && fastrand::f64() < faults.error_rate {
@@ -372,9 +373,10 @@ impl Proxy {
             } else {
                 let up_req = build_upstream(&mut parts, backend, &pq, &mut body, last);
                 let upload = up_req.body().upload_flag();
-                let r = self
-                    .upstreams
-                    .send(backend, up_req, timeout)
+                // Boxed: only requests with a body or an upgrade come this way, and the
+                // exchange's state would otherwise enlarge every request's future (each
+                // client connection keeps one allocated).
+                let r = Box::pin(self.upstreams.send(backend, up_req, timeout))
                     .await
                     .map(|(r, c, at)| (Answer::Hyper(r, c), at));
                 (r, upload)

@@ -24,8 +24,11 @@ use tokio::net::TcpStream;
 const MAX_HEAD: usize = 64 * 1024;
 /// Most header lines accepted in a response head.
 const MAX_HEADERS: usize = 128;
-/// Bytes asked of the kernel per read.
+/// Bytes asked of the kernel per read of a body.
 const READ_CHUNK: usize = 8 * 1024;
+/// The first read of an answer: most heads, and many whole small answers, fit; a
+/// connection waiting for its answer holds no more than this.
+const HEAD_CHUNK: usize = 4 * 1024;
 
 /// An open HTTP/1.1 connection to a backend, with the bytes read and not yet used.
 #[derive(Debug)]
@@ -105,8 +108,8 @@ impl Wire {
                         return Err(WireError::Broken);
                     }
                 }
-                if self.buf.capacity() - self.buf.len() < READ_CHUNK / 2 {
-                    self.buf.reserve(READ_CHUNK);
+                if self.buf.capacity() - self.buf.len() < HEAD_CHUNK / 2 {
+                    self.buf.reserve(HEAD_CHUNK);
                 }
                 let silent = self.buf.is_empty() && !answered;
                 match self.stream.read_buf(&mut self.buf).await {
