@@ -116,6 +116,19 @@ pub async fn probe(b: &Backend, path: &str, timeout: Duration) -> bool {
     matches!(tokio::time::timeout(timeout, attempt).await, Ok(Some(true)))
 }
 
+/// Sends a probe's result when dropped; a failure unless the probe set one.
+struct Report {
+    tx: mpsc::UnboundedSender<(u64, bool)>,
+    id: u64,
+    ok: Option<bool>,
+}
+
+impl Drop for Report {
+    fn drop(&mut self) {
+        let _ = self.tx.send((self.id, self.ok.unwrap_or(false)));
+    }
+}
+
 #[derive(Debug)]
 struct Track {
     streak: Streak,
@@ -163,9 +176,12 @@ pub async fn run(pool: Arc<Pool>, settings: HealthSettings, mut stop: watch::Rec
                     let tx = tx.clone();
                     let s = Arc::clone(&settings);
                     tokio::spawn(async move {
+                        // Reports a failure if the probe never finishes (a panic), so the
+                        // probe's slot is given back either way.
+                        let mut report = Report { tx, id: b.id, ok: None };
                         let ok = probe(&b, &s.path, s.timeout).await;
                         b.stats.probe(ok);
-                        let _ = tx.send((b.id, ok));
+                        report.ok = Some(ok);
                     });
                 }
             }

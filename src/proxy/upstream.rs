@@ -197,7 +197,14 @@ impl Upstreams {
     ) -> Result<(http::response::Parts, WireBody, Instant), Failure> {
         let mut replaced_stale = false;
         loop {
-            let wire = match self.pop_wire(b.id) {
+            // After a stale pooled connection, a new one: others pooled as long may be
+            // just as stale.
+            let pooled = if replaced_stale {
+                None
+            } else {
+                self.pop_wire(b.id)
+            };
+            let wire = match pooled {
                 Some(w) => w,
                 None => Wire::new(self.dial(b).await?, b.id),
             };
@@ -206,7 +213,11 @@ impl Upstreams {
             match tokio::time::timeout(timeout, wire.exchange(head, method)).await {
                 Err(_) => return Err(Failure::Timeout),
                 Ok(Ok((parts, body))) => return Ok((parts, body, sent_at)),
-                Ok(Err(WireError::Silent)) if reused && !replaced_stale => replaced_stale = true,
+                Ok(Err(WireError::Silent | WireError::Unsent)) if reused && !replaced_stale => {
+                    replaced_stale = true
+                }
+                // Nothing reached the backend: as good as a failed connect.
+                Ok(Err(WireError::Unsent)) => return Err(Failure::Connect),
                 Ok(Err(_)) => {
                     tracing::debug!(backend = %b.name, "upstream exchange failed");
                     return Err(Failure::Broken);
@@ -219,7 +230,7 @@ impl Upstreams {
         let mut wires = self.wires.lock().unwrap_or_else(|e| e.into_inner());
         let list = wires.get_mut(&backend)?;
         while let Some((w, since)) = list.pop() {
-            if since.elapsed() < IDLE_TIMEOUT {
+            if since.elapsed() < IDLE_TIMEOUT && w.is_idle() {
                 return Some(w);
             }
         }

@@ -24,6 +24,8 @@ use tokio::net::TcpStream;
 const MAX_HEAD: usize = 64 * 1024;
 /// Most header lines accepted in a response head.
 const MAX_HEADERS: usize = 128;
+/// Interim (1xx) answers skipped before the final one; more is a broken backend.
+const MAX_INTERIM: usize = 8;
 /// Bytes asked of the kernel per read of a body.
 const READ_CHUNK: usize = 8 * 1024;
 /// The first read of an answer: most heads, and many whole small answers, fit; a
@@ -44,6 +46,8 @@ pub struct Wire {
 /// Why an inline exchange produced no response.
 #[derive(Debug)]
 pub enum WireError {
+    /// The request could not be written: the backend has not seen it.
+    Unsent,
     /// The connection was closed or failed before a single byte of the answer came back.
     Silent,
     /// The answer was malformed or broke off.
@@ -93,9 +97,10 @@ impl Wire {
         method: &Method,
     ) -> Result<(http::response::Parts, WireBody), WireError> {
         if self.stream.write_all(head).await.is_err() {
-            return Err(WireError::Silent);
+            return Err(WireError::Unsent);
         }
         let mut answered = false;
+        let mut interim = 0;
         loop {
             let (parts, framing, keep) = loop {
                 if !self.buf.is_empty() {
@@ -121,7 +126,8 @@ impl Wire {
             // Interim answers (100 Continue, 103 Early Hints) are not forwarded; the
             // final answer follows on the same connection. A 101 was not asked for.
             if parts.status.is_informational() {
-                if parts.status == StatusCode::SWITCHING_PROTOCOLS {
+                interim += 1;
+                if parts.status == StatusCode::SWITCHING_PROTOCOLS || interim > MAX_INTERIM {
                     return Err(WireError::Broken);
                 }
                 answered = true;
@@ -133,6 +139,24 @@ impl Wire {
                 keep,
             };
             return Ok((parts, body));
+        }
+    }
+}
+
+impl Wire {
+    /// Whether this pooled connection can take a request: the backend has neither closed
+    /// it nor sent anything since its last answer was read whole. Nothing watches an idle
+    /// connection, but the reactor records any readiness the kernel reports for it; only
+    /// when it has recorded some does this look at the socket (one non-blocking read).
+    pub fn is_idle(&self) -> bool {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        match self.stream.poll_read_ready(&mut cx) {
+            Poll::Pending => true,
+            Poll::Ready(Err(_)) => false,
+            Poll::Ready(Ok(())) => {
+                let mut probe = [0u8; 1];
+                matches!(self.stream.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+            }
         }
     }
 }
@@ -157,7 +181,7 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
 fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, ()> {
     // Where each line's name and value lie in the head, as offsets.
     let mut spans = [(0u32, 0u32, 0u32, 0u32); MAX_HEADERS];
-    let (len, code, http11, count) = {
+    let (len, code, http11, count, reason) = {
         let mut lines = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
         let mut resp = httparse::Response::new(&mut []);
         let parsed = httparse::ParserConfig::default()
@@ -168,16 +192,38 @@ fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, ()> {
             Err(_) => return Err(()),
         };
         let base = buf.as_ptr() as usize;
-        let at = |s: &[u8]| (s.as_ptr() as usize - base) as u32;
+        // Where a slice of the head starts, checked to lie inside the head.
+        let at = |s: &[u8]| {
+            (s.as_ptr() as usize)
+                .checked_sub(base)
+                .filter(|&o| o + s.len() <= len)
+                .map(|o| o as u32)
+                .ok_or(())
+        };
         for (span, h) in spans.iter_mut().zip(resp.headers.iter()) {
             *span = (
-                at(h.name.as_bytes()),
+                at(h.name.as_bytes())?,
                 h.name.len() as u32,
-                at(h.value),
+                at(h.value)?,
                 h.value.len() as u32,
             );
         }
-        (len, resp.code, resp.version == Some(1), resp.headers.len())
+        (
+            len,
+            resp.code,
+            resp.version == Some(1),
+            resp.headers.len(),
+            // A reason phrase other than the usual one is passed on, as hyper's client did.
+            match (
+                resp.code.and_then(|c| StatusCode::from_u16(c).ok()),
+                resp.reason,
+            ) {
+                (Some(st), Some(r)) if Some(r) != st.canonical_reason() => {
+                    hyper::ext::ReasonPhrase::try_from(r.as_bytes()).ok()
+                }
+                _ => None,
+            },
+        )
     };
     let status = code.and_then(|c| StatusCode::from_u16(c).ok()).ok_or(())?;
     let head = buf.split_to(len).freeze();
@@ -234,6 +280,9 @@ fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, ()> {
         || status == StatusCode::NOT_MODIFIED;
     let framing = if bodiless {
         Framing::Length(0)
+    } else if coded && !http11 {
+        // RFC 9112 §6.1: Transfer-Encoding in an HTTP/1.0 message is faulty framing.
+        return Err(());
     } else if coded {
         // Transfer-Encoding overrides Content-Length; a message with both is not trusted
         // to leave the connection in a known state.
@@ -263,10 +312,27 @@ fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, ()> {
         Version::HTTP_10
     };
     parts.headers = headers;
+    if let Some(r) = reason {
+        parts.extensions.insert(r);
+    }
     Ok(Some((parts, framing, !close)))
 }
 
+/// A Content-Length value; a list of one repeated value (`5, 5`) is that value
+/// (RFC 9110 §8.6).
 fn parse_length(v: &[u8]) -> Result<u64, ()> {
+    let mut value = None;
+    for part in v.split(|&c| c == b',') {
+        let n = parse_digits(part)?;
+        if value.is_some_and(|m| m != n) {
+            return Err(());
+        }
+        value = Some(n);
+    }
+    value.ok_or(())
+}
+
+fn parse_digits(v: &[u8]) -> Result<u64, ()> {
     let v = v.trim_ascii();
     if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
         return Err(());
@@ -275,7 +341,8 @@ fn parse_length(v: &[u8]) -> Result<u64, ()> {
 }
 
 /// Writes the head of a request without a body into `out`, with a `host` line first
-/// when one is given.
+/// when one is given. The client's headers go as they are: a request without
+/// `Content-Length` or `Transfer-Encoding` has no body in HTTP/1.1.
 pub fn write_head(
     out: &mut Vec<u8>,
     method: &Method,
@@ -298,12 +365,6 @@ pub fn write_head(
         out.extend_from_slice(b": ");
         out.extend_from_slice(v.as_bytes());
         out.extend_from_slice(b"\r\n");
-    }
-    // A request that can carry a body says it has none, as hyper's client does.
-    if !matches!(*method, Method::GET | Method::HEAD | Method::CONNECT)
-        && !headers.contains_key(header::CONTENT_LENGTH)
-    {
-        out.extend_from_slice(b"content-length: 0\r\n");
     }
     out.extend_from_slice(b"\r\n");
 }
@@ -467,9 +528,12 @@ fn step_chunked(buf: &mut BytesMut, state: Chunk) -> Result<Step, ()> {
             if digits == 0 || digits > 15 {
                 return Err(());
             }
+            // After the size: the line end, or (optional whitespace and) extensions.
             let rest = &line[digits..];
-            // After the size: optional whitespace and extensions, then the line end.
-            if !matches!(rest.first(), Some(b';' | b'\r' | b'\n' | b' ' | b'\t')) {
+            let ext = rest.trim_ascii_start();
+            let ok = matches!(rest, b"\r\n" | b"\n")
+                || (ext.first() == Some(&b';') && ext.ends_with(b"\n"));
+            if !ok {
                 return Err(());
             }
             let size = line[..digits].iter().fold(0u64, |n, &c| {
@@ -587,7 +651,13 @@ mod tests {
         assert!(decode_all(b"zz\r\nab\r\n0\r\n\r\n", &[]).is_err());
         assert!(decode_all(b"2\r\nabX0\r\n\r\n", &[]).is_err());
         assert!(decode_all(b"ffffffffffffffff\r\n", &[]).is_err());
+        assert!(decode_all(b"2 junk\r\nab\r\n0\r\n\r\n", &[]).is_err());
+        assert!(decode_all(b"2\rX\nab\r\n0\r\n\r\n", &[]).is_err());
         assert_eq!(decode_all(b"2\nab\n0\n\n", &[]).unwrap(), b"ab");
+        assert_eq!(
+            decode_all(b"2 ;a=b\r\nab\r\n0\r\n\r\n", &[]).unwrap(),
+            b"ab"
+        );
     }
 
     /// Parses `text`; also returns how many bytes the head took.
@@ -682,9 +752,6 @@ mod tests {
             &HeaderMap::new(),
             Some("b:1"),
         );
-        assert_eq!(
-            out,
-            b"DELETE /x HTTP/1.1\r\nhost: b:1\r\ncontent-length: 0\r\n\r\n"
-        );
+        assert_eq!(out, b"DELETE /x HTTP/1.1\r\nhost: b:1\r\n\r\n");
     }
 }
