@@ -382,7 +382,7 @@ impl Proxy {
                 (r, upload)
             };
             let failure = match result {
-                Ok((answer, sent_at)) => {
+                Ok((mut answer, sent_at)) => {
                     let status = answer.status();
                     let upstream_time = sent_at.elapsed() + injected_delay;
                     backend.record_latency(upstream_time);
@@ -394,37 +394,37 @@ impl Proxy {
                         guard.fail();
                     }
                     self.note_outcome(&mut guard, !failed);
-                    let (mut rparts, wire_body, conn, rbody) = match answer {
-                        Answer::Hyper(mut resp, conn) => {
-                            if status == StatusCode::SWITCHING_PROTOCOLS {
-                                if let Some(client_upgrade) = client_upgrade {
-                                    fin.finish(Some(backend));
-                                    let upstream_upgrade = hyper::upgrade::on(&mut resp);
-                                    tokio::spawn(tunnel(client_upgrade, upstream_upgrade, guard));
-                                    let (rparts, _) = resp.into_parts();
-                                    return Response::from_parts(rparts, RespBody::empty());
-                                }
-                            }
-                            let (rparts, rbody) = resp.into_parts();
-                            (rparts, None, Some((conn, self.upstreams)), Some(rbody))
+                    if let (Answer::Hyper(resp, _), Some(client_upgrade)) =
+                        (&mut answer, client_upgrade)
+                    {
+                        if status == StatusCode::SWITCHING_PROTOCOLS {
+                            fin.finish(Some(backend));
+                            let upstream_upgrade = hyper::upgrade::on(&mut *resp);
+                            tokio::spawn(tunnel(client_upgrade, upstream_upgrade, guard));
+                            let mut r = Response::new(RespBody::empty());
+                            *r.status_mut() = status;
+                            *r.headers_mut() = std::mem::take(resp.headers_mut());
+                            return r;
                         }
-                        // Its hop-by-hop fields were left out as it was parsed.
-                        Answer::Wire(rparts, wbody) => (rparts, Some(wbody), None, None),
-                    };
-                    if conn.is_some() {
-                        headers::strip_hop_by_hop(&mut rparts.headers, false);
                     }
-                    let hold = Hold {
+                    let mut hold = Hold {
                         guard,
                         permit,
-                        conn,
+                        conn: None,
                         upload,
                         finish: Some(fin.hand_off()),
                     };
-                    let body = match (wire_body, rbody) {
-                        (Some(w), _) => RespBody::wire(w, hold, self.upstreams),
-                        (None, Some(r)) => RespBody::upstream(r, hold),
-                        (None, None) => RespBody::empty(),
+                    let (rparts, body) = match answer {
+                        Answer::Hyper(resp, conn) => {
+                            let (mut rparts, rbody) = resp.into_parts();
+                            headers::strip_hop_by_hop(&mut rparts.headers, false);
+                            hold.conn = Some((conn, self.upstreams));
+                            (rparts, RespBody::upstream(rbody, hold))
+                        }
+                        // Its hop-by-hop fields were left out as it was parsed.
+                        Answer::Wire(rparts, wbody) => {
+                            (rparts, RespBody::wire(wbody, hold, self.upstreams))
+                        }
                     };
                     return Response::from_parts(rparts, body);
                 }
