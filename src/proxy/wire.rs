@@ -17,7 +17,7 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, StatusCode, Version};
 use http_body::{Frame, SizeHint};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
 /// Largest response head accepted from a backend.
@@ -26,11 +26,17 @@ const MAX_HEAD: usize = 64 * 1024;
 const MAX_HEADERS: usize = 128;
 /// Interim (1xx) answers skipped before the final one; more is a broken backend.
 const MAX_INTERIM: usize = 8;
-/// Bytes asked of the kernel per read of a body.
+/// Bytes asked of the kernel per read.
 const READ_CHUNK: usize = 8 * 1024;
-/// The first read of an answer: most heads, and many whole small answers, fit; a
-/// connection waiting for its answer holds no more than this.
-const HEAD_CHUNK: usize = 4 * 1024;
+
+thread_local! {
+    /// Where a worker's upstream reads land first, to be copied into a buffer of exactly
+    /// their size: a connection waiting for its answer holds no buffer at all (as
+    /// HAProxy's buffers are taken from a pool only when data comes), and a small answer
+    /// costs a small allocation rather than a fresh 8 KiB one.
+    static SCRATCH: std::cell::RefCell<Box<[u8]>> =
+        std::cell::RefCell::new(vec![0u8; READ_CHUNK].into_boxed_slice());
+}
 
 /// An open HTTP/1.1 connection to a backend, with the bytes read and not yet used.
 #[derive(Debug)]
@@ -113,11 +119,8 @@ impl Wire {
                         return Err(WireError::Broken);
                     }
                 }
-                if self.buf.capacity() - self.buf.len() < HEAD_CHUNK / 2 {
-                    self.buf.reserve(HEAD_CHUNK);
-                }
                 let silent = self.buf.is_empty() && !answered;
-                match self.stream.read_buf(&mut self.buf).await {
+                match std::future::poll_fn(|cx| poll_fill(&mut self, cx)).await {
                     Ok(0) | Err(_) if silent => return Err(WireError::Silent),
                     Ok(0) | Err(_) => return Err(WireError::Broken),
                     Ok(_) => {}
@@ -479,8 +482,26 @@ impl WireBody {
     }
 }
 
+/// Reads what the socket has into the connection's buffer (see [`SCRATCH`]).
 fn poll_fill(w: &mut Wire, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
     if w.buf.capacity() - w.buf.len() < READ_CHUNK / 2 {
+        let through_scratch = SCRATCH.with(|scratch| {
+            let Ok(mut scratch) = scratch.try_borrow_mut() else {
+                return None;
+            };
+            let mut rb = ReadBuf::new(&mut scratch[..]);
+            Some(match Pin::new(&mut w.stream).poll_read(cx, &mut rb) {
+                Poll::Ready(Ok(())) => {
+                    w.buf.extend_from_slice(rb.filled());
+                    Poll::Ready(Ok(rb.filled().len()))
+                }
+                Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+                Poll::Pending => Poll::Pending,
+            })
+        });
+        if let Some(r) = through_scratch {
+            return r;
+        }
         w.buf.reserve(READ_CHUNK);
     }
     let spare = w.buf.spare_capacity_mut();
