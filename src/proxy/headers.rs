@@ -23,6 +23,12 @@ pub const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-p
 /// `X-Forwarded-Host`.
 pub const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
+/// Whether `name` is hop-by-hop by itself (the fixed list, and `Upgrade`); fields that a
+/// `Connection` header names are hop-by-hop too.
+pub fn is_hop_by_hop(name: &HeaderName) -> bool {
+    *name == header::UPGRADE || HOP_BY_HOP.contains(name)
+}
+
 /// Whether the request asks for a protocol upgrade (`Connection: upgrade` + `Upgrade`).
 pub fn is_upgrade_request(headers: &HeaderMap) -> bool {
     headers.contains_key(header::UPGRADE) && connection_has(headers, "upgrade")
@@ -43,9 +49,7 @@ fn connection_has(headers: &HeaderMap, token: &str) -> bool {
 /// over the names finds whether there is anything to remove at all, and the usual
 /// `Connection: keep-alive`/`close` values name no header that needs looking up.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
-    let present = headers
-        .keys()
-        .any(|k| *k == header::UPGRADE || HOP_BY_HOP.contains(k));
+    let present = headers.keys().any(is_hop_by_hop);
     if !present && !upgrade {
         return;
     }

@@ -144,9 +144,7 @@ impl Wire {
             return Ok((parts, body));
         }
     }
-}
 
-impl Wire {
     /// Whether this pooled connection can take a request: the backend has neither closed
     /// it nor sent anything since its last answer was read whole. Nothing watches an idle
     /// connection, but the reactor records any readiness the kernel reports for it; only
@@ -165,18 +163,6 @@ impl Wire {
 }
 
 type Head = (http::response::Parts, Framing, bool);
-
-/// Hop-by-hop fields (RFC 9110 §7.6.1), left out of the response as it is parsed.
-fn is_hop_by_hop(name: &HeaderName) -> bool {
-    *name == header::CONNECTION
-        || *name == header::TRANSFER_ENCODING
-        || *name == header::TE
-        || *name == header::TRAILER
-        || *name == header::UPGRADE
-        || *name == header::PROXY_AUTHORIZATION
-        || name.as_str() == "keep-alive"
-        || name.as_str() == "proxy-connection"
-}
 
 /// Parses a response head at the start of `buf` and takes it out of `buf`; `Ok(None)`
 /// (and `buf` untouched) when it is incomplete. Header values are slices of the head's
@@ -268,7 +254,7 @@ fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, ()> {
                 }
             }
         }
-        if is_hop_by_hop(&name) {
+        if super::headers::is_hop_by_hop(&name) {
             continue;
         }
         let value = HeaderValue::from_maybe_shared(head.slice(vs..vs + vl)).map_err(|_| ())?;
