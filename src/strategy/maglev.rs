@@ -26,7 +26,8 @@ const EMPTY: u32 = u32::MAX;
 /// (Envoy's weighted Maglev).
 ///
 /// A key goes to `table[key mod M]`: one read, O(1). Removing a backend moves its own
-/// slots and disturbs a few of the others' (near-minimal disruption).
+/// slots and, on average, disturbs a few of the others' (near-minimal disruption; two
+/// backends with correlated permutations can see much more, see docs/strategies.md).
 #[derive(Debug)]
 pub struct Maglev {
     table: Box<[u32]>,
@@ -198,13 +199,67 @@ mod tests {
         );
     }
 
+    /// The share of the other backends' slots that change owner when `pool[victim]` is
+    /// removed.
+    fn disturbed_share(pool: &[(u16, u32)], victim: usize) -> f64 {
+        let all = pool_of(pool);
+        let before = slots(&all);
+        let gone = all[victim].url.as_str();
+        let rest: Vec<_> = all
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != victim)
+            .map(|(_, b)| Arc::clone(b))
+            .collect();
+        let after = slots(&rest);
+        let others = before.iter().filter(|u| **u != gone).count();
+        let disturbed = before
+            .iter()
+            .zip(&after)
+            .filter(|(b, a)| **b != gone && b != a)
+            .count();
+        disturbed as f64 / others as f64
+    }
+
+    /// Maglev's disruption is near-minimal on average, not in every pool: when two
+    /// backends' permutations are correlated (equal steps, say: about one pair in 65 536),
+    /// they walk the same slots and one removal elsewhere reshuffles much of their share.
+    /// So the bound is on the mean over many pools, fixed here so the test is
+    /// deterministic, and includes such a pool.
+    #[test]
+    fn removal_disturbs_few_other_slots_on_average() {
+        // 1024 and 17569 share no step; 17569 and 42420 do (6798).
+        let mut cases = vec![(vec![(1024u16, 1u32), (17569, 1), (42420, 1)], 0usize)];
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        while cases.len() < 48 {
+            let n = 3 + (next() % 10) as usize;
+            let mut ports = std::collections::BTreeMap::new();
+            while ports.len() < n {
+                ports.insert(1024 + (next() % 58_000) as u16, 1 + (next() % 3) as u32);
+            }
+            cases.push((ports.into_iter().collect(), (next() % n as u64) as usize));
+        }
+        let shares: Vec<f64> = cases.iter().map(|(p, v)| disturbed_share(p, *v)).collect();
+        assert!(shares[0] > 0.2, "the correlated pool: {}", shares[0]);
+        let mean = shares.iter().sum::<f64>() / shares.len() as f64;
+        assert!(mean < 0.01, "mean share of other slots moved: {mean}");
+        let calm = shares.iter().filter(|s| **s < 0.01).count();
+        assert!(calm >= shares.len() - 3, "{shares:?}");
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(24))]
 
-        /// Removing a backend moves its own slots and only a few others (the paper's
-        /// near-minimal disruption); putting it back (at the end of the pool) restores it.
+        /// Removing a backend hands all its slots to the others; putting it back (at the
+        /// end of the pool, with a new id) restores the table exactly.
         #[test]
-        fn removal_disturbs_few_other_slots(
+        fn removal_frees_its_slots_and_restoring_restores(
             pool in proptest::collection::btree_map(1024u16..60000, 1u32..4, 3..12)
                 .prop_map(|m| m.into_iter().collect::<Vec<_>>()),
             victim in any::<prop::sample::Index>(),
@@ -215,12 +270,8 @@ mod tests {
             let gone = all[v].url.as_str();
             let rest: Vec<_> = all.iter().enumerate().filter(|(i, _)| *i != v).map(|(_, b)| Arc::clone(b)).collect();
             let after = slots(&rest);
-            let others = before.iter().filter(|u| **u != gone).count();
-            let disturbed = before.iter().zip(&after).filter(|(b, a)| **b != gone && b != a).count();
-            prop_assert!(
-                (disturbed as f64) < 0.02 * others as f64,
-                "{} of {} slots of the other backends moved", disturbed, others
-            );
+            prop_assert!(after.iter().all(|u| *u != gone));
+            prop_assert!(rest.iter().all(|b| after.contains(&b.url.as_str())));
             let mut back = rest.clone();
             back.push(backend_at(99, all[v].url.rsplit(':').next().unwrap().parse().unwrap(), all[v].weight()));
             prop_assert_eq!(slots(&back), before);
