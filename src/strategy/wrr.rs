@@ -6,10 +6,13 @@ use std::sync::Mutex;
 /// the winner. Weights 5,3,2 give `A B C A A B A C B A`.
 ///
 /// The sequence is periodic: after `sum(w) / gcd(w)` picks every `current` is back at
-/// zero. When that period is small enough the whole schedule is computed once at build
-/// time, and a pick is one atomic increment and a table read — no lock on the request
-/// path. Pools whose schedule would be too large to precompute fall back to running the
-/// algorithm live under a mutex.
+/// zero. When that period is small enough (up to 2²⁰ picks) the whole schedule is
+/// computed once at build time, and a pick is one atomic increment and a table read — no
+/// lock on the request path. Pools whose schedule would be larger (thousands of
+/// backends with weights in the hundreds) run the algorithm live under a mutex.
+///
+/// Either way the algorithm runs as [`Stepper`]: O(distinct weights) per pick instead of
+/// nginx's O(backends), with exactly nginx's sequence.
 #[derive(Debug)]
 pub struct SmoothWeightedRoundRobin {
     mode: Mode,
@@ -24,15 +27,14 @@ enum Mode {
     },
     Live {
         weights: Box<[i64]>,
-        total: i64,
-        current: Mutex<Box<[i64]>>,
+        stepper: Mutex<Stepper>,
     },
 }
 
-/// Work allowed to precompute a schedule (period × backends).
-const MAX_PRECOMPUTE_WORK: u64 = 8 << 20;
 /// Largest schedule kept (entries of 4 bytes).
 const MAX_SCHEDULE: u64 = 1 << 20;
+/// Work allowed to precompute a schedule (period × distinct weights).
+const MAX_PRECOMPUTE_WORK: u64 = 64 << 20;
 
 fn gcd(a: u64, b: u64) -> u64 {
     if b == 0 {
@@ -42,18 +44,89 @@ fn gcd(a: u64, b: u64) -> u64 {
     }
 }
 
-/// One step of the algorithm: returns the winner and updates `current`.
-#[inline]
-fn step(weights: &[i64], total: i64, current: &mut [i64]) -> usize {
-    let mut best = 0;
-    for i in 0..weights.len() {
-        current[i] += weights[i];
-        if current[i] > current[best] {
-            best = i;
+/// nginx's smooth WRR in O(distinct weights) per step (nginx's own loop is O(backends);
+/// no crate implements this, hence by hand).
+///
+/// After `t` steps, backend i's `current` is `t·wᵢ − total·cᵢ`, where `cᵢ` counts its
+/// wins. Within one weight class the `t·w` part is shared, so the class's best is the
+/// member with the fewest wins, ties to the lowest index — and since members start
+/// equal and only the best wins, a class simply rotates through its members in index
+/// order: `round` wins each for those at and after `at`, `round + 1` for those before.
+/// A step compares each class's head (`(t+1)·w − total·round`, ties to the lowest
+/// index) and advances the winning class. After a full period every count equals its
+/// weight and every `current` is zero, so the counters restart there and stay small.
+#[derive(Debug, Clone)]
+struct Stepper {
+    classes: Box<[Class]>,
+    total: i64,
+    /// Steps taken in this period.
+    t: i64,
+}
+
+#[derive(Debug, Clone)]
+struct Class {
+    weight: i64,
+    /// Pool indices, ascending.
+    members: Box<[u32]>,
+    at: usize,
+    round: i64,
+}
+
+impl Stepper {
+    /// For reduced weights (each ≥ 1, not empty).
+    fn new(weights: &[i64]) -> Stepper {
+        let mut by_weight: std::collections::BTreeMap<i64, Vec<u32>> = Default::default();
+        for (i, &w) in weights.iter().enumerate() {
+            by_weight.entry(w).or_default().push(i as u32);
+        }
+        Stepper {
+            classes: by_weight
+                .into_iter()
+                .map(|(weight, members)| Class {
+                    weight,
+                    members: members.into_boxed_slice(),
+                    at: 0,
+                    round: 0,
+                })
+                .collect(),
+            total: weights.iter().sum(),
+            t: 0,
         }
     }
-    current[best] -= total;
-    best
+
+    /// The next winner's pool index.
+    #[inline]
+    fn step(&mut self) -> usize {
+        let t1 = self.t as i128 + 1;
+        let total = self.total as i128;
+        let mut best: Option<(usize, i128, u32)> = None;
+        for (c, class) in self.classes.iter().enumerate() {
+            // Weights ≤ 1000 and periods ≤ 10⁷ keep this far inside i128 (and i64).
+            let value = t1 * class.weight as i128 - total * class.round as i128;
+            let idx = class.members[class.at];
+            if best.is_none_or(|(_, v, i)| value > v || (value == v && idx < i)) {
+                best = Some((c, value, idx));
+            }
+        }
+        let Some((c, _, idx)) = best else {
+            return 0; // no classes: only for an empty pool, which is never stepped
+        };
+        let class = &mut self.classes[c];
+        class.at += 1;
+        if class.at == class.members.len() {
+            class.at = 0;
+            class.round += 1;
+        }
+        self.t += 1;
+        if self.t == self.total {
+            // Every backend has won exactly its weight: all `current`s are zero again.
+            self.t = 0;
+            for class in self.classes.iter_mut() {
+                class.round = 0;
+            }
+        }
+        idx as usize
+    }
 }
 
 impl SmoothWeightedRoundRobin {
@@ -61,14 +134,11 @@ impl SmoothWeightedRoundRobin {
     pub fn new(weights: &[u32]) -> Self {
         let g = weights.iter().fold(0u64, |g, &w| gcd(g, w as u64)).max(1);
         let reduced: Box<[i64]> = weights.iter().map(|&w| (w as u64 / g) as i64).collect();
-        let total: i64 = reduced.iter().sum();
-        let period = total as u64;
-        let n = weights.len() as u64;
-        if period <= MAX_SCHEDULE && period.saturating_mul(n) <= MAX_PRECOMPUTE_WORK {
-            let mut current = vec![0i64; reduced.len()];
-            let schedule = (0..period)
-                .map(|_| step(&reduced, total, &mut current) as u32)
-                .collect();
+        let mut stepper = Stepper::new(&reduced);
+        let period = stepper.total as u64;
+        let work = period.saturating_mul(stepper.classes.len() as u64);
+        if period <= MAX_SCHEDULE && work <= MAX_PRECOMPUTE_WORK {
+            let schedule = (0..period).map(|_| stepper.step() as u32).collect();
             SmoothWeightedRoundRobin {
                 mode: Mode::Table {
                     weights: reduced,
@@ -77,12 +147,10 @@ impl SmoothWeightedRoundRobin {
                 },
             }
         } else {
-            let current = Mutex::new(vec![0i64; reduced.len()].into_boxed_slice());
             SmoothWeightedRoundRobin {
                 mode: Mode::Live {
                     weights: reduced,
-                    total,
-                    current,
+                    stepper: Mutex::new(stepper),
                 },
             }
         }
@@ -105,17 +173,14 @@ impl SmoothWeightedRoundRobin {
                 next.store(pn.load(Ordering::Relaxed), Ordering::Relaxed);
             }
             (
-                Mode::Live {
-                    weights, current, ..
-                },
+                Mode::Live { weights, stepper },
                 Mode::Live {
                     weights: pw,
-                    current: pc,
-                    ..
+                    stepper: ps,
                 },
             ) if weights == pw => {
-                let prev = pc.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                *current.lock().unwrap_or_else(|e| e.into_inner()) = prev;
+                let prev = ps.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                *stepper.lock().unwrap_or_else(|e| e.into_inner()) = prev;
             }
             _ => {}
         }
@@ -130,16 +195,9 @@ impl SmoothWeightedRoundRobin {
                 let i = next.fetch_add(1, Ordering::Relaxed) % schedule.len();
                 schedule[i] as usize
             }
-            Mode::Live {
-                weights,
-                total,
-                current,
-            } => {
-                // A poisoned lock only means another pick panicked mid-step; the
-                // numbers are still usable.
-                let mut cur = current.lock().unwrap_or_else(|e| e.into_inner());
-                step(weights, *total, &mut cur)
-            }
+            // A poisoned lock only means another pick panicked mid-step; the numbers
+            // are still usable.
+            Mode::Live { stepper, .. } => stepper.lock().unwrap_or_else(|e| e.into_inner()).step(),
         }
     }
 }
@@ -161,6 +219,20 @@ mod tests {
         assert_eq!(sequence(&p, &bs, 7), "AABACAA");
     }
 
+    /// nginx's loop, as nginx writes it: the reference.
+    fn nginx_step(weights: &[i64], current: &mut [i64]) -> usize {
+        let total: i64 = weights.iter().sum();
+        let mut best = 0;
+        for i in 0..weights.len() {
+            current[i] += weights[i];
+            if current[i] > current[best] {
+                best = i;
+            }
+        }
+        current[best] -= total;
+        best
+    }
+
     #[test]
     fn live_mode_matches_table_mode() {
         let weights = [5u32, 3, 2];
@@ -168,8 +240,7 @@ mod tests {
         let reduced: Box<[i64]> = weights.iter().map(|&w| w as i64).collect();
         let live = SmoothWeightedRoundRobin {
             mode: Mode::Live {
-                total: reduced.iter().sum(),
-                current: Mutex::new(vec![0; 3].into_boxed_slice()),
+                stepper: Mutex::new(Stepper::new(&reduced)),
                 weights: reduced,
             },
         };
@@ -192,27 +263,37 @@ mod tests {
     }
 
     #[test]
+    fn ten_thousand_backends_with_weights_to_ten_precompute() {
+        let weights: Vec<u32> = (0..10_000).map(|i| 1 + (i % 10)).collect();
+        let p = SmoothWeightedRoundRobin::new(&weights);
+        assert!(matches!(p.mode, Mode::Table { .. }));
+    }
+
+    #[test]
     fn huge_pools_fall_back_to_live_mode() {
         let weights: Vec<u32> = (0..10_000).map(|i| 1 + (i % 1000)).collect();
         let p = SmoothWeightedRoundRobin::new(&weights);
         assert!(matches!(p.mode, Mode::Live { .. }));
-        // Reference: the algorithm as nginx writes it.
-        let total: i64 = weights.iter().map(|&w| w as i64).sum();
+        let reduced: Vec<i64> = weights.iter().map(|&w| w as i64).collect();
         let mut current = vec![0i64; weights.len()];
         for _ in 0..200 {
-            let mut best = 0;
-            for i in 0..weights.len() {
-                current[i] += weights[i] as i64;
-                if current[i] > current[best] {
-                    best = i;
-                }
-            }
-            current[best] -= total;
-            assert_eq!(p.pick(), best);
+            assert_eq!(p.pick(), nginx_step(&reduced, &mut current));
         }
     }
 
     proptest! {
+        /// The stepper is nginx's loop, step for step, across period boundaries — with
+        /// many equal weights, so ties inside and across classes are exercised.
+        #[test]
+        fn the_stepper_is_nginx(weights in proptest::collection::vec(1i64..=6, 1..40)) {
+            let mut stepper = Stepper::new(&weights);
+            let mut current = vec![0i64; weights.len()];
+            let total: i64 = weights.iter().sum();
+            for _ in 0..(2 * total + 7) {
+                prop_assert_eq!(stepper.step(), nginx_step(&weights, &mut current));
+            }
+        }
+
         /// Over one period (the sum of the weights) every backend is picked exactly
         /// its weight's number of times, and no backend waits longer than it should.
         #[test]
