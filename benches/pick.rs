@@ -92,6 +92,34 @@ fn weighted_least_connections(bencher: divan::Bencher, n: usize) {
     bench_pick(bencher, StrategyKind::WeightedLeastConnections, n);
 }
 
+/// A whole request's worth of least-connections work: the pick, then the start and end
+/// of the request on the picked backend, which keep a large pool's index current.
+fn bench_pick_start_end(bencher: divan::Bencher, kind: StrategyKind, n: usize) {
+    let backends = pool(n);
+    let _guards: Vec<_> = backends
+        .iter()
+        .enumerate()
+        .flat_map(|(i, b)| (0..=(i % 4)).map(move |_| b.begin_request()))
+        .collect();
+    let picker = Picker::build(kind, &backends);
+    picker.attach(&backends, &backends);
+    let ctx = PickCtx::default();
+    bencher.bench_local(|| {
+        let i = picker.pick(divan::black_box(&backends), &ctx).unwrap_or(0);
+        drop(divan::black_box(backends[i].begin_request()));
+    });
+}
+
+#[divan::bench(args = sizes())]
+fn least_connections_pick_start_end(bencher: divan::Bencher, n: usize) {
+    bench_pick_start_end(bencher, StrategyKind::LeastConnections, n);
+}
+
+#[divan::bench(args = sizes())]
+fn weighted_least_connections_pick_start_end(bencher: divan::Bencher, n: usize) {
+    bench_pick_start_end(bencher, StrategyKind::WeightedLeastConnections, n);
+}
+
 #[divan::bench(args = sizes())]
 fn least_response_time(bencher: divan::Bencher, n: usize) {
     bench_pick(bencher, StrategyKind::LeastResponseTime, n);

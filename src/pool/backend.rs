@@ -7,7 +7,10 @@ use std::time::{Duration, Instant};
 use http::uri::{Authority, Scheme};
 use serde::Serialize;
 
+use arc_swap::ArcSwapOption;
+
 use crate::config::BackendSpec;
+use crate::strategy::LoadSlot;
 
 /// Administrative state, set through the admin API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -97,6 +100,12 @@ pub struct Backend {
     healthy: AtomicBool,
     ejected: AtomicBool,
     in_flight: AtomicU64,
+    /// Whether `load_slot` is set: one relaxed load on the request path decides whether
+    /// there is an index to keep up to date at all.
+    indexed: AtomicBool,
+    /// Its leaf in the least-loaded index of the current picker, for large pools under
+    /// `least_connections` / `weighted_least_connections` ([`LoadIndex`]).
+    load_slot: ArcSwapOption<LoadSlot>,
     requests: AtomicU64,
     errors: AtomicU64,
     /// Latency EWMA in nanoseconds as f64 bits; `NO_SAMPLE` when unsampled. This is the
@@ -227,6 +236,8 @@ impl Backend {
             healthy: AtomicBool::new(true),
             ejected: AtomicBool::new(false),
             in_flight: AtomicU64::new(0),
+            indexed: AtomicBool::new(false),
+            load_slot: ArcSwapOption::empty(),
             requests: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             ewma: AtomicU64::new(NO_SAMPLE),
@@ -629,10 +640,37 @@ impl Backend {
         (bits != NO_SAMPLE).then(|| Duration::from_nanos(f64::from_bits(bits) as u64))
     }
 
+    /// Points it at its leaf in `slot`'s index, or at none. Control path only
+    /// ([`crate::strategy::Picker::attach`]).
+    pub fn set_load_slot(&self, slot: Option<LoadSlot>) {
+        let some = slot.is_some();
+        if !some && !self.indexed.load(Ordering::Relaxed) {
+            return;
+        }
+        self.load_slot.store(slot.map(Arc::new));
+        self.indexed.store(some, Ordering::Relaxed);
+    }
+
+    /// Its leaf in the least-loaded index, if it has one.
+    pub fn load_slot(&self) -> Option<Arc<LoadSlot>> {
+        self.load_slot.load_full()
+    }
+
+    /// Brings its leaf in the least-loaded index up to date after its load changed.
+    #[inline]
+    fn refresh_index(&self) {
+        if self.indexed.load(Ordering::Relaxed) {
+            if let Some(slot) = self.load_slot.load().as_ref() {
+                slot.index.refresh(slot.leaf, self);
+            }
+        }
+    }
+
     /// Counts a request in flight until the returned guard drops.
     #[inline]
     pub fn begin_request(self: &Arc<Self>) -> RequestGuard {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.refresh_index();
         self.requests.fetch_add(1, Ordering::Relaxed);
         RequestGuard {
             backend: Arc::clone(self),
@@ -683,6 +721,7 @@ impl RequestGuard {
 impl Drop for RequestGuard {
     fn drop(&mut self) {
         self.backend.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.backend.refresh_index();
         if self.trial {
             self.backend.release_trial();
         }

@@ -156,10 +156,12 @@ fn build_snapshot(m: &Members, previous: Option<&Picker>) -> Snapshot {
         .filter(|b| b.eligible())
         .cloned()
         .collect();
+    let picker = Picker::build_with(m.strategy, &eligible, &m.options, previous);
+    picker.attach(&m.backends, &eligible);
     Snapshot {
         generation: m.generation,
         strategy: m.strategy,
-        picker: Picker::build_with(m.strategy, &eligible, &m.options, previous),
+        picker,
         backends: m.backends.clone(),
         eligible,
     }

@@ -1,17 +1,48 @@
 use std::sync::Arc;
 
-use super::PickCtx;
+use super::{LoadIndex, PickCtx};
 use crate::pool::Backend;
 
-/// Fewest requests in flight wins; ties go to the lowest index. Reads the in-flight
+/// Fewest requests in flight wins; ties to the lowest index. Reads the in-flight
 /// counts the backends keep themselves, so nothing here can drift from the truth.
+///
+/// Pools of [`super::load_index::MIN_INDEXED`] backends or more keep a [`LoadIndex`]
+/// that the backends update as their requests start and end, so a first pick is one
+/// read; a retry (which must leave tried backends out) and smaller pools scan.
 #[derive(Debug, Default)]
-pub struct LeastConnections;
+pub struct LeastConnections {
+    index: Option<Arc<LoadIndex>>,
+}
 
 impl LeastConnections {
+    /// Over `eligible` (pool order), indexed when the pool is large.
+    pub fn new(eligible: &[Arc<Backend>]) -> Self {
+        LeastConnections {
+            index: LoadIndex::new(eligible, None).map(Arc::new),
+        }
+    }
+
+    /// Its index, if the pool is large enough to have one.
+    pub fn index(&self) -> Option<&Arc<LoadIndex>> {
+        self.index.as_ref()
+    }
+
+    /// The index's answer for a first pick, else a scan.
+    #[inline]
+    pub fn pick(&self, eligible: &[Arc<Backend>], ctx: &PickCtx<'_>) -> Option<usize> {
+        if ctx.tried.is_empty() {
+            if let Some(i) = self.index.as_ref().and_then(|x| x.least()) {
+                if i < eligible.len() {
+                    return Some(i);
+                }
+            }
+        }
+        Self::scan(eligible, ctx)
+    }
+
     /// Scans the eligible backends once (O(n)).
     #[inline]
-    pub fn pick(eligible: &[Arc<Backend>], ctx: &PickCtx<'_>) -> Option<usize> {
+    pub fn scan(eligible: &[Arc<Backend>], ctx: &PickCtx<'_>) -> Option<usize> {
         let mut best: Option<(usize, u64)> = None;
         for (i, b) in eligible.iter().enumerate() {
             if !ctx.allows(b) {

@@ -14,6 +14,7 @@ mod bounded;
 pub mod key;
 mod least_conn;
 mod least_time;
+mod load_index;
 mod maglev;
 mod p2c;
 mod ring;
@@ -28,6 +29,7 @@ use crate::pool::Backend;
 pub use key::{request_key, KeySource};
 pub use least_conn::LeastConnections;
 pub use least_time::LeastResponseTime;
+pub use load_index::{LoadIndex, LoadSlot};
 pub use maglev::Maglev;
 pub use p2c::{PeakEwma, PowerOfTwo};
 pub use ring::Ring;
@@ -213,7 +215,9 @@ impl Picker {
                     .collect();
                 Picker::WeightedRoundRobin(SmoothWeightedRoundRobin::new(&weights))
             }
-            StrategyKind::LeastConnections => Picker::LeastConnections(LeastConnections),
+            StrategyKind::LeastConnections => {
+                Picker::LeastConnections(LeastConnections::new(eligible))
+            }
             StrategyKind::WeightedLeastConnections => {
                 Picker::WeightedLeastConnections(WeightedLeastConnections::new(eligible))
             }
@@ -258,6 +262,32 @@ impl Picker {
         }
     }
 
+    /// Points every backend of the pool at its leaf in this picker's least-loaded index,
+    /// or at none (strategies without one, pools too small or too large for one, and
+    /// backends not in `eligible`), then brings every leaf up to date: loads that
+    /// changed while the index was being built are counted before it is published.
+    pub fn attach(&self, all: &[Arc<Backend>], eligible: &[Arc<Backend>]) {
+        let index = match self {
+            Picker::LeastConnections(p) => p.index(),
+            Picker::WeightedLeastConnections(p) => p.index(),
+            _ => None,
+        };
+        for b in all {
+            b.set_load_slot(None);
+        }
+        if let Some(index) = index {
+            for (leaf, b) in eligible.iter().enumerate() {
+                b.set_load_slot(Some(LoadSlot {
+                    index: Arc::clone(index),
+                    leaf,
+                }));
+            }
+            for (leaf, b) in eligible.iter().enumerate() {
+                index.refresh(leaf, b);
+            }
+        }
+    }
+
     /// Picks an index into `eligible`, or `None` when nothing allowed is left.
     #[inline]
     pub fn pick(&self, eligible: &[Arc<Backend>], ctx: &PickCtx<'_>) -> Option<usize> {
@@ -267,7 +297,7 @@ impl Picker {
         let first = match self {
             Picker::RoundRobin(p) => p.pick(eligible.len()),
             Picker::WeightedRoundRobin(p) => p.pick(),
-            Picker::LeastConnections(_) => return LeastConnections::pick(eligible, ctx),
+            Picker::LeastConnections(p) => return p.pick(eligible, ctx),
             Picker::WeightedLeastConnections(p) => return p.pick(eligible, ctx),
             Picker::LeastResponseTime(_) => return LeastResponseTime::pick(eligible, ctx),
             Picker::PeakEwma(_) => return PeakEwma::pick(eligible, ctx),

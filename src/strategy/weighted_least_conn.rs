@@ -1,6 +1,6 @@
 use std::sync::Arc;
 
-use super::PickCtx;
+use super::{LoadIndex, PickCtx};
 use crate::pool::Backend;
 
 /// Lowest in-flight ÷ effective weight; ties to the lowest index. The bet: a backend's
@@ -11,22 +11,46 @@ use crate::pool::Backend;
 /// pool rebuilds it every 250 ms while a ramp runs, so a ramping backend's share follows
 /// the ramp without a lock or a clock read per pick. Loads are compared as
 /// `a.in_flight × b.weight < b.in_flight × a.weight`, with no division.
+///
+/// Pools of [`super::load_index::MIN_INDEXED`] backends or more keep a [`LoadIndex`]
+/// keyed by in-flight ÷ weight, as [`super::LeastConnections`] does.
 #[derive(Debug)]
 pub struct WeightedLeastConnections {
     weights: Box<[f64]>,
+    index: Option<Arc<LoadIndex>>,
 }
 
 impl WeightedLeastConnections {
     /// Over `eligible` (pool order) with their effective weights now.
     pub fn new(eligible: &[Arc<Backend>]) -> Self {
+        let weights: Box<[f64]> = eligible.iter().map(|b| b.effective_weight()).collect();
         WeightedLeastConnections {
-            weights: eligible.iter().map(|b| b.effective_weight()).collect(),
+            index: LoadIndex::new(eligible, Some(weights.clone())).map(Arc::new),
+            weights,
         }
+    }
+
+    /// Its index, if the pool is large enough to have one.
+    pub fn index(&self) -> Option<&Arc<LoadIndex>> {
+        self.index.as_ref()
+    }
+
+    /// The index's answer for a first pick, else a scan.
+    #[inline]
+    pub fn pick(&self, eligible: &[Arc<Backend>], ctx: &PickCtx<'_>) -> Option<usize> {
+        if ctx.tried.is_empty() {
+            if let Some(i) = self.index.as_ref().and_then(|x| x.least()) {
+                if i < eligible.len() {
+                    return Some(i);
+                }
+            }
+        }
+        self.scan(eligible, ctx)
     }
 
     /// Scans the eligible backends once (O(n)); stops at the first idle one.
     #[inline]
-    pub fn pick(&self, eligible: &[Arc<Backend>], ctx: &PickCtx<'_>) -> Option<usize> {
+    pub fn scan(&self, eligible: &[Arc<Backend>], ctx: &PickCtx<'_>) -> Option<usize> {
         let mut best: Option<(usize, f64, f64)> = None;
         for (i, b) in eligible.iter().enumerate() {
             if !ctx.allows(b) {

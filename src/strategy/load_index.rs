@@ -1,0 +1,312 @@
+//! An index of the least loaded backend for `least_connections` and
+//! `weighted_least_connections` over large pools: a tournament tree whose root names the
+//! backend with the lowest load, ties to the lowest index, so a pick reads one word
+//! instead of scanning every backend.
+//!
+//! No crate offers a lock-free min-tree whose leaves are updated by many threads, hence
+//! this one. Every node is one `AtomicU64` packing `key:32 | index:16 | version:16`,
+//! ordered by its top 48 bits (lowest key, then lowest index). A backend whose load
+//! changed recomputes its leaf from its own counter and then each ancestor from its two
+//! children, each with the same step: read the node, read its inputs, compare-and-swap
+//! the result with the version bumped. A writer whose inputs went stale meanwhile loses
+//! its CAS to the one that changed them and tries again, so once the writers stop every
+//! node is the minimum of its children (whoever wrote a node last read its inputs after
+//! every earlier write to them). A walk stops at the first node whose winner did not
+//! change. The version makes a CAS fail even when another writer put back the same
+//! winner in between (no ABA).
+//!
+//! Cost: a pick is one load; a request's start and end each walk at most log₂ n nodes
+//! (usually a few: the walk stops where the winner is unchanged). Pools below
+//! [`MIN_INDEXED`] backends keep the plain scan, which is cheaper there.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::pool::Backend;
+
+/// Pools from this many eligible backends up are indexed; below it a scan is cheap
+/// (tens of ns) and a request's start and end cost nothing extra.
+pub const MIN_INDEXED: usize = 64;
+/// The 16-bit index field bounds the indexed pool size.
+pub const MAX_INDEXED: usize = u16::MAX as usize;
+
+const EMPTY_KEY: u64 = u32::MAX as u64;
+const EMPTY: u64 = (EMPTY_KEY << 32) | (0xFFFF << 16);
+
+#[inline]
+fn pack(key: u64, index: usize, version: u64) -> u64 {
+    (key << 32) | ((index as u64 & 0xFFFF) << 16) | (version & 0xFFFF)
+}
+
+/// The ordering part of a node: key, then index.
+#[inline]
+fn rank(node: u64) -> u64 {
+    node >> 16
+}
+
+/// How a backend's load becomes a key.
+#[derive(Debug)]
+enum Key {
+    /// Requests in flight.
+    InFlight,
+    /// Requests in flight ÷ the effective weight the picker was built with, as the
+    /// bits of an `f32` (positive floats order like their bits). Equal quotients give
+    /// equal keys; distinct ones stay distinct while loads stay under about 10⁴ per
+    /// backend, far beyond what a backend holds.
+    PerWeight(Box<[f64]>),
+}
+
+/// The tree over one snapshot's eligible backends (pool order).
+#[derive(Debug)]
+pub struct LoadIndex {
+    /// Implicit binary tree: root at 1, children of i at 2i and 2i+1, leaf j at
+    /// `leaves + j`.
+    nodes: Box<[AtomicU64]>,
+    leaves: usize,
+    key: Key,
+}
+
+/// Where a backend's leaf is in the index its current picker reads.
+#[derive(Debug)]
+pub struct LoadSlot {
+    /// The index.
+    pub index: Arc<LoadIndex>,
+    /// The backend's position in it.
+    pub leaf: usize,
+}
+
+impl LoadIndex {
+    /// An index over `eligible` keyed by requests in flight, or by requests in flight ÷
+    /// `weights[i]` when given; `None` when the pool is outside the indexed sizes.
+    pub fn new(eligible: &[Arc<Backend>], weights: Option<Box<[f64]>>) -> Option<LoadIndex> {
+        let n = eligible.len();
+        if !(MIN_INDEXED..=MAX_INDEXED).contains(&n) {
+            return None;
+        }
+        let leaves = n.next_power_of_two();
+        let index = LoadIndex {
+            nodes: (0..2 * leaves).map(|_| AtomicU64::new(EMPTY)).collect(),
+            leaves,
+            key: match weights {
+                Some(w) => Key::PerWeight(w),
+                None => Key::InFlight,
+            },
+        };
+        for (i, b) in eligible.iter().enumerate() {
+            let key = index.key_of(i, b.in_flight());
+            index.nodes[leaves + i].store(pack(key, i, 0), Ordering::Relaxed);
+        }
+        for i in (1..leaves).rev() {
+            let l = index.nodes[2 * i].load(Ordering::Relaxed);
+            let r = index.nodes[2 * i + 1].load(Ordering::Relaxed);
+            index.nodes[i].store(if rank(r) < rank(l) { r } else { l }, Ordering::Relaxed);
+        }
+        Some(index)
+    }
+
+    #[inline]
+    fn key_of(&self, leaf: usize, in_flight: u64) -> u64 {
+        match &self.key {
+            Key::InFlight => in_flight.min(EMPTY_KEY - 1),
+            Key::PerWeight(w) => {
+                let q = in_flight as f64 / w[leaf];
+                ((q as f32).to_bits() as u64).min(EMPTY_KEY - 1)
+            }
+        }
+    }
+
+    /// The least loaded backend's index, ties to the lowest.
+    #[inline]
+    pub fn least(&self) -> Option<usize> {
+        let root = self.nodes[1].load(Ordering::Acquire);
+        (root >> 32 != EMPTY_KEY).then_some(((root >> 16) & 0xFFFF) as usize)
+    }
+
+    /// Brings `leaf` up to date with `backend`'s load, then its ancestors as far as the
+    /// winner changes.
+    pub fn refresh(&self, leaf: usize, backend: &Backend) {
+        let mut at = self.leaves + leaf;
+        let changed = self.settle(at, |old| {
+            pack(self.key_of(leaf, backend.in_flight()), leaf, old + 1)
+        });
+        if !changed {
+            return;
+        }
+        while at > 1 {
+            at /= 2;
+            let changed = self.settle(at, |old| {
+                let l = self.nodes[2 * at].load(Ordering::Acquire);
+                let r = self.nodes[2 * at + 1].load(Ordering::Acquire);
+                let best = if rank(r) < rank(l) { r } else { l };
+                (best & !0xFFFF) | ((old + 1) & 0xFFFF)
+            });
+            if !changed {
+                return;
+            }
+        }
+    }
+
+    /// Sets node `at` to `compute(its version)` by compare-and-swap, again until it
+    /// holds; returns whether its rank changed.
+    #[inline]
+    fn settle(&self, at: usize, compute: impl Fn(u64) -> u64) -> bool {
+        let node = &self.nodes[at];
+        let mut old = node.load(Ordering::Acquire);
+        loop {
+            let new = compute(old & 0xFFFF);
+            match node.compare_exchange_weak(old, new, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return rank(new) != rank(old),
+                Err(now) => old = now,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_util::*;
+    use super::super::*;
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The scans the index stands in for.
+    fn scan(bs: &[Arc<Backend>], weighted: bool) -> Option<usize> {
+        if weighted {
+            WeightedLeastConnections::new(bs).scan(bs, &PickCtx::default())
+        } else {
+            LeastConnections::scan(bs, &PickCtx::default())
+        }
+    }
+
+    fn index(bs: &[Arc<Backend>], weighted: bool) -> Arc<LoadIndex> {
+        let w = weighted.then(|| bs.iter().map(|b| b.effective_weight()).collect());
+        Arc::new(LoadIndex::new(bs, w).unwrap())
+    }
+
+    #[test]
+    fn small_and_huge_pools_are_not_indexed() {
+        assert!(LoadIndex::new(&backends(&[1; 3]), None).is_none());
+        let bs: Vec<u32> = vec![1; MIN_INDEXED];
+        assert!(LoadIndex::new(&backends(&bs), None).is_some());
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(32))]
+
+        /// After every start or end of a request the index names what the scan finds.
+        #[test]
+        fn the_index_is_the_scan(
+            weights in proptest::collection::vec(1u32..=5, MIN_INDEXED..MIN_INDEXED + 40),
+            ops in proptest::collection::vec((any::<prop::sample::Index>(), any::<bool>()), 1..300),
+            weighted in any::<bool>(),
+        ) {
+            let bs = backends(&weights);
+            let idx = index(&bs, weighted);
+            let mut guards: Vec<Vec<crate::pool::RequestGuard>> = bs.iter().map(|_| Vec::new()).collect();
+            for (which, start) in ops {
+                let i = which.index(bs.len());
+                if start || guards[i].is_empty() {
+                    guards[i].push(bs[i].begin_request());
+                } else {
+                    guards[i].pop();
+                }
+                idx.refresh(i, &bs[i]);
+                prop_assert_eq!(idx.least(), scan(&bs, weighted));
+            }
+        }
+    }
+
+    /// Threads starting and ending requests on overlapping backends at once leave the
+    /// index exact once they stop.
+    #[test]
+    fn concurrent_writers_leave_it_exact() {
+        let bs = backends(&vec![1; 300]);
+        for weighted in [false, true] {
+            let idx = index(&bs, weighted);
+            std::thread::scope(|s| {
+                for t in 0..4u64 {
+                    let (bs, idx) = (&bs, &idx);
+                    s.spawn(move || {
+                        let mut held = Vec::new();
+                        let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ t;
+                        for _ in 0..20_000 {
+                            x ^= x << 13;
+                            x ^= x >> 7;
+                            x ^= x << 17;
+                            // Crowd a few backends so that writers collide.
+                            let i = (x % 8) as usize * 37 % bs.len();
+                            if x & 0x100 != 0 || held.is_empty() {
+                                held.push((i, bs[i].begin_request()));
+                                idx.refresh(i, &bs[i]);
+                            } else {
+                                let (j, g) = held.swap_remove((x >> 9) as usize % held.len());
+                                drop(g);
+                                idx.refresh(j, &bs[j]);
+                            }
+                        }
+                        // Keep some requests in flight past the end.
+                        while held.len() > 5 {
+                            let (j, g) = held.pop().unwrap();
+                            drop(g);
+                            idx.refresh(j, &bs[j]);
+                        }
+                        std::mem::forget(held);
+                    });
+                }
+            });
+            assert_eq!(idx.least(), scan(&bs, weighted), "weighted: {weighted}");
+            assert_ne!(idx.least(), None);
+        }
+    }
+
+    /// Through a real pool: backends keep the index current by themselves as requests
+    /// start and end, across a health flip and a weight edit (new snapshots, new
+    /// indexes), and a switch to another strategy detaches them.
+    #[test]
+    fn a_pool_keeps_its_index_current() {
+        use crate::pool::Pool;
+        use std::time::Duration;
+        let n = MIN_INDEXED + 44;
+        let specs: Vec<_> = (0..n)
+            .map(|i| {
+                let url = format!("http://127.0.0.1:{}", 20_000 + i);
+                crate::config::backend_spec(&url, Some(1 + (i % 4) as u32), None).unwrap()
+            })
+            .collect();
+        for kind in [
+            StrategyKind::LeastConnections,
+            StrategyKind::WeightedLeastConnections,
+        ] {
+            let pool = Pool::new(specs.clone(), kind, 0.1, Duration::ZERO);
+            let scan = |pool: &Pool| {
+                let snap = pool.snapshot();
+                let (eligible, ctx) = (&snap.eligible, PickCtx::default());
+                let found = match kind {
+                    StrategyKind::LeastConnections => LeastConnections::scan(eligible, &ctx),
+                    _ => WeightedLeastConnections::new(eligible).scan(eligible, &ctx),
+                };
+                (snap.pick(&ctx).map(|b| b.id), found.map(|i| eligible[i].id))
+            };
+            let mut held = Vec::new();
+            for round in 0..3 * n {
+                let snap = pool.snapshot();
+                let b = snap.pick(&PickCtx::default()).unwrap();
+                held.push(b.begin_request());
+                if round % 3 == 2 {
+                    held.swap_remove(round * 7 % held.len());
+                }
+                let (picked, scanned) = scan(&pool);
+                assert_eq!(picked, scanned, "{kind:?} round {round}");
+                if round == n {
+                    pool.mark_health(5, false);
+                }
+                if round == 2 * n {
+                    pool.update(7, Some(9), None).unwrap();
+                }
+            }
+            assert!(matches!(scan(&pool), (Some(_), Some(_))));
+            pool.set_strategy(StrategyKind::RoundRobin);
+            assert!(pool.backends().iter().all(|b| b.load_slot().is_none()));
+        }
+    }
+}
