@@ -100,7 +100,7 @@ pub struct Backend {
     healthy: AtomicBool,
     ejected: AtomicBool,
     in_flight: AtomicU64,
-    /// Whether `load_slot` is set: one relaxed load on the request path decides whether
+    /// Whether `load_slot` is set: one plain load on the request path decides whether
     /// there is an index to keep up to date at all.
     indexed: AtomicBool,
     /// Its leaf in the least-loaded index of the current picker, for large pools under
@@ -648,7 +648,7 @@ impl Backend {
             return;
         }
         self.load_slot.store(slot.map(Arc::new));
-        self.indexed.store(some, Ordering::Relaxed);
+        self.indexed.store(some, Ordering::Release);
     }
 
     /// Its leaf in the least-loaded index, if it has one.
@@ -659,7 +659,7 @@ impl Backend {
     /// Brings its leaf in the least-loaded index up to date after its load changed.
     #[inline]
     fn refresh_index(&self) {
-        if self.indexed.load(Ordering::Relaxed) {
+        if self.indexed.load(Ordering::Acquire) {
             if let Some(slot) = self.load_slot.load().as_ref() {
                 slot.index.refresh(slot.leaf, self);
             }
