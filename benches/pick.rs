@@ -92,8 +92,8 @@ fn weighted_least_connections(bencher: divan::Bencher, n: usize) {
     bench_pick(bencher, StrategyKind::WeightedLeastConnections, n);
 }
 
-/// A whole request's worth of least-connections work: the pick, then the start and end
-/// of the request on the picked backend, which keep a large pool's index current.
+/// A whole request's worth of a load-aware strategy's work: the pick, then the start and
+/// end of the request on the picked backend, which keep a large pool's index current.
 fn bench_pick_start_end(bencher: divan::Bencher, kind: StrategyKind, n: usize) {
     let backends = pool(n);
     let _guards: Vec<_> = backends
@@ -101,6 +101,11 @@ fn bench_pick_start_end(bencher: divan::Bencher, kind: StrategyKind, n: usize) {
         .enumerate()
         .flat_map(|(i, b)| (0..=(i % 4)).map(move |_| b.begin_request()))
         .collect();
+    for (i, b) in backends.iter().enumerate() {
+        b.record_latency(std::time::Duration::from_micros(
+            500 + (i as u64 * 37) % 1000,
+        ));
+    }
     let picker = Picker::build(kind, &backends);
     picker.attach(&backends, &backends);
     let ctx = PickCtx::default();
@@ -118,6 +123,11 @@ fn least_connections_pick_start_end(bencher: divan::Bencher, n: usize) {
 #[divan::bench(args = sizes())]
 fn weighted_least_connections_pick_start_end(bencher: divan::Bencher, n: usize) {
     bench_pick_start_end(bencher, StrategyKind::WeightedLeastConnections, n);
+}
+
+#[divan::bench(args = sizes())]
+fn least_response_time_pick_start_end(bencher: divan::Bencher, n: usize) {
+    bench_pick_start_end(bencher, StrategyKind::LeastResponseTime, n);
 }
 
 #[divan::bench(args = sizes())]

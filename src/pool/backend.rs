@@ -569,6 +569,7 @@ impl Backend {
                 };
                 Some(next.to_bits())
             });
+        self.refresh_index();
     }
 
     /// Forgets every latency estimate (recovery, or back to healthy).
@@ -577,6 +578,7 @@ impl Backend {
         self.route_ewma.store(NO_SAMPLE, Ordering::Relaxed);
         self.peak.store(NO_SAMPLE, Ordering::Relaxed);
         self.sampled_at.store(NEVER, Ordering::Relaxed);
+        self.refresh_index();
     }
 
     /// How long nothing has been measured on a backend with `in_flight` requests: zero
@@ -656,14 +658,29 @@ impl Backend {
         self.load_slot.load_full()
     }
 
-    /// Brings its leaf in the least-loaded index up to date after its load changed.
+    /// Brings its leaf in the least-loaded indexes up to date after its load or its
+    /// latency average changed.
     #[inline]
     fn refresh_index(&self) {
         if self.indexed.load(Ordering::Acquire) {
             if let Some(slot) = self.load_slot.load().as_ref() {
-                slot.index.refresh(slot.leaf, self);
+                slot.refresh(self);
             }
         }
+    }
+
+    /// What `least_response_time`'s index ranks by: the average it believes (before any
+    /// fading) and when it was last sampled; `None` when unsampled.
+    #[inline]
+    pub fn lrt_sample(&self) -> Option<(f64, u64)> {
+        let bits = self.route_ewma.load(Ordering::Relaxed);
+        (bits != NO_SAMPLE).then(|| {
+            let at = match self.sampled_at.load(Ordering::Relaxed) {
+                NEVER => 0,
+                t => t,
+            };
+            (f64::from_bits(bits), at)
+        })
     }
 
     /// Counts a request in flight until the returned guard drops.

@@ -366,6 +366,18 @@ impl Pool {
         }
     }
 
+    /// Rebuilds the routing table when its least-loaded index is due for renewal
+    /// ([`Picker::index_is_old`]); called on the health checker's tick.
+    pub fn renew_index(&self) {
+        let now = clock_ns();
+        if self.table.load().picker.index_is_old(now) {
+            let mut m = self.lock();
+            if self.table.load().picker.index_is_old(now) {
+                self.publish(&mut m);
+            }
+        }
+    }
+
     /// The live strategy.
     pub fn strategy(&self) -> StrategyKind {
         self.lock().strategy

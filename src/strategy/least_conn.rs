@@ -1,5 +1,6 @@
 use std::sync::Arc;
 
+use super::load_index::Key;
 use super::{LoadIndex, PickCtx};
 use crate::pool::Backend;
 
@@ -11,19 +12,19 @@ use crate::pool::Backend;
 /// read; a retry (which must leave tried backends out) and smaller pools scan.
 #[derive(Debug, Default)]
 pub struct LeastConnections {
-    index: Option<Arc<LoadIndex>>,
+    index: Option<Arc<[LoadIndex]>>,
 }
 
 impl LeastConnections {
     /// Over `eligible` (pool order), indexed when the pool is large.
     pub fn new(eligible: &[Arc<Backend>]) -> Self {
         LeastConnections {
-            index: LoadIndex::new(eligible, None).map(Arc::new),
+            index: LoadIndex::new(eligible, Key::InFlight).map(|x| Arc::from([x])),
         }
     }
 
     /// Its index, if the pool is large enough to have one.
-    pub fn index(&self) -> Option<&Arc<LoadIndex>> {
+    pub fn index(&self) -> Option<&Arc<[LoadIndex]>> {
         self.index.as_ref()
     }
 
@@ -31,7 +32,7 @@ impl LeastConnections {
     #[inline]
     pub fn pick(&self, eligible: &[Arc<Backend>], ctx: &PickCtx<'_>) -> Option<usize> {
         if ctx.tried.is_empty() {
-            if let Some(i) = self.index.as_ref().and_then(|x| x.least()) {
+            if let Some(i) = self.index.as_ref().and_then(|x| x[0].least()) {
                 if i < eligible.len() {
                     return Some(i);
                 }

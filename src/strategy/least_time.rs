@@ -1,7 +1,12 @@
 use std::sync::Arc;
+use std::time::Duration;
 
-use super::PickCtx;
+use super::load_index::Key;
+use super::{LoadIndex, PickCtx};
 use crate::pool::{clock_ns, Backend};
+
+/// How often the pool rebuilds a `least_response_time` index (see [`Key::Idle`]).
+pub const RENEW_AFTER: Duration = Duration::from_secs(60);
 
 /// Lowest latency average × (in flight + 1); ties to the lowest index. The bet: the
 /// backend that answered fastest lately, discounted by the queue it already has, will
@@ -21,20 +26,93 @@ use crate::pool::{clock_ns, Backend};
 /// once; if not, it is avoided for another few seconds. A backend with requests in
 /// flight never fades: one that hangs keeps looking as slow as it was.
 ///
-/// O(n) per pick: one scan with an `exp` per idle backend; it stops at the first
-/// unsampled idle backend.
+/// Below [`super::load_index::MIN_INDEXED`] backends, one O(n) scan per pick with an
+/// `exp` per idle backend; it stops at the first unsampled idle backend. From there up,
+/// three [`LoadIndex`] trees, one per group of rule 1 and 2 — unsampled, sampled with
+/// requests in flight, sampled idle — kept current by the backends as requests start
+/// and end and samples arrive; a pick compares at most two roots. Idle backends all fade
+/// by the same factor, so their order holds between events (see [`Key::Idle`]).
 #[derive(Debug, Default)]
-pub struct LeastResponseTime;
+pub struct LeastResponseTime {
+    index: Option<Arc<[LoadIndex]>>,
+    base: u64,
+}
 
 impl LeastResponseTime {
-    /// Picks at the current time.
-    #[inline]
-    pub fn pick(eligible: &[Arc<Backend>], ctx: &PickCtx<'_>) -> Option<usize> {
-        Self::pick_at(eligible, ctx, clock_ns())
+    /// Over `eligible` (pool order), indexed when the pool is large.
+    pub fn new(eligible: &[Arc<Backend>]) -> Self {
+        Self::new_at(eligible, clock_ns())
     }
 
-    /// Picks as at `now` ([`clock_ns`]).
-    pub fn pick_at(eligible: &[Arc<Backend>], ctx: &PickCtx<'_>, now: u64) -> Option<usize> {
+    /// As [`Self::new`], built at `base` ([`clock_ns`] time).
+    pub fn new_at(eligible: &[Arc<Backend>], base: u64) -> Self {
+        let trees: Option<Vec<LoadIndex>> = [Key::Unsampled, Key::Busy, Key::Idle { base }]
+            .into_iter()
+            .map(|k| LoadIndex::new(eligible, k))
+            .collect();
+        LeastResponseTime {
+            index: trees.map(Arc::from),
+            base,
+        }
+    }
+
+    /// Its indexes, if the pool is large enough to have them.
+    pub fn index(&self) -> Option<&Arc<[LoadIndex]>> {
+        self.index.as_ref()
+    }
+
+    /// Whether the pool should rebuild it to keep the idle keys precise.
+    pub fn index_is_old(&self, now: u64) -> bool {
+        self.index.is_some() && now.saturating_sub(self.base) > RENEW_AFTER.as_nanos() as u64
+    }
+
+    /// Picks at the current time.
+    #[inline]
+    pub fn pick(&self, eligible: &[Arc<Backend>], ctx: &PickCtx<'_>) -> Option<usize> {
+        self.pick_at(eligible, ctx, clock_ns())
+    }
+
+    /// Picks as at `now` ([`clock_ns`]): from the indexes for a first pick while they are
+    /// fresh (a retry, or an index the pool failed to renew for four periods, scans).
+    pub fn pick_at(&self, eligible: &[Arc<Backend>], ctx: &PickCtx<'_>, now: u64) -> Option<usize> {
+        if let Some(trees) = &self.index {
+            let fresh = now.saturating_sub(self.base) <= 4 * RENEW_AFTER.as_nanos() as u64;
+            if ctx.tried.is_empty() && fresh {
+                if let Some(i) = Self::from_index(trees, eligible, now) {
+                    return Some(i);
+                }
+            }
+        }
+        Self::scan(eligible, ctx, now)
+    }
+
+    /// Rule 1 from the unsampled tree's root; else the lower of the busy root's and the
+    /// idle root's estimates at `now`, ties to the lower index.
+    fn from_index(trees: &[LoadIndex], eligible: &[Arc<Backend>], now: u64) -> Option<usize> {
+        let valid = |i: Option<usize>| i.filter(|&i| i < eligible.len());
+        if let Some(u) = valid(trees[0].least()) {
+            return Some(u);
+        }
+        let score = |i: usize| {
+            let k = eligible[i].in_flight();
+            eligible[i]
+                .lrt_estimate(now, k)
+                .map(|avg| avg * (k + 1) as f64)
+        };
+        let busy = valid(trees[1].least()).and_then(|i| Some((i, score(i)?)));
+        let idle = valid(trees[2].least()).and_then(|i| Some((i, score(i)?)));
+        match (busy, idle) {
+            (Some((b, sb)), Some((i, si))) => {
+                Some(if si < sb || (si == sb && i < b) { i } else { b })
+            }
+            (Some((b, _)), None) => Some(b),
+            (None, Some((i, _))) => Some(i),
+            (None, None) => None,
+        }
+    }
+
+    /// The rules by one scan over `eligible` (O(n)).
+    pub fn scan(eligible: &[Arc<Backend>], ctx: &PickCtx<'_>, now: u64) -> Option<usize> {
         let mut unsampled: Option<(usize, u64)> = None;
         let mut sampled: Option<(usize, f64)> = None;
         for (i, b) in eligible.iter().enumerate() {
@@ -74,7 +152,7 @@ mod tests {
     const MS: u64 = 1_000_000;
 
     fn pick(bs: &[Arc<Backend>], now: u64) -> char {
-        let i = LeastResponseTime::pick_at(bs, &PickCtx::default(), now).unwrap();
+        let i = LeastResponseTime::scan(bs, &PickCtx::default(), now).unwrap();
         bs[i].name.chars().next().unwrap()
     }
 
@@ -108,6 +186,18 @@ mod tests {
     }
 
     #[test]
+    fn a_large_pool_asks_to_have_its_index_renewed_every_minute() {
+        let base = 10_000 * MS;
+        let big = backends(&vec![1; super::super::load_index::MIN_INDEXED]);
+        let p = LeastResponseTime::new_at(&big, base);
+        assert!(p.index().is_some());
+        assert!(!p.index_is_old(base + 59_000 * MS));
+        assert!(p.index_is_old(base + 61_000 * MS));
+        let small = LeastResponseTime::new_at(&backends(&[1, 1]), base);
+        assert!(small.index().is_none() && !small.index_is_old(base + 3_600_000 * MS));
+    }
+
+    #[test]
     fn the_average_is_the_ewma_with_alpha() {
         let bs = backends(&[1]);
         let t = 10_000 * MS;
@@ -138,7 +228,7 @@ mod tests {
         let mut c_picks = 0;
         for n in 0..2000u64 {
             t += step;
-            let i = LeastResponseTime::pick_at(&bs, &PickCtx::default(), t).unwrap();
+            let i = LeastResponseTime::scan(&bs, &PickCtx::default(), t).unwrap();
             if i == 2 {
                 c_picks += 1;
                 first_c.get_or_insert(n * step);
@@ -165,7 +255,7 @@ mod tests {
         let mut probes = Vec::new();
         for n in 1..=1000u64 {
             let now = t + n * 5 * MS;
-            let i = LeastResponseTime::pick_at(&bs, &PickCtx::default(), now).unwrap();
+            let i = LeastResponseTime::scan(&bs, &PickCtx::default(), now).unwrap();
             bs[i].record_latency_at(Duration::from_millis(if i == 0 { 10 } else { 100 }), now);
             if i == 1 {
                 probes.push(n * 5);

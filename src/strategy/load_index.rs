@@ -1,7 +1,7 @@
-//! An index of the least loaded backend for `least_connections` and
-//! `weighted_least_connections` over large pools: a tournament tree whose root names the
-//! backend with the lowest load, ties to the lowest index, so a pick reads one word
-//! instead of scanning every backend.
+//! An index of the least loaded backend for `least_connections`,
+//! `weighted_least_connections` and `least_response_time` over large pools: a tournament
+//! tree whose root names the backend with the lowest key, ties to the lowest index, so a
+//! pick reads one word instead of scanning every backend.
 //!
 //! No crate offers a lock-free min-tree whose leaves are updated by many threads, hence
 //! this one. Every node is one `AtomicU64` packing `key:32 | index:16 | version:16`,
@@ -22,7 +22,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::pool::Backend;
+use crate::pool::{Backend, LRT_FADE};
 
 /// Pools from this many eligible backends up are indexed; below it a scan is cheap
 /// (tens of ns) and a request's start and end cost nothing extra.
@@ -44,9 +44,9 @@ fn rank(node: u64) -> u64 {
     node >> 16
 }
 
-/// How a backend's load becomes a key.
+/// How a backend's state becomes a key; a backend outside the tree's group has none.
 #[derive(Debug)]
-enum Key {
+pub enum Key {
     /// Requests in flight.
     InFlight,
     /// Requests in flight ÷ the effective weight the picker was built with, as the
@@ -54,6 +54,32 @@ enum Key {
     /// equal keys; distinct ones stay distinct while loads stay under about 10⁴ per
     /// backend, far beyond what a backend holds.
     PerWeight(Box<[f64]>),
+    /// `least_response_time`, backends without a sample: requests in flight.
+    Unsampled,
+    /// `least_response_time`, sampled backends with requests in flight: average ×
+    /// (in flight + 1), as `f32` bits.
+    Busy,
+    /// `least_response_time`, sampled idle backends. Their estimate fades as
+    /// `avg · e^(−(now − sampled_at)/τ)`, the same factor for all of them, so their order
+    /// does not change with time: it is the order of `ln(avg) + (sampled_at − base)/τ`,
+    /// a key fixed between two events. `base` (the index's birth) keeps that sum small,
+    /// so its `f32` keeps five significant digits; the pool renews the index every
+    /// minute.
+    Idle {
+        /// [`crate::pool::clock_ns`] when the index was built.
+        base: u64,
+    },
+}
+
+/// Order-preserving map of an `f32` onto `u32` (negative numbers included).
+#[inline]
+fn ordered(x: f32) -> u64 {
+    let bits = x.to_bits();
+    (if bits >> 31 == 1 {
+        !bits
+    } else {
+        bits | 1 << 31
+    }) as u64
 }
 
 /// The tree over one snapshot's eligible backends (pool order).
@@ -66,19 +92,29 @@ pub struct LoadIndex {
     key: Key,
 }
 
-/// Where a backend's leaf is in the index its current picker reads.
+/// Where a backend's leaf is in the indexes its current picker reads.
 #[derive(Debug)]
 pub struct LoadSlot {
-    /// The index.
-    pub index: Arc<LoadIndex>,
-    /// The backend's position in it.
+    /// The indexes (one per group of backends the strategy ranks apart).
+    pub trees: Arc<[LoadIndex]>,
+    /// The backend's position in each.
     pub leaf: usize,
 }
 
+impl LoadSlot {
+    /// Brings `backend`'s leaf up to date in every tree.
+    #[inline]
+    pub fn refresh(&self, backend: &Backend) {
+        for t in self.trees.iter() {
+            t.refresh(self.leaf, backend);
+        }
+    }
+}
+
 impl LoadIndex {
-    /// An index over `eligible` keyed by requests in flight, or by requests in flight ÷
-    /// `weights[i]` when given; `None` when the pool is outside the indexed sizes.
-    pub fn new(eligible: &[Arc<Backend>], weights: Option<Box<[f64]>>) -> Option<LoadIndex> {
+    /// An index over `eligible` with `key`; `None` when the pool is outside the indexed
+    /// sizes.
+    pub fn new(eligible: &[Arc<Backend>], key: Key) -> Option<LoadIndex> {
         let n = eligible.len();
         if !(MIN_INDEXED..=MAX_INDEXED).contains(&n) {
             return None;
@@ -87,13 +123,10 @@ impl LoadIndex {
         let index = LoadIndex {
             nodes: (0..2 * leaves).map(|_| AtomicU64::new(EMPTY)).collect(),
             leaves,
-            key: match weights {
-                Some(w) => Key::PerWeight(w),
-                None => Key::InFlight,
-            },
+            key,
         };
         for (i, b) in eligible.iter().enumerate() {
-            let key = index.key_of(i, b.in_flight());
+            let key = index.key_of(i, b);
             index.nodes[leaves + i].store(pack(key, i, 0), Ordering::Relaxed);
         }
         for i in (1..leaves).rev() {
@@ -105,13 +138,31 @@ impl LoadIndex {
     }
 
     #[inline]
-    fn key_of(&self, leaf: usize, in_flight: u64) -> u64 {
-        match &self.key {
-            Key::InFlight => in_flight.min(EMPTY_KEY - 1),
-            Key::PerWeight(w) => {
-                let q = in_flight as f64 / w[leaf];
-                ((q as f32).to_bits() as u64).min(EMPTY_KEY - 1)
-            }
+    fn key_of(&self, leaf: usize, b: &Backend) -> u64 {
+        let k = b.in_flight();
+        let key = match &self.key {
+            Key::InFlight => k,
+            Key::PerWeight(w) => ((k as f64 / w[leaf]) as f32).to_bits() as u64,
+            Key::Unsampled => match b.lrt_sample() {
+                None => k,
+                Some(_) => EMPTY_KEY,
+            },
+            Key::Busy => match b.lrt_sample() {
+                Some((avg, _)) if k > 0 => ((avg * (k + 1) as f64) as f32).to_bits() as u64,
+                _ => EMPTY_KEY,
+            },
+            Key::Idle { base } => match b.lrt_sample() {
+                Some((avg, at)) if k == 0 => {
+                    let since = (at as i64).wrapping_sub(*base as i64) as f64;
+                    ordered((avg.ln() + since / LRT_FADE.as_nanos() as f64) as f32)
+                }
+                _ => EMPTY_KEY,
+            },
+        };
+        if key == EMPTY_KEY {
+            EMPTY_KEY
+        } else {
+            key.min(EMPTY_KEY - 1)
         }
     }
 
@@ -126,9 +177,7 @@ impl LoadIndex {
     /// winner changes.
     pub fn refresh(&self, leaf: usize, backend: &Backend) {
         let mut at = self.leaves + leaf;
-        let changed = self.settle(at, |old| {
-            pack(self.key_of(leaf, backend.in_flight()), leaf, old + 1)
-        });
+        let changed = self.settle(at, |old| pack(self.key_of(leaf, backend), leaf, old + 1));
         if !changed {
             return;
         }
@@ -179,15 +228,38 @@ mod tests {
     }
 
     fn index(bs: &[Arc<Backend>], weighted: bool) -> Arc<LoadIndex> {
-        let w = weighted.then(|| bs.iter().map(|b| b.effective_weight()).collect());
-        Arc::new(LoadIndex::new(bs, w).unwrap())
+        let key = if weighted {
+            Key::PerWeight(bs.iter().map(|b| b.effective_weight()).collect())
+        } else {
+            Key::InFlight
+        };
+        Arc::new(LoadIndex::new(bs, key).unwrap())
     }
 
     #[test]
     fn small_and_huge_pools_are_not_indexed() {
-        assert!(LoadIndex::new(&backends(&[1; 3]), None).is_none());
+        assert!(LoadIndex::new(&backends(&[1; 3]), Key::InFlight).is_none());
         let bs: Vec<u32> = vec![1; MIN_INDEXED];
-        assert!(LoadIndex::new(&backends(&bs), None).is_some());
+        assert!(LoadIndex::new(&backends(&bs), Key::InFlight).is_some());
+    }
+
+    #[test]
+    fn ordered_keeps_the_order_of_floats() {
+        let xs = [
+            f32::NEG_INFINITY,
+            -1e9,
+            -2.5,
+            -1e-9,
+            -0.0,
+            0.0,
+            1e-9,
+            2.5,
+            1e9,
+            f32::INFINITY,
+        ];
+        for w in xs.windows(2) {
+            assert!(ordered(w[0]) < ordered(w[1]), "{} {}", w[0], w[1]);
+        }
     }
 
     proptest! {
@@ -212,6 +284,43 @@ mod tests {
                 }
                 idx.refresh(i, &bs[i]);
                 prop_assert_eq!(idx.least(), scan(&bs, weighted));
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(32))]
+
+        /// `least_response_time` from its three indexes is the scan, at every step of a
+        /// timeline of starts, ends and latency samples, with idle backends fading.
+        #[test]
+        fn least_response_time_from_the_index_is_the_scan(
+            ops in proptest::collection::vec((any::<prop::sample::Index>(), 0u8..4, 1u64..40, 0u64..300), 1..250),
+            unsampled in 0usize..3,
+        ) {
+            const MS: u64 = 1_000_000;
+            let bs = backends(&vec![1; MIN_INDEXED + 9]);
+            let mut now = 50_000 * MS;
+            let lrt = LeastResponseTime::new_at(&bs, now - 20_000 * MS);
+            let trees = Arc::clone(lrt.index().unwrap());
+            let refresh = |i: usize| trees.iter().for_each(|t| t.refresh(i, &bs[i]));
+            let mut guards: Vec<Vec<crate::pool::RequestGuard>> = bs.iter().map(|_| Vec::new()).collect();
+            // Every backend sampled but the first `unsampled`.
+            for (i, b) in bs.iter().enumerate().skip(unsampled) {
+                b.record_latency_at(std::time::Duration::from_millis(5 + (i as u64 * 7) % 50), now - (i as u64 % 9) * 700 * MS);
+                refresh(i);
+            }
+            for (which, op, ms, advance) in ops {
+                let i = which.index(bs.len());
+                now += advance * MS;
+                match op {
+                    0 => guards[i].push(bs[i].begin_request()),
+                    1 => { guards[i].pop(); }
+                    _ => bs[i].record_latency_at(std::time::Duration::from_millis(ms), now),
+                }
+                refresh(i);
+                let ctx = PickCtx::default();
+                prop_assert_eq!(lrt.pick_at(&bs, &ctx, now), LeastResponseTime::scan(&bs, &ctx, now));
             }
         }
     }
@@ -260,7 +369,7 @@ mod tests {
     }
 
     /// Through a real pool: backends keep the index current by themselves as requests
-    /// start and end, across a health flip and a weight edit (new snapshots, new
+    /// start and end and samples arrive, across a health flip and a weight edit (new snapshots, new
     /// indexes), and a switch to another strategy detaches them.
     #[test]
     fn a_pool_keeps_its_index_current() {
@@ -273,16 +382,21 @@ mod tests {
                 crate::config::backend_spec(&url, Some(1 + (i % 4) as u32), None).unwrap()
             })
             .collect();
-        for kind in [
+        let kinds = [
             StrategyKind::LeastConnections,
             StrategyKind::WeightedLeastConnections,
-        ] {
+            StrategyKind::LeastResponseTime,
+        ];
+        for kind in kinds {
             let pool = Pool::new(specs.clone(), kind, 0.1, Duration::ZERO);
             let scan = |pool: &Pool| {
                 let snap = pool.snapshot();
                 let (eligible, ctx) = (&snap.eligible, PickCtx::default());
                 let found = match kind {
                     StrategyKind::LeastConnections => LeastConnections::scan(eligible, &ctx),
+                    StrategyKind::LeastResponseTime => {
+                        LeastResponseTime::scan(eligible, &ctx, crate::pool::clock_ns())
+                    }
                     _ => WeightedLeastConnections::new(eligible).scan(eligible, &ctx),
                 };
                 (snap.pick(&ctx).map(|b| b.id), found.map(|i| eligible[i].id))
@@ -292,6 +406,9 @@ mod tests {
                 let snap = pool.snapshot();
                 let b = snap.pick(&PickCtx::default()).unwrap();
                 held.push(b.begin_request());
+                if round % 2 == 0 {
+                    b.record_latency(Duration::from_millis(1 + (round as u64 * 13) % 40));
+                }
                 if round % 3 == 2 {
                     held.swap_remove(round * 7 % held.len());
                 }

@@ -221,7 +221,9 @@ impl Picker {
             StrategyKind::WeightedLeastConnections => {
                 Picker::WeightedLeastConnections(WeightedLeastConnections::new(eligible))
             }
-            StrategyKind::LeastResponseTime => Picker::LeastResponseTime(LeastResponseTime),
+            StrategyKind::LeastResponseTime => {
+                Picker::LeastResponseTime(LeastResponseTime::new(eligible))
+            }
             StrategyKind::PeakEwma => Picker::PeakEwma(PeakEwma),
             StrategyKind::PowerOfTwo => Picker::PowerOfTwo(PowerOfTwo),
             StrategyKind::ConsistentHash | StrategyKind::IpHash => {
@@ -270,6 +272,7 @@ impl Picker {
         let index = match self {
             Picker::LeastConnections(p) => p.index(),
             Picker::WeightedLeastConnections(p) => p.index(),
+            Picker::LeastResponseTime(p) => p.index(),
             _ => None,
         };
         for b in all {
@@ -278,13 +281,27 @@ impl Picker {
         if let Some(index) = index {
             for (leaf, b) in eligible.iter().enumerate() {
                 b.set_load_slot(Some(LoadSlot {
-                    index: Arc::clone(index),
+                    trees: Arc::clone(index),
                     leaf,
                 }));
             }
             for (leaf, b) in eligible.iter().enumerate() {
-                index.refresh(leaf, b);
+                for t in index.iter() {
+                    t.refresh(leaf, b);
+                }
             }
+        }
+    }
+
+    /// Whether its least-loaded index is due for renewal at `now` ([`clock_ns`]
+    /// time): `least_response_time` keys idle backends relative to the index's birth and
+    /// keeps them precise by being rebuilt every [`least_time::RENEW_AFTER`].
+    ///
+    /// [`clock_ns`]: crate::pool::clock_ns
+    pub fn index_is_old(&self, now: u64) -> bool {
+        match self {
+            Picker::LeastResponseTime(p) => p.index_is_old(now),
+            _ => false,
         }
     }
 
@@ -299,7 +316,7 @@ impl Picker {
             Picker::WeightedRoundRobin(p) => p.pick(),
             Picker::LeastConnections(p) => return p.pick(eligible, ctx),
             Picker::WeightedLeastConnections(p) => return p.pick(eligible, ctx),
-            Picker::LeastResponseTime(_) => return LeastResponseTime::pick(eligible, ctx),
+            Picker::LeastResponseTime(p) => return p.pick(eligible, ctx),
             Picker::PeakEwma(_) => return PeakEwma::pick(eligible, ctx),
             Picker::PowerOfTwo(_) => return PowerOfTwo::pick(eligible, ctx),
             Picker::Ring(r, factor) => return r.pick(eligible, ctx, *factor),

@@ -1,5 +1,6 @@
 use std::sync::Arc;
 
+use super::load_index::Key;
 use super::{LoadIndex, PickCtx};
 use crate::pool::Backend;
 
@@ -17,7 +18,7 @@ use crate::pool::Backend;
 #[derive(Debug)]
 pub struct WeightedLeastConnections {
     weights: Box<[f64]>,
-    index: Option<Arc<LoadIndex>>,
+    index: Option<Arc<[LoadIndex]>>,
 }
 
 impl WeightedLeastConnections {
@@ -25,13 +26,14 @@ impl WeightedLeastConnections {
     pub fn new(eligible: &[Arc<Backend>]) -> Self {
         let weights: Box<[f64]> = eligible.iter().map(|b| b.effective_weight()).collect();
         WeightedLeastConnections {
-            index: LoadIndex::new(eligible, Some(weights.clone())).map(Arc::new),
+            index: LoadIndex::new(eligible, Key::PerWeight(weights.clone()))
+                .map(|x| Arc::from([x])),
             weights,
         }
     }
 
     /// Its index, if the pool is large enough to have one.
-    pub fn index(&self) -> Option<&Arc<LoadIndex>> {
+    pub fn index(&self) -> Option<&Arc<[LoadIndex]>> {
         self.index.as_ref()
     }
 
@@ -39,7 +41,7 @@ impl WeightedLeastConnections {
     #[inline]
     pub fn pick(&self, eligible: &[Arc<Backend>], ctx: &PickCtx<'_>) -> Option<usize> {
         if ctx.tried.is_empty() {
-            if let Some(i) = self.index.as_ref().and_then(|x| x.least()) {
+            if let Some(i) = self.index.as_ref().and_then(|x| x[0].least()) {
                 if i < eligible.len() {
                     return Some(i);
                 }
