@@ -751,3 +751,51 @@ async fn switching_into_consistent_hash_then_killing_a_backend_fails_no_request(
         "{s}"
     );
 }
+
+/// From 64 backends up, the least-loaded strategies pick from indexes that the backends
+/// keep current as requests start and end (docs/strategies.md). Over 70 real backends,
+/// with the strategy switched live between waves: requests held in flight one after
+/// another each go to the next least-loaded backend in pool order, and once they end
+/// the pick returns to where the rule says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_pools_pick_the_least_loaded_from_their_index() {
+    let bs: Vec<TestBackend> = (0..70)
+        .map(|i| TestBackend::start(&format!("b{i:02}")))
+        .collect();
+    let specs: Vec<String> = bs.iter().map(|b| b.spec()).collect();
+    let f = start_with(&specs, "least_connections");
+    let c = client();
+    let names =
+        |r: std::ops::Range<usize>| -> Vec<String> { r.map(|i| format!("b{i:02}")).collect() };
+    // Least response time sends unsampled backends first: the waves before it sampled
+    // b00–b19 (and b00 once more), so its wave takes b20–b39 and then b40.
+    let waves = [
+        ("least_connections", 0..20, "b00"),
+        ("weighted_least_connections", 0..20, "b00"),
+        ("least_response_time", 20..40, "b40"),
+    ];
+    for (strategy, held, next) in waves {
+        let r = admin(
+            &c,
+            "POST",
+            &f.admin_url("/admin/strategy"),
+            &format!(r#"{{"strategy": "{strategy}"}}"#),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        let mut tasks = Vec::new();
+        for _ in held.clone() {
+            let c = c.clone();
+            let url = f.url("/sleep/1500");
+            tasks.push(tokio::spawn(async move { get(&c, &url).await.backend() }));
+            tokio::time::sleep(Duration::from_millis(30)).await;
+        }
+        let mut got = Vec::new();
+        for t in tasks {
+            got.push(t.await.unwrap());
+        }
+        got.sort();
+        assert_eq!(got, names(held), "{strategy}");
+        assert_eq!(get(&c, &f.url("/")).await.backend(), next, "{strategy}");
+    }
+}
