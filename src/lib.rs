@@ -9,6 +9,7 @@ pub mod admin;
 pub mod cli;
 pub mod config;
 pub mod demo;
+pub mod front;
 pub mod health;
 pub mod logging;
 pub mod metrics;

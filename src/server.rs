@@ -117,8 +117,10 @@ pub async fn worker(
             return;
         }
     };
-    let builder = http_builder();
+    let builder = Arc::new(http_builder());
     let graceful = GracefulShutdown::new();
+    // One clone per connection on the fast path: the drain waits for them to go.
+    let live = Arc::new(());
     // A short heartbeat keeps the timer wheel's next wake-up near. tokio wakes its own
     // driver through an eventfd whenever a timer is armed earlier than that wake-up, and
     // every request arms one (header and upstream timeouts): without the heartbeat that
@@ -147,30 +149,58 @@ pub async fn worker(
                     }
                 };
                 let _ = stream.set_nodelay(true);
-                // hyper closes a connection whose request head is late but writes
-                // nothing; a second descriptor of the same socket lets this task still
-                // answer 408 afterwards (one dup per connection, none per request).
-                let late_answer = stream.as_fd().try_clone_to_owned().ok().map(std::net::TcpStream::from);
-                let io = TokioIo::new(stream);
                 let peer_value = crate::proxy::headers::forwarded_value(peer.ip());
-                // Whether a request head ever arrived on this connection (see below).
-                let served = Arc::new(AtomicBool::new(false));
-                let seen = Arc::clone(&served);
-                let svc = service_fn(move |req| {
-                    if !seen.load(Ordering::Relaxed) {
-                        seen.store(true, Ordering::Relaxed);
-                    }
-                    let peer_value = peer_value.clone();
-                    async move { Ok::<_, Infallible>(proxy.handle(req, peer, peer_value).await) }
-                });
-                let conn = builder.serve_connection_with_upgrades(io, svc).into_owned();
-                let conn = graceful.watch(conn);
+                let watcher = graceful.watcher();
+                let builder = Arc::clone(&builder);
+                let mut stop = shutdown.clone();
+                let live = Arc::clone(&live);
                 tokio::spawn(async move {
-                    if let Err(e) = conn.await {
-                        // 408 for a client that never completed a request head, as HAProxy's
-                        // `timeout http-request` does; an idle keep-alive connection that
-                        // served requests is closed silently, as nginx and HAProxy do.
-                        if is_header_timeout(&*e) && !served.load(Ordering::Relaxed) {
+                    let _live = live;
+                    let mut stream = stream;
+                    // Plain HTTP/1.1 GET and HEAD are served by the fast path; anything
+                    // else, from the first request that is not, by hyper.
+                    let mut served = false;
+                    let outcome = crate::front::serve(
+                        &mut stream,
+                        proxy,
+                        peer,
+                        &peer_value,
+                        HEADER_TIMEOUT,
+                        &mut stop,
+                        &mut served,
+                    )
+                    .await;
+                    let pre = match outcome {
+                        crate::front::Outcome::Closed => return,
+                        crate::front::Outcome::HeadTimeout => {
+                            // 408 for a client that never completed a request head, as
+                            // HAProxy's `timeout http-request` does.
+                            let _ = tokio::io::AsyncWriteExt::write_all(&mut stream, ANSWER_408).await;
+                            return;
+                        }
+                        crate::front::Outcome::HandOff(pre) => pre,
+                    };
+                    // hyper closes a connection whose request head is late but writes
+                    // nothing; a second descriptor of the same socket lets this task still
+                    // answer 408 afterwards (one dup per connection handed over).
+                    let late_answer = stream.as_fd().try_clone_to_owned().ok().map(std::net::TcpStream::from);
+                    let io = TokioIo::new(crate::front::Rewind::new(pre, stream));
+                    // Whether a request head ever arrived on this connection (see below).
+                    let seen_any = Arc::new(AtomicBool::new(served));
+                    let seen = Arc::clone(&seen_any);
+                    let svc = service_fn(move |req| {
+                        if !seen.load(Ordering::Relaxed) {
+                            seen.store(true, Ordering::Relaxed);
+                        }
+                        let peer_value = peer_value.clone();
+                        async move { Ok::<_, Infallible>(proxy.handle(req, peer, peer_value).await) }
+                    });
+                    let conn = builder.serve_connection_with_upgrades(io, svc).into_owned();
+                    if let Err(e) = watcher.watch(conn).await {
+                        // 408 for a client that never completed a request head; an idle
+                        // keep-alive connection that served requests is closed silently,
+                        // as nginx and HAProxy do.
+                        if is_header_timeout(&*e) && !seen_any.load(Ordering::Relaxed) {
                             if let Some(mut s) = late_answer {
                                 // A short answer into an empty send buffer: it does not block.
                                 let _ = std::io::Write::write_all(&mut s, ANSWER_408);
@@ -185,10 +215,13 @@ pub async fn worker(
         }
     }
     drop(listener);
-    if tokio::time::timeout(DRAIN_TIMEOUT, graceful.shutdown())
-        .await
-        .is_err()
-    {
+    let drained = async {
+        graceful.shutdown().await;
+        while Arc::strong_count(&live) > 1 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    if tokio::time::timeout(DRAIN_TIMEOUT, drained).await.is_err() {
         tracing::warn!("requests still in flight after the drain timeout; closing them");
     }
 }

@@ -100,11 +100,10 @@ fn own_answer(status: StatusCode, text: &'static str) -> Response<RespBody> {
 pub const MAX_HEADER_BYTES: usize = 64 * 1024;
 
 /// Bytes of the request head as sent on the wire (request line and header lines).
-fn head_size<B>(req: &Request<B>) -> usize {
-    let line = req.method().as_str().len()
-        + req.uri().path_and_query().map_or(1, |p| p.as_str().len())
-        + 12;
-    req.headers()
+fn head_size(req: &http::request::Parts) -> usize {
+    let line =
+        req.method.as_str().len() + req.uri.path_and_query().map_or(1, |p| p.as_str().len()) + 12;
+    req.headers
         .iter()
         .fold(line, |n, (k, v)| n + k.as_str().len() + v.len() + 4)
 }
@@ -203,12 +202,33 @@ impl Proxy {
         peer: SocketAddr,
         peer_value: HeaderValue,
     ) -> Response<RespBody> {
+        let upgrade =
+            req.version() == Version::HTTP_11 && headers::is_upgrade_request(req.headers());
+        let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+        let (parts, body) = req.into_parts();
+        // An empty body is not forwarded as a stream: such a request can be replayed.
+        let body = (!body.is_end_stream()).then_some(body);
+        self.handle_parts(parts, body, client_upgrade, peer, peer_value)
+            .await
+    }
+
+    /// [`Self::handle`] for a request already taken apart: its body (`None` for none)
+    /// and, for an upgrade, the client side's half of it. The client-facing HTTP/1.1
+    /// fast path ([`crate::front`]) calls this directly for its bodiless requests.
+    pub async fn handle_parts(
+        &self,
+        mut parts: http::request::Parts,
+        mut body: Option<Incoming>,
+        client_upgrade: Option<hyper::upgrade::OnUpgrade>,
+        peer: SocketAddr,
+        peer_value: HeaderValue,
+    ) -> Response<RespBody> {
         let mut fin = Pending::new(
             Finish {
                 started: Instant::now(),
-                method: req.method().clone(),
-                path: req
-                    .uri()
+                method: parts.method.clone(),
+                path: parts
+                    .uri
                     .path_and_query()
                     .cloned()
                     .unwrap_or_else(|| PathAndQuery::from_static("/")),
@@ -221,7 +241,7 @@ impl Proxy {
         );
         // hyper bounds its read buffer, but a head that arrives in one read can slip past
         // that bound; the contract's limit is checked here exactly.
-        if head_size(&req) > MAX_HEADER_BYTES {
+        if head_size(&parts) > MAX_HEADER_BYTES {
             return self.own(
                 &mut fin,
                 None,
@@ -242,10 +262,7 @@ impl Proxy {
                 return self.own(&mut fin, None, r);
             }
         };
-        let upgrade =
-            req.version() == Version::HTTP_11 && headers::is_upgrade_request(req.headers());
-        let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
-        let (mut parts, body) = req.into_parts();
+        let upgrade = client_upgrade.is_some();
 
         // Host as the client sent it; HTTP/2 carries it in :authority.
         let host = match parts.headers.get(header::HOST) {
@@ -269,8 +286,6 @@ impl Proxy {
         parts.version = Version::HTTP_11;
         let pq = fin.path.clone();
 
-        // An empty body is not forwarded as a stream: such a request can be replayed.
-        let mut body = (!body.is_end_stream()).then_some(body);
         let replayable = body.is_none();
         let max_attempts = if is_idempotent(&parts.method) && replayable {
             1 + self.settings.retries as usize

@@ -1,0 +1,543 @@
+//! The client side's HTTP/1.1 fast path.
+//!
+//! Nearly all traffic through a load balancer is plain HTTP/1.1 `GET` and `HEAD`
+//! requests without a body on keep-alive connections. For those, this module reads the
+//! request head itself (`httparse`), hands it to [`Proxy::handle_parts`] and writes the
+//! answer: no per-connection read and write buffers held between requests (hyper's
+//! server keeps 8 KiB + 8 KiB per connection, and 16 KiB for reading while a request
+//! is in flight), and the response head and a small body go out in one `send`.
+//!
+//! Everything else — a request with a body, an upgrade, `Expect`, HTTP/1.0, HTTP/2's
+//! preface, any head this module does not accept exactly — is handed to hyper with the
+//! bytes read so far ([`Outcome::HandOff`]), and hyper serves the connection from then
+//! on. So hyper still owns every edge case (its 400s, its chunked request bodies), and
+//! this module only ever answers what it fully understands.
+//!
+//! Reads go through one 16 KiB scratch buffer per worker thread; a connection keeps
+//! only the bytes it has not consumed yet (usually none between requests).
+
+use std::cell::RefCell;
+use std::future::poll_fn;
+use std::io::ErrorKind;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::Poll;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::header::{self, HeaderName, HeaderValue};
+use http::{HeaderMap, Method, StatusCode, Uri, Version};
+use http_body::Body;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+use crate::proxy::{Proxy, MAX_HEADER_BYTES};
+
+/// Most header fields accepted on the fast path; more go to hyper.
+const MAX_FIELDS: usize = 96;
+/// A body frame up to this size is copied behind the head (one `send` for both).
+const COALESCE: usize = 16 * 1024;
+const SCRATCH: usize = 16 * 1024;
+
+thread_local! {
+    static SCRATCH_BUF: RefCell<Box<[u8]>> = RefCell::new(vec![0u8; SCRATCH].into_boxed_slice());
+    static DATE: RefCell<(u64, HeaderValue)> =
+        const { RefCell::new((u64::MAX, HeaderValue::from_static(""))) };
+}
+
+/// How a connection left the fast path.
+#[derive(Debug)]
+pub enum Outcome {
+    /// Closed (by either side, a timeout, or a stop).
+    Closed,
+    /// Its head timed out before any request was read: the caller answers 408.
+    HeadTimeout,
+    /// hyper takes it from here, starting with these bytes.
+    HandOff(Bytes),
+}
+
+/// What one read of the head found.
+enum Head {
+    /// Not all of it yet.
+    Partial,
+    /// Not for the fast path: hand the connection to hyper.
+    Other,
+    /// A request the fast path serves.
+    Ready(Box<Parsed>),
+}
+
+struct Parsed {
+    len: usize,
+    method: Method,
+    target: (usize, usize),
+    fields: Vec<(HeaderName, (usize, usize))>,
+    close: bool,
+}
+
+/// Serves `stream` until it closes or must go to hyper. `served` is set once a request
+/// head has been read.
+pub async fn serve(
+    stream: &mut TcpStream,
+    proxy: &'static Proxy,
+    peer: SocketAddr,
+    peer_value: &HeaderValue,
+    header_timeout: Duration,
+    shutdown: &mut watch::Receiver<bool>,
+    served: &mut bool,
+) -> Outcome {
+    let mut buf = BytesMut::new();
+    loop {
+        // 1. A whole request head.
+        let deadline = tokio::time::Instant::now() + header_timeout;
+        let parsed = loop {
+            if !buf.is_empty() {
+                match parse(&buf) {
+                    Head::Ready(p) => break p,
+                    Head::Other => return Outcome::HandOff(buf.freeze()),
+                    Head::Partial if buf.len() > MAX_HEADER_BYTES => {
+                        return Outcome::HandOff(buf.freeze())
+                    }
+                    Head::Partial => {}
+                }
+            }
+            tokio::select! {
+                biased;
+                r = tokio::time::timeout_at(deadline, stream.readable()) => match r {
+                    // Late head: 408 if it was the first, else a silent close (an idle
+                    // keep-alive connection), as nginx and HAProxy do.
+                    Err(_) if !*served => return Outcome::HeadTimeout,
+                    Err(_) | Ok(Err(_)) => return Outcome::Closed,
+                    Ok(Ok(())) => match read_some(stream, &mut buf) {
+                        ReadResult::Eof | ReadResult::Error => return Outcome::Closed,
+                        ReadResult::Data | ReadResult::WouldBlock => {}
+                    },
+                },
+                _ = shutdown.changed(), if buf.is_empty() => return Outcome::Closed,
+            }
+        };
+        *served = true;
+        let head = buf.split_to(parsed.len).freeze();
+        let Some(parts) = request_parts(&head, &parsed) else {
+            // A target or a value `http` refuses: hyper answers it as it would.
+            let mut all = BytesMut::with_capacity(head.len() + buf.len());
+            all.extend_from_slice(&head);
+            all.extend_from_slice(&buf);
+            return Outcome::HandOff(all.freeze());
+        };
+        let head_only = parts.method == Method::HEAD;
+        drop(head);
+
+        // 2. The answer, while watching the client: if it goes away the request is
+        // dropped, as hyper's server does. Bytes it sends meanwhile (a pipelined
+        // request) are kept, up to one head's worth.
+        let fut = proxy.handle_parts(parts, None, None, peer, peer_value.clone());
+        let mut fut = Box::pin(fut);
+        let resp = loop {
+            tokio::select! {
+                biased;
+                r = &mut fut => break r,
+                r = stream.readable(), if buf.len() <= MAX_HEADER_BYTES => {
+                    if r.is_err() {
+                        return Outcome::Closed;
+                    }
+                    match read_some(stream, &mut buf) {
+                        ReadResult::Eof | ReadResult::Error => return Outcome::Closed,
+                        ReadResult::Data | ReadResult::WouldBlock => {}
+                    }
+                }
+            }
+        };
+        drop(fut);
+
+        // 3. Write it.
+        let keep = !parsed.close && !*shutdown.borrow();
+        match write_response(stream, &mut buf, resp, head_only, keep).await {
+            Ok(true) => {}
+            Ok(false) | Err(_) => return Outcome::Closed,
+        }
+        if !keep {
+            // Half-close first, as hyper does, so the answer is not cut by a reset.
+            let _ = stream.shutdown().await;
+            return Outcome::Closed;
+        }
+    }
+}
+
+enum ReadResult {
+    Data,
+    WouldBlock,
+    Eof,
+    Error,
+}
+
+/// One non-blocking read through the worker's scratch buffer; only what arrived is
+/// kept in `buf`.
+fn read_some(stream: &TcpStream, buf: &mut BytesMut) -> ReadResult {
+    SCRATCH_BUF.with(|s| {
+        let mut s = s.borrow_mut();
+        match stream.try_read(&mut s) {
+            Ok(0) => ReadResult::Eof,
+            Ok(n) => {
+                buf.extend_from_slice(&s[..n]);
+                ReadResult::Data
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => ReadResult::WouldBlock,
+            Err(_) => ReadResult::Error,
+        }
+    })
+}
+
+/// Whether `buf` starts with a request head the fast path serves: `GET` or `HEAD`,
+/// origin-form target, HTTP/1.1, no body, no upgrade, no `Expect`.
+fn parse(buf: &[u8]) -> Head {
+    let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
+    let mut req = httparse::Request::new(&mut fields);
+    let len = match req.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return Head::Partial,
+        Err(_) => return Head::Other,
+    };
+    let method = match req.method {
+        Some("GET") => Method::GET,
+        Some("HEAD") => Method::HEAD,
+        _ => return Head::Other,
+    };
+    if req.version != Some(1) {
+        return Head::Other;
+    }
+    let Some(path) = req.path.filter(|p| p.starts_with('/')) else {
+        return Head::Other;
+    };
+    let base = buf.as_ptr() as usize;
+    let span = |s: &[u8]| {
+        let at = s.as_ptr() as usize - base;
+        (at, at + s.len())
+    };
+    let mut close = false;
+    let mut out = Vec::with_capacity(req.headers.len());
+    for f in req.headers.iter() {
+        let Ok(name) = HeaderName::from_bytes(f.name.as_bytes()) else {
+            return Head::Other;
+        };
+        if name == header::CONTENT_LENGTH
+            || name == header::TRANSFER_ENCODING
+            || name == header::EXPECT
+            || name == header::UPGRADE
+        {
+            return Head::Other;
+        }
+        if name == header::CONNECTION {
+            for token in f.value.split(|&c| c == b',') {
+                let token = token.trim_ascii();
+                if token.eq_ignore_ascii_case(b"close") {
+                    close = true;
+                } else if token.eq_ignore_ascii_case(b"upgrade") {
+                    return Head::Other;
+                }
+            }
+        }
+        out.push((name, span(f.value)));
+    }
+    Head::Ready(Box::new(Parsed {
+        len,
+        method,
+        target: span(path.as_bytes()),
+        fields: out,
+        close,
+    }))
+}
+
+/// The request's parts, its target and values slices of `head` (no copies).
+fn request_parts(head: &Bytes, p: &Parsed) -> Option<http::request::Parts> {
+    let uri = Uri::from_maybe_shared(head.slice(p.target.0..p.target.1)).ok()?;
+    let mut headers = HeaderMap::with_capacity(p.fields.len());
+    for (name, (a, b)) in &p.fields {
+        let v = HeaderValue::from_maybe_shared(head.slice(*a..*b)).ok()?;
+        headers.append(name.clone(), v);
+    }
+    let (mut parts, ()) = http::Request::new(()).into_parts();
+    parts.method = p.method.clone();
+    parts.uri = uri;
+    parts.version = Version::HTTP_11;
+    parts.headers = headers;
+    Some(parts)
+}
+
+/// The current `Date` value, formatted once per second per thread.
+fn date() -> HeaderValue {
+    let now = std::time::SystemTime::now();
+    let secs = now
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    DATE.with(|d| {
+        let mut d = d.borrow_mut();
+        if d.0 != secs {
+            let text = httpdate::fmt_http_date(now);
+            if let Ok(v) = HeaderValue::from_str(&text) {
+                *d = (secs, v);
+            }
+        }
+        d.1.clone()
+    })
+}
+
+/// How the body goes on the wire.
+#[derive(Clone, Copy, PartialEq)]
+enum Framing {
+    None,
+    Length,
+    Chunked,
+}
+
+/// Writes `resp`, keeping what the client sends meanwhile in `buf`; returns whether the
+/// connection may carry another request.
+async fn write_response(
+    stream: &mut TcpStream,
+    buf: &mut BytesMut,
+    resp: http::Response<crate::proxy::RespBody>,
+    head_only: bool,
+    keep: bool,
+) -> std::io::Result<bool> {
+    let (parts, body) = resp.into_parts();
+    let status = parts.status;
+    let mut out: Vec<u8> = Vec::with_capacity(512);
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.push(b' ');
+    match parts.extensions.get::<hyper::ext::ReasonPhrase>() {
+        Some(r) => out.extend_from_slice(r.as_bytes()),
+        None => out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes()),
+    }
+    out.extend_from_slice(b"\r\n");
+    let bodiless_status = status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED;
+    let no_body = head_only || bodiless_status;
+    let has_length = parts.headers.contains_key(header::CONTENT_LENGTH);
+    let framing = if no_body {
+        Framing::None
+    } else if has_length || body.size_hint().exact().is_some() {
+        Framing::Length
+    } else {
+        Framing::Chunked
+    };
+    for (k, v) in &parts.headers {
+        if k == header::TRANSFER_ENCODING || k == header::CONNECTION {
+            continue;
+        }
+        put_field(&mut out, k.as_str().as_bytes(), v.as_bytes());
+    }
+    if !parts.headers.contains_key(header::DATE) {
+        put_field(&mut out, b"date", date().as_bytes());
+    }
+    match framing {
+        Framing::Length if !has_length => {
+            let n = body.size_hint().exact().unwrap_or(0);
+            put_field(&mut out, b"content-length", n.to_string().as_bytes());
+        }
+        // A HEAD answer states the length the GET would have, when it is known.
+        Framing::None if head_only && !has_length && !bodiless_status => {
+            if let Some(n) = body.size_hint().exact() {
+                put_field(&mut out, b"content-length", n.to_string().as_bytes());
+            }
+        }
+        Framing::Chunked => put_field(&mut out, b"transfer-encoding", b"chunked"),
+        _ => {}
+    }
+    if !keep {
+        put_field(&mut out, b"connection", b"close");
+    }
+    out.extend_from_slice(b"\r\n");
+    if framing == Framing::None {
+        drop(body);
+        stream.write_all(&out).await?;
+        return Ok(true);
+    }
+    let mut body = std::pin::pin!(body);
+    loop {
+        // Take what the body has ready without waiting; flush before waiting.
+        let ready = poll_fn(|cx| Poll::Ready(body.as_mut().poll_frame(cx))).await;
+        let frame = match ready {
+            Poll::Ready(f) => f,
+            Poll::Pending => {
+                if !out.is_empty() {
+                    stream.write_all(&out).await?;
+                    out.clear();
+                }
+                // Waiting for the backend: a client that goes away meanwhile ends it.
+                loop {
+                    tokio::select! {
+                        biased;
+                        f = poll_fn(|cx| body.as_mut().poll_frame(cx)) => break f,
+                        r = stream.readable(), if buf.len() <= MAX_HEADER_BYTES => {
+                            if r.is_err() {
+                                return Ok(false);
+                            }
+                            match read_some(stream, buf) {
+                                ReadResult::Eof | ReadResult::Error => return Ok(false),
+                                ReadResult::Data | ReadResult::WouldBlock => {}
+                            }
+                        }
+                    }
+                }
+            }
+        };
+        match frame {
+            None => break,
+            Some(Err(_)) => {
+                // The answer broke off mid-body: the client must see the cut.
+                if !out.is_empty() {
+                    stream.write_all(&out).await?;
+                }
+                return Ok(false);
+            }
+            Some(Ok(frame)) => {
+                let Ok(data) = frame.into_data() else {
+                    continue; // trailers: not forwarded
+                };
+                if data.is_empty() {
+                    continue;
+                }
+                if framing == Framing::Chunked {
+                    out.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+                }
+                if data.len() <= COALESCE {
+                    out.extend_from_slice(&data);
+                } else {
+                    stream.write_all(&out).await?;
+                    out.clear();
+                    stream.write_all(&data).await?;
+                }
+                if framing == Framing::Chunked {
+                    out.extend_from_slice(b"\r\n");
+                }
+                if out.len() >= COALESCE {
+                    stream.write_all(&out).await?;
+                    out.clear();
+                }
+            }
+        }
+    }
+    if framing == Framing::Chunked {
+        out.extend_from_slice(b"0\r\n\r\n");
+    }
+    if !out.is_empty() {
+        stream.write_all(&out).await?;
+    }
+    Ok(true)
+}
+
+fn put_field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// A stream with bytes already read in front of it, for hyper after a hand-off.
+#[derive(Debug)]
+pub struct Rewind {
+    pre: Bytes,
+    inner: TcpStream,
+}
+
+impl Rewind {
+    /// `inner`, whose next bytes are `pre`.
+    pub fn new(pre: Bytes, inner: TcpStream) -> Rewind {
+        Rewind { pre, inner }
+    }
+}
+
+impl tokio::io::AsyncRead for Rewind {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if !self.pre.is_empty() {
+            let n = self.pre.len().min(buf.remaining());
+            let chunk = self.pre.split_to(n);
+            buf.put_slice(&chunk);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Rewind {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ready(buf: &[u8]) -> Option<Box<Parsed>> {
+        match parse(buf) {
+            Head::Ready(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn plain_gets_and_heads_are_served_and_everything_else_handed_off() {
+        let p = ready(b"GET /a?b=1 HTTP/1.1\r\nHost: x\r\nX-A: 1\r\n\r\nGET").unwrap();
+        assert_eq!(p.len, 40);
+        assert_eq!(p.method, Method::GET);
+        assert!(!p.close);
+        let head = Bytes::from_static(b"GET /a?b=1 HTTP/1.1\r\nHost: x\r\nX-A: 1\r\n\r\n");
+        let parts = request_parts(&head, &p).unwrap();
+        assert_eq!(parts.uri, "/a?b=1");
+        assert_eq!(parts.headers["host"], "x");
+        assert_eq!(parts.headers["x-a"], "1");
+        assert!(
+            ready(b"HEAD / HTTP/1.1\r\nConnection: keep-alive, close\r\n\r\n")
+                .unwrap()
+                .close
+        );
+        assert!(matches!(
+            parse(b"GET / HTTP/1.1\r\nHost: x\r\n"),
+            Head::Partial
+        ));
+        for other in [
+            &b"POST / HTTP/1.1\r\nContent-Length: 1\r\n\r\nx"[..],
+            b"GET / HTTP/1.0\r\n\r\n",
+            b"GET http://x/ HTTP/1.1\r\n\r\n",
+            b"GET / HTTP/1.1\r\nContent-Length: 0\r\n\r\n",
+            b"GET / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"GET / HTTP/1.1\r\nExpect: 100-continue\r\n\r\n",
+            b"GET / HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+            b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+            b"GET / HTTP/1.1\r\nBad Name: x\r\n\r\n",
+            b"\x16\x03\x01",
+        ] {
+            assert!(
+                matches!(parse(other), Head::Other | Head::Partial),
+                "{}",
+                String::from_utf8_lossy(other)
+            );
+            assert!(ready(other).is_none());
+        }
+    }
+}
