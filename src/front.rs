@@ -87,6 +87,9 @@ pub async fn serve(
     served: &mut bool,
 ) -> Outcome {
     let mut buf = BytesMut::new();
+    // The client half-closed after sending requests: answer the ones already read, then
+    // close (as hyper's server does), but read no more.
+    let mut eof = false;
     loop {
         // 1. A whole request head.
         let deadline = tokio::time::Instant::now() + header_timeout;
@@ -100,6 +103,9 @@ pub async fn serve(
                     }
                     Head::Partial => {}
                 }
+            }
+            if eof {
+                return Outcome::Closed;
             }
             tokio::select! {
                 biased;
@@ -137,11 +143,12 @@ pub async fn serve(
             tokio::select! {
                 biased;
                 r = &mut fut => break r,
-                r = stream.readable(), if buf.len() <= MAX_HEADER_BYTES => {
+                r = stream.readable(), if !eof && buf.len() <= MAX_HEADER_BYTES => {
                     if r.is_err() {
                         return Outcome::Closed;
                     }
                     match read_some(stream, &mut buf) {
+                        ReadResult::Eof if !buf.is_empty() => eof = true,
                         ReadResult::Eof | ReadResult::Error => return Outcome::Closed,
                         ReadResult::Data | ReadResult::WouldBlock => {}
                     }
@@ -152,7 +159,7 @@ pub async fn serve(
 
         // 3. Write it.
         let keep = !parsed.close && !*shutdown.borrow();
-        match write_response(stream, &mut buf, resp, head_only, keep).await {
+        match write_response(stream, &mut buf, &mut eof, resp, head_only, keep).await {
             Ok(true) => {}
             Ok(false) | Err(_) => return Outcome::Closed,
         }
@@ -290,11 +297,12 @@ enum Framing {
     Chunked,
 }
 
-/// Writes `resp`, keeping what the client sends meanwhile in `buf`; returns whether the
-/// connection may carry another request.
+/// Writes `resp`, keeping what the client sends meanwhile in `buf` (and noting its
+/// half-close in `eof`); returns whether the connection may carry another request.
 async fn write_response(
     stream: &mut TcpStream,
     buf: &mut BytesMut,
+    eof: &mut bool,
     resp: http::Response<crate::proxy::RespBody>,
     head_only: bool,
     keep: bool,
@@ -307,23 +315,28 @@ async fn write_response(
     out.push(b' ');
     match parts.extensions.get::<hyper::ext::ReasonPhrase>() {
         Some(r) => out.extend_from_slice(r.as_bytes()),
-        None => out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes()),
+        // What hyper writes for a code without a standard phrase.
+        None => out.extend_from_slice(status.canonical_reason().unwrap_or("<none>").as_bytes()),
     }
     out.extend_from_slice(b"\r\n");
     let bodiless_status = status.is_informational()
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED;
     let no_body = head_only || bodiless_status;
-    let has_length = parts.headers.contains_key(header::CONTENT_LENGTH);
+    // The backend's length (one line, however many it sent: the upstream parser has
+    // checked that they agree), else the body's own when it knows it exactly.
+    let stated = parts.headers.get(header::CONTENT_LENGTH).cloned();
+    let exact = body.size_hint().exact();
     let framing = if no_body {
         Framing::None
-    } else if has_length || body.size_hint().exact().is_some() {
+    } else if stated.is_some() || exact.is_some() {
         Framing::Length
     } else {
         Framing::Chunked
     };
     for (k, v) in &parts.headers {
-        if k == header::TRANSFER_ENCODING || k == header::CONNECTION {
+        if k == header::TRANSFER_ENCODING || k == header::CONNECTION || k == header::CONTENT_LENGTH
+        {
             continue;
         }
         put_field(&mut out, k.as_str().as_bytes(), v.as_bytes());
@@ -331,19 +344,22 @@ async fn write_response(
     if !parts.headers.contains_key(header::DATE) {
         put_field(&mut out, b"date", date().as_bytes());
     }
-    match framing {
-        Framing::Length if !has_length => {
-            let n = body.size_hint().exact().unwrap_or(0);
-            put_field(&mut out, b"content-length", n.to_string().as_bytes());
-        }
-        // A HEAD answer states the length the GET would have, when it is known.
-        Framing::None if head_only && !has_length && !bodiless_status => {
-            if let Some(n) = body.size_hint().exact() {
-                put_field(&mut out, b"content-length", n.to_string().as_bytes());
-            }
-        }
-        Framing::Chunked => put_field(&mut out, b"transfer-encoding", b"chunked"),
-        _ => {}
+    let own = matches!(body, crate::proxy::RespBody::Full(_));
+    let length = match framing {
+        Framing::Length => stated.or_else(|| exact.map(HeaderValue::from)),
+        // 1xx and 204 have none (RFC 9110 §8.6); a 304 or a HEAD answer keeps the
+        // backend's, which describes the GET's; a HEAD answer of fulcrum's own states its
+        // length, as hyper did.
+        Framing::None if status.is_informational() || status == StatusCode::NO_CONTENT => None,
+        Framing::None if own && head_only && !bodiless_status => exact.map(HeaderValue::from),
+        Framing::None => stated,
+        Framing::Chunked => None,
+    };
+    if let Some(n) = length {
+        put_field(&mut out, b"content-length", n.as_bytes());
+    }
+    if framing == Framing::Chunked {
+        put_field(&mut out, b"transfer-encoding", b"chunked");
     }
     if !keep {
         put_field(&mut out, b"connection", b"close");
@@ -370,11 +386,12 @@ async fn write_response(
                     tokio::select! {
                         biased;
                         f = poll_fn(|cx| body.as_mut().poll_frame(cx)) => break f,
-                        r = stream.readable(), if buf.len() <= MAX_HEADER_BYTES => {
+                        r = stream.readable(), if !*eof && buf.len() <= MAX_HEADER_BYTES => {
                             if r.is_err() {
                                 return Ok(false);
                             }
                             match read_some(stream, buf) {
+                                ReadResult::Eof if !buf.is_empty() => *eof = true,
                                 ReadResult::Eof | ReadResult::Error => return Ok(false),
                                 ReadResult::Data | ReadResult::WouldBlock => {}
                             }
@@ -455,7 +472,7 @@ impl tokio::io::AsyncRead for Rewind {
         cx: &mut std::task::Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        if !self.pre.is_empty() {
+        if !self.pre.is_empty() && buf.remaining() > 0 {
             let n = self.pre.len().min(buf.remaining());
             let chunk = self.pre.split_to(n);
             buf.put_slice(&chunk);

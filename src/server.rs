@@ -195,8 +195,19 @@ pub async fn worker(
                         let peer_value = peer_value.clone();
                         async move { Ok::<_, Infallible>(proxy.handle(req, peer, peer_value).await) }
                     });
-                    let conn = builder.serve_connection_with_upgrades(io, svc).into_owned();
-                    if let Err(e) = watcher.watch(conn).await {
+                    let result = if *stop.borrow() {
+                        // Handed over after the stop signal: a graceful watch would cancel
+                        // it before its first request is read. Serve that request, then
+                        // close (the drain's timeout still bounds it).
+                        drop(watcher);
+                        let mut once = (*builder).clone();
+                        once.http1().keep_alive(false);
+                        once.serve_connection_with_upgrades(io, svc).await
+                    } else {
+                        let conn = builder.serve_connection_with_upgrades(io, svc).into_owned();
+                        watcher.watch(conn).await
+                    };
+                    if let Err(e) = result {
                         // 408 for a client that never completed a request head; an idle
                         // keep-alive connection that served requests is closed silently,
                         // as nginx and HAProxy do.

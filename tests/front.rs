@@ -124,3 +124,26 @@ async fn a_client_gone_mid_request_frees_it() {
     let _ = s.read_to_string(&mut out);
     assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
 }
+
+/// Requests sent and then the client's half of the connection closed (`nc -N`): every
+/// request already sent is answered before the proxy closes its half.
+#[test]
+fn requests_before_a_half_close_are_all_answered() {
+    let a = TestBackend::start("A");
+    let f = Fulcrum::over(&[&a], &[]);
+    let mut s = TcpStream::connect(f.proxy).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(
+        b"GET /sleep/200 HTTP/1.1\r\nHost: x\r\n\r\n\
+          GET /status/202 HTTP/1.1\r\nHost: x\r\n\r\n",
+    )
+    .unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let codes: Vec<String> = answers(&out)
+        .iter()
+        .map(|(h, _)| h[..3].to_string())
+        .collect();
+    assert_eq!(codes, ["200", "202"], "{out}");
+}

@@ -143,6 +143,9 @@ async fn close_delimited_and_interim_and_head_answers() {
         },
         "/reason" => reply("HTTP/1.1 200 Fine Thanks\r\ncontent-length: 2\r\n\r\nok", false),
         "/listed" => reply("HTTP/1.1 200 OK\r\ncontent-length: 2, 2\r\n\r\nok", false),
+        "/twice" => reply("HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 2\r\n\r\nok", false),
+        "/chunked-head" => reply("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n", false),
+        "/nothing" => reply("HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n", false),
         _ => reply("HTTP/1.1 200 OK\r\ncontent-length: 11\r\n\r\nhello world", false),
     }
     });
@@ -180,6 +183,22 @@ async fn close_delimited_and_interim_and_head_answers() {
     assert!(r.starts_with("HTTP/1.1 200 Fine Thanks\r\n"), "{r}");
     let g = get(&c, &f.url("/listed")).await;
     assert_eq!((g.status.as_u16(), g.text().as_str()), (200, "ok"));
+    // The client sees one length line however many agreeing ones the backend sent; a
+    // 204 has none; a HEAD answer without a length is not given one of 0.
+    let r = raw_exchange(
+        f.proxy,
+        b"GET /twice HTTP/1.1\r\nhost: x\r\n\r\n\
+          GET /nothing HTTP/1.1\r\nhost: x\r\n\r\n\
+          HEAD /chunked-head HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+        Duration::from_secs(5),
+    );
+    let answers: Vec<&str> = r.split("HTTP/1.1 ").skip(1).collect();
+    assert_eq!(answers.len(), 3, "{r}");
+    assert_eq!(answers[0].matches("content-length").count(), 1, "{r}");
+    assert!(answers[0].ends_with("\r\n\r\nok"), "{r}");
+    assert!(answers[1].starts_with("204"), "{r}");
+    assert!(!answers[1].contains("content-length"), "{r}");
+    assert!(!answers[2].contains("content-length"), "{r}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
