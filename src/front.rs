@@ -122,7 +122,6 @@ pub async fn serve(
                 _ = shutdown.changed(), if buf.is_empty() => return Outcome::Closed,
             }
         };
-        *served = true;
         let head = buf.split_to(parsed.len).freeze();
         let Some(parts) = request_parts(&head, &parsed) else {
             // A target or a value `http` refuses: hyper answers it as it would.
@@ -131,6 +130,7 @@ pub async fn serve(
             all.extend_from_slice(&buf);
             return Outcome::HandOff(all.freeze());
         };
+        *served = true;
         let head_only = parts.method == Method::HEAD;
         drop(head);
 
