@@ -784,11 +784,20 @@ async fn large_pools_pick_the_least_loaded_from_their_index() {
         .await;
         assert_eq!(r.status, 200, "{}", r.text());
         let mut tasks = Vec::new();
-        for _ in held.clone() {
-            let c = c.clone();
-            let url = f.url("/sleep/1500");
-            tasks.push(tokio::spawn(async move { get(&c, &url).await.backend() }));
-            tokio::time::sleep(Duration::from_millis(30)).await;
+        for k in held.clone() {
+            let cc = c.clone();
+            // Long enough that all of a wave is still in flight when its last is sent.
+            let url = f.url("/sleep/4000");
+            tasks.push(tokio::spawn(async move { get(&cc, &url).await.backend() }));
+            // The next is sent only once this one is counted in flight.
+            let n = (k - held.start + 1) as u64;
+            assert!(
+                eventually(Duration::from_secs(5), || async {
+                    active_conns(&c, &f).await.values().sum::<u64>() == n
+                })
+                .await,
+                "{strategy}: request {n} never counted"
+            );
         }
         let mut got = Vec::new();
         for t in tasks {
