@@ -147,3 +147,30 @@ fn requests_before_a_half_close_are_all_answered() {
         .collect();
     assert_eq!(codes, ["200", "202"], "{out}");
 }
+
+/// A stop signal while a request head is only half sent: the request, completed
+/// afterwards and handed to hyper (it has a body), is still answered — with
+/// `connection: close` — before the process exits.
+#[test]
+fn a_request_completed_after_the_stop_signal_is_answered() {
+    let a = TestBackend::start("A");
+    let mut f = Fulcrum::over(&[&a], &[]);
+    let mut s = TcpStream::connect(f.proxy).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(8))).unwrap();
+    s.write_all(b"POST /echo HTTP/1.1\r\nHost: x\r\n").unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    f.signal("TERM");
+    std::thread::sleep(Duration::from_millis(300));
+    s.write_all(b"Content-Length: 5\r\n\r\nhello").unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out:?}");
+    assert!(
+        out.to_ascii_lowercase().contains("connection: close"),
+        "{out}"
+    );
+    assert!(out.contains("hello"), "{out}");
+    assert!(f
+        .wait_exit(Duration::from_secs(10))
+        .is_some_and(|st| st.success()));
+}
