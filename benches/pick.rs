@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use fulcrum::config::backend_spec;
-use fulcrum::pool::Backend;
+use fulcrum::pool::{Backend, RequestGuard};
 use fulcrum::strategy::{PickCtx, Picker, StrategyKind};
 
 fn main() {
@@ -38,12 +38,13 @@ fn pool(n: usize) -> Vec<Arc<Backend>> {
         .collect()
 }
 
-fn bench_pick(bencher: divan::Bencher, kind: StrategyKind, n: usize) {
+/// `pool(n)` with something for the load-aware strategies to compare: 1..=4 requests in
+/// flight on every backend, so no idle backend ends a scan early (the worst case), and a
+/// latency average on every one (no unsampled backend ends it either). The guards keep
+/// the requests in flight.
+fn busy_pool(n: usize) -> (Vec<Arc<Backend>>, Vec<RequestGuard>) {
     let backends = pool(n);
-    // Give the load-aware strategies something to compare: 1..=4 requests in flight on
-    // every backend, so no idle backend ends a scan early (the worst case), and a latency
-    // average on every one (no unsampled backend ends it either).
-    let _guards: Vec<_> = backends
+    let guards: Vec<_> = backends
         .iter()
         .enumerate()
         .flat_map(|(i, b)| (0..=(i % 4)).map(move |_| b.begin_request()))
@@ -53,6 +54,11 @@ fn bench_pick(bencher: divan::Bencher, kind: StrategyKind, n: usize) {
             500 + (i as u64 * 37) % 1000,
         ));
     }
+    (backends, guards)
+}
+
+fn bench_pick(bencher: divan::Bencher, kind: StrategyKind, n: usize) {
+    let (backends, _guards) = busy_pool(n);
     let picker = Picker::build(kind, &backends);
     if kind.key_source().is_some() {
         // A different key on every pick, as traffic has: the lookups miss the cache as
@@ -95,17 +101,7 @@ fn weighted_least_connections(bencher: divan::Bencher, n: usize) {
 /// A whole request's worth of a load-aware strategy's work: the pick, then the start and
 /// end of the request on the picked backend, which keep a large pool's index current.
 fn bench_pick_start_end(bencher: divan::Bencher, kind: StrategyKind, n: usize) {
-    let backends = pool(n);
-    let _guards: Vec<_> = backends
-        .iter()
-        .enumerate()
-        .flat_map(|(i, b)| (0..=(i % 4)).map(move |_| b.begin_request()))
-        .collect();
-    for (i, b) in backends.iter().enumerate() {
-        b.record_latency(std::time::Duration::from_micros(
-            500 + (i as u64 * 37) % 1000,
-        ));
-    }
+    let (backends, _guards) = busy_pool(n);
     let picker = Picker::build(kind, &backends);
     picker.attach(&backends, &backends);
     let ctx = PickCtx::default();

@@ -18,7 +18,7 @@
 
 use std::cell::RefCell;
 use std::future::poll_fn;
-use std::io::ErrorKind;
+use std::io::{ErrorKind, Write as _};
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::task::Poll;
@@ -417,7 +417,8 @@ async fn write_response(
                     continue;
                 }
                 if framing == Framing::Chunked {
-                    out.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+                    // Writing into a Vec cannot fail.
+                    let _ = write!(out, "{:x}\r\n", data.len());
                 }
                 if data.len() <= COALESCE {
                     out.extend_from_slice(&data);

@@ -26,6 +26,14 @@ fn answers(text: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The status codes of the answers in `text`, in order.
+fn codes(text: &str) -> Vec<String> {
+    answers(text)
+        .iter()
+        .map(|(h, _)| h[..3].to_string())
+        .collect()
+}
+
 #[test]
 fn pipelined_requests_are_answered_in_order_and_close_is_honoured() {
     let a = TestBackend::start("A");
@@ -37,9 +45,8 @@ fn pipelined_requests_are_answered_in_order_and_close_is_honoured() {
          GET /status/202 HTTP/1.1\r\nHost: x\r\n\r\n\
          GET /status/203 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
     );
+    assert_eq!(codes(&out), ["201", "202", "203"], "{out}");
     let got = answers(&out);
-    let codes: Vec<&str> = got.iter().map(|(h, _)| &h[..3]).collect();
-    assert_eq!(codes, ["201", "202", "203"], "{out}");
     for (head, body) in &got {
         assert!(head.contains("\r\ndate: "), "{head}");
         assert!(
@@ -81,9 +88,8 @@ fn a_request_with_a_body_moves_the_connection_to_hyper_mid_way() {
          GET /status/204 HTTP/1.1\r\nHost: x\r\n\r\n\
          GET /status/200 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
     );
+    assert_eq!(codes(&out), ["200", "200", "204", "200"], "{out}");
     let got = answers(&out);
-    let codes: Vec<&str> = got.iter().map(|(h, _)| &h[..3]).collect();
-    assert_eq!(codes, ["200", "200", "204", "200"], "{out}");
     assert!(got[1].1.contains("hello"), "{out}");
     assert_eq!(a.requests(), 4);
 }
@@ -141,11 +147,7 @@ fn requests_before_a_half_close_are_all_answered() {
     s.shutdown(std::net::Shutdown::Write).unwrap();
     let mut out = String::new();
     let _ = s.read_to_string(&mut out);
-    let codes: Vec<String> = answers(&out)
-        .iter()
-        .map(|(h, _)| h[..3].to_string())
-        .collect();
-    assert_eq!(codes, ["200", "202"], "{out}");
+    assert_eq!(codes(&out), ["200", "202"], "{out}");
 }
 
 /// A stop signal while a request head is only half sent: the request, completed

@@ -176,13 +176,7 @@ async fn with_every_backend_down_every_strategy_answers_503_at_once() {
         .await
     );
     for strategy in ["round_robin", "weighted_round_robin", "least_connections"] {
-        let r = admin(
-            &c,
-            "POST",
-            &f.admin_url("/admin/strategy"),
-            &format!(r#"{{"strategy": "{strategy}"}}"#),
-        )
-        .await;
+        let r = set_strategy(&c, &f, strategy).await;
         assert_eq!(r.status, 200);
         for _ in 0..5 {
             let t = Instant::now();

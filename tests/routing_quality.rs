@@ -146,20 +146,18 @@ async fn run(strategy: &'static str, phase: Duration, rate: u64) -> Outcome {
     }
     let took = start.elapsed();
     let results = results.lock().expect("results");
-    let mut all: Vec<Duration> = results.iter().map(|r| r.latency).collect();
-    all.sort();
-    let mut after: Vec<Duration> = results
-        .iter()
-        .filter(|r| r.second_half)
-        .map(|r| r.latency)
-        .collect();
-    after.sort();
-    let mut settled: Vec<Duration> = results
-        .iter()
-        .filter(|r| r.settled)
-        .map(|r| r.latency)
-        .collect();
-    settled.sort();
+    let sorted = |keep: fn(&Sample) -> bool| -> Vec<Duration> {
+        let mut v: Vec<Duration> = results
+            .iter()
+            .filter(|r| keep(r))
+            .map(|r| r.latency)
+            .collect();
+        v.sort();
+        v
+    };
+    let all = sorted(|_| true);
+    let after = sorted(|r| r.second_half);
+    let settled = sorted(|r| r.settled);
     let second = results.iter().filter(|r| r.second_half).count().max(1);
     let on_c = results
         .iter()

@@ -169,13 +169,7 @@ async fn a_strategy_switch_keeps_in_flight_counts_and_fails_no_request() {
         ("wrr", "weighted_round_robin"),
         ("least_connections", "least_connections"),
     ] {
-        let r = admin(
-            &c,
-            "POST",
-            &f.admin_url("/admin/strategy"),
-            &format!(r#"{{"strategy": "{name}"}}"#),
-        )
-        .await;
+        let r = set_strategy(&c, &f, name).await;
         assert_eq!(r.status, 200);
         assert_eq!(r.json()["strategy"], canonical);
     }
@@ -775,13 +769,7 @@ async fn large_pools_pick_the_least_loaded_from_their_index() {
         ("least_response_time", 20..40, "b40"),
     ];
     for (strategy, held, next) in waves {
-        let r = admin(
-            &c,
-            "POST",
-            &f.admin_url("/admin/strategy"),
-            &format!(r#"{{"strategy": "{strategy}"}}"#),
-        )
-        .await;
+        let r = set_strategy(&c, &f, strategy).await;
         assert_eq!(r.status, 200, "{}", r.text());
         let mut tasks = Vec::new();
         for k in held.clone() {

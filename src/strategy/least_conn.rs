@@ -1,6 +1,6 @@
 use std::sync::Arc;
 
-use super::load_index::Key;
+use super::load_index::{first_pick, Key};
 use super::{LoadIndex, PickCtx};
 use crate::pool::Backend;
 
@@ -31,14 +31,7 @@ impl LeastConnections {
     /// The index's answer for a first pick, else a scan.
     #[inline]
     pub fn pick(&self, eligible: &[Arc<Backend>], ctx: &PickCtx<'_>) -> Option<usize> {
-        if ctx.tried.is_empty() {
-            if let Some(i) = self.index.as_ref().and_then(|x| x[0].least()) {
-                if i < eligible.len() {
-                    return Some(i);
-                }
-            }
-        }
-        Self::scan(eligible, ctx)
+        first_pick(self.index.as_ref(), eligible.len(), ctx).or_else(|| Self::scan(eligible, ctx))
     }
 
     /// Scans the eligible backends once (O(n)).

@@ -22,6 +22,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use super::PickCtx;
 use crate::pool::{Backend, LRT_FADE};
 
 /// Pools from this many eligible backends up are indexed; below it a scan is cheap
@@ -109,6 +110,16 @@ impl LoadSlot {
             t.refresh(self.leaf, backend);
         }
     }
+}
+
+/// The first tree's answer for a first pick over `n` eligible backends; `None` for a
+/// retry (which must leave tried backends out: the caller scans), or without an index.
+#[inline]
+pub fn first_pick(index: Option<&Arc<[LoadIndex]>>, n: usize, ctx: &PickCtx<'_>) -> Option<usize> {
+    if !ctx.tried.is_empty() {
+        return None;
+    }
+    index.and_then(|x| x[0].least()).filter(|&i| i < n)
 }
 
 impl LoadIndex {

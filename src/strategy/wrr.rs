@@ -97,12 +97,12 @@ impl Stepper {
     /// The next winner's pool index.
     #[inline]
     fn step(&mut self) -> usize {
-        let t1 = self.t as i128 + 1;
-        let total = self.total as i128;
-        let mut best: Option<(usize, i128, u32)> = None;
+        let t1 = self.t + 1;
+        let mut best: Option<(usize, i64, u32)> = None;
         for (c, class) in self.classes.iter().enumerate() {
-            // Weights ≤ 1000 and periods ≤ 10⁷ keep this far inside i128 (and i64).
-            let value = t1 * class.weight as i128 - total * class.round as i128;
+            // t ≤ total and round ≤ weight ≤ 1000, so both products stay under
+            // 1000 × total: in i64 for any pool below 9 × 10¹² backends.
+            let value = t1 * class.weight - self.total * class.round;
             let idx = class.members[class.at];
             if best.is_none_or(|(_, v, i)| value > v || (value == v && idx < i)) {
                 best = Some((c, value, idx));

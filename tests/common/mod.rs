@@ -554,6 +554,17 @@ pub fn raw_exchange(addr: SocketAddr, request: &[u8], limit: Duration) -> String
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// `POST /admin/strategy` with `name`; the answer.
+pub async fn set_strategy(c: &HttpClient, f: &Fulcrum, name: &str) -> Got {
+    admin(
+        c,
+        "POST",
+        &f.admin_url("/admin/strategy"),
+        &format!(r#"{{"strategy": "{name}"}}"#),
+    )
+    .await
+}
+
 /// Status of the pool as the admin API shows it.
 pub async fn status(c: &HttpClient, f: &Fulcrum) -> serde_json::Value {
     get(c, &f.admin_url("/admin/status")).await.json()
