@@ -18,7 +18,7 @@
 
 use std::cell::RefCell;
 use std::future::poll_fn;
-use std::io::{ErrorKind, Write as _};
+use std::io::Write as _;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::task::Poll;
@@ -28,7 +28,7 @@ use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, StatusCode, Uri, Version};
 use http_body::Body;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
@@ -90,6 +90,12 @@ pub async fn serve(
     // The client half-closed after sending requests: answer the ones already read, then
     // close (as hyper's server does), but read no more.
     let mut eof = false;
+    // One wait for the stop signal per connection, not one per request (each wait
+    // registers with the channel under its lock). `shutdown` itself still answers
+    // whether to keep the connection alive.
+    let mut stop_rx = shutdown.clone();
+    let stop = stop_rx.changed();
+    tokio::pin!(stop);
     loop {
         // 1. A whole request head.
         let deadline = tokio::time::Instant::now() + header_timeout;
@@ -107,19 +113,18 @@ pub async fn serve(
             if eof {
                 return Outcome::Closed;
             }
+            let empty = buf.is_empty();
             tokio::select! {
                 biased;
-                r = tokio::time::timeout_at(deadline, stream.readable()) => match r {
+                r = tokio::time::timeout_at(deadline, read_some(stream, &mut buf)) => match r {
                     // Late head: 408 if it was the first, else a silent close (an idle
                     // keep-alive connection), as nginx and HAProxy do.
                     Err(_) if !*served => return Outcome::HeadTimeout,
-                    Err(_) | Ok(Err(_)) => return Outcome::Closed,
-                    Ok(Ok(())) => match read_some(stream, &mut buf) {
-                        ReadResult::Eof | ReadResult::Error => return Outcome::Closed,
-                        ReadResult::Data | ReadResult::WouldBlock => {}
-                    },
+                    Err(_) | Ok(ReadResult::Eof | ReadResult::Error) => return Outcome::Closed,
+                    Ok(ReadResult::Data) => {}
                 },
-                _ = shutdown.changed(), if buf.is_empty() => return Outcome::Closed,
+                // Once resolved it is never polled again: the connection closes.
+                _ = &mut stop, if empty => return Outcome::Closed,
             }
         };
         let head = buf.split_to(parsed.len).freeze();
@@ -143,14 +148,11 @@ pub async fn serve(
             tokio::select! {
                 biased;
                 r = &mut fut => break r,
-                r = stream.readable(), if !eof && buf.len() <= MAX_HEADER_BYTES => {
-                    if r.is_err() {
-                        return Outcome::Closed;
-                    }
-                    match read_some(stream, &mut buf) {
+                r = read_some(stream, &mut buf), if !eof && buf.len() <= MAX_HEADER_BYTES => {
+                    match r {
                         ReadResult::Eof if !buf.is_empty() => eof = true,
                         ReadResult::Eof | ReadResult::Error => return Outcome::Closed,
-                        ReadResult::Data | ReadResult::WouldBlock => {}
+                        ReadResult::Data => {}
                     }
                 }
             }
@@ -173,26 +175,33 @@ pub async fn serve(
 
 enum ReadResult {
     Data,
-    WouldBlock,
     Eof,
     Error,
 }
 
-/// One non-blocking read through the worker's scratch buffer; only what arrived is
-/// kept in `buf`.
-fn read_some(stream: &TcpStream, buf: &mut BytesMut) -> ReadResult {
-    SCRATCH_BUF.with(|s| {
-        let mut s = s.borrow_mut();
-        match stream.try_read(&mut s) {
-            Ok(0) => ReadResult::Eof,
-            Ok(n) => {
-                buf.extend_from_slice(&s[..n]);
-                ReadResult::Data
+/// Waits for the client's next bytes and reads them through the worker's scratch
+/// buffer; only what arrived is kept in `buf`.
+///
+/// A read through `AsyncRead` (unlike `try_read`) lets tokio drop the socket's
+/// readiness after a short read, so the next wait costs no `recv` that can only fail
+/// with `EAGAIN`. The scratch buffer is borrowed within one poll, never across a wait.
+async fn read_some(stream: &mut TcpStream, buf: &mut BytesMut) -> ReadResult {
+    poll_fn(|cx| {
+        SCRATCH_BUF.with(|s| {
+            let mut s = s.borrow_mut();
+            let mut rb = ReadBuf::new(&mut s[..]);
+            match Pin::new(&mut *stream).poll_read(cx, &mut rb) {
+                Poll::Pending => Poll::Pending,
+                Poll::Ready(Ok(())) if rb.filled().is_empty() => Poll::Ready(ReadResult::Eof),
+                Poll::Ready(Ok(())) => {
+                    buf.extend_from_slice(rb.filled());
+                    Poll::Ready(ReadResult::Data)
+                }
+                Poll::Ready(Err(_)) => Poll::Ready(ReadResult::Error),
             }
-            Err(e) if e.kind() == ErrorKind::WouldBlock => ReadResult::WouldBlock,
-            Err(_) => ReadResult::Error,
-        }
+        })
     })
+    .await
 }
 
 /// Whether `buf` starts with a request head the fast path serves: `GET` or `HEAD`,
@@ -258,7 +267,8 @@ fn parse(buf: &[u8]) -> Head {
 /// The request's parts, its target and values slices of `head` (no copies).
 fn request_parts(head: &Bytes, p: &Parsed) -> Option<http::request::Parts> {
     let uri = Uri::from_maybe_shared(head.slice(p.target.0..p.target.1)).ok()?;
-    let mut headers = HeaderMap::with_capacity(p.fields.len());
+    // Room for the three X-Forwarded-* fields the proxy adds, so the map never grows.
+    let mut headers = HeaderMap::with_capacity(p.fields.len() + 3);
     for (name, (a, b)) in &p.fields {
         let v = HeaderValue::from_maybe_shared(head.slice(*a..*b)).ok()?;
         headers.append(name.clone(), v);
@@ -386,14 +396,11 @@ async fn write_response(
                     tokio::select! {
                         biased;
                         f = poll_fn(|cx| body.as_mut().poll_frame(cx)) => break f,
-                        r = stream.readable(), if !*eof && buf.len() <= MAX_HEADER_BYTES => {
-                            if r.is_err() {
-                                return Ok(false);
-                            }
-                            match read_some(stream, buf) {
+                        r = read_some(stream, buf), if !*eof && buf.len() <= MAX_HEADER_BYTES => {
+                            match r {
                                 ReadResult::Eof if !buf.is_empty() => *eof = true,
                                 ReadResult::Eof | ReadResult::Error => return Ok(false),
-                                ReadResult::Data | ReadResult::WouldBlock => {}
+                                ReadResult::Data => {}
                             }
                         }
                     }
