@@ -32,6 +32,7 @@ use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
+use crate::deadline::Deadline;
 use crate::proxy::{Proxy, MAX_HEADER_BYTES};
 
 /// Most header fields accepted on the fast path; more go to hyper.
@@ -96,9 +97,11 @@ pub async fn serve(
     let mut stop_rx = shutdown.clone();
     let stop = stop_rx.changed();
     tokio::pin!(stop);
+    // The head timeout, one timer per connection (see `Deadline`).
+    let mut deadline = Deadline::new(tokio::time::Instant::now() + header_timeout);
     loop {
         // 1. A whole request head.
-        let deadline = tokio::time::Instant::now() + header_timeout;
+        deadline.set(tokio::time::Instant::now() + header_timeout);
         let parsed = loop {
             if !buf.is_empty() {
                 match parse(&buf) {
@@ -116,13 +119,15 @@ pub async fn serve(
             let empty = buf.is_empty();
             tokio::select! {
                 biased;
-                r = tokio::time::timeout_at(deadline, read_some(stream, &mut buf)) => match r {
-                    // Late head: 408 if it was the first, else a silent close (an idle
-                    // keep-alive connection), as nginx and HAProxy do.
-                    Err(_) if !*served => return Outcome::HeadTimeout,
-                    Err(_) | Ok(ReadResult::Eof | ReadResult::Error) => return Outcome::Closed,
-                    Ok(ReadResult::Data) => {}
+                r = read_some(stream, &mut buf) => match r {
+                    ReadResult::Eof | ReadResult::Error => return Outcome::Closed,
+                    ReadResult::Data => {}
                 },
+                // Late head: 408 if it was the first, else a silent close (an idle
+                // keep-alive connection), as nginx and HAProxy do.
+                () = deadline.expired() => {
+                    return if *served { Outcome::Closed } else { Outcome::HeadTimeout };
+                }
                 // Once resolved it is never polled again: the connection closes.
                 _ = &mut stop, if empty => return Outcome::Closed,
             }

@@ -8,6 +8,7 @@
 pub mod admin;
 pub mod cli;
 pub mod config;
+pub mod deadline;
 pub mod demo;
 pub mod front;
 pub mod health;

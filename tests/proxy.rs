@@ -318,6 +318,41 @@ async fn upstream_timeout_gives_504() {
     assert_eq!(r.status, 200);
 }
 
+/// Each request on a reused upstream connection gets the whole timeout, counted from
+/// its own send: an earlier request's deadline passing mid-request times nothing out,
+/// and a later request that hangs still times out on time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_timeout_restarts_for_each_request_on_a_reused_connection() {
+    let a = TestBackend::start("A");
+    let f = Fulcrum::over(
+        &[&a],
+        &[
+            "--upstream-timeout",
+            "400ms",
+            "--retries",
+            "0",
+            "--workers",
+            "1",
+        ],
+    );
+    let c = client();
+    assert_eq!(get(&c, &f.url("/")).await.status, 200);
+    // The first request's deadline passes while this one waits: 250 + 300 > 400 ms.
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert_eq!(get(&c, &f.url("/sleep/300")).await.status, 200);
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert_eq!(get(&c, &f.url("/sleep/300")).await.status, 200);
+    let t = Instant::now();
+    assert_eq!(get(&c, &f.url("/sleep/3000")).await.status, 504);
+    let waited = t.elapsed();
+    assert!(
+        waited >= Duration::from_millis(390) && waited < Duration::from_millis(1500),
+        "{waited:?}"
+    );
+    let s = status(&c, &f).await;
+    assert_eq!(s["backends"][0]["requests"], 4);
+}
+
 #[test]
 fn oversized_request_headers_get_431() {
     let a = TestBackend::start("A");

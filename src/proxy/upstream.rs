@@ -210,15 +210,16 @@ impl Upstreams {
             };
             let reused = wire.reused;
             let sent_at = Instant::now();
-            match tokio::time::timeout(timeout, wire.exchange(head, method)).await {
-                Err(_) => return Err(Failure::Timeout),
-                Ok(Ok((parts, body))) => return Ok((parts, body, sent_at)),
-                Ok(Err(WireError::Silent | WireError::Unsent)) if reused && !replaced_stale => {
+            let by = tokio::time::Instant::from_std(sent_at + timeout);
+            match wire.exchange(head, method, by).await {
+                Err(WireError::Timeout) => return Err(Failure::Timeout),
+                Ok((parts, body)) => return Ok((parts, body, sent_at)),
+                Err(WireError::Silent | WireError::Unsent) if reused && !replaced_stale => {
                     replaced_stale = true
                 }
                 // Nothing reached the backend: as good as a failed connect.
-                Ok(Err(WireError::Unsent)) => return Err(Failure::Connect),
-                Ok(Err(_)) => {
+                Err(WireError::Unsent) => return Err(Failure::Connect),
+                Err(_) => {
                     tracing::debug!(backend = %b.name, "upstream exchange failed");
                     return Err(Failure::Broken);
                 }

@@ -19,6 +19,9 @@ use http::{Method, StatusCode, Version};
 use http_body::{Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use crate::deadline::Deadline;
 
 /// Largest response head accepted from a backend.
 const MAX_HEAD: usize = 64 * 1024;
@@ -47,6 +50,8 @@ pub struct Wire {
     pub backend: u64,
     /// Whether it served a request before this one.
     pub reused: bool,
+    /// The current exchange's deadline; one timer for the connection's lifetime.
+    deadline: Option<Deadline>,
 }
 
 /// Why an inline exchange produced no response.
@@ -58,6 +63,8 @@ pub enum WireError {
     Silent,
     /// The answer was malformed or broke off.
     Broken,
+    /// No complete response head by the deadline.
+    Timeout,
 }
 
 /// How the response body is delimited (RFC 9112 §6.3).
@@ -92,18 +99,29 @@ impl Wire {
             buf: BytesMut::new(),
             backend,
             reused: false,
+            deadline: None,
         }
     }
 
-    /// Sends a request head (the request has no body) and reads the response head.
-    /// `head` is the serialised request; `method` decides whether a body follows.
+    /// Sends a request head (the request has no body) and reads the response head, both
+    /// by `by` ([`WireError::Timeout`] after). `head` is the serialised request;
+    /// `method` decides whether a body follows.
     pub async fn exchange(
         mut self,
         head: &[u8],
         method: &Method,
+        by: Instant,
     ) -> Result<(http::response::Parts, WireBody), WireError> {
-        if self.stream.write_all(head).await.is_err() {
-            return Err(WireError::Unsent);
+        let deadline = self.deadline.get_or_insert_with(|| Deadline::new(by));
+        deadline.set(by);
+        tokio::select! {
+            biased;
+            r = self.stream.write_all(head) => {
+                if r.is_err() {
+                    return Err(WireError::Unsent);
+                }
+            }
+            () = deadline.expired() => return Err(WireError::Timeout),
         }
         let mut answered = false;
         let mut interim = 0;
@@ -120,10 +138,21 @@ impl Wire {
                     }
                 }
                 let silent = self.buf.is_empty() && !answered;
-                match std::future::poll_fn(|cx| poll_fill(&mut self, cx)).await {
-                    Ok(0) | Err(_) if silent => return Err(WireError::Silent),
-                    Ok(0) | Err(_) => return Err(WireError::Broken),
-                    Ok(_) => {}
+                let filled = std::future::poll_fn(|cx| {
+                    if let Poll::Ready(r) = poll_fill(&mut self, cx) {
+                        return Poll::Ready(Some(r));
+                    }
+                    match &mut self.deadline {
+                        Some(d) => d.poll_expired(cx).map(|()| None),
+                        None => Poll::Pending,
+                    }
+                })
+                .await;
+                match filled {
+                    None => return Err(WireError::Timeout),
+                    Some(Ok(0) | Err(_)) if silent => return Err(WireError::Silent),
+                    Some(Ok(0) | Err(_)) => return Err(WireError::Broken),
+                    Some(Ok(_)) => {}
                 }
             };
             // Interim answers (100 Continue, 103 Early Hints) are not forwarded; the
