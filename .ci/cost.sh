@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Cost guard: user-space instructions per proxied request, counted by valgrind's
-# callgrind, against the budget in .ci/cost-budget. Instruction counts do not depend on
-# how busy the machine is, so this cannot flake the way a timed test would; a change
-# that makes the request path markedly more expensive fails it.
+# callgrind, against the budget in .ci/cost-budget; and socket system calls per request
+# (recv + send, from valgrind's syscall trace), which must stay at the 4 a proxied
+# request needs (one read and one write on each side). Neither count depends on how
+# busy the machine is, so this cannot flake the way a timed test would; a change that
+# makes the request path markedly more expensive, or adds a system call per request
+# (say, a read that can only fail with EAGAIN), fails it.
 #
 #   .ci/cost.sh [BIN]      (BIN defaults to target/release/fulcrum)
 #
@@ -14,6 +17,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${1:-target/release/fulcrum}
 budget=$(grep -v '^#' .ci/cost-budget | head -1)
+# Socket calls per request allowed, in hundredths: 4.00 measured; one more per request
+# anywhere would read 5.00.
+sys_budget=430
 
 if ! command -v valgrind >/dev/null || ! command -v curl >/dev/null; then
   if [ "$(id -u)" = 0 ]; then
@@ -53,9 +59,9 @@ count() {
   local n=$1 port admin
   port=$(free_port)
   admin=$(free_port)
-  valgrind --tool=callgrind --callgrind-out-file="$out/cg.$n" \
+  valgrind --tool=callgrind --callgrind-out-file="$out/cg.$n" --trace-syscalls=yes \
     "$bin" serve --listen "127.0.0.1:$port" --admin "127.0.0.1:$admin" --workers 1 \
-    --health-interval 60s "${backends[@]}" 2>/dev/null &
+    --health-interval 60s "${backends[@]}" 2>"$out/sys.$n" &
   local vg=$!
   wait_port "$port"
   curl -s -o /dev/null "http://127.0.0.1:$port/cost?[1-$n]"
@@ -64,11 +70,23 @@ count() {
   grep '^summary:' "$out/cg.$n" | awk '{print $2}'
 }
 
+# Socket calls (recvfrom/sendto) in the syscall trace of the run serving $1 requests.
+socket_calls() { grep -cE '\) sys_(recvfrom|sendto) \(' "$out/sys.$1" || true; }
+
 small=$(count 200)
 large=$(count 1200)
 per=$(( (large - small) / 1000 ))
+sys_per=$(( ($(socket_calls 1200) - $(socket_calls 200)) / 10 ))
 echo "cost guard: $per instructions per request (budget $budget)"
+printf 'cost guard: %d.%02d socket calls per request (budget %d.%02d)\n' \
+  $((sys_per / 100)) $((sys_per % 100)) $((sys_budget / 100)) $((sys_budget % 100))
+status=0
 if [ "$per" -gt "$budget" ]; then
   echo "cost guard: over budget: the request path got more expensive" >&2
-  exit 1
+  status=1
 fi
+if [ "$sys_per" -gt "$sys_budget" ] || [ "$sys_per" -lt 300 ]; then
+  echo "cost guard: socket calls per request out of bounds: a system call was added (or the trace is not counting)" >&2
+  status=1
+fi
+exit $status
