@@ -304,6 +304,12 @@ fn date() -> HeaderValue {
     })
 }
 
+/// A `Content-Length` to state: a number, or a backend's value as it came.
+enum Length {
+    Number(u64),
+    Text(HeaderValue),
+}
+
 /// How the body goes on the wire.
 #[derive(Clone, Copy, PartialEq)]
 enum Framing {
@@ -338,9 +344,18 @@ async fn write_response(
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED;
     let no_body = head_only || bodiless_status;
+    // An answer read inline carries its fields as spans of the backend's head, not in
+    // the header map (see `proxy::Fields`).
+    let fields = body.wire_fields();
     // The backend's length (one line, however many it sent: the upstream parser has
     // checked that they agree), else the body's own when it knows it exactly.
-    let stated = parts.headers.get(header::CONTENT_LENGTH).cloned();
+    let stated = match fields {
+        Some(f) => f.length.map(Length::Number),
+        None => parts
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .map(|v| Length::Text(v.clone())),
+    };
     let exact = body.size_hint().exact();
     let framing = if no_body {
         Framing::None
@@ -349,29 +364,52 @@ async fn write_response(
     } else {
         Framing::Chunked
     };
-    for (k, v) in &parts.headers {
-        if k == header::TRANSFER_ENCODING || k == header::CONNECTION || k == header::CONTENT_LENGTH
-        {
-            continue;
+    let has_date = match fields {
+        Some(f) => {
+            for (k, v) in f.iter() {
+                // Lower case, as hyper writes names (HTTP/1.1 names are case-insensitive).
+                out.extend(k.iter().map(u8::to_ascii_lowercase));
+                out.extend_from_slice(b": ");
+                out.extend_from_slice(v);
+                out.extend_from_slice(b"\r\n");
+            }
+            f.has_date
         }
-        put_field(&mut out, k.as_str().as_bytes(), v.as_bytes());
-    }
-    if !parts.headers.contains_key(header::DATE) {
+        None => {
+            for (k, v) in &parts.headers {
+                if k == header::TRANSFER_ENCODING
+                    || k == header::CONNECTION
+                    || k == header::CONTENT_LENGTH
+                {
+                    continue;
+                }
+                put_field(&mut out, k.as_str().as_bytes(), v.as_bytes());
+            }
+            parts.headers.contains_key(header::DATE)
+        }
+    };
+    if !has_date {
         put_field(&mut out, b"date", date().as_bytes());
     }
     let own = matches!(body, crate::proxy::RespBody::Full(_));
     let length = match framing {
-        Framing::Length => stated.or_else(|| exact.map(HeaderValue::from)),
+        Framing::Length => stated.or_else(|| exact.map(Length::Number)),
         // 1xx and 204 have none (RFC 9110 §8.6); a 304 or a HEAD answer keeps the
         // backend's, which describes the GET's; a HEAD answer of fulcrum's own states its
         // length, as hyper did.
         Framing::None if status.is_informational() || status == StatusCode::NO_CONTENT => None,
-        Framing::None if own && head_only && !bodiless_status => exact.map(HeaderValue::from),
+        Framing::None if own && head_only && !bodiless_status => exact.map(Length::Number),
         Framing::None => stated,
         Framing::Chunked => None,
     };
-    if let Some(n) = length {
-        put_field(&mut out, b"content-length", n.as_bytes());
+    match length {
+        Some(Length::Number(n)) => put_field(
+            &mut out,
+            b"content-length",
+            itoa::Buffer::new().format(n).as_bytes(),
+        ),
+        Some(Length::Text(v)) => put_field(&mut out, b"content-length", v.as_bytes()),
+        None => {}
     }
     if framing == Framing::Chunked {
         put_field(&mut out, b"transfer-encoding", b"chunked");

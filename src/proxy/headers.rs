@@ -29,6 +29,12 @@ pub fn is_hop_by_hop(name: &HeaderName) -> bool {
     *name == header::UPGRADE || HOP_BY_HOP.contains(name)
 }
 
+/// [`is_hop_by_hop`] for a name as it came off the wire, in any case.
+pub fn is_hop_by_hop_name(name: &[u8]) -> bool {
+    let is = |h: &HeaderName| h.as_str().as_bytes().eq_ignore_ascii_case(name);
+    is(&header::UPGRADE) || HOP_BY_HOP.iter().any(is)
+}
+
 /// Whether the request asks for a protocol upgrade (`Connection: upgrade` + `Upgrade`).
 pub fn is_upgrade_request(headers: &HeaderMap) -> bool {
     headers.contains_key(header::UPGRADE) && connection_has(headers, "upgrade")

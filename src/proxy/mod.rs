@@ -25,6 +25,7 @@ pub use body::{Hold, ReqBody, RespBody};
 pub use budget::RetryBudget;
 pub use record::{Finish, Pending, Recorder};
 pub use upstream::{Failure, Upstreams};
+pub use wire::Fields;
 
 use crate::config::{HashKey, Settings};
 use crate::pool::stats::bump;
@@ -208,13 +209,23 @@ impl Proxy {
         let (parts, body) = req.into_parts();
         // An empty body is not forwarded as a stream: such a request can be replayed.
         let body = (!body.is_end_stream()).then_some(body);
-        self.handle_parts(parts, body, client_upgrade, peer, peer_value)
-            .await
+        let mut resp = self
+            .handle_parts(parts, body, client_upgrade, peer, peer_value)
+            .await;
+        // hyper writes the head from a header map; an answer read inline has its fields
+        // as spans of the backend's head (see `wire::Fields`).
+        if let Some(fields) = resp.body_mut().take_wire_fields() {
+            *resp.headers_mut() = fields.into_map();
+        }
+        resp
     }
 
     /// [`Self::handle`] for a request already taken apart: its body (`None` for none)
     /// and, for an upgrade, the client side's half of it. The client-facing HTTP/1.1
     /// fast path ([`crate::front`]) calls this directly for its bodiless requests.
+    ///
+    /// An answer read inline ([`RespBody::wire_fields`]) leaves its header fields in
+    /// its body, not in the response's header map: the caller writes them from there.
     pub async fn handle_parts(
         &self,
         mut parts: http::request::Parts,

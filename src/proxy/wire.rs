@@ -126,7 +126,7 @@ impl Wire {
         let mut answered = false;
         let mut interim = 0;
         loop {
-            let (parts, framing, keep) = loop {
+            let (parts, fields, framing, keep) = loop {
                 if !self.buf.is_empty() {
                     match parse_head(&mut self.buf, method) {
                         Ok(Some(p)) => break p,
@@ -169,6 +169,7 @@ impl Wire {
                 wire: Some(self),
                 framing,
                 keep,
+                fields,
             };
             return Ok((parts, body));
         }
@@ -191,11 +192,59 @@ impl Wire {
     }
 }
 
-type Head = (http::response::Parts, Framing, bool);
+type Head = (http::response::Parts, Fields, Framing, bool);
+
+/// The header fields of a response head read inline, as spans of the head's own bytes,
+/// without its hop-by-hop fields and without `Content-Length` (kept parsed in
+/// [`Fields::length`]). The client-side fast path writes them straight out; hyper's
+/// server gets a header map made from them ([`Fields::into_map`]). Building that map for
+/// every answer (a `HeaderName` lookup, a shared `Bytes` slice and a hashed insert per
+/// field, then tearing it down) was a sixth of a proxied request's instructions.
+#[derive(Debug, Default)]
+pub struct Fields {
+    head: Bytes,
+    /// Name offset, name length, value offset, value length.
+    spans: Vec<(u32, u32, u32, u32)>,
+    /// The length the backend stated (one value however many lines carried it), unless
+    /// `Transfer-Encoding` overrides it.
+    pub length: Option<u64>,
+    /// Whether the backend sent a `Date`.
+    pub has_date: bool,
+}
+
+impl Fields {
+    /// Name (as the backend spelled it) and value of each field, in order.
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.spans.iter().map(|&(ns, nl, vs, vl)| {
+            let (ns, nl, vs, vl) = (ns as usize, nl as usize, vs as usize, vl as usize);
+            (&self.head[ns..ns + nl], &self.head[vs..vs + vl])
+        })
+    }
+
+    /// The fields as a header map (values still slices of the head), with one
+    /// `Content-Length` line when there is a length.
+    pub fn into_map(self) -> HeaderMap {
+        let mut map = HeaderMap::with_capacity(self.spans.len() + 1);
+        for &(ns, nl, vs, vl) in &self.spans {
+            let (ns, nl, vs, vl) = (ns as usize, nl as usize, vs as usize, vl as usize);
+            // httparse has checked both against the same grammar; nothing is dropped here.
+            if let (Ok(name), Ok(value)) = (
+                HeaderName::from_bytes(&self.head[ns..ns + nl]),
+                HeaderValue::from_maybe_shared(self.head.slice(vs..vs + vl)),
+            ) {
+                map.append(name, value);
+            }
+        }
+        if let Some(n) = self.length {
+            map.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
+        }
+        map
+    }
+}
 
 /// Parses a response head at the start of `buf` and takes it out of `buf`; `Ok(None)`
-/// (and `buf` untouched) when it is incomplete. Header values are slices of the head's
-/// own bytes, not copies; hop-by-hop fields are dropped on the way.
+/// (and `buf` untouched) when it is incomplete. Its fields stay slices of the head's own
+/// bytes ([`Fields`]); hop-by-hop fields are dropped on the way.
 fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, ()> {
     // Where each line's name and value lie in the head, as offsets.
     let mut spans = [(0u32, 0u32, 0u32, 0u32); MAX_HEADERS];
@@ -245,31 +294,38 @@ fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, ()> {
     };
     let status = code.and_then(|c| StatusCode::from_u16(c).ok()).ok_or(())?;
     let head = buf.split_to(len).freeze();
-    let mut headers = HeaderMap::with_capacity(count);
+    let mut kept = Vec::with_capacity(count);
     let mut length: Option<u64> = None;
+    let mut has_date = false;
     let mut chunked = false;
     let mut coded = false;
     let mut close = !http11;
     // Fields that `Connection` names are hop-by-hop too (rare beyond keep-alive/close).
-    let mut named: Vec<HeaderName> = Vec::new();
-    for &(ns, nl, vs, vl) in &spans[..count] {
-        let (ns, nl, vs, vl) = (ns as usize, nl as usize, vs as usize, vl as usize);
-        let name = HeaderName::from_bytes(&head[ns..ns + nl]).map_err(|_| ())?;
+    let mut named: Vec<(usize, usize)> = Vec::new();
+    for &span in &spans[..count] {
+        let (ns, nl, vs, vl) = (
+            span.0 as usize,
+            span.1 as usize,
+            span.2 as usize,
+            span.3 as usize,
+        );
+        let name = &head[ns..ns + nl];
         let raw = &head[vs..vs + vl];
-        if name == header::CONTENT_LENGTH {
+        if name.eq_ignore_ascii_case(b"content-length") {
             let n = parse_length(raw)?;
             if length.is_some_and(|l| l != n) {
                 return Err(());
             }
             length = Some(n);
-        } else if name == header::TRANSFER_ENCODING {
+            continue;
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
             coded = true;
             // Only a final `chunked` delimits the body; any other coding runs to the close.
             chunked = raw
                 .rsplit(|&c| c == b',')
                 .next()
                 .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
-        } else if name == header::CONNECTION {
+        } else if name.eq_ignore_ascii_case(b"connection") {
             for token in raw.split(|&c| c == b',') {
                 let token = token.trim_ascii();
                 if token.eq_ignore_ascii_case(b"close") {
@@ -278,19 +334,29 @@ fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, ()> {
                     if !http11 {
                         close = false;
                     }
-                } else if let Ok(n) = HeaderName::from_bytes(token) {
-                    named.push(n);
+                } else if !token.is_empty() {
+                    let at = token.as_ptr() as usize - head.as_ptr() as usize;
+                    named.push((at, token.len()));
                 }
             }
+        } else if name.eq_ignore_ascii_case(b"date") {
+            has_date = true;
         }
-        if super::headers::is_hop_by_hop(&name) {
+        if super::headers::is_hop_by_hop_name(name) {
             continue;
         }
-        let value = HeaderValue::from_maybe_shared(head.slice(vs..vs + vl)).map_err(|_| ())?;
-        headers.append(name, value);
+        kept.push(span);
     }
-    for n in &named {
-        headers.remove(n);
+    if !named.is_empty() {
+        kept.retain(|&(ns, nl, _, _)| {
+            let name = &head[ns as usize..(ns + nl) as usize];
+            !named
+                .iter()
+                .any(|&(a, l)| head[a..a + l].eq_ignore_ascii_case(name))
+        });
+        has_date = kept.iter().any(|&(ns, nl, _, _)| {
+            head[ns as usize..(ns + nl) as usize].eq_ignore_ascii_case(b"date")
+        });
     }
     let bodiless = *method == Method::HEAD
         || status.is_informational()
@@ -306,7 +372,7 @@ fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, ()> {
         // to leave the connection in a known state.
         if length.is_some() {
             close = true;
-            headers.remove(header::CONTENT_LENGTH);
+            length = None;
         }
         if chunked {
             Framing::Chunked(Chunk::Size)
@@ -329,11 +395,16 @@ fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, ()> {
     } else {
         Version::HTTP_10
     };
-    parts.headers = headers;
     if let Some(r) = reason {
         parts.extensions.insert(r);
     }
-    Ok(Some((parts, framing, !close)))
+    let fields = Fields {
+        head,
+        spans: kept,
+        length,
+        has_date,
+    };
+    Ok(Some((parts, fields, framing, !close)))
 }
 
 /// A Content-Length value; a list of one repeated value (`5, 5`) is that value
@@ -393,6 +464,7 @@ pub struct WireBody {
     wire: Option<Wire>,
     framing: Framing,
     keep: bool,
+    fields: Fields,
 }
 
 /// What ended a body early.
@@ -411,6 +483,16 @@ impl WireBody {
     /// Whether the body is over (nothing more will come).
     pub fn is_end_stream(&self) -> bool {
         self.framing == Framing::Length(0)
+    }
+
+    /// The response head's fields (see [`Fields`]).
+    pub fn fields(&self) -> &Fields {
+        &self.fields
+    }
+
+    /// Takes the response head's fields out, leaving none.
+    pub fn take_fields(&mut self) -> Fields {
+        std::mem::take(&mut self.fields)
     }
 
     /// How much is left, when known.
@@ -696,13 +778,52 @@ mod tests {
         );
     }
 
-    /// Parses `text`; also returns how many bytes the head took.
+    /// Parses `text`; also returns how many bytes the head took. The fields are put in
+    /// the parts' header map, as hyper's server gets them.
     fn head(
         text: &str,
         method: Method,
     ) -> Result<Option<(http::response::Parts, usize, Framing, bool)>, ()> {
         let mut buf = BytesMut::from(text.as_bytes());
-        Ok(parse_head(&mut buf, &method)?.map(|(p, f, k)| (p, text.len() - buf.len(), f, k)))
+        Ok(parse_head(&mut buf, &method)?.map(|(mut p, fields, f, k)| {
+            p.headers = fields.into_map();
+            (p, text.len() - buf.len(), f, k)
+        }))
+    }
+
+    fn fields(text: &str) -> Fields {
+        let mut buf = BytesMut::from(text.as_bytes());
+        parse_head(&mut buf, &Method::GET).unwrap().unwrap().1
+    }
+
+    #[test]
+    fn fields_are_the_backends_less_hop_by_hop_and_length() {
+        let f = fields(
+            "HTTP/1.1 200 OK\r\nServer: x\r\nContent-Length: 5\r\nContent-Length: 5\r\n\
+             Connection: keep-alive\r\nDATE: Mon, 30 Nov 2026 06:00:00 GMT\r\nX-A: 1\r\n\r\n",
+        );
+        let got: Vec<(&[u8], &[u8])> = f.iter().collect();
+        assert_eq!(
+            got,
+            [
+                (&b"Server"[..], &b"x"[..]),
+                (b"DATE", b"Mon, 30 Nov 2026 06:00:00 GMT"),
+                (b"X-A", b"1")
+            ]
+        );
+        assert_eq!((f.length, f.has_date), (Some(5), true));
+        let map = f.into_map();
+        assert_eq!(map.get_all(header::CONTENT_LENGTH).iter().count(), 1);
+        assert_eq!(map[header::CONTENT_LENGTH], "5");
+        assert_eq!(map["x-a"], "1");
+        // A Date that `Connection` names is hop-by-hop like any other field it names.
+        let f =
+            fields("HTTP/1.1 200 OK\r\nConnection: date\r\nDate: x\r\ncontent-length: 0\r\n\r\n");
+        assert_eq!((f.iter().count(), f.has_date), (0, false));
+        // Transfer-Encoding overrides the length, which is then not stated.
+        let f =
+            fields("HTTP/1.1 200 OK\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n");
+        assert_eq!((f.iter().count(), f.length), (0, None));
     }
 
     #[test]
