@@ -26,13 +26,14 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderName, HeaderValue};
-use http::{HeaderMap, Method, StatusCode, Uri, Version};
+use http::{Method, StatusCode, Uri, Version};
 use http_body::Body;
 use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::deadline::Deadline;
+use crate::proxy::headers::ClientFields;
 use crate::proxy::{Proxy, MAX_HEADER_BYTES};
 
 /// Most header fields accepted on the fast path; more go to hyper.
@@ -72,7 +73,8 @@ struct Parsed {
     len: usize,
     method: Method,
     target: (usize, usize),
-    fields: Vec<(HeaderName, (usize, usize))>,
+    /// Name offset, name length, value offset, value length (`ClientFields`' spans).
+    fields: Vec<(u32, u32, u32, u32)>,
     close: bool,
 }
 
@@ -132,22 +134,23 @@ pub async fn serve(
                 _ = &mut stop, if empty => return Outcome::Closed,
             }
         };
+        let close = parsed.close;
         let head = buf.split_to(parsed.len).freeze();
-        let Some(parts) = request_parts(&head, &parsed) else {
-            // A target or a value `http` refuses: hyper answers it as it would.
+        let Some((parts, fields)) = request_parts(head.clone(), *parsed) else {
+            // A target `http` refuses: hyper answers it as it would.
             let mut all = BytesMut::with_capacity(head.len() + buf.len());
             all.extend_from_slice(&head);
             all.extend_from_slice(&buf);
             return Outcome::HandOff(all.freeze());
         };
+        drop(head);
         *served = true;
         let head_only = parts.method == Method::HEAD;
-        drop(head);
 
         // 2. The answer, while watching the client: if it goes away the request is
         // dropped, as hyper's server does. Bytes it sends meanwhile (a pipelined
         // request) are kept, up to one head's worth.
-        let fut = proxy.handle_parts(parts, None, None, peer, peer_value.clone());
+        let fut = proxy.handle_parts(parts, Some(fields), None, None, peer, peer_value.clone());
         let mut fut = Box::pin(fut);
         let resp = loop {
             tokio::select! {
@@ -165,7 +168,7 @@ pub async fn serve(
         drop(fut);
 
         // 3. Write it.
-        let keep = !parsed.close && !*shutdown.borrow();
+        let keep = !close && !*shutdown.borrow();
         match write_response(stream, &mut buf, &mut eof, resp, head_only, keep).await {
             Ok(true) => {}
             Ok(false) | Err(_) => return Outcome::Closed,
@@ -231,6 +234,8 @@ fn parse(buf: &[u8]) -> Head {
         return Head::Other;
     };
     let base = buf.as_ptr() as usize;
+    // Offsets fit in u32: a head this path serves is at most MAX_HEADER_BYTES plus one read.
+    let at = |s: &[u8]| (s.as_ptr() as usize - base) as u32;
     let span = |s: &[u8]| {
         let at = s.as_ptr() as usize - base;
         (at, at + s.len())
@@ -238,17 +243,16 @@ fn parse(buf: &[u8]) -> Head {
     let mut close = false;
     let mut out = Vec::with_capacity(req.headers.len());
     for f in req.headers.iter() {
-        let Ok(name) = HeaderName::from_bytes(f.name.as_bytes()) else {
-            return Head::Other;
-        };
-        if name == header::CONTENT_LENGTH
-            || name == header::TRANSFER_ENCODING
-            || name == header::EXPECT
-            || name == header::UPGRADE
+        let name = f.name.as_bytes();
+        let is = |n: &HeaderName| name.eq_ignore_ascii_case(n.as_str().as_bytes());
+        if is(&header::CONTENT_LENGTH)
+            || is(&header::TRANSFER_ENCODING)
+            || is(&header::EXPECT)
+            || is(&header::UPGRADE)
         {
             return Head::Other;
         }
-        if name == header::CONNECTION {
+        if is(&header::CONNECTION) {
             for token in f.value.split(|&c| c == b',') {
                 let token = token.trim_ascii();
                 if token.eq_ignore_ascii_case(b"close") {
@@ -258,7 +262,12 @@ fn parse(buf: &[u8]) -> Head {
                 }
             }
         }
-        out.push((name, span(f.value)));
+        out.push((
+            at(name),
+            name.len() as u32,
+            at(f.value),
+            f.value.len() as u32,
+        ));
     }
     Head::Ready(Box::new(Parsed {
         len,
@@ -269,21 +278,15 @@ fn parse(buf: &[u8]) -> Head {
     }))
 }
 
-/// The request's parts, its target and values slices of `head` (no copies).
-fn request_parts(head: &Bytes, p: &Parsed) -> Option<http::request::Parts> {
+/// The request's parts (with an empty header map) and its header fields, its target
+/// and fields slices of `head` (no copies).
+fn request_parts(head: Bytes, p: Parsed) -> Option<(http::request::Parts, ClientFields)> {
     let uri = Uri::from_maybe_shared(head.slice(p.target.0..p.target.1)).ok()?;
-    // Room for the three X-Forwarded-* fields the proxy adds, so the map never grows.
-    let mut headers = HeaderMap::with_capacity(p.fields.len() + 3);
-    for (name, (a, b)) in &p.fields {
-        let v = HeaderValue::from_maybe_shared(head.slice(*a..*b)).ok()?;
-        headers.append(name.clone(), v);
-    }
     let (mut parts, ()) = http::Request::new(()).into_parts();
-    parts.method = p.method.clone();
+    parts.method = p.method;
     parts.uri = uri;
     parts.version = Version::HTTP_11;
-    parts.headers = headers;
-    Some(parts)
+    Some((parts, ClientFields::new(head, p.fields)))
 }
 
 /// The current `Date` value, formatted once per second per thread.
@@ -575,10 +578,13 @@ mod tests {
         assert_eq!(p.method, Method::GET);
         assert!(!p.close);
         let head = Bytes::from_static(b"GET /a?b=1 HTTP/1.1\r\nHost: x\r\nX-A: 1\r\n\r\n");
-        let parts = request_parts(&head, &p).unwrap();
+        let (parts, fields) = request_parts(head, *p).unwrap();
         assert_eq!(parts.uri, "/a?b=1");
-        assert_eq!(parts.headers["host"], "x");
-        assert_eq!(parts.headers["x-a"], "1");
+        assert!(parts.headers.is_empty());
+        let map = fields.to_map();
+        assert_eq!(map["host"], "x");
+        assert_eq!(map["x-a"], "1");
+        assert_eq!(fields.host().unwrap(), "x");
         assert!(
             ready(b"HEAD / HTTP/1.1\r\nConnection: keep-alive, close\r\n\r\n")
                 .unwrap()

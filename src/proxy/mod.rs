@@ -210,7 +210,7 @@ impl Proxy {
         // An empty body is not forwarded as a stream: such a request can be replayed.
         let body = (!body.is_end_stream()).then_some(body);
         let mut resp = self
-            .handle_parts(parts, body, client_upgrade, peer, peer_value)
+            .handle_parts(parts, None, body, client_upgrade, peer, peer_value)
             .await;
         // hyper writes the head from a header map; an answer read inline has its fields
         // as spans of the backend's head (see `wire::Fields`).
@@ -224,16 +224,27 @@ impl Proxy {
     /// and, for an upgrade, the client side's half of it. The client-facing HTTP/1.1
     /// fast path ([`crate::front`]) calls this directly for its bodiless requests.
     ///
+    /// The fast path passes the request's header fields as `fields` (see
+    /// [`headers::ClientFields`]) and leaves `parts.headers` empty.
+    ///
     /// An answer read inline ([`RespBody::wire_fields`]) leaves its header fields in
     /// its body, not in the response's header map: the caller writes them from there.
     pub async fn handle_parts(
         &self,
         mut parts: http::request::Parts,
+        mut fields: Option<headers::ClientFields>,
         mut body: Option<Incoming>,
         client_upgrade: Option<hyper::upgrade::OnUpgrade>,
         peer: SocketAddr,
         peer_value: HeaderValue,
     ) -> Response<RespBody> {
+        // Only an exchange done inline writes the fields straight from the client's head;
+        // any other request gets them as a header map first.
+        let inline_only =
+            body.is_none() && client_upgrade.is_none() && is_idempotent(&parts.method);
+        if let Some(f) = fields.take_if(|_| !inline_only) {
+            parts.headers = f.to_map();
+        }
         let mut fin = Pending::new(
             Finish {
                 started: Instant::now(),
@@ -252,7 +263,9 @@ impl Proxy {
         );
         // hyper bounds its read buffer, but a head that arrives in one read can slip past
         // that bound; the contract's limit is checked here exactly.
-        if head_size(&parts) > MAX_HEADER_BYTES {
+        if head_size(&parts) + fields.as_ref().map_or(0, headers::ClientFields::size)
+            > MAX_HEADER_BYTES
+        {
             return self.own(
                 &mut fin,
                 None,
@@ -275,24 +288,33 @@ impl Proxy {
         };
         let upgrade = client_upgrade.is_some();
 
-        // Host as the client sent it; HTTP/2 carries it in :authority.
-        let host = match parts.headers.get(header::HOST) {
-            Some(h) => Some(h.clone()),
-            None => parts
-                .uri
-                .authority()
-                .and_then(|a| HeaderValue::from_str(a.as_str()).ok()),
-        };
-        if let (None, Some(h)) = (parts.headers.get(header::HOST), &host) {
-            parts.headers.insert(header::HOST, h.clone());
-        }
-        if parts.version == Version::HTTP_2 {
-            headers::merge_cookies(&mut parts.headers);
-        }
-        headers::strip_hop_by_hop(&mut parts.headers, upgrade);
         let peer_ip: IpAddr = peer.ip();
         let trusted = headers::is_trusted(&self.settings.trusted_proxies, peer_ip);
-        headers::set_forwarded(&mut parts.headers, &peer_value, trusted, host.as_ref());
+        // Host as the client sent it; HTTP/2 carries it in :authority.
+        let host = match &fields {
+            Some(f) => f.host(),
+            None => match parts.headers.get(header::HOST) {
+                Some(h) => Some(h.clone()),
+                None => parts
+                    .uri
+                    .authority()
+                    .and_then(|a| HeaderValue::from_str(a.as_str()).ok()),
+            },
+        };
+        // The fast path's fields get this hop's rules as they are written out.
+        if fields.is_none() {
+            if let (None, Some(h)) = (parts.headers.get(header::HOST), &host) {
+                parts.headers.insert(header::HOST, h.clone());
+            }
+            if parts.version == Version::HTTP_2 {
+                headers::merge_cookies(&mut parts.headers);
+            }
+            headers::strip_hop_by_hop(&mut parts.headers, upgrade);
+            headers::set_forwarded(&mut parts.headers, &peer_value, trusted, host.as_ref());
+        }
+        // The fast path's fields as forwarded, as a map: made only if a hashing strategy
+        // needs to read its key from them.
+        let mut fields_map: Option<http::HeaderMap> = None;
         // The backend pool speaks HTTP/1.1 whatever the client spoke.
         parts.version = Version::HTTP_11;
         let pq = fin.path.clone();
@@ -321,10 +343,16 @@ impl Proxy {
             let picked = {
                 let snap = self.pool.snapshot();
                 if let (None, Some(source)) = (key, snap.strategy.key_source()) {
+                    let headers = match &fields {
+                        Some(f) => &*fields_map.get_or_insert_with(|| {
+                            f.forwarded_map(&peer_value, trusted, host.as_ref())
+                        }),
+                        None => &parts.headers,
+                    };
                     key = Some(crate::strategy::request_key(
                         source,
                         &self.settings.hash_key,
-                        &parts.headers,
+                        headers,
                         peer_ip,
                         &self.settings.trusted_proxies,
                     ));
@@ -385,11 +413,27 @@ impl Proxy {
             let (result, upload) = if inline {
                 let mut head = Vec::with_capacity(256 + pq.as_str().len());
                 // HTTP/1.1 needs a Host; a client that sent none (HTTP/1.0) gets the backend's.
-                let host = match parts.headers.contains_key(header::HOST) {
-                    true => None,
-                    false => Some(backend.authority.as_str()),
+                let has_host = match &fields {
+                    Some(_) => host.is_some(),
+                    None => parts.headers.contains_key(header::HOST),
                 };
-                wire::write_head(&mut head, &parts.method, pq.as_str(), &parts.headers, host);
+                let default_host = (!has_host).then_some(backend.authority.as_str());
+                match &fields {
+                    Some(f) => wire::write_head_with(
+                        &mut head,
+                        &parts.method,
+                        pq.as_str(),
+                        default_host,
+                        |out| f.write_forwarded(out, &peer_value, trusted, host.as_ref()),
+                    ),
+                    None => wire::write_head(
+                        &mut head,
+                        &parts.method,
+                        pq.as_str(),
+                        &parts.headers,
+                        default_host,
+                    ),
+                }
                 let r = self
                     .upstreams
                     .send_head(backend, &head, &parts.method, timeout)

@@ -439,6 +439,24 @@ pub fn write_head(
     headers: &HeaderMap,
     host: Option<&str>,
 ) {
+    write_head_with(out, method, target, host, |out| {
+        for (k, v) in headers {
+            out.extend_from_slice(k.as_str().as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(v.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+    });
+}
+
+/// [`write_head`] with the header lines written by `fields`.
+pub fn write_head_with(
+    out: &mut Vec<u8>,
+    method: &Method,
+    target: &str,
+    host: Option<&str>,
+    fields: impl FnOnce(&mut Vec<u8>),
+) {
     out.clear();
     out.extend_from_slice(method.as_str().as_bytes());
     out.push(b' ');
@@ -449,12 +467,7 @@ pub fn write_head(
         out.extend_from_slice(h.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
-    for (k, v) in headers {
-        out.extend_from_slice(k.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(v.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
+    fields(out);
     out.extend_from_slice(b"\r\n");
 }
 
