@@ -33,7 +33,7 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::deadline::Deadline;
-use crate::proxy::headers::ClientFields;
+use crate::proxy::headers::{ClientFields, Spans};
 use crate::proxy::{Proxy, MAX_HEADER_BYTES};
 
 /// Most header fields accepted on the fast path; more go to hyper.
@@ -286,7 +286,7 @@ fn request_parts(head: Bytes, p: Parsed) -> Option<(http::request::Parts, Client
     parts.method = p.method;
     parts.uri = uri;
     parts.version = Version::HTTP_11;
-    Some((parts, ClientFields::new(head, p.fields)))
+    Some((parts, ClientFields::new(Spans::new(head, p.fields))))
 }
 
 /// The current `Date` value, formatted once per second per thread.

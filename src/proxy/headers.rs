@@ -196,60 +196,49 @@ pub fn set_forwarded(
     }
 }
 
-/// The header fields of a request read by the client-side fast path, as spans of its
-/// head's bytes (httparse has checked names and values against the grammar).
-///
-/// Plain `GET`s are nearly all of a proxy's traffic, and for them the fields only need
-/// to be copied to the backend with this hop's rules applied ([`Self::write_forwarded`]);
-/// building a header map (a name lookup, a shared slice and a hashed insert per field,
-/// three more inserts for `X-Forwarded-*`, then tearing it down) cost more than the
-/// rest of the request's header work together. A map is made only when a hashing
-/// strategy needs one to read its key from ([`Self::forwarded_map`]).
-#[derive(Debug)]
-pub struct ClientFields {
+/// Header fields as spans of a head's own bytes (as httparse found them, names and
+/// values checked against the grammar), with no copies and no header map.
+#[derive(Debug, Default)]
+pub struct Spans {
     head: bytes::Bytes,
     /// Name offset, name length, value offset, value length.
     spans: Vec<(u32, u32, u32, u32)>,
 }
 
-impl ClientFields {
+impl Spans {
     /// The fields at `spans` of `head`; every span must lie inside `head`.
-    pub fn new(head: bytes::Bytes, spans: Vec<(u32, u32, u32, u32)>) -> ClientFields {
+    pub fn new(head: bytes::Bytes, spans: Vec<(u32, u32, u32, u32)>) -> Spans {
         debug_assert!(spans
             .iter()
             .all(|&(n, nl, v, vl)| (n + nl) as usize <= head.len()
                 && (v + vl) as usize <= head.len()));
-        ClientFields { head, spans }
+        Spans { head, spans }
     }
 
-    fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+    /// Name (as spelled in the head) and value of each field, in order.
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
         self.spans.iter().map(|&(ns, nl, vs, vl)| {
             let (ns, nl, vs, vl) = (ns as usize, nl as usize, vs as usize, vl as usize);
             (&self.head[ns..ns + nl], &self.head[vs..vs + vl])
         })
     }
 
-    /// The first `Host` value (no copy).
-    pub fn host(&self) -> Option<HeaderValue> {
+    /// The value of the first field named `name` (lower case), as a slice of the head.
+    fn value(&self, name: &[u8]) -> Option<HeaderValue> {
         let &(_, _, vs, vl) = self.spans.iter().find(|&&(ns, nl, _, _)| {
-            self.head[ns as usize..(ns + nl) as usize].eq_ignore_ascii_case(b"host")
+            self.head[ns as usize..(ns + nl) as usize].eq_ignore_ascii_case(name)
         })?;
         HeaderValue::from_maybe_shared(self.head.slice(vs as usize..(vs + vl) as usize)).ok()
     }
 
-    /// What the fields count toward the request head limit (as a header map's would).
-    pub fn size(&self) -> usize {
-        self.spans
-            .iter()
-            .map(|&(_, nl, _, vl)| (nl + vl) as usize + 4)
-            .sum()
-    }
-
-    /// The fields as a header map, as they came.
-    pub fn to_map(&self) -> HeaderMap {
-        let mut map = HeaderMap::with_capacity(self.spans.len() + 3);
+    /// The fields as a header map (values still slices of the head), with room for
+    /// `more`.
+    pub fn to_map(&self, more: usize) -> HeaderMap {
+        let mut map = HeaderMap::with_capacity(self.spans.len() + more);
         for &(ns, nl, vs, vl) in &self.spans {
             let (ns, nl, vs, vl) = (ns as usize, nl as usize, vs as usize, vl as usize);
+            // httparse has checked both against the grammar `http` checks: nothing is
+            // dropped here.
             if let (Ok(name), Ok(value)) = (
                 HeaderName::from_bytes(&self.head[ns..ns + nl]),
                 HeaderValue::from_maybe_shared(self.head.slice(vs..vs + vl)),
@@ -258,6 +247,43 @@ impl ClientFields {
             }
         }
         map
+    }
+}
+
+/// The header fields of a request read by the client-side fast path.
+///
+/// Plain `GET`s are nearly all of a proxy's traffic, and for them the fields only need
+/// to be copied to the backend with this hop's rules applied ([`Self::write_forwarded`]);
+/// building a header map (a name lookup, a shared slice and a hashed insert per field,
+/// three more inserts for `X-Forwarded-*`, then tearing it down) cost more than the
+/// rest of the request's header work together. A map is made only when a hashing
+/// strategy needs one to read its key from ([`Self::forwarded_map`]).
+#[derive(Debug)]
+pub struct ClientFields(Spans);
+
+impl ClientFields {
+    /// The request's fields.
+    pub fn new(fields: Spans) -> ClientFields {
+        ClientFields(fields)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.0.iter()
+    }
+
+    /// The first `Host` value (no copy).
+    pub fn host(&self) -> Option<HeaderValue> {
+        self.0.value(b"host")
+    }
+
+    /// What the fields count toward the request head limit (as a header map's would).
+    pub fn size(&self) -> usize {
+        self.iter().map(|(n, v)| n.len() + v.len() + 4).sum()
+    }
+
+    /// The fields as a header map, as they came (with room for `X-Forwarded-*`).
+    pub fn to_map(&self) -> HeaderMap {
+        self.0.to_map(3)
     }
 
     /// The fields as forwarded, as a header map: [`strip_hop_by_hop`] and
@@ -387,7 +413,7 @@ mod tests {
             head.extend_from_slice(b"\r\n");
             spans.push((ns, n.len() as u32, vs, v.len() as u32));
         }
-        ClientFields::new(bytes::Bytes::from(head), spans)
+        ClientFields::new(Spans::new(bytes::Bytes::from(head), spans))
     }
 
     /// The `name: value` lines of `text`, sorted.

@@ -14,13 +14,14 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, StatusCode, Version};
 use http_body::{Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use super::headers::Spans;
 use crate::deadline::Deadline;
 
 /// Largest response head accepted from a backend.
@@ -202,9 +203,7 @@ type Head = (http::response::Parts, Fields, Framing, bool);
 /// field, then tearing it down) was a sixth of a proxied request's instructions.
 #[derive(Debug, Default)]
 pub struct Fields {
-    head: Bytes,
-    /// Name offset, name length, value offset, value length.
-    spans: Vec<(u32, u32, u32, u32)>,
+    spans: Spans,
     /// The length the backend stated (one value however many lines carried it), unless
     /// `Transfer-Encoding` overrides it.
     pub length: Option<u64>,
@@ -215,26 +214,13 @@ pub struct Fields {
 impl Fields {
     /// Name (as the backend spelled it) and value of each field, in order.
     pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
-        self.spans.iter().map(|&(ns, nl, vs, vl)| {
-            let (ns, nl, vs, vl) = (ns as usize, nl as usize, vs as usize, vl as usize);
-            (&self.head[ns..ns + nl], &self.head[vs..vs + vl])
-        })
+        self.spans.iter()
     }
 
     /// The fields as a header map (values still slices of the head), with one
     /// `Content-Length` line when there is a length.
     pub fn into_map(self) -> HeaderMap {
-        let mut map = HeaderMap::with_capacity(self.spans.len() + 1);
-        for &(ns, nl, vs, vl) in &self.spans {
-            let (ns, nl, vs, vl) = (ns as usize, nl as usize, vs as usize, vl as usize);
-            // httparse has checked both against the same grammar; nothing is dropped here.
-            if let (Ok(name), Ok(value)) = (
-                HeaderName::from_bytes(&self.head[ns..ns + nl]),
-                HeaderValue::from_maybe_shared(self.head.slice(vs..vs + vl)),
-            ) {
-                map.append(name, value);
-            }
-        }
+        let mut map = self.spans.to_map(1);
         if let Some(n) = self.length {
             map.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
         }
@@ -399,8 +385,7 @@ fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, ()> {
         parts.extensions.insert(r);
     }
     let fields = Fields {
-        head,
-        spans: kept,
+        spans: Spans::new(head, kept),
         length,
         has_date,
     };
