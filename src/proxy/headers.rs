@@ -62,15 +62,16 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
     if headers.contains_key(header::CONNECTION) {
         let mut named: Vec<HeaderName> = Vec::new();
         for v in headers.get_all(header::CONNECTION) {
-            let Ok(s) = v.to_str() else { continue };
-            for t in s.split(',').map(str::trim) {
+            // As bytes, as the fast path and the response parser read it: a token next
+            // to bytes outside ASCII still names its field.
+            for t in v.as_bytes().split(|&c| c == b',').map(<[u8]>::trim_ascii) {
                 if t.is_empty()
-                    || t.eq_ignore_ascii_case("keep-alive")
-                    || t.eq_ignore_ascii_case("close")
+                    || t.eq_ignore_ascii_case(b"keep-alive")
+                    || t.eq_ignore_ascii_case(b"close")
                 {
                     continue; // Keep-Alive goes with the fixed list below
                 }
-                if let Ok(name) = HeaderName::from_bytes(t.as_bytes()) {
+                if let Ok(name) = HeaderName::from_bytes(t) {
                     named.push(name);
                 }
             }
@@ -302,14 +303,16 @@ impl ClientFields {
 
     /// Writes the fields as this hop forwards them, one `name: value` line each (names
     /// in lower case, as a header map writes them): without hop-by-hop fields and those
-    /// `Connection` names, with `X-Forwarded-*` set as [`set_forwarded`] sets them.
-    /// Exactly the fields of [`Self::forwarded_map`], in another order.
+    /// `Connection` names, with `X-Forwarded-*` set as [`set_forwarded`] sets them, and
+    /// `host: default_host` when no `Host` field is left (HTTP/1.1 requires one). The
+    /// fields of [`Self::forwarded_map`] plus that `Host`, in another order.
     pub fn write_forwarded(
         &self,
         out: &mut Vec<u8>,
         peer: &HeaderValue,
         peer_trusted: bool,
         host: Option<&HeaderValue>,
+        default_host: &str,
     ) {
         // Tokens of `Connection` that name other fields (keep-alive and close do not).
         let mut named: Vec<&[u8]> = Vec::new();
@@ -328,10 +331,12 @@ impl ClientFields {
         let mut has_xff = false;
         let mut proto_kept = false;
         let mut host_kept = false;
+        let mut has_host = false;
         for (name, value) in self.iter() {
             if is_hop_by_hop_name(name) || named.iter().any(|n| n.eq_ignore_ascii_case(name)) {
                 continue;
             }
+            has_host |= name.eq_ignore_ascii_case(b"host");
             if name.eq_ignore_ascii_case(X_FORWARDED_FOR.as_str().as_bytes()) {
                 has_xff = true;
                 continue; // merged into one line below
@@ -382,6 +387,11 @@ impl ClientFields {
             out.extend_from_slice(h.as_bytes());
             out.extend_from_slice(b"\r\n");
         }
+        if !has_host {
+            out.extend_from_slice(b"host: ");
+            out.extend_from_slice(default_host.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
     }
 }
 
@@ -418,7 +428,7 @@ mod tests {
 
     /// The `name: value` lines of `text`, sorted.
     fn sorted_lines(text: &[u8]) -> Vec<(String, String)> {
-        let text = std::str::from_utf8(text).unwrap();
+        let text = String::from_utf8_lossy(text);
         let mut v: Vec<(String, String)> = text
             .split_terminator("\r\n")
             .map(|l| {
@@ -433,7 +443,10 @@ mod tests {
     fn sorted_map(map: &HeaderMap) -> Vec<(String, String)> {
         let mut v: Vec<(String, String)> = map
             .iter()
-            .map(|(k, v)| (k.as_str().to_string(), v.to_str().unwrap().to_string()))
+            .map(|(k, v)| {
+                let v = String::from_utf8_lossy(v.as_bytes()).into_owned();
+                (k.as_str().to_string(), v)
+            })
             .collect();
         v.sort();
         v
@@ -454,6 +467,7 @@ mod tests {
                     proptest::sample::select(vec![
                         "a", "1.1.1.1", "2.2.2.2, 3.3.3.3", " , 4.4.4.4 ,", "close",
                         "keep-alive, x-secret", "x-other", "https", "h.example", "",
+                        "keep-alive, host", "x-secret, caf\u{e9}", "5.5.5.5, \u{e9}",
                     ]),
                 ),
                 0..10,
@@ -466,8 +480,13 @@ mod tests {
             let peer = HeaderValue::from_static("127.0.0.1");
             let host = f.host();
             let mut out = Vec::new();
-            f.write_forwarded(&mut out, &peer, trusted, host.as_ref());
-            let map = f.forwarded_map(&peer, trusted, host.as_ref());
+            f.write_forwarded(&mut out, &peer, trusted, host.as_ref(), "backend:80");
+            // The map path: the same rules, then the backend's authority as Host when no
+            // Host is left (what `wire::write_head` is given).
+            let mut map = f.forwarded_map(&peer, trusted, host.as_ref());
+            if !map.contains_key(header::HOST) {
+                map.insert(header::HOST, HeaderValue::from_static("backend:80"));
+            }
             proptest::prop_assert_eq!(sorted_lines(&out), sorted_map(&map));
         }
     }

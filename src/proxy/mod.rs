@@ -413,26 +413,24 @@ impl Proxy {
             let (result, upload) = if inline {
                 let mut head = Vec::with_capacity(256 + pq.as_str().len());
                 // HTTP/1.1 needs a Host; a client that sent none (HTTP/1.0) gets the backend's.
-                let has_host = match &fields {
-                    Some(_) => host.is_some(),
-                    None => parts.headers.contains_key(header::HOST),
-                };
-                let default_host = (!has_host).then_some(backend.authority.as_str());
+                let authority = backend.authority.as_str();
                 match &fields {
-                    Some(f) => wire::write_head_with(
-                        &mut head,
-                        &parts.method,
-                        pq.as_str(),
-                        default_host,
-                        |out| f.write_forwarded(out, &peer_value, trusted, host.as_ref()),
-                    ),
-                    None => wire::write_head(
-                        &mut head,
-                        &parts.method,
-                        pq.as_str(),
-                        &parts.headers,
-                        default_host,
-                    ),
+                    Some(f) => {
+                        wire::write_head_with(&mut head, &parts.method, pq.as_str(), None, |out| {
+                            f.write_forwarded(out, &peer_value, trusted, host.as_ref(), authority)
+                        })
+                    }
+                    None => {
+                        let default_host =
+                            (!parts.headers.contains_key(header::HOST)).then_some(authority);
+                        wire::write_head(
+                            &mut head,
+                            &parts.method,
+                            pq.as_str(),
+                            &parts.headers,
+                            default_host,
+                        )
+                    }
                 }
                 let r = self
                     .upstreams
