@@ -14,7 +14,10 @@
 //! this module only ever answers what it fully understands.
 //!
 //! Reads go through one 16 KiB scratch buffer per worker thread; a connection keeps
-//! only the bytes it has not consumed yet (usually none between requests).
+//! only the bytes it has not consumed yet (usually none between requests). Neither the
+//! request's nor the answer's header fields go through a header map: they stay spans of
+//! the heads as read (`ClientFields`, `proxy::Fields`) and are copied out with the hop's
+//! rules applied.
 
 use std::cell::RefCell;
 use std::future::poll_fn;

@@ -122,9 +122,10 @@ pub async fn worker(
     // One clone per connection on the fast path: the drain waits for them to go.
     let live = Arc::new(());
     // A short heartbeat keeps the timer wheel's next wake-up near. tokio wakes its own
-    // driver through an eventfd whenever a timer is armed earlier than that wake-up, and
-    // every request arms one (header and upstream timeouts): without the heartbeat that
-    // is one extra syscall and one extra loop turn per request. The heartbeat also
+    // driver through an eventfd whenever a timer is armed earlier than that wake-up;
+    // connections re-arm their `Deadline`s now and then (and hyper's connections arm a
+    // header timer per request): without the heartbeat each of those is one extra
+    // syscall and one extra loop turn. The heartbeat also flushes the access log and
     // sweeps idle upstream connections now and then.
     let mut heartbeat = tokio::time::interval(HEARTBEAT);
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
