@@ -36,7 +36,7 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::deadline::Deadline;
-use crate::proxy::headers::{ClientFields, Spans};
+use crate::proxy::headers::{put_field, put_field_lowercase, ClientFields, Spans};
 use crate::proxy::{Proxy, MAX_HEADER_BYTES};
 
 /// Most header fields accepted on the fast path; more go to hyper.
@@ -373,11 +373,7 @@ async fn write_response(
     let has_date = match fields {
         Some(f) => {
             for (k, v) in f.iter() {
-                // Lower case, as hyper writes names (HTTP/1.1 names are case-insensitive).
-                out.extend(k.iter().map(u8::to_ascii_lowercase));
-                out.extend_from_slice(b": ");
-                out.extend_from_slice(v);
-                out.extend_from_slice(b"\r\n");
+                put_field_lowercase(&mut out, k, v);
             }
             f.has_date
         }
@@ -500,13 +496,6 @@ async fn write_response(
         stream.write_all(&out).await?;
     }
     Ok(true)
-}
-
-fn put_field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
-    out.extend_from_slice(name);
-    out.extend_from_slice(b": ");
-    out.extend_from_slice(value);
-    out.extend_from_slice(b"\r\n");
 }
 
 /// A stream with bytes already read in front of it, for hyper after a hand-off.

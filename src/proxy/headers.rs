@@ -197,6 +197,23 @@ pub fn set_forwarded(
     }
 }
 
+/// Appends one `name: value` header line.
+pub fn put_field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// [`put_field`] with the name in lower case, as a header map writes names (HTTP/1.1
+/// names are case-insensitive), for names copied from a head as they were spelled.
+pub fn put_field_lowercase(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend(name.iter().map(u8::to_ascii_lowercase));
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
 /// Header fields as spans of a head's own bytes (as httparse found them, names and
 /// values checked against the grammar), with no copies and no header map.
 #[derive(Debug, Default)]
@@ -352,10 +369,7 @@ impl ClientFields {
                 }
                 host_kept = true;
             }
-            out.extend(name.iter().map(u8::to_ascii_lowercase));
-            out.extend_from_slice(b": ");
-            out.extend_from_slice(value);
-            out.extend_from_slice(b"\r\n");
+            put_field_lowercase(out, name, value);
         }
         out.extend_from_slice(b"x-forwarded-for: ");
         if has_xff {
@@ -380,17 +394,13 @@ impl ClientFields {
         out.extend_from_slice(peer.as_bytes());
         out.extend_from_slice(b"\r\n");
         if !proto_kept {
-            out.extend_from_slice(b"x-forwarded-proto: http\r\n");
+            put_field(out, b"x-forwarded-proto", b"http");
         }
         if let (false, Some(h)) = (host_kept, host) {
-            out.extend_from_slice(b"x-forwarded-host: ");
-            out.extend_from_slice(h.as_bytes());
-            out.extend_from_slice(b"\r\n");
+            put_field(out, b"x-forwarded-host", h.as_bytes());
         }
         if !has_host {
-            out.extend_from_slice(b"host: ");
-            out.extend_from_slice(default_host.as_bytes());
-            out.extend_from_slice(b"\r\n");
+            put_field(out, b"host", default_host.as_bytes());
         }
     }
 }

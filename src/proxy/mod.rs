@@ -416,7 +416,7 @@ impl Proxy {
                 let authority = backend.authority.as_str();
                 match &fields {
                     Some(f) => {
-                        wire::write_head_with(&mut head, &parts.method, pq.as_str(), None, |out| {
+                        wire::write_head_with(&mut head, &parts.method, pq.as_str(), |out| {
                             f.write_forwarded(out, &peer_value, trusted, host.as_ref(), authority)
                         })
                     }

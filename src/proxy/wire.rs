@@ -21,7 +21,7 @@ use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use super::headers::Spans;
+use super::headers::{put_field, Spans};
 use crate::deadline::Deadline;
 
 /// Largest response head accepted from a backend.
@@ -52,7 +52,7 @@ pub struct Wire {
     /// Whether it served a request before this one.
     pub reused: bool,
     /// The current exchange's deadline; one timer for the connection's lifetime.
-    deadline: Option<Deadline>,
+    deadline: Deadline,
 }
 
 /// Why an inline exchange produced no response.
@@ -100,7 +100,8 @@ impl Wire {
             buf: BytesMut::new(),
             backend,
             reused: false,
-            deadline: None,
+            // Moved to each exchange's own deadline before it waits on it.
+            deadline: Deadline::new(Instant::now()),
         }
     }
 
@@ -113,8 +114,7 @@ impl Wire {
         method: &Method,
         by: Instant,
     ) -> Result<(http::response::Parts, WireBody), WireError> {
-        let deadline = self.deadline.get_or_insert_with(|| Deadline::new(by));
-        deadline.set(by);
+        self.deadline.set(by);
         tokio::select! {
             biased;
             r = self.stream.write_all(head) => {
@@ -122,7 +122,7 @@ impl Wire {
                     return Err(WireError::Unsent);
                 }
             }
-            () = deadline.expired() => return Err(WireError::Timeout),
+            () = self.deadline.expired() => return Err(WireError::Timeout),
         }
         let mut answered = false;
         let mut interim = 0;
@@ -143,10 +143,7 @@ impl Wire {
                     if let Poll::Ready(r) = poll_fill(&mut self, cx) {
                         return Poll::Ready(Some(r));
                     }
-                    match &mut self.deadline {
-                        Some(d) => d.poll_expired(cx).map(|()| None),
-                        None => Poll::Pending,
-                    }
+                    self.deadline.poll_expired(cx).map(|()| None)
                 })
                 .await;
                 match filled {
@@ -424,22 +421,22 @@ pub fn write_head(
     headers: &HeaderMap,
     host: Option<&str>,
 ) {
-    write_head_with(out, method, target, host, |out| {
+    write_head_with(out, method, target, |out| {
+        if let Some(h) = host {
+            put_field(out, b"host", h.as_bytes());
+        }
         for (k, v) in headers {
-            out.extend_from_slice(k.as_str().as_bytes());
-            out.extend_from_slice(b": ");
-            out.extend_from_slice(v.as_bytes());
-            out.extend_from_slice(b"\r\n");
+            put_field(out, k.as_str().as_bytes(), v.as_bytes());
         }
     });
 }
 
-/// [`write_head`] with the header lines written by `fields`.
+/// The request line of a request without a body, then the header lines `fields`
+/// writes, then the blank line.
 pub fn write_head_with(
     out: &mut Vec<u8>,
     method: &Method,
     target: &str,
-    host: Option<&str>,
     fields: impl FnOnce(&mut Vec<u8>),
 ) {
     out.clear();
@@ -447,11 +444,6 @@ pub fn write_head_with(
     out.push(b' ');
     out.extend_from_slice(target.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
-    if let Some(h) = host {
-        out.extend_from_slice(b"host: ");
-        out.extend_from_slice(h.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
     fields(out);
     out.extend_from_slice(b"\r\n");
 }
