@@ -2,7 +2,7 @@
 //!
 //! Nearly all traffic through a load balancer is plain HTTP/1.1 `GET` and `HEAD`
 //! requests without a body on keep-alive connections. For those, this module reads the
-//! request head itself (`httparse`), hands it to [`Proxy::handle_parts`] and writes the
+//! request head itself (`httparse`), hands it to [`Proxy::serve`] and writes the
 //! answer: no per-connection read and write buffers held between requests (hyper's
 //! server keeps 8 KiB + 8 KiB per connection, and 16 KiB for reading while a request
 //! is in flight), and the response head and a small body go out in one `send`.
@@ -22,7 +22,6 @@
 use std::cell::RefCell;
 use std::future::poll_fn;
 use std::io::Write as _;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::task::Poll;
 use std::time::Duration;
@@ -37,7 +36,9 @@ use tokio::sync::watch;
 
 use crate::deadline::Deadline;
 use crate::proxy::headers::{put_field, put_field_lowercase, ClientFields, Spans};
-use crate::proxy::{Proxy, MAX_HEADER_BYTES};
+use crate::proxy::hop;
+use crate::proxy::MAX_HEADER_BYTES;
+use crate::proxy::{Peer, Proxy, ProxyResponse, RequestFields, RequestHead, ResponseFields};
 
 /// Most header fields accepted on the fast path; more go to hyper.
 const MAX_FIELDS: usize = 96;
@@ -86,8 +87,7 @@ struct Parsed {
 pub async fn serve(
     stream: &mut TcpStream,
     proxy: &'static Proxy,
-    peer: SocketAddr,
-    peer_value: &HeaderValue,
+    peer: &Peer,
     header_timeout: Duration,
     shutdown: &mut watch::Receiver<bool>,
     served: &mut bool,
@@ -139,7 +139,7 @@ pub async fn serve(
         };
         let close = parsed.close;
         let head = buf.split_to(parsed.len).freeze();
-        let Some((parts, fields)) = request_parts(head.clone(), *parsed) else {
+        let Some(request) = request_head(head.clone(), *parsed) else {
             // A target `http` refuses: hyper answers it as it would.
             let mut all = BytesMut::with_capacity(head.len() + buf.len());
             all.extend_from_slice(&head);
@@ -148,12 +148,12 @@ pub async fn serve(
         };
         drop(head);
         *served = true;
-        let head_only = parts.method == Method::HEAD;
+        let head_only = request.method == Method::HEAD;
 
         // 2. The answer, while watching the client: if it goes away the request is
         // dropped, as hyper's server does. Bytes it sends meanwhile (a pipelined
         // request) are kept, up to one head's worth.
-        let fut = proxy.handle_parts(parts, Some(fields), None, None, peer, peer_value.clone());
+        let fut = proxy.serve(request, None, None, peer.clone());
         let mut fut = Box::pin(fut);
         let resp = loop {
             tokio::select! {
@@ -255,12 +255,11 @@ fn parse(buf: &[u8]) -> Head {
         {
             return Head::Other;
         }
-        if is(&header::CONNECTION) {
-            for token in f.value.split(|&c| c == b',') {
-                let token = token.trim_ascii();
-                if token.eq_ignore_ascii_case(b"close") {
+        if hop::is_connection(name) {
+            for token in hop::tokens(f.value) {
+                if token == hop::Token::Close {
                     close = true;
-                } else if token.eq_ignore_ascii_case(b"upgrade") {
+                } else if token.is_upgrade() {
                     return Head::Other;
                 }
             }
@@ -281,15 +280,15 @@ fn parse(buf: &[u8]) -> Head {
     }))
 }
 
-/// The request's parts (with an empty header map) and its header fields, its target
-/// and fields slices of `head` (no copies).
-fn request_parts(head: Bytes, p: Parsed) -> Option<(http::request::Parts, ClientFields)> {
+/// The request's head, its target and fields slices of `head` (no copies).
+fn request_head(head: Bytes, p: Parsed) -> Option<RequestHead> {
     let uri = Uri::from_maybe_shared(head.slice(p.target.0..p.target.1)).ok()?;
-    let (mut parts, ()) = http::Request::new(()).into_parts();
-    parts.method = p.method;
-    parts.uri = uri;
-    parts.version = Version::HTTP_11;
-    Some((parts, ClientFields::new(Spans::new(head, p.fields))))
+    Some(RequestHead {
+        method: p.method,
+        uri,
+        version: Version::HTTP_11,
+        fields: RequestFields::Spans(ClientFields::new(Spans::new(head, p.fields))),
+    })
 }
 
 /// The current `Date` value, formatted once per second per thread.
@@ -330,17 +329,17 @@ async fn write_response(
     stream: &mut TcpStream,
     buf: &mut BytesMut,
     eof: &mut bool,
-    resp: http::Response<crate::proxy::RespBody>,
+    resp: ProxyResponse,
     head_only: bool,
     keep: bool,
 ) -> std::io::Result<bool> {
-    let (parts, body) = resp.into_parts();
-    let status = parts.status;
+    let ProxyResponse { head, body } = resp;
+    let status = head.status;
     let mut out: Vec<u8> = Vec::with_capacity(512);
     out.extend_from_slice(b"HTTP/1.1 ");
     out.extend_from_slice(status.as_str().as_bytes());
     out.push(b' ');
-    match parts.extensions.get::<hyper::ext::ReasonPhrase>() {
+    match &head.reason {
         Some(r) => out.extend_from_slice(r.as_bytes()),
         // What hyper writes for a code without a standard phrase.
         None => out.extend_from_slice(status.canonical_reason().unwrap_or("<none>").as_bytes()),
@@ -350,15 +349,11 @@ async fn write_response(
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED;
     let no_body = head_only || bodiless_status;
-    // An answer read inline carries its fields as spans of the backend's head, not in
-    // the header map (see `proxy::Fields`).
-    let fields = body.wire_fields();
     // The backend's length (one line, however many it sent: the upstream parser has
     // checked that they agree), else the body's own when it knows it exactly.
-    let stated = match fields {
-        Some(f) => f.length.map(Length::Number),
-        None => parts
-            .headers
+    let stated = match &head.fields {
+        ResponseFields::Wire(f) => f.length.map(Length::Number),
+        ResponseFields::Map(m) => m
             .get(header::CONTENT_LENGTH)
             .map(|v| Length::Text(v.clone())),
     };
@@ -370,15 +365,15 @@ async fn write_response(
     } else {
         Framing::Chunked
     };
-    let has_date = match fields {
-        Some(f) => {
+    let has_date = match &head.fields {
+        ResponseFields::Wire(f) => {
             for (k, v) in f.iter() {
                 put_field_lowercase(&mut out, k, v);
             }
             f.has_date
         }
-        None => {
-            for (k, v) in &parts.headers {
+        ResponseFields::Map(m) => {
+            for (k, v) in m {
                 if k == header::TRANSFER_ENCODING
                     || k == header::CONNECTION
                     || k == header::CONTENT_LENGTH
@@ -387,7 +382,7 @@ async fn write_response(
                 }
                 put_field(&mut out, k.as_str().as_bytes(), v.as_bytes());
             }
-            parts.headers.contains_key(header::DATE)
+            m.contains_key(header::DATE)
         }
     };
     if !has_date {
@@ -556,6 +551,44 @@ impl tokio::io::AsyncWrite for Rewind {
 mod tests {
     use super::*;
 
+    proptest::proptest! {
+        /// The fast path's close and upgrade check reads `Connection` as the hop rules
+        /// do: it closes after the answer exactly when the request says `close`, and it
+        /// never serves a request the header-map path would treat as an upgrade.
+        #[test]
+        fn close_and_upgrade_follow_the_hop_rules(
+            lines in crate::proxy::hop::props::lines(),
+            upgrade_field in proptest::bool::ANY,
+        ) {
+            use crate::proxy::hop::props;
+            let mut text = String::from("GET / HTTP/1.1\r\n");
+            for (n, v) in &lines {
+                text.push_str(&format!("{n}: {v}\r\n"));
+            }
+            if upgrade_field {
+                text.push_str("Upgrade: websocket\r\n");
+            }
+            text.push_str("\r\n");
+            let mut map = props::map_of(&lines);
+            if upgrade_field {
+                map.append(header::UPGRADE, HeaderValue::from_static("websocket"));
+            }
+            let upgrade = crate::proxy::headers::is_upgrade_request(&map);
+            let names_upgrade = lines.iter().any(|(n, v)| {
+                n.eq_ignore_ascii_case("connection")
+                    && v.split(',').any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+            });
+            match parse(text.as_bytes()) {
+                Head::Ready(p) => {
+                    proptest::prop_assert!(!upgrade && !upgrade_field && !names_upgrade);
+                    proptest::prop_assert_eq!(p.close, props::says_close(&lines));
+                }
+                Head::Other => proptest::prop_assert!(upgrade_field || names_upgrade),
+                Head::Partial => proptest::prop_assert!(false, "a whole head"),
+            }
+        }
+    }
+
     fn ready(buf: &[u8]) -> Option<Box<Parsed>> {
         match parse(buf) {
             Head::Ready(p) => Some(p),
@@ -570,13 +603,16 @@ mod tests {
         assert_eq!(p.method, Method::GET);
         assert!(!p.close);
         let head = Bytes::from_static(b"GET /a?b=1 HTTP/1.1\r\nHost: x\r\nX-A: 1\r\n\r\n");
-        let (parts, fields) = request_parts(head, *p).unwrap();
-        assert_eq!(parts.uri, "/a?b=1");
-        assert!(parts.headers.is_empty());
-        let map = fields.to_map();
+        let mut request = request_head(head, *p).unwrap();
+        assert_eq!(request.uri, "/a?b=1");
+        assert!(matches!(request.fields, RequestFields::Spans(_)));
+        assert_eq!(request.host().unwrap(), "x");
+        request.make_map();
+        let RequestFields::Map(map) = &request.fields else {
+            panic!("made a map");
+        };
         assert_eq!(map["host"], "x");
         assert_eq!(map["x-a"], "1");
-        assert_eq!(fields.host().unwrap(), "x");
         assert!(
             ready(b"HEAD / HTTP/1.1\r\nConnection: keep-alive, close\r\n\r\n")
                 .unwrap()

@@ -150,7 +150,10 @@ pub async fn worker(
                     }
                 };
                 let _ = stream.set_nodelay(true);
-                let peer_value = crate::proxy::headers::forwarded_value(peer.ip());
+                let client = crate::proxy::Peer {
+                    addr: peer,
+                    forwarded: crate::proxy::headers::forwarded_value(peer.ip()),
+                };
                 let watcher = graceful.watcher();
                 let builder = Arc::clone(&builder);
                 let mut stop = shutdown.clone();
@@ -164,8 +167,7 @@ pub async fn worker(
                     let outcome = crate::front::serve(
                         &mut stream,
                         proxy,
-                        peer,
-                        &peer_value,
+                        &client,
                         HEADER_TIMEOUT,
                         &mut stop,
                         &mut served,
@@ -193,8 +195,8 @@ pub async fn worker(
                         if !seen.load(Ordering::Relaxed) {
                             seen.store(true, Ordering::Relaxed);
                         }
-                        let peer_value = peer_value.clone();
-                        async move { Ok::<_, Infallible>(proxy.handle(req, peer, peer_value).await) }
+                        let client = client.clone();
+                        async move { Ok::<_, Infallible>(proxy.handle(req, client).await) }
                     });
                     let result = if *stop.borrow() {
                         // Handed over after the stop signal: a graceful watch would cancel

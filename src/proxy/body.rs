@@ -178,23 +178,6 @@ impl RespBody {
         RespBody::Wire { inner, hold, pool }
     }
 
-    /// The header fields of an answer read inline (see [`super::Fields`]), which are
-    /// not in the response's header map.
-    pub fn wire_fields(&self) -> Option<&super::Fields> {
-        match self {
-            RespBody::Wire { inner, .. } => Some(inner.fields()),
-            _ => None,
-        }
-    }
-
-    /// Takes those fields out, for a writer that needs them as a header map.
-    pub fn take_wire_fields(&mut self) -> Option<super::Fields> {
-        match self {
-            RespBody::Wire { inner, .. } => Some(inner.take_fields()),
-            _ => None,
-        }
-    }
-
     /// A fixed body.
     pub fn full(b: impl Into<Bytes>) -> RespBody {
         RespBody::Full(Some(b.into()))

@@ -5,16 +5,7 @@ use std::net::IpAddr;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use ipnet::IpNet;
 
-/// Hop-by-hop headers removed on every hop (besides those `Connection` names).
-const HOP_BY_HOP: [HeaderName; 7] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::PROXY_AUTHORIZATION,
-];
+use super::hop;
 
 /// `X-Forwarded-For`.
 pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -23,72 +14,43 @@ pub const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-p
 /// `X-Forwarded-Host`.
 pub const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
-/// Whether `name` is hop-by-hop by itself (the fixed list, and `Upgrade`); fields that a
-/// `Connection` header names are hop-by-hop too.
-pub fn is_hop_by_hop(name: &HeaderName) -> bool {
-    *name == header::UPGRADE || HOP_BY_HOP.contains(name)
-}
-
-/// [`is_hop_by_hop`] for a name as it came off the wire, in any case.
-pub fn is_hop_by_hop_name(name: &[u8]) -> bool {
-    let is = |h: &HeaderName| h.as_str().as_bytes().eq_ignore_ascii_case(name);
-    is(&header::UPGRADE) || HOP_BY_HOP.iter().any(is)
-}
-
 /// Whether the request asks for a protocol upgrade (`Connection: upgrade` + `Upgrade`).
 pub fn is_upgrade_request(headers: &HeaderMap) -> bool {
-    headers.contains_key(header::UPGRADE) && connection_has(headers, "upgrade")
+    headers.contains_key(header::UPGRADE)
+        && headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .any(|v| hop::tokens(v.as_bytes()).any(|t| t.is_upgrade()))
 }
 
-fn connection_has(headers: &HeaderMap, token: &str) -> bool {
-    headers.get_all(header::CONNECTION).iter().any(|v| {
-        v.to_str()
-            .map(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
-            .unwrap_or(false)
-    })
-}
-
-/// Removes hop-by-hop headers. With `upgrade`, `Connection: upgrade` and `Upgrade`
-/// stay, as the next hop needs them to switch protocols.
+/// Removes hop-by-hop headers ([`hop`]'s rules). With `upgrade`, `Connection: upgrade`
+/// and `Upgrade` stay, as the next hop needs them to switch protocols.
 ///
-/// Runs on every request and every response, so the common cases stay cheap: one pass
-/// over the names finds whether there is anything to remove at all, and the usual
-/// `Connection: keep-alive`/`close` values name no header that needs looking up.
+/// Runs on every request and every response of the header-map path, so the common case
+/// stays cheap: one pass over the names finds whether there is anything to remove.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
-    let present = headers.keys().any(is_hop_by_hop);
+    let present = headers
+        .keys()
+        .any(|k| hop::is_hop_by_hop(k.as_str().as_bytes()));
     if !present && !upgrade {
         return;
     }
-    if headers.contains_key(header::CONNECTION) {
-        let mut named: Vec<HeaderName> = Vec::new();
+    let doomed: Vec<HeaderName> = {
+        let mut named = hop::Named::default();
         for v in headers.get_all(header::CONNECTION) {
-            // As bytes, as the fast path and the response parser read it: a token next
-            // to bytes outside ASCII still names its field.
-            for t in v.as_bytes().split(|&c| c == b',').map(<[u8]>::trim_ascii) {
-                if t.is_empty()
-                    || t.eq_ignore_ascii_case(b"keep-alive")
-                    || t.eq_ignore_ascii_case(b"close")
-                {
-                    continue; // Keep-Alive goes with the fixed list below
-                }
-                if let Ok(name) = HeaderName::from_bytes(t) {
-                    named.push(name);
-                }
-            }
+            named.add(v.as_bytes());
         }
-        for name in named {
-            if !(upgrade && name == header::UPGRADE) {
-                headers.remove(&name);
-            }
-        }
-    }
-    for name in &HOP_BY_HOP {
-        headers.remove(name);
+        headers
+            .keys()
+            .filter(|k| hop::is_dropped(k.as_str().as_bytes(), &named, upgrade))
+            .cloned()
+            .collect()
+    };
+    for name in doomed {
+        headers.remove(&name);
     }
     if upgrade {
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    } else {
-        headers.remove(header::UPGRADE);
     }
 }
 
@@ -242,7 +204,7 @@ impl Spans {
     }
 
     /// The value of the first field named `name` (lower case), as a slice of the head.
-    fn value(&self, name: &[u8]) -> Option<HeaderValue> {
+    pub fn value(&self, name: &[u8]) -> Option<HeaderValue> {
         let &(_, _, vs, vl) = self.spans.iter().find(|&&(ns, nl, _, _)| {
             self.head[ns as usize..(ns + nl) as usize].eq_ignore_ascii_case(name)
         })?;
@@ -294,6 +256,11 @@ impl ClientFields {
         self.0.value(b"host")
     }
 
+    /// The value of the first field named `name` (lower case; no copy).
+    pub fn value(&self, name: &[u8]) -> Option<HeaderValue> {
+        self.0.value(name)
+    }
+
     /// What the fields count toward the request head limit (as a header map's would).
     pub fn size(&self) -> usize {
         self.iter().map(|(n, v)| n.len() + v.len() + 4).sum()
@@ -331,18 +298,10 @@ impl ClientFields {
         host: Option<&HeaderValue>,
         default_host: &str,
     ) {
-        // Tokens of `Connection` that name other fields (keep-alive and close do not).
-        let mut named: Vec<&[u8]> = Vec::new();
+        let mut named = hop::Named::default();
         for (name, value) in self.iter() {
-            if name.eq_ignore_ascii_case(b"connection") {
-                for t in value.split(|&c| c == b',').map(<[u8]>::trim_ascii) {
-                    if !t.is_empty()
-                        && !t.eq_ignore_ascii_case(b"keep-alive")
-                        && !t.eq_ignore_ascii_case(b"close")
-                    {
-                        named.push(t);
-                    }
-                }
+            if hop::is_connection(name) {
+                named.add(value);
             }
         }
         let mut has_xff = false;
@@ -350,7 +309,7 @@ impl ClientFields {
         let mut host_kept = false;
         let mut has_host = false;
         for (name, value) in self.iter() {
-            if is_hop_by_hop_name(name) || named.iter().any(|n| n.eq_ignore_ascii_case(name)) {
+            if hop::is_dropped(name, &named, false) {
                 continue;
             }
             has_host |= name.eq_ignore_ascii_case(b"host");

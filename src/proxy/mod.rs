@@ -3,16 +3,17 @@
 mod body;
 pub mod budget;
 pub mod headers;
+pub(crate) mod hop;
+pub mod message;
 pub mod record;
 mod upstream;
 mod wire;
 
-use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::uri::{PathAndQuery, Uri};
 use http::{Method, Request, Response, StatusCode, Version};
@@ -23,13 +24,14 @@ use ipnet::IpNet;
 
 pub use body::{Hold, ReqBody, RespBody};
 pub use budget::RetryBudget;
+pub use message::{ProxyResponse, RequestFields, RequestHead, ResponseFields, ResponseHead};
 pub use record::{Finish, Pending, Recorder};
 pub use upstream::{Failure, Upstreams};
 pub use wire::Fields;
 
 use crate::config::{HashKey, Settings};
 use crate::pool::stats::bump;
-use crate::pool::{Backend, OutlierAction, Pool};
+use crate::pool::{Backend, OutlierAction, Pool, RequestGuard};
 use crate::strategy::PickCtx;
 
 /// The settings the request path reads.
@@ -87,27 +89,8 @@ pub struct Proxy {
     rec: &'static Recorder,
 }
 
-fn own_answer(status: StatusCode, text: &'static str) -> Response<RespBody> {
-    let mut r = Response::new(RespBody::full(Bytes::from_static(text.as_bytes())));
-    *r.status_mut() = status;
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    r
-}
-
 /// Request heads larger than this are refused with 431.
 pub const MAX_HEADER_BYTES: usize = 64 * 1024;
-
-/// Bytes of the request head as sent on the wire (request line and header lines).
-fn head_size(req: &http::request::Parts) -> usize {
-    let line =
-        req.method.as_str().len() + req.uri.path_and_query().map_or(1, |p| p.as_str().len()) + 12;
-    req.headers
-        .iter()
-        .fold(line, |n, (k, v)| n + k.as_str().len() + v.len() + 4)
-}
 
 fn is_idempotent(m: &Method) -> bool {
     matches!(
@@ -117,16 +100,101 @@ fn is_idempotent(m: &Method) -> bool {
 }
 
 impl Failure {
-    fn answer(&self) -> Response<RespBody> {
+    fn answer(&self) -> ProxyResponse {
         match self {
-            Failure::Connect => own_answer(
+            Failure::Connect => ProxyResponse::own(
                 StatusCode::BAD_GATEWAY,
                 "bad gateway: backend unreachable\n",
             ),
-            Failure::Broken => own_answer(StatusCode::BAD_GATEWAY, "bad gateway\n"),
-            Failure::Timeout => own_answer(StatusCode::GATEWAY_TIMEOUT, "gateway timeout\n"),
+            Failure::Broken => ProxyResponse::own(StatusCode::BAD_GATEWAY, "bad gateway\n"),
+            Failure::Timeout => {
+                ProxyResponse::own(StatusCode::GATEWAY_TIMEOUT, "gateway timeout\n")
+            }
             // Nobody is left to read it; hyper needs some answer all the same.
-            Failure::ClientGone => own_answer(StatusCode::BAD_REQUEST, "request body broke off\n"),
+            Failure::ClientGone => {
+                ProxyResponse::own(StatusCode::BAD_REQUEST, "request body broke off\n")
+            }
+        }
+    }
+}
+
+/// The client a request came from.
+#[derive(Debug, Clone)]
+pub struct Peer {
+    /// The connection's remote address.
+    pub addr: SocketAddr,
+    /// Its [`headers::forwarded_value`], computed once per connection.
+    pub forwarded: HeaderValue,
+}
+
+/// A request on its way to a backend, as [`Proxy::prepare`] leaves it: its head with
+/// this hop's rules applied (to the map at once; to span fields as they are written
+/// out), its body, and what the attempts need to know about it.
+struct Outgoing {
+    head: RequestHead,
+    body: Option<Incoming>,
+    /// The client side's half of an upgrade, when one is asked for.
+    client_upgrade: Option<hyper::upgrade::OnUpgrade>,
+    /// The target as forwarded (origin form).
+    target: PathAndQuery,
+    /// `Host` as the client sent it.
+    host: Option<HeaderValue>,
+    peer: Peer,
+    peer_trusted: bool,
+    /// Exchanged inline: no body, no upgrade, idempotent (so that a pooled connection
+    /// found closed can be replaced by a new one).
+    inline: bool,
+    /// The request key of a hashing strategy, computed once, when first needed.
+    key: Option<u64>,
+}
+
+impl Outgoing {
+    /// Attempts allowed: retries only for idempotent requests without a body, whose
+    /// bytes can be sent again.
+    fn max_attempts(&self, retries: u32) -> usize {
+        if is_idempotent(&self.head.method) && self.body.is_none() {
+            1 + retries as usize
+        } else {
+            1
+        }
+    }
+}
+
+/// A backend's answer, from hyper's client or from an inline exchange.
+enum Answer {
+    Hyper(Response<Incoming>, upstream::Conn),
+    Wire(ResponseHead, wire::WireBody),
+}
+
+impl Answer {
+    fn status(&self) -> StatusCode {
+        match self {
+            Answer::Hyper(r, _) => r.status(),
+            Answer::Wire(h, _) => h.status,
+        }
+    }
+}
+
+/// Why a request is refused before any pick.
+#[derive(Debug, Clone, Copy)]
+enum Refusal {
+    /// The head is over [`MAX_HEADER_BYTES`].
+    TooLarge,
+    /// The proxy is over `--max-inflight`.
+    Overloaded,
+}
+
+impl Refusal {
+    fn answer(self) -> ProxyResponse {
+        match self {
+            Refusal::TooLarge => ProxyResponse::own(
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "request header fields too large\n",
+            ),
+            Refusal::Overloaded => {
+                ProxyResponse::own(StatusCode::SERVICE_UNAVAILABLE, "overloaded, retry later\n")
+                    .with_field(header::RETRY_AFTER, HeaderValue::from_static("1"))
+            }
         }
     }
 }
@@ -164,22 +232,71 @@ impl Proxy {
         self.upstreams.sweep(|id| live.contains(&id));
     }
 
-    /// Feeds passive outlier detection and carries out what it asks for.
-    fn note_outcome(&self, guard: &mut crate::pool::RequestGuard, ok: bool) {
-        match guard.outcome(ok) {
-            OutlierAction::None => {}
-            OutlierAction::Eject | OutlierAction::TrialFailed => {
-                self.pool.eject(guard.backend().id);
-            }
-            OutlierAction::Restored => {
-                let b = guard.backend();
-                tracing::info!(backend = %b.name, "half-open trial succeeded: full traffic again");
-                self.pool.emit(crate::pool::Event::Restored {
-                    id: b.id,
-                    backend: b.name.clone(),
-                });
-            }
+    /// Proxies one request hyper's server parsed; `peer` is the connection's client.
+    pub async fn handle(&self, mut req: Request<Incoming>, peer: Peer) -> Response<RespBody> {
+        let upgrade =
+            req.version() == Version::HTTP_11 && headers::is_upgrade_request(req.headers());
+        let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+        let (parts, body) = req.into_parts();
+        // An empty body is not forwarded as a stream: such a request can be replayed.
+        let body = (!body.is_end_stream()).then_some(body);
+        let head = RequestHead::from_parts(parts);
+        self.serve(head, body, client_upgrade, peer)
+            .await
+            .into_http()
+    }
+
+    /// Proxies one request: `body` is `None` when it has none, `client_upgrade` the
+    /// client side's half of an upgrade. The client-facing HTTP/1.1 fast path
+    /// ([`crate::front`]) calls this directly for its bodiless requests, with span
+    /// fields.
+    ///
+    /// The steps, each its own function: admit (size, shedding), prepare (Host, hop
+    /// rules, forwarded fields), attempt (pick, trial claim, exchange, retry decision),
+    /// respond (the hold, the body).
+    pub async fn serve(
+        &self,
+        head: RequestHead,
+        body: Option<Incoming>,
+        client_upgrade: Option<hyper::upgrade::OnUpgrade>,
+        peer: Peer,
+    ) -> ProxyResponse {
+        let mut fin = Pending::new(
+            Finish {
+                started: Instant::now(),
+                method: head.method.clone(),
+                path: head
+                    .uri
+                    .path_and_query()
+                    .cloned()
+                    .unwrap_or_else(|| PathAndQuery::from_static("/")),
+                client: peer.addr.ip(),
+                status: 0,
+                upstream: None,
+                retries: 0,
+            },
+            self.rec,
+        );
+        let permit = match self.admit(&head) {
+            Ok(permit) => permit,
+            Err(refusal) => return self.own(&mut fin, None, refusal.answer()),
+        };
+        let mut req = self.prepare(head, body, client_upgrade, peer, fin.path.clone());
+        self.forward(&mut req, &mut fin, permit).await
+    }
+
+    /// Admission: the head-size limit, then shedding. Returns the shedding slot, or the
+    /// refusal to send.
+    fn admit(&self, head: &RequestHead) -> Result<Option<ShedPermit>, Refusal> {
+        // hyper bounds its read buffer, but a head that arrives in one read can slip past
+        // that bound; the limit is checked here exactly.
+        if head.size() > MAX_HEADER_BYTES {
+            return Err(Refusal::TooLarge);
         }
+        self.shed_permit().map_err(|()| {
+            bump(&self.pool.stats.shed);
+            Refusal::Overloaded
+        })
     }
 
     /// `Err(())` when the proxy is over `--max-inflight` and must shed this request.
@@ -196,323 +313,86 @@ impl Proxy {
         Ok(Some(permit))
     }
 
-    /// Proxies one request from `peer`; `peer_value` is its [`headers::forwarded_value`].
-    pub async fn handle(
+    /// Applies this hop's rules to the head (see `docs/architecture.md`, "Headers"):
+    /// `Host` kept (built from `:authority` for HTTP/2), HTTP/2 cookies joined,
+    /// hop-by-hop fields removed, `X-Forwarded-*` set, HTTP/1.1 towards the backend.
+    /// Span fields are only ever exchanged inline and get the same rules as they are
+    /// written out; any other request gets its fields as a map first.
+    fn prepare(
         &self,
-        mut req: Request<Incoming>,
-        peer: SocketAddr,
-        peer_value: HeaderValue,
-    ) -> Response<RespBody> {
-        let upgrade =
-            req.version() == Version::HTTP_11 && headers::is_upgrade_request(req.headers());
-        let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
-        let (parts, body) = req.into_parts();
-        // An empty body is not forwarded as a stream: such a request can be replayed.
-        let body = (!body.is_end_stream()).then_some(body);
-        let mut resp = self
-            .handle_parts(parts, None, body, client_upgrade, peer, peer_value)
-            .await;
-        // hyper writes the head from a header map; an answer read inline has its fields
-        // as spans of the backend's head (see `wire::Fields`).
-        if let Some(fields) = resp.body_mut().take_wire_fields() {
-            *resp.headers_mut() = fields.into_map();
+        mut head: RequestHead,
+        body: Option<Incoming>,
+        client_upgrade: Option<hyper::upgrade::OnUpgrade>,
+        peer: Peer,
+        target: PathAndQuery,
+    ) -> Outgoing {
+        let inline = body.is_none() && client_upgrade.is_none() && is_idempotent(&head.method);
+        if !inline {
+            head.make_map();
         }
-        resp
+        let peer_trusted = headers::is_trusted(&self.settings.trusted_proxies, peer.addr.ip());
+        let host = head.host();
+        if let RequestFields::Map(map) = &mut head.fields {
+            if let (None, Some(h)) = (map.get(header::HOST), &host) {
+                map.insert(header::HOST, h.clone());
+            }
+            if head.version == Version::HTTP_2 {
+                headers::merge_cookies(map);
+            }
+            headers::strip_hop_by_hop(map, client_upgrade.is_some());
+            headers::set_forwarded(map, &peer.forwarded, peer_trusted, host.as_ref());
+        }
+        // The backend pool speaks HTTP/1.1 whatever the client spoke.
+        head.version = Version::HTTP_11;
+        Outgoing {
+            head,
+            body,
+            client_upgrade,
+            target,
+            host,
+            peer,
+            peer_trusted,
+            inline,
+            key: None,
+        }
     }
 
-    /// [`Self::handle`] for a request already taken apart: its body (`None` for none)
-    /// and, for an upgrade, the client side's half of it. The client-facing HTTP/1.1
-    /// fast path ([`crate::front`]) calls this directly for its bodiless requests.
-    ///
-    /// The fast path passes the request's header fields as `fields` (see
-    /// [`headers::ClientFields`]) and leaves `parts.headers` empty.
-    ///
-    /// An answer read inline ([`RespBody::wire_fields`]) leaves its header fields in
-    /// its body, not in the response's header map: the caller writes them from there.
-    pub async fn handle_parts(
+    /// Sends the request to a backend, again to another one after a failure while the
+    /// retry rules and the budget allow, and answers with the first answer or the last
+    /// failure.
+    async fn forward(
         &self,
-        mut parts: http::request::Parts,
-        mut fields: Option<headers::ClientFields>,
-        mut body: Option<Incoming>,
-        client_upgrade: Option<hyper::upgrade::OnUpgrade>,
-        peer: SocketAddr,
-        peer_value: HeaderValue,
-    ) -> Response<RespBody> {
-        // Only an exchange done inline writes the fields straight from the client's head;
-        // any other request gets them as a header map first.
-        let inline_only =
-            body.is_none() && client_upgrade.is_none() && is_idempotent(&parts.method);
-        if let Some(f) = fields.take_if(|_| !inline_only) {
-            parts.headers = f.to_map();
-        }
-        let mut fin = Pending::new(
-            Finish {
-                started: Instant::now(),
-                method: parts.method.clone(),
-                path: parts
-                    .uri
-                    .path_and_query()
-                    .cloned()
-                    .unwrap_or_else(|| PathAndQuery::from_static("/")),
-                client: peer.ip(),
-                status: 0,
-                upstream: None,
-                retries: 0,
-            },
-            self.rec,
-        );
-        // hyper bounds its read buffer, but a head that arrives in one read can slip past
-        // that bound; the contract's limit is checked here exactly.
-        if head_size(&parts) + fields.as_ref().map_or(0, headers::ClientFields::size)
-            > MAX_HEADER_BYTES
-        {
-            return self.own(
-                &mut fin,
-                None,
-                own_answer(
-                    StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-                    "request header fields too large\n",
-                ),
-            );
-        }
-        let permit = match self.shed_permit() {
-            Ok(p) => p,
-            Err(()) => {
-                bump(&self.pool.stats.shed);
-                let mut r =
-                    own_answer(StatusCode::SERVICE_UNAVAILABLE, "overloaded, retry later\n");
-                r.headers_mut()
-                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-                return self.own(&mut fin, None, r);
-            }
-        };
-        let upgrade = client_upgrade.is_some();
-
-        let peer_ip: IpAddr = peer.ip();
-        let trusted = headers::is_trusted(&self.settings.trusted_proxies, peer_ip);
-        // Host as the client sent it; HTTP/2 carries it in :authority.
-        let host = match &fields {
-            Some(f) => f.host(),
-            None => match parts.headers.get(header::HOST) {
-                Some(h) => Some(h.clone()),
-                None => parts
-                    .uri
-                    .authority()
-                    .and_then(|a| HeaderValue::from_str(a.as_str()).ok()),
-            },
-        };
-        // The fast path's fields get this hop's rules as they are written out.
-        if fields.is_none() {
-            if let (None, Some(h)) = (parts.headers.get(header::HOST), &host) {
-                parts.headers.insert(header::HOST, h.clone());
-            }
-            if parts.version == Version::HTTP_2 {
-                headers::merge_cookies(&mut parts.headers);
-            }
-            headers::strip_hop_by_hop(&mut parts.headers, upgrade);
-            headers::set_forwarded(&mut parts.headers, &peer_value, trusted, host.as_ref());
-        }
-        // The fast path's fields as forwarded, as a map: made only if a hashing strategy
-        // needs to read its key from them.
-        let mut fields_map: Option<http::HeaderMap> = None;
-        // The backend pool speaks HTTP/1.1 whatever the client spoke.
-        parts.version = Version::HTTP_11;
-        let pq = fin.path.clone();
-
-        let replayable = body.is_none();
-        let max_attempts = if is_idempotent(&parts.method) && replayable {
-            1 + self.settings.retries as usize
-        } else {
-            1
-        };
+        req: &mut Outgoing,
+        fin: &mut Pending,
+        mut permit: Option<ShedPermit>,
+    ) -> ProxyResponse {
+        let max_attempts = req.max_attempts(self.settings.retries);
         // Every request funds the budget; only retryable ones may draw on it.
         self.budget.deposit();
         let mut tried: Vec<u64> = Vec::new();
         let mut last_failure = None;
-        // The request key of a hashing strategy, computed (once) only when the routing
-        // table's strategy needs one. It is read from the headers as forwarded: the
-        // client IP rule sees the same right-most untrusted entry either way, and HTTP/2
-        // cookies are joined by then.
-        let mut key: Option<u64> = None;
-
         let mut attempt = 0;
         while attempt < max_attempts {
-            // The routing table is read afresh per attempt and not held across the wait
-            // (arc-swap's cheap read slots are few per thread); the guard keeps the
-            // backend itself alive.
-            let picked = {
-                let snap = self.pool.snapshot();
-                if let (None, Some(source)) = (key, snap.strategy.key_source()) {
-                    let headers = match &fields {
-                        Some(f) => &*fields_map.get_or_insert_with(|| {
-                            f.forwarded_map(&peer_value, trusted, host.as_ref())
-                        }),
-                        None => &parts.headers,
-                    };
-                    key = Some(crate::strategy::request_key(
-                        source,
-                        &self.settings.hash_key,
-                        headers,
-                        peer_ip,
-                        &self.settings.trusted_proxies,
-                    ));
-                }
-                match snap.pick(&PickCtx { tried: &tried, key }) {
-                    None => Pick::Nothing,
-                    // Half-open after an ejection: one request at a time goes through
-                    // until one has succeeded; the others pick elsewhere.
-                    Some(b) if b.half_open() => match b.claim_trial() {
-                        true => Pick::Go(b.begin_request(), true),
-                        false => Pick::Busy(b.id),
-                    },
-                    Some(b) => Pick::Go(b.begin_request(), false),
-                }
+            let Some(guard) = self.pick(req, &mut tried) else {
+                break;
             };
-            let mut guard = match picked {
-                Pick::Nothing => break,
-                Pick::Busy(id) => {
-                    tried.push(id);
-                    continue;
-                }
-                Pick::Go(mut g, trial) => {
-                    if trial {
-                        g.set_trial();
-                    }
-                    g
-                }
-            };
-            let backend = Arc::clone(guard.backend());
-            let backend = &*backend;
-            fin.backend_id = Some(backend.id);
-            // Faults injected with `degrade`: the proxy itself delays, or answers 503 as
-            // if the backend had; both count like the real thing.
-            let mut injected_delay = Duration::ZERO;
-            if let Some(faults) = backend.faults() {
-                if !faults.latency.is_zero() {
-                    // Boxed: rare, and it would otherwise enlarge every request's future.
-                    Box::pin(tokio::time::sleep(faults.latency)).await;
-                    injected_delay = faults.latency;
-                }
-                if faults.error_rate > 0.0 && fastrand::f64() < faults.error_rate {
-                    guard.fail();
-                    self.note_outcome(&mut guard, false);
-                    drop(guard);
-                    fin.retries = attempt as u32;
-                    return self.own(
-                        &mut fin,
-                        Some(backend),
-                        own_answer(StatusCode::SERVICE_UNAVAILABLE, "injected failure\n"),
-                    );
-                }
-            }
+            let id = guard.backend().id;
+            fin.backend_id = Some(id);
+            fin.retries = attempt as u32;
             let last = attempt + 1 == max_attempts;
-            let timeout = self.settings.upstream_timeout;
-            // A request without a body (and not an upgrade) is exchanged inline; only
-            // idempotent ones, so that a pooled connection found closed can be replaced.
-            let inline = body.is_none() && client_upgrade.is_none() && is_idempotent(&parts.method);
-            let (result, upload) = if inline {
-                let mut head = Vec::with_capacity(256 + pq.as_str().len());
-                // HTTP/1.1 needs a Host; a client that sent none (HTTP/1.0) gets the backend's.
-                let authority = backend.authority.as_str();
-                match &fields {
-                    Some(f) => {
-                        wire::write_head_with(&mut head, &parts.method, pq.as_str(), |out| {
-                            f.write_forwarded(out, &peer_value, trusted, host.as_ref(), authority)
-                        })
-                    }
-                    None => {
-                        let default_host =
-                            (!parts.headers.contains_key(header::HOST)).then_some(authority);
-                        wire::write_head(
-                            &mut head,
-                            &parts.method,
-                            pq.as_str(),
-                            &parts.headers,
-                            default_host,
-                        )
-                    }
-                }
-                let r = self
-                    .upstreams
-                    .send_head(backend, &head, &parts.method, timeout)
-                    .await
-                    .map(|(p, b, at)| (Answer::Wire(p, b), at));
-                (r, None)
-            } else {
-                let up_req = build_upstream(&mut parts, backend, &pq, &mut body, last);
-                let upload = up_req.body().upload_flag();
-                // Boxed: only requests with a body or an upgrade come this way, and the
-                // exchange's state would otherwise enlarge every request's future (each
-                // client connection keeps one allocated).
-                let r = Box::pin(self.upstreams.send(backend, up_req, timeout))
-                    .await
-                    .map(|(r, c, at)| (Answer::Hyper(r, c), at));
-                (r, upload)
-            };
-            let failure = match result {
-                Ok((mut answer, sent_at)) => {
-                    let status = answer.status();
-                    let upstream_time = sent_at.elapsed() + injected_delay;
-                    backend.record_latency(upstream_time);
-                    fin.status = status.as_u16();
-                    fin.upstream = Some(upstream_time);
-                    fin.retries = attempt as u32;
-                    let failed = status.is_server_error();
-                    if failed {
-                        guard.fail();
-                    }
-                    self.note_outcome(&mut guard, !failed);
-                    if let (Answer::Hyper(resp, _), Some(client_upgrade)) =
-                        (&mut answer, client_upgrade)
-                    {
-                        if status == StatusCode::SWITCHING_PROTOCOLS {
-                            fin.finish(Some(backend));
-                            let upstream_upgrade = hyper::upgrade::on(&mut *resp);
-                            tokio::spawn(tunnel(client_upgrade, upstream_upgrade, guard));
-                            let mut r = Response::new(RespBody::empty());
-                            *r.status_mut() = status;
-                            *r.headers_mut() = std::mem::take(resp.headers_mut());
-                            return r;
-                        }
-                    }
-                    let mut hold = Hold {
-                        guard,
-                        permit,
-                        conn: None,
-                        upload,
-                        finish: Some(fin.hand_off()),
-                    };
-                    let (rparts, body) = match answer {
-                        Answer::Hyper(resp, conn) => {
-                            let (mut rparts, rbody) = resp.into_parts();
-                            headers::strip_hop_by_hop(&mut rparts.headers, false);
-                            hold.conn = Some((conn, self.upstreams));
-                            (rparts, RespBody::upstream(rbody, hold))
-                        }
-                        // Its hop-by-hop fields were left out as it was parsed.
-                        Answer::Wire(rparts, wbody) => {
-                            (rparts, RespBody::wire(wbody, hold, self.upstreams))
-                        }
-                    };
-                    return Response::from_parts(rparts, body);
-                }
+            let failure = match self.attempt(req, guard, fin, &mut permit, last).await {
+                Ok(r) => return r,
                 Err(f) => f,
             };
-            if failure != Failure::ClientGone {
-                guard.fail();
-                self.note_outcome(&mut guard, false);
-            }
-            tracing::debug!(backend = %backend.name, attempt, "attempt failed");
+            tracing::debug!(backend = id, attempt, "attempt failed");
             // Nothing of the answer has reached the client yet, so an idempotent request
             // without a body may go to another backend, while the budget allows.
-            let retry = failure != Failure::ClientGone
-                && attempt + 1 < max_attempts
-                && self.budget.withdraw();
+            let retry = failure != Failure::ClientGone && !last && self.budget.withdraw();
             last_failure = Some(failure);
             if !retry {
                 break;
             }
-            tried.push(backend.id);
+            tried.push(id);
             bump(&self.pool.stats.retries);
             attempt += 1;
         }
@@ -521,81 +401,286 @@ impl Proxy {
             Some(f) => {
                 // Recorded against the backend of the last attempt.
                 let r = f.answer();
-                fin.status = r.status().as_u16();
+                fin.status = r.head.status.as_u16();
                 fin.finish_attempted();
                 r
             }
             None => {
                 bump(&self.pool.stats.no_backend);
-                let r = own_answer(StatusCode::SERVICE_UNAVAILABLE, "no healthy backend\n");
-                self.own(&mut fin, None, r)
+                let r = ProxyResponse::own(StatusCode::SERVICE_UNAVAILABLE, "no healthy backend\n");
+                self.own(fin, None, r)
+            }
+        }
+    }
+
+    /// Picks a backend for the next attempt and takes its in-flight slot; `None` when
+    /// nothing eligible and untried is left. A half-open backend (after an ejection)
+    /// lets one request at a time through until one has succeeded: a request that
+    /// finds its trial taken marks it tried and picks again.
+    fn pick(&self, req: &mut Outgoing, tried: &mut Vec<u64>) -> Option<RequestGuard> {
+        loop {
+            // The routing table is read afresh per attempt and not held across the wait
+            // (arc-swap's cheap read slots are few per thread); the guard keeps the
+            // backend itself alive.
+            let snap = self.pool.snapshot();
+            if let (None, Some(source)) = (req.key, snap.strategy.key_source()) {
+                req.key = Some(self.request_key(req, source));
+            }
+            let b = snap.pick(&PickCtx {
+                tried,
+                key: req.key,
+            })?;
+            if !b.half_open() {
+                return Some(b.begin_request());
+            }
+            if b.claim_trial() {
+                let mut guard = b.begin_request();
+                guard.set_trial();
+                return Some(guard);
+            }
+            tried.push(b.id);
+        }
+    }
+
+    /// The request key of a hashing strategy, read from the fields as forwarded: the
+    /// client IP rule sees the same right-most untrusted entry either way, and HTTP/2
+    /// cookies are joined by then. Span fields are made into a map for it.
+    fn request_key(&self, req: &Outgoing, source: crate::strategy::KeySource) -> u64 {
+        let forwarded;
+        let fields = match &req.head.fields {
+            RequestFields::Map(m) => m,
+            RequestFields::Spans(f) => {
+                forwarded =
+                    f.forwarded_map(&req.peer.forwarded, req.peer_trusted, req.host.as_ref());
+                &forwarded
+            }
+        };
+        crate::strategy::request_key(
+            source,
+            &self.settings.hash_key,
+            fields,
+            req.peer.addr.ip(),
+            &self.settings.trusted_proxies,
+        )
+    }
+
+    /// One attempt at the backend `guard` holds a slot of: faults injected with
+    /// `degrade`, the exchange, and on an answer the response for the client; on a
+    /// failure another backend may be tried. `last`: no attempt follows (the request's
+    /// fields can be moved rather than copied).
+    async fn attempt(
+        &self,
+        req: &mut Outgoing,
+        mut guard: RequestGuard,
+        fin: &mut Pending,
+        permit: &mut Option<ShedPermit>,
+        last: bool,
+    ) -> Result<ProxyResponse, Failure> {
+        let backend = Arc::clone(guard.backend());
+        let injected_delay = match self.inject_faults(&backend).await {
+            Ok(delay) => delay,
+            Err(()) => {
+                guard.fail();
+                self.note_outcome(&mut guard, false);
+                drop(guard);
+                let r = ProxyResponse::own(StatusCode::SERVICE_UNAVAILABLE, "injected failure\n");
+                return Ok(self.own(fin, Some(&backend), r));
+            }
+        };
+        let (result, upload) = self.exchange(req, &backend, last).await;
+        match result {
+            Ok((answer, sent_at)) => {
+                let upstream_time = sent_at.elapsed() + injected_delay;
+                backend.record_latency(upstream_time);
+                fin.upstream = Some(upstream_time);
+                Ok(self.respond(req, answer, guard, fin, permit.take(), upload))
+            }
+            Err(failure) => {
+                if failure != Failure::ClientGone {
+                    guard.fail();
+                    self.note_outcome(&mut guard, false);
+                }
+                Err(failure)
+            }
+        }
+    }
+
+    /// Faults injected with `degrade`: the proxy itself waits first (returns how long),
+    /// or answers 503 as if the backend had (`Err`); both count like the real thing.
+    async fn inject_faults(&self, backend: &Backend) -> Result<Duration, ()> {
+        let Some(faults) = backend.faults() else {
+            return Ok(Duration::ZERO);
+        };
+        if !faults.latency.is_zero() {
+            // Boxed: rare, and it would otherwise enlarge every request's future.
+            Box::pin(tokio::time::sleep(faults.latency)).await;
+        }
+        if faults.error_rate > 0.0 && fastrand::f64() < faults.error_rate {
+            return Err(());
+        }
+        Ok(faults.latency)
+    }
+
+    /// Sends the request to `backend` and waits for the answer's head: inline for a
+    /// request without a body, through hyper's client otherwise. Also returns the flag
+    /// that tells when an upload has been sent whole.
+    async fn exchange(
+        &self,
+        req: &mut Outgoing,
+        backend: &Backend,
+        last: bool,
+    ) -> (Result<(Answer, Instant), Failure>, Option<Arc<AtomicBool>>) {
+        let timeout = self.settings.upstream_timeout;
+        if req.inline {
+            let mut out = Vec::with_capacity(256 + req.target.as_str().len());
+            write_inline_head(&mut out, req, backend.authority.as_str());
+            let r = self
+                .upstreams
+                .send_head(backend, &out, &req.head.method, timeout)
+                .await
+                .map(|(h, b, at)| (Answer::Wire(h, b), at));
+            return (r, None);
+        }
+        let up_req = build_upstream(req, backend, last);
+        let upload = up_req.body().upload_flag();
+        // Boxed: only requests with a body or an upgrade come this way, and the
+        // exchange's state would otherwise enlarge every request's future (each client
+        // connection keeps one allocated).
+        let r = Box::pin(self.upstreams.send(backend, up_req, timeout))
+            .await
+            .map(|(r, c, at)| (Answer::Hyper(r, c), at));
+        (r, upload)
+    }
+
+    /// The client's answer from a backend's: the outcome counted, an upgrade joined, or
+    /// the body wrapped with everything that keeps the request accounted for (`Hold`)
+    /// until it has been read whole.
+    fn respond(
+        &self,
+        req: &mut Outgoing,
+        mut answer: Answer,
+        mut guard: RequestGuard,
+        fin: &mut Pending,
+        permit: Option<ShedPermit>,
+        upload: Option<Arc<AtomicBool>>,
+    ) -> ProxyResponse {
+        let status = answer.status();
+        fin.status = status.as_u16();
+        let failed = status.is_server_error();
+        if failed {
+            guard.fail();
+        }
+        self.note_outcome(&mut guard, !failed);
+        if let (Answer::Hyper(resp, _), Some(client_upgrade)) =
+            (&mut answer, req.client_upgrade.take())
+        {
+            if status == StatusCode::SWITCHING_PROTOCOLS {
+                fin.finish(Some(guard.backend()));
+                let upstream_upgrade = hyper::upgrade::on(&mut *resp);
+                let fields = std::mem::take(resp.headers_mut());
+                tokio::spawn(tunnel(client_upgrade, upstream_upgrade, guard));
+                return ProxyResponse::new(status, fields, RespBody::empty());
+            }
+        }
+        let mut hold = Hold {
+            guard,
+            permit,
+            conn: None,
+            upload,
+            finish: Some(fin.hand_off()),
+        };
+        match answer {
+            Answer::Hyper(resp, conn) => {
+                let (mut parts, body) = resp.into_parts();
+                headers::strip_hop_by_hop(&mut parts.headers, false);
+                hold.conn = Some((conn, self.upstreams));
+                let head = ResponseHead {
+                    status,
+                    reason: parts.extensions.remove(),
+                    fields: ResponseFields::Map(parts.headers),
+                };
+                ProxyResponse {
+                    head,
+                    body: RespBody::upstream(body, hold),
+                }
+            }
+            // Its hop-by-hop fields were left out as it was parsed.
+            Answer::Wire(head, body) => ProxyResponse {
+                head,
+                body: RespBody::wire(body, hold, self.upstreams),
+            },
+        }
+    }
+
+    /// Feeds passive outlier detection and carries out what it asks for.
+    fn note_outcome(&self, guard: &mut RequestGuard, ok: bool) {
+        match guard.outcome(ok) {
+            OutlierAction::None => {}
+            OutlierAction::Eject | OutlierAction::TrialFailed => {
+                self.pool.eject(guard.backend().id);
+            }
+            OutlierAction::Restored => {
+                let b = guard.backend();
+                tracing::info!(backend = %b.name, "half-open trial succeeded: full traffic again");
+                self.pool.emit(crate::pool::Event::Restored {
+                    id: b.id,
+                    backend: b.name.clone(),
+                });
             }
         }
     }
 
     /// Records an answer of fulcrum's own and returns it.
-    fn own(
-        &self,
-        fin: &mut Pending,
-        backend: Option<&Backend>,
-        r: Response<RespBody>,
-    ) -> Response<RespBody> {
-        fin.status = r.status().as_u16();
+    fn own(&self, fin: &mut Pending, backend: Option<&Backend>, r: ProxyResponse) -> ProxyResponse {
+        fin.status = r.head.status.as_u16();
         fin.finish(backend);
         r
     }
 }
 
-/// A backend's answer, from hyper's client or from an inline exchange.
-enum Answer {
-    Hyper(Response<Incoming>, upstream::Conn),
-    Wire(http::response::Parts, wire::WireBody),
-}
-
-impl Answer {
-    fn status(&self) -> StatusCode {
-        match self {
-            Answer::Hyper(r, _) => r.status(),
-            Answer::Wire(p, _) => p.status,
+/// Writes the head of an inline request: the request line and the fields as this hop
+/// forwards them. HTTP/1.1 needs a Host; a request that has none (HTTP/1.0) gets the
+/// backend's `authority`.
+fn write_inline_head(out: &mut Vec<u8>, req: &Outgoing, authority: &str) {
+    let method = &req.head.method;
+    let target = req.target.as_str();
+    match &req.head.fields {
+        RequestFields::Spans(f) => wire::write_head_with(out, method, target, |out| {
+            f.write_forwarded(
+                out,
+                &req.peer.forwarded,
+                req.peer_trusted,
+                req.host.as_ref(),
+                authority,
+            )
+        }),
+        RequestFields::Map(map) => {
+            let default_host = (!map.contains_key(header::HOST)).then_some(authority);
+            wire::write_head(out, method, target, map, default_host)
         }
     }
 }
 
-/// What one pick of an attempt gave.
-enum Pick {
-    /// A backend, its in-flight slot taken; `true` when this request is its trial.
-    Go(crate::pool::RequestGuard, bool),
-    /// A half-open backend whose trial request is already in flight.
-    Busy(u64),
-    /// Nothing eligible and untried.
-    Nothing,
-}
-
-/// The request for one attempt. Only a request without a body can have several
-/// attempts, so the body (when there is one) goes with the first and only attempt.
-fn build_upstream(
-    parts: &mut http::request::Parts,
-    backend: &Backend,
-    pq: &PathAndQuery,
-    body: &mut Option<Incoming>,
-    last: bool,
-) -> Request<ReqBody> {
-    // Origin form: the connection already knows which backend it goes to.
-    let uri = Uri::from(pq.clone());
-    let req_body = match body.take() {
+/// The request for one attempt through hyper's client. Only a request without a body
+/// can have several attempts, so the body (when there is one) goes with the first and
+/// only attempt; the last attempt takes the fields, earlier ones copy them.
+fn build_upstream(req: &mut Outgoing, backend: &Backend, last: bool) -> Request<ReqBody> {
+    let req_body = match req.body.take() {
         Some(inner) => ReqBody::streaming(inner),
         None => ReqBody::Empty,
     };
     let mut r = Request::new(req_body);
-    *r.method_mut() = parts.method.clone();
-    *r.uri_mut() = uri;
+    *r.method_mut() = req.head.method.clone();
+    // Origin form: the connection already knows which backend it goes to.
+    *r.uri_mut() = Uri::from(req.target.clone());
     *r.version_mut() = Version::HTTP_11;
-    // The last attempt takes the headers; earlier ones (retries possible) copy them.
-    *r.headers_mut() = if last {
-        std::mem::take(&mut parts.headers)
-    } else {
-        parts.headers.clone()
-    };
+    if let RequestFields::Map(map) = &mut req.head.fields {
+        *r.headers_mut() = if last {
+            std::mem::take(map)
+        } else {
+            map.clone()
+        };
+    }
     // HTTP/1.1 needs a Host; a client that sent none (HTTP/1.0) gets the backend's.
     if !r.headers().contains_key(header::HOST) {
         if let Ok(h) = HeaderValue::from_str(backend.authority.as_str()) {

@@ -194,7 +194,7 @@ impl Upstreams {
         head: &[u8],
         method: &http::Method,
         timeout: Duration,
-    ) -> Result<(http::response::Parts, WireBody, Instant), Failure> {
+    ) -> Result<(super::message::ResponseHead, WireBody, Instant), Failure> {
         let mut replaced_stale = false;
         loop {
             // After a stale pooled connection, a new one: others pooled as long may be
@@ -213,7 +213,7 @@ impl Upstreams {
             let by = tokio::time::Instant::from_std(sent_at + timeout);
             match wire.exchange(head, method, by).await {
                 Err(WireError::Timeout) => return Err(Failure::Timeout),
-                Ok((parts, body)) => return Ok((parts, body, sent_at)),
+                Ok((head, body)) => return Ok((head, body, sent_at)),
                 Err(WireError::Silent | WireError::Unsent) if reused && !replaced_stale => {
                     replaced_stale = true
                 }

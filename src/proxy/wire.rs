@@ -15,13 +15,15 @@ use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderValue};
-use http::{Method, StatusCode, Version};
+use http::{Method, StatusCode};
 use http_body::{Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::headers::{put_field, Spans};
+use super::hop;
+use super::message::{ResponseFields, ResponseHead};
 use crate::deadline::Deadline;
 
 /// Largest response head accepted from a backend.
@@ -113,7 +115,7 @@ impl Wire {
         head: &[u8],
         method: &Method,
         by: Instant,
-    ) -> Result<(http::response::Parts, WireBody), WireError> {
+    ) -> Result<(ResponseHead, WireBody), WireError> {
         self.deadline.set(by);
         tokio::select! {
             biased;
@@ -127,7 +129,7 @@ impl Wire {
         let mut answered = false;
         let mut interim = 0;
         loop {
-            let (parts, fields, framing, keep) = loop {
+            let (head, framing, keep) = loop {
                 if !self.buf.is_empty() {
                     match parse_head(&mut self.buf, method) {
                         Ok(Some(p)) => break p,
@@ -155,9 +157,9 @@ impl Wire {
             };
             // Interim answers (100 Continue, 103 Early Hints) are not forwarded; the
             // final answer follows on the same connection. A 101 was not asked for.
-            if parts.status.is_informational() {
+            if head.status.is_informational() {
                 interim += 1;
-                if parts.status == StatusCode::SWITCHING_PROTOCOLS || interim > MAX_INTERIM {
+                if head.status == StatusCode::SWITCHING_PROTOCOLS || interim > MAX_INTERIM {
                     return Err(WireError::Broken);
                 }
                 answered = true;
@@ -167,9 +169,8 @@ impl Wire {
                 wire: Some(self),
                 framing,
                 keep,
-                fields,
             };
-            return Ok((parts, body));
+            return Ok((head, body));
         }
     }
 
@@ -190,7 +191,7 @@ impl Wire {
     }
 }
 
-type Head = (http::response::Parts, Fields, Framing, bool);
+type Head = (ResponseHead, Framing, bool);
 
 /// The header fields of a response head read inline, as spans of the head's own bytes,
 /// without its hop-by-hop fields and without `Content-Length` (kept parsed in
@@ -212,6 +213,12 @@ impl Fields {
     /// Name (as the backend spelled it) and value of each field, in order.
     pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
         self.spans.iter()
+    }
+
+    /// The value of the first field named `name` (lower case); `Content-Length` is
+    /// [`Self::length`].
+    pub fn value(&self, name: &[u8]) -> Option<HeaderValue> {
+        self.spans.value(name)
     }
 
     /// The fields as a header map (values still slices of the head), with one
@@ -284,7 +291,7 @@ fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, ()> {
     let mut coded = false;
     let mut close = !http11;
     // Fields that `Connection` names are hop-by-hop too (rare beyond keep-alive/close).
-    let mut named: Vec<(usize, usize)> = Vec::new();
+    let mut named = hop::Named::default();
     for &span in &spans[..count] {
         let (ns, nl, vs, vl) = (
             span.0 as usize,
@@ -308,34 +315,27 @@ fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, ()> {
                 .rsplit(|&c| c == b',')
                 .next()
                 .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
-        } else if name.eq_ignore_ascii_case(b"connection") {
-            for token in raw.split(|&c| c == b',') {
-                let token = token.trim_ascii();
-                if token.eq_ignore_ascii_case(b"close") {
-                    close = true;
-                } else if token.eq_ignore_ascii_case(b"keep-alive") {
-                    if !http11 {
-                        close = false;
-                    }
-                } else if !token.is_empty() {
-                    let at = token.as_ptr() as usize - head.as_ptr() as usize;
-                    named.push((at, token.len()));
+        } else if hop::is_connection(name) {
+            named.add(raw);
+            for token in hop::tokens(raw) {
+                match token {
+                    hop::Token::Close => close = true,
+                    hop::Token::KeepAlive if !http11 => close = false,
+                    hop::Token::KeepAlive => {}
+                    hop::Token::Names(_) => {}
                 }
             }
         } else if name.eq_ignore_ascii_case(b"date") {
             has_date = true;
         }
-        if super::headers::is_hop_by_hop_name(name) {
+        if hop::is_hop_by_hop(name) {
             continue;
         }
         kept.push(span);
     }
     if !named.is_empty() {
         kept.retain(|&(ns, nl, _, _)| {
-            let name = &head[ns as usize..(ns + nl) as usize];
-            !named
-                .iter()
-                .any(|&(a, l)| head[a..a + l].eq_ignore_ascii_case(name))
+            !hop::is_dropped(&head[ns as usize..(ns + nl) as usize], &named, false)
         });
         has_date = kept.iter().any(|&(ns, nl, _, _)| {
             head[ns as usize..(ns + nl) as usize].eq_ignore_ascii_case(b"date")
@@ -371,22 +371,17 @@ fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, ()> {
     if framing == Framing::Close {
         close = true;
     }
-    let mut parts = http::Response::new(()).into_parts().0;
-    parts.status = status;
-    parts.version = if http11 {
-        Version::HTTP_11
-    } else {
-        Version::HTTP_10
-    };
-    if let Some(r) = reason {
-        parts.extensions.insert(r);
-    }
     let fields = Fields {
         spans: Spans::new(head, kept),
         length,
         has_date,
     };
-    Ok(Some((parts, fields, framing, !close)))
+    let head = ResponseHead {
+        status,
+        reason,
+        fields: ResponseFields::Wire(fields),
+    };
+    Ok(Some((head, framing, !close)))
 }
 
 /// A Content-Length value; a list of one repeated value (`5, 5`) is that value
@@ -454,7 +449,6 @@ pub struct WireBody {
     wire: Option<Wire>,
     framing: Framing,
     keep: bool,
-    fields: Fields,
 }
 
 /// What ended a body early.
@@ -473,16 +467,6 @@ impl WireBody {
     /// Whether the body is over (nothing more will come).
     pub fn is_end_stream(&self) -> bool {
         self.framing == Framing::Length(0)
-    }
-
-    /// The response head's fields (see [`Fields`]).
-    pub fn fields(&self) -> &Fields {
-        &self.fields
-    }
-
-    /// Takes the response head's fields out, leaving none.
-    pub fn take_fields(&mut self) -> Fields {
-        std::mem::take(&mut self.fields)
     }
 
     /// How much is left, when known.
@@ -768,22 +752,57 @@ mod tests {
         );
     }
 
-    /// Parses `text`; also returns how many bytes the head took. The fields are put in
-    /// the parts' header map, as hyper's server gets them.
-    fn head(
-        text: &str,
-        method: Method,
-    ) -> Result<Option<(http::response::Parts, usize, Framing, bool)>, ()> {
+    /// What a test reads of a parsed head: its status, and its fields as the header map
+    /// hyper's server gets.
+    struct Parsed {
+        status: StatusCode,
+        headers: HeaderMap,
+    }
+
+    /// Parses `text`; also returns how many bytes the head took.
+    fn head(text: &str, method: Method) -> Result<Option<(Parsed, usize, Framing, bool)>, ()> {
         let mut buf = BytesMut::from(text.as_bytes());
-        Ok(parse_head(&mut buf, &method)?.map(|(mut p, fields, f, k)| {
-            p.headers = fields.into_map();
+        Ok(parse_head(&mut buf, &method)?.map(|(h, f, k)| {
+            let p = Parsed {
+                status: h.status,
+                headers: wire_fields(h).into_map(),
+            };
             (p, text.len() - buf.len(), f, k)
         }))
     }
 
+    fn wire_fields(h: ResponseHead) -> Fields {
+        match h.fields {
+            ResponseFields::Wire(f) => f,
+            ResponseFields::Map(_) => panic!("an inline head has span fields"),
+        }
+    }
+
     fn fields(text: &str) -> Fields {
         let mut buf = BytesMut::from(text.as_bytes());
-        parse_head(&mut buf, &Method::GET).unwrap().unwrap().1
+        wire_fields(parse_head(&mut buf, &Method::GET).unwrap().unwrap().0)
+    }
+
+    proptest! {
+        /// The upstream response parser keeps exactly the fields the header-map path
+        /// forwards (`hop`'s rules), and closes the connection exactly when the answer
+        /// says `close`.
+        #[test]
+        fn parsed_fields_follow_the_hop_rules(lines in crate::proxy::hop::props::lines()) {
+            use crate::proxy::hop::props;
+            let mut text = String::from("HTTP/1.1 200 OK\r\n");
+            for (n, v) in &lines {
+                text.push_str(&format!("{n}: {v}\r\n"));
+            }
+            text.push_str("content-length: 0\r\n\r\n");
+            let mut buf = BytesMut::from(text.as_bytes());
+            let (h, _, keep) = parse_head(&mut buf, &Method::GET).unwrap().unwrap();
+            let f = wire_fields(h);
+            prop_assert_eq!(props::sorted(f.iter()), props::kept_by_map(&lines));
+            prop_assert_eq!(keep, !props::says_close(&lines));
+            let dated = props::kept_by_map(&lines).iter().any(|(n, _)| n == "date");
+            prop_assert_eq!(f.has_date, dated);
+        }
     }
 
     #[test]

@@ -1,0 +1,238 @@
+//! The request and the answer as the request path carries them: a head beside the
+//! body, in both directions.
+//!
+//! A head's header fields come in one of two forms. hyper's server and client hand over
+//! a header map; the client-side fast path and the inline upstream exchange keep the
+//! fields as spans of the bytes they read (no map built per request, see
+//! `docs/performance.md`). Both forms are variants of one field type, so whatever reads
+//! a header — a rule, a log line, a routing decision — reads it from the head and gets
+//! the truth whichever path the message took; nothing hides fields in a body or leaves
+//! a map empty.
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Response, StatusCode, Uri, Version};
+
+use super::body::RespBody;
+use super::headers::ClientFields;
+use super::wire::Fields;
+
+/// A request's header fields.
+#[derive(Debug)]
+pub enum RequestFields {
+    /// As a header map (hyper's server path, and every request with a body).
+    Map(HeaderMap),
+    /// As spans of the client's head (the fast path's bodiless requests).
+    Spans(ClientFields),
+}
+
+/// A request's head: what the request path reads and rewrites before it forwards.
+#[derive(Debug)]
+pub struct RequestHead {
+    /// The method.
+    pub method: Method,
+    /// The target as received.
+    pub uri: Uri,
+    /// The client's protocol version.
+    pub version: Version,
+    /// The header fields.
+    pub fields: RequestFields,
+}
+
+impl RequestHead {
+    /// The head of a request hyper parsed.
+    pub fn from_parts(parts: http::request::Parts) -> RequestHead {
+        RequestHead {
+            method: parts.method,
+            uri: parts.uri,
+            version: parts.version,
+            fields: RequestFields::Map(parts.headers),
+        }
+    }
+
+    /// The value of the first field named `name`.
+    pub fn field(&self, name: &HeaderName) -> Option<HeaderValue> {
+        match &self.fields {
+            RequestFields::Map(m) => m.get(name).cloned(),
+            RequestFields::Spans(f) => f.value(name.as_str().as_bytes()),
+        }
+    }
+
+    /// `Host` as the client sent it; an HTTP/2 request carries it in `:authority`.
+    pub fn host(&self) -> Option<HeaderValue> {
+        match &self.fields {
+            RequestFields::Spans(f) => f.host(),
+            RequestFields::Map(m) => match m.get(header::HOST) {
+                Some(h) => Some(h.clone()),
+                None => self
+                    .uri
+                    .authority()
+                    .and_then(|a| HeaderValue::from_str(a.as_str()).ok()),
+            },
+        }
+    }
+
+    /// Bytes of the head as sent on the wire: the request line and a
+    /// `name: value\r\n` line per field.
+    pub fn size(&self) -> usize {
+        let line = self.method.as_str().len()
+            + self.uri.path_and_query().map_or(1, |p| p.as_str().len())
+            + 12;
+        line + match &self.fields {
+            RequestFields::Map(m) => m
+                .iter()
+                .map(|(k, v)| k.as_str().len() + v.len() + 4)
+                .sum::<usize>(),
+            RequestFields::Spans(f) => f.size(),
+        }
+    }
+
+    /// Turns span fields into a header map (a request that goes through hyper's
+    /// client); a map stays as it is.
+    pub fn make_map(&mut self) {
+        if let RequestFields::Spans(f) = &self.fields {
+            self.fields = RequestFields::Map(f.to_map());
+        }
+    }
+}
+
+/// An answer's header fields.
+#[derive(Debug)]
+pub enum ResponseFields {
+    /// As a header map (hyper's client, and fulcrum's own answers).
+    Map(HeaderMap),
+    /// As spans of the backend's head (an inline exchange; see [`Fields`]).
+    Wire(Fields),
+}
+
+/// An answer's head.
+#[derive(Debug)]
+pub struct ResponseHead {
+    /// The status.
+    pub status: StatusCode,
+    /// The backend's reason phrase when it is not the status's usual one.
+    pub reason: Option<hyper::ext::ReasonPhrase>,
+    /// The header fields, hop-by-hop fields already removed.
+    pub fields: ResponseFields,
+}
+
+impl ResponseHead {
+    /// The value of the first field named `name` (`Content-Length` included).
+    pub fn field(&self, name: &HeaderName) -> Option<HeaderValue> {
+        match &self.fields {
+            ResponseFields::Map(m) => m.get(name).cloned(),
+            ResponseFields::Wire(f) if *name == header::CONTENT_LENGTH => {
+                f.length.map(HeaderValue::from)
+            }
+            ResponseFields::Wire(f) => f.value(name.as_str().as_bytes()),
+        }
+    }
+}
+
+/// What the request path answers a client with: the head, and the body beside it.
+#[derive(Debug)]
+pub struct ProxyResponse {
+    /// Status and header fields.
+    pub head: ResponseHead,
+    /// The body, which holds the request's accounting until it ends.
+    pub body: RespBody,
+}
+
+impl ProxyResponse {
+    /// An answer with a header map.
+    pub fn new(status: StatusCode, fields: HeaderMap, body: RespBody) -> ProxyResponse {
+        ProxyResponse {
+            head: ResponseHead {
+                status,
+                reason: None,
+                fields: ResponseFields::Map(fields),
+            },
+            body,
+        }
+    }
+
+    /// A short plain-text answer of fulcrum's own.
+    pub fn own(status: StatusCode, text: &'static str) -> ProxyResponse {
+        let mut fields = HeaderMap::with_capacity(2);
+        fields.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        let body = RespBody::full(Bytes::from_static(text.as_bytes()));
+        ProxyResponse::new(status, fields, body)
+    }
+
+    /// Adds a field to an answer with a header map (fulcrum's own answers).
+    pub fn with_field(mut self, name: HeaderName, value: HeaderValue) -> ProxyResponse {
+        if let ResponseFields::Map(m) = &mut self.head.fields {
+            m.insert(name, value);
+        }
+        self
+    }
+
+    /// The answer as hyper's server writes it, its fields as a header map.
+    pub fn into_http(self) -> Response<RespBody> {
+        let mut r = Response::new(self.body);
+        *r.status_mut() = self.head.status;
+        *r.headers_mut() = match self.head.fields {
+            ResponseFields::Map(m) => m,
+            ResponseFields::Wire(f) => f.into_map(),
+        };
+        if let Some(reason) = self.head.reason {
+            r.extensions_mut().insert(reason);
+        }
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proxy::headers::Spans;
+
+    fn spans_head(text: &'static str) -> RequestHead {
+        let head = Bytes::from_static(text.as_bytes());
+        let mut spans = Vec::new();
+        let mut at = 0u32;
+        for line in text.split_inclusive("\r\n") {
+            if let Some((n, v)) = line.trim_end().split_once(": ") {
+                let vs = at + n.len() as u32 + 2;
+                spans.push((at, n.len() as u32, vs, v.len() as u32));
+            }
+            at += line.len() as u32;
+        }
+        RequestHead {
+            method: Method::GET,
+            uri: Uri::from_static("/a?b"),
+            version: Version::HTTP_11,
+            fields: RequestFields::Spans(ClientFields::new(Spans::new(head, spans))),
+        }
+    }
+
+    #[test]
+    fn both_forms_read_the_same_fields_and_size() {
+        let mut head = spans_head("Host: h.example\r\nX-A: 1\r\nx-a: 2\r\n");
+        let host = head.host();
+        let xa = head.field(&HeaderName::from_static("x-a"));
+        let size = head.size();
+        assert_eq!(host.as_ref().map(|h| h.as_bytes()), Some(&b"h.example"[..]));
+        assert_eq!(xa.as_ref().map(|v| v.as_bytes()), Some(&b"1"[..]));
+        assert_eq!(size, "GET /a?b HTTP/1.1\r\n".len() + 17 + 8 + 8);
+        head.make_map();
+        assert!(matches!(head.fields, RequestFields::Map(_)));
+        assert_eq!(head.host(), host);
+        assert_eq!(head.field(&HeaderName::from_static("x-a")), xa);
+        assert_eq!(head.size(), size);
+    }
+
+    #[test]
+    fn an_http2_request_has_its_host_in_the_authority() {
+        let head = RequestHead {
+            method: Method::GET,
+            uri: Uri::from_static("http://a.example:8080/x"),
+            version: Version::HTTP_2,
+            fields: RequestFields::Map(HeaderMap::new()),
+        };
+        assert_eq!(head.host().unwrap(), "a.example:8080");
+    }
+}
