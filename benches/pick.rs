@@ -50,9 +50,10 @@ fn busy_pool(n: usize) -> (Vec<Arc<Backend>>, Vec<RequestGuard>) {
         .flat_map(|(i, b)| (0..=(i % 4)).map(move |_| b.begin_request()))
         .collect();
     for (i, b) in backends.iter().enumerate() {
-        b.record_latency(std::time::Duration::from_micros(
-            500 + (i as u64 * 37) % 1000,
-        ));
+        fulcrum::strategy::record_latency(
+            b,
+            std::time::Duration::from_micros(500 + (i as u64 * 37) % 1000),
+        );
     }
     (backends, guards)
 }

@@ -6,6 +6,7 @@
 //! ([`pool::Pool`]). See `docs/architecture.md`.
 
 pub mod admin;
+pub mod backend;
 pub mod cli;
 pub mod config;
 pub mod deadline;
@@ -19,5 +20,6 @@ pub mod proxy;
 pub mod reload;
 pub mod server;
 pub mod spawn;
+pub mod stats;
 pub mod strategy;
 pub mod traffic;

@@ -13,8 +13,8 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
-use crate::pool::stats::STATUS_CLASSES;
 use crate::pool::Pool;
+use crate::stats::STATUS_CLASSES;
 
 /// The content type of the answer.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";

@@ -383,6 +383,8 @@ pub fn start(settings: &Settings, flags: &crate::config::RawFlags) -> Result<Run
     let health_pool = Arc::clone(&pool);
     let health_settings = settings.health.clone();
     let health_stop = rx.clone();
+    let upkeep_pool = Arc::clone(&pool);
+    let upkeep_stop = rx.clone();
     let rt = runtime().map_err(|e| format!("cannot start the admin API: {e}"))?;
     let admin_rt = rt.handle().clone();
     let mut arx = rx.clone();
@@ -395,6 +397,7 @@ pub fn start(settings: &Settings, flags: &crate::config::RawFlags) -> Result<Run
                     // The health checker shares this thread with the admin API: neither
                     // belongs on the request path's workers.
                     tokio::spawn(crate::health::run(health_pool, health_settings, health_stop));
+                    tokio::spawn(crate::pool::maintenance::run(upkeep_pool, upkeep_stop));
                     let mut arx2 = arx.clone();
                     let stop = async move {
                         let _ = arx.changed().await;

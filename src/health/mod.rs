@@ -147,9 +147,6 @@ pub async fn run(pool: Arc<Pool>, settings: HealthSettings, mut stop: watch::Rec
     loop {
         tokio::select! {
             _ = tick.tick() => {
-                pool.end_due_ejections();
-                pool.refresh_ramps();
-                pool.renew_index();
                 let now = Instant::now();
                 let backends = pool.backends();
                 // Linear in the pool, not quadratic: pools of thousands are checked too.

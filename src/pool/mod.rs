@@ -5,19 +5,18 @@
 //! a freshly built [`Picker`] — through `arc-swap`. The request path does one lock-free
 //! load and one pick; it never takes the control mutex.
 
-mod backend;
 mod events;
-pub mod stats;
+pub mod maintenance;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use arc_swap::ArcSwap;
 use serde::Serialize;
 
-pub use backend::{
-    clock_ns, AdminState, Backend, Faults, OutlierAction, RequestGuard, SpawnInfo, LRT_FADE,
-    LRT_QUIET, PEAK_DECAY, PEAK_UNSAMPLED_PENALTY,
+pub use crate::backend::{
+    clock_ns, AdminState, Backend, Faults, OutlierAction, RequestGuard, SpawnInfo,
 };
+use crate::stats;
 pub use events::{Event, EVENT_CAPACITY};
 
 use crate::config::BackendSpec;

@@ -30,8 +30,8 @@ pub use upstream::{Failure, Upstreams};
 pub use wire::Fields;
 
 use crate::config::{HashKey, Settings};
-use crate::pool::stats::bump;
 use crate::pool::{Backend, OutlierAction, Pool, RequestGuard};
+use crate::stats::bump;
 use crate::strategy::PickCtx;
 
 /// The settings the request path reads.
@@ -491,7 +491,7 @@ impl Proxy {
         match result {
             Ok((answer, sent_at)) => {
                 let upstream_time = sent_at.elapsed() + injected_delay;
-                backend.record_latency(upstream_time);
+                crate::strategy::record_latency(&backend, upstream_time);
                 fin.upstream = Some(upstream_time);
                 Ok(self.respond(req, answer, guard, fin, permit.take(), upload))
             }

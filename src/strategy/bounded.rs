@@ -1,7 +1,7 @@
 use std::sync::Arc;
 
 use super::PickCtx;
-use crate::pool::Backend;
+use crate::backend::Backend;
 
 /// Walks `owners` (eligible indexes in ring or table order from the key's position):
 /// the first one `ctx` allows and the load bound admits, or — when every allowed one is

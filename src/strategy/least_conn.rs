@@ -2,7 +2,7 @@ use std::sync::Arc;
 
 use super::load_index::{first_pick, Key};
 use super::{LoadIndex, PickCtx};
-use crate::pool::Backend;
+use crate::backend::Backend;
 
 /// Fewest requests in flight wins; ties to the lowest index. Reads the in-flight
 /// counts the backends keep themselves, so nothing here can drift from the truth.

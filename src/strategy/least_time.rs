@@ -1,12 +1,49 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::estimate::{fade, idle_ns, ROUTE_EWMA};
 use super::load_index::Key;
 use super::{LoadIndex, PickCtx};
-use crate::pool::{clock_ns, Backend};
+use crate::backend::{clock_ns, Backend};
 
 /// How often the pool rebuilds a `least_response_time` index (see [`Key::Idle`]).
 pub const RENEW_AFTER: Duration = Duration::from_secs(60);
+/// `least_response_time` does not believe an average that no sample has fed for this
+/// long: the next sample seeds it again, as the first one did.
+pub const QUIET: Duration = Duration::from_secs(1);
+/// Time constant with which the average of a backend that has nothing in flight fades
+/// toward zero as seen by a pick (×1/e per second idle).
+pub const FADE: Duration = Duration::from_secs(1);
+
+/// Folds a sample of `x` ns, `elapsed` after the previous one, into the route EWMA: the
+/// backend's EWMA weight, seeded again by the first sample after [`QUIET`] without one.
+pub(crate) fn fold(b: &Backend, x: f64, elapsed: Option<u64>) {
+    let quiet = elapsed.is_none_or(|e| e >= QUIET.as_nanos() as u64);
+    let alpha = b.alpha();
+    b.estimates.update(ROUTE_EWMA, |prev| match prev {
+        Some(prev) if !quiet => prev + alpha * (x - prev),
+        _ => x,
+    });
+}
+
+/// The latency `least_response_time` believes at `now`, in nanoseconds; `None` when
+/// unsampled. It is the EWMA of the samples, started over after [`QUIET`] without one,
+/// and, while the backend has nothing in flight, faded toward zero with [`FADE`]: a
+/// backend that lost its traffic by being slow looks cheaper by the second until one
+/// request goes to it, and that request's sample decides.
+#[inline]
+pub fn estimate(b: &Backend, now: u64, in_flight: u64) -> Option<f64> {
+    let avg = b.estimates.get(ROUTE_EWMA)?;
+    Some(fade(avg, idle_ns(b, now, in_flight), FADE))
+}
+
+/// What the index ranks by: the average believed (before any fading) and when it was
+/// last sampled; `None` when unsampled.
+#[inline]
+pub(crate) fn sample(b: &Backend) -> Option<(f64, u64)> {
+    let avg = b.estimates.get(ROUTE_EWMA)?;
+    Some((avg, b.sampled_at().unwrap_or(0)))
+}
 
 /// Lowest latency average × (in flight + 1); ties to the lowest index. The bet: the
 /// backend that answered fastest lately, discounted by the queue it already has, will
@@ -15,7 +52,7 @@ pub const RENEW_AFTER: Duration = Duration::from_secs(60);
 /// Rules, in order:
 /// 1. A backend without a sample comes first (its latency is unknown, so it is measured
 ///    before anything is concluded): among those, fewest in flight, then lowest index.
-/// 2. Otherwise the lowest [`Backend::lrt_estimate`] × (in flight + 1).
+/// 2. Otherwise the lowest [`estimate`] × (in flight + 1).
 ///
 /// Re-discovery. A backend that was slow loses its traffic, so nothing would ever feed
 /// its average again. Two rules on the backend bring it back with nobody acting: while
@@ -95,9 +132,7 @@ impl LeastResponseTime {
         }
         let score = |i: usize| {
             let k = eligible[i].in_flight();
-            eligible[i]
-                .lrt_estimate(now, k)
-                .map(|avg| avg * (k + 1) as f64)
+            estimate(&eligible[i], now, k).map(|avg| avg * (k + 1) as f64)
         };
         let busy = valid(trees[1].least()).and_then(|i| Some((i, score(i)?)));
         let idle = valid(trees[2].least()).and_then(|i| Some((i, score(i)?)));
@@ -120,7 +155,7 @@ impl LeastResponseTime {
                 continue;
             }
             let k = b.in_flight();
-            match b.lrt_estimate(now, k) {
+            match estimate(b, now, k) {
                 None => {
                     if k == 0 {
                         return Some(i);
@@ -161,7 +196,7 @@ mod tests {
         let bs = backends(&[1, 1, 1]);
         let t = 10_000 * MS;
         assert_eq!(pick(&bs, t), 'A');
-        bs[0].record_latency_at(Duration::from_millis(30), t);
+        super::super::estimate::record_latency_at(&bs[0], Duration::from_millis(30), t);
         assert_eq!(pick(&bs, t), 'B');
         // An unsampled backend with a request in flight still comes first.
         let _b = bs[1].begin_request();
@@ -173,8 +208,8 @@ mod tests {
         );
         drop(_b);
         drop(_c);
-        bs[1].record_latency_at(Duration::from_millis(10), t);
-        bs[2].record_latency_at(Duration::from_millis(20), t);
+        super::super::estimate::record_latency_at(&bs[1], Duration::from_millis(10), t);
+        super::super::estimate::record_latency_at(&bs[2], Duration::from_millis(20), t);
         // 30, 10, 20 ms
         assert_eq!(pick(&bs, t), 'B');
         let _b1 = bs[1].begin_request();
@@ -201,10 +236,10 @@ mod tests {
     fn the_average_is_the_ewma_with_alpha() {
         let bs = backends(&[1]);
         let t = 10_000 * MS;
-        bs[0].record_latency_at(Duration::from_millis(100), t);
-        bs[0].record_latency_at(Duration::from_millis(200), t + MS);
+        super::super::estimate::record_latency_at(&bs[0], Duration::from_millis(100), t);
+        super::super::estimate::record_latency_at(&bs[0], Duration::from_millis(200), t + MS);
         // alpha 0.1: 100 + 0.1 × 100
-        let est = bs[0].lrt_estimate(t + MS, 1).unwrap();
+        let est = estimate(&bs[0], t + MS, 1).unwrap();
         assert!((est - 110.0 * MS as f64).abs() < 1.0, "{est}");
         assert_eq!(bs[0].avg_latency(), Some(Duration::from_millis(110)));
     }
@@ -218,10 +253,10 @@ mod tests {
         let step = 5 * MS;
         // A and B answer in 10 ms, C has turned slow: 100 ms.
         for b in &bs[..2] {
-            b.record_latency_at(Duration::from_millis(10), t);
+            super::super::estimate::record_latency_at(b, Duration::from_millis(10), t);
         }
         for _ in 0..20 {
-            bs[2].record_latency_at(Duration::from_millis(100), t);
+            super::super::estimate::record_latency_at(&bs[2], Duration::from_millis(100), t);
         }
         // C is fast again from now on. Traffic: one request every 5 ms, answered at once.
         let mut first_c = None;
@@ -233,7 +268,7 @@ mod tests {
                 c_picks += 1;
                 first_c.get_or_insert(n * step);
             }
-            bs[i].record_latency_at(Duration::from_millis(10), t);
+            super::super::estimate::record_latency_at(&bs[i], Duration::from_millis(10), t);
         }
         let first = Duration::from_nanos(first_c.expect("C is never tried again"));
         assert!(
@@ -248,15 +283,19 @@ mod tests {
     fn a_slow_backend_is_probed_seldom_and_a_busy_one_never_fades() {
         let bs = backends(&[1, 1]);
         let t = 10_000 * MS;
-        bs[0].record_latency_at(Duration::from_millis(10), t);
-        bs[1].record_latency_at(Duration::from_millis(100), t);
+        super::super::estimate::record_latency_at(&bs[0], Duration::from_millis(10), t);
+        super::super::estimate::record_latency_at(&bs[1], Duration::from_millis(100), t);
         // Fresh samples on A keep it current; B fades: 100 ms × e^(-idle/1 s) < 10 ms
         // only after ln 10 ≈ 2.3 s.
         let mut probes = Vec::new();
         for n in 1..=1000u64 {
             let now = t + n * 5 * MS;
             let i = LeastResponseTime::scan(&bs, &PickCtx::default(), now).unwrap();
-            bs[i].record_latency_at(Duration::from_millis(if i == 0 { 10 } else { 100 }), now);
+            super::super::estimate::record_latency_at(
+                &bs[i],
+                Duration::from_millis(if i == 0 { 10 } else { 100 }),
+                now,
+            );
             if i == 1 {
                 probes.push(n * 5);
             }
@@ -265,7 +304,7 @@ mod tests {
         assert!(probes[0] >= 2000, "{probes:?}");
         // With a request in flight (it hangs) it never looks cheaper.
         let _g = bs[1].begin_request();
-        let est = bs[1].lrt_estimate(t + 3_600_000 * MS, 1).unwrap();
+        let est = estimate(&bs[1], t + 3_600_000 * MS, 1).unwrap();
         assert!(est >= 100.0 * MS as f64, "{est}");
     }
 }

@@ -22,8 +22,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use super::least_time::{sample, FADE};
 use super::PickCtx;
-use crate::pool::{Backend, LRT_FADE};
+use crate::backend::{Backend, LoadWatch};
 
 /// Pools from this many eligible backends up are indexed; below it a scan is cheap
 /// (tens of ns) and a request's start and end cost nothing extra.
@@ -67,7 +68,7 @@ pub enum Key {
     /// so its `f32` keeps five significant digits; the pool renews the index every
     /// minute.
     Idle {
-        /// [`crate::pool::clock_ns`] when the index was built.
+        /// [`crate::backend::clock_ns`] when the index was built.
         base: u64,
     },
 }
@@ -102,10 +103,10 @@ pub struct LoadSlot {
     pub leaf: usize,
 }
 
-impl LoadSlot {
+impl LoadWatch for LoadSlot {
     /// Brings `backend`'s leaf up to date in every tree.
     #[inline]
-    pub fn refresh(&self, backend: &Backend) {
+    fn refresh(&self, backend: &Backend) {
         for t in self.trees.iter() {
             t.refresh(self.leaf, backend);
         }
@@ -154,18 +155,18 @@ impl LoadIndex {
         let key = match &self.key {
             Key::InFlight => k,
             Key::PerWeight(w) => ((k as f64 / w[leaf]) as f32).to_bits() as u64,
-            Key::Unsampled => match b.lrt_sample() {
+            Key::Unsampled => match sample(b) {
                 None => k,
                 Some(_) => EMPTY_KEY,
             },
-            Key::Busy => match b.lrt_sample() {
+            Key::Busy => match sample(b) {
                 Some((avg, _)) if k > 0 => ((avg * (k + 1) as f64) as f32).to_bits() as u64,
                 _ => EMPTY_KEY,
             },
-            Key::Idle { base } => match b.lrt_sample() {
+            Key::Idle { base } => match sample(b) {
                 Some((avg, at)) if k == 0 => {
                     let since = (at as i64).wrapping_sub(*base as i64) as f64;
-                    ordered((avg.ln() + since / LRT_FADE.as_nanos() as f64) as f32)
+                    ordered((avg.ln() + since / FADE.as_nanos() as f64) as f32)
                 }
                 _ => EMPTY_KEY,
             },
@@ -285,7 +286,7 @@ mod tests {
         ) {
             let bs = backends(&weights);
             let idx = index(&bs, weighted);
-            let mut guards: Vec<Vec<crate::pool::RequestGuard>> = bs.iter().map(|_| Vec::new()).collect();
+            let mut guards: Vec<Vec<crate::backend::RequestGuard>> = bs.iter().map(|_| Vec::new()).collect();
             for (which, start) in ops {
                 let i = which.index(bs.len());
                 if start || guards[i].is_empty() {
@@ -315,10 +316,10 @@ mod tests {
             let lrt = LeastResponseTime::new_at(&bs, now - 20_000 * MS);
             let trees = Arc::clone(lrt.index().unwrap());
             let refresh = |i: usize| trees.iter().for_each(|t| t.refresh(i, &bs[i]));
-            let mut guards: Vec<Vec<crate::pool::RequestGuard>> = bs.iter().map(|_| Vec::new()).collect();
+            let mut guards: Vec<Vec<crate::backend::RequestGuard>> = bs.iter().map(|_| Vec::new()).collect();
             // Every backend sampled but the first `unsampled`.
             for (i, b) in bs.iter().enumerate().skip(unsampled) {
-                b.record_latency_at(std::time::Duration::from_millis(5 + (i as u64 * 7) % 50), now - (i as u64 % 9) * 700 * MS);
+                crate::strategy::estimate::record_latency_at(b, std::time::Duration::from_millis(5 + (i as u64 * 7) % 50), now - (i as u64 % 9) * 700 * MS);
                 refresh(i);
             }
             for (which, op, ms, advance) in ops {
@@ -327,7 +328,7 @@ mod tests {
                 match op {
                     0 => guards[i].push(bs[i].begin_request()),
                     1 => { guards[i].pop(); }
-                    _ => bs[i].record_latency_at(std::time::Duration::from_millis(ms), now),
+                    _ => crate::strategy::estimate::record_latency_at(&bs[i], std::time::Duration::from_millis(ms), now),
                 }
                 refresh(i);
                 let ctx = PickCtx::default();
@@ -406,7 +407,7 @@ mod tests {
                 let found = match kind {
                     StrategyKind::LeastConnections => LeastConnections::scan(eligible, &ctx),
                     StrategyKind::LeastResponseTime => {
-                        LeastResponseTime::scan(eligible, &ctx, crate::pool::clock_ns())
+                        LeastResponseTime::scan(eligible, &ctx, crate::backend::clock_ns())
                     }
                     _ => WeightedLeastConnections::new(eligible).scan(eligible, &ctx),
                 };
@@ -416,10 +417,11 @@ mod tests {
                     // Idle backends sampled microseconds apart fade to estimates equal
                     // within the index's f32 keys (and the pick and the scan read the
                     // clock at different moments): either is a right answer then.
-                    let now = crate::pool::clock_ns();
+                    let now = crate::backend::clock_ns();
                     let score = |b: &Backend| {
                         let k = b.in_flight();
-                        b.lrt_estimate(now, k).map(|avg| avg * (k + 1) as f64)
+                        crate::strategy::least_time::estimate(b, now, k)
+                            .map(|avg| avg * (k + 1) as f64)
                     };
                     if let (Some(sp), Some(sf)) = (score(p), score(f)) {
                         if (sp - sf).abs() <= 1e-5 * sf {
@@ -435,7 +437,10 @@ mod tests {
                 let b = snap.pick(&PickCtx::default()).unwrap();
                 held.push(b.begin_request());
                 if round % 2 == 0 {
-                    b.record_latency(Duration::from_millis(1 + (round as u64 * 13) % 40));
+                    crate::strategy::estimate::record_latency(
+                        b,
+                        Duration::from_millis(1 + (round as u64 * 13) % 40),
+                    );
                 }
                 if round % 3 == 2 {
                     held.swap_remove(round * 7 % held.len());
@@ -451,7 +456,7 @@ mod tests {
             }
             assert!(matches!(scan(&pool), (Some(_), Some(_))));
             pool.set_strategy(StrategyKind::RoundRobin);
-            assert!(pool.backends().iter().all(|b| b.load_slot().is_none()));
+            assert!(pool.backends().iter().all(|b| !b.is_watched()));
         }
     }
 }

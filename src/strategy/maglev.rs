@@ -4,7 +4,7 @@ use super::bounded::{first_admitted, LoadBound};
 use super::key::{placement_hash, placement_hash_seeded};
 use super::ring::members;
 use super::PickCtx;
-use crate::pool::Backend;
+use crate::backend::Backend;
 
 /// Size of the lookup table: a prime, so every skip visits every slot. 65 537 slots
 /// keep shares within about 1 % up to a few hundred backends (the paper's M ≫ 100 N);

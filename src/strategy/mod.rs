@@ -11,6 +11,7 @@
 //! `docs/strategies.md` explains each strategy's rule, the bet it makes and its cost.
 
 mod bounded;
+pub mod estimate;
 pub mod key;
 mod least_conn;
 mod least_time;
@@ -24,8 +25,9 @@ mod wrr;
 
 use std::sync::Arc;
 
-use crate::pool::Backend;
+use crate::backend::Backend;
 
+pub use estimate::{record_latency, record_latency_at};
 pub use key::{request_key, KeySource};
 pub use least_conn::LeastConnections;
 pub use least_time::LeastResponseTime;
@@ -276,14 +278,14 @@ impl Picker {
             _ => None,
         };
         for b in all {
-            b.set_load_slot(None);
+            b.set_load_watch(None);
         }
         if let Some(index) = index {
             for (leaf, b) in eligible.iter().enumerate() {
-                b.set_load_slot(Some(LoadSlot {
+                b.set_load_watch(Some(Box::new(LoadSlot {
                     trees: Arc::clone(index),
                     leaf,
-                }));
+                })));
             }
             for (leaf, b) in eligible.iter().enumerate() {
                 for t in index.iter() {
@@ -297,7 +299,7 @@ impl Picker {
     /// time): `least_response_time` keys idle backends relative to the index's birth and
     /// keeps them precise by being rebuilt every [`least_time::RENEW_AFTER`].
     ///
-    /// [`clock_ns`]: crate::pool::clock_ns
+    /// [`clock_ns`]: crate::backend::clock_ns
     pub fn index_is_old(&self, now: u64) -> bool {
         match self {
             Picker::LeastResponseTime(p) => p.index_is_old(now),

@@ -1,7 +1,50 @@
 use std::sync::Arc;
 
+use std::time::Duration;
+
+use super::estimate::{fade, idle_ns, PEAK};
 use super::PickCtx;
-use crate::pool::{clock_ns, Backend};
+use crate::backend::{clock_ns, Backend};
+
+/// `peak_ewma`: time constant of the decay, both of old samples against new ones and of
+/// the estimate of an idle backend (linkerd's and finagle's 10 s).
+pub const PEAK_DECAY: Duration = Duration::from_secs(10);
+/// `peak_ewma`: what a backend without a sample is taken to cost per request while its
+/// first answer is awaited (finagle's rule: free while idle, expensive while unknown).
+pub const PEAK_UNSAMPLED_PENALTY: Duration = Duration::from_secs(1);
+
+/// Folds a sample of `x` ns, `elapsed` after the previous one, into the peak-EWMA
+/// estimate: a sample above the estimate replaces it at once (the peak); a lower one
+/// pulls it down with a weight that grows with the time since the last sample.
+pub(crate) fn fold_peak(b: &Backend, x: f64, elapsed: Option<u64>) {
+    let keep = (-(elapsed.unwrap_or(0) as f64) / PEAK_DECAY.as_nanos() as f64).exp();
+    b.estimates.update(PEAK, |prev| match prev {
+        Some(c) if x <= c => c * keep + x * (1.0 - keep),
+        _ => x,
+    });
+}
+
+/// The `peak_ewma` cost at `now`: the peak-EWMA latency (faded toward zero with
+/// [`PEAK_DECAY`] while nothing is in flight) × (in flight + 1). Unsampled, it is 0
+/// while idle and [`PEAK_UNSAMPLED_PENALTY`] × (in flight + 1) while its first answer
+/// is awaited.
+#[inline]
+pub fn peak_cost(b: &Backend, now: u64, in_flight: u64) -> f64 {
+    let estimate = match b.estimates.get(PEAK) {
+        None if in_flight == 0 => 0.0,
+        None => PEAK_UNSAMPLED_PENALTY.as_nanos() as f64,
+        Some(c) => fade(c, idle_ns(b, now, in_flight), PEAK_DECAY),
+    };
+    estimate * (in_flight + 1) as f64
+}
+
+/// The raw peak-EWMA estimate, `None` until the first sample.
+#[cfg(test)]
+fn peak_latency(b: &Backend) -> Option<Duration> {
+    b.estimates
+        .get(PEAK)
+        .map(|c| Duration::from_nanos(c as u64))
+}
 
 /// Two distinct random indices among the eligible backends `ctx` allows, uniformly
 /// (`fastrand`, thread-local); one when only one is allowed, none when none is.
@@ -60,7 +103,7 @@ impl PowerOfTwo {
     }
 }
 
-/// `peak_ewma`: two random eligible backends, the lower [`Backend::peak_cost`] wins
+/// `peak_ewma`: two random eligible backends, the lower [`peak_cost`] wins
 /// (linkerd's and finagle's balancer); a tie goes to the first drawn. The bet: latency
 /// spikes announce trouble, so an estimate that jumps to every peak at once and forgets
 /// it slowly (τ = 10 s) routes around a backend as soon as it falters, and the pending
@@ -82,7 +125,7 @@ impl PeakEwma {
         let Some(b) = b else { return Some(a) };
         let cost = |i: usize| {
             let be = &eligible[i];
-            be.peak_cost(now, be.in_flight())
+            peak_cost(be, now, be.in_flight())
         };
         Some(if cost(b) < cost(a) { b } else { a })
     }
@@ -129,25 +172,29 @@ mod tests {
         let s = 1_000_000_000u64;
         let t = 100 * s;
         // Unsampled and idle: free; unsampled and waiting: a penalty.
-        assert_eq!(bs[0].peak_cost(t, 0), 0.0);
-        assert!(bs[0].peak_cost(t, 1) >= 1e9);
-        bs[0].record_latency_at(Duration::from_millis(10), t);
-        bs[0].record_latency_at(Duration::from_millis(100), t + s / 100);
+        assert_eq!(peak_cost(&bs[0], t, 0), 0.0);
+        assert!(peak_cost(&bs[0], t, 1) >= 1e9);
+        super::super::estimate::record_latency_at(&bs[0], Duration::from_millis(10), t);
+        super::super::estimate::record_latency_at(&bs[0], Duration::from_millis(100), t + s / 100);
         assert_eq!(
-            bs[0].peak_latency(),
+            peak_latency(&bs[0]),
             Some(Duration::from_millis(100)),
             "peak"
         );
         // A lower sample 1 s later pulls it down by 1 - e^(-1/10) of the way only.
-        bs[0].record_latency_at(Duration::from_millis(10), t + s + s / 100);
-        let ms = bs[0].peak_latency().unwrap().as_secs_f64() * 1e3;
+        super::super::estimate::record_latency_at(
+            &bs[0],
+            Duration::from_millis(10),
+            t + s + s / 100,
+        );
+        let ms = peak_latency(&bs[0]).unwrap().as_secs_f64() * 1e3;
         let expect = 100.0 * (-0.1f64).exp() + 10.0 * (1.0 - (-0.1f64).exp());
         assert!((ms - expect).abs() < 0.01, "{ms} vs {expect}");
         // Cost = estimate × (pending + 1); idle, it fades with τ = 10 s.
         let now = t + s + s / 100;
-        let c1 = bs[0].peak_cost(now, 1);
+        let c1 = peak_cost(&bs[0], now, 1);
         assert!((c1 / 1e6 - 2.0 * expect).abs() < 0.01);
-        let c0 = bs[0].peak_cost(now + 10 * s, 0);
+        let c0 = peak_cost(&bs[0], now + 10 * s, 0);
         assert!(
             (c0 / 1e6 - expect / std::f64::consts::E).abs() < 0.01,
             "{c0}"

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use super::bounded::{first_admitted, LoadBound};
 use super::key::placement_hash;
 use super::PickCtx;
-use crate::pool::Backend;
+use crate::backend::Backend;
 
 /// Points on the ring per unit of weight.
 pub const POINTS_PER_WEIGHT: u32 = 150;

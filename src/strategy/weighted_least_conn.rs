@@ -2,7 +2,7 @@ use std::sync::Arc;
 
 use super::load_index::{first_pick, Key};
 use super::{LoadIndex, PickCtx};
-use crate::pool::Backend;
+use crate::backend::Backend;
 
 /// Lowest in-flight ÷ effective weight; ties to the lowest index. The bet: a backend's
 /// capacity is proportional to its weight, so requests in flight per unit of weight

@@ -1,4 +1,13 @@
 //! A backend and the live numbers it keeps about itself.
+//!
+//! The backend is the vocabulary the pool, the strategies and the request path share,
+//! and it depends on none of them: it holds its identity, its admin state, its health
+//! and ejection state, its slow-start ramp, the load numbers every strategy may read
+//! (requests in flight, the time of the last latency sample) and two things that are
+//! opaque to it — the latency estimates a strategy keeps on it ([`Estimates`], whose
+//! cells and rules belong to the strategies) and the strategy's hook that must hear of
+//! every change of its load ([`LoadWatch`]). A new strategy is written in `strategy/`
+//! only.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -10,7 +19,6 @@ use serde::Serialize;
 use arc_swap::ArcSwapOption;
 
 use crate::config::BackendSpec;
-use crate::strategy::LoadSlot;
 
 /// Administrative state, set through the admin API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -49,19 +57,6 @@ const NO_SAMPLE: u64 = u64::MAX;
 /// Sentinel for "never sampled" in the time stamp of the last sample.
 const NEVER: u64 = u64::MAX;
 
-/// `least_response_time` does not believe an average that no sample has fed for this
-/// long: the next sample seeds it again, as the first one did.
-pub const LRT_QUIET: Duration = Duration::from_secs(1);
-/// `least_response_time`: time constant with which the average of a backend that has
-/// nothing in flight fades toward zero as seen by a pick (×1/e per second idle).
-pub const LRT_FADE: Duration = Duration::from_secs(1);
-/// `peak_ewma`: time constant of the decay, both of old samples against new ones and of
-/// the estimate of an idle backend (linkerd's and finagle's 10 s).
-pub const PEAK_DECAY: Duration = Duration::from_secs(10);
-/// `peak_ewma`: what a backend without a sample is taken to cost per request while its
-/// first answer is awaited (finagle's rule: free while idle, expensive while unknown).
-pub const PEAK_UNSAMPLED_PENALTY: Duration = Duration::from_secs(1);
-
 /// Nanoseconds on a process-wide monotonic clock: the time stamps of the latency
 /// estimates. One `Instant::now()`.
 #[inline]
@@ -70,13 +65,51 @@ pub fn clock_ns() -> u64 {
     EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }
 
-/// `v` faded by `exp(-elapsed / tau)`.
-#[inline]
-fn fade(v: f64, elapsed_ns: u64, tau: Duration) -> f64 {
-    if elapsed_ns == 0 {
-        return v;
+/// How many estimate cells a backend has for the strategies ([`Estimates`]).
+pub const ESTIMATE_CELLS: usize = 2;
+
+/// Latency estimates the strategies keep on a backend, one `f64` cell each (in an
+/// `AtomicU64`, updated by compare-and-swap), empty until the first sample and emptied
+/// when the backend's measurements are cleared. Which cell means what, and how a sample
+/// folds into it, is the business of the strategy that owns the cell
+/// (`strategy::estimate`); the backend only stores them, so that a strategy switch finds
+/// them up to date.
+#[derive(Debug)]
+pub struct Estimates([AtomicU64; ESTIMATE_CELLS]);
+
+impl Estimates {
+    fn new() -> Estimates {
+        Estimates([const { AtomicU64::new(NO_SAMPLE) }; ESTIMATE_CELLS])
     }
-    v * (-(elapsed_ns as f64) / tau.as_nanos() as f64).exp()
+
+    /// The value of `cell`, `None` while it is empty.
+    #[inline]
+    pub fn get(&self, cell: usize) -> Option<f64> {
+        let bits = self.0[cell].load(Ordering::Relaxed);
+        (bits != NO_SAMPLE).then(|| f64::from_bits(bits))
+    }
+
+    /// Replaces the value of `cell` with `next(value)`, atomically.
+    #[inline]
+    pub fn update(&self, cell: usize, next: impl Fn(Option<f64>) -> f64) {
+        let _ = self.0[cell].fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+            Some(next((bits != NO_SAMPLE).then(|| f64::from_bits(bits))).to_bits())
+        });
+    }
+
+    fn clear(&self) {
+        for c in &self.0 {
+            c.store(NO_SAMPLE, Ordering::Relaxed);
+        }
+    }
+}
+
+/// What a strategy keeps per backend that must hear of every change of the backend's
+/// load or latency (the leaf of a least-loaded index, `strategy::load_index`). Opaque to
+/// the backend.
+pub trait LoadWatch: Send + Sync + std::fmt::Debug {
+    /// The backend's load or latency changed.
+    fn refresh(&self, b: &Backend);
 }
 
 /// One upstream server. Shared (`Arc`) by the pool, every snapshot and every request
@@ -100,24 +133,19 @@ pub struct Backend {
     healthy: AtomicBool,
     ejected: AtomicBool,
     in_flight: AtomicU64,
-    /// Whether `load_slot` is set: one plain load on the request path decides whether
+    /// Whether `load_watch` is set: one plain load on the request path decides whether
     /// there is an index to keep up to date at all.
     indexed: AtomicBool,
-    /// Its leaf in the least-loaded index of the current picker, for large pools under
-    /// `least_connections` / `weighted_least_connections` ([`LoadIndex`]).
-    load_slot: ArcSwapOption<LoadSlot>,
+    /// The current strategy's hook for load changes ([`LoadWatch`]), if it has one.
+    load_watch: ArcSwapOption<Box<dyn LoadWatch>>,
     requests: AtomicU64,
     errors: AtomicU64,
     /// Latency EWMA in nanoseconds as f64 bits; `NO_SAMPLE` when unsampled. This is the
     /// average of the contract, shown as `avg_latency_ms`.
     ewma: AtomicU64,
     alpha: f64,
-    /// The same EWMA as `least_response_time` ranks by: seeded again by the first sample
-    /// after [`LRT_QUIET`] without one (see [`Backend::lrt_estimate`]).
-    route_ewma: AtomicU64,
-    /// Peak-sensitive, time-decayed latency estimate in nanoseconds as f64 bits
-    /// (`peak_ewma`); `NO_SAMPLE` when unsampled.
-    peak: AtomicU64,
+    /// The strategies' own latency estimates.
+    pub estimates: Estimates,
     /// [`clock_ns`] of the last latency sample; `NEVER` before the first.
     sampled_at: AtomicU64,
     /// Passive outlier detection: failures in a row seen on live traffic.
@@ -138,7 +166,7 @@ pub struct Backend {
     /// Injected error rate (`degrade`), in millionths.
     fault_error_ppm: AtomicU32,
     /// What the metrics endpoint reads.
-    pub stats: super::stats::BackendStats,
+    pub stats: crate::stats::BackendStats,
     /// Set for a backend fulcrum started itself (`POST /admin/backends/spawn`).
     pub spawn: Option<SpawnInfo>,
 }
@@ -237,13 +265,12 @@ impl Backend {
             ejected: AtomicBool::new(false),
             in_flight: AtomicU64::new(0),
             indexed: AtomicBool::new(false),
-            load_slot: ArcSwapOption::empty(),
+            load_watch: ArcSwapOption::empty(),
             requests: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             ewma: AtomicU64::new(NO_SAMPLE),
             alpha,
-            route_ewma: AtomicU64::new(NO_SAMPLE),
-            peak: AtomicU64::new(NO_SAMPLE),
+            estimates: Estimates::new(),
             sampled_at: AtomicU64::new(NEVER),
             consecutive_failures: AtomicU32::new(0),
             ejections: AtomicU32::new(0),
@@ -507,180 +534,81 @@ impl Backend {
         (bits != NO_SAMPLE).then(|| Duration::from_nanos(f64::from_bits(bits) as u64))
     }
 
-    /// Folds one latency sample into every estimate the strategies read (whatever the
-    /// strategy: a switch finds them up to date). The first sample seeds them.
-    pub fn record_latency(&self, sample: Duration) {
-        self.record_latency_at(sample, clock_ns());
-    }
-
-    /// [`Self::record_latency`] at `now` ([`clock_ns`]).
+    /// Folds one latency sample into the contract's average and notes its time; returns
+    /// the time since the sample before it (`None` for the first). The strategies' own
+    /// estimates are folded by `strategy::record_latency`, which calls this.
     ///
-    /// Lock-free: each estimate is one atomic cell updated by compare-and-swap. Two
+    /// Lock-free: the average is one atomic cell updated by compare-and-swap. Two
     /// samples that land at the same moment each take the time since the sample before
     /// them from one `swap` of the time stamp, so elapsed time is never counted twice; the
     /// order in which their values are folded in may differ from the order of their time
     /// stamps by the width of the race, which moves an average by a rounding error.
-    pub fn record_latency_at(&self, sample: Duration, now: u64) {
+    pub fn note_latency(&self, sample: Duration, now: u64) -> Option<u64> {
         let x = sample.as_nanos() as f64;
         let alpha = self.alpha;
-        let ewma = |bits: u64| {
-            let next = if bits == NO_SAMPLE {
-                x
-            } else {
-                let prev = f64::from_bits(bits);
-                prev + alpha * (x - prev)
-            };
-            Some(next.to_bits())
-        };
         let _ = self
             .ewma
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, ewma);
-        let before = self.sampled_at.swap(now, Ordering::Relaxed);
-        let elapsed = match before {
-            NEVER => None,
-            t => Some(now.saturating_sub(t)),
-        };
-        // least_response_time: an average nothing fed for LRT_QUIET is stale; start over.
-        let quiet = elapsed.is_none_or(|e| e >= LRT_QUIET.as_nanos() as u64);
-        let _ = self
-            .route_ewma
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
-                if quiet {
-                    Some(x.to_bits())
-                } else {
-                    ewma(bits)
-                }
-            });
-        // peak_ewma: a sample above the estimate replaces it at once (the peak); a lower
-        // one pulls it down with a weight that grows with the time since the last sample.
-        let keep = (-(elapsed.unwrap_or(0) as f64) / PEAK_DECAY.as_nanos() as f64).exp();
-        let _ = self
-            .peak
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
                 let next = if bits == NO_SAMPLE {
                     x
                 } else {
-                    let c = f64::from_bits(bits);
-                    if x > c {
-                        x
-                    } else {
-                        c * keep + x * (1.0 - keep)
-                    }
+                    let prev = f64::from_bits(bits);
+                    prev + alpha * (x - prev)
                 };
                 Some(next.to_bits())
             });
-        self.refresh_index();
+        match self.sampled_at.swap(now, Ordering::Relaxed) {
+            NEVER => None,
+            t => Some(now.saturating_sub(t)),
+        }
+    }
+
+    /// The contract's EWMA weight of a new sample (`--ewma-alpha`).
+    pub fn alpha(&self) -> f64 {
+        self.alpha
     }
 
     /// Forgets every latency estimate (recovery, or back to healthy).
     pub fn clear_latency(&self) {
         self.ewma.store(NO_SAMPLE, Ordering::Relaxed);
-        self.route_ewma.store(NO_SAMPLE, Ordering::Relaxed);
-        self.peak.store(NO_SAMPLE, Ordering::Relaxed);
+        self.estimates.clear();
         self.sampled_at.store(NEVER, Ordering::Relaxed);
         self.refresh_index();
     }
 
-    /// How long nothing has been measured on a backend with `in_flight` requests: zero
-    /// while it has requests in flight (it is getting traffic; a backend that hangs must
-    /// not look cheaper by the second), else the time since its last sample.
+    /// [`clock_ns`] of the last latency sample, `None` before the first.
     #[inline]
-    fn idle_ns(&self, now: u64, in_flight: u64) -> u64 {
-        if in_flight > 0 {
-            return 0;
-        }
+    pub fn sampled_at(&self) -> Option<u64> {
         match self.sampled_at.load(Ordering::Relaxed) {
-            NEVER => 0,
-            t => now.saturating_sub(t),
+            NEVER => None,
+            t => Some(t),
         }
     }
 
-    /// The latency `least_response_time` believes at `now`, in nanoseconds; `None` when
-    /// unsampled. It is the EWMA of the samples, started over after [`LRT_QUIET`] without
-    /// one, and, while the backend has nothing in flight, faded toward zero with
-    /// [`LRT_FADE`]: a backend that lost its traffic by being slow looks cheaper by the
-    /// second until one request goes to it, and that request's sample decides.
-    #[inline]
-    pub fn lrt_estimate(&self, now: u64, in_flight: u64) -> Option<f64> {
-        let bits = self.route_ewma.load(Ordering::Relaxed);
-        if bits == NO_SAMPLE {
-            return None;
-        }
-        Some(fade(
-            f64::from_bits(bits),
-            self.idle_ns(now, in_flight),
-            LRT_FADE,
-        ))
-    }
-
-    /// The `peak_ewma` cost at `now`: the peak-EWMA latency (faded toward zero with
-    /// [`PEAK_DECAY`] while nothing is in flight) × (in flight + 1). Unsampled, it is 0
-    /// while idle and [`PEAK_UNSAMPLED_PENALTY`] × (in flight + 1) while its first answer
-    /// is awaited.
-    #[inline]
-    pub fn peak_cost(&self, now: u64, in_flight: u64) -> f64 {
-        let bits = self.peak.load(Ordering::Relaxed);
-        let estimate = if bits == NO_SAMPLE {
-            if in_flight == 0 {
-                0.0
-            } else {
-                PEAK_UNSAMPLED_PENALTY.as_nanos() as f64
-            }
-        } else {
-            fade(
-                f64::from_bits(bits),
-                self.idle_ns(now, in_flight),
-                PEAK_DECAY,
-            )
-        };
-        estimate * (in_flight + 1) as f64
-    }
-
-    /// The raw peak-EWMA estimate, `None` until the first sample.
-    pub fn peak_latency(&self) -> Option<Duration> {
-        let bits = self.peak.load(Ordering::Relaxed);
-        (bits != NO_SAMPLE).then(|| Duration::from_nanos(f64::from_bits(bits) as u64))
-    }
-
-    /// Points it at its leaf in `slot`'s index, or at none. Control path only
-    /// ([`crate::strategy::Picker::attach`]).
-    pub fn set_load_slot(&self, slot: Option<LoadSlot>) {
-        let some = slot.is_some();
+    /// Points it at the current strategy's hook for load changes, or at none. Control
+    /// path only (`strategy::Picker::attach`).
+    pub fn set_load_watch(&self, watch: Option<Box<dyn LoadWatch>>) {
+        let some = watch.is_some();
         if !some && !self.indexed.load(Ordering::Relaxed) {
             return;
         }
-        self.load_slot.store(slot.map(Arc::new));
+        self.load_watch.store(watch.map(Arc::new));
         self.indexed.store(some, Ordering::Release);
     }
 
-    /// Its leaf in the least-loaded index, if it has one.
-    pub fn load_slot(&self) -> Option<Arc<LoadSlot>> {
-        self.load_slot.load_full()
+    /// Whether it has a hook for load changes.
+    pub fn is_watched(&self) -> bool {
+        self.load_watch.load().is_some()
     }
 
-    /// Brings its leaf in the least-loaded indexes up to date after its load or its
-    /// latency average changed.
+    /// Tells the strategy's hook, if there is one, that its load or latency changed.
     #[inline]
-    fn refresh_index(&self) {
+    pub fn refresh_index(&self) {
         if self.indexed.load(Ordering::Acquire) {
-            if let Some(slot) = self.load_slot.load().as_ref() {
-                slot.refresh(self);
+            if let Some(watch) = self.load_watch.load().as_ref() {
+                watch.refresh(self);
             }
         }
-    }
-
-    /// What `least_response_time`'s index ranks by: the average it believes (before any
-    /// fading) and when it was last sampled; `None` when unsampled.
-    #[inline]
-    pub fn lrt_sample(&self) -> Option<(f64, u64)> {
-        let bits = self.route_ewma.load(Ordering::Relaxed);
-        (bits != NO_SAMPLE).then(|| {
-            let at = match self.sampled_at.load(Ordering::Relaxed) {
-                NEVER => 0,
-                t => t,
-            };
-            (f64::from_bits(bits), at)
-        })
     }
 
     /// Counts a request in flight until the returned guard drops.
@@ -765,9 +693,9 @@ mod tests {
     fn ewma_is_seeded_by_the_first_sample() {
         let b = b();
         assert_eq!(b.avg_latency(), None);
-        b.record_latency(Duration::from_millis(100));
+        b.note_latency(Duration::from_millis(100), clock_ns());
         assert_eq!(b.avg_latency(), Some(Duration::from_millis(100)));
-        b.record_latency(Duration::from_millis(200));
+        b.note_latency(Duration::from_millis(200), clock_ns());
         assert_eq!(b.avg_latency(), Some(Duration::from_millis(150)));
         b.clear_latency();
         assert_eq!(b.avg_latency(), None);

@@ -1,0 +1,30 @@
+//! The pool's timed upkeep, apart from the health prober: ends ejections whose time is
+//! up (the backend turns half-open), advances slow-start ramps, and renews a
+//! least-response-time index that has grown old. Each of these changes what the request
+//! path may pick, so each publishes a new routing table when it changes anything.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use super::Pool;
+
+/// How often the upkeep runs: the precision of an ejection's end and of a ramp's steps.
+pub const TICK: Duration = Duration::from_millis(25);
+
+/// Runs the upkeep of `pool` every [`TICK`] until `stop` flips.
+pub async fn run(pool: Arc<Pool>, mut stop: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                pool.end_due_ejections();
+                pool.refresh_ramps();
+                pool.renew_index();
+            }
+            _ = stop.changed() => return,
+        }
+    }
+}
