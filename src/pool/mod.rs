@@ -41,7 +41,20 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    /// Picks an eligible backend not yet tried by this request.
+    /// The strategy's first candidate for a request with `key` that `accept` takes
+    /// (see [`Picker::select`]).
+    #[inline]
+    pub fn select(
+        &self,
+        key: Option<u64>,
+        accept: impl FnMut(&Arc<Backend>) -> bool,
+    ) -> Option<&Arc<Backend>> {
+        self.picker
+            .select(&self.eligible, key, accept)
+            .map(|i| &self.eligible[i])
+    }
+
+    /// Picks an eligible backend that `ctx` allows (not yet tried).
     #[inline]
     pub fn pick(&self, ctx: &PickCtx<'_>) -> Option<&Arc<Backend>> {
         self.picker

@@ -32,7 +32,6 @@ pub use wire::Fields;
 use crate::config::{HashKey, Settings};
 use crate::pool::{Backend, OutlierAction, Pool, RequestGuard};
 use crate::stats::bump;
-use crate::strategy::PickCtx;
 
 /// The settings the request path reads.
 #[derive(Debug, Clone)]
@@ -373,7 +372,7 @@ impl Proxy {
         let mut last_failure = None;
         let mut attempt = 0;
         while attempt < max_attempts {
-            let Some(guard) = self.pick(req, &mut tried) else {
+            let Some(guard) = self.pick(req, &tried) else {
                 break;
             };
             let id = guard.backend().id;
@@ -414,32 +413,31 @@ impl Proxy {
     }
 
     /// Picks a backend for the next attempt and takes its in-flight slot; `None` when
-    /// nothing eligible and untried is left. A half-open backend (after an ejection)
-    /// lets one request at a time through until one has succeeded: a request that
-    /// finds its trial taken marks it tried and picks again.
-    fn pick(&self, req: &mut Outgoing, tried: &mut Vec<u64>) -> Option<RequestGuard> {
-        loop {
-            // The routing table is read afresh per attempt and not held across the wait
-            // (arc-swap's cheap read slots are few per thread); the guard keeps the
-            // backend itself alive.
-            let snap = self.pool.snapshot();
-            if let (None, Some(source)) = (req.key, snap.strategy.key_source()) {
-                req.key = Some(self.request_key(req, source));
-            }
-            let b = snap.pick(&PickCtx {
-                tried,
-                key: req.key,
-            })?;
-            if !b.half_open() {
-                return Some(b.begin_request());
-            }
-            if b.claim_trial() {
-                let mut guard = b.begin_request();
-                guard.set_trial();
-                return Some(guard);
-            }
-            tried.push(b.id);
+    /// nothing eligible and untried is left. The strategy proposes, this accepts: a
+    /// backend not tried by this request yet, and, for a half-open backend (after an
+    /// ejection, one request at a time until one has succeeded), only with its trial
+    /// claimed.
+    fn pick(&self, req: &mut Outgoing, tried: &[u64]) -> Option<RequestGuard> {
+        // The routing table is read afresh per attempt and not held across the wait
+        // (arc-swap's cheap read slots are few per thread); the guard keeps the backend
+        // itself alive.
+        let snap = self.pool.snapshot();
+        if let (None, Some(source)) = (req.key, snap.strategy.key_source()) {
+            req.key = Some(self.request_key(req, source));
         }
+        let mut trial = false;
+        let b = snap.select(req.key, |b| {
+            if tried.contains(&b.id) {
+                return false;
+            }
+            trial = b.half_open();
+            !trial || b.claim_trial()
+        })?;
+        let mut guard = b.begin_request();
+        if trial {
+            guard.set_trial();
+        }
+        Some(guard)
     }
 
     /// The request key of a hashing strategy, read from the fields as forwarded: the

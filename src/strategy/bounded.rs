@@ -1,29 +1,6 @@
 use std::sync::Arc;
 
-use super::PickCtx;
 use crate::backend::Backend;
-
-/// Walks `owners` (eligible indexes in ring or table order from the key's position):
-/// the first one `ctx` allows and the load bound admits, or — when every allowed one is
-/// at its bound — the first allowed one.
-pub(super) fn first_admitted(
-    owners: impl Iterator<Item = usize>,
-    eligible: &[Arc<Backend>],
-    ctx: &PickCtx<'_>,
-    mut bound: LoadBound<'_>,
-) -> Option<usize> {
-    let mut fallback = None;
-    for i in owners {
-        if !ctx.allows(&eligible[i]) {
-            continue;
-        }
-        if bound.admits(i) {
-            return Some(i);
-        }
-        fallback.get_or_insert(i);
-    }
-    fallback
-}
 
 /// Bounded load for the hashing strategies (`--hash-balance-factor c`; Google's
 /// "consistent hashing with bounded loads", HAProxy's and Envoy's `hash_balance_factor`).

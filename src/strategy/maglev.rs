@@ -1,8 +1,9 @@
 use std::sync::Arc;
 
-use super::bounded::{first_admitted, LoadBound};
 use super::key::{placement_hash, placement_hash_seeded};
 use super::ring::members;
+use super::select::{HashWalk, Owners};
+#[cfg(test)]
 use super::PickCtx;
 use crate::backend::Backend;
 
@@ -93,28 +94,46 @@ impl Maglev {
         *self.members == *members
     }
 
-    /// The backend for `ctx.key`: its slot's, or — for a retry, or a backend at its bound
-    /// — the next slot's that `ctx` allows and the bound admits; when every allowed
-    /// backend is at its bound, the first allowed one.
+    /// The owners slot by slot from `key`'s ([`super::Candidates`]): with a balance
+    /// factor, first those under their bound, then the others. An empty table walks
+    /// nothing.
     #[inline]
-    pub fn pick(
+    pub(super) fn walk<'a>(
+        &'a self,
+        eligible: &'a [Arc<Backend>],
+        key: u64,
+        factor: Option<f64>,
+    ) -> HashWalk<'a> {
+        let start = (key % TABLE_SIZE as u64) as usize;
+        HashWalk::new(Owners::Table(self), start, eligible, &self.members, factor)
+    }
+
+    /// Slots in the table (none when it was built over no backend).
+    #[inline]
+    pub(super) fn slots(&self) -> usize {
+        if self.members.is_empty() {
+            0
+        } else {
+            self.table.len()
+        }
+    }
+
+    /// The eligible index that owns `slot`.
+    #[inline]
+    pub(super) fn owner_at(&self, slot: usize) -> usize {
+        self.table[slot] as usize
+    }
+
+    /// The first owner of [`Self::walk`] that `ctx` allows.
+    #[cfg(test)]
+    fn pick(
         &self,
         eligible: &[Arc<Backend>],
         ctx: &PickCtx<'_>,
         factor: Option<f64>,
     ) -> Option<usize> {
-        if self.members.is_empty() {
-            return None;
-        }
-        let slot = (ctx.key.unwrap_or(0) % TABLE_SIZE as u64) as usize;
-        let first = self.table[slot] as usize;
-        if factor.is_none() && ctx.tried.is_empty() {
-            return Some(first);
-        }
-        let bound = LoadBound::new(factor, eligible, &self.members);
-        let (head, tail) = self.table.split_at(slot);
-        let owners = tail.iter().chain(head).map(|&o| o as usize);
-        first_admitted(owners, eligible, ctx, bound)
+        self.walk(eligible, ctx.key.unwrap_or(0), factor)
+            .find(|&i| ctx.allows(&eligible[i]))
     }
 
     /// Which eligible index owns `key` (no retries, no bound).

@@ -20,6 +20,7 @@ mod maglev;
 mod p2c;
 mod ring;
 mod round_robin;
+mod select;
 mod weighted_least_conn;
 mod wrr;
 
@@ -36,6 +37,7 @@ pub use maglev::Maglev;
 pub use p2c::{PeakEwma, PowerOfTwo};
 pub use ring::Ring;
 pub use round_robin::RoundRobin;
+pub use select::Candidates;
 pub use weighted_least_conn::WeightedLeastConnections;
 pub use wrr::SmoothWeightedRoundRobin;
 
@@ -307,31 +309,21 @@ impl Picker {
         }
     }
 
-    /// Picks an index into `eligible`, or `None` when nothing allowed is left.
+    /// The ranking strategies' rule: the best of `eligible` that `ctx` allows (the
+    /// backends not yielded yet, see [`Candidates`]). The other strategies walk instead.
     #[inline]
-    pub fn pick(&self, eligible: &[Arc<Backend>], ctx: &PickCtx<'_>) -> Option<usize> {
-        if eligible.is_empty() {
-            return None;
+    fn rank(&self, eligible: &[Arc<Backend>], ctx: &PickCtx<'_>) -> Option<usize> {
+        match self {
+            Picker::LeastConnections(p) => p.pick(eligible, ctx),
+            Picker::WeightedLeastConnections(p) => p.pick(eligible, ctx),
+            Picker::LeastResponseTime(p) => p.pick(eligible, ctx),
+            Picker::PeakEwma(_) => PeakEwma::pick(eligible, ctx),
+            Picker::PowerOfTwo(_) => PowerOfTwo::pick(eligible, ctx),
+            Picker::RoundRobin(_)
+            | Picker::WeightedRoundRobin(_)
+            | Picker::Ring(..)
+            | Picker::Maglev(..) => None,
         }
-        let first = match self {
-            Picker::RoundRobin(p) => p.pick(eligible.len()),
-            Picker::WeightedRoundRobin(p) => p.pick(),
-            Picker::LeastConnections(p) => return p.pick(eligible, ctx),
-            Picker::WeightedLeastConnections(p) => return p.pick(eligible, ctx),
-            Picker::LeastResponseTime(p) => return p.pick(eligible, ctx),
-            Picker::PeakEwma(_) => return PeakEwma::pick(eligible, ctx),
-            Picker::PowerOfTwo(_) => return PowerOfTwo::pick(eligible, ctx),
-            Picker::Ring(r, factor) => return r.pick(eligible, ctx, *factor),
-            Picker::Maglev(t, factor) => return t.pick(eligible, ctx, *factor),
-        };
-        if ctx.tried.is_empty() || ctx.allows(&eligible[first]) {
-            return Some(first);
-        }
-        // A retry: the strategy's choice was already tried; take the next untried
-        // backend in pool order after it, so retries spread like the rotation does.
-        (1..eligible.len())
-            .map(|k| (first + k) % eligible.len())
-            .find(|&i| ctx.allows(&eligible[i]))
     }
 }
 

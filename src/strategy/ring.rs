@@ -1,8 +1,9 @@
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use super::bounded::{first_admitted, LoadBound};
 use super::key::placement_hash;
+use super::select::{HashWalk, Owners};
+#[cfg(test)]
 use super::PickCtx;
 use crate::backend::Backend;
 
@@ -179,29 +180,39 @@ impl Ring {
         }
     }
 
-    /// The backend for `ctx.key`: the owner of the first point clockwise that `ctx`
-    /// allows (a retry walks on to the next backend not yet tried) and, with a balance
-    /// factor, that is under its bound; when every allowed backend is at its bound, the
-    /// first allowed one.
+    /// The owners clockwise from `key`'s point ([`super::Candidates`]): with a balance
+    /// factor, first those under their bound, then the others.
     #[inline]
-    pub fn pick(
+    pub(super) fn walk<'a>(
+        &'a self,
+        eligible: &'a [Arc<Backend>],
+        key: u64,
+        factor: Option<f64>,
+    ) -> HashWalk<'a> {
+        let start = if self.points.is_empty() {
+            0
+        } else {
+            self.first_point(key)
+        };
+        HashWalk::new(Owners::Ring(self), start, eligible, &self.members, factor)
+    }
+
+    /// The eligible index that owns point `position`.
+    #[inline]
+    pub(super) fn owner_at(&self, position: usize) -> usize {
+        self.points[position].owner as usize
+    }
+
+    /// The first owner of [`Self::walk`] that `ctx` allows.
+    #[cfg(test)]
+    fn pick(
         &self,
         eligible: &[Arc<Backend>],
         ctx: &PickCtx<'_>,
         factor: Option<f64>,
     ) -> Option<usize> {
-        if self.points.is_empty() {
-            return None;
-        }
-        let start = self.first_point(ctx.key.unwrap_or(0));
-        let first = self.points[start].owner as usize;
-        if factor.is_none() && ctx.tried.is_empty() {
-            return Some(first);
-        }
-        let bound = LoadBound::new(factor, eligible, &self.members);
-        let (head, tail) = self.points.split_at(start);
-        let owners = tail.iter().chain(head).map(|p| p.owner as usize);
-        first_admitted(owners, eligible, ctx, bound)
+        self.walk(eligible, ctx.key.unwrap_or(0), factor)
+            .find(|&i| ctx.allows(&eligible[i]))
     }
 
     /// Which eligible index owns `key` (no retries, no bound).

@@ -1,0 +1,272 @@
+//! One pick contract: a strategy yields candidates in its order of preference, and one
+//! caller applies what the request allows — not tried yet, the trial claim of a
+//! half-open backend — by taking the first candidate it accepts ([`Picker::select`]).
+//! The shape is pingora-load-balancing's `select_with(key, max_iterations, accept)` over
+//! its `BackendIter`: no strategy knows about retries or trials, and a new rule of
+//! admission (a connection cap, say) is one more condition in the caller's `accept`.
+//!
+//! The order each family of strategies yields (`docs/strategies.md` has the reasons):
+//! - rotating (round robin, smooth WRR): their choice, then the following backends in
+//!   pool order, so retries spread the way the rotation does;
+//! - ranking (the least-connections family, least response time, the two-choice ones):
+//!   their rule, then their rule again over the backends not yielded yet;
+//! - hashing (ring, Maglev): owners clockwise (ring) or slot by slot (Maglev) from the
+//!   key's position; with a balance factor, first those under their load bound, then the
+//!   others in the same order.
+
+use std::sync::Arc;
+
+use super::bounded::LoadBound;
+use super::{Maglev, PickCtx, Picker, Ring};
+use crate::backend::Backend;
+
+/// The candidates of one pick, as eligible indexes in the strategy's order; each
+/// eligible backend comes at most once per pass (a hashing walk may name an owner more
+/// than once; it ends after at most two passes over its points).
+#[derive(Debug)]
+pub struct Candidates<'a> {
+    eligible: &'a [Arc<Backend>],
+    walk: Walk<'a>,
+}
+
+#[derive(Debug)]
+enum Walk<'a> {
+    /// `left` more, from `next` on in pool order.
+    Rotate { next: usize, left: usize },
+    /// The picker's rule over the backends not yielded yet.
+    Rank {
+        picker: &'a Picker,
+        key: Option<u64>,
+        yielded: Vec<u64>,
+    },
+    /// A hashing walk.
+    Hash(HashWalk<'a>),
+}
+
+/// The owners of a hash ring's points or of a Maglev table's slots.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Owners<'a> {
+    /// Points of a ring.
+    Ring(&'a Ring),
+    /// Slots of a Maglev table.
+    Table(&'a Maglev),
+}
+
+impl Owners<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Owners::Ring(r) => r.len(),
+            Owners::Table(t) => t.slots(),
+        }
+    }
+
+    #[inline]
+    fn at(&self, position: usize) -> usize {
+        match self {
+            Owners::Ring(r) => r.owner_at(position),
+            Owners::Table(t) => t.owner_at(position),
+        }
+    }
+}
+
+/// Owners from `start` on, wrapping; with a load bound, a first pass over those it
+/// admits and a second over those it does not.
+#[derive(Debug)]
+pub(super) struct HashWalk<'a> {
+    owners: Owners<'a>,
+    start: usize,
+    step: usize,
+    bound: Option<LoadBound<'a>>,
+    second_pass: bool,
+}
+
+impl<'a> HashWalk<'a> {
+    /// The walk from `start`, with the load bound of `factor` when there is one.
+    pub(super) fn new(
+        owners: Owners<'a>,
+        start: usize,
+        eligible: &'a [Arc<Backend>],
+        members: &'a [(u64, u32)],
+        factor: Option<f64>,
+    ) -> Self {
+        HashWalk {
+            owners,
+            start,
+            step: 0,
+            bound: factor.map(|f| LoadBound::new(Some(f), eligible, members)),
+            second_pass: false,
+        }
+    }
+}
+
+impl Iterator for HashWalk<'_> {
+    type Item = usize;
+
+    #[inline]
+    fn next(&mut self) -> Option<usize> {
+        let len = self.owners.len();
+        loop {
+            if self.step == len {
+                if self.bound.is_none() || self.second_pass {
+                    return None;
+                }
+                self.second_pass = true;
+                self.step = 0;
+            }
+            let owner = self.owners.at((self.start + self.step) % len);
+            self.step += 1;
+            let admitted = self.bound.as_mut().is_none_or(|b| b.admits(owner));
+            if admitted != self.second_pass {
+                return Some(owner);
+            }
+        }
+    }
+}
+
+impl Iterator for Candidates<'_> {
+    type Item = usize;
+
+    #[inline]
+    fn next(&mut self) -> Option<usize> {
+        match &mut self.walk {
+            Walk::Rotate { next, left } => {
+                if *left == 0 {
+                    return None;
+                }
+                let i = *next;
+                *left -= 1;
+                *next = (i + 1) % self.eligible.len();
+                Some(i)
+            }
+            Walk::Rank {
+                picker,
+                key,
+                yielded,
+            } => {
+                let ctx = PickCtx {
+                    tried: yielded,
+                    key: *key,
+                };
+                let i = picker.rank(self.eligible, &ctx)?;
+                yielded.push(self.eligible[i].id);
+                Some(i)
+            }
+            Walk::Hash(walk) => walk.next(),
+        }
+    }
+}
+
+impl Picker {
+    /// The candidates for a request with `key` (the hashing strategies' request key),
+    /// in this strategy's order.
+    #[inline]
+    pub fn candidates<'a>(
+        &'a self,
+        eligible: &'a [Arc<Backend>],
+        key: Option<u64>,
+    ) -> Candidates<'a> {
+        let n = eligible.len();
+        let rotate = |first: usize| Walk::Rotate {
+            next: first,
+            left: n,
+        };
+        let walk = match self {
+            _ if n == 0 => Walk::Rotate { next: 0, left: 0 },
+            Picker::RoundRobin(p) => rotate(p.pick(n)),
+            Picker::WeightedRoundRobin(p) => rotate(p.pick()),
+            Picker::Ring(r, factor) => Walk::Hash(r.walk(eligible, key.unwrap_or(0), *factor)),
+            Picker::Maglev(t, factor) => Walk::Hash(t.walk(eligible, key.unwrap_or(0), *factor)),
+            _ => Walk::Rank {
+                picker: self,
+                key,
+                yielded: Vec::new(),
+            },
+        };
+        Candidates { eligible, walk }
+    }
+
+    /// The first candidate `accept` takes, as an index into `eligible`; `None` when it
+    /// takes none.
+    #[inline]
+    pub fn select(
+        &self,
+        eligible: &[Arc<Backend>],
+        key: Option<u64>,
+        mut accept: impl FnMut(&Arc<Backend>) -> bool,
+    ) -> Option<usize> {
+        self.candidates(eligible, key)
+            .find(|&i| accept(&eligible[i]))
+    }
+
+    /// [`Self::select`] accepting what `ctx` allows (backends not tried yet).
+    #[inline]
+    pub fn pick(&self, eligible: &[Arc<Backend>], ctx: &PickCtx<'_>) -> Option<usize> {
+        if ctx.tried.is_empty() {
+            return self.candidates(eligible, ctx.key).next();
+        }
+        self.select(eligible, ctx.key, |b| ctx.allows(b))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_util::backends;
+    use super::super::{Picker, StrategyKind, NAMES};
+    use std::collections::BTreeSet;
+
+    #[test]
+    fn every_strategy_offers_every_backend() {
+        let bs = backends(&[1, 2, 1, 3, 1]);
+        for (kind, name, _) in NAMES {
+            let p = Picker::build(*kind, &bs);
+            for key in [1u64, 0x9e37_79b9_7f4a_7c15, u64::MAX] {
+                let offered: BTreeSet<usize> = p.candidates(&bs, Some(key)).collect();
+                assert_eq!(offered, (0..bs.len()).collect(), "{name}");
+            }
+            assert_eq!(p.candidates(&[], Some(1)).next(), None, "{name}");
+        }
+    }
+
+    #[test]
+    fn the_caller_decides_and_the_strategy_orders() {
+        let bs = backends(&[1, 1, 1, 1]);
+        let p = Picker::build(StrategyKind::RoundRobin, &bs);
+        let order: Vec<usize> = p.candidates(&bs, None).collect();
+        assert_eq!(order.len(), 4);
+        for w in order.windows(2) {
+            assert_eq!(w[1], (w[0] + 1) % 4, "retries follow the rotation");
+        }
+        // Refusing the first two candidates gives the third, for any strategy.
+        for (kind, name, _) in NAMES {
+            let p = Picker::build(*kind, &bs);
+            let key = Some(0x5555_aaaa_1234_5678);
+            let order: Vec<usize> = p.candidates(&bs, key).collect();
+            let first_two = [bs[order[0]].id, bs[order[1]].id];
+            let chosen = p.select(&bs, key, |b| !first_two.contains(&b.id)).unwrap();
+            assert!(!first_two.contains(&bs[chosen].id), "{name}");
+            assert_eq!(p.select(&bs, key, |_| false), None, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_bounded_hash_walk_offers_backends_under_their_bound_first() {
+        let bs = backends(&[1, 1, 1, 1]);
+        for kind in [StrategyKind::ConsistentHash, StrategyKind::Maglev] {
+            let p = Picker::build_with(
+                kind,
+                &bs,
+                &super::super::PickerOptions {
+                    hash_balance_factor: Some(1.25),
+                },
+                None,
+            );
+            let key = Some(42);
+            let home = p.candidates(&bs, key).next().unwrap();
+            let _busy: Vec<_> = (0..4).map(|_| bs[home].begin_request()).collect();
+            let mut walk = p.candidates(&bs, key);
+            let first = walk.next().unwrap();
+            assert_ne!(first, home, "{kind:?}: the key's backend is over its bound");
+            assert!(walk.any(|i| i == home), "{kind:?}: it still comes, last");
+        }
+    }
+}
