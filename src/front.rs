@@ -38,7 +38,8 @@ use crate::deadline::Deadline;
 use crate::proxy::headers::{put_field, put_field_lowercase, ClientFields, Spans};
 use crate::proxy::hop;
 use crate::proxy::MAX_HEADER_BYTES;
-use crate::proxy::{Peer, Proxy, ProxyResponse, RequestFields, RequestHead, ResponseFields};
+use crate::proxy::{Peer, Proxy, ProxyResponse, RequestFields, RequestHead, RespBody};
+use crate::proxy::{ResponseFields, ResponseHead};
 
 /// Most header fields accepted on the fast path; more go to hyper.
 const MAX_FIELDS: usize = 96;
@@ -334,8 +335,29 @@ async fn write_response(
     keep: bool,
 ) -> std::io::Result<bool> {
     let ProxyResponse { head, body } = resp;
-    let status = head.status;
     let mut out: Vec<u8> = Vec::with_capacity(512);
+    let framing = write_head(&mut out, &head, &body, head_only, keep);
+    drop(head);
+    if framing == Framing::None {
+        drop(body);
+        stream.write_all(&out).await?;
+        return Ok(true);
+    }
+    write_body(stream, buf, eof, body, out, framing).await
+}
+
+/// Writes the answer's head into `out`: the status line (the backend's reason phrase
+/// kept), its fields, `Date` when the backend sent none, and the framing this hop
+/// chooses (see `docs/architecture.md`, "Server protocol"), which it returns.
+#[inline]
+fn write_head(
+    out: &mut Vec<u8>,
+    head: &ResponseHead,
+    body: &RespBody,
+    head_only: bool,
+    keep: bool,
+) -> Framing {
+    let status = head.status;
     out.extend_from_slice(b"HTTP/1.1 ");
     out.extend_from_slice(status.as_str().as_bytes());
     out.push(b' ');
@@ -348,7 +370,6 @@ async fn write_response(
     let bodiless_status = status.is_informational()
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED;
-    let no_body = head_only || bodiless_status;
     // The backend's length (one line, however many it sent: the upstream parser has
     // checked that they agree), else the body's own when it knows it exactly.
     let stated = match &head.fields {
@@ -358,37 +379,17 @@ async fn write_response(
             .map(|v| Length::Text(v.clone())),
     };
     let exact = body.size_hint().exact();
-    let framing = if no_body {
+    let framing = if head_only || bodiless_status {
         Framing::None
     } else if stated.is_some() || exact.is_some() {
         Framing::Length
     } else {
         Framing::Chunked
     };
-    let has_date = match &head.fields {
-        ResponseFields::Wire(f) => {
-            for (k, v) in f.iter() {
-                put_field_lowercase(&mut out, k, v);
-            }
-            f.has_date
-        }
-        ResponseFields::Map(m) => {
-            for (k, v) in m {
-                if k == header::TRANSFER_ENCODING
-                    || k == header::CONNECTION
-                    || k == header::CONTENT_LENGTH
-                {
-                    continue;
-                }
-                put_field(&mut out, k.as_str().as_bytes(), v.as_bytes());
-            }
-            m.contains_key(header::DATE)
-        }
-    };
-    if !has_date {
-        put_field(&mut out, b"date", date().as_bytes());
+    if !put_fields(out, &head.fields) {
+        put_field(out, b"date", date().as_bytes());
     }
-    let own = matches!(body, crate::proxy::RespBody::Full(_));
+    let own = matches!(body, RespBody::Full(_));
     let length = match framing {
         Framing::Length => stated.or_else(|| exact.map(Length::Number)),
         // 1xx and 204 have none (RFC 9110 §8.6); a 304 or a HEAD answer keeps the
@@ -401,25 +402,61 @@ async fn write_response(
     };
     match length {
         Some(Length::Number(n)) => put_field(
-            &mut out,
+            out,
             b"content-length",
             itoa::Buffer::new().format(n).as_bytes(),
         ),
-        Some(Length::Text(v)) => put_field(&mut out, b"content-length", v.as_bytes()),
+        Some(Length::Text(v)) => put_field(out, b"content-length", v.as_bytes()),
         None => {}
     }
     if framing == Framing::Chunked {
-        put_field(&mut out, b"transfer-encoding", b"chunked");
+        put_field(out, b"transfer-encoding", b"chunked");
     }
     if !keep {
-        put_field(&mut out, b"connection", b"close");
+        put_field(out, b"connection", b"close");
     }
     out.extend_from_slice(b"\r\n");
-    if framing == Framing::None {
-        drop(body);
-        stream.write_all(&out).await?;
-        return Ok(true);
+    framing
+}
+
+/// Writes the answer's fields but its framing ones (this hop sets those); returns
+/// whether there was a `Date`.
+#[inline]
+fn put_fields(out: &mut Vec<u8>, fields: &ResponseFields) -> bool {
+    match fields {
+        ResponseFields::Wire(f) => {
+            for (k, v) in f.iter() {
+                put_field_lowercase(out, k, v);
+            }
+            f.has_date
+        }
+        ResponseFields::Map(m) => {
+            for (k, v) in m {
+                if k == header::TRANSFER_ENCODING
+                    || k == header::CONNECTION
+                    || k == header::CONTENT_LENGTH
+                {
+                    continue;
+                }
+                put_field(out, k.as_str().as_bytes(), v.as_bytes());
+            }
+            m.contains_key(header::DATE)
+        }
     }
+}
+
+/// Streams the body behind the head already in `out`: frames up to [`COALESCE`] go out
+/// with what precedes them, a flush comes before every wait, and a client that goes
+/// away while the backend is slow ends it. Returns whether the connection may carry
+/// another request.
+async fn write_body(
+    stream: &mut TcpStream,
+    buf: &mut BytesMut,
+    eof: &mut bool,
+    body: RespBody,
+    mut out: Vec<u8>,
+    framing: Framing,
+) -> std::io::Result<bool> {
     let mut body = std::pin::pin!(body);
     loop {
         // Take what the body has ready without waiting; flush before waiting.

@@ -13,6 +13,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
+use crate::backend::Backend;
 use crate::pool::Pool;
 use crate::stats::STATUS_CLASSES;
 
@@ -52,134 +53,164 @@ fn counter(
 
 impl prometheus_client::collector::Collector for PoolCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        use std::sync::atomic::Ordering::Relaxed;
-        let pool = &self.0;
-        let backends = pool.backends();
-
-        // Counters are named without `_total`: the encoder appends it.
-        let mut m = enc.encode_descriptor(
-            "fulcrum_requests",
-            "Requests answered, by backend and status class.",
-            None,
-            MetricType::Counter,
-        )?;
-        for b in &backends {
-            for (class, n) in STATUS_CLASSES.iter().zip(b.stats.by_class()) {
-                let labels = [("backend", b.name.as_str()), ("code", class)];
-                ConstCounter::new(n).encode(m.encode_family(&labels)?)?;
-            }
-        }
-
-        let mut m = enc.encode_descriptor(
-            "fulcrum_request_duration_seconds",
-            "From a request's arrival until its response was sent whole.",
-            None,
-            MetricType::Histogram,
-        )?;
-        for b in &backends {
-            let (sum, count, buckets) = b.stats.duration.read();
-            let labels = [("backend", b.name.as_str())];
-            m.encode_family(&labels)?
-                .encode_histogram::<[(&str, &str); 0]>(sum, count, &buckets, None)?;
-        }
-
-        per_backend_gauge(
-            &mut enc,
-            &backends,
-            "fulcrum_backend_up",
-            "1 when the health checks find the backend healthy.",
-            |b| f64::from(u8::from(b.healthy())),
-        )?;
-        per_backend_gauge(
-            &mut enc,
-            &backends,
-            "fulcrum_backend_active_requests",
-            "Requests in flight on the backend.",
-            |b| b.in_flight() as f64,
-        )?;
-        per_backend_gauge(
-            &mut enc,
-            &backends,
-            "fulcrum_backend_latency_ewma_seconds",
-            "Latency average (EWMA) of the backend; NaN before the first sample.",
-            |b| b.avg_latency().map_or(f64::NAN, |d| d.as_secs_f64()),
-        )?;
-        per_backend_gauge(
-            &mut enc,
-            &backends,
-            "fulcrum_backend_effective_weight",
-            "Weight the weighted strategies use now (slow start applied).",
-            |b| b.effective_weight(),
-        )?;
-        per_backend_gauge(
-            &mut enc,
-            &backends,
-            "fulcrum_backend_effective_load",
-            "Requests in flight divided by the effective weight.",
-            |b| b.in_flight() as f64 / b.effective_weight().max(f64::MIN_POSITIVE),
-        )?;
-
-        let mut m = enc.encode_descriptor(
-            "fulcrum_health_checks",
-            "Active health probes, by result.",
-            None,
-            MetricType::Counter,
-        )?;
-        for b in &backends {
-            let (ok, failed) = b.stats.probes();
-            for (result, n) in [("success", ok), ("failure", failed)] {
-                let labels = [("backend", b.name.as_str()), ("result", result)];
-                ConstCounter::new(n).encode(m.encode_family(&labels)?)?;
-            }
-        }
-
-        let mut m = enc.encode_descriptor(
-            "fulcrum_ejections",
-            "Ejections by passive outlier detection.",
-            None,
-            MetricType::Counter,
-        )?;
-        for b in &backends {
-            let labels = [("backend", b.name.as_str())];
-            ConstCounter::new(u64::from(b.ejection_count())).encode(m.encode_family(&labels)?)?;
-        }
-
-        let s = &pool.stats;
-        counter(
-            &mut enc,
-            "fulcrum_retries",
-            "Retries sent to another backend.",
-            s.retries.load(Relaxed),
-        )?;
-        counter(
-            &mut enc,
-            "fulcrum_shed",
-            "Requests answered 503 by --max-inflight.",
-            s.shed.load(Relaxed),
-        )?;
-        counter(
-            &mut enc,
-            "fulcrum_no_backend",
-            "Requests answered 503 because no backend was eligible.",
-            s.no_backend.load(Relaxed),
-        )?;
-        counter(
-            &mut enc,
-            "fulcrum_events_dropped",
-            "Events a slow subscriber of /admin/events missed.",
-            s.events_dropped.load(Relaxed),
-        )?;
-
-        let m = enc.encode_descriptor(
-            "fulcrum_strategy",
-            "The balancing strategy in use.",
-            None,
-            MetricType::Info,
-        )?;
-        prometheus_client::metrics::info::Info::new([("strategy", pool.strategy().name())])
-            .encode(m)?;
-        Ok(())
+        let backends = self.0.backends();
+        encode_backend_counters(&mut enc, &backends)?;
+        encode_backend_gauges(&mut enc, &backends)?;
+        encode_backend_checks(&mut enc, &backends)?;
+        encode_proxy_wide(&mut enc, &self.0)
     }
+}
+
+/// Per backend: requests by status class and the duration histogram. Counters are
+/// named without `_total`: the encoder appends it.
+fn encode_backend_counters(
+    enc: &mut DescriptorEncoder,
+    backends: &[Arc<Backend>],
+) -> Result<(), std::fmt::Error> {
+    let mut m = enc.encode_descriptor(
+        "fulcrum_requests",
+        "Requests answered, by backend and status class.",
+        None,
+        MetricType::Counter,
+    )?;
+    for b in backends {
+        for (class, n) in STATUS_CLASSES.iter().zip(b.stats.by_class()) {
+            let labels = [("backend", b.name.as_str()), ("code", class)];
+            ConstCounter::new(n).encode(m.encode_family(&labels)?)?;
+        }
+    }
+
+    let mut m = enc.encode_descriptor(
+        "fulcrum_request_duration_seconds",
+        "From a request's arrival until its response was sent whole.",
+        None,
+        MetricType::Histogram,
+    )?;
+    for b in backends {
+        let (sum, count, buckets) = b.stats.duration.read();
+        let labels = [("backend", b.name.as_str())];
+        m.encode_family(&labels)?
+            .encode_histogram::<[(&str, &str); 0]>(sum, count, &buckets, None)?;
+    }
+
+    Ok(())
+}
+
+/// Per backend: health probes by result, and ejections.
+fn encode_backend_checks(
+    enc: &mut DescriptorEncoder,
+    backends: &[Arc<Backend>],
+) -> Result<(), std::fmt::Error> {
+    let mut m = enc.encode_descriptor(
+        "fulcrum_health_checks",
+        "Active health probes, by result.",
+        None,
+        MetricType::Counter,
+    )?;
+    for b in backends {
+        let (ok, failed) = b.stats.probes();
+        for (result, n) in [("success", ok), ("failure", failed)] {
+            let labels = [("backend", b.name.as_str()), ("result", result)];
+            ConstCounter::new(n).encode(m.encode_family(&labels)?)?;
+        }
+    }
+
+    let mut m = enc.encode_descriptor(
+        "fulcrum_ejections",
+        "Ejections by passive outlier detection.",
+        None,
+        MetricType::Counter,
+    )?;
+    for b in backends {
+        let labels = [("backend", b.name.as_str())];
+        ConstCounter::new(u64::from(b.ejection_count())).encode(m.encode_family(&labels)?)?;
+    }
+
+    Ok(())
+}
+
+/// Per backend: what it is doing now.
+fn encode_backend_gauges(
+    enc: &mut DescriptorEncoder,
+    backends: &[Arc<Backend>],
+) -> Result<(), std::fmt::Error> {
+    per_backend_gauge(
+        enc,
+        backends,
+        "fulcrum_backend_up",
+        "1 when the health checks find the backend healthy.",
+        |b| f64::from(u8::from(b.healthy())),
+    )?;
+    per_backend_gauge(
+        enc,
+        backends,
+        "fulcrum_backend_active_requests",
+        "Requests in flight on the backend.",
+        |b| b.in_flight() as f64,
+    )?;
+    per_backend_gauge(
+        enc,
+        backends,
+        "fulcrum_backend_latency_ewma_seconds",
+        "Latency average (EWMA) of the backend; NaN before the first sample.",
+        |b| b.avg_latency().map_or(f64::NAN, |d| d.as_secs_f64()),
+    )?;
+    per_backend_gauge(
+        enc,
+        backends,
+        "fulcrum_backend_effective_weight",
+        "Weight the weighted strategies use now (slow start applied).",
+        |b| b.effective_weight(),
+    )?;
+    per_backend_gauge(
+        enc,
+        backends,
+        "fulcrum_backend_effective_load",
+        "Requests in flight divided by the effective weight.",
+        |b| b.in_flight() as f64 / b.effective_weight().max(f64::MIN_POSITIVE),
+    )?;
+
+    Ok(())
+}
+
+/// Proxy-wide counters and the strategy in use.
+fn encode_proxy_wide(enc: &mut DescriptorEncoder, pool: &Pool) -> Result<(), std::fmt::Error> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let s = &pool.stats;
+    counter(
+        enc,
+        "fulcrum_retries",
+        "Retries sent to another backend.",
+        s.retries.load(Relaxed),
+    )?;
+    counter(
+        enc,
+        "fulcrum_shed",
+        "Requests answered 503 by --max-inflight.",
+        s.shed.load(Relaxed),
+    )?;
+    counter(
+        enc,
+        "fulcrum_no_backend",
+        "Requests answered 503 because no backend was eligible.",
+        s.no_backend.load(Relaxed),
+    )?;
+    counter(
+        enc,
+        "fulcrum_events_dropped",
+        "Events a slow subscriber of /admin/events missed.",
+        s.events_dropped.load(Relaxed),
+    )?;
+
+    let m = enc.encode_descriptor(
+        "fulcrum_strategy",
+        "The balancing strategy in use.",
+        None,
+        MetricType::Info,
+    )?;
+    prometheus_client::metrics::info::Info::new([("strategy", pool.strategy().name())])
+        .encode(m)?;
+    Ok(())
 }
 
 /// Renders the metrics of `pool`.

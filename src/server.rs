@@ -82,7 +82,10 @@ pub fn bind_workers(
     Ok(all)
 }
 
-fn http_builder() -> auto::Builder<TokioExecutor> {
+/// hyper's server connection builder, HTTP/1.1 and HTTP/2 cleartext.
+type HttpBuilder = auto::Builder<TokioExecutor>;
+
+fn http_builder() -> HttpBuilder {
     let mut b = auto::Builder::new(TokioExecutor::new());
     b.http1()
         .timer(TokioTimer::new())
@@ -156,73 +159,11 @@ pub async fn worker(
                 };
                 let watcher = graceful.watcher();
                 let builder = Arc::clone(&builder);
-                let mut stop = shutdown.clone();
+                let stop = shutdown.clone();
                 let live = Arc::clone(&live);
                 tokio::spawn(async move {
                     let _live = live;
-                    let mut stream = stream;
-                    // Plain HTTP/1.1 GET and HEAD are served by the fast path; anything
-                    // else, from the first request that is not, by hyper.
-                    let mut served = false;
-                    let outcome = crate::front::serve(
-                        &mut stream,
-                        proxy,
-                        &client,
-                        HEADER_TIMEOUT,
-                        &mut stop,
-                        &mut served,
-                    )
-                    .await;
-                    let pre = match outcome {
-                        crate::front::Outcome::Closed => return,
-                        crate::front::Outcome::HeadTimeout => {
-                            // 408 for a client that never completed a request head, as
-                            // HAProxy's `timeout http-request` does.
-                            let _ = tokio::io::AsyncWriteExt::write_all(&mut stream, ANSWER_408).await;
-                            return;
-                        }
-                        crate::front::Outcome::HandOff(pre) => pre,
-                    };
-                    // hyper closes a connection whose request head is late but writes
-                    // nothing; a second descriptor of the same socket lets this task still
-                    // answer 408 afterwards (one dup per connection handed over).
-                    let late_answer = stream.as_fd().try_clone_to_owned().ok().map(std::net::TcpStream::from);
-                    let io = TokioIo::new(crate::front::Rewind::new(pre, stream));
-                    // Whether a request head ever arrived on this connection (see below).
-                    let seen_any = Arc::new(AtomicBool::new(served));
-                    let seen = Arc::clone(&seen_any);
-                    let svc = service_fn(move |req| {
-                        if !seen.load(Ordering::Relaxed) {
-                            seen.store(true, Ordering::Relaxed);
-                        }
-                        let client = client.clone();
-                        async move { Ok::<_, Infallible>(proxy.handle(req, client).await) }
-                    });
-                    let result = if *stop.borrow() {
-                        // Handed over after the stop signal: a graceful watch would cancel
-                        // it before its first request is read. Serve that request, then
-                        // close (the drain's timeout still bounds it).
-                        drop(watcher);
-                        let mut once = (*builder).clone();
-                        once.http1().keep_alive(false);
-                        once.serve_connection_with_upgrades(io, svc).await
-                    } else {
-                        let conn = builder.serve_connection_with_upgrades(io, svc).into_owned();
-                        watcher.watch(conn).await
-                    };
-                    if let Err(e) = result {
-                        // 408 for a client that never completed a request head; an idle
-                        // keep-alive connection that served requests is closed silently,
-                        // as nginx and HAProxy do.
-                        if is_header_timeout(&*e) && !seen_any.load(Ordering::Relaxed) {
-                            if let Some(mut s) = late_answer {
-                                // A short answer into an empty send buffer: it does not block.
-                                let _ = std::io::Write::write_all(&mut s, ANSWER_408);
-                            }
-                        } else {
-                            tracing::debug!(error = %e, %peer, "client connection ended with an error");
-                        }
-                    }
+                    serve_connection(stream, client, proxy, &builder, watcher, stop).await;
                 });
             }
             _ = shutdown.changed() => break,
@@ -237,6 +178,85 @@ pub async fn worker(
     };
     if tokio::time::timeout(DRAIN_TIMEOUT, drained).await.is_err() {
         tracing::warn!("requests still in flight after the drain timeout; closing them");
+    }
+}
+
+/// Serves one client connection: the fast path first, then hyper for what the fast path
+/// hands over, with the 408 rules of `docs/architecture.md`.
+async fn serve_connection(
+    mut stream: tokio::net::TcpStream,
+    client: crate::proxy::Peer,
+    proxy: &'static Proxy,
+    builder: &HttpBuilder,
+    watcher: hyper_util::server::graceful::Watcher,
+    mut stop: watch::Receiver<bool>,
+) {
+    let peer = client.addr;
+    // Plain HTTP/1.1 GET and HEAD are served by the fast path; anything
+    // else, from the first request that is not, by hyper.
+    let mut served = false;
+    let outcome = crate::front::serve(
+        &mut stream,
+        proxy,
+        &client,
+        HEADER_TIMEOUT,
+        &mut stop,
+        &mut served,
+    )
+    .await;
+    let pre = match outcome {
+        crate::front::Outcome::Closed => return,
+        crate::front::Outcome::HeadTimeout => {
+            // 408 for a client that never completed a request head, as
+            // HAProxy's `timeout http-request` does.
+            let _ = tokio::io::AsyncWriteExt::write_all(&mut stream, ANSWER_408).await;
+            return;
+        }
+        crate::front::Outcome::HandOff(pre) => pre,
+    };
+    // hyper closes a connection whose request head is late but writes
+    // nothing; a second descriptor of the same socket lets this task still
+    // answer 408 afterwards (one dup per connection handed over).
+    let late_answer = stream
+        .as_fd()
+        .try_clone_to_owned()
+        .ok()
+        .map(std::net::TcpStream::from);
+    let io = TokioIo::new(crate::front::Rewind::new(pre, stream));
+    // Whether a request head ever arrived on this connection (see below).
+    let seen_any = Arc::new(AtomicBool::new(served));
+    let seen = Arc::clone(&seen_any);
+    let svc = service_fn(move |req| {
+        if !seen.load(Ordering::Relaxed) {
+            seen.store(true, Ordering::Relaxed);
+        }
+        let client = client.clone();
+        async move { Ok::<_, Infallible>(proxy.handle(req, client).await) }
+    });
+    let result = if *stop.borrow() {
+        // Handed over after the stop signal: a graceful watch would cancel
+        // it before its first request is read. Serve that request, then
+        // close (the drain's timeout still bounds it).
+        drop(watcher);
+        let mut once = (*builder).clone();
+        once.http1().keep_alive(false);
+        once.serve_connection_with_upgrades(io, svc).await
+    } else {
+        let conn = builder.serve_connection_with_upgrades(io, svc).into_owned();
+        watcher.watch(conn).await
+    };
+    if let Err(e) = result {
+        // 408 for a client that never completed a request head; an idle
+        // keep-alive connection that served requests is closed silently,
+        // as nginx and HAProxy do.
+        if is_header_timeout(&*e) && !seen_any.load(Ordering::Relaxed) {
+            if let Some(mut s) = late_answer {
+                // A short answer into an empty send buffer: it does not block.
+                let _ = std::io::Write::write_all(&mut s, ANSWER_408);
+            }
+        } else {
+            tracing::debug!(error = %e, %peer, "client connection ended with an error");
+        }
     }
 }
 
@@ -312,37 +332,21 @@ fn raise_fd_limit() {
 ///
 /// `flags` are the command line's, kept so a reload reads the file again with the same
 /// flags on top.
-pub fn start(settings: &Settings, flags: &crate::config::RawFlags) -> Result<Running, String> {
-    raise_fd_limit();
-    let listeners = bind_workers(settings.listen, settings.workers)
-        .map_err(|e| format!("cannot listen on {}: {e}", settings.listen))?;
-    let listen = listeners[0]
-        .local_addr()
-        .map_err(|e| format!("proxy listener: {e}"))?;
-    let admin_listener = bind_workers(settings.admin, 1)
-        .map(|mut v| v.remove(0))
-        .map_err(|e| format!("cannot listen on {} (admin): {e}", settings.admin))?;
-    let admin = admin_listener
-        .local_addr()
-        .map_err(|e| format!("admin listener: {e}"))?;
-
-    let pool = Arc::new(
-        Pool::new(
-            settings.backends.clone(),
-            settings.strategy,
-            settings.ewma_alpha,
-            settings.slow_start,
-        )
-        .with_hash_balance_factor(settings.hash_balance_factor),
-    );
-    let (shutdown, rx) = watch::channel(false);
+/// Starts one worker thread per proxy listener (see `docs/architecture.md`, "Listeners
+/// and workers").
+fn spawn_workers(
+    listeners: Vec<std::net::TcpListener>,
+    pool: &Arc<Pool>,
+    settings: &Settings,
+    rx: &watch::Receiver<bool>,
+) -> Result<Vec<std::thread::JoinHandle<()>>, String> {
     let in_flight = Arc::new(AtomicUsize::new(0));
     let budget = Arc::new(crate::proxy::RetryBudget::new());
     let proxy_settings = ProxySettings::from_settings(settings);
     let mut threads = Vec::new();
     for (i, l) in listeners.into_iter().enumerate() {
         let rt = runtime().map_err(|e| format!("cannot start a worker: {e}"))?;
-        let pool = Arc::clone(&pool);
+        let pool = Arc::clone(pool);
         let ps = proxy_settings.clone();
         let inf = Arc::clone(&in_flight);
         let budget = Arc::clone(&budget);
@@ -366,31 +370,29 @@ pub fn start(settings: &Settings, flags: &crate::config::RawFlags) -> Result<Run
             .map_err(|e| format!("cannot start a worker: {e}"))?;
         threads.push(t);
     }
-    let spawner = Arc::new(crate::spawn::Spawner::new(Arc::clone(&pool)));
-    let traffic = Arc::new(crate::traffic::Traffic::new(listen));
-    let reloader = Arc::new(crate::reload::Reloader::new(
-        flags.clone(),
-        settings.clone(),
-        Arc::clone(&pool),
-    ));
-    let admin_state = crate::admin::AdminCtx::new(
-        Arc::clone(&pool),
-        settings.admin_token.clone(),
-        Arc::clone(&spawner),
-        Arc::clone(&traffic),
-        Arc::clone(&reloader),
-    );
-    let health_pool = Arc::clone(&pool);
+    Ok(threads)
+}
+
+/// Starts the admin thread: the admin API, the health checker and the pool's
+/// maintenance, off the request path. It keeps spawned children until `done_rx` says
+/// the workers have drained.
+fn spawn_admin(
+    admin_listener: std::net::TcpListener,
+    admin_state: crate::admin::AdminCtx,
+    pool: &Arc<Pool>,
+    settings: &Settings,
+    rx: &watch::Receiver<bool>,
+    mut done_rx: watch::Receiver<bool>,
+) -> Result<(std::thread::JoinHandle<()>, tokio::runtime::Handle), String> {
+    let health_pool = Arc::clone(pool);
     let health_settings = settings.health.clone();
     let health_stop = rx.clone();
-    let upkeep_pool = Arc::clone(&pool);
+    let upkeep_pool = Arc::clone(pool);
     let upkeep_stop = rx.clone();
     let rt = runtime().map_err(|e| format!("cannot start the admin API: {e}"))?;
     let admin_rt = rt.handle().clone();
     let mut arx = rx.clone();
-    let (workers_done, mut done_rx) = watch::channel(false);
-    threads.push(
-        std::thread::Builder::new()
+    let thread = std::thread::Builder::new()
             .name("fulcrum-admin".into())
             .spawn(move || {
                 rt.block_on(async move {
@@ -421,8 +423,53 @@ pub fn start(settings: &Settings, flags: &crate::config::RawFlags) -> Result<Run
                     .await;
                 })
             })
-            .map_err(|e| format!("cannot start the admin API: {e}"))?,
+            .map_err(|e| format!("cannot start the admin API: {e}"))?;
+    Ok((thread, admin_rt))
+}
+
+pub fn start(settings: &Settings, flags: &crate::config::RawFlags) -> Result<Running, String> {
+    raise_fd_limit();
+    let listeners = bind_workers(settings.listen, settings.workers)
+        .map_err(|e| format!("cannot listen on {}: {e}", settings.listen))?;
+    let listen = listeners[0]
+        .local_addr()
+        .map_err(|e| format!("proxy listener: {e}"))?;
+    let admin_listener = bind_workers(settings.admin, 1)
+        .map(|mut v| v.remove(0))
+        .map_err(|e| format!("cannot listen on {} (admin): {e}", settings.admin))?;
+    let admin = admin_listener
+        .local_addr()
+        .map_err(|e| format!("admin listener: {e}"))?;
+
+    let pool = Arc::new(
+        Pool::new(
+            settings.backends.clone(),
+            settings.strategy,
+            settings.ewma_alpha,
+            settings.slow_start,
+        )
+        .with_hash_balance_factor(settings.hash_balance_factor),
     );
+    let (shutdown, rx) = watch::channel(false);
+    let mut threads = spawn_workers(listeners, &pool, settings, &rx)?;
+    let spawner = Arc::new(crate::spawn::Spawner::new(Arc::clone(&pool)));
+    let traffic = Arc::new(crate::traffic::Traffic::new(listen));
+    let reloader = Arc::new(crate::reload::Reloader::new(
+        flags.clone(),
+        settings.clone(),
+        Arc::clone(&pool),
+    ));
+    let admin_state = crate::admin::AdminCtx::new(
+        Arc::clone(&pool),
+        settings.admin_token.clone(),
+        Arc::clone(&spawner),
+        Arc::clone(&traffic),
+        Arc::clone(&reloader),
+    );
+    let (workers_done, done_rx) = watch::channel(false);
+    let (admin_thread, admin_rt) =
+        spawn_admin(admin_listener, admin_state, &pool, settings, &rx, done_rx)?;
+    threads.push(admin_thread);
     tracing::info!("proxy listening on {listen}");
     tracing::info!("admin listening on {admin}");
     Ok(Running {

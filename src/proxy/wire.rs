@@ -284,15 +284,55 @@ fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, ()> {
     };
     let status = code.and_then(|c| StatusCode::from_u16(c).ok()).ok_or(())?;
     let head = buf.split_to(len).freeze();
-    let mut kept = Vec::with_capacity(count);
-    let mut length: Option<u64> = None;
-    let mut has_date = false;
-    let mut chunked = false;
-    let mut coded = false;
-    let mut close = !http11;
+    let facts = read_fields(&head, &spans[..count], http11)?;
+    let (framing, length, close) = framing(method, status, &facts, http11)?;
+    let fields = Fields {
+        spans: Spans::new(head, facts.kept),
+        length,
+        has_date: facts.has_date,
+    };
+    let head = ResponseHead {
+        status,
+        reason,
+        fields: ResponseFields::Wire(fields),
+    };
+    Ok(Some((head, framing, !close)))
+}
+
+/// What a response head's fields say, as [`read_fields`] finds it.
+struct FieldFacts {
+    /// The fields forwarded: neither hop-by-hop nor `Content-Length`.
+    kept: Vec<(u32, u32, u32, u32)>,
+    /// The stated length (one value, however many lines).
+    length: Option<u64>,
+    /// A `Transfer-Encoding` was sent; `chunked` when its last coding is chunked.
+    coded: bool,
+    chunked: bool,
+    /// `Connection: close`, or HTTP/1.0 without `keep-alive`.
+    close: bool,
+    has_date: bool,
+}
+
+/// Reads the fields at `spans` of `head` (name and value offsets and lengths): the
+/// framing they state and the ones this hop forwards ([`hop`]'s rules). `Err` for
+/// conflicting lengths or a malformed one.
+#[inline]
+fn read_fields(
+    head: &[u8],
+    spans: &[(u32, u32, u32, u32)],
+    http11: bool,
+) -> Result<FieldFacts, ()> {
+    let mut f = FieldFacts {
+        kept: Vec::with_capacity(spans.len()),
+        length: None,
+        coded: false,
+        chunked: false,
+        close: !http11,
+        has_date: false,
+    };
     // Fields that `Connection` names are hop-by-hop too (rare beyond keep-alive/close).
     let mut named = hop::Named::default();
-    for &span in &spans[..count] {
+    for &span in spans {
         let (ns, nl, vs, vl) = (
             span.0 as usize,
             span.1 as usize,
@@ -303,15 +343,15 @@ fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, ()> {
         let raw = &head[vs..vs + vl];
         if name.eq_ignore_ascii_case(b"content-length") {
             let n = parse_length(raw)?;
-            if length.is_some_and(|l| l != n) {
+            if f.length.is_some_and(|l| l != n) {
                 return Err(());
             }
-            length = Some(n);
+            f.length = Some(n);
             continue;
         } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
-            coded = true;
+            f.coded = true;
             // Only a final `chunked` delimits the body; any other coding runs to the close.
-            chunked = raw
+            f.chunked = raw
                 .rsplit(|&c| c == b',')
                 .next()
                 .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
@@ -319,45 +359,55 @@ fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, ()> {
             named.add(raw);
             for token in hop::tokens(raw) {
                 match token {
-                    hop::Token::Close => close = true,
-                    hop::Token::KeepAlive if !http11 => close = false,
-                    hop::Token::KeepAlive => {}
-                    hop::Token::Names(_) => {}
+                    hop::Token::Close => f.close = true,
+                    hop::Token::KeepAlive if !http11 => f.close = false,
+                    hop::Token::KeepAlive | hop::Token::Names(_) => {}
                 }
             }
         } else if name.eq_ignore_ascii_case(b"date") {
-            has_date = true;
+            f.has_date = true;
         }
-        if hop::is_hop_by_hop(name) {
-            continue;
+        if !hop::is_hop_by_hop(name) {
+            f.kept.push(span);
         }
-        kept.push(span);
     }
     if !named.is_empty() {
-        kept.retain(|&(ns, nl, _, _)| {
-            !hop::is_dropped(&head[ns as usize..(ns + nl) as usize], &named, false)
-        });
-        has_date = kept.iter().any(|&(ns, nl, _, _)| {
-            head[ns as usize..(ns + nl) as usize].eq_ignore_ascii_case(b"date")
-        });
+        let name = |&(ns, nl, _, _): &(u32, u32, u32, u32)| &head[ns as usize..(ns + nl) as usize];
+        f.kept.retain(|s| !hop::is_dropped(name(s), &named, false));
+        f.has_date = f.kept.iter().any(|s| name(s).eq_ignore_ascii_case(b"date"));
     }
+    Ok(f)
+}
+
+/// How the body of an answer to `method` with `status` is delimited (RFC 9112 §6.3),
+/// the length to state, and whether the connection closes after it. `Err` for framing
+/// that cannot be trusted.
+#[inline]
+fn framing(
+    method: &Method,
+    status: StatusCode,
+    f: &FieldFacts,
+    http11: bool,
+) -> Result<(Framing, Option<u64>, bool), ()> {
+    let mut close = f.close;
+    let mut length = f.length;
     let bodiless = *method == Method::HEAD
         || status.is_informational()
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED;
     let framing = if bodiless {
         Framing::Length(0)
-    } else if coded && !http11 {
+    } else if f.coded && !http11 {
         // RFC 9112 §6.1: Transfer-Encoding in an HTTP/1.0 message is faulty framing.
         return Err(());
-    } else if coded {
+    } else if f.coded {
         // Transfer-Encoding overrides Content-Length; a message with both is not trusted
         // to leave the connection in a known state.
         if length.is_some() {
             close = true;
             length = None;
         }
-        if chunked {
+        if f.chunked {
             Framing::Chunked(Chunk::Size)
         } else {
             Framing::Close
@@ -371,17 +421,7 @@ fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, ()> {
     if framing == Framing::Close {
         close = true;
     }
-    let fields = Fields {
-        spans: Spans::new(head, kept),
-        length,
-        has_date,
-    };
-    let head = ResponseHead {
-        status,
-        reason,
-        fields: ResponseFields::Wire(fields),
-    };
-    Ok(Some((head, framing, !close)))
+    Ok((framing, length, close))
 }
 
 /// A Content-Length value; a list of one repeated value (`5, 5`) is that value

@@ -135,7 +135,11 @@ impl Iterator for Candidates<'_> {
                 }
                 let i = *next;
                 *left -= 1;
-                *next = (i + 1) % self.eligible.len();
+                *next = if i + 1 == self.eligible.len() {
+                    0
+                } else {
+                    i + 1
+                };
                 Some(i)
             }
             Walk::Rank {
