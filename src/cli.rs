@@ -34,78 +34,72 @@ enum Command {
     Check(CheckArgs),
 }
 
-#[derive(Args, Debug)]
-#[command(allow_negative_numbers = true)]
-struct ServeArgs {
-    /// TOML config file; flags override it.
-    #[arg(long, value_name = "FILE")]
-    config: Option<PathBuf>,
-    /// Proxy listener [default: 127.0.0.1:8080].
-    #[arg(long, value_name = "ADDR")]
-    listen: Option<String>,
-    /// Admin API listener [default: 127.0.0.1:9090].
-    #[arg(long, value_name = "ADDR")]
-    admin: Option<String>,
-    /// Backend `URL[,weight=N][,name=NAME]`; repeatable.
-    #[arg(long, value_name = "SPEC")]
-    backend: Vec<String>,
-    /// Balancing strategy [default: round_robin].
-    #[arg(long, value_name = "NAME")]
-    strategy: Option<String>,
-    /// Key of the hashing strategies: client_ip, header:NAME, cookie:NAME [default: client_ip].
-    #[arg(long, value_name = "KEY")]
-    hash_key: Option<String>,
-    /// Peers whose X-Forwarded-For is believed, CIDR[,CIDR…].
-    #[arg(long, value_name = "CIDRS")]
-    trusted_proxies: Option<String>,
-    /// Bounded load for the hashing strategies: a backend may hold at most F times its share of the requests in flight, F > 1; 0 = off [default: 0].
-    #[arg(long, value_name = "F")]
-    hash_balance_factor: Option<String>,
-    /// Active health check path [default: /health].
-    #[arg(long, value_name = "PATH")]
-    health_path: Option<String>,
-    /// Time between health probes [default: 5s].
-    #[arg(long, value_name = "DUR")]
-    health_interval: Option<String>,
-    /// Bound on one health probe [default: 2s].
-    #[arg(long, value_name = "DUR")]
-    health_timeout: Option<String>,
-    /// Consecutive successes to become healthy [default: 2].
-    #[arg(long, value_name = "N")]
-    healthy_threshold: Option<String>,
-    /// Consecutive failures to become unhealthy [default: 3].
-    #[arg(long, value_name = "N")]
-    unhealthy_threshold: Option<String>,
-    /// TCP connect bound [default: 3s].
-    #[arg(long, value_name = "DUR")]
-    connect_timeout: Option<String>,
-    /// Request sent → response headers bound, then 504 [default: 30s].
-    #[arg(long, value_name = "DUR")]
-    upstream_timeout: Option<String>,
-    /// Extra attempts for a failed idempotent request [default: 2].
-    #[arg(long, value_name = "N")]
-    retries: Option<String>,
-    /// Above N requests in flight answer 503 at once; 0 = off [default: 0].
-    #[arg(long, value_name = "N")]
-    max_inflight: Option<String>,
-    /// Weight ramp for joining backends [default: 0s].
-    #[arg(long, value_name = "DUR")]
-    slow_start: Option<String>,
-    /// Smoothing factor of the latency average, 0 < F <= 1 [default: 0.1].
-    #[arg(long, value_name = "F")]
-    ewma_alpha: Option<String>,
-    /// File holding the admin bearer token.
-    #[arg(long, value_name = "FILE")]
-    admin_token_file: Option<PathBuf>,
-    /// Threads serving traffic [default: number of CPU cores].
-    #[arg(long, value_name = "N")]
-    workers: Option<String>,
-    /// Log format on stderr: text or json [default: text].
-    #[arg(long, value_name = "FORMAT")]
-    log_format: Option<String>,
-    /// One access log line per request on stderr: on or off [default: on].
-    #[arg(long, value_name = "on|off")]
-    access_log: Option<String>,
+/// `fulcrum serve`'s flags: `--config`, the repeatable `--backend`, and one flag per
+/// row of the options table (`config::options`), made from it.
+#[derive(Debug)]
+struct ServeArgs(RawFlags);
+
+impl clap::FromArgMatches for ServeArgs {
+    fn from_arg_matches(m: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        let mut flags = RawFlags {
+            config: m.get_one::<PathBuf>("config").cloned(),
+            backend: m
+                .get_many::<String>("backend")
+                .map(|v| v.cloned().collect())
+                .unwrap_or_default(),
+            values: Vec::new(),
+            admin_token_env: std::env::var("FULCRUM_ADMIN_TOKEN").ok(),
+        };
+        for o in config::options::OPTIONS {
+            if let Some(v) = m.get_one::<String>(o.key) {
+                flags.values.push((o.key, v.clone()));
+            }
+        }
+        Ok(ServeArgs(flags))
+    }
+
+    fn update_from_arg_matches(&mut self, m: &clap::ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(m)?;
+        Ok(())
+    }
+}
+
+impl Args for ServeArgs {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        use clap::{Arg, ArgAction};
+        let mut cmd = cmd.allow_negative_numbers(true).arg(
+            Arg::new("config")
+                .long("config")
+                .value_name("FILE")
+                .value_parser(clap::value_parser!(PathBuf))
+                .help("TOML config file; flags override it"),
+        );
+        for o in config::options::OPTIONS {
+            // clap keeps `&'static str` names; the table has the snake_case key, so the
+            // kebab-case flag is made once per process.
+            let long: &'static str = Box::leak(o.flag().into_boxed_str());
+            cmd = cmd.arg(
+                Arg::new(o.key)
+                    .long(long)
+                    .value_name(o.value_name)
+                    .help(o.help_line()),
+            );
+            if o.key == "admin" {
+                cmd = cmd.arg(
+                    Arg::new("backend")
+                        .long("backend")
+                        .value_name("SPEC")
+                        .action(ArgAction::Append)
+                        .help("Backend `URL[,weight=N][,name=NAME]`; repeatable"),
+                );
+            }
+        }
+        cmd
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
+    }
 }
 
 #[derive(Args, Debug)]
@@ -154,37 +148,6 @@ struct CheckArgs {
     config: PathBuf,
 }
 
-impl ServeArgs {
-    fn into_raw(self) -> RawFlags {
-        RawFlags {
-            config: self.config,
-            listen: self.listen,
-            admin: self.admin,
-            backend: self.backend,
-            strategy: self.strategy,
-            hash_key: self.hash_key,
-            trusted_proxies: self.trusted_proxies,
-            hash_balance_factor: self.hash_balance_factor,
-            health_path: self.health_path,
-            health_interval: self.health_interval,
-            health_timeout: self.health_timeout,
-            healthy_threshold: self.healthy_threshold,
-            unhealthy_threshold: self.unhealthy_threshold,
-            connect_timeout: self.connect_timeout,
-            upstream_timeout: self.upstream_timeout,
-            retries: self.retries,
-            max_inflight: self.max_inflight,
-            slow_start: self.slow_start,
-            ewma_alpha: self.ewma_alpha,
-            admin_token_file: self.admin_token_file,
-            admin_token_env: std::env::var("FULCRUM_ADMIN_TOKEN").ok(),
-            workers: self.workers,
-            log_format: self.log_format,
-            access_log: self.access_log,
-        }
-    }
-}
-
 fn usage_error(msg: impl std::fmt::Display) -> i32 {
     eprintln!("error: {msg}");
     EXIT_USAGE
@@ -221,7 +184,7 @@ pub fn main() -> i32 {
         }
     };
     match cli.command {
-        Command::Serve(args) => serve((*args).into_raw()),
+        Command::Serve(args) => serve(args.0),
         Command::Check(args) => check(&args.config),
         Command::Backend(args) => backend(args),
         Command::Demo(args) => demo(args),
@@ -345,16 +308,16 @@ fn backend(args: BackendArgs) -> i32 {
 
 fn demo(args: DemoArgs) -> i32 {
     let flags = RawFlags {
-        listen: Some(args.listen),
-        admin: Some(args.admin),
-        strategy: Some(args.strategy),
-        health_interval: Some("1s".into()),
-        health_timeout: Some("500ms".into()),
         admin_token_env: std::env::var("FULCRUM_ADMIN_TOKEN").ok(),
-        // The dashboard shows the traffic; a line per request would flood the terminal.
-        access_log: Some("off".into()),
         ..Default::default()
-    };
+    }
+    .with("listen", args.listen)
+    .with("admin", args.admin)
+    .with("strategy", args.strategy)
+    .with("health_interval", "1s")
+    .with("health_timeout", "500ms")
+    // The dashboard shows the traffic; a line per request would flood the terminal.
+    .with("access_log", "off");
     let settings = match config::build(&flags) {
         Ok(s) => s,
         Err(errors) => return usage_error(&errors[0]),

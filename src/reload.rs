@@ -91,7 +91,7 @@ impl Reloader {
             removed: Vec::new(),
             updated: Vec::new(),
             strategy: next.strategy.name(),
-            restart_required: restart_required(&current, &next),
+            restart_required: config::options::restart_required(&current, &next),
         };
         let wanted: HashSet<&str> = next.backends.iter().map(|b| b.url.as_str()).collect();
         for b in self.pool.backends() {
@@ -143,36 +143,4 @@ impl Reloader {
         *current = next;
         Ok(report)
     }
-}
-
-/// Settings that differ between `a` and `b` and are fixed while running.
-fn restart_required(a: &Settings, b: &Settings) -> Vec<&'static str> {
-    let mut out = Vec::new();
-    macro_rules! cmp {
-        ($($name:literal => $field:ident $(. $sub:ident)?),* $(,)?) => {
-            $( if a.$field$(.$sub)? != b.$field$(.$sub)? { out.push($name); } )*
-        };
-    }
-    cmp!(
-        "listen" => listen,
-        "admin" => admin,
-        "workers" => workers,
-        "hash_key" => hash_key,
-        "trusted_proxies" => trusted_proxies,
-        "health.path" => health.path,
-        "health.interval" => health.interval,
-        "health.timeout" => health.timeout,
-        "health.healthy_threshold" => health.healthy_threshold,
-        "health.unhealthy_threshold" => health.unhealthy_threshold,
-        "connect_timeout" => connect_timeout,
-        "upstream_timeout" => upstream_timeout,
-        "retries" => retries,
-        "max_inflight" => max_inflight,
-        "slow_start" => slow_start,
-        "ewma_alpha" => ewma_alpha,
-        "admin_token" => admin_token,
-        "log_format" => log_format,
-        "access_log" => access_log,
-    );
-    out
 }

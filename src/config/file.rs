@@ -1,0 +1,221 @@
+//! The config file (TOML): every key of the options table, the `[health]` table and the
+//! `[[backends]]` list, each value checked with its line, every problem collected (so
+//! `fulcrum check` lists them all, as `nginx -t` does).
+//!
+//! The file is read with `toml`'s spanned document model (`DeTable`), so every key and
+//! value, however deeply nested, keeps its position for the error line.
+
+use std::path::Path;
+
+use toml::de::{DeTable, DeValue};
+use toml::Spanned;
+
+use super::options::{self, FileType, Opt};
+use super::values::{backend_spec, parse_weight};
+use super::{ConfigError, Settings};
+
+/// Keys of a `[[backends]]` entry.
+const BACKEND_KEYS: [&str; 3] = ["url", "weight", "name"];
+
+/// Applies a config file's text on top of `s`; returns every problem found.
+pub fn apply_file(s: &mut Settings, path: &Path, text: &str) -> Vec<ConfigError> {
+    let mut c = Collector {
+        file: path.display().to_string(),
+        text,
+        errors: Vec::new(),
+    };
+    apply_document(s, &mut c);
+    // In the order of the file, as a reader goes through it.
+    c.errors.sort_by_key(|(line, _)| *line);
+    c.errors.into_iter().map(|(_, e)| e).collect()
+}
+
+/// Applies the whole document, or records why it cannot be read.
+fn apply_document(s: &mut Settings, c: &mut Collector<'_>) {
+    let text = c.text;
+    let doc = match DeTable::parse(text) {
+        Ok(doc) => doc,
+        Err(e) => {
+            let at = e.span().map_or(0, |r| r.start);
+            c.push(at, None, e.message().trim().replace('\n', " "));
+            return;
+        }
+    };
+    for (key, value) in doc.get_ref() {
+        let at = key.span().start;
+        match key.get_ref().as_ref() {
+            "health" => apply_health(s, c, value),
+            "backends" => apply_backends(s, c, value),
+            k => match options::find(k) {
+                Some(o) => apply_value(s, c, o, k, value),
+                None => c.push(at, None, unknown_key(k)),
+            },
+        }
+    }
+}
+
+fn unknown_key(key: &str) -> String {
+    let mut valid: Vec<&str> = options::OPTIONS.iter().map(|o| o.key).collect();
+    valid.extend(["health", "backends"]);
+    format!("unknown key '{key}' (valid: {})", valid.join(", "))
+}
+
+/// The `[health]` table: the health options under their short keys.
+fn apply_health(s: &mut Settings, c: &mut Collector<'_>, value: &Spanned<DeValue<'_>>) {
+    let Some(table) = value.get_ref().as_table() else {
+        c.push(
+            value.span().start,
+            Some("health"),
+            "expected a table".into(),
+        );
+        return;
+    };
+    for (key, v) in table {
+        let k = key.get_ref().as_ref();
+        match options::find_health(k) {
+            Some(o) => apply_value(s, c, o, &format!("health.{k}"), v),
+            None => {
+                let valid: Vec<&str> = options::OPTIONS
+                    .iter()
+                    .filter_map(|o| o.health_key)
+                    .collect();
+                let msg = format!("unknown key 'health.{k}' (valid: {})", valid.join(", "));
+                c.push(key.span().start, None, msg);
+            }
+        }
+    }
+}
+
+/// The `[[backends]]` list, which replaces the pool's backends.
+fn apply_backends(s: &mut Settings, c: &mut Collector<'_>, value: &Spanned<DeValue<'_>>) {
+    let Some(list) = value.get_ref().as_array() else {
+        let msg = "expected a list of tables ([[backends]])".into();
+        c.push(value.span().start, Some("backends"), msg);
+        return;
+    };
+    let mut out = Vec::new();
+    for entry in list {
+        let Some(table) = entry.get_ref().as_table() else {
+            c.push(
+                entry.span().start,
+                Some("backends"),
+                "expected a table".into(),
+            );
+            continue;
+        };
+        let field = |k: &str| table.iter().find(|(key, _)| key.get_ref().as_ref() == k);
+        for (key, _) in table {
+            if !BACKEND_KEYS.contains(&key.get_ref().as_ref()) {
+                let msg = format!(
+                    "unknown key 'backends.{}' (valid: url, weight, name)",
+                    key.get_ref()
+                );
+                c.push(key.span().start, None, msg);
+            }
+        }
+        let Some((_, url)) = field("url") else {
+            c.push(
+                entry.span().start,
+                Some("backends"),
+                "missing field 'url'".into(),
+            );
+            continue;
+        };
+        let Some(url_text) = c.text_of(url, FileType::Str, "backends.url") else {
+            continue;
+        };
+        let weight = match field("weight") {
+            Some((_, w)) => match c.text_of(w, FileType::Int, "backends.weight") {
+                Some(t) => match parse_weight(&t) {
+                    Ok(w) => Some(w),
+                    Err(e) => {
+                        c.push(w.span().start, Some("backends.weight"), e);
+                        continue;
+                    }
+                },
+                None => continue,
+            },
+            None => None,
+        };
+        let name = match field("name") {
+            Some((_, n)) => match c.text_of(n, FileType::Str, "backends.name") {
+                Some(t) => Some(t),
+                None => continue,
+            },
+            None => None,
+        };
+        match backend_spec(&url_text, weight, name.as_deref()) {
+            Ok(spec) => out.push(spec),
+            Err(e) => c.push(url.span().start, Some("backends.url"), e),
+        }
+    }
+    s.backends = out;
+}
+
+/// One option's value, written as `key` in the file.
+fn apply_value(
+    s: &mut Settings,
+    c: &mut Collector<'_>,
+    o: &Opt,
+    key: &str,
+    value: &Spanned<DeValue<'_>>,
+) {
+    if let Some(text) = c.text_of(value, o.file_type, key) {
+        if let Err(e) = (o.set)(s, &text) {
+            c.push(value.span().start, Some(key), e);
+        }
+    }
+}
+
+/// Collects errors while applying values.
+struct Collector<'a> {
+    file: String,
+    text: &'a str,
+    /// Each problem with its line.
+    errors: Vec<(usize, ConfigError)>,
+}
+
+impl Collector<'_> {
+    /// Records a problem at byte `at`, about `key` when there is one.
+    fn push(&mut self, at: usize, key: Option<&str>, message: String) {
+        let line = self.text[..at.min(self.text.len())].matches('\n').count() + 1;
+        let origin = match key {
+            Some(k) => format!("{} line {line}: {k}", self.file),
+            None => format!("{} line {line}", self.file),
+        };
+        self.errors.push((line, ConfigError { origin, message }));
+    }
+
+    /// The value as the text an option parses, if it has the type `ty` asks for.
+    fn text_of(&mut self, v: &Spanned<DeValue<'_>>, ty: FileType, key: &str) -> Option<String> {
+        let text = match (ty, v.get_ref()) {
+            (_, DeValue::String(s)) if ty != FileType::Int && ty != FileType::Float => {
+                Some(s.to_string())
+            }
+            (FileType::Int | FileType::Float, DeValue::Integer(i)) => {
+                i64::from_str_radix(i.as_str(), i.radix())
+                    .ok()
+                    .map(|n| n.to_string())
+            }
+            (FileType::Float, DeValue::Float(f)) => Some(f.as_str().to_string()),
+            (FileType::Switch, DeValue::Boolean(b)) => Some(b.to_string()),
+            (FileType::StrOrList, DeValue::Array(items)) => items
+                .iter()
+                .map(|i| i.get_ref().as_str().map(str::to_string))
+                .collect::<Option<Vec<_>>>()
+                .map(|v| v.join(",")),
+            _ => None,
+        };
+        if text.is_none() {
+            let expected = match ty {
+                FileType::Str => "a string",
+                FileType::Int => "an integer",
+                FileType::Float => "a number",
+                FileType::Switch => "on, off, true or false",
+                FileType::StrOrList => "a string or a list of strings",
+            };
+            self.push(v.span().start, Some(key), format!("expected {expected}"));
+        }
+        text
+    }
+}

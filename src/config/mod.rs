@@ -1,0 +1,492 @@
+//! Settings: every option declared once ([`options`]), the TOML file ([`file`]), and
+//! the validation shared by `fulcrum serve` flags, the config file and `fulcrum check`.
+//!
+//! Layering is explicit: defaults → file → command line. Every raw value, wherever it
+//! came from, goes through the same parser, so a bad value is reported the same way:
+//! the option, the value, and (where there is a list) the valid values.
+
+mod file;
+pub(crate) mod options;
+mod values;
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ipnet::IpNet;
+
+use crate::strategy::StrategyKind;
+
+pub use file::apply_file;
+pub use values::{
+    backend_spec, parse_addr, parse_backend_spec, parse_backend_url, parse_balance_factor,
+    parse_cidrs, parse_duration, parse_hash_key, parse_weight,
+};
+
+/// Default proxy listener.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+/// Default admin listener.
+pub const DEFAULT_ADMIN: &str = "127.0.0.1:9090";
+/// Largest accepted backend weight.
+pub const MAX_WEIGHT: u32 = 1000;
+
+/// One problem with a setting, ready to print on one line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// Where the value came from: `--flag`, or `file line N`.
+    pub origin: String,
+    /// What is wrong, naming the value and the valid values.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.origin, self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// A backend as configured: `URL[,weight=N][,name=NAME]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendSpec {
+    /// The URL exactly as given.
+    pub url: String,
+    /// The `host:port` the proxy connects to.
+    pub authority: http::uri::Authority,
+    /// 1..=1000.
+    pub weight: u32,
+    /// Display name; defaults to `host:port`.
+    pub name: String,
+}
+
+/// Where the request key of the hashing strategies comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HashKey {
+    /// The client IP of §4.3.
+    ClientIp,
+    /// A request header (lower-case name).
+    Header(http::HeaderName),
+    /// A cookie by name.
+    Cookie(String),
+}
+
+/// Log output format on stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Active health check settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HealthSettings {
+    /// Path probed with `GET`.
+    pub path: String,
+    /// Time between probes.
+    pub interval: Duration,
+    /// Bound on one probe.
+    pub timeout: Duration,
+    /// Consecutive successes to become healthy.
+    pub healthy_threshold: u32,
+    /// Consecutive failures to become unhealthy.
+    pub unhealthy_threshold: u32,
+}
+
+/// Every setting of `fulcrum serve`, validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// Proxy listener.
+    pub listen: SocketAddr,
+    /// Admin listener.
+    pub admin: SocketAddr,
+    /// The initial pool, in order.
+    pub backends: Vec<BackendSpec>,
+    /// Balancing strategy.
+    pub strategy: StrategyKind,
+    /// Key of the hashing strategies.
+    pub hash_key: HashKey,
+    /// Peers whose forwarding headers are believed.
+    pub trusted_proxies: Vec<IpNet>,
+    /// Bounded load for the hashing strategies; `None` = off.
+    pub hash_balance_factor: Option<f64>,
+    /// Active health checks.
+    pub health: HealthSettings,
+    /// TCP connect bound.
+    pub connect_timeout: Duration,
+    /// Request sent → response headers bound.
+    pub upstream_timeout: Duration,
+    /// Extra attempts for a failed idempotent request.
+    pub retries: u32,
+    /// Shed above this many requests in flight; 0 = off.
+    pub max_inflight: usize,
+    /// Weight ramp duration; zero = off.
+    pub slow_start: Duration,
+    /// EWMA smoothing factor.
+    pub ewma_alpha: f64,
+    /// File holding the admin bearer token.
+    pub admin_token_file: Option<PathBuf>,
+    /// The admin token itself (from the file or `FULCRUM_ADMIN_TOKEN`).
+    pub admin_token: Option<String>,
+    /// Threads serving traffic.
+    pub workers: usize,
+    /// Log format.
+    pub log_format: LogFormat,
+    /// One access log line per request on stderr.
+    pub access_log: bool,
+    /// The config file, kept for reloads.
+    pub config_file: Option<PathBuf>,
+}
+
+impl Default for Settings {
+    /// The built-in defaults: those of the options table, and the number of CPU cores
+    /// for `workers`.
+    fn default() -> Self {
+        let mut s = Settings {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            admin: SocketAddr::from(([127, 0, 0, 1], 9090)),
+            backends: Vec::new(),
+            strategy: StrategyKind::RoundRobin,
+            hash_key: HashKey::ClientIp,
+            trusted_proxies: Vec::new(),
+            hash_balance_factor: None,
+            health: HealthSettings {
+                path: String::new(),
+                interval: Duration::ZERO,
+                timeout: Duration::ZERO,
+                healthy_threshold: 0,
+                unhealthy_threshold: 0,
+            },
+            connect_timeout: Duration::ZERO,
+            upstream_timeout: Duration::ZERO,
+            retries: 0,
+            max_inflight: 0,
+            slow_start: Duration::ZERO,
+            ewma_alpha: 0.0,
+            admin_token_file: None,
+            admin_token: None,
+            workers: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
+            log_format: LogFormat::Text,
+            access_log: true,
+            config_file: None,
+        };
+        for o in options::OPTIONS {
+            if let Some(d) = o.default {
+                // Every default parses (a unit test of the table checks it).
+                let r = (o.set)(&mut s, d);
+                debug_assert!(r.is_ok(), "default of {}", o.key);
+            }
+        }
+        s
+    }
+}
+
+/// Raw, unvalidated values as typed on the command line.
+#[derive(Debug, Clone, Default)]
+pub struct RawFlags {
+    /// `--config`.
+    pub config: Option<PathBuf>,
+    /// Every `--backend`, in order.
+    pub backend: Vec<String>,
+    /// The options of the table given, by file key, in the order typed.
+    pub values: Vec<(&'static str, String)>,
+    /// `FULCRUM_ADMIN_TOKEN`.
+    pub admin_token_env: Option<String>,
+}
+
+impl RawFlags {
+    /// Adds the value of the option `key` (a key of the options table).
+    pub fn with(mut self, key: &str, value: impl Into<String>) -> RawFlags {
+        if let Some(o) = options::find(key) {
+            self.values.push((o.key, value.into()));
+        }
+        self
+    }
+}
+
+/// Builds the settings of `fulcrum serve`: defaults, then the file, then the flags.
+/// Returns every error found (the caller prints the first).
+pub fn build(flags: &RawFlags) -> Result<Settings, Vec<ConfigError>> {
+    let mut s = Settings::default();
+    let mut errors = Vec::new();
+    if let Some(path) = &flags.config {
+        match std::fs::read_to_string(path) {
+            Ok(text) => errors.extend(apply_file(&mut s, path, &text)),
+            Err(e) => errors.push(ConfigError {
+                origin: "--config".into(),
+                message: format!("cannot read '{}': {e}", path.display()),
+            }),
+        }
+        s.config_file = Some(path.clone());
+    }
+    let mut flag = |name: &str, r: Result<(), String>| {
+        if let Err(message) = r {
+            errors.push(ConfigError {
+                origin: format!("--{name}"),
+                message,
+            });
+        }
+    };
+    for (key, value) in &flags.values {
+        if let Some(o) = options::find(key) {
+            flag(&o.flag(), (o.set)(&mut s, value));
+        }
+    }
+    if !flags.backend.is_empty() {
+        let mut out = Vec::new();
+        for b in &flags.backend {
+            match parse_backend_spec(b) {
+                Ok(spec) => out.push(spec),
+                Err(e) => flag("backend", Err(e)),
+            }
+        }
+        s.backends = out;
+    }
+    // Token: the file wins over the environment.
+    if let Some(p) = &s.admin_token_file {
+        match std::fs::read_to_string(p) {
+            Ok(t) if !t.trim().is_empty() => s.admin_token = Some(t.trim().to_string()),
+            Ok(_) => flag(
+                "admin-token-file",
+                Err(format!("'{}' is empty", p.display())),
+            ),
+            Err(e) => flag(
+                "admin-token-file",
+                Err(format!("cannot read '{}': {e}", p.display())),
+            ),
+        }
+    } else if let Some(t) = &flags.admin_token_env {
+        if !t.trim().is_empty() {
+            s.admin_token = Some(t.trim().to_string());
+        }
+    }
+    check_whole(&s, &mut errors);
+    if errors.is_empty() {
+        Ok(s)
+    } else {
+        Err(errors)
+    }
+}
+
+/// Checks that concern several settings at once.
+fn check_whole(s: &Settings, errors: &mut Vec<ConfigError>) {
+    let mut seen = std::collections::HashSet::new();
+    let mut names = std::collections::HashSet::new();
+    for b in &s.backends {
+        if !seen.insert(b.url.as_str()) {
+            errors.push(ConfigError {
+                origin: "backend".into(),
+                message: format!("duplicate backend URL '{}'", b.url),
+            });
+        } else if !names.insert(b.name.as_str()) {
+            errors.push(ConfigError {
+                origin: "backend".into(),
+                message: format!(
+                    "duplicate backend name '{}' (names label metrics and logs; give each backend its own with name=…)",
+                    b.name
+                ),
+            });
+        }
+    }
+    if !s.admin.ip().is_loopback() && s.admin_token.is_none() {
+        errors.push(ConfigError {
+            origin: "--admin".into(),
+            message: format!(
+                "admin listener '{}' is not on loopback and no token is set (set --admin-token-file or FULCRUM_ADMIN_TOKEN, or listen on 127.0.0.1)",
+                s.admin
+            ),
+        });
+    }
+}
+
+/// Validates a config file alone, as `fulcrum check` does.
+pub fn check_file(path: &Path) -> Vec<ConfigError> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => {
+            let mut s = Settings::default();
+            let mut errs = apply_file(&mut s, path, &text);
+            if errs.is_empty() {
+                let mut extra = Vec::new();
+                // Whole-file checks other than the token (the environment may provide it).
+                s.admin_token = Some(String::new());
+                check_whole(&s, &mut extra);
+                errs.extend(extra);
+            }
+            errs
+        }
+        Err(e) => vec![ConfigError {
+            origin: "--config".into(),
+            message: format!("cannot read '{}': {e}", path.display()),
+        }],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_need_units() {
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("5s").unwrap(), Duration::from_secs(5));
+        assert_eq!(parse_duration("1m").unwrap(), Duration::from_secs(60));
+        assert!(parse_duration("5").is_err());
+        assert!(parse_duration("s").is_err());
+        assert!(parse_duration("5x").is_err());
+    }
+
+    #[test]
+    fn backend_specs() {
+        let b = parse_backend_spec("http://127.0.0.1:3001,weight=5,name=a").unwrap();
+        assert_eq!((b.weight, b.name.as_str()), (5, "a"));
+        let b = parse_backend_spec("http://127.0.0.1:3001").unwrap();
+        assert_eq!((b.weight, b.name.as_str()), (1, "127.0.0.1:3001"));
+        let b = parse_backend_spec("http://example.com").unwrap();
+        assert_eq!(b.authority.as_str(), "example.com:80");
+        assert!(parse_backend_spec("http://127.0.0.1:3001,weight=0").is_err());
+        assert!(parse_backend_spec("http://127.0.0.1:3001,weight=1001").is_err());
+        assert!(parse_backend_spec("127.0.0.1:3001").is_err());
+        assert!(parse_backend_spec("ftp://127.0.0.1:3001").is_err());
+        assert!(parse_backend_spec("http://127.0.0.1:3001/x").is_err());
+        assert!(parse_backend_spec("http://127.0.0.1:3001,color=red").is_err());
+    }
+
+    #[test]
+    fn access_log_takes_on_off_and_booleans() {
+        for (text, want) in [
+            ("access_log = false", false),
+            ("access_log = \"off\"", false),
+            ("access_log = true", true),
+            ("access_log = \"on\"", true),
+        ] {
+            let mut s = Settings {
+                access_log: !want,
+                ..Default::default()
+            };
+            assert!(apply_file(&mut s, Path::new("f.toml"), text).is_empty());
+            assert_eq!(s.access_log, want, "{text}");
+        }
+        let mut s = Settings::default();
+        let errs = apply_file(&mut s, Path::new("f.toml"), "access_log = 3");
+        assert!(errs[0].to_string().contains("access_log"), "{}", errs[0]);
+        let flags = RawFlags::default().with("access_log", "sometimes");
+        let errs = build(&flags).unwrap_err();
+        assert!(
+            errs[0].to_string().starts_with("--access-log"),
+            "{}",
+            errs[0]
+        );
+    }
+
+    #[test]
+    fn file_errors_name_the_line() {
+        let text = "listen = \"127.0.0.1:1\"\nstrategy = \"bogus\"\n";
+        let mut s = Settings::default();
+        let errs = apply_file(&mut s, Path::new("f.toml"), text);
+        assert_eq!(errs.len(), 1);
+        assert!(errs[0].to_string().contains("line 2"), "{}", errs[0]);
+        assert!(errs[0].to_string().contains("round_robin"), "{}", errs[0]);
+        let errs = apply_file(
+            &mut s,
+            Path::new("f.toml"),
+            "listen = \"x:1\"\ncolour = 1\n",
+        );
+        // An unknown key is one problem among the others, each with its line.
+        assert_eq!(errs.len(), 2, "{errs:?}");
+        assert!(errs[0].to_string().contains("line 1"), "{}", errs[0]);
+        assert!(errs[1].to_string().contains("line 2"), "{}", errs[1]);
+        assert!(errs[1].to_string().contains("colour"), "{}", errs[1]);
+    }
+
+    #[test]
+    fn every_problem_of_a_file_is_listed_in_line_order() {
+        let text = "retries = \"2\"\n[health]\ninterval = \"0s\"\nbogus = 1\n\
+                    [[backends]]\nurl = \"http://127.0.0.1:1\"\nweight = 0\n\
+                    [[backends]]\nurl = \"gopher://x\"\ncolor = 1\n";
+        let mut s = Settings::default();
+        let errs: Vec<String> = apply_file(&mut s, Path::new("f.toml"), text)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        let want = [
+            ("line 1", "retries"),
+            ("line 3", "health.interval"),
+            ("line 4", "health.bogus"),
+            ("line 7", "backends.weight"),
+            ("line 9", "gopher"),
+            ("line 10", "backends.color"),
+        ];
+        assert_eq!(errs.len(), want.len(), "{errs:#?}");
+        for (e, (line, what)) in errs.iter().zip(want) {
+            assert!(e.contains(line) && e.contains(what), "{e}");
+        }
+        assert_eq!(
+            s.retries,
+            Settings::default().retries,
+            "a bad value changes nothing"
+        );
+    }
+
+    #[test]
+    fn flags_override_file() {
+        let dir = std::env::temp_dir().join(format!("fulcrum-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("c.toml");
+        std::fs::write(
+            &f,
+            "strategy = \"wrr\"\nretries = 1\n[health]\ninterval = \"2s\"\n[[backends]]\nurl = \"http://127.0.0.1:1\"\nweight = 5\n",
+        )
+        .unwrap();
+        let flags = RawFlags {
+            config: Some(f),
+            ..Default::default()
+        }
+        .with("retries", "0");
+        let s = build(&flags).unwrap();
+        assert_eq!(s.strategy, StrategyKind::WeightedRoundRobin);
+        assert_eq!(s.retries, 0);
+        assert_eq!(s.health.interval, Duration::from_secs(2));
+        assert_eq!(s.backends[0].weight, 5);
+    }
+
+    #[test]
+    fn hash_settings() {
+        assert_eq!(parse_balance_factor("1.25"), Ok(Some(1.25)));
+        assert_eq!(parse_balance_factor("0"), Ok(None));
+        for bad in ["1", "0.5", "150", "-2", "x", "NaN"] {
+            let e = parse_balance_factor(bad).unwrap_err();
+            assert!(e.contains(bad) && e.contains("1.25"), "{e}");
+        }
+        let mut s = Settings::default();
+        let errs = apply_file(
+            &mut s,
+            Path::new("f.toml"),
+            "hash_key = \"cookie:sid\"\nhash_balance_factor = 1.5\n",
+        );
+        assert!(errs.is_empty(), "{errs:?}");
+        assert_eq!(s.hash_key, HashKey::Cookie("sid".into()));
+        assert_eq!(s.hash_balance_factor, Some(1.5));
+        let errs = apply_file(&mut s, Path::new("f.toml"), "\nhash_balance_factor = 125\n");
+        assert!(errs[0].to_string().contains("line 2"), "{}", errs[0]);
+        let flags = RawFlags::default()
+            .with("hash_balance_factor", "2")
+            .with("strategy", "maglev");
+        let s = build(&flags).unwrap();
+        assert_eq!(
+            (s.hash_balance_factor, s.strategy),
+            (Some(2.0), StrategyKind::Maglev)
+        );
+        let flags = RawFlags::default().with("hash_balance_factor", "1.0");
+        let e = build(&flags).unwrap_err();
+        assert!(
+            e[0].to_string().starts_with("--hash-balance-factor: "),
+            "{}",
+            e[0]
+        );
+    }
+}

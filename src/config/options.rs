@@ -1,0 +1,390 @@
+//! Every setting of `fulcrum serve`, declared once.
+//!
+//! One row per option holds its name, its value's form, its help, its default, how a
+//! value is parsed into [`Settings`] and whether a running fulcrum can take a new value
+//! on reload. The command-line flags (`--` + the key in kebab-case), the config file's
+//! keys, the defaults of [`Settings::default`], validation and the reload report are all
+//! made from this table: a new option is one new row (and its field in [`Settings`]).
+//! `--config` and the repeatable `--backend` are structured and handled beside it.
+
+use std::path::PathBuf;
+
+use super::values::*;
+use super::Settings;
+
+/// How a value is written in the config file (on the command line every value is text).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FileType {
+    /// A string.
+    Str,
+    /// An integer.
+    Int,
+    /// A number, integer or not.
+    Float,
+    /// A boolean, or the strings `on` and `off`.
+    Switch,
+    /// A string, or a list of strings (joined with commas).
+    StrOrList,
+}
+
+/// What a reload does with a changed value.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Reload {
+    /// Applied to the running pool (see `reload.rs`).
+    Live,
+    /// Kept until a restart; a change is listed in `restart_required` under this name.
+    Restart(&'static str, fn(&Settings, &Settings) -> bool),
+    /// Not compared itself: it feeds a value that is (the token file feeds the token).
+    Derived,
+}
+
+/// One option.
+#[derive(Debug)]
+pub(crate) struct Opt {
+    /// The config file's key; the flag is `--` + the key with `-` for `_`.
+    pub key: &'static str,
+    /// The same setting's key inside the file's `[health]` table, if it has one.
+    pub health_key: Option<&'static str>,
+    /// The placeholder of the flag's value in `--help`.
+    pub value_name: &'static str,
+    /// What it does, for `--help`.
+    pub help: &'static str,
+    /// The built-in default as it would be written; `None` when there is none or it is
+    /// not a constant (see `default_text`).
+    pub default: Option<&'static str>,
+    /// The default as `--help` states it when it is not a constant.
+    pub default_text: Option<&'static str>,
+    /// How the file writes it.
+    pub file_type: FileType,
+    /// Parses a value and stores it.
+    pub set: fn(&mut Settings, &str) -> Result<(), String>,
+    /// What a reload does with it.
+    pub reload: Reload,
+}
+
+impl Opt {
+    /// The flag's name, without the leading `--`.
+    pub fn flag(&self) -> String {
+        self.key.replace('_', "-")
+    }
+
+    /// The help line with the default, as `--help` prints it.
+    pub fn help_line(&self) -> String {
+        match self.default.or(self.default_text) {
+            Some(d) => format!("{} [default: {d}]", self.help),
+            None => self.help.to_string(),
+        }
+    }
+}
+
+/// Looks up an option by its file key.
+pub(crate) fn find(key: &str) -> Option<&'static Opt> {
+    OPTIONS.iter().find(|o| o.key == key)
+}
+
+/// Looks up an option by its key inside `[health]`.
+pub(crate) fn find_health(key: &str) -> Option<&'static Opt> {
+    OPTIONS.iter().find(|o| o.health_key == Some(key))
+}
+
+macro_rules! restart {
+    ($name:literal, $($field:ident).+) => {
+        Reload::Restart($name, |a, b| a.$($field).+ != b.$($field).+)
+    };
+}
+
+/// A duration greater than zero.
+fn positive(s: &str) -> Result<std::time::Duration, String> {
+    parse_positive_duration(s)
+}
+
+/// A health threshold.
+fn threshold(s: &str) -> Result<u32, String> {
+    parse_uint::<u32>(s, 1, 100)
+}
+
+/// Every option of `fulcrum serve`, in `--help` order.
+pub(crate) static OPTIONS: &[Opt] = &[
+    Opt {
+        key: "listen",
+        health_key: None,
+        value_name: "ADDR",
+        help: "Proxy listener",
+        default: Some(super::DEFAULT_LISTEN),
+        default_text: None,
+        file_type: FileType::Str,
+        set: |s, v| parse_addr(v).map(|x| s.listen = x),
+        reload: restart!("listen", listen),
+    },
+    Opt {
+        key: "admin",
+        health_key: None,
+        value_name: "ADDR",
+        help: "Admin API listener",
+        default: Some(super::DEFAULT_ADMIN),
+        default_text: None,
+        file_type: FileType::Str,
+        set: |s, v| parse_addr(v).map(|x| s.admin = x),
+        reload: restart!("admin", admin),
+    },
+    Opt {
+        key: "strategy",
+        health_key: None,
+        value_name: "NAME",
+        help: "Balancing strategy",
+        default: Some("round_robin"),
+        default_text: None,
+        file_type: FileType::Str,
+        set: |s, v| parse_strategy(v).map(|x| s.strategy = x),
+        reload: Reload::Live,
+    },
+    Opt {
+        key: "hash_key",
+        health_key: None,
+        value_name: "KEY",
+        help: "Key of the hashing strategies: client_ip, header:NAME, cookie:NAME",
+        default: Some("client_ip"),
+        default_text: None,
+        file_type: FileType::Str,
+        set: |s, v| parse_hash_key(v).map(|x| s.hash_key = x),
+        reload: restart!("hash_key", hash_key),
+    },
+    Opt {
+        key: "trusted_proxies",
+        health_key: None,
+        value_name: "CIDRS",
+        help: "Peers whose X-Forwarded-For is believed, CIDR[,CIDR…]",
+        default: None,
+        default_text: None,
+        file_type: FileType::StrOrList,
+        set: |s, v| parse_cidrs(v).map(|x| s.trusted_proxies = x),
+        reload: restart!("trusted_proxies", trusted_proxies),
+    },
+    Opt {
+        key: "hash_balance_factor",
+        health_key: None,
+        value_name: "F",
+        help: "Bounded load for the hashing strategies: a backend may hold at most F times its share of the requests in flight, F > 1; 0 = off",
+        default: Some("0"),
+        default_text: None,
+        file_type: FileType::Float,
+        set: |s, v| parse_balance_factor(v).map(|x| s.hash_balance_factor = x),
+        reload: Reload::Live,
+    },
+    Opt {
+        key: "health_path",
+        health_key: Some("path"),
+        value_name: "PATH",
+        help: "Active health check path",
+        default: Some("/health"),
+        default_text: None,
+        file_type: FileType::Str,
+        set: |s, v| parse_health_path(v).map(|x| s.health.path = x),
+        reload: restart!("health.path", health.path),
+    },
+    Opt {
+        key: "health_interval",
+        health_key: Some("interval"),
+        value_name: "DUR",
+        help: "Time between health probes",
+        default: Some("5s"),
+        default_text: None,
+        file_type: FileType::Str,
+        set: |s, v| positive(v).map(|x| s.health.interval = x),
+        reload: restart!("health.interval", health.interval),
+    },
+    Opt {
+        key: "health_timeout",
+        health_key: Some("timeout"),
+        value_name: "DUR",
+        help: "Bound on one health probe",
+        default: Some("2s"),
+        default_text: None,
+        file_type: FileType::Str,
+        set: |s, v| positive(v).map(|x| s.health.timeout = x),
+        reload: restart!("health.timeout", health.timeout),
+    },
+    Opt {
+        key: "healthy_threshold",
+        health_key: Some("healthy_threshold"),
+        value_name: "N",
+        help: "Consecutive successes to become healthy",
+        default: Some("2"),
+        default_text: None,
+        file_type: FileType::Int,
+        set: |s, v| threshold(v).map(|x| s.health.healthy_threshold = x),
+        reload: restart!("health.healthy_threshold", health.healthy_threshold),
+    },
+    Opt {
+        key: "unhealthy_threshold",
+        health_key: Some("unhealthy_threshold"),
+        value_name: "N",
+        help: "Consecutive failures to become unhealthy",
+        default: Some("3"),
+        default_text: None,
+        file_type: FileType::Int,
+        set: |s, v| threshold(v).map(|x| s.health.unhealthy_threshold = x),
+        reload: restart!("health.unhealthy_threshold", health.unhealthy_threshold),
+    },
+    Opt {
+        key: "connect_timeout",
+        health_key: None,
+        value_name: "DUR",
+        help: "TCP connect bound",
+        default: Some("3s"),
+        default_text: None,
+        file_type: FileType::Str,
+        set: |s, v| positive(v).map(|x| s.connect_timeout = x),
+        reload: restart!("connect_timeout", connect_timeout),
+    },
+    Opt {
+        key: "upstream_timeout",
+        health_key: None,
+        value_name: "DUR",
+        help: "Request sent → response headers bound, then 504",
+        default: Some("30s"),
+        default_text: None,
+        file_type: FileType::Str,
+        set: |s, v| positive(v).map(|x| s.upstream_timeout = x),
+        reload: restart!("upstream_timeout", upstream_timeout),
+    },
+    Opt {
+        key: "retries",
+        health_key: None,
+        value_name: "N",
+        help: "Extra attempts for a failed idempotent request",
+        default: Some("2"),
+        default_text: None,
+        file_type: FileType::Int,
+        set: |s, v| parse_uint::<u32>(v, 0, 10).map(|x| s.retries = x),
+        reload: restart!("retries", retries),
+    },
+    Opt {
+        key: "max_inflight",
+        health_key: None,
+        value_name: "N",
+        help: "Above N requests in flight answer 503 at once; 0 = off",
+        default: Some("0"),
+        default_text: None,
+        file_type: FileType::Int,
+        set: |s, v| parse_uint::<usize>(v, 0, 10_000_000).map(|x| s.max_inflight = x),
+        reload: restart!("max_inflight", max_inflight),
+    },
+    Opt {
+        key: "slow_start",
+        health_key: None,
+        value_name: "DUR",
+        help: "Weight ramp for joining backends",
+        default: Some("0s"),
+        default_text: None,
+        file_type: FileType::Str,
+        set: |s, v| parse_duration(v).map(|x| s.slow_start = x),
+        reload: restart!("slow_start", slow_start),
+    },
+    Opt {
+        key: "ewma_alpha",
+        health_key: None,
+        value_name: "F",
+        help: "Smoothing factor of the latency average, 0 < F <= 1",
+        default: Some("0.1"),
+        default_text: None,
+        file_type: FileType::Float,
+        set: |s, v| parse_alpha(v).map(|x| s.ewma_alpha = x),
+        reload: restart!("ewma_alpha", ewma_alpha),
+    },
+    Opt {
+        key: "admin_token_file",
+        health_key: None,
+        value_name: "FILE",
+        help: "File holding the admin bearer token",
+        default: None,
+        default_text: None,
+        file_type: FileType::Str,
+        set: |s, v| {
+            s.admin_token_file = Some(PathBuf::from(v));
+            Ok(())
+        },
+        reload: Reload::Derived,
+    },
+    Opt {
+        key: "workers",
+        health_key: None,
+        value_name: "N",
+        help: "Threads serving traffic",
+        default: None,
+        default_text: Some("number of CPU cores"),
+        file_type: FileType::Int,
+        set: |s, v| parse_workers(v).map(|x| s.workers = x),
+        reload: restart!("workers", workers),
+    },
+    Opt {
+        key: "log_format",
+        health_key: None,
+        value_name: "FORMAT",
+        help: "Log format on stderr: text or json",
+        default: Some("text"),
+        default_text: None,
+        file_type: FileType::Str,
+        set: |s, v| parse_log_format(v).map(|x| s.log_format = x),
+        reload: restart!("log_format", log_format),
+    },
+    Opt {
+        key: "access_log",
+        health_key: None,
+        value_name: "on|off",
+        help: "One access log line per request on stderr: on or off",
+        default: Some("on"),
+        default_text: None,
+        file_type: FileType::Switch,
+        set: |s, v| parse_on_off(v).map(|x| s.access_log = x),
+        reload: restart!("access_log", access_log),
+    },
+];
+
+/// The settings that differ between `a` and `b` and are fixed while running, by the
+/// names the reload report gives them.
+pub(crate) fn restart_required(a: &Settings, b: &Settings) -> Vec<&'static str> {
+    let mut out: Vec<&'static str> = OPTIONS
+        .iter()
+        .filter_map(|o| match o.reload {
+            Reload::Restart(name, changed) if changed(a, b) => Some(name),
+            _ => None,
+        })
+        .collect();
+    // The token comes from the token file or the environment.
+    if a.admin_token != b.admin_token {
+        out.push("admin_token");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_unique_and_every_default_parses() {
+        for (i, o) in OPTIONS.iter().enumerate() {
+            assert!(
+                OPTIONS[..i].iter().all(|p| p.key != o.key),
+                "{} twice",
+                o.key
+            );
+            let mut s = Settings::default();
+            if let Some(d) = o.default {
+                assert_eq!((o.set)(&mut s, d), Ok(()), "{}", o.key);
+            }
+        }
+    }
+
+    #[test]
+    fn a_reload_reports_what_needs_a_restart() {
+        let a = Settings::default();
+        let mut b = a.clone();
+        assert!(restart_required(&a, &b).is_empty());
+        (find("health_interval").unwrap().set)(&mut b, "1s").unwrap();
+        (find("strategy").unwrap().set)(&mut b, "lc").unwrap();
+        b.admin_token = Some("t".into());
+        assert_eq!(restart_required(&a, &b), ["health.interval", "admin_token"]);
+    }
+}

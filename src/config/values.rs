@@ -1,0 +1,251 @@
+//! The value parsers shared by the flags, the file and the admin API. Each returns the
+//! message part of a [`super::ConfigError`]; the caller adds the origin.
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use http::Uri;
+use ipnet::IpNet;
+
+use super::{BackendSpec, HashKey, LogFormat, MAX_WEIGHT};
+use crate::strategy::StrategyKind;
+
+/// Parses `250ms`, `5s`, `1m`, `1h`; a unit is required.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let digits = t.chars().take_while(|c| c.is_ascii_digit()).count();
+    let unit = &t[digits..];
+    let bad = || format!("invalid duration '{s}' (write a number with a unit: 250ms, 5s, 1m, 1h)");
+    if digits == 0 {
+        return Err(bad());
+    }
+    let n: u64 = t[..digits].parse().map_err(|_| bad())?;
+    let d = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n.checked_mul(60).ok_or_else(bad)?),
+        "h" => Duration::from_secs(n.checked_mul(3600).ok_or_else(bad)?),
+        _ => return Err(bad()),
+    };
+    Ok(d)
+}
+
+pub(crate) fn parse_positive_duration(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d.is_zero() {
+        return Err(format!(
+            "invalid duration '{s}' (must be greater than zero)"
+        ));
+    }
+    Ok(d)
+}
+
+pub(crate) fn parse_uint<T: std::str::FromStr + PartialOrd + fmt::Display + Copy>(
+    s: &str,
+    min: T,
+    max: T,
+) -> Result<T, String> {
+    match s.trim().parse::<T>() {
+        Ok(v) if v >= min && v <= max => Ok(v),
+        _ => Err(format!(
+            "invalid value '{s}' (expected an integer from {min} to {max})"
+        )),
+    }
+}
+
+/// Parses a listener address; `localhost:PORT` means `127.0.0.1:PORT`.
+pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
+    let t = s.trim();
+    let t2 = t
+        .strip_prefix("localhost:")
+        .map(|p| format!("127.0.0.1:{p}"));
+    t2.as_deref()
+        .unwrap_or(t)
+        .parse()
+        .map_err(|_| format!("invalid address '{s}' (expected IP:PORT, e.g. 127.0.0.1:8080)"))
+}
+
+/// Parses and checks a backend URL: `http://host[:port]` with no path beyond `/`.
+pub fn parse_backend_url(url: &str) -> Result<http::uri::Authority, String> {
+    let bad = |why: &str| format!("invalid backend URL '{url}' ({why})");
+    let uri: Uri = url.parse().map_err(|_| bad("expected http://HOST:PORT"))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some(other) => return Err(bad(&format!("scheme '{other}' is not supported; use http"))),
+        None => return Err(bad("missing scheme; expected http://HOST:PORT")),
+    }
+    let authority = uri.authority().ok_or_else(|| bad("missing host"))?;
+    if authority.host().is_empty() {
+        return Err(bad("missing host"));
+    }
+    if authority.as_str().contains('@') {
+        return Err(bad("user info is not supported"));
+    }
+    if let Some(pq) = uri.path_and_query() {
+        if (pq.path() != "/" && !pq.path().is_empty()) || pq.query().is_some() {
+            return Err(bad("a backend URL has no path or query"));
+        }
+    }
+    let with_port = match authority.port_u16() {
+        Some(_) => authority.clone(),
+        None => format!("{}:80", authority.host())
+            .parse()
+            .map_err(|_| bad("bad host"))?,
+    };
+    Ok(with_port)
+}
+
+/// Parses a weight, 1..=1000.
+pub fn parse_weight(s: &str) -> Result<u32, String> {
+    parse_uint::<u32>(s, 1, MAX_WEIGHT)
+        .map_err(|_| format!("invalid weight '{s}' (expected an integer from 1 to {MAX_WEIGHT})"))
+}
+
+/// Builds a backend from its parts, defaulting the name to `host:port`.
+pub fn backend_spec(
+    url: &str,
+    weight: Option<u32>,
+    name: Option<&str>,
+) -> Result<BackendSpec, String> {
+    let authority = parse_backend_url(url)?;
+    let weight = weight.unwrap_or(1);
+    if !(1..=MAX_WEIGHT).contains(&weight) {
+        return Err(format!(
+            "invalid weight '{weight}' (expected an integer from 1 to {MAX_WEIGHT})"
+        ));
+    }
+    let name = match name {
+        Some(n) if n.trim().is_empty() => return Err("a backend name must not be empty".into()),
+        // A name is a metrics label and a log field: printable, no quotes or backslashes.
+        Some(n)
+            if n.chars().count() > 64
+                || n.chars().any(|c| c.is_control() || c == '"' || c == '\\') =>
+        {
+            return Err(format!(
+                "invalid backend name '{}' (1 to 64 printable characters, no quotes or backslashes)",
+                n.escape_default()
+            ))
+        }
+        Some(n) => n.to_string(),
+        None => authority.as_str().to_string(),
+    };
+    Ok(BackendSpec {
+        url: url.to_string(),
+        authority,
+        weight,
+        name,
+    })
+}
+
+/// Parses `URL[,weight=N][,name=NAME]`.
+pub fn parse_backend_spec(s: &str) -> Result<BackendSpec, String> {
+    let mut parts = s.split(',');
+    let url = parts.next().unwrap_or("").trim();
+    let mut weight = None;
+    let mut name = None;
+    for p in parts {
+        match p.split_once('=') {
+            Some(("weight", w)) => weight = Some(parse_weight(w)?),
+            Some(("name", n)) => name = Some(n),
+            _ => {
+                return Err(format!(
+                    "invalid backend option '{p}' in '{s}' (valid: weight=N, name=NAME)"
+                ))
+            }
+        }
+    }
+    backend_spec(url, weight, name)
+}
+
+/// Parses `client_ip`, `header:NAME`, `cookie:NAME`.
+pub fn parse_hash_key(s: &str) -> Result<HashKey, String> {
+    let bad = || format!("invalid hash key '{s}' (valid: client_ip, header:NAME, cookie:NAME)");
+    if s == "client_ip" {
+        return Ok(HashKey::ClientIp);
+    }
+    if let Some(h) = s.strip_prefix("header:") {
+        return http::HeaderName::from_bytes(h.as_bytes())
+            .map(HashKey::Header)
+            .map_err(|_| bad());
+    }
+    if let Some(c) = s.strip_prefix("cookie:") {
+        if !c.is_empty() && !c.contains([';', '=', ' ']) {
+            return Ok(HashKey::Cookie(c.to_string()));
+        }
+    }
+    Err(bad())
+}
+
+/// Parses `CIDR[,CIDR…]`; a bare IP is a /32 or /128.
+pub fn parse_cidrs(s: &str) -> Result<Vec<IpNet>, String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            p.parse::<IpNet>()
+                .or_else(|_| p.parse::<IpAddr>().map(IpNet::from))
+                .map_err(|_| {
+                    format!("invalid CIDR '{p}' (expected e.g. 10.0.0.0/8 or 192.168.1.7)")
+                })
+        })
+        .collect()
+}
+
+/// Parses `--hash-balance-factor`: a factor above 1 (1.25 lets a backend hold 125 % of
+/// its share of the load), or 0 for off.
+pub fn parse_balance_factor(s: &str) -> Result<Option<f64>, String> {
+    match s.trim().parse::<f64>() {
+        Ok(0.0) => Ok(None),
+        Ok(f) if f > 1.0 && f <= 100.0 => Ok(Some(f)),
+        _ => Err(format!(
+            "invalid value '{s}' (expected a factor above 1 and at most 100, e.g. 1.25 for 125 % of the average load, or 0 for off)"
+        )),
+    }
+}
+
+pub(crate) fn parse_alpha(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(a) if a > 0.0 && a <= 1.0 => Ok(a),
+        _ => Err(format!(
+            "invalid value '{s}' (expected a number with 0 < F <= 1)"
+        )),
+    }
+}
+
+pub(crate) fn parse_log_format(s: &str) -> Result<LogFormat, String> {
+    match s {
+        "text" => Ok(LogFormat::Text),
+        "json" => Ok(LogFormat::Json),
+        _ => Err(format!("invalid log format '{s}' (valid: text, json)")),
+    }
+}
+
+pub(crate) fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" | "true" => Ok(true),
+        "off" | "false" => Ok(false),
+        _ => Err(format!("invalid value '{s}' (valid: on, off)")),
+    }
+}
+
+pub(crate) fn parse_health_path(s: &str) -> Result<String, String> {
+    if s.starts_with('/') && s.parse::<http::uri::PathAndQuery>().is_ok() {
+        Ok(s.to_string())
+    } else {
+        Err(format!("invalid path '{s}' (must start with '/')"))
+    }
+}
+
+pub(crate) fn parse_strategy(s: &str) -> Result<StrategyKind, String> {
+    StrategyKind::parse(s).ok_or_else(|| {
+        format!(
+            "unknown strategy '{s}' (valid: {})",
+            StrategyKind::canonical_names().join(", ")
+        )
+    })
+}
+
+pub(crate) fn parse_workers(s: &str) -> Result<usize, String> {
+    parse_uint::<usize>(s, 1, 1024)
+}
