@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures_util::future::Either;
 use http::header::{self, HeaderValue};
 use http::uri::{PathAndQuery, Uri};
 use http::{Method, Request, Response, StatusCode, Version};
@@ -253,13 +254,17 @@ impl Proxy {
     /// The steps, each its own function: admit (size, shedding), prepare (Host, hop
     /// rules, forwarded fields), attempt (pick, trial claim, exchange, retry decision),
     /// respond (the hold, the body).
-    pub async fn serve(
+    ///
+    /// Not an `async fn`: a refusal is answered at once, and a request that is admitted
+    /// is the [`Self::forward`] future itself, one level of future less to move the
+    /// answer through.
+    pub fn serve(
         &self,
         head: RequestHead,
         body: Option<Incoming>,
         client_upgrade: Option<hyper::upgrade::OnUpgrade>,
         peer: Peer,
-    ) -> ProxyResponse {
+    ) -> impl std::future::Future<Output = ProxyResponse> + '_ {
         let mut fin = Pending::new(
             Finish {
                 started: Instant::now(),
@@ -276,12 +281,26 @@ impl Proxy {
             },
             self.rec,
         );
-        let permit = match self.admit(&head) {
-            Ok(permit) => permit,
-            Err(refusal) => return self.own(&mut fin, None, refusal.answer()),
-        };
-        let mut req = self.prepare(head, body, client_upgrade, peer, fin.path.clone());
-        self.forward(&mut req, &mut fin, permit).await
+        match self.admit(&head) {
+            Err(refusal) => {
+                let r = self.own(&mut fin, None, refusal.answer());
+                Either::Left(std::future::ready(r))
+            }
+            Ok(permit) => {
+                let req = Outgoing {
+                    target: fin.path.clone(),
+                    head,
+                    body,
+                    client_upgrade,
+                    host: None,
+                    peer,
+                    peer_trusted: false,
+                    inline: false,
+                    key: None,
+                };
+                Either::Right(self.forward(req, fin, permit))
+            }
+        }
     }
 
     /// Admission: the head-size limit, then shedding. Returns the shedding slot, or the
@@ -317,43 +336,28 @@ impl Proxy {
     /// hop-by-hop fields removed, `X-Forwarded-*` set, HTTP/1.1 towards the backend.
     /// Span fields are only ever exchanged inline and get the same rules as they are
     /// written out; any other request gets its fields as a map first.
-    fn prepare(
-        &self,
-        mut head: RequestHead,
-        body: Option<Incoming>,
-        client_upgrade: Option<hyper::upgrade::OnUpgrade>,
-        peer: Peer,
-        target: PathAndQuery,
-    ) -> Outgoing {
-        let inline = body.is_none() && client_upgrade.is_none() && is_idempotent(&head.method);
-        if !inline {
+    fn prepare(&self, req: &mut Outgoing) {
+        let head = &mut req.head;
+        req.inline =
+            req.body.is_none() && req.client_upgrade.is_none() && is_idempotent(&head.method);
+        if !req.inline {
             head.make_map();
         }
-        let peer_trusted = headers::is_trusted(&self.settings.trusted_proxies, peer.addr.ip());
-        let host = head.host();
+        req.peer_trusted = headers::is_trusted(&self.settings.trusted_proxies, req.peer.addr.ip());
+        req.host = head.host();
         if let RequestFields::Map(map) = &mut head.fields {
-            if let (None, Some(h)) = (map.get(header::HOST), &host) {
+            if let (None, Some(h)) = (map.get(header::HOST), &req.host) {
                 map.insert(header::HOST, h.clone());
             }
             if head.version == Version::HTTP_2 {
                 headers::merge_cookies(map);
             }
-            headers::strip_hop_by_hop(map, client_upgrade.is_some());
-            headers::set_forwarded(map, &peer.forwarded, peer_trusted, host.as_ref());
+            headers::strip_hop_by_hop(map, req.client_upgrade.is_some());
+            let (peer, trusted, host) = (&req.peer.forwarded, req.peer_trusted, req.host.as_ref());
+            headers::set_forwarded(map, peer, trusted, host);
         }
         // The backend pool speaks HTTP/1.1 whatever the client spoke.
         head.version = Version::HTTP_11;
-        Outgoing {
-            head,
-            body,
-            client_upgrade,
-            target,
-            host,
-            peer,
-            peer_trusted,
-            inline,
-            key: None,
-        }
     }
 
     /// Sends the request to a backend, again to another one after a failure while the
@@ -361,10 +365,12 @@ impl Proxy {
     /// failure.
     async fn forward(
         &self,
-        req: &mut Outgoing,
-        fin: &mut Pending,
+        mut req: Outgoing,
+        mut fin: Pending,
         mut permit: Option<ShedPermit>,
     ) -> ProxyResponse {
+        self.prepare(&mut req);
+        let (req, fin) = (&mut req, &mut fin);
         let max_attempts = req.max_attempts(self.settings.retries);
         // Every request funds the budget; only retryable ones may draw on it.
         self.budget.deposit();
