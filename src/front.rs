@@ -334,16 +334,19 @@ async fn write_response(
     head_only: bool,
     keep: bool,
 ) -> std::io::Result<bool> {
-    let ProxyResponse { head, body } = resp;
+    let mut resp = resp;
     let mut out: Vec<u8> = Vec::with_capacity(512);
-    let framing = write_head(&mut out, &head, &body, head_only, keep);
-    drop(head);
+    let framing = write_head(&mut out, &resp.head, &resp.body, head_only, keep);
+    // Written out: the head's fields (and the backend's head they point into) go now,
+    // dropped in place rather than moved out.
+    resp.head.fields = ResponseFields::Map(http::HeaderMap::new());
     if framing == Framing::None {
-        drop(body);
+        // No body to wait for: the request's hold is released before the write.
+        resp.body = RespBody::empty();
         stream.write_all(&out).await?;
         return Ok(true);
     }
-    write_body(stream, buf, eof, body, out, framing).await
+    write_body(stream, buf, eof, &mut resp.body, out, framing).await
 }
 
 /// Writes the answer's head into `out`: the status line (the backend's reason phrase
@@ -453,11 +456,11 @@ async fn write_body(
     stream: &mut TcpStream,
     buf: &mut BytesMut,
     eof: &mut bool,
-    body: RespBody,
+    body: &mut RespBody,
     mut out: Vec<u8>,
     framing: Framing,
 ) -> std::io::Result<bool> {
-    let mut body = std::pin::pin!(body);
+    let mut body = std::pin::Pin::new(body);
     loop {
         // Take what the body has ready without waiting; flush before waiting.
         let ready = poll_fn(|cx| Poll::Ready(body.as_mut().poll_frame(cx))).await;

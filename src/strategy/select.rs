@@ -163,7 +163,9 @@ impl Iterator for Candidates<'_> {
 impl Picker {
     /// The candidates for a request with `key` (the hashing strategies' request key),
     /// in this strategy's order.
-    #[inline]
+    // Always inlined: built and consumed in the same pick, it then lives in registers
+    // instead of being copied out of a call.
+    #[inline(always)]
     pub fn candidates<'a>(
         &'a self,
         eligible: &'a [Arc<Backend>],
