@@ -141,7 +141,7 @@ pub struct Backend {
     requests: AtomicU64,
     errors: AtomicU64,
     /// Latency EWMA in nanoseconds as f64 bits; `NO_SAMPLE` when unsampled. This is the
-    /// average of the contract, shown as `avg_latency_ms`.
+    /// average the admin API shows as `avg_latency_ms`.
     ewma: AtomicU64,
     alpha: f64,
     /// The strategies' own latency estimates.
@@ -534,7 +534,7 @@ impl Backend {
         (bits != NO_SAMPLE).then(|| Duration::from_nanos(f64::from_bits(bits) as u64))
     }
 
-    /// Folds one latency sample into the contract's average and notes its time; returns
+    /// Folds one latency sample into the backend's latency average and notes its time; returns
     /// the time since the sample before it (`None` for the first). The strategies' own
     /// estimates are folded by `strategy::record_latency`, which calls this.
     ///
@@ -563,7 +563,7 @@ impl Backend {
         }
     }
 
-    /// The contract's EWMA weight of a new sample (`--ewma-alpha`).
+    /// The EWMA weight of a new sample (`--ewma-alpha`).
     pub fn alpha(&self) -> f64 {
         self.alpha
     }

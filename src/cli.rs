@@ -1,4 +1,4 @@
-//! The command line (§1): parsing, then handing over to the right part of the library.
+//! The command line (`docs/configuration.md`): parsing, then handing over to the right part of the library.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -1,25 +1,29 @@
 //! fulcrum: an HTTP load balancer and reverse proxy.
 //!
-//! The design keeps three things apart: backends measure themselves ([`pool::Backend`]),
-//! a strategy is a pure function of an immutable snapshot ([`strategy::Picker`]), and
-//! control (the admin API, configuration) changes the pool, never the request path
-//! ([`pool::Pool`]). See `docs/architecture.md`.
+//! The design keeps three things apart: backends measure themselves
+//! ([`backend::Backend`]), a strategy is a pure function of an immutable snapshot
+//! ([`strategy::Picker`]), and control (the admin API, configuration) changes the pool,
+//! never the request path ([`pool::Pool`]). See `docs/architecture.md`.
+//!
+//! The public modules are what the binary, the benchmarks and a program embedding the
+//! balancer use (the command line, the settings, the pool and its backends, the
+//! strategies); everything else is internal to the crate.
 
-pub mod admin;
+pub(crate) mod admin;
 pub mod backend;
 pub mod cli;
 pub mod config;
-pub mod deadline;
-pub mod demo;
-pub mod front;
-pub mod health;
-pub mod logging;
-pub mod metrics;
+pub(crate) mod deadline;
+pub(crate) mod demo;
+pub(crate) mod front;
+pub(crate) mod health;
+pub(crate) mod logging;
+pub(crate) mod metrics;
 pub mod pool;
-pub mod proxy;
-pub mod reload;
-pub mod server;
-pub mod spawn;
-pub mod stats;
+pub(crate) mod proxy;
+pub(crate) mod reload;
+pub(crate) mod server;
+pub(crate) mod spawn;
+pub(crate) mod stats;
 pub mod strategy;
-pub mod traffic;
+pub(crate) mod traffic;

@@ -1,8 +1,8 @@
-//! `/metrics`: the series of the contract's §7 in the Prometheus (OpenMetrics) text
+//! `/metrics`: the series `docs/operations.md` lists, in the Prometheus (OpenMetrics) text
 //! format, written with prometheus-client.
 //!
 //! Nothing is registered per request: the request path only bumps atomics on the
-//! [`Backend`](crate::pool::Backend) and the [`Pool`]; a collector reads them at scrape
+//! [`Backend`](crate::backend::Backend) and the [`Pool`]; a collector reads them at scrape
 //! time. Labels are bounded: a backend's name and a status class.
 
 use std::sync::Arc;
@@ -26,13 +26,13 @@ struct PoolCollector(Arc<Pool>);
 /// Encodes one gauge family with one series per backend.
 fn per_backend_gauge<F>(
     enc: &mut DescriptorEncoder,
-    backends: &[Arc<crate::pool::Backend>],
+    backends: &[Arc<crate::backend::Backend>],
     name: &str,
     help: &str,
     value: F,
 ) -> Result<(), std::fmt::Error>
 where
-    F: Fn(&crate::pool::Backend) -> f64,
+    F: Fn(&crate::backend::Backend) -> f64,
 {
     let mut m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
     for b in backends {

@@ -266,8 +266,6 @@ pub struct Running {
     pub listen: SocketAddr,
     /// Admin listener address.
     pub admin: SocketAddr,
-    /// The shared pool.
-    pub pool: Arc<Pool>,
     /// Starts and stops spawned backends.
     pub spawner: Arc<crate::spawn::Spawner>,
     /// The traffic generator.
@@ -475,7 +473,6 @@ pub fn start(settings: &Settings, flags: &crate::config::RawFlags) -> Result<Run
     Ok(Running {
         listen,
         admin,
-        pool,
         spawner,
         traffic,
         reloader,

@@ -1,4 +1,4 @@
-//! Active health checks over real sockets (§4.6).
+//! Active health checks over real sockets.
 
 mod common;
 

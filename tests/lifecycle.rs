@@ -151,7 +151,7 @@ async fn maintenance_takes_a_backend_out_of_rotation() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn admin_api_answers_with_the_contract_statuses_and_json_errors() {
+async fn admin_api_answers_with_its_documented_statuses_and_json_errors() {
     let a = TestBackend::start("A");
     let b = TestBackend::start("B");
     let c = client();
@@ -418,7 +418,7 @@ fn check_reports_bad_config_files_with_line_numbers() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn demo_backend_follows_the_contract() {
+async fn demo_backend_answers_as_documented() {
     let port = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()

@@ -1,4 +1,4 @@
-//! The proxy on the wire (§4.1–4.3): pass-through, streaming, headers, own answers.
+//! The proxy on the wire: pass-through, streaming, headers, own answers.
 
 mod common;
 

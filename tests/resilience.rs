@@ -1,4 +1,4 @@
-//! Retries under a budget (§4.5) over real sockets.
+//! Retries under a budget over real sockets.
 
 mod common;
 

@@ -1,4 +1,4 @@
-//! Every strategy over real sockets (§3), and the client-IP rule of §4.3.
+//! Every strategy over real sockets, and the client-IP rule.
 
 mod common;
 

@@ -1,4 +1,4 @@
-//! The admin API (§5): JSON in and out, errors as `{"error": "…"}`.
+//! The admin API (`docs/admin-api.md`): JSON in and out, errors as `{"error": "…"}`.
 //!
 //! Every route here calls the same pool operations; none of them touches the request
 //! path beyond publishing a new routing table.

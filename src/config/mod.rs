@@ -64,7 +64,7 @@ pub struct BackendSpec {
 /// Where the request key of the hashing strategies comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HashKey {
-    /// The client IP of §4.3.
+    /// The client IP (`docs/architecture.md`, "Headers").
     ClientIp,
     /// A request header (lower-case name).
     Header(http::HeaderName),

@@ -1,4 +1,4 @@
-//! `fulcrum backend`: a small HTTP server to balance over (§6).
+//! `fulcrum backend`: a small HTTP server to balance over (`docs/architecture.md`, "The demo").
 
 use std::convert::Infallible;
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! Active health checks (§4.6): `GET <backend><health-path>`, 2xx is success, consecutive
+//! Active health checks (`docs/operations.md`): `GET <backend><health-path>`, 2xx is success, consecutive
 //! results against the thresholds decide, a change publishes a new routing table.
 //!
 //! Schedule. Every backend is probed at start-up (and as soon as it joins), then every

@@ -1,7 +1,7 @@
 //! The pool: backends in order, and the routing table the request path reads.
 //!
-//! Control (admin API, config, later health checks) changes the pool through a few
-//! operations; each one publishes a new immutable [`Snapshot`] — eligible backends plus
+//! Control (the admin API, reloads, the health checker, the maintenance task) changes the
+//! pool through a few operations; each one publishes a new immutable [`Snapshot`] — eligible backends plus
 //! a freshly built [`Picker`] — through `arc-swap`. The request path does one lock-free
 //! load and one pick; it never takes the control mutex.
 

@@ -11,15 +11,15 @@ use hyper::body::Incoming;
 
 use super::upstream::{Conn, Upstreams};
 use super::wire::WireBody;
-use crate::pool::RequestGuard;
+use crate::backend::RequestGuard;
 
 /// What keeps a request accounted for until its response has been received whole.
 #[derive(Debug)]
 pub struct Hold {
     /// The backend's in-flight slot.
     pub guard: RequestGuard,
-    /// The proxy-wide shedding slot, when shedding is on.
-    pub permit: Option<crate::proxy::ShedPermit>,
+    /// The proxy-wide shedding slot, when shedding is on; held for its drop.
+    pub _permit: Option<crate::proxy::ShedPermit>,
     /// The upstream connection, returned to its pool once the body has been read whole.
     pub conn: Option<(Conn, &'static Upstreams)>,
     /// Set when the request body has been sent whole (`None`: there was none).

@@ -1,4 +1,4 @@
-//! The retry budget (§4.5): retries stay under 20 % of recent requests plus a floor of
+//! The retry budget (`docs/operations.md`): retries stay under 20 % of recent requests plus a floor of
 //! 3 per second, so a sick pool is never hit by a retry storm.
 //!
 //! Written here rather than taken from tower's `TpsBudget` because the request path is

@@ -1,4 +1,5 @@
-//! The header rules of a proxy hop (§4.3).
+//! The header rules of a proxy hop (`docs/architecture.md`, "Headers"); the
+//! hop-by-hop rules themselves are in [`super::hop`].
 
 use std::net::IpAddr;
 
@@ -95,7 +96,7 @@ fn forwarded_entries(headers: &HeaderMap) -> impl Iterator<Item = &str> {
         .filter(|s| !s.is_empty())
 }
 
-/// The client IP of §4.3: the peer, unless the peer is trusted; then the right-most
+/// The client IP: the peer, unless the peer is trusted; then the right-most
 /// `X-Forwarded-For` entry that is not itself trusted.
 pub fn client_ip(headers: &HeaderMap, peer: IpAddr, trusted: &[IpNet]) -> IpAddr {
     let peer = canonical(peer);

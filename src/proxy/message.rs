@@ -50,7 +50,12 @@ impl RequestHead {
         }
     }
 
-    /// The value of the first field named `name`.
+    /// The value of the first field named `name`: the one place to read a request's
+    /// field, whichever form its fields are in.
+    #[allow(
+        dead_code,
+        reason = "the reading side of the head, for rules that read a field"
+    )]
     pub fn field(&self, name: &HeaderName) -> Option<HeaderValue> {
         match &self.fields {
             RequestFields::Map(m) => m.get(name).cloned(),
@@ -117,7 +122,12 @@ pub struct ResponseHead {
 }
 
 impl ResponseHead {
-    /// The value of the first field named `name` (`Content-Length` included).
+    /// The value of the first field named `name` (`Content-Length` included): the one
+    /// place to read an answer's field, whichever form its fields are in.
+    #[allow(
+        dead_code,
+        reason = "the reading side of the head, for rules that read a field"
+    )]
     pub fn field(&self, name: &HeaderName) -> Option<HeaderValue> {
         match &self.fields {
             ResponseFields::Map(m) => m.get(name).cloned(),

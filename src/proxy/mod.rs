@@ -1,4 +1,5 @@
-//! The request path: pick, forward, stream back (§4).
+//! The request path: admit, prepare, pick, forward, stream back
+//! (`docs/architecture.md`, "The request path").
 
 mod body;
 pub mod budget;
@@ -28,7 +29,6 @@ pub use budget::RetryBudget;
 pub use message::{ProxyResponse, RequestFields, RequestHead, ResponseFields, ResponseHead};
 pub use record::{Finish, Pending, Recorder};
 pub use upstream::{Failure, Upstreams};
-pub use wire::Fields;
 
 use crate::config::{HashKey, Settings};
 use crate::pool::{Backend, OutlierAction, Pool, RequestGuard};
@@ -41,7 +41,8 @@ pub struct ProxySettings {
     pub upstream_timeout: Duration,
     /// TCP connect bound.
     pub connect_timeout: Duration,
-    /// Extra attempts for idempotent requests whose connect failed.
+    /// Extra attempts for a failed idempotent request without a body, each on another
+    /// backend, within the retry budget.
     pub retries: u32,
     /// Shed above this many in flight (0 = off).
     pub max_inflight: usize,
@@ -588,7 +589,7 @@ impl Proxy {
         }
         let mut hold = Hold {
             guard,
-            permit,
+            _permit: permit,
             conn: None,
             upload,
             finish: Some(fin.hand_off()),
@@ -699,7 +700,7 @@ fn build_upstream(req: &mut Outgoing, backend: &Backend, last: bool) -> Request<
 async fn tunnel(
     client: hyper::upgrade::OnUpgrade,
     upstream: hyper::upgrade::OnUpgrade,
-    guard: crate::pool::RequestGuard,
+    guard: crate::backend::RequestGuard,
 ) {
     let (c, u) = tokio::join!(client, upstream);
     match (c, u) {

@@ -19,7 +19,7 @@ use tokio::net::TcpStream;
 
 use super::body::ReqBody;
 use super::wire::{Wire, WireBody, WireError};
-use crate::pool::Backend;
+use crate::backend::Backend;
 
 /// Idle connections older than this are closed.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);

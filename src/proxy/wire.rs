@@ -846,6 +846,20 @@ mod tests {
     }
 
     #[test]
+    fn a_parsed_head_is_read_like_any_other() {
+        let mut buf = BytesMut::from(
+            &b"HTTP/1.1 200 OK\r\nX-A: 1\r\nConnection: x-b\r\nX-B: 2\r\ncontent-length: 7\r\n\r\n"
+                [..],
+        );
+        let (h, _, _) = parse_head(&mut buf, &Method::GET).unwrap().unwrap();
+        let field = |n: &'static str| h.field(&http::HeaderName::from_static(n));
+        assert_eq!(field("x-a").unwrap(), "1");
+        assert_eq!(field("content-length").unwrap(), "7");
+        assert_eq!(field("x-b"), None, "hop-by-hop: not forwarded, not there");
+        assert_eq!(field("connection"), None);
+    }
+
+    #[test]
     fn fields_are_the_backends_less_hop_by_hop_and_length() {
         let f = fields(
             "HTTP/1.1 200 OK\r\nServer: x\r\nContent-Length: 5\r\nContent-Length: 5\r\n\

@@ -26,7 +26,7 @@ use crate::config::HashKey;
 pub enum KeySource {
     /// `--hash-key` (`consistent_hash`, `maglev`), falling back to the client IP.
     Configured,
-    /// Always the client IP of §4.3 (`ip_hash`).
+    /// Always the client IP, `headers::client_ip` (`ip_hash`).
     ClientIp,
 }
 
