@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use http::uri::{Authority, Scheme};
+use http::uri::Authority;
 use serde::Serialize;
 
 use arc_swap::ArcSwapOption;
@@ -23,7 +23,7 @@ use crate::config::BackendSpec;
 /// Administrative state, set through the admin API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum AdminState {
+pub(crate) enum AdminState {
     /// Takes traffic when healthy.
     Active,
     /// No new requests; in-flight ones finish.
@@ -34,7 +34,7 @@ pub enum AdminState {
 
 impl AdminState {
     /// Parses `active`, `draining`, `maintenance`.
-    pub fn parse(s: &str) -> Option<AdminState> {
+    pub(crate) fn parse(s: &str) -> Option<AdminState> {
         match s {
             "active" => Some(AdminState::Active),
             "draining" => Some(AdminState::Draining),
@@ -66,7 +66,7 @@ pub fn clock_ns() -> u64 {
 }
 
 /// How many estimate cells a backend has for the strategies ([`Estimates`]).
-pub const ESTIMATE_CELLS: usize = 2;
+pub(crate) const ESTIMATE_CELLS: usize = 2;
 
 /// Latency estimates the strategies keep on a backend, one `f64` cell each (in an
 /// `AtomicU64`, updated by compare-and-swap), empty until the first sample and emptied
@@ -75,7 +75,7 @@ pub const ESTIMATE_CELLS: usize = 2;
 /// (`strategy::estimate`); the backend only stores them, so that a strategy switch finds
 /// them up to date.
 #[derive(Debug)]
-pub struct Estimates([AtomicU64; ESTIMATE_CELLS]);
+pub(crate) struct Estimates([AtomicU64; ESTIMATE_CELLS]);
 
 impl Estimates {
     fn new() -> Estimates {
@@ -84,14 +84,14 @@ impl Estimates {
 
     /// The value of `cell`, `None` while it is empty.
     #[inline]
-    pub fn get(&self, cell: usize) -> Option<f64> {
+    pub(crate) fn get(&self, cell: usize) -> Option<f64> {
         let bits = self.0[cell].load(Ordering::Relaxed);
         (bits != NO_SAMPLE).then(|| f64::from_bits(bits))
     }
 
     /// Replaces the value of `cell` with `next(value)`, atomically.
     #[inline]
-    pub fn update(&self, cell: usize, next: impl Fn(Option<f64>) -> f64) {
+    pub(crate) fn update(&self, cell: usize, next: impl Fn(Option<f64>) -> f64) {
         let _ = self.0[cell].fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
             Some(next((bits != NO_SAMPLE).then(|| f64::from_bits(bits))).to_bits())
         });
@@ -107,7 +107,7 @@ impl Estimates {
 /// What a strategy keeps per backend that must hear of every change of the backend's
 /// load or latency (the leaf of a least-loaded index, `strategy::load_index`). Opaque to
 /// the backend.
-pub trait LoadWatch: Send + Sync + std::fmt::Debug {
+pub(crate) trait LoadWatch: Send + Sync + std::fmt::Debug {
     /// The backend's load or latency changed.
     fn refresh(&self, b: &Backend);
 }
@@ -117,17 +117,15 @@ pub trait LoadWatch: Send + Sync + std::fmt::Debug {
 #[derive(Debug)]
 pub struct Backend {
     /// Pool-unique id, never reused.
-    pub id: u64,
+    pub(crate) id: u64,
     /// Display name.
-    pub name: String,
+    pub(crate) name: String,
     /// The URL exactly as configured.
-    pub url: String,
-    /// Scheme of the upstream URI (pre-built so no request formats it).
-    pub scheme: Scheme,
+    pub(crate) url: String,
     /// `host:port` to connect to.
-    pub authority: Authority,
+    pub(crate) authority: Authority,
     /// The address itself when the host is an IP literal (no resolution per connect).
-    pub socket_addr: Option<std::net::SocketAddr>,
+    pub(crate) socket_addr: Option<std::net::SocketAddr>,
     weight: AtomicU32,
     state: AtomicU8,
     healthy: AtomicBool,
@@ -145,7 +143,7 @@ pub struct Backend {
     ewma: AtomicU64,
     alpha: f64,
     /// The strategies' own latency estimates.
-    pub estimates: Estimates,
+    pub(crate) estimates: Estimates,
     /// [`clock_ns`] of the last latency sample; `NEVER` before the first.
     sampled_at: AtomicU64,
     /// Passive outlier detection: failures in a row seen on live traffic.
@@ -166,25 +164,25 @@ pub struct Backend {
     /// Injected error rate (`degrade`), in millionths.
     fault_error_ppm: AtomicU32,
     /// What the metrics endpoint reads.
-    pub stats: crate::stats::BackendStats,
+    pub(crate) stats: crate::stats::BackendStats,
     /// Set for a backend fulcrum started itself (`POST /admin/backends/spawn`).
-    pub spawn: Option<SpawnInfo>,
+    pub(crate) spawn: Option<SpawnInfo>,
 }
 
 /// The process behind a spawned backend.
 #[derive(Debug)]
-pub struct SpawnInfo {
+pub(crate) struct SpawnInfo {
     /// Its port on 127.0.0.1.
-    pub port: u16,
+    pub(crate) port: u16,
     /// The demo backend's latency, kept for a revive.
-    pub latency_ms: u64,
+    pub(crate) latency_ms: u64,
     /// Its process id while it runs, 0 when it does not.
     pid: AtomicU32,
 }
 
 impl SpawnInfo {
     /// A spawned backend on `port` whose process is `pid` (0: none yet).
-    pub fn new(port: u16, latency_ms: u64, pid: u32) -> SpawnInfo {
+    pub(crate) fn new(port: u16, latency_ms: u64, pid: u32) -> SpawnInfo {
         SpawnInfo {
             port,
             latency_ms,
@@ -193,7 +191,7 @@ impl SpawnInfo {
     }
 
     /// The running process, if any.
-    pub fn pid(&self) -> Option<u32> {
+    pub(crate) fn pid(&self) -> Option<u32> {
         match self.pid.load(Ordering::Acquire) {
             0 => None,
             p => Some(p),
@@ -201,12 +199,12 @@ impl SpawnInfo {
     }
 
     /// Notes the process now running.
-    pub fn set_pid(&self, pid: u32) {
+    pub(crate) fn set_pid(&self, pid: u32) {
         self.pid.store(pid, Ordering::Release);
     }
 
     /// Notes that process `pid` has ended (a no-op when another one runs by now).
-    pub fn clear_pid(&self, pid: u32) {
+    pub(crate) fn clear_pid(&self, pid: u32) {
         let _ = self
             .pid
             .compare_exchange(pid, 0, Ordering::AcqRel, Ordering::Relaxed);
@@ -215,11 +213,11 @@ impl SpawnInfo {
 
 /// Faults injected through the admin API to rehearse a sick backend.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Faults {
+pub(crate) struct Faults {
     /// Added before the request is forwarded.
-    pub latency: Duration,
+    pub(crate) latency: Duration,
     /// Share of requests answered 503 by the proxy itself, 0..=1.
-    pub error_rate: f64,
+    pub(crate) error_rate: f64,
 }
 
 /// No trial: the backend takes traffic normally.
@@ -230,15 +228,15 @@ const TRIAL_OPEN: u8 = 1;
 const TRIAL_RUNNING: u8 = 2;
 
 /// Consecutive failures on live traffic that eject a backend.
-pub const EJECT_AFTER_FAILURES: u32 = 5;
+pub(crate) const EJECT_AFTER_FAILURES: u32 = 5;
 /// Length of the first ejection; the n-th lasts n times as long.
-pub const EJECTION_BASE: Duration = Duration::from_secs(30);
+pub(crate) const EJECTION_BASE: Duration = Duration::from_secs(30);
 /// Longest ejection.
-pub const EJECTION_MAX: Duration = Duration::from_secs(300);
+pub(crate) const EJECTION_MAX: Duration = Duration::from_secs(300);
 
 /// What one outcome on live traffic asks the pool to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OutlierAction {
+pub(crate) enum OutlierAction {
     /// Nothing.
     None,
     /// Enough failures in a row: eject it.
@@ -256,7 +254,6 @@ impl Backend {
             id,
             name: spec.name,
             url: spec.url,
-            scheme: Scheme::HTTP,
             socket_addr: spec.authority.as_str().parse().ok(),
             authority: spec.authority,
             weight: AtomicU32::new(spec.weight),
@@ -286,13 +283,13 @@ impl Backend {
     }
 
     /// Marks it as spawned by fulcrum (before the backend is shared).
-    pub fn with_spawn(mut self, spawn: Option<SpawnInfo>) -> Backend {
+    pub(crate) fn with_spawn(mut self, spawn: Option<SpawnInfo>) -> Backend {
         self.spawn = spawn;
         self
     }
 
     /// Sets `--slow-start` (before the backend is shared).
-    pub fn with_slow_start(mut self, d: Duration) -> Backend {
+    pub(crate) fn with_slow_start(mut self, d: Duration) -> Backend {
         self.slow_start = d;
         self
     }
@@ -326,7 +323,7 @@ impl Backend {
     }
 
     /// The weight the weighted strategies use now (slow start applied).
-    pub fn effective_weight(&self) -> f64 {
+    pub(crate) fn effective_weight(&self) -> f64 {
         let w = self.weight() as f64;
         match self.ramp_share(Instant::now()) {
             Some(share) => w * share,
@@ -335,12 +332,12 @@ impl Backend {
     }
 
     /// [`Self::effective_weight`] as a whole weight of at least 1, for smooth WRR.
-    pub fn effective_weight_whole(&self) -> u32 {
+    pub(crate) fn effective_weight_whole(&self) -> u32 {
         (self.effective_weight().round() as u32).max(1)
     }
 
     /// Configured weight.
-    pub fn weight(&self) -> u32 {
+    pub(crate) fn weight(&self) -> u32 {
         self.weight.load(Ordering::Relaxed)
     }
 
@@ -349,7 +346,7 @@ impl Backend {
     }
 
     /// Administrative state.
-    pub fn state(&self) -> AdminState {
+    pub(crate) fn state(&self) -> AdminState {
         AdminState::from_u8(self.state.load(Ordering::Relaxed))
     }
 
@@ -358,7 +355,7 @@ impl Backend {
     }
 
     /// Result of the active health checks.
-    pub fn healthy(&self) -> bool {
+    pub(crate) fn healthy(&self) -> bool {
         self.healthy.load(Ordering::Relaxed)
     }
 
@@ -368,7 +365,7 @@ impl Backend {
 
     /// Counts one outcome seen on live traffic (a 5xx answer, a connect failure, a broken
     /// exchange or a timeout is a failure) and says what the pool should do about it.
-    pub fn record_outcome(&self, ok: bool, was_trial: bool) -> OutlierAction {
+    pub(crate) fn record_outcome(&self, ok: bool, was_trial: bool) -> OutlierAction {
         if ok {
             self.consecutive_failures.store(0, Ordering::Relaxed);
             if was_trial && self.end_trial() {
@@ -400,13 +397,13 @@ impl Backend {
 
     /// Whether the backend is half-open (an ejection ended, no trial has passed yet).
     #[inline]
-    pub fn half_open(&self) -> bool {
+    pub(crate) fn half_open(&self) -> bool {
         self.trial.load(Ordering::Relaxed) != TRIAL_NONE
     }
 
     /// Claims the single trial request of a half-open backend; `false` when another
     /// request already has it.
-    pub fn claim_trial(&self) -> bool {
+    pub(crate) fn claim_trial(&self) -> bool {
         self.trial
             .compare_exchange(
                 TRIAL_OPEN,
@@ -457,7 +454,7 @@ impl Backend {
 
     /// The injected faults, `None` when there are none (the common case: two loads).
     #[inline]
-    pub fn faults(&self) -> Option<Faults> {
+    pub(crate) fn faults(&self) -> Option<Faults> {
         let ms = self.fault_latency_ms.load(Ordering::Relaxed);
         let ppm = self.fault_error_ppm.load(Ordering::Relaxed);
         (ms != 0 || ppm != 0).then(|| Faults {
@@ -467,7 +464,7 @@ impl Backend {
     }
 
     /// Sets injected faults; `None` leaves that one as it is.
-    pub fn degrade(&self, latency_ms: Option<u32>, error_rate: Option<f64>) {
+    pub(crate) fn degrade(&self, latency_ms: Option<u32>, error_rate: Option<f64>) {
         if let Some(ms) = latency_ms {
             self.fault_latency_ms.store(ms, Ordering::Relaxed);
         }
@@ -478,7 +475,7 @@ impl Backend {
     }
 
     /// Clears injected faults and the latency average.
-    pub fn recover(&self) {
+    pub(crate) fn recover(&self) {
         self.fault_latency_ms.store(0, Ordering::Relaxed);
         self.fault_error_ppm.store(0, Ordering::Relaxed);
         self.clear_latency();
@@ -498,38 +495,38 @@ impl Backend {
     }
 
     /// How often passive outlier detection has ejected it.
-    pub fn ejection_count(&self) -> u32 {
+    pub(crate) fn ejection_count(&self) -> u32 {
         self.ejections.load(Ordering::Relaxed)
     }
 
     /// Ejected by passive outlier detection.
-    pub fn ejected(&self) -> bool {
+    pub(crate) fn ejected(&self) -> bool {
         self.ejected.load(Ordering::Relaxed)
     }
 
     /// Whether a strategy may pick it: healthy, not ejected, active.
-    pub fn eligible(&self) -> bool {
+    pub(crate) fn eligible(&self) -> bool {
         self.healthy() && !self.ejected() && self.state() == AdminState::Active
     }
 
     /// Requests in flight.
     #[inline]
-    pub fn in_flight(&self) -> u64 {
+    pub(crate) fn in_flight(&self) -> u64 {
         self.in_flight.load(Ordering::Relaxed)
     }
 
     /// Requests sent to it.
-    pub fn requests(&self) -> u64 {
+    pub(crate) fn requests(&self) -> u64 {
         self.requests.load(Ordering::Relaxed)
     }
 
     /// Requests that failed or answered 5xx.
-    pub fn errors(&self) -> u64 {
+    pub(crate) fn errors(&self) -> u64 {
         self.errors.load(Ordering::Relaxed)
     }
 
     /// Latency average, `None` until the first sample.
-    pub fn avg_latency(&self) -> Option<Duration> {
+    pub(crate) fn avg_latency(&self) -> Option<Duration> {
         let bits = self.ewma.load(Ordering::Relaxed);
         (bits != NO_SAMPLE).then(|| Duration::from_nanos(f64::from_bits(bits) as u64))
     }
@@ -543,7 +540,7 @@ impl Backend {
     /// them from one `swap` of the time stamp, so elapsed time is never counted twice; the
     /// order in which their values are folded in may differ from the order of their time
     /// stamps by the width of the race, which moves an average by a rounding error.
-    pub fn note_latency(&self, sample: Duration, now: u64) -> Option<u64> {
+    pub(crate) fn note_latency(&self, sample: Duration, now: u64) -> Option<u64> {
         let x = sample.as_nanos() as f64;
         let alpha = self.alpha;
         let _ = self
@@ -564,12 +561,12 @@ impl Backend {
     }
 
     /// The EWMA weight of a new sample (`--ewma-alpha`).
-    pub fn alpha(&self) -> f64 {
+    pub(crate) fn alpha(&self) -> f64 {
         self.alpha
     }
 
     /// Forgets every latency estimate (recovery, or back to healthy).
-    pub fn clear_latency(&self) {
+    pub(crate) fn clear_latency(&self) {
         self.ewma.store(NO_SAMPLE, Ordering::Relaxed);
         self.estimates.clear();
         self.sampled_at.store(NEVER, Ordering::Relaxed);
@@ -578,7 +575,7 @@ impl Backend {
 
     /// [`clock_ns`] of the last latency sample, `None` before the first.
     #[inline]
-    pub fn sampled_at(&self) -> Option<u64> {
+    pub(crate) fn sampled_at(&self) -> Option<u64> {
         match self.sampled_at.load(Ordering::Relaxed) {
             NEVER => None,
             t => Some(t),
@@ -587,7 +584,7 @@ impl Backend {
 
     /// Points it at the current strategy's hook for load changes, or at none. Control
     /// path only (`strategy::Picker::attach`).
-    pub fn set_load_watch(&self, watch: Option<Box<dyn LoadWatch>>) {
+    pub(crate) fn set_load_watch(&self, watch: Option<Box<dyn LoadWatch>>) {
         let some = watch.is_some();
         if !some && !self.indexed.load(Ordering::Relaxed) {
             return;
@@ -597,13 +594,14 @@ impl Backend {
     }
 
     /// Whether it has a hook for load changes.
-    pub fn is_watched(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_watched(&self) -> bool {
         self.load_watch.load().is_some()
     }
 
     /// Tells the strategy's hook, if there is one, that its load or latency changed.
     #[inline]
-    pub fn refresh_index(&self) {
+    pub(crate) fn refresh_index(&self) {
         if self.indexed.load(Ordering::Acquire) {
             if let Some(watch) = self.load_watch.load().as_ref() {
                 watch.refresh(self);
@@ -637,27 +635,22 @@ pub struct RequestGuard {
 
 impl RequestGuard {
     /// The backend this request went to.
-    pub fn backend(&self) -> &Arc<Backend> {
+    pub(crate) fn backend(&self) -> &Arc<Backend> {
         &self.backend
     }
 
     /// Marks the exchange as failed (counted in `errors` when the guard drops).
-    pub fn fail(&mut self) {
+    pub(crate) fn fail(&mut self) {
         self.failed = true;
     }
 
-    /// Whether the exchange has been marked failed.
-    pub fn failed(&self) -> bool {
-        self.failed
-    }
-
     /// This request is the half-open trial of its backend.
-    pub fn set_trial(&mut self) {
+    pub(crate) fn set_trial(&mut self) {
         self.trial = true;
     }
 
     /// Counts the exchange's outcome for passive outlier detection (once per guard).
-    pub fn outcome(&mut self, ok: bool) -> OutlierAction {
+    pub(crate) fn outcome(&mut self, ok: bool) -> OutlierAction {
         let was_trial = std::mem::take(&mut self.trial);
         self.backend.record_outcome(ok, was_trial)
     }

@@ -9,7 +9,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::config::{self, LogFormat, RawFlags, Settings};
 
 /// Exit status for a bad flag, value or config file.
-pub const EXIT_USAGE: i32 = 2;
+pub(crate) const EXIT_USAGE: i32 = 2;
 
 #[derive(Parser, Debug)]
 #[command(

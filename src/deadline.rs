@@ -18,7 +18,7 @@ use tokio::time::{Instant, Sleep};
 
 /// A deadline backed by one lazily re-armed timer (see the module documentation).
 #[derive(Debug)]
-pub struct Deadline {
+pub(crate) struct Deadline {
     /// Armed on first use; never later than `at`.
     timer: Option<Pin<Box<Sleep>>>,
     at: Instant,
@@ -26,13 +26,13 @@ pub struct Deadline {
 
 impl Deadline {
     /// A deadline at `at`; no timer is armed until it is waited for.
-    pub fn new(at: Instant) -> Deadline {
+    pub(crate) fn new(at: Instant) -> Deadline {
         Deadline { timer: None, at }
     }
 
     /// Moves the deadline to `at`. Moving it later costs nothing now; moving it earlier
     /// than the armed timer re-arms the timer.
-    pub fn set(&mut self, at: Instant) {
+    pub(crate) fn set(&mut self, at: Instant) {
         self.at = at;
         if let Some(t) = &mut self.timer {
             if t.deadline() > at {
@@ -42,7 +42,7 @@ impl Deadline {
     }
 
     /// Ready once the deadline has passed.
-    pub fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+    pub(crate) fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         let at = self.at;
         let timer = self
             .timer
@@ -58,7 +58,7 @@ impl Deadline {
     }
 
     /// Resolves once the deadline has passed.
-    pub async fn expired(&mut self) {
+    pub(crate) async fn expired(&mut self) {
         poll_fn(|cx| self.poll_expired(cx)).await
     }
 }

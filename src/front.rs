@@ -55,7 +55,7 @@ thread_local! {
 
 /// How a connection left the fast path.
 #[derive(Debug)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// Closed (by either side, a timeout, or a stop).
     Closed,
     /// Its head timed out before any request was read: the caller answers 408.
@@ -85,7 +85,7 @@ struct Parsed {
 
 /// Serves `stream` until it closes or must go to hyper. `served` is set once a request
 /// head has been read.
-pub async fn serve(
+pub(crate) async fn serve(
     stream: &mut TcpStream,
     proxy: &'static Proxy,
     peer: &Peer,
@@ -535,14 +535,14 @@ async fn write_body(
 
 /// A stream with bytes already read in front of it, for hyper after a hand-off.
 #[derive(Debug)]
-pub struct Rewind {
+pub(crate) struct Rewind {
     pre: Bytes,
     inner: TcpStream,
 }
 
 impl Rewind {
     /// `inner`, whose next bytes are `pre`.
-    pub fn new(pre: Bytes, inner: TcpStream) -> Rewind {
+    pub(crate) fn new(pre: Bytes, inner: TcpStream) -> Rewind {
         Rewind { pre, inner }
     }
 }

@@ -25,12 +25,12 @@ thread_local! {
 }
 
 /// Makes the current thread batch its log lines (a proxy worker).
-pub fn batch_this_thread() {
+pub(crate) fn batch_this_thread() {
     BUFFER.with(|b| *b.borrow_mut() = Some(Vec::with_capacity(BATCH)));
 }
 
 /// Writes out what the current thread has gathered.
-pub fn flush_this_thread() {
+pub(crate) fn flush_this_thread() {
     BUFFER.with(|b| {
         if let Some(buf) = b.borrow_mut().as_mut() {
             write_out(buf);
@@ -48,7 +48,7 @@ fn write_out(buf: &mut Vec<u8>) {
 
 /// Appends one line to the current thread's batch through `fill` (or, on a thread that
 /// does not batch, writes it at once). The access log formats straight into the batch.
-pub fn write_line(fill: impl FnOnce(&mut Vec<u8>)) {
+pub(crate) fn write_line(fill: impl FnOnce(&mut Vec<u8>)) {
     BUFFER.with(|b| {
         let mut b = b.borrow_mut();
         match b.as_mut() {
@@ -76,7 +76,7 @@ pub fn write_line(fill: impl FnOnce(&mut Vec<u8>)) {
 
 /// The writer `tracing-subscriber` formats each event into.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Stderr;
+pub(crate) struct Stderr;
 
 impl Write for Stderr {
     fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
@@ -116,7 +116,7 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Stderr {
 
 /// Installs the global subscriber: level from `FULCRUM_LOG` (default `info`), the given
 /// format, lines on stderr.
-pub fn init(format: LogFormat) {
+pub(crate) fn init(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("FULCRUM_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     let b = tracing_subscriber::fmt()

@@ -18,7 +18,7 @@ use crate::pool::Pool;
 use crate::stats::STATUS_CLASSES;
 
 /// The content type of the answer.
-pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub(crate) const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 #[derive(Debug)]
 struct PoolCollector(Arc<Pool>);
@@ -214,7 +214,7 @@ fn encode_proxy_wide(enc: &mut DescriptorEncoder, pool: &Pool) -> Result<(), std
 }
 
 /// Renders the metrics of `pool`.
-pub fn render(pool: &Arc<Pool>) -> Result<String, std::fmt::Error> {
+pub(crate) fn render(pool: &Arc<Pool>) -> Result<String, std::fmt::Error> {
     let mut registry = Registry::default();
     registry.register_collector(Box::new(PoolCollector(Arc::clone(pool))));
     let mut out = String::with_capacity(8 * 1024);

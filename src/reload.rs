@@ -21,22 +21,22 @@ use crate::pool::Pool;
 
 /// What a reload changed.
 #[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct Report {
+pub(crate) struct Report {
     /// Names of backends added.
-    pub added: Vec<String>,
+    pub(crate) added: Vec<String>,
     /// Names of backends removed.
-    pub removed: Vec<String>,
+    pub(crate) removed: Vec<String>,
     /// Names of backends re-weighted (or renamed, i.e. replaced).
-    pub updated: Vec<String>,
+    pub(crate) updated: Vec<String>,
     /// The strategy now in use.
-    pub strategy: &'static str,
+    pub(crate) strategy: &'static str,
     /// Settings that changed in the file but only apply after a restart.
-    pub restart_required: Vec<&'static str>,
+    pub(crate) restart_required: Vec<&'static str>,
 }
 
 /// Why a reload did nothing.
 #[derive(Debug, Clone, PartialEq)]
-pub enum ReloadError {
+pub(crate) enum ReloadError {
     /// fulcrum runs without `--config`.
     NoConfigFile,
     /// The file is unreadable or invalid (the first error).
@@ -56,7 +56,7 @@ impl std::fmt::Display for ReloadError {
 
 /// Re-reads the config file and applies it.
 #[derive(Debug)]
-pub struct Reloader {
+pub(crate) struct Reloader {
     flags: RawFlags,
     pool: Arc<Pool>,
     /// The settings in force; one reload at a time.
@@ -65,7 +65,7 @@ pub struct Reloader {
 
 impl Reloader {
     /// A reloader for a process started with `flags` and `settings`.
-    pub fn new(flags: RawFlags, settings: Settings, pool: Arc<Pool>) -> Reloader {
+    pub(crate) fn new(flags: RawFlags, settings: Settings, pool: Arc<Pool>) -> Reloader {
         Reloader {
             flags,
             pool,
@@ -74,7 +74,7 @@ impl Reloader {
     }
 
     /// Reloads; on error nothing has changed.
-    pub fn reload(&self) -> Result<Report, ReloadError> {
+    pub(crate) fn reload(&self) -> Result<Report, ReloadError> {
         if self.flags.config.is_none() {
             return Err(ReloadError::NoConfigFile);
         }

@@ -24,9 +24,9 @@ use crate::pool::Pool;
 use crate::proxy::{Proxy, ProxySettings, MAX_HEADER_BYTES};
 
 /// How long requests in flight may take to finish after a stop signal.
-pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// A client must send its request head within this time.
-pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Period of the worker heartbeat (see `worker`).
 const HEARTBEAT: Duration = Duration::from_millis(100);
@@ -37,7 +37,7 @@ const ANSWER_408: &[u8] = b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/p
 
 /// Binds a listener with `SO_REUSEADDR` and `SO_REUSEPORT`, so several workers can
 /// share one port and a restart does not wait for TIME_WAIT.
-pub fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+pub(crate) fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     use socket2::{Domain, Protocol, Socket, Type};
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     socket.set_reuse_address(true)?;
@@ -53,7 +53,7 @@ pub fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
 /// `SO_REUSEPORT` would let a second process of the same user join a port silently and
 /// take half its traffic. A listener already answering on the address makes the port an
 /// error instead, as nginx and HAProxy report it.
-pub fn bind_workers(
+pub(crate) fn bind_workers(
     addr: SocketAddr,
     workers: usize,
 ) -> std::io::Result<Vec<std::net::TcpListener>> {
@@ -108,7 +108,7 @@ fn is_header_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
 }
 
 /// Runs one worker until `shutdown` flips, then drains its connections.
-pub async fn worker(
+pub(crate) async fn worker(
     listener: std::net::TcpListener,
     proxy: &'static Proxy,
     mut shutdown: watch::Receiver<bool>,
@@ -261,19 +261,19 @@ async fn serve_connection(
 }
 
 /// A running balancer: its addresses and the handle that stops it.
-pub struct Running {
+pub(crate) struct Running {
     /// Proxy listener address (after binding, so port 0 is resolved).
-    pub listen: SocketAddr,
+    pub(crate) listen: SocketAddr,
     /// Admin listener address.
-    pub admin: SocketAddr,
+    pub(crate) admin: SocketAddr,
     /// Starts and stops spawned backends.
-    pub spawner: Arc<crate::spawn::Spawner>,
+    pub(crate) spawner: Arc<crate::spawn::Spawner>,
     /// The traffic generator.
-    pub traffic: Arc<crate::traffic::Traffic>,
+    pub(crate) traffic: Arc<crate::traffic::Traffic>,
     /// Applies the config file again (`SIGHUP`).
-    pub reloader: Arc<crate::reload::Reloader>,
+    pub(crate) reloader: Arc<crate::reload::Reloader>,
     /// The admin thread's runtime, where spawned children are supervised.
-    pub admin_rt: tokio::runtime::Handle,
+    pub(crate) admin_rt: tokio::runtime::Handle,
     shutdown: watch::Sender<bool>,
     /// The workers, then the admin thread (last).
     threads: Vec<std::thread::JoinHandle<()>>,
@@ -286,7 +286,7 @@ impl Running {
     ///
     /// Spawned backends are stopped once the workers have drained, so requests in flight
     /// to them finish first; the admin thread, which supervises them, ends last.
-    pub fn stop(mut self) {
+    pub(crate) fn stop(mut self) {
         let _ = self.shutdown.send(true);
         let admin = self.threads.pop();
         for t in self.threads {
@@ -425,7 +425,10 @@ fn spawn_admin(
     Ok((thread, admin_rt))
 }
 
-pub fn start(settings: &Settings, flags: &crate::config::RawFlags) -> Result<Running, String> {
+pub(crate) fn start(
+    settings: &Settings,
+    flags: &crate::config::RawFlags,
+) -> Result<Running, String> {
     raise_fd_limit();
     let listeners = bind_workers(settings.listen, settings.workers)
         .map_err(|e| format!("cannot listen on {}: {e}", settings.listen))?;
@@ -485,7 +488,7 @@ pub fn start(settings: &Settings, flags: &crate::config::RawFlags) -> Result<Run
 
 /// SIGTERM/SIGINT/SIGHUP handlers, installed before anything listens so that a stop
 /// signal arriving early still drains instead of killing the process.
-pub struct Signals {
+pub(crate) struct Signals {
     rt: tokio::runtime::Runtime,
     term: tokio::signal::unix::Signal,
     int: tokio::signal::unix::Signal,
@@ -494,7 +497,7 @@ pub struct Signals {
 
 impl Signals {
     /// Installs the handlers.
-    pub fn install() -> std::io::Result<Signals> {
+    pub(crate) fn install() -> std::io::Result<Signals> {
         use tokio::signal::unix::{signal, SignalKind};
         let rt = runtime()?;
         let (term, int, hup) = rt.block_on(async {
@@ -508,7 +511,7 @@ impl Signals {
     }
 
     /// Blocks until SIGTERM or SIGINT; SIGHUP calls `on_hup` (the config reload).
-    pub fn wait(mut self, on_hup: impl Fn()) {
+    pub(crate) fn wait(mut self, on_hup: impl Fn()) {
         self.rt.block_on(async {
             loop {
                 tokio::select! {

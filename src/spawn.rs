@@ -17,15 +17,15 @@ use crate::config::backend_spec;
 use crate::pool::{Backend, Pool, PoolError, SpawnInfo};
 
 /// How long a new child has to answer its health check.
-pub const HEALTH_DEADLINE: Duration = Duration::from_secs(5);
+pub(crate) const HEALTH_DEADLINE: Duration = Duration::from_secs(5);
 /// Spawned backends allowed at once.
-pub const MAX_SPAWNED: usize = 32;
+pub(crate) const MAX_SPAWNED: usize = 32;
 /// The descriptor a child finds its listening socket on.
-pub const CHILD_LISTEN_FD: i32 = 3;
+pub(crate) const CHILD_LISTEN_FD: i32 = 3;
 
 /// What can go wrong while spawning.
 #[derive(Debug)]
-pub enum SpawnError {
+pub(crate) enum SpawnError {
     /// Too many spawned backends, not spawned, already running, port taken…
     Conflict(String),
     /// The child did not answer its health check in time (it has been stopped).
@@ -46,18 +46,18 @@ impl std::fmt::Display for SpawnError {
 
 /// What a spawned backend is asked to be.
 #[derive(Debug, Clone, Default)]
-pub struct SpawnRequest {
+pub(crate) struct SpawnRequest {
     /// Pool weight.
-    pub weight: Option<u32>,
+    pub(crate) weight: Option<u32>,
     /// The demo backend's latency.
-    pub latency_ms: u64,
+    pub(crate) latency_ms: u64,
     /// Display name (default `spawned-PORT`).
-    pub name: Option<String>,
+    pub(crate) name: Option<String>,
 }
 
 /// Starts, stops and reaps spawned backends.
 #[derive(Debug)]
-pub struct Spawner {
+pub(crate) struct Spawner {
     pool: Arc<Pool>,
     exe: Option<PathBuf>,
     /// Serialises spawns so the limit and port choices are not raced.
@@ -110,7 +110,7 @@ fn signal_group(pid: u32, sig: i32) {
 
 impl Spawner {
     /// A spawner adding to `pool`; children run this same executable.
-    pub fn new(pool: Arc<Pool>) -> Spawner {
+    pub(crate) fn new(pool: Arc<Pool>) -> Spawner {
         Spawner {
             pool,
             exe: std::env::current_exe().ok(),
@@ -205,7 +205,7 @@ impl Spawner {
     }
 
     /// Starts a new backend and adds it to the pool once its health answers.
-    pub async fn spawn(&self, req: SpawnRequest) -> Result<Arc<Backend>, SpawnError> {
+    pub(crate) async fn spawn(&self, req: SpawnRequest) -> Result<Arc<Backend>, SpawnError> {
         let _serial = self.lock.lock().await;
         if self.spawned_running() >= MAX_SPAWNED {
             return Err(SpawnError::Conflict(format!(
@@ -248,7 +248,7 @@ impl Spawner {
     }
 
     /// Kills a spawned backend's process (the health checks then notice).
-    pub fn kill(&self, b: &Backend) -> Result<(), SpawnError> {
+    pub(crate) fn kill(&self, b: &Backend) -> Result<(), SpawnError> {
         let s = b.spawn.as_ref().ok_or_else(|| {
             SpawnError::Conflict(format!("backend {} was not spawned by fulcrum", b.id))
         })?;
@@ -262,7 +262,7 @@ impl Spawner {
     }
 
     /// Starts a killed spawned backend again on its port.
-    pub async fn revive(&self, b: Arc<Backend>) -> Result<(), SpawnError> {
+    pub(crate) async fn revive(&self, b: Arc<Backend>) -> Result<(), SpawnError> {
         let _serial = self.lock.lock().await;
         let s = b.spawn.as_ref().ok_or_else(|| {
             SpawnError::Conflict(format!("backend {} was not spawned by fulcrum", b.id))
@@ -310,7 +310,7 @@ impl Spawner {
 
     /// Removes a backend from the pool; a spawned one's process is stopped once its
     /// requests in flight have finished (at most 10 s later).
-    pub async fn remove(&self, id: u64) -> Result<Arc<Backend>, PoolError> {
+    pub(crate) async fn remove(&self, id: u64) -> Result<Arc<Backend>, PoolError> {
         let _serial = self.lock.lock().await;
         let b = self.pool.remove(id)?;
         if b.spawn.is_some() {
@@ -327,14 +327,14 @@ impl Spawner {
     }
 
     /// Stops the process of a spawned backend now.
-    pub fn stop(b: &Backend) {
+    pub(crate) fn stop(b: &Backend) {
         if let Some(pid) = b.spawn.as_ref().and_then(|s| s.pid()) {
             signal_group(pid, libc::SIGTERM);
         }
     }
 
     /// Stops every spawned process (fulcrum is exiting).
-    pub fn stop_all(&self) {
+    pub(crate) fn stop_all(&self) {
         for b in self.pool.backends() {
             Self::stop(&b);
         }

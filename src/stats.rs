@@ -9,13 +9,13 @@ use std::time::{Duration, Instant};
 
 /// Upper bounds (seconds) of the request duration histogram, as in most HTTP
 /// instrumentation: 1 ms to 10 s.
-pub const DURATION_BUCKETS: [f64; 13] = [
+pub(crate) const DURATION_BUCKETS: [f64; 13] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
 /// A fixed-bucket histogram of durations.
 #[derive(Debug, Default)]
-pub struct Histogram {
+pub(crate) struct Histogram {
     /// Non-cumulative counts; the last slot is `+Inf`.
     counts: [AtomicU64; DURATION_BUCKETS.len() + 1],
     sum_ns: AtomicU64,
@@ -24,7 +24,7 @@ pub struct Histogram {
 impl Histogram {
     /// Records one duration.
     #[inline]
-    pub fn observe(&self, d: Duration) {
+    pub(crate) fn observe(&self, d: Duration) {
         let s = d.as_secs_f64();
         let i = DURATION_BUCKETS
             .iter()
@@ -37,7 +37,7 @@ impl Histogram {
 
     /// `(sum in seconds, count, per-bucket counts)`; the buckets are not cumulative
     /// (prometheus-client's encoder accumulates them).
-    pub fn read(&self) -> (f64, u64, Vec<(f64, u64)>) {
+    pub(crate) fn read(&self) -> (f64, u64, Vec<(f64, u64)>) {
         let mut count = 0;
         let mut buckets = Vec::with_capacity(self.counts.len());
         for (i, c) in self.counts.iter().enumerate() {
@@ -54,34 +54,34 @@ impl Histogram {
 
 /// What the metrics endpoint shows about one backend.
 #[derive(Debug, Default)]
-pub struct BackendStats {
+pub(crate) struct BackendStats {
     /// Answers by status class: 1xx … 5xx.
     by_class: [AtomicU64; 5],
     /// Time from the request's arrival until its response has been sent whole.
-    pub duration: Histogram,
+    pub(crate) duration: Histogram,
     health_ok: AtomicU64,
     health_failed: AtomicU64,
 }
 
 /// Status class labels in `by_class` order.
-pub const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+pub(crate) const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
 
 impl BackendStats {
     /// Counts one finished request.
     #[inline]
-    pub fn finished(&self, status: u16, took: Duration) {
+    pub(crate) fn finished(&self, status: u16, took: Duration) {
         let class = (status / 100).clamp(1, 5) as usize - 1;
         self.by_class[class].fetch_add(1, Ordering::Relaxed);
         self.duration.observe(took);
     }
 
     /// Answers per status class, in [`STATUS_CLASSES`] order.
-    pub fn by_class(&self) -> [u64; 5] {
+    pub(crate) fn by_class(&self) -> [u64; 5] {
         std::array::from_fn(|i| self.by_class[i].load(Ordering::Relaxed))
     }
 
     /// Counts one health probe.
-    pub fn probe(&self, ok: bool) {
+    pub(crate) fn probe(&self, ok: bool) {
         let c = if ok {
             &self.health_ok
         } else {
@@ -91,7 +91,7 @@ impl BackendStats {
     }
 
     /// `(successful, failed)` health probes.
-    pub fn probes(&self) -> (u64, u64) {
+    pub(crate) fn probes(&self) -> (u64, u64) {
         (
             self.health_ok.load(Ordering::Relaxed),
             self.health_failed.load(Ordering::Relaxed),
@@ -101,31 +101,31 @@ impl BackendStats {
 
 /// Proxy-wide counters.
 #[derive(Debug, Default)]
-pub struct ProxyStats {
+pub(crate) struct ProxyStats {
     /// Retries sent.
-    pub retries: AtomicU64,
+    pub(crate) retries: AtomicU64,
     /// Requests answered 503 by `--max-inflight`.
-    pub shed: AtomicU64,
+    pub(crate) shed: AtomicU64,
     /// Requests answered 503 because nothing was eligible.
-    pub no_backend: AtomicU64,
+    pub(crate) no_backend: AtomicU64,
     /// Events a slow subscriber of the event stream missed.
-    pub events_dropped: AtomicU64,
+    pub(crate) events_dropped: AtomicU64,
 }
 
 /// Adds one to a counter.
 #[inline]
-pub fn bump(c: &AtomicU64) {
+pub(crate) fn bump(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
 }
 
 /// At most this many `request` events per second reach the event stream.
-pub const REQUEST_EVENTS_PER_SEC: u64 = 200;
+pub(crate) const REQUEST_EVENTS_PER_SEC: u64 = 200;
 
 /// Decides which requests become `request` events: none while nobody subscribes, and
 /// at most [`REQUEST_EVENTS_PER_SEC`] otherwise — one shared time slot, claimed by
 /// compare-and-swap, so the check costs one load when the slot is not due.
 #[derive(Debug)]
-pub struct RequestSampler {
+pub(crate) struct RequestSampler {
     subscribers: AtomicUsize,
     epoch: Instant,
     next_ns: AtomicU64,
@@ -143,18 +143,18 @@ impl Default for RequestSampler {
 
 impl RequestSampler {
     /// Registers a subscriber; pair with [`Self::unsubscribe`].
-    pub fn subscribe(&self) {
+    pub(crate) fn subscribe(&self) {
         self.subscribers.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Unregisters a subscriber.
-    pub fn unsubscribe(&self) {
+    pub(crate) fn unsubscribe(&self) {
         self.subscribers.fetch_sub(1, Ordering::Relaxed);
     }
 
     /// Whether the request finishing at `now` should be sampled.
     #[inline]
-    pub fn sample(&self, now: Instant) -> bool {
+    pub(crate) fn sample(&self, now: Instant) -> bool {
         if self.subscribers.load(Ordering::Relaxed) == 0 {
             return false;
         }

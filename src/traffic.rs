@@ -18,11 +18,11 @@ use hyper_util::rt::TokioExecutor;
 use serde::Serialize;
 
 /// Highest request rate.
-pub const MAX_RPS: u64 = 5000;
+pub(crate) const MAX_RPS: u64 = 5000;
 /// Longest run.
-pub const MAX_SECONDS: u64 = 600;
+pub(crate) const MAX_SECONDS: u64 = 600;
 /// Outstanding generator requests allowed.
-pub const MAX_IN_FLIGHT: u64 = 1000;
+pub(crate) const MAX_IN_FLIGHT: u64 = 1000;
 /// Latency samples kept for the percentiles (the most recent ones).
 const SAMPLES: usize = 4096;
 /// A generator request slower than this counts as an error.
@@ -30,13 +30,13 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What a run was asked to do.
 #[derive(Debug, Clone)]
-pub struct Plan {
+pub(crate) struct Plan {
     /// Requests per second.
-    pub rps: u64,
+    pub(crate) rps: u64,
     /// Run length.
-    pub seconds: u64,
+    pub(crate) seconds: u64,
     /// Path (and query) requested.
-    pub path: String,
+    pub(crate) path: String,
 }
 
 #[derive(Debug, Default)]
@@ -92,41 +92,41 @@ struct Run {
 
 /// Progress of the current (or last) run, as `GET /admin/traffic` shows it.
 #[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct Progress {
+pub(crate) struct Progress {
     /// Whether a run is going on.
-    pub running: bool,
+    pub(crate) running: bool,
     /// Requested rate.
-    pub rps: Option<u64>,
+    pub(crate) rps: Option<u64>,
     /// Requested length.
-    pub seconds: Option<u64>,
+    pub(crate) seconds: Option<u64>,
     /// Requested path.
-    pub path: Option<String>,
+    pub(crate) path: Option<String>,
     /// Seconds since the run started (until it ended).
-    pub elapsed_s: f64,
+    pub(crate) elapsed_s: f64,
     /// Requests sent.
-    pub sent: u64,
+    pub(crate) sent: u64,
     /// Requests answered below 500.
-    pub ok: u64,
+    pub(crate) ok: u64,
     /// Requests answered 5xx, failed, timed out or not sent for the in-flight bound.
-    pub errors: u64,
+    pub(crate) errors: u64,
     /// `sent / elapsed_s`.
-    pub achieved_rps: f64,
+    pub(crate) achieved_rps: f64,
     /// Median latency of recent requests, ms.
-    pub p50_ms: Option<f64>,
+    pub(crate) p50_ms: Option<f64>,
     /// 99th percentile latency of recent requests, ms.
-    pub p99_ms: Option<f64>,
+    pub(crate) p99_ms: Option<f64>,
 }
 
 /// Why a run cannot start.
 #[derive(Debug, PartialEq)]
-pub enum StartError {
+pub(crate) enum StartError {
     /// Another run is going on.
     Busy,
 }
 
 /// The generator: one run at a time against the proxy listener.
 #[derive(Debug)]
-pub struct Traffic {
+pub(crate) struct Traffic {
     target: SocketAddr,
     run: Mutex<Option<Run>>,
     /// Outstanding requests of every run: a stopped run's requests still count until
@@ -137,7 +137,7 @@ pub struct Traffic {
 impl Traffic {
     /// A generator sending to the proxy listening on `listen` (an unspecified address
     /// is reached over loopback).
-    pub fn new(listen: SocketAddr) -> Traffic {
+    pub(crate) fn new(listen: SocketAddr) -> Traffic {
         let mut target = listen;
         if target.ip().is_unspecified() {
             target.set_ip(if listen.is_ipv4() {
@@ -158,7 +158,7 @@ impl Traffic {
     }
 
     /// Starts a run (in the current tokio runtime).
-    pub fn start(self: &Arc<Self>, plan: Plan) -> Result<Progress, StartError> {
+    pub(crate) fn start(self: &Arc<Self>, plan: Plan) -> Result<Progress, StartError> {
         let mut slot = self.lock();
         if slot.as_ref().is_some_and(|r| r.ended.is_none()) {
             return Err(StartError::Busy);
@@ -246,7 +246,7 @@ impl Traffic {
     }
 
     /// Stops the running run, if any.
-    pub fn stop(&self) -> Progress {
+    pub(crate) fn stop(&self) -> Progress {
         if let Some(r) = self.lock().as_mut() {
             if r.ended.is_none() {
                 r.ended = Some(Instant::now());
@@ -257,7 +257,7 @@ impl Traffic {
     }
 
     /// The current or last run's progress.
-    pub fn progress(&self) -> Progress {
+    pub(crate) fn progress(&self) -> Progress {
         let slot = self.lock();
         let Some(r) = slot.as_ref() else {
             return Progress {

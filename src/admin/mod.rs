@@ -25,7 +25,7 @@ use crate::traffic::{Plan, Progress, StartError, Traffic, MAX_RPS, MAX_SECONDS};
 
 /// What the admin handlers share.
 #[derive(Clone)]
-pub struct AdminCtx {
+pub(crate) struct AdminCtx {
     pool: Arc<Pool>,
     token: Option<Arc<str>>,
     spawner: Arc<Spawner>,
@@ -35,7 +35,7 @@ pub struct AdminCtx {
 
 impl AdminCtx {
     /// Admin state over `pool`; with a token, every route needs it.
-    pub fn new(
+    pub(crate) fn new(
         pool: Arc<Pool>,
         token: Option<String>,
         spawner: Arc<Spawner>,
@@ -54,7 +54,7 @@ impl AdminCtx {
 
 /// An error answer: status plus `{"error": message}`.
 #[derive(Debug)]
-pub struct ApiError(StatusCode, String);
+pub(crate) struct ApiError(StatusCode, String);
 
 impl ApiError {
     fn bad(msg: impl Into<String>) -> Self {
@@ -639,7 +639,7 @@ fn same_origin(req: &Request) -> bool {
 }
 
 /// The admin router.
-pub fn router(ctx: AdminCtx) -> Router {
+pub(crate) fn router(ctx: AdminCtx) -> Router {
     Router::new()
         .route("/admin/status", get(status))
         .route("/admin/strategy", get(get_strategy).post(set_strategy))
@@ -669,7 +669,7 @@ pub fn router(ctx: AdminCtx) -> Router {
 }
 
 /// Serves the admin API until `stop` resolves.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: std::net::TcpListener,
     ctx: AdminCtx,
     stop: impl Future<Output = ()> + Send + 'static,

@@ -18,7 +18,7 @@ use super::{ConfigError, Settings};
 const BACKEND_KEYS: [&str; 3] = ["url", "weight", "name"];
 
 /// Applies a config file's text on top of `s`; returns every problem found.
-pub fn apply_file(s: &mut Settings, path: &Path, text: &str) -> Vec<ConfigError> {
+pub(crate) fn apply_file(s: &mut Settings, path: &Path, text: &str) -> Vec<ConfigError> {
     let mut c = Collector {
         file: path.display().to_string(),
         text,

@@ -18,26 +18,25 @@ use ipnet::IpNet;
 
 use crate::strategy::StrategyKind;
 
-pub use file::apply_file;
-pub use values::{
-    backend_spec, parse_addr, parse_backend_spec, parse_backend_url, parse_balance_factor,
-    parse_cidrs, parse_duration, parse_hash_key, parse_weight,
-};
+pub(crate) use file::apply_file;
+pub use values::backend_spec;
+pub(crate) use values::parse_addr;
+use values::parse_backend_spec;
 
 /// Default proxy listener.
-pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+pub(crate) const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 /// Default admin listener.
-pub const DEFAULT_ADMIN: &str = "127.0.0.1:9090";
+pub(crate) const DEFAULT_ADMIN: &str = "127.0.0.1:9090";
 /// Largest accepted backend weight.
-pub const MAX_WEIGHT: u32 = 1000;
+pub(crate) const MAX_WEIGHT: u32 = 1000;
 
 /// One problem with a setting, ready to print on one line.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
+pub(crate) struct ConfigError {
     /// Where the value came from: `--flag`, or `file line N`.
-    pub origin: String,
+    pub(crate) origin: String,
     /// What is wrong, naming the value and the valid values.
-    pub message: String,
+    pub(crate) message: String,
 }
 
 impl fmt::Display for ConfigError {
@@ -52,13 +51,13 @@ impl std::error::Error for ConfigError {}
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BackendSpec {
     /// The URL exactly as given.
-    pub url: String,
+    pub(crate) url: String,
     /// The `host:port` the proxy connects to.
-    pub authority: http::uri::Authority,
+    pub(crate) authority: http::uri::Authority,
     /// 1..=1000.
-    pub weight: u32,
+    pub(crate) weight: u32,
     /// Display name; defaults to `host:port`.
-    pub name: String,
+    pub(crate) name: String,
 }
 
 /// Where the request key of the hashing strategies comes from.
@@ -74,7 +73,7 @@ pub enum HashKey {
 
 /// Log output format on stderr.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LogFormat {
+pub(crate) enum LogFormat {
     /// Human-readable lines.
     Text,
     /// One JSON object per line.
@@ -83,62 +82,62 @@ pub enum LogFormat {
 
 /// Active health check settings.
 #[derive(Debug, Clone, PartialEq)]
-pub struct HealthSettings {
+pub(crate) struct HealthSettings {
     /// Path probed with `GET`.
-    pub path: String,
+    pub(crate) path: String,
     /// Time between probes.
-    pub interval: Duration,
+    pub(crate) interval: Duration,
     /// Bound on one probe.
-    pub timeout: Duration,
+    pub(crate) timeout: Duration,
     /// Consecutive successes to become healthy.
-    pub healthy_threshold: u32,
+    pub(crate) healthy_threshold: u32,
     /// Consecutive failures to become unhealthy.
-    pub unhealthy_threshold: u32,
+    pub(crate) unhealthy_threshold: u32,
 }
 
 /// Every setting of `fulcrum serve`, validated.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Settings {
+pub(crate) struct Settings {
     /// Proxy listener.
-    pub listen: SocketAddr,
+    pub(crate) listen: SocketAddr,
     /// Admin listener.
-    pub admin: SocketAddr,
+    pub(crate) admin: SocketAddr,
     /// The initial pool, in order.
-    pub backends: Vec<BackendSpec>,
+    pub(crate) backends: Vec<BackendSpec>,
     /// Balancing strategy.
-    pub strategy: StrategyKind,
+    pub(crate) strategy: StrategyKind,
     /// Key of the hashing strategies.
-    pub hash_key: HashKey,
+    pub(crate) hash_key: HashKey,
     /// Peers whose forwarding headers are believed.
-    pub trusted_proxies: Vec<IpNet>,
+    pub(crate) trusted_proxies: Vec<IpNet>,
     /// Bounded load for the hashing strategies; `None` = off.
-    pub hash_balance_factor: Option<f64>,
+    pub(crate) hash_balance_factor: Option<f64>,
     /// Active health checks.
-    pub health: HealthSettings,
+    pub(crate) health: HealthSettings,
     /// TCP connect bound.
-    pub connect_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
     /// Request sent → response headers bound.
-    pub upstream_timeout: Duration,
+    pub(crate) upstream_timeout: Duration,
     /// Extra attempts for a failed idempotent request.
-    pub retries: u32,
+    pub(crate) retries: u32,
     /// Shed above this many requests in flight; 0 = off.
-    pub max_inflight: usize,
+    pub(crate) max_inflight: usize,
     /// Weight ramp duration; zero = off.
-    pub slow_start: Duration,
+    pub(crate) slow_start: Duration,
     /// EWMA smoothing factor.
-    pub ewma_alpha: f64,
+    pub(crate) ewma_alpha: f64,
     /// File holding the admin bearer token.
-    pub admin_token_file: Option<PathBuf>,
+    pub(crate) admin_token_file: Option<PathBuf>,
     /// The admin token itself (from the file or `FULCRUM_ADMIN_TOKEN`).
-    pub admin_token: Option<String>,
+    pub(crate) admin_token: Option<String>,
     /// Threads serving traffic.
-    pub workers: usize,
+    pub(crate) workers: usize,
     /// Log format.
-    pub log_format: LogFormat,
+    pub(crate) log_format: LogFormat,
     /// One access log line per request on stderr.
-    pub access_log: bool,
+    pub(crate) access_log: bool,
     /// The config file, kept for reloads.
-    pub config_file: Option<PathBuf>,
+    pub(crate) config_file: Option<PathBuf>,
 }
 
 impl Default for Settings {
@@ -188,20 +187,20 @@ impl Default for Settings {
 
 /// Raw, unvalidated values as typed on the command line.
 #[derive(Debug, Clone, Default)]
-pub struct RawFlags {
+pub(crate) struct RawFlags {
     /// `--config`.
-    pub config: Option<PathBuf>,
+    pub(crate) config: Option<PathBuf>,
     /// Every `--backend`, in order.
-    pub backend: Vec<String>,
+    pub(crate) backend: Vec<String>,
     /// The options of the table given, by file key, in the order typed.
-    pub values: Vec<(&'static str, String)>,
+    pub(crate) values: Vec<(&'static str, String)>,
     /// `FULCRUM_ADMIN_TOKEN`.
-    pub admin_token_env: Option<String>,
+    pub(crate) admin_token_env: Option<String>,
 }
 
 impl RawFlags {
     /// Adds the value of the option `key` (a key of the options table).
-    pub fn with(mut self, key: &str, value: impl Into<String>) -> RawFlags {
+    pub(crate) fn with(mut self, key: &str, value: impl Into<String>) -> RawFlags {
         if let Some(o) = options::find(key) {
             self.values.push((o.key, value.into()));
         }
@@ -211,7 +210,7 @@ impl RawFlags {
 
 /// Builds the settings of `fulcrum serve`: defaults, then the file, then the flags.
 /// Returns every error found (the caller prints the first).
-pub fn build(flags: &RawFlags) -> Result<Settings, Vec<ConfigError>> {
+pub(crate) fn build(flags: &RawFlags) -> Result<Settings, Vec<ConfigError>> {
     let mut s = Settings::default();
     let mut errors = Vec::new();
     if let Some(path) = &flags.config {
@@ -305,7 +304,7 @@ fn check_whole(s: &Settings, errors: &mut Vec<ConfigError>) {
 }
 
 /// Validates a config file alone, as `fulcrum check` does.
-pub fn check_file(path: &Path) -> Vec<ConfigError> {
+pub(crate) fn check_file(path: &Path) -> Vec<ConfigError> {
     match std::fs::read_to_string(path) {
         Ok(text) => {
             let mut s = Settings::default();
@@ -328,6 +327,7 @@ pub fn check_file(path: &Path) -> Vec<ConfigError> {
 
 #[cfg(test)]
 mod tests {
+    use super::values::{parse_balance_factor, parse_duration};
     use super::*;
 
     #[test]

@@ -42,34 +42,34 @@ pub(crate) enum Reload {
 #[derive(Debug)]
 pub(crate) struct Opt {
     /// The config file's key; the flag is `--` + the key with `-` for `_`.
-    pub key: &'static str,
+    pub(crate) key: &'static str,
     /// The same setting's key inside the file's `[health]` table, if it has one.
-    pub health_key: Option<&'static str>,
+    pub(crate) health_key: Option<&'static str>,
     /// The placeholder of the flag's value in `--help`.
-    pub value_name: &'static str,
+    pub(crate) value_name: &'static str,
     /// What it does, for `--help`.
-    pub help: &'static str,
+    pub(crate) help: &'static str,
     /// The built-in default as it would be written; `None` when there is none or it is
     /// not a constant (see `default_text`).
-    pub default: Option<&'static str>,
+    pub(crate) default: Option<&'static str>,
     /// The default as `--help` states it when it is not a constant.
-    pub default_text: Option<&'static str>,
+    pub(crate) default_text: Option<&'static str>,
     /// How the file writes it.
-    pub file_type: FileType,
+    pub(crate) file_type: FileType,
     /// Parses a value and stores it.
-    pub set: fn(&mut Settings, &str) -> Result<(), String>,
+    pub(crate) set: fn(&mut Settings, &str) -> Result<(), String>,
     /// What a reload does with it.
-    pub reload: Reload,
+    pub(crate) reload: Reload,
 }
 
 impl Opt {
     /// The flag's name, without the leading `--`.
-    pub fn flag(&self) -> String {
+    pub(crate) fn flag(&self) -> String {
         self.key.replace('_', "-")
     }
 
     /// The help line with the default, as `--help` prints it.
-    pub fn help_line(&self) -> String {
+    pub(crate) fn help_line(&self) -> String {
         match self.default.or(self.default_text) {
             Some(d) => format!("{} [default: {d}]", self.help),
             None => self.help.to_string(),

@@ -12,7 +12,7 @@ use super::{BackendSpec, HashKey, LogFormat, MAX_WEIGHT};
 use crate::strategy::StrategyKind;
 
 /// Parses `250ms`, `5s`, `1m`, `1h`; a unit is required.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();
     let digits = t.chars().take_while(|c| c.is_ascii_digit()).count();
     let unit = &t[digits..];
@@ -55,7 +55,7 @@ pub(crate) fn parse_uint<T: std::str::FromStr + PartialOrd + fmt::Display + Copy
 }
 
 /// Parses a listener address; `localhost:PORT` means `127.0.0.1:PORT`.
-pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
+pub(crate) fn parse_addr(s: &str) -> Result<SocketAddr, String> {
     let t = s.trim();
     let t2 = t
         .strip_prefix("localhost:")
@@ -67,7 +67,7 @@ pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
 }
 
 /// Parses and checks a backend URL: `http://host[:port]` with no path beyond `/`.
-pub fn parse_backend_url(url: &str) -> Result<http::uri::Authority, String> {
+pub(crate) fn parse_backend_url(url: &str) -> Result<http::uri::Authority, String> {
     let bad = |why: &str| format!("invalid backend URL '{url}' ({why})");
     let uri: Uri = url.parse().map_err(|_| bad("expected http://HOST:PORT"))?;
     match uri.scheme_str() {
@@ -97,7 +97,7 @@ pub fn parse_backend_url(url: &str) -> Result<http::uri::Authority, String> {
 }
 
 /// Parses a weight, 1..=1000.
-pub fn parse_weight(s: &str) -> Result<u32, String> {
+pub(crate) fn parse_weight(s: &str) -> Result<u32, String> {
     parse_uint::<u32>(s, 1, MAX_WEIGHT)
         .map_err(|_| format!("invalid weight '{s}' (expected an integer from 1 to {MAX_WEIGHT})"))
 }
@@ -139,7 +139,7 @@ pub fn backend_spec(
 }
 
 /// Parses `URL[,weight=N][,name=NAME]`.
-pub fn parse_backend_spec(s: &str) -> Result<BackendSpec, String> {
+pub(crate) fn parse_backend_spec(s: &str) -> Result<BackendSpec, String> {
     let mut parts = s.split(',');
     let url = parts.next().unwrap_or("").trim();
     let mut weight = None;
@@ -159,7 +159,7 @@ pub fn parse_backend_spec(s: &str) -> Result<BackendSpec, String> {
 }
 
 /// Parses `client_ip`, `header:NAME`, `cookie:NAME`.
-pub fn parse_hash_key(s: &str) -> Result<HashKey, String> {
+pub(crate) fn parse_hash_key(s: &str) -> Result<HashKey, String> {
     let bad = || format!("invalid hash key '{s}' (valid: client_ip, header:NAME, cookie:NAME)");
     if s == "client_ip" {
         return Ok(HashKey::ClientIp);
@@ -178,7 +178,7 @@ pub fn parse_hash_key(s: &str) -> Result<HashKey, String> {
 }
 
 /// Parses `CIDR[,CIDR…]`; a bare IP is a /32 or /128.
-pub fn parse_cidrs(s: &str) -> Result<Vec<IpNet>, String> {
+pub(crate) fn parse_cidrs(s: &str) -> Result<Vec<IpNet>, String> {
     s.split(',')
         .map(str::trim)
         .filter(|p| !p.is_empty())
@@ -194,7 +194,7 @@ pub fn parse_cidrs(s: &str) -> Result<Vec<IpNet>, String> {
 
 /// Parses `--hash-balance-factor`: a factor above 1 (1.25 lets a backend hold 125 % of
 /// its share of the load), or 0 for off.
-pub fn parse_balance_factor(s: &str) -> Result<Option<f64>, String> {
+pub(crate) fn parse_balance_factor(s: &str) -> Result<Option<f64>, String> {
     match s.trim().parse::<f64>() {
         Ok(0.0) => Ok(None),
         Ok(f) if f > 1.0 && f <= 100.0 => Ok(Some(f)),

@@ -13,15 +13,15 @@ use hyper_util::server::conn::auto;
 
 /// How the demo backend behaves.
 #[derive(Debug, Clone)]
-pub struct BackendOptions {
+pub(crate) struct BackendOptions {
     /// Name reported in every answer.
-    pub name: String,
+    pub(crate) name: String,
     /// Base latency of every answer.
-    pub latency_ms: u64,
+    pub(crate) latency_ms: u64,
     /// Uniform jitter around the latency, ±.
-    pub jitter_ms: u64,
+    pub(crate) jitter_ms: u64,
     /// Share of requests answered with 500.
-    pub error_rate: f64,
+    pub(crate) error_rate: f64,
 }
 
 fn query_param<'a>(query: Option<&'a str>, key: &str) -> Option<&'a str> {
@@ -80,7 +80,10 @@ async fn answer(opts: &BackendOptions, req: Request<Incoming>) -> Response<Full<
 }
 
 /// Serves until the process is stopped.
-pub async fn run(listener: std::net::TcpListener, opts: BackendOptions) -> std::io::Result<()> {
+pub(crate) async fn run(
+    listener: std::net::TcpListener,
+    opts: BackendOptions,
+) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::from_std(listener)?;
     let opts: &'static BackendOptions = Box::leak(Box::new(opts));
     let builder = auto::Builder::new(TokioExecutor::new());
@@ -105,7 +108,10 @@ pub async fn run(listener: std::net::TcpListener, opts: BackendOptions) -> std::
 }
 
 /// Serves on `listener` on a small runtime; returns only on error.
-pub fn serve_blocking(listener: std::net::TcpListener, opts: BackendOptions) -> Result<(), String> {
+pub(crate) fn serve_blocking(
+    listener: std::net::TcpListener,
+    opts: BackendOptions,
+) -> Result<(), String> {
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)

@@ -90,7 +90,7 @@ fn jittered(d: Duration) -> Duration {
 }
 
 /// One probe: connect, `GET path`, wait for the status line, all within `timeout`.
-pub async fn probe(b: &Backend, path: &str, timeout: Duration) -> bool {
+pub(crate) async fn probe(b: &Backend, path: &str, timeout: Duration) -> bool {
     let attempt = async {
         let stream = match b.socket_addr {
             Some(addr) => TcpStream::connect(addr).await,
@@ -137,7 +137,11 @@ struct Track {
 }
 
 /// Runs the health checks of `pool` until `stop` flips.
-pub async fn run(pool: Arc<Pool>, settings: HealthSettings, mut stop: watch::Receiver<bool>) {
+pub(crate) async fn run(
+    pool: Arc<Pool>,
+    settings: HealthSettings,
+    mut stop: watch::Receiver<bool>,
+) {
     let settings = Arc::new(settings);
     let (tx, mut results) = mpsc::unbounded_channel::<(u64, bool)>();
     let mut tracks: HashMap<u64, Track> = HashMap::new();

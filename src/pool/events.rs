@@ -9,12 +9,12 @@ use serde::Serialize;
 use super::BackendView;
 
 /// Events kept for a subscriber that has not read them yet.
-pub const EVENT_CAPACITY: usize = 1024;
+pub(crate) const EVENT_CAPACITY: usize = 1024;
 
 /// One change, as JSON: `{"type": "health", …}`.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 #[serde(tag = "type", rename_all = "snake_case")]
-pub enum Event {
+pub(crate) enum Event {
     /// The health checks changed their verdict.
     Health {
         /// Backend id.

@@ -11,10 +11,10 @@ use tokio::sync::watch;
 use super::Pool;
 
 /// How often the upkeep runs: the precision of an ejection's end and of a ramp's steps.
-pub const TICK: Duration = Duration::from_millis(25);
+pub(crate) const TICK: Duration = Duration::from_millis(25);
 
 /// Runs the upkeep of `pool` every [`TICK`] until `stop` flips.
-pub async fn run(pool: Arc<Pool>, mut stop: watch::Receiver<bool>) {
+pub(crate) async fn run(pool: Arc<Pool>, mut stop: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

@@ -6,45 +6,44 @@
 //! load and one pick; it never takes the control mutex.
 
 mod events;
-pub mod maintenance;
+pub(crate) mod maintenance;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use arc_swap::ArcSwap;
 use serde::Serialize;
 
-pub use crate::backend::{
-    clock_ns, AdminState, Backend, Faults, OutlierAction, RequestGuard, SpawnInfo,
-};
+pub(crate) use crate::backend::{clock_ns, AdminState, OutlierAction, SpawnInfo};
+pub use crate::backend::{Backend, RequestGuard};
 use crate::stats;
-pub use events::{Event, EVENT_CAPACITY};
+pub(crate) use events::{Event, EVENT_CAPACITY};
 
 use crate::config::BackendSpec;
-use crate::strategy::{PickCtx, Picker, PickerOptions, StrategyKind};
+#[cfg(test)]
+use crate::strategy::PickCtx;
+use crate::strategy::{Picker, PickerOptions, StrategyKind};
 
 /// How often a running slow-start ramp republishes the routing table.
-pub const RAMP_REPUBLISH: std::time::Duration = std::time::Duration::from_millis(250);
+pub(crate) const RAMP_REPUBLISH: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// An immutable view of the pool and the picker built over it.
 #[derive(Debug)]
-pub struct Snapshot {
-    /// Bumped on every publish.
-    pub generation: u64,
+pub(crate) struct Snapshot {
     /// The live strategy.
-    pub strategy: StrategyKind,
+    pub(crate) strategy: StrategyKind,
     /// Every backend in pool order.
-    pub backends: Vec<Arc<Backend>>,
+    pub(crate) backends: Vec<Arc<Backend>>,
     /// The backends a strategy may pick, in pool order.
-    pub eligible: Vec<Arc<Backend>>,
+    pub(crate) eligible: Vec<Arc<Backend>>,
     /// Routing state over `eligible`.
-    pub picker: Picker,
+    pub(crate) picker: Picker,
 }
 
 impl Snapshot {
     /// The strategy's first candidate for a request with `key` that `accept` takes
     /// (see [`Picker::select`]).
     #[inline]
-    pub fn select(
+    pub(crate) fn select(
         &self,
         key: Option<u64>,
         accept: impl FnMut(&Arc<Backend>) -> bool,
@@ -55,8 +54,8 @@ impl Snapshot {
     }
 
     /// Picks an eligible backend that `ctx` allows (not yet tried).
-    #[inline]
-    pub fn pick(&self, ctx: &PickCtx<'_>) -> Option<&Arc<Backend>> {
+    #[cfg(test)]
+    pub(crate) fn pick(&self, ctx: &PickCtx<'_>) -> Option<&Arc<Backend>> {
         self.picker
             .pick(&self.eligible, ctx)
             .map(|i| &self.eligible[i])
@@ -65,7 +64,7 @@ impl Snapshot {
 
 /// Why a pool operation was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PoolError {
+pub(crate) enum PoolError {
     /// No backend has that id.
     NotFound(u64),
     /// A backend with that URL is already in the pool.
@@ -93,52 +92,51 @@ struct Members {
     backends: Vec<Arc<Backend>>,
     next_id: u64,
     strategy: StrategyKind,
-    generation: u64,
     /// What pickers are built with.
     options: PickerOptions,
 }
 
 /// Backends, strategy and the published routing table.
 #[derive(Debug)]
-pub struct Pool {
+pub(crate) struct Pool {
     members: Mutex<Members>,
     table: ArcSwap<Snapshot>,
     alpha: f64,
     slow_start: std::time::Duration,
     events: tokio::sync::broadcast::Sender<Event>,
     /// Proxy-wide counters.
-    pub stats: stats::ProxyStats,
+    pub(crate) stats: stats::ProxyStats,
     /// Which finished requests become `request` events.
-    pub sampler: stats::RequestSampler,
+    pub(crate) sampler: stats::RequestSampler,
 }
 
 /// A backend as the admin API shows it.
 #[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct BackendView {
-    pub id: u64,
-    pub name: String,
-    pub url: String,
-    pub weight: u32,
-    pub effective_weight: f64,
-    pub state: AdminState,
-    pub healthy: bool,
-    pub ejected: bool,
-    pub active_conns: u64,
-    pub avg_latency_ms: Option<f64>,
-    pub requests: u64,
-    pub errors: u64,
-    pub spawned: bool,
+pub(crate) struct BackendView {
+    pub(crate) id: u64,
+    pub(crate) name: String,
+    pub(crate) url: String,
+    pub(crate) weight: u32,
+    pub(crate) effective_weight: f64,
+    pub(crate) state: AdminState,
+    pub(crate) healthy: bool,
+    pub(crate) ejected: bool,
+    pub(crate) active_conns: u64,
+    pub(crate) avg_latency_ms: Option<f64>,
+    pub(crate) requests: u64,
+    pub(crate) errors: u64,
+    pub(crate) spawned: bool,
     /// A spawned backend's process id (`null` while it is not running).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub pid: Option<Option<u32>>,
+    pub(crate) pid: Option<Option<u32>>,
     /// A spawned backend's port.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub port: Option<u16>,
+    pub(crate) port: Option<u16>,
 }
 
 impl BackendView {
     /// Reads a backend's live numbers.
-    pub fn of(b: &Backend) -> BackendView {
+    pub(crate) fn of(b: &Backend) -> BackendView {
         BackendView {
             id: b.id,
             name: b.name.clone(),
@@ -171,7 +169,6 @@ fn build_snapshot(m: &Members, previous: Option<&Picker>) -> Snapshot {
     let picker = Picker::build_with(m.strategy, &eligible, &m.options, previous);
     picker.attach(&m.backends, &eligible);
     Snapshot {
-        generation: m.generation,
         strategy: m.strategy,
         picker,
         backends: m.backends.clone(),
@@ -184,7 +181,7 @@ impl Pool {
     ///
     /// Backends present at start-up take their full weight at once (as in HAProxy);
     /// `slow_start` applies to those that join or recover later.
-    pub fn new(
+    pub(crate) fn new(
         specs: Vec<BackendSpec>,
         strategy: StrategyKind,
         alpha: f64,
@@ -200,7 +197,6 @@ impl Pool {
             next_id: backends.len() as u64,
             backends,
             strategy,
-            generation: 0,
             options: PickerOptions::default(),
         };
         let table = ArcSwap::from_pointee(build_snapshot(&members, None));
@@ -217,7 +213,7 @@ impl Pool {
 
     /// Sets `--hash-balance-factor` before the pool is shared (see
     /// [`Self::set_hash_balance_factor`]).
-    pub fn with_hash_balance_factor(self, factor: Option<f64>) -> Pool {
+    pub(crate) fn with_hash_balance_factor(self, factor: Option<f64>) -> Pool {
         self.set_hash_balance_factor(factor);
         self
     }
@@ -225,7 +221,7 @@ impl Pool {
     /// Sets `--hash-balance-factor` (bounded load for the hashing strategies; `None` =
     /// off); the next pick follows it. A ring or Maglev table in use is kept: the factor
     /// changes how it is walked, not where its points are.
-    pub fn set_hash_balance_factor(&self, factor: Option<f64>) {
+    pub(crate) fn set_hash_balance_factor(&self, factor: Option<f64>) {
         let mut m = self.lock();
         if m.options.hash_balance_factor != factor {
             m.options.hash_balance_factor = factor;
@@ -234,18 +230,18 @@ impl Pool {
     }
 
     /// A receiver of every event from now on.
-    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Event> {
+    pub(crate) fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Event> {
         self.events.subscribe()
     }
 
     /// Sends an event to whoever listens (nobody listening is fine).
-    pub fn emit(&self, e: Event) {
+    pub(crate) fn emit(&self, e: Event) {
         let _ = self.events.send(e);
     }
 
     /// The current routing table (lock-free).
     #[inline]
-    pub fn snapshot(&self) -> arc_swap::Guard<Arc<Snapshot>> {
+    pub(crate) fn snapshot(&self) -> arc_swap::Guard<Arc<Snapshot>> {
         self.table.load()
     }
 
@@ -256,23 +252,16 @@ impl Pool {
     }
 
     fn publish(&self, m: &mut Members) {
-        m.generation += 1;
         let previous = self.table.load();
         self.table
             .store(Arc::new(build_snapshot(m, Some(&previous.picker))));
-    }
-
-    /// Rebuilds the routing table after a backend's own flags changed.
-    pub fn republish(&self) {
-        let mut m = self.lock();
-        self.publish(&mut m);
     }
 
     /// Records the verdict of the health checks. Returns whether it changed anything; a
     /// change publishes a new routing table, so every strategy follows it at once. A
     /// backend that becomes healthy again starts with a fresh latency average, and any
     /// ejection it has ends (half-open).
-    pub fn mark_health(&self, id: u64, healthy: bool) -> bool {
+    pub(crate) fn mark_health(&self, id: u64, healthy: bool) -> bool {
         let mut m = self.lock();
         let Some(b) = m.backends.iter().find(|b| b.id == id).cloned() else {
             return false;
@@ -307,7 +296,7 @@ impl Pool {
 
     /// Ejects a backend after failures on live traffic, unless that would put more than
     /// half of the pool (rounded down) out at once. Returns the ejection's length.
-    pub fn eject(&self, id: u64) -> Option<std::time::Duration> {
+    pub(crate) fn eject(&self, id: u64) -> Option<std::time::Duration> {
         let mut m = self.lock();
         let b = m.backends.iter().find(|b| b.id == id).cloned()?;
         if b.ejected() {
@@ -332,7 +321,7 @@ impl Pool {
 
     /// Ends the ejections whose time is up (each backend turns half-open: one request
     /// goes through before it takes full traffic).
-    pub fn end_due_ejections(&self) {
+    pub(crate) fn end_due_ejections(&self) {
         let now = std::time::Instant::now();
         let mut m = self.lock();
         let mut changed = false;
@@ -355,7 +344,7 @@ impl Pool {
 
     /// Republishes while a slow-start ramp runs, at most every [`RAMP_REPUBLISH`], and
     /// once when a ramp ends, so the weighted strategies follow the rising weight.
-    pub fn refresh_ramps(&self) {
+    pub(crate) fn refresh_ramps(&self) {
         if self.slow_start.is_zero() {
             return;
         }
@@ -380,7 +369,7 @@ impl Pool {
 
     /// Rebuilds the routing table when its least-loaded index is due for renewal
     /// ([`Picker::index_is_old`]); called on the health checker's tick.
-    pub fn renew_index(&self) {
+    pub(crate) fn renew_index(&self) {
         let now = clock_ns();
         if self.table.load().picker.index_is_old(now) {
             let mut m = self.lock();
@@ -391,12 +380,12 @@ impl Pool {
     }
 
     /// The live strategy.
-    pub fn strategy(&self) -> StrategyKind {
+    pub(crate) fn strategy(&self) -> StrategyKind {
         self.lock().strategy
     }
 
     /// Switches strategy; requests in flight keep their backend, the next pick uses it.
-    pub fn set_strategy(&self, kind: StrategyKind) {
+    pub(crate) fn set_strategy(&self, kind: StrategyKind) {
         let mut m = self.lock();
         m.strategy = kind;
         self.publish(&mut m);
@@ -406,12 +395,12 @@ impl Pool {
     }
 
     /// Every backend in pool order.
-    pub fn backends(&self) -> Vec<Arc<Backend>> {
+    pub(crate) fn backends(&self) -> Vec<Arc<Backend>> {
         self.lock().backends.clone()
     }
 
     /// One backend by id.
-    pub fn get(&self, id: u64) -> Result<Arc<Backend>, PoolError> {
+    pub(crate) fn get(&self, id: u64) -> Result<Arc<Backend>, PoolError> {
         self.lock()
             .backends
             .iter()
@@ -421,12 +410,12 @@ impl Pool {
     }
 
     /// Adds a backend at the end of the pool.
-    pub fn add(&self, spec: BackendSpec) -> Result<Arc<Backend>, PoolError> {
+    pub(crate) fn add(&self, spec: BackendSpec) -> Result<Arc<Backend>, PoolError> {
         self.add_with(spec, None)
     }
 
     /// Adds a backend whose process fulcrum started and supervises.
-    pub fn add_with(
+    pub(crate) fn add_with(
         &self,
         spec: BackendSpec,
         spawn: Option<SpawnInfo>,
@@ -454,7 +443,7 @@ impl Pool {
     }
 
     /// Removes a backend; its in-flight requests finish (their guards hold it).
-    pub fn remove(&self, id: u64) -> Result<Arc<Backend>, PoolError> {
+    pub(crate) fn remove(&self, id: u64) -> Result<Arc<Backend>, PoolError> {
         let mut m = self.lock();
         let pos = m
             .backends
@@ -471,7 +460,7 @@ impl Pool {
     }
 
     /// Changes weight and/or state; applies to the next pick.
-    pub fn update(
+    pub(crate) fn update(
         &self,
         id: u64,
         weight: Option<u32>,

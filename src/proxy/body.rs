@@ -15,17 +15,17 @@ use crate::backend::RequestGuard;
 
 /// What keeps a request accounted for until its response has been received whole.
 #[derive(Debug)]
-pub struct Hold {
+pub(crate) struct Hold {
     /// The backend's in-flight slot.
-    pub guard: RequestGuard,
+    pub(crate) guard: RequestGuard,
     /// The proxy-wide shedding slot, when shedding is on; held for its drop.
-    pub _permit: Option<crate::proxy::ShedPermit>,
+    pub(crate) _permit: Option<crate::proxy::ShedPermit>,
     /// The upstream connection, returned to its pool once the body has been read whole.
-    pub conn: Option<(Conn, &'static Upstreams)>,
+    pub(crate) conn: Option<(Conn, &'static Upstreams)>,
     /// Set when the request body has been sent whole (`None`: there was none).
-    pub upload: Option<Arc<AtomicBool>>,
+    pub(crate) upload: Option<Arc<AtomicBool>>,
     /// The request's record, written when the hold is released.
-    pub finish: Option<(super::Finish, &'static super::Recorder)>,
+    pub(crate) finish: Option<(super::Finish, &'static super::Recorder)>,
 }
 
 impl Drop for Hold {
@@ -52,7 +52,7 @@ impl Hold {
 
 /// The body sent upstream: the client's stream, or nothing (a replayable request).
 #[derive(Debug)]
-pub enum ReqBody {
+pub(crate) enum ReqBody {
     /// The client's body, streamed through; `done` is set once it has been sent whole.
     Stream {
         /// The client's body.
@@ -66,7 +66,7 @@ pub enum ReqBody {
 
 impl ReqBody {
     /// Streams `inner` through, noting when it ends.
-    pub fn streaming(inner: Incoming) -> ReqBody {
+    pub(crate) fn streaming(inner: Incoming) -> ReqBody {
         ReqBody::Stream {
             inner,
             done: Arc::new(AtomicBool::new(false)),
@@ -74,7 +74,7 @@ impl ReqBody {
     }
 
     /// The flag that tells when the body has been sent whole.
-    pub fn upload_flag(&self) -> Option<Arc<AtomicBool>> {
+    pub(crate) fn upload_flag(&self) -> Option<Arc<AtomicBool>> {
         match self {
             ReqBody::Stream { done, .. } => Some(Arc::clone(done)),
             ReqBody::Empty => None,
@@ -125,7 +125,7 @@ impl Body for ReqBody {
 
 /// The body sent to the client: the backend's stream, or a short answer of our own.
 #[derive(Debug)]
-pub enum RespBody {
+pub(crate) enum RespBody {
     /// The backend's body; `hold` is released the moment it has been read whole, fails,
     /// or the body is dropped (client gone).
     Upstream {
@@ -149,11 +149,11 @@ pub enum RespBody {
 }
 
 /// The error of a response body: the backend's stream broke off.
-pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type BodyError = Box<dyn std::error::Error + Send + Sync>;
 
 impl RespBody {
     /// Wraps a backend body; an already-finished one releases its hold at once.
-    pub fn upstream(inner: Incoming, hold: Hold) -> RespBody {
+    pub(crate) fn upstream(inner: Incoming, hold: Hold) -> RespBody {
         let hold = if inner.is_end_stream() {
             hold.complete();
             None
@@ -165,7 +165,7 @@ impl RespBody {
 
     /// Wraps a body read inline; an already-finished one releases its hold and its
     /// connection at once.
-    pub fn wire(mut inner: WireBody, hold: Hold, pool: &'static Upstreams) -> RespBody {
+    pub(crate) fn wire(mut inner: WireBody, hold: Hold, pool: &'static Upstreams) -> RespBody {
         let hold = if inner.is_end_stream() {
             if let Some(w) = inner.take_reusable() {
                 pool.checkin_wire(w);
@@ -179,12 +179,12 @@ impl RespBody {
     }
 
     /// A fixed body.
-    pub fn full(b: impl Into<Bytes>) -> RespBody {
+    pub(crate) fn full(b: impl Into<Bytes>) -> RespBody {
         RespBody::Full(Some(b.into()))
     }
 
     /// No body.
-    pub fn empty() -> RespBody {
+    pub(crate) fn empty() -> RespBody {
         RespBody::Full(None)
     }
 }

@@ -25,7 +25,7 @@ struct Slot {
 
 /// Counts requests and retries over the last [`WINDOW_SECS`] seconds.
 #[derive(Debug)]
-pub struct RetryBudget {
+pub(crate) struct RetryBudget {
     start: Instant,
     slots: [Slot; WINDOW_SECS as usize],
 }
@@ -38,7 +38,7 @@ impl Default for RetryBudget {
 
 impl RetryBudget {
     /// An empty budget.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         RetryBudget {
             start: Instant::now(),
             slots: Default::default(),
@@ -68,12 +68,12 @@ impl RetryBudget {
     }
 
     /// Counts a client request.
-    pub fn deposit(&self) {
+    pub(crate) fn deposit(&self) {
         self.deposit_at(self.now_second());
     }
 
     /// Takes one retry from the budget if there is room; `false` means do not retry.
-    pub fn withdraw(&self) -> bool {
+    pub(crate) fn withdraw(&self) -> bool {
         self.withdraw_at(self.now_second())
     }
 

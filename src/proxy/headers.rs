@@ -9,14 +9,14 @@ use ipnet::IpNet;
 use super::hop;
 
 /// `X-Forwarded-For`.
-pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+pub(crate) const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 /// `X-Forwarded-Proto`.
-pub const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+pub(crate) const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 /// `X-Forwarded-Host`.
-pub const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+pub(crate) const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
 /// Whether the request asks for a protocol upgrade (`Connection: upgrade` + `Upgrade`).
-pub fn is_upgrade_request(headers: &HeaderMap) -> bool {
+pub(crate) fn is_upgrade_request(headers: &HeaderMap) -> bool {
     headers.contains_key(header::UPGRADE)
         && headers
             .get_all(header::CONNECTION)
@@ -29,7 +29,7 @@ pub fn is_upgrade_request(headers: &HeaderMap) -> bool {
 ///
 /// Runs on every request and every response of the header-map path, so the common case
 /// stays cheap: one pass over the names finds whether there is anything to remove.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
     let present = headers
         .keys()
         .any(|k| hop::is_hop_by_hop(k.as_str().as_bytes()));
@@ -57,7 +57,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
 
 /// HTTP/2 clients may split `Cookie` into several fields; an HTTP/1.1 backend expects
 /// one line, joined with `; ` (RFC 9113 §8.2.3).
-pub fn merge_cookies(headers: &mut HeaderMap) {
+pub(crate) fn merge_cookies(headers: &mut HeaderMap) {
     if headers.get_all(header::COOKIE).iter().nth(1).is_none() {
         return;
     }
@@ -72,7 +72,7 @@ pub fn merge_cookies(headers: &mut HeaderMap) {
 }
 
 /// Whether `ip` is one of the trusted proxies.
-pub fn is_trusted(trusted: &[IpNet], ip: IpAddr) -> bool {
+pub(crate) fn is_trusted(trusted: &[IpNet], ip: IpAddr) -> bool {
     let ip = canonical(ip);
     trusted.iter().any(|n| n.contains(&ip))
 }
@@ -98,7 +98,7 @@ fn forwarded_entries(headers: &HeaderMap) -> impl Iterator<Item = &str> {
 
 /// The client IP: the peer, unless the peer is trusted; then the right-most
 /// `X-Forwarded-For` entry that is not itself trusted.
-pub fn client_ip(headers: &HeaderMap, peer: IpAddr, trusted: &[IpNet]) -> IpAddr {
+pub(crate) fn client_ip(headers: &HeaderMap, peer: IpAddr, trusted: &[IpNet]) -> IpAddr {
     let peer = canonical(peer);
     if !is_trusted(trusted, peer) {
         return peer;
@@ -118,7 +118,7 @@ pub fn client_ip(headers: &HeaderMap, peer: IpAddr, trusted: &[IpNet]) -> IpAddr
 
 /// The value this hop appends to `X-Forwarded-For` for `peer` (its IP, no port).
 /// Computed once per client connection.
-pub fn forwarded_value(peer: IpAddr) -> HeaderValue {
+pub(crate) fn forwarded_value(peer: IpAddr) -> HeaderValue {
     HeaderValue::from_str(&canonical(peer).to_string())
         .unwrap_or_else(|_| HeaderValue::from_static("unknown"))
 }
@@ -126,7 +126,7 @@ pub fn forwarded_value(peer: IpAddr) -> HeaderValue {
 /// Sets the forwarding headers of this hop: appends `peer` (see [`forwarded_value`]) to
 /// `X-Forwarded-For` (merging several incoming lines into one), and sets
 /// `X-Forwarded-Proto`/`X-Forwarded-Host` unless a trusted peer already did.
-pub fn set_forwarded(
+pub(crate) fn set_forwarded(
     headers: &mut HeaderMap,
     peer: &HeaderValue,
     peer_trusted: bool,
@@ -161,7 +161,7 @@ pub fn set_forwarded(
 }
 
 /// Appends one `name: value` header line.
-pub fn put_field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+pub(crate) fn put_field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.extend_from_slice(name);
     out.extend_from_slice(b": ");
     out.extend_from_slice(value);
@@ -170,7 +170,7 @@ pub fn put_field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
 
 /// [`put_field`] with the name in lower case, as a header map writes names (HTTP/1.1
 /// names are case-insensitive), for names copied from a head as they were spelled.
-pub fn put_field_lowercase(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+pub(crate) fn put_field_lowercase(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.extend(name.iter().map(u8::to_ascii_lowercase));
     out.extend_from_slice(b": ");
     out.extend_from_slice(value);
@@ -180,7 +180,7 @@ pub fn put_field_lowercase(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
 /// Header fields as spans of a head's own bytes (as httparse found them, names and
 /// values checked against the grammar), with no copies and no header map.
 #[derive(Debug, Default)]
-pub struct Spans {
+pub(crate) struct Spans {
     head: bytes::Bytes,
     /// Name offset, name length, value offset, value length.
     spans: Vec<(u32, u32, u32, u32)>,
@@ -188,7 +188,7 @@ pub struct Spans {
 
 impl Spans {
     /// The fields at `spans` of `head`; every span must lie inside `head`.
-    pub fn new(head: bytes::Bytes, spans: Vec<(u32, u32, u32, u32)>) -> Spans {
+    pub(crate) fn new(head: bytes::Bytes, spans: Vec<(u32, u32, u32, u32)>) -> Spans {
         debug_assert!(spans
             .iter()
             .all(|&(n, nl, v, vl)| (n + nl) as usize <= head.len()
@@ -197,7 +197,7 @@ impl Spans {
     }
 
     /// Name (as spelled in the head) and value of each field, in order.
-    pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
         self.spans.iter().map(|&(ns, nl, vs, vl)| {
             let (ns, nl, vs, vl) = (ns as usize, nl as usize, vs as usize, vl as usize);
             (&self.head[ns..ns + nl], &self.head[vs..vs + vl])
@@ -205,7 +205,7 @@ impl Spans {
     }
 
     /// The value of the first field named `name` (lower case), as a slice of the head.
-    pub fn value(&self, name: &[u8]) -> Option<HeaderValue> {
+    pub(crate) fn value(&self, name: &[u8]) -> Option<HeaderValue> {
         let &(_, _, vs, vl) = self.spans.iter().find(|&&(ns, nl, _, _)| {
             self.head[ns as usize..(ns + nl) as usize].eq_ignore_ascii_case(name)
         })?;
@@ -214,7 +214,7 @@ impl Spans {
 
     /// The fields as a header map (values still slices of the head), with room for
     /// `more`.
-    pub fn to_map(&self, more: usize) -> HeaderMap {
+    pub(crate) fn to_map(&self, more: usize) -> HeaderMap {
         let mut map = HeaderMap::with_capacity(self.spans.len() + more);
         for &(ns, nl, vs, vl) in &self.spans {
             let (ns, nl, vs, vl) = (ns as usize, nl as usize, vs as usize, vl as usize);
@@ -240,11 +240,11 @@ impl Spans {
 /// rest of the request's header work together. A map is made only when a hashing
 /// strategy needs one to read its key from ([`Self::forwarded_map`]).
 #[derive(Debug)]
-pub struct ClientFields(Spans);
+pub(crate) struct ClientFields(Spans);
 
 impl ClientFields {
     /// The request's fields.
-    pub fn new(fields: Spans) -> ClientFields {
+    pub(crate) fn new(fields: Spans) -> ClientFields {
         ClientFields(fields)
     }
 
@@ -253,28 +253,28 @@ impl ClientFields {
     }
 
     /// The first `Host` value (no copy).
-    pub fn host(&self) -> Option<HeaderValue> {
+    pub(crate) fn host(&self) -> Option<HeaderValue> {
         self.0.value(b"host")
     }
 
     /// The value of the first field named `name` (lower case; no copy).
-    pub fn value(&self, name: &[u8]) -> Option<HeaderValue> {
+    pub(crate) fn value(&self, name: &[u8]) -> Option<HeaderValue> {
         self.0.value(name)
     }
 
     /// What the fields count toward the request head limit (as a header map's would).
-    pub fn size(&self) -> usize {
+    pub(crate) fn size(&self) -> usize {
         self.iter().map(|(n, v)| n.len() + v.len() + 4).sum()
     }
 
     /// The fields as a header map, as they came (with room for `X-Forwarded-*`).
-    pub fn to_map(&self) -> HeaderMap {
+    pub(crate) fn to_map(&self) -> HeaderMap {
         self.0.to_map(3)
     }
 
     /// The fields as forwarded, as a header map: [`strip_hop_by_hop`] and
     /// [`set_forwarded`] applied to [`Self::to_map`].
-    pub fn forwarded_map(
+    pub(crate) fn forwarded_map(
         &self,
         peer: &HeaderValue,
         peer_trusted: bool,
@@ -291,7 +291,7 @@ impl ClientFields {
     /// `Connection` names, with `X-Forwarded-*` set as [`set_forwarded`] sets them, and
     /// `host: default_host` when no `Host` field is left (HTTP/1.1 requires one). The
     /// fields of [`Self::forwarded_map`] plus that `Host`, in another order.
-    pub fn write_forwarded(
+    pub(crate) fn write_forwarded(
         &self,
         out: &mut Vec<u8>,
         peer: &HeaderValue,

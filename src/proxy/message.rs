@@ -19,7 +19,7 @@ use super::wire::Fields;
 
 /// A request's header fields.
 #[derive(Debug)]
-pub enum RequestFields {
+pub(crate) enum RequestFields {
     /// As a header map (hyper's server path, and every request with a body).
     Map(HeaderMap),
     /// As spans of the client's head (the fast path's bodiless requests).
@@ -28,20 +28,20 @@ pub enum RequestFields {
 
 /// A request's head: what the request path reads and rewrites before it forwards.
 #[derive(Debug)]
-pub struct RequestHead {
+pub(crate) struct RequestHead {
     /// The method.
-    pub method: Method,
+    pub(crate) method: Method,
     /// The target as received.
-    pub uri: Uri,
+    pub(crate) uri: Uri,
     /// The client's protocol version.
-    pub version: Version,
+    pub(crate) version: Version,
     /// The header fields.
-    pub fields: RequestFields,
+    pub(crate) fields: RequestFields,
 }
 
 impl RequestHead {
     /// The head of a request hyper parsed.
-    pub fn from_parts(parts: http::request::Parts) -> RequestHead {
+    pub(crate) fn from_parts(parts: http::request::Parts) -> RequestHead {
         RequestHead {
             method: parts.method,
             uri: parts.uri,
@@ -56,7 +56,7 @@ impl RequestHead {
         dead_code,
         reason = "the reading side of the head, for rules that read a field"
     )]
-    pub fn field(&self, name: &HeaderName) -> Option<HeaderValue> {
+    pub(crate) fn field(&self, name: &HeaderName) -> Option<HeaderValue> {
         match &self.fields {
             RequestFields::Map(m) => m.get(name).cloned(),
             RequestFields::Spans(f) => f.value(name.as_str().as_bytes()),
@@ -64,7 +64,7 @@ impl RequestHead {
     }
 
     /// `Host` as the client sent it; an HTTP/2 request carries it in `:authority`.
-    pub fn host(&self) -> Option<HeaderValue> {
+    pub(crate) fn host(&self) -> Option<HeaderValue> {
         match &self.fields {
             RequestFields::Spans(f) => f.host(),
             RequestFields::Map(m) => match m.get(header::HOST) {
@@ -79,7 +79,7 @@ impl RequestHead {
 
     /// Bytes of the head as sent on the wire: the request line and a
     /// `name: value\r\n` line per field.
-    pub fn size(&self) -> usize {
+    pub(crate) fn size(&self) -> usize {
         let line = self.method.as_str().len()
             + self.uri.path_and_query().map_or(1, |p| p.as_str().len())
             + 12;
@@ -94,7 +94,7 @@ impl RequestHead {
 
     /// Turns span fields into a header map (a request that goes through hyper's
     /// client); a map stays as it is.
-    pub fn make_map(&mut self) {
+    pub(crate) fn make_map(&mut self) {
         if let RequestFields::Spans(f) = &self.fields {
             self.fields = RequestFields::Map(f.to_map());
         }
@@ -103,7 +103,7 @@ impl RequestHead {
 
 /// An answer's header fields.
 #[derive(Debug)]
-pub enum ResponseFields {
+pub(crate) enum ResponseFields {
     /// As a header map (hyper's client, and fulcrum's own answers).
     Map(HeaderMap),
     /// As spans of the backend's head (an inline exchange; see [`Fields`]).
@@ -112,13 +112,13 @@ pub enum ResponseFields {
 
 /// An answer's head.
 #[derive(Debug)]
-pub struct ResponseHead {
+pub(crate) struct ResponseHead {
     /// The status.
-    pub status: StatusCode,
+    pub(crate) status: StatusCode,
     /// The backend's reason phrase when it is not the status's usual one.
-    pub reason: Option<hyper::ext::ReasonPhrase>,
+    pub(crate) reason: Option<hyper::ext::ReasonPhrase>,
     /// The header fields, hop-by-hop fields already removed.
-    pub fields: ResponseFields,
+    pub(crate) fields: ResponseFields,
 }
 
 impl ResponseHead {
@@ -128,7 +128,7 @@ impl ResponseHead {
         dead_code,
         reason = "the reading side of the head, for rules that read a field"
     )]
-    pub fn field(&self, name: &HeaderName) -> Option<HeaderValue> {
+    pub(crate) fn field(&self, name: &HeaderName) -> Option<HeaderValue> {
         match &self.fields {
             ResponseFields::Map(m) => m.get(name).cloned(),
             ResponseFields::Wire(f) if *name == header::CONTENT_LENGTH => {
@@ -141,16 +141,16 @@ impl ResponseHead {
 
 /// What the request path answers a client with: the head, and the body beside it.
 #[derive(Debug)]
-pub struct ProxyResponse {
+pub(crate) struct ProxyResponse {
     /// Status and header fields.
-    pub head: ResponseHead,
+    pub(crate) head: ResponseHead,
     /// The body, which holds the request's accounting until it ends.
-    pub body: RespBody,
+    pub(crate) body: RespBody,
 }
 
 impl ProxyResponse {
     /// An answer with a header map.
-    pub fn new(status: StatusCode, fields: HeaderMap, body: RespBody) -> ProxyResponse {
+    pub(crate) fn new(status: StatusCode, fields: HeaderMap, body: RespBody) -> ProxyResponse {
         ProxyResponse {
             head: ResponseHead {
                 status,
@@ -162,7 +162,7 @@ impl ProxyResponse {
     }
 
     /// A short plain-text answer of fulcrum's own.
-    pub fn own(status: StatusCode, text: &'static str) -> ProxyResponse {
+    pub(crate) fn own(status: StatusCode, text: &'static str) -> ProxyResponse {
         let mut fields = HeaderMap::with_capacity(2);
         fields.insert(
             header::CONTENT_TYPE,
@@ -173,7 +173,7 @@ impl ProxyResponse {
     }
 
     /// Adds a field to an answer with a header map (fulcrum's own answers).
-    pub fn with_field(mut self, name: HeaderName, value: HeaderValue) -> ProxyResponse {
+    pub(crate) fn with_field(mut self, name: HeaderName, value: HeaderValue) -> ProxyResponse {
         if let ResponseFields::Map(m) = &mut self.head.fields {
             m.insert(name, value);
         }
@@ -181,7 +181,7 @@ impl ProxyResponse {
     }
 
     /// The answer as hyper's server writes it, its fields as a header map.
-    pub fn into_http(self) -> Response<RespBody> {
+    pub(crate) fn into_http(self) -> Response<RespBody> {
         let mut r = Response::new(self.body);
         *r.status_mut() = self.head.status;
         *r.headers_mut() = match self.head.fields {

@@ -2,11 +2,11 @@
 //! (`docs/architecture.md`, "The request path").
 
 mod body;
-pub mod budget;
-pub mod headers;
+pub(crate) mod budget;
+pub(crate) mod headers;
 pub(crate) mod hop;
-pub mod message;
-pub mod record;
+pub(crate) mod message;
+pub(crate) mod record;
 mod upstream;
 mod wire;
 
@@ -24,11 +24,11 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use ipnet::IpNet;
 
-pub use body::{Hold, ReqBody, RespBody};
-pub use budget::RetryBudget;
-pub use message::{ProxyResponse, RequestFields, RequestHead, ResponseFields, ResponseHead};
-pub use record::{Finish, Pending, Recorder};
-pub use upstream::{Failure, Upstreams};
+pub(crate) use body::{Hold, ReqBody, RespBody};
+pub(crate) use budget::RetryBudget;
+pub(crate) use message::{ProxyResponse, RequestFields, RequestHead, ResponseFields, ResponseHead};
+pub(crate) use record::{Finish, Pending, Recorder};
+pub(crate) use upstream::{Failure, Upstreams};
 
 use crate::config::{HashKey, Settings};
 use crate::pool::{Backend, OutlierAction, Pool, RequestGuard};
@@ -36,27 +36,27 @@ use crate::stats::bump;
 
 /// The settings the request path reads.
 #[derive(Debug, Clone)]
-pub struct ProxySettings {
+pub(crate) struct ProxySettings {
     /// Bound on request sent → response headers.
-    pub upstream_timeout: Duration,
+    pub(crate) upstream_timeout: Duration,
     /// TCP connect bound.
-    pub connect_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
     /// Extra attempts for a failed idempotent request without a body, each on another
     /// backend, within the retry budget.
-    pub retries: u32,
+    pub(crate) retries: u32,
     /// Shed above this many in flight (0 = off).
-    pub max_inflight: usize,
+    pub(crate) max_inflight: usize,
     /// Peers whose forwarding headers are believed.
-    pub trusted_proxies: Vec<IpNet>,
+    pub(crate) trusted_proxies: Vec<IpNet>,
     /// The access log's format; `None` when it is off.
-    pub access_log: Option<crate::config::LogFormat>,
+    pub(crate) access_log: Option<crate::config::LogFormat>,
     /// Request key of `consistent_hash` and `maglev`.
-    pub hash_key: HashKey,
+    pub(crate) hash_key: HashKey,
 }
 
 impl ProxySettings {
     /// The request-path part of the settings.
-    pub fn from_settings(s: &Settings) -> Self {
+    pub(crate) fn from_settings(s: &Settings) -> Self {
         ProxySettings {
             upstream_timeout: s.upstream_timeout,
             connect_timeout: s.connect_timeout,
@@ -71,7 +71,7 @@ impl ProxySettings {
 
 /// A slot in the proxy-wide in-flight count used for shedding.
 #[derive(Debug)]
-pub struct ShedPermit(Arc<AtomicUsize>);
+pub(crate) struct ShedPermit(Arc<AtomicUsize>);
 
 impl Drop for ShedPermit {
     fn drop(&mut self) {
@@ -81,7 +81,7 @@ impl Drop for ShedPermit {
 
 /// One worker's proxy: shared pool, own upstream connections.
 #[derive(Debug)]
-pub struct Proxy {
+pub(crate) struct Proxy {
     pool: Arc<Pool>,
     upstreams: &'static Upstreams,
     settings: ProxySettings,
@@ -91,7 +91,7 @@ pub struct Proxy {
 }
 
 /// Request heads larger than this are refused with 431.
-pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_HEADER_BYTES: usize = 64 * 1024;
 
 fn is_idempotent(m: &Method) -> bool {
     matches!(
@@ -121,11 +121,11 @@ impl Failure {
 
 /// The client a request came from.
 #[derive(Debug, Clone)]
-pub struct Peer {
+pub(crate) struct Peer {
     /// The connection's remote address.
-    pub addr: SocketAddr,
+    pub(crate) addr: SocketAddr,
     /// Its [`headers::forwarded_value`], computed once per connection.
-    pub forwarded: HeaderValue,
+    pub(crate) forwarded: HeaderValue,
 }
 
 /// A request on its way to a backend, as [`Proxy::prepare`] leaves it: its head with
@@ -207,7 +207,7 @@ impl Proxy {
     /// A proxy lives as long as its worker thread, which is as long as the process: its
     /// connection pool is leaked so response bodies can hand connections back to it
     /// without a reference count per request.
-    pub fn new(
+    pub(crate) fn new(
         pool: Arc<Pool>,
         settings: ProxySettings,
         in_flight: Arc<AtomicUsize>,
@@ -227,14 +227,18 @@ impl Proxy {
     }
 
     /// Closes idle upstream connections past their time or to backends no longer pooled.
-    pub fn sweep_idle(&self) {
+    pub(crate) fn sweep_idle(&self) {
         let snap = self.pool.snapshot();
         let live: std::collections::HashSet<u64> = snap.backends.iter().map(|b| b.id).collect();
         self.upstreams.sweep(|id| live.contains(&id));
     }
 
     /// Proxies one request hyper's server parsed; `peer` is the connection's client.
-    pub async fn handle(&self, mut req: Request<Incoming>, peer: Peer) -> Response<RespBody> {
+    pub(crate) async fn handle(
+        &self,
+        mut req: Request<Incoming>,
+        peer: Peer,
+    ) -> Response<RespBody> {
         let upgrade =
             req.version() == Version::HTTP_11 && headers::is_upgrade_request(req.headers());
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
@@ -259,7 +263,7 @@ impl Proxy {
     /// Not an `async fn`: a refusal is answered at once, and a request that is admitted
     /// is the [`Self::forward`] future itself, one level of future less to move the
     /// answer through.
-    pub fn serve(
+    pub(crate) fn serve(
         &self,
         head: RequestHead,
         body: Option<Incoming>,

@@ -13,21 +13,21 @@ use crate::pool::{Backend, Event, Pool};
 
 /// One request's facts, filled in along the way.
 #[derive(Debug)]
-pub struct Finish {
+pub(crate) struct Finish {
     /// When the request head had arrived.
-    pub started: Instant,
+    pub(crate) started: Instant,
     /// Request method.
-    pub method: Method,
+    pub(crate) method: Method,
     /// Request target.
-    pub path: PathAndQuery,
+    pub(crate) path: PathAndQuery,
     /// The client (the connection's peer).
-    pub client: IpAddr,
+    pub(crate) client: IpAddr,
     /// Status sent to the client.
-    pub status: u16,
+    pub(crate) status: u16,
     /// From sending the request upstream until the response headers arrived.
-    pub upstream: Option<Duration>,
+    pub(crate) upstream: Option<Duration>,
     /// Retries it took.
-    pub retries: u32,
+    pub(crate) retries: u32,
 }
 
 /// A request's record while the request is being handled. Dropped without having been
@@ -35,20 +35,20 @@ pub struct Finish {
 /// while the backend was still thinking — it records the request all the same, with
 /// status 499 ("client closed request", as nginx logs it) unless a status was known.
 #[derive(Debug)]
-pub struct Pending {
+pub(crate) struct Pending {
     fin: Finish,
     armed: bool,
     /// The backend of the attempt in progress.
-    pub backend_id: Option<u64>,
+    pub(crate) backend_id: Option<u64>,
     rec: &'static Recorder,
 }
 
 /// What nginx logs for a request whose client went away first.
-pub const CLIENT_CLOSED: u16 = 499;
+pub(crate) const CLIENT_CLOSED: u16 = 499;
 
 impl Pending {
     /// Starts the record of a request.
-    pub fn new(fin: Finish, rec: &'static Recorder) -> Pending {
+    pub(crate) fn new(fin: Finish, rec: &'static Recorder) -> Pending {
         Pending {
             fin,
             armed: true,
@@ -58,7 +58,7 @@ impl Pending {
     }
 
     /// Writes the record now (an answer of fulcrum's own, an upgrade).
-    pub fn finish(&mut self, backend: Option<&Backend>) {
+    pub(crate) fn finish(&mut self, backend: Option<&Backend>) {
         if std::mem::take(&mut self.armed) {
             self.rec.finish(&self.fin, backend);
         }
@@ -66,7 +66,7 @@ impl Pending {
 
     /// Writes the record now against the backend of the last attempt (looked up by
     /// id: failure paths only, off the common path).
-    pub fn finish_attempted(&mut self) {
+    pub(crate) fn finish_attempted(&mut self) {
         if std::mem::take(&mut self.armed) {
             let snap = self.rec.pool.snapshot();
             let backend = self
@@ -77,7 +77,7 @@ impl Pending {
     }
 
     /// Hands the record to the response body, which writes it when it ends.
-    pub fn hand_off(&mut self) -> (Finish, &'static Recorder) {
+    pub(crate) fn hand_off(&mut self) -> (Finish, &'static Recorder) {
         self.armed = false;
         // Moved out, not cloned: what is left behind is never read.
         let left = Finish {
@@ -120,7 +120,7 @@ impl Drop for Pending {
 
 /// Records finished requests for one proxy (shared by its workers).
 #[derive(Debug)]
-pub struct Recorder {
+pub(crate) struct Recorder {
     pool: std::sync::Arc<Pool>,
     /// The access log's format, `None` when it is off.
     access_log: Option<LogFormat>,
@@ -150,13 +150,13 @@ fn ms(d: Duration) -> f64 {
 impl Recorder {
     /// A recorder for `pool`'s backends; `access_log` writes one line per request in
     /// that format.
-    pub fn new(pool: std::sync::Arc<Pool>, access_log: Option<LogFormat>) -> Recorder {
+    pub(crate) fn new(pool: std::sync::Arc<Pool>, access_log: Option<LogFormat>) -> Recorder {
         Recorder { pool, access_log }
     }
 
     /// Records a finished request; `backend` is the one that served it (or failed it),
     /// `None` for fulcrum's own answers that reached no backend.
-    pub fn finish(&self, f: &Finish, backend: Option<&Backend>) {
+    pub(crate) fn finish(&self, f: &Finish, backend: Option<&Backend>) {
         let now = Instant::now();
         let total = now.saturating_duration_since(f.started);
         if let Some(b) = backend {

@@ -22,13 +22,13 @@ use super::wire::{Wire, WireBody, WireError};
 use crate::backend::Backend;
 
 /// Idle connections older than this are closed.
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Idle connections kept per backend and worker.
 const MAX_IDLE_PER_BACKEND: usize = 1024;
 
 /// How an attempt ended without a response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Failure {
+pub(crate) enum Failure {
     /// No connection could be made: nothing was sent, another backend may be tried.
     Connect,
     /// The backend broke the exchange.
@@ -41,7 +41,7 @@ pub enum Failure {
 
 /// A connection checked out of the pool.
 #[derive(Debug)]
-pub struct Conn {
+pub(crate) struct Conn {
     sender: SendRequest<ReqBody>,
     backend: u64,
     reused: bool,
@@ -55,7 +55,7 @@ struct Idle {
 
 /// One worker's keep-alive connections, by backend id.
 #[derive(Debug)]
-pub struct Upstreams {
+pub(crate) struct Upstreams {
     idle: Mutex<HashMap<u64, Vec<Idle>>>,
     /// Connections driven inline (requests without a body), by backend id.
     wires: Mutex<HashMap<u64, Vec<(Wire, Instant)>>>,
@@ -64,7 +64,7 @@ pub struct Upstreams {
 
 impl Upstreams {
     /// An empty pool.
-    pub fn new(connect_timeout: Duration) -> Self {
+    pub(crate) fn new(connect_timeout: Duration) -> Self {
         Upstreams {
             idle: Mutex::new(HashMap::new()),
             wires: Mutex::new(HashMap::new()),
@@ -149,7 +149,7 @@ impl Upstreams {
     /// moment the request is handed to a connection. A pooled connection that turns out
     /// to have been closed by the backend before anything was sent is replaced by a new
     /// one once. Returns the response, its connection and when the request was sent.
-    pub async fn send(
+    pub(crate) async fn send(
         &self,
         b: &Backend,
         mut req: Request<ReqBody>,
@@ -188,7 +188,7 @@ impl Upstreams {
     /// connection to `b`, and waits for the response head at most `timeout`. A pooled
     /// connection that the backend closed without answering is replaced by a new one
     /// once (only idempotent requests come this way, so sending again is safe).
-    pub async fn send_head(
+    pub(crate) async fn send_head(
         &'static self,
         b: &Backend,
         head: &[u8],
@@ -239,7 +239,7 @@ impl Upstreams {
     }
 
     /// Returns an inline connection whose response has been read whole.
-    pub fn checkin_wire(&self, w: Wire) {
+    pub(crate) fn checkin_wire(&self, w: Wire) {
         let mut wires = self.wires.lock().unwrap_or_else(|e| e.into_inner());
         let list = wires.entry(w.backend).or_default();
         if list.len() < MAX_IDLE_PER_BACKEND {
@@ -248,7 +248,7 @@ impl Upstreams {
     }
 
     /// Returns a connection whose response has been read whole.
-    pub fn checkin(&self, conn: Conn) {
+    pub(crate) fn checkin(&self, conn: Conn) {
         if conn.sender.is_closed() {
             return;
         }
@@ -263,7 +263,7 @@ impl Upstreams {
     }
 
     /// Closes idle connections past their time, and those of backends that are gone.
-    pub fn sweep(&self, live: impl Fn(u64) -> bool) {
+    pub(crate) fn sweep(&self, live: impl Fn(u64) -> bool) {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         idle.retain(|id, list| {
             list.retain(|i| !i.sender.is_closed() && i.since.elapsed() < IDLE_TIMEOUT);

@@ -46,20 +46,20 @@ thread_local! {
 
 /// An open HTTP/1.1 connection to a backend, with the bytes read and not yet used.
 #[derive(Debug)]
-pub struct Wire {
+pub(crate) struct Wire {
     stream: TcpStream,
     buf: BytesMut,
     /// The backend this connection goes to.
-    pub backend: u64,
+    pub(crate) backend: u64,
     /// Whether it served a request before this one.
-    pub reused: bool,
+    pub(crate) reused: bool,
     /// The current exchange's deadline; one timer for the connection's lifetime.
     deadline: Deadline,
 }
 
 /// Why an inline exchange produced no response.
 #[derive(Debug)]
-pub enum WireError {
+pub(crate) enum WireError {
     /// The request could not be written: the backend has not seen it.
     Unsent,
     /// The connection was closed or failed before a single byte of the answer came back.
@@ -96,7 +96,7 @@ enum Chunk {
 
 impl Wire {
     /// A fresh connection.
-    pub fn new(stream: TcpStream, backend: u64) -> Wire {
+    pub(crate) fn new(stream: TcpStream, backend: u64) -> Wire {
         Wire {
             stream,
             buf: BytesMut::new(),
@@ -110,7 +110,7 @@ impl Wire {
     /// Sends a request head (the request has no body) and reads the response head, both
     /// by `by` ([`WireError::Timeout`] after). `head` is the serialised request;
     /// `method` decides whether a body follows.
-    pub async fn exchange(
+    pub(crate) async fn exchange(
         mut self,
         head: &[u8],
         method: &Method,
@@ -178,7 +178,7 @@ impl Wire {
     /// it nor sent anything since its last answer was read whole. Nothing watches an idle
     /// connection, but the reactor records any readiness the kernel reports for it; only
     /// when it has recorded some does this look at the socket (one non-blocking read).
-    pub fn is_idle(&self) -> bool {
+    pub(crate) fn is_idle(&self) -> bool {
         let mut cx = Context::from_waker(std::task::Waker::noop());
         match self.stream.poll_read_ready(&mut cx) {
             Poll::Pending => true,
@@ -200,30 +200,30 @@ type Head = (ResponseHead, Framing, bool);
 /// every answer (a `HeaderName` lookup, a shared `Bytes` slice and a hashed insert per
 /// field, then tearing it down) was a sixth of a proxied request's instructions.
 #[derive(Debug, Default)]
-pub struct Fields {
+pub(crate) struct Fields {
     spans: Spans,
     /// The length the backend stated (one value however many lines carried it), unless
     /// `Transfer-Encoding` overrides it.
-    pub length: Option<u64>,
+    pub(crate) length: Option<u64>,
     /// Whether the backend sent a `Date`.
-    pub has_date: bool,
+    pub(crate) has_date: bool,
 }
 
 impl Fields {
     /// Name (as the backend spelled it) and value of each field, in order.
-    pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
         self.spans.iter()
     }
 
     /// The value of the first field named `name` (lower case); `Content-Length` is
     /// [`Self::length`].
-    pub fn value(&self, name: &[u8]) -> Option<HeaderValue> {
+    pub(crate) fn value(&self, name: &[u8]) -> Option<HeaderValue> {
         self.spans.value(name)
     }
 
     /// The fields as a header map (values still slices of the head), with one
     /// `Content-Length` line when there is a length.
-    pub fn into_map(self) -> HeaderMap {
+    pub(crate) fn into_map(self) -> HeaderMap {
         let mut map = self.spans.to_map(1);
         if let Some(n) = self.length {
             map.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
@@ -449,7 +449,7 @@ fn parse_digits(v: &[u8]) -> Result<u64, ()> {
 /// Writes the head of a request without a body into `out`, with a `host` line first
 /// when one is given. The client's headers go as they are: a request without
 /// `Content-Length` or `Transfer-Encoding` has no body in HTTP/1.1.
-pub fn write_head(
+pub(crate) fn write_head(
     out: &mut Vec<u8>,
     method: &Method,
     target: &str,
@@ -468,7 +468,7 @@ pub fn write_head(
 
 /// The request line of a request without a body, then the header lines `fields`
 /// writes, then the blank line.
-pub fn write_head_with(
+pub(crate) fn write_head_with(
     out: &mut Vec<u8>,
     method: &Method,
     target: &str,
@@ -485,7 +485,7 @@ pub fn write_head_with(
 
 /// A response body read straight from the backend's socket.
 #[derive(Debug)]
-pub struct WireBody {
+pub(crate) struct WireBody {
     wire: Option<Wire>,
     framing: Framing,
     keep: bool,
@@ -493,7 +493,7 @@ pub struct WireBody {
 
 /// What ended a body early.
 #[derive(Debug)]
-pub struct BodyBroken;
+pub(crate) struct BodyBroken;
 
 impl std::fmt::Display for BodyBroken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -505,12 +505,12 @@ impl std::error::Error for BodyBroken {}
 
 impl WireBody {
     /// Whether the body is over (nothing more will come).
-    pub fn is_end_stream(&self) -> bool {
+    pub(crate) fn is_end_stream(&self) -> bool {
         self.framing == Framing::Length(0)
     }
 
     /// How much is left, when known.
-    pub fn size_hint(&self) -> SizeHint {
+    pub(crate) fn size_hint(&self) -> SizeHint {
         match self.framing {
             Framing::Length(n) => SizeHint::with_exact(n),
             _ => SizeHint::default(),
@@ -519,7 +519,7 @@ impl WireBody {
 
     /// Takes the connection back once the body has been read whole, if it can serve
     /// another request.
-    pub fn take_reusable(&mut self) -> Option<Wire> {
+    pub(crate) fn take_reusable(&mut self) -> Option<Wire> {
         let clean = self.is_end_stream()
             && self.keep
             && self.wire.as_ref().is_some_and(|w| w.buf.is_empty());
@@ -535,7 +535,7 @@ impl WireBody {
     }
 
     /// The next piece of the body; `None` at its end.
-    pub fn poll_frame(
+    pub(crate) fn poll_frame(
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyBroken>>> {

@@ -25,7 +25,7 @@ pub fn record_latency(b: &Backend, sample: Duration) {
 }
 
 /// [`record_latency`] at `now` ([`clock_ns`]).
-pub fn record_latency_at(b: &Backend, sample: Duration, now: u64) {
+pub(crate) fn record_latency_at(b: &Backend, sample: Duration, now: u64) {
     let elapsed = b.note_latency(sample, now);
     let x = sample.as_nanos() as f64;
     super::least_time::fold(b, x, elapsed);

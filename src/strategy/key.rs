@@ -32,19 +32,19 @@ pub enum KeySource {
 
 /// The placement hash of `bytes`.
 #[inline]
-pub fn placement_hash(bytes: &[u8]) -> u64 {
+pub(crate) fn placement_hash(bytes: &[u8]) -> u64 {
     xxh3_64(bytes)
 }
 
 /// The placement hash of `bytes` with `seed` (Maglev's second hash).
 #[inline]
-pub fn placement_hash_seeded(bytes: &[u8], seed: u64) -> u64 {
+pub(crate) fn placement_hash_seeded(bytes: &[u8], seed: u64) -> u64 {
     xxh3_64_with_seed(bytes, seed)
 }
 
 /// The key of a client IP.
 #[inline]
-pub fn ip_key(ip: IpAddr) -> u64 {
+pub(crate) fn ip_key(ip: IpAddr) -> u64 {
     match ip {
         IpAddr::V4(v4) => placement_hash(&v4.octets()),
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {

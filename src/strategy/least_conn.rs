@@ -17,26 +17,26 @@ pub struct LeastConnections {
 
 impl LeastConnections {
     /// Over `eligible` (pool order), indexed when the pool is large.
-    pub fn new(eligible: &[Arc<Backend>]) -> Self {
+    pub(crate) fn new(eligible: &[Arc<Backend>]) -> Self {
         LeastConnections {
             index: LoadIndex::new(eligible, Key::InFlight).map(|x| Arc::from([x])),
         }
     }
 
     /// Its index, if the pool is large enough to have one.
-    pub fn index(&self) -> Option<&Arc<[LoadIndex]>> {
+    pub(crate) fn index(&self) -> Option<&Arc<[LoadIndex]>> {
         self.index.as_ref()
     }
 
     /// The index's answer for a first pick, else a scan.
     #[inline]
-    pub fn pick(&self, eligible: &[Arc<Backend>], ctx: &PickCtx<'_>) -> Option<usize> {
+    pub(crate) fn pick(&self, eligible: &[Arc<Backend>], ctx: &PickCtx<'_>) -> Option<usize> {
         first_pick(self.index.as_ref(), eligible.len(), ctx).or_else(|| Self::scan(eligible, ctx))
     }
 
     /// Scans the eligible backends once (O(n)).
     #[inline]
-    pub fn scan(eligible: &[Arc<Backend>], ctx: &PickCtx<'_>) -> Option<usize> {
+    pub(crate) fn scan(eligible: &[Arc<Backend>], ctx: &PickCtx<'_>) -> Option<usize> {
         let mut best: Option<(usize, u64)> = None;
         for (i, b) in eligible.iter().enumerate() {
             if !ctx.allows(b) {

@@ -7,13 +7,13 @@ use super::{LoadIndex, PickCtx};
 use crate::backend::{clock_ns, Backend};
 
 /// How often the pool rebuilds a `least_response_time` index (see [`Key::Idle`]).
-pub const RENEW_AFTER: Duration = Duration::from_secs(60);
+pub(crate) const RENEW_AFTER: Duration = Duration::from_secs(60);
 /// `least_response_time` does not believe an average that no sample has fed for this
 /// long: the next sample seeds it again, as the first one did.
-pub const QUIET: Duration = Duration::from_secs(1);
+pub(crate) const QUIET: Duration = Duration::from_secs(1);
 /// Time constant with which the average of a backend that has nothing in flight fades
 /// toward zero as seen by a pick (×1/e per second idle).
-pub const FADE: Duration = Duration::from_secs(1);
+pub(crate) const FADE: Duration = Duration::from_secs(1);
 
 /// Folds a sample of `x` ns, `elapsed` after the previous one, into the route EWMA: the
 /// backend's EWMA weight, seeded again by the first sample after [`QUIET`] without one.
@@ -32,7 +32,7 @@ pub(crate) fn fold(b: &Backend, x: f64, elapsed: Option<u64>) {
 /// backend that lost its traffic by being slow looks cheaper by the second until one
 /// request goes to it, and that request's sample decides.
 #[inline]
-pub fn estimate(b: &Backend, now: u64, in_flight: u64) -> Option<f64> {
+pub(crate) fn estimate(b: &Backend, now: u64, in_flight: u64) -> Option<f64> {
     let avg = b.estimates.get(ROUTE_EWMA)?;
     Some(fade(avg, idle_ns(b, now, in_flight), FADE))
 }
@@ -77,12 +77,12 @@ pub struct LeastResponseTime {
 
 impl LeastResponseTime {
     /// Over `eligible` (pool order), indexed when the pool is large.
-    pub fn new(eligible: &[Arc<Backend>]) -> Self {
+    pub(crate) fn new(eligible: &[Arc<Backend>]) -> Self {
         Self::new_at(eligible, clock_ns())
     }
 
     /// As [`Self::new`], built at `base` ([`clock_ns`] time).
-    pub fn new_at(eligible: &[Arc<Backend>], base: u64) -> Self {
+    pub(crate) fn new_at(eligible: &[Arc<Backend>], base: u64) -> Self {
         let trees: Option<Vec<LoadIndex>> = [Key::Unsampled, Key::Busy, Key::Idle { base }]
             .into_iter()
             .map(|k| LoadIndex::new(eligible, k))
@@ -94,24 +94,29 @@ impl LeastResponseTime {
     }
 
     /// Its indexes, if the pool is large enough to have them.
-    pub fn index(&self) -> Option<&Arc<[LoadIndex]>> {
+    pub(crate) fn index(&self) -> Option<&Arc<[LoadIndex]>> {
         self.index.as_ref()
     }
 
     /// Whether the pool should rebuild it to keep the idle keys precise.
-    pub fn index_is_old(&self, now: u64) -> bool {
+    pub(crate) fn index_is_old(&self, now: u64) -> bool {
         self.index.is_some() && now.saturating_sub(self.base) > RENEW_AFTER.as_nanos() as u64
     }
 
     /// Picks at the current time.
     #[inline]
-    pub fn pick(&self, eligible: &[Arc<Backend>], ctx: &PickCtx<'_>) -> Option<usize> {
+    pub(crate) fn pick(&self, eligible: &[Arc<Backend>], ctx: &PickCtx<'_>) -> Option<usize> {
         self.pick_at(eligible, ctx, clock_ns())
     }
 
     /// Picks as at `now` ([`clock_ns`]): from the indexes for a first pick while they are
     /// fresh (a retry, or an index the pool failed to renew for four periods, scans).
-    pub fn pick_at(&self, eligible: &[Arc<Backend>], ctx: &PickCtx<'_>, now: u64) -> Option<usize> {
+    pub(crate) fn pick_at(
+        &self,
+        eligible: &[Arc<Backend>],
+        ctx: &PickCtx<'_>,
+        now: u64,
+    ) -> Option<usize> {
         if let Some(trees) = &self.index {
             let fresh = now.saturating_sub(self.base) <= 4 * RENEW_AFTER.as_nanos() as u64;
             if ctx.tried.is_empty() && fresh {
@@ -147,7 +152,7 @@ impl LeastResponseTime {
     }
 
     /// The rules by one scan over `eligible` (O(n)).
-    pub fn scan(eligible: &[Arc<Backend>], ctx: &PickCtx<'_>, now: u64) -> Option<usize> {
+    pub(crate) fn scan(eligible: &[Arc<Backend>], ctx: &PickCtx<'_>, now: u64) -> Option<usize> {
         let mut unsampled: Option<(usize, u64)> = None;
         let mut sampled: Option<(usize, f64)> = None;
         for (i, b) in eligible.iter().enumerate() {

@@ -28,9 +28,9 @@ use crate::backend::{Backend, LoadWatch};
 
 /// Pools from this many eligible backends up are indexed; below it a scan is cheap
 /// (tens of ns) and a request's start and end cost nothing extra.
-pub const MIN_INDEXED: usize = 64;
+pub(crate) const MIN_INDEXED: usize = 64;
 /// The 16-bit index field bounds the indexed pool size.
-pub const MAX_INDEXED: usize = u16::MAX as usize;
+pub(crate) const MAX_INDEXED: usize = u16::MAX as usize;
 
 const EMPTY_KEY: u64 = u32::MAX as u64;
 const EMPTY: u64 = (EMPTY_KEY << 32) | (0xFFFF << 16);
@@ -48,7 +48,7 @@ fn rank(node: u64) -> u64 {
 
 /// How a backend's state becomes a key; a backend outside the tree's group has none.
 #[derive(Debug)]
-pub enum Key {
+pub(crate) enum Key {
     /// Requests in flight.
     InFlight,
     /// Requests in flight ÷ the effective weight the picker was built with, as the
@@ -86,7 +86,7 @@ fn ordered(x: f32) -> u64 {
 
 /// The tree over one snapshot's eligible backends (pool order).
 #[derive(Debug)]
-pub struct LoadIndex {
+pub(crate) struct LoadIndex {
     /// Implicit binary tree: root at 1, children of i at 2i and 2i+1, leaf j at
     /// `leaves + j`.
     nodes: Box<[AtomicU64]>,
@@ -96,11 +96,11 @@ pub struct LoadIndex {
 
 /// Where a backend's leaf is in the indexes its current picker reads.
 #[derive(Debug)]
-pub struct LoadSlot {
+pub(crate) struct LoadSlot {
     /// The indexes (one per group of backends the strategy ranks apart).
-    pub trees: Arc<[LoadIndex]>,
+    pub(crate) trees: Arc<[LoadIndex]>,
     /// The backend's position in each.
-    pub leaf: usize,
+    pub(crate) leaf: usize,
 }
 
 impl LoadWatch for LoadSlot {
@@ -116,7 +116,11 @@ impl LoadWatch for LoadSlot {
 /// The first tree's answer for a first pick over `n` eligible backends; `None` for a
 /// retry (which must leave tried backends out: the caller scans), or without an index.
 #[inline]
-pub fn first_pick(index: Option<&Arc<[LoadIndex]>>, n: usize, ctx: &PickCtx<'_>) -> Option<usize> {
+pub(crate) fn first_pick(
+    index: Option<&Arc<[LoadIndex]>>,
+    n: usize,
+    ctx: &PickCtx<'_>,
+) -> Option<usize> {
     if !ctx.tried.is_empty() {
         return None;
     }
@@ -126,7 +130,7 @@ pub fn first_pick(index: Option<&Arc<[LoadIndex]>>, n: usize, ctx: &PickCtx<'_>)
 impl LoadIndex {
     /// An index over `eligible` with `key`; `None` when the pool is outside the indexed
     /// sizes.
-    pub fn new(eligible: &[Arc<Backend>], key: Key) -> Option<LoadIndex> {
+    pub(crate) fn new(eligible: &[Arc<Backend>], key: Key) -> Option<LoadIndex> {
         let n = eligible.len();
         if !(MIN_INDEXED..=MAX_INDEXED).contains(&n) {
             return None;
@@ -180,14 +184,14 @@ impl LoadIndex {
 
     /// The least loaded backend's index, ties to the lowest.
     #[inline]
-    pub fn least(&self) -> Option<usize> {
+    pub(crate) fn least(&self) -> Option<usize> {
         let root = self.nodes[1].load(Ordering::Acquire);
         (root >> 32 != EMPTY_KEY).then_some(((root >> 16) & 0xFFFF) as usize)
     }
 
     /// Brings `leaf` up to date with `backend`'s load, then its ancestors as far as the
     /// winner changes.
-    pub fn refresh(&self, leaf: usize, backend: &Backend) {
+    pub(crate) fn refresh(&self, leaf: usize, backend: &Backend) {
         let mut at = self.leaves + leaf;
         let changed = self.settle(at, |old| pack(self.key_of(leaf, backend), leaf, old + 1));
         if !changed {

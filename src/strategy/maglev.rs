@@ -10,7 +10,7 @@ use crate::backend::Backend;
 /// Size of the lookup table: a prime, so every skip visits every slot. 65 537 slots
 /// keep shares within about 1 % up to a few hundred backends (the paper's M ≫ 100 N);
 /// at 10 000 backends each has about 6.5 slots and shares vary by about ±15 %.
-pub const TABLE_SIZE: usize = 65_537;
+pub(crate) const TABLE_SIZE: usize = 65_537;
 
 const EMPTY: u32 = u32::MAX;
 
@@ -37,7 +37,7 @@ pub struct Maglev {
 
 impl Maglev {
     /// Builds the table over `eligible` with their configured weights.
-    pub fn new(eligible: &[Arc<Backend>]) -> Maglev {
+    pub(crate) fn new(eligible: &[Arc<Backend>]) -> Maglev {
         let m = TABLE_SIZE as u64;
         let n = eligible.len();
         let mut table = vec![EMPTY; TABLE_SIZE].into_boxed_slice();
@@ -90,7 +90,7 @@ impl Maglev {
     }
 
     /// Whether this table was built over exactly these backends and weights.
-    pub fn built_for(&self, members: &[(u64, u32)]) -> bool {
+    pub(crate) fn built_for(&self, members: &[(u64, u32)]) -> bool {
         *self.members == *members
     }
 
@@ -137,7 +137,8 @@ impl Maglev {
     }
 
     /// Which eligible index owns `key` (no retries, no bound).
-    pub fn owner(&self, key: u64) -> Option<usize> {
+    #[cfg(test)]
+    pub(crate) fn owner(&self, key: u64) -> Option<usize> {
         (!self.members.is_empty()).then(|| self.table[(key % TABLE_SIZE as u64) as usize] as usize)
     }
 }

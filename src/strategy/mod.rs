@@ -28,18 +28,17 @@ use std::sync::Arc;
 
 use crate::backend::Backend;
 
-pub use estimate::{record_latency, record_latency_at};
+pub use estimate::record_latency;
 pub use key::{request_key, KeySource};
-pub use least_conn::LeastConnections;
-pub use least_time::LeastResponseTime;
-pub use load_index::{LoadIndex, LoadSlot};
-pub use maglev::Maglev;
-pub use p2c::{PeakEwma, PowerOfTwo};
-pub use ring::Ring;
-pub use round_robin::RoundRobin;
-pub use select::Candidates;
-pub use weighted_least_conn::WeightedLeastConnections;
-pub use wrr::SmoothWeightedRoundRobin;
+pub(crate) use least_conn::LeastConnections;
+pub(crate) use least_time::LeastResponseTime;
+pub(crate) use load_index::{LoadIndex, LoadSlot};
+pub(crate) use maglev::Maglev;
+pub(crate) use p2c::{PeakEwma, PowerOfTwo};
+pub(crate) use ring::Ring;
+pub(crate) use round_robin::RoundRobin;
+pub(crate) use weighted_least_conn::WeightedLeastConnections;
+pub(crate) use wrr::SmoothWeightedRoundRobin;
 
 /// The strategies fulcrum knows, by canonical name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -110,7 +109,7 @@ const NAMES: &[(StrategyKind, &str, &[&str])] = &[
 
 impl StrategyKind {
     /// Parses a canonical name or an alias (case-insensitive).
-    pub fn parse(s: &str) -> Option<StrategyKind> {
+    pub(crate) fn parse(s: &str) -> Option<StrategyKind> {
         let s = s.trim().to_ascii_lowercase();
         NAMES
             .iter()
@@ -119,7 +118,7 @@ impl StrategyKind {
     }
 
     /// The canonical snake_case name.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         NAMES
             .iter()
             .find(|(k, _, _)| *k == self)
@@ -128,7 +127,7 @@ impl StrategyKind {
     }
 
     /// Every canonical name, in a stable order.
-    pub fn canonical_names() -> Vec<&'static str> {
+    pub(crate) fn canonical_names() -> Vec<&'static str> {
         NAMES.iter().map(|(_, n, _)| *n).collect()
     }
 
@@ -256,7 +255,7 @@ impl Picker {
     /// Carries a round-robin rotation (and a smooth-WRR sequence whose weights did not
     /// change) over from the picker this one replaces, so a pool change does not send
     /// the next requests back to the first backends.
-    pub fn continuing(self, previous: Option<&Picker>) -> Picker {
+    pub(crate) fn continuing(self, previous: Option<&Picker>) -> Picker {
         match (self, previous) {
             (Picker::RoundRobin(_), Some(Picker::RoundRobin(prev))) => {
                 Picker::RoundRobin(RoundRobin::starting_at(prev.position()))
@@ -302,7 +301,7 @@ impl Picker {
     /// keeps them precise by being rebuilt every [`least_time::RENEW_AFTER`].
     ///
     /// [`clock_ns`]: crate::backend::clock_ns
-    pub fn index_is_old(&self, now: u64) -> bool {
+    pub(crate) fn index_is_old(&self, now: u64) -> bool {
         match self {
             Picker::LeastResponseTime(p) => p.index_is_old(now),
             _ => false,
@@ -333,13 +332,13 @@ pub(crate) mod test_util {
     use crate::config::backend_spec;
 
     /// Backend `id` at `http://127.0.0.1:PORT` with `weight`.
-    pub fn backend_at(id: u64, port: u16, weight: u32) -> Arc<Backend> {
+    pub(crate) fn backend_at(id: u64, port: u16, weight: u32) -> Arc<Backend> {
         let spec = backend_spec(&format!("http://127.0.0.1:{port}"), Some(weight), None).unwrap();
         Arc::new(Backend::new(id, spec, 0.1))
     }
 
     /// Backends with ids 0, 1, 2… at the given (port, weight) pairs.
-    pub fn pool_of(ports: &[(u16, u32)]) -> Vec<Arc<Backend>> {
+    pub(crate) fn pool_of(ports: &[(u16, u32)]) -> Vec<Arc<Backend>> {
         ports
             .iter()
             .enumerate()
@@ -348,7 +347,7 @@ pub(crate) mod test_util {
     }
 
     /// Backends named A, B, C… with the given weights.
-    pub fn backends(weights: &[u32]) -> Vec<Arc<Backend>> {
+    pub(crate) fn backends(weights: &[u32]) -> Vec<Arc<Backend>> {
         weights
             .iter()
             .enumerate()
@@ -365,7 +364,7 @@ pub(crate) mod test_util {
     }
 
     /// The names of `n` successive picks.
-    pub fn sequence(p: &Picker, bs: &[Arc<Backend>], n: usize) -> String {
+    pub(crate) fn sequence(p: &Picker, bs: &[Arc<Backend>], n: usize) -> String {
         (0..n)
             .map(|_| bs[p.pick(bs, &PickCtx::default()).unwrap()].name.clone())
             .collect()

@@ -8,10 +8,10 @@ use crate::backend::{clock_ns, Backend};
 
 /// `peak_ewma`: time constant of the decay, both of old samples against new ones and of
 /// the estimate of an idle backend (linkerd's and finagle's 10 s).
-pub const PEAK_DECAY: Duration = Duration::from_secs(10);
+pub(crate) const PEAK_DECAY: Duration = Duration::from_secs(10);
 /// `peak_ewma`: what a backend without a sample is taken to cost per request while its
 /// first answer is awaited (finagle's rule: free while idle, expensive while unknown).
-pub const PEAK_UNSAMPLED_PENALTY: Duration = Duration::from_secs(1);
+pub(crate) const PEAK_UNSAMPLED_PENALTY: Duration = Duration::from_secs(1);
 
 /// Folds a sample of `x` ns, `elapsed` after the previous one, into the peak-EWMA
 /// estimate: a sample above the estimate replaces it at once (the peak); a lower one
@@ -29,7 +29,7 @@ pub(crate) fn fold_peak(b: &Backend, x: f64, elapsed: Option<u64>) {
 /// while idle and [`PEAK_UNSAMPLED_PENALTY`] × (in flight + 1) while its first answer
 /// is awaited.
 #[inline]
-pub fn peak_cost(b: &Backend, now: u64, in_flight: u64) -> f64 {
+pub(crate) fn peak_cost(b: &Backend, now: u64, in_flight: u64) -> f64 {
     let estimate = match b.estimates.get(PEAK) {
         None if in_flight == 0 => 0.0,
         None => PEAK_UNSAMPLED_PENALTY.as_nanos() as f64,
@@ -49,7 +49,7 @@ fn peak_latency(b: &Backend) -> Option<Duration> {
 /// Two distinct random indices among the eligible backends `ctx` allows, uniformly
 /// (`fastrand`, thread-local); one when only one is allowed, none when none is.
 #[inline]
-pub fn pair(eligible: &[Arc<Backend>], ctx: &PickCtx<'_>) -> Option<(usize, Option<usize>)> {
+pub(crate) fn pair(eligible: &[Arc<Backend>], ctx: &PickCtx<'_>) -> Option<(usize, Option<usize>)> {
     if ctx.tried.is_empty() {
         let n = eligible.len();
         return match n {
@@ -94,7 +94,7 @@ pub struct PowerOfTwo;
 impl PowerOfTwo {
     /// O(1): two random draws, two loads.
     #[inline]
-    pub fn pick(eligible: &[Arc<Backend>], ctx: &PickCtx<'_>) -> Option<usize> {
+    pub(crate) fn pick(eligible: &[Arc<Backend>], ctx: &PickCtx<'_>) -> Option<usize> {
         let (a, b) = pair(eligible, ctx)?;
         Some(match b {
             Some(b) if eligible[b].in_flight() < eligible[a].in_flight() => b,
@@ -114,13 +114,13 @@ pub struct PeakEwma;
 impl PeakEwma {
     /// O(1): two random draws, one clock read, two estimates.
     #[inline]
-    pub fn pick(eligible: &[Arc<Backend>], ctx: &PickCtx<'_>) -> Option<usize> {
+    pub(crate) fn pick(eligible: &[Arc<Backend>], ctx: &PickCtx<'_>) -> Option<usize> {
         Self::pick_at(eligible, ctx, clock_ns())
     }
 
     /// Picks as at `now` ([`clock_ns`]).
     #[inline]
-    pub fn pick_at(eligible: &[Arc<Backend>], ctx: &PickCtx<'_>, now: u64) -> Option<usize> {
+    pub(crate) fn pick_at(eligible: &[Arc<Backend>], ctx: &PickCtx<'_>, now: u64) -> Option<usize> {
         let (a, b) = pair(eligible, ctx)?;
         let Some(b) = b else { return Some(a) };
         let cost = |i: usize| {

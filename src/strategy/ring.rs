@@ -8,7 +8,7 @@ use super::PickCtx;
 use crate::backend::Backend;
 
 /// Points on the ring per unit of weight.
-pub const POINTS_PER_WEIGHT: u32 = 150;
+pub(crate) const POINTS_PER_WEIGHT: u32 = 150;
 
 /// A consistent-hash ring (`consistent_hash`, `ip_hash`): 150 points per unit of weight
 /// for each backend, each point at the hash of `URL#i` (see [`super::key`]); a key goes to
@@ -70,7 +70,7 @@ fn ring_order(eligible: &[Arc<Backend>], a: &Point, b: &Point) -> std::cmp::Orde
 impl Ring {
     /// Builds the ring over `eligible` with their configured weights (slow start does
     /// not apply: a ring that followed a ramp would move keys at every step).
-    pub fn new(eligible: &[Arc<Backend>]) -> Ring {
+    pub(crate) fn new(eligible: &[Arc<Backend>]) -> Ring {
         let total: usize = eligible
             .iter()
             .map(|b| (b.weight() * POINTS_PER_WEIGHT) as usize)
@@ -88,7 +88,7 @@ impl Ring {
     /// and only those of new or reweighted backends are hashed, sorted and merged in. The
     /// result is the ring [`Ring::new`] builds, at a fraction of the cost when a large
     /// pool changes by a few backends (a health flip, a weight edit).
-    pub fn from_previous(previous: &Ring, eligible: &[Arc<Backend>]) -> Ring {
+    pub(crate) fn from_previous(previous: &Ring, eligible: &[Arc<Backend>]) -> Ring {
         let now = members(eligible);
         let index: std::collections::HashMap<(u64, u32), u32> = now
             .iter()
@@ -153,18 +153,13 @@ impl Ring {
     }
 
     /// Whether this ring was built over exactly these backends and weights.
-    pub fn built_for(&self, members: &[(u64, u32)]) -> bool {
+    pub(crate) fn built_for(&self, members: &[(u64, u32)]) -> bool {
         *self.members == *members
     }
 
     /// Number of points.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.points.len()
-    }
-
-    /// Whether the ring has no points.
-    pub fn is_empty(&self) -> bool {
-        self.points.is_empty()
     }
 
     /// The first point at or after `key`, clockwise.
@@ -216,7 +211,8 @@ impl Ring {
     }
 
     /// Which eligible index owns `key` (no retries, no bound).
-    pub fn owner(&self, key: u64) -> Option<usize> {
+    #[cfg(test)]
+    pub(crate) fn owner(&self, key: u64) -> Option<usize> {
         (!self.points.is_empty()).then(|| self.points[self.first_point(key)].owner as usize)
     }
 }

@@ -10,25 +10,25 @@ pub struct RoundRobin {
 
 impl RoundRobin {
     /// A rotation that starts at index 0.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         RoundRobin::default()
     }
 
     /// A rotation that goes on from `position` (see [`Self::position`]).
-    pub fn starting_at(position: usize) -> Self {
+    pub(crate) fn starting_at(position: usize) -> Self {
         RoundRobin {
             next: AtomicUsize::new(position),
         }
     }
 
     /// How many picks this rotation has made.
-    pub fn position(&self) -> usize {
+    pub(crate) fn position(&self) -> usize {
         self.next.load(Ordering::Relaxed)
     }
 
     /// The next index in `0..n` (`n > 0`).
     #[inline]
-    pub fn pick(&self, n: usize) -> usize {
+    pub(crate) fn pick(&self, n: usize) -> usize {
         self.next.fetch_add(1, Ordering::Relaxed) % n
     }
 }

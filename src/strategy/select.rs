@@ -24,7 +24,7 @@ use crate::backend::Backend;
 /// eligible backend comes at most once per pass (a hashing walk may name an owner more
 /// than once; it ends after at most two passes over its points).
 #[derive(Debug)]
-pub struct Candidates<'a> {
+pub(crate) struct Candidates<'a> {
     eligible: &'a [Arc<Backend>],
     walk: Walk<'a>,
 }
@@ -166,7 +166,7 @@ impl Picker {
     // Always inlined: built and consumed in the same pick, it then lives in registers
     // instead of being copied out of a call.
     #[inline(always)]
-    pub fn candidates<'a>(
+    pub(crate) fn candidates<'a>(
         &'a self,
         eligible: &'a [Arc<Backend>],
         key: Option<u64>,
@@ -194,7 +194,7 @@ impl Picker {
     /// The first candidate `accept` takes, as an index into `eligible`; `None` when it
     /// takes none.
     #[inline]
-    pub fn select(
+    pub(crate) fn select(
         &self,
         eligible: &[Arc<Backend>],
         key: Option<u64>,

@@ -23,7 +23,7 @@ pub struct WeightedLeastConnections {
 
 impl WeightedLeastConnections {
     /// Over `eligible` (pool order) with their effective weights now.
-    pub fn new(eligible: &[Arc<Backend>]) -> Self {
+    pub(crate) fn new(eligible: &[Arc<Backend>]) -> Self {
         let weights: Box<[f64]> = eligible.iter().map(|b| b.effective_weight()).collect();
         WeightedLeastConnections {
             index: LoadIndex::new(eligible, Key::PerWeight(weights.clone()))
@@ -33,19 +33,19 @@ impl WeightedLeastConnections {
     }
 
     /// Its index, if the pool is large enough to have one.
-    pub fn index(&self) -> Option<&Arc<[LoadIndex]>> {
+    pub(crate) fn index(&self) -> Option<&Arc<[LoadIndex]>> {
         self.index.as_ref()
     }
 
     /// The index's answer for a first pick, else a scan.
     #[inline]
-    pub fn pick(&self, eligible: &[Arc<Backend>], ctx: &PickCtx<'_>) -> Option<usize> {
+    pub(crate) fn pick(&self, eligible: &[Arc<Backend>], ctx: &PickCtx<'_>) -> Option<usize> {
         first_pick(self.index.as_ref(), eligible.len(), ctx).or_else(|| self.scan(eligible, ctx))
     }
 
     /// Scans the eligible backends once (O(n)); stops at the first idle one.
     #[inline]
-    pub fn scan(&self, eligible: &[Arc<Backend>], ctx: &PickCtx<'_>) -> Option<usize> {
+    pub(crate) fn scan(&self, eligible: &[Arc<Backend>], ctx: &PickCtx<'_>) -> Option<usize> {
         let mut best: Option<(usize, f64, f64)> = None;
         for (i, b) in eligible.iter().enumerate() {
             if !ctx.allows(b) {

@@ -131,7 +131,7 @@ impl Stepper {
 
 impl SmoothWeightedRoundRobin {
     /// Builds the schedule for `weights` (pool order, each ≥ 1).
-    pub fn new(weights: &[u32]) -> Self {
+    pub(crate) fn new(weights: &[u32]) -> Self {
         let g = weights.iter().fold(0u64, |g, &w| gcd(g, w as u64)).max(1);
         let reduced: Box<[i64]> = weights.iter().map(|&w| (w as u64 / g) as i64).collect();
         let mut stepper = Stepper::new(&reduced);
@@ -160,7 +160,7 @@ impl SmoothWeightedRoundRobin {
     /// same weights (a republish that changed nothing the algorithm sees, such as the
     /// last step of a slow start that rounds to the same whole weight), so the sequence
     /// continues instead of restarting.
-    pub fn continuing(self, previous: &SmoothWeightedRoundRobin) -> Self {
+    pub(crate) fn continuing(self, previous: &SmoothWeightedRoundRobin) -> Self {
         match (&self.mode, &previous.mode) {
             (
                 Mode::Table { weights, next, .. },
@@ -189,7 +189,7 @@ impl SmoothWeightedRoundRobin {
 
     /// The next index (the pool must not be empty).
     #[inline]
-    pub fn pick(&self) -> usize {
+    pub(crate) fn pick(&self) -> usize {
         match &self.mode {
             Mode::Table { schedule, next, .. } => {
                 let i = next.fetch_add(1, Ordering::Relaxed) % schedule.len();
