@@ -5,9 +5,9 @@
 //! ([`strategy::Picker`]), and control (the admin API, configuration) changes the pool,
 //! never the request path ([`pool::Pool`]). See `docs/architecture.md`.
 //!
-//! The public modules are what the binary, the benchmarks and a program embedding the
-//! balancer use (the command line, the settings, the pool and its backends, the
-//! strategies); everything else is internal to the crate.
+//! The public modules hold what the binary and the benchmarks use: the command line's
+//! entry point, backend specs, the backends and the strategies' pickers; everything
+//! else is internal to the crate.
 
 pub(crate) mod admin;
 pub mod backend;

@@ -120,6 +120,28 @@ async fn chunked_answers_pass_decoded_whatever_the_pieces_and_keep_the_connectio
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_1_0_answer_through_hyper_keeps_its_version_and_framing() {
+    let (addr, _) = scripted(|_| Reply {
+        pieces: vec![
+            b"HTTP/1.0 200 OK\r\n\r\nuntil".to_vec(),
+            b" the end".to_vec(),
+        ],
+        close: true,
+    });
+    let f = start(addr);
+    // A request with a body goes through hyper's client and server: the backend's
+    // HTTP/1.0 reaches the client, delimited by the close as the backend delimited it.
+    let r = raw_exchange(
+        f.proxy,
+        b"POST /up HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\nhi",
+        Duration::from_secs(5),
+    );
+    assert!(r.starts_with("HTTP/1.0 200 OK\r\n"), "{r}");
+    assert!(!r.to_ascii_lowercase().contains("transfer-encoding"), "{r}");
+    assert!(r.ends_with("\r\n\r\nuntil the end"), "{r}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn close_delimited_and_interim_and_head_answers() {
     let (addr, _) = scripted(|path| {
         match path {

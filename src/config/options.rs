@@ -34,8 +34,6 @@ pub(crate) enum Reload {
     Live,
     /// Kept until a restart; a change is listed in `restart_required` under this name.
     Restart(&'static str, fn(&Settings, &Settings) -> bool),
-    /// Not compared itself: it feeds a value that is (the token file feeds the token).
-    Derived,
 }
 
 /// One option.
@@ -304,7 +302,8 @@ pub(crate) static OPTIONS: &[Opt] = &[
             s.admin_token_file = Some(PathBuf::from(v));
             Ok(())
         },
-        reload: Reload::Derived,
+        // What a reload compares is the token it gives (or the environment's).
+        reload: restart!("admin_token", admin_token),
     },
     Opt {
         key: "workers",
@@ -342,20 +341,15 @@ pub(crate) static OPTIONS: &[Opt] = &[
 ];
 
 /// The settings that differ between `a` and `b` and are fixed while running, by the
-/// names the reload report gives them.
+/// names the reload report gives them, in the order of the table.
 pub(crate) fn restart_required(a: &Settings, b: &Settings) -> Vec<&'static str> {
-    let mut out: Vec<&'static str> = OPTIONS
+    OPTIONS
         .iter()
         .filter_map(|o| match o.reload {
             Reload::Restart(name, changed) if changed(a, b) => Some(name),
             _ => None,
         })
-        .collect();
-    // The token comes from the token file or the environment.
-    if a.admin_token != b.admin_token {
-        out.push("admin_token");
-    }
-    out
+        .collect()
 }
 
 #[cfg(test)]

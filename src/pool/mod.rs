@@ -368,7 +368,7 @@ impl Pool {
     }
 
     /// Rebuilds the routing table when its least-loaded index is due for renewal
-    /// ([`Picker::index_is_old`]); called on the health checker's tick.
+    /// ([`Picker::index_is_old`]); called by the pool's maintenance task.
     pub(crate) fn renew_index(&self) {
         let now = clock_ns();
         if self.table.load().picker.index_is_old(now) {

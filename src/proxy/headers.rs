@@ -16,12 +16,15 @@ pub(crate) const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forw
 pub(crate) const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
 /// Whether the request asks for a protocol upgrade (`Connection: upgrade` + `Upgrade`).
+/// A `Connection` value with bytes outside visible ASCII asks for none: such a request is
+/// forwarded as an ordinary one, its `Connection` and `Upgrade` dropped (the fast path
+/// hands any request naming `upgrade` to this check).
 pub(crate) fn is_upgrade_request(headers: &HeaderMap) -> bool {
     headers.contains_key(header::UPGRADE)
-        && headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .any(|v| hop::tokens(v.as_bytes()).any(|t| t.is_upgrade()))
+        && headers.get_all(header::CONNECTION).iter().any(|v| {
+            v.to_str()
+                .is_ok_and(|s| hop::tokens(s.as_bytes()).any(|t| t.is_upgrade()))
+        })
 }
 
 /// Removes hop-by-hop headers ([`hop`]'s rules). With `upgrade`, `Connection: upgrade`
@@ -479,6 +482,16 @@ mod tests {
 
     #[test]
     fn upgrade_keeps_its_headers() {
+        let mut odd = HeaderMap::new();
+        odd.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        odd.insert(
+            header::CONNECTION,
+            HeaderValue::from_bytes(b"upgrade, caf\xe9").unwrap(),
+        );
+        assert!(
+            !is_upgrade_request(&odd),
+            "a value that is not text asks for none"
+        );
         let mut h = map(&[("connection", "Upgrade"), ("upgrade", "websocket")]);
         assert!(is_upgrade_request(&h));
         strip_hop_by_hop(&mut h, true);

@@ -4,8 +4,9 @@
 //! the rules request smuggling lives on: every reader of a head — the header-map path
 //! and the span path of [`super::headers`], the upstream response parser
 //! ([`super::wire`]) and the client-side fast path's close/upgrade check
-//! ([`crate::front`]) — asks this module, so they cannot drift apart. The property tests
-//! below tie all four together. Values are read as bytes, never as text: a token next to
+//! ([`crate::front`]) — asks this module, so they cannot drift apart. Property tests tie
+//! all four together (in `headers.rs`, `wire.rs` and `front.rs`, over the generator of
+//! [`props`]). Values are read as bytes, never as text: a token next to
 //! bytes outside ASCII still means what it says.
 
 /// Fields that are hop-by-hop by themselves, in lower case. The fields a `Connection`

@@ -115,6 +115,9 @@ pub(crate) enum ResponseFields {
 pub(crate) struct ResponseHead {
     /// The status.
     pub(crate) status: StatusCode,
+    /// The backend's protocol version (hyper's server frames an HTTP/1.0 backend's
+    /// answer as such); HTTP/1.1 for fulcrum's own answers.
+    pub(crate) version: Version,
     /// The backend's reason phrase when it is not the status's usual one.
     pub(crate) reason: Option<hyper::ext::ReasonPhrase>,
     /// The header fields, hop-by-hop fields already removed.
@@ -154,6 +157,7 @@ impl ProxyResponse {
         ProxyResponse {
             head: ResponseHead {
                 status,
+                version: Version::HTTP_11,
                 reason: None,
                 fields: ResponseFields::Map(fields),
             },
@@ -184,6 +188,7 @@ impl ProxyResponse {
     pub(crate) fn into_http(self) -> Response<RespBody> {
         let mut r = Response::new(self.body);
         *r.status_mut() = self.head.status;
+        *r.version_mut() = self.head.version;
         *r.headers_mut() = match self.head.fields {
             ResponseFields::Map(m) => m,
             ResponseFields::Wire(f) => f.into_map(),

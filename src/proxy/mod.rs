@@ -257,8 +257,9 @@ impl Proxy {
     /// fields.
     ///
     /// The steps, each its own function: admit (size, shedding), prepare (Host, hop
-    /// rules, forwarded fields), attempt (pick, trial claim, exchange, retry decision),
-    /// respond (the hold, the body).
+    /// rules, forwarded fields), then forward: pick (the strategy's candidates, the
+    /// not-tried check and the trial claim), attempt (faults, exchange, respond: the
+    /// hold, the body) and the retry decision.
     ///
     /// Not an `async fn`: a refusal is answered at once, and a request that is admitted
     /// is the [`Self::forward`] future itself, one level of future less to move the
@@ -383,7 +384,7 @@ impl Proxy {
         let mut last_failure = None;
         let mut attempt = 0;
         while attempt < max_attempts {
-            let Some(guard) = self.pick(req, &tried) else {
+            let Some(guard) = self.pick(req, &mut tried) else {
                 break;
             };
             let id = guard.backend().id;
@@ -394,7 +395,6 @@ impl Proxy {
                 Ok(r) => return r,
                 Err(f) => f,
             };
-            tracing::debug!(backend = id, attempt, "attempt failed");
             // Nothing of the answer has reached the client yet, so an idempotent request
             // without a body may go to another backend, while the budget allows.
             let retry = failure != Failure::ClientGone && !last && self.budget.withdraw();
@@ -428,7 +428,7 @@ impl Proxy {
     /// backend not tried by this request yet, and, for a half-open backend (after an
     /// ejection, one request at a time until one has succeeded), only with its trial
     /// claimed.
-    fn pick(&self, req: &mut Outgoing, tried: &[u64]) -> Option<RequestGuard> {
+    fn pick(&self, req: &mut Outgoing, tried: &mut Vec<u64>) -> Option<RequestGuard> {
         // The routing table is read afresh per attempt and not held across the wait
         // (arc-swap's cheap read slots are few per thread); the guard keeps the backend
         // itself alive.
@@ -442,7 +442,13 @@ impl Proxy {
                 return false;
             }
             trial = b.half_open();
-            !trial || b.claim_trial()
+            if trial && !b.claim_trial() {
+                // Its one trial request is already in flight: this request counts it as
+                // tried, so a retry does not come back to it either.
+                tried.push(b.id);
+                return false;
+            }
+            true
         })?;
         let mut guard = b.begin_request();
         if trial {
@@ -505,6 +511,7 @@ impl Proxy {
                 Ok(self.respond(req, answer, guard, fin, permit.take(), upload))
             }
             Err(failure) => {
+                tracing::debug!(backend = %backend.name, ?failure, "attempt failed");
                 if failure != Failure::ClientGone {
                     guard.fail();
                     self.note_outcome(&mut guard, false);
@@ -605,6 +612,7 @@ impl Proxy {
                 hold.conn = Some((conn, self.upstreams));
                 let head = ResponseHead {
                     status,
+                    version: parts.version,
                     reason: parts.extensions.remove(),
                     fields: ResponseFields::Map(parts.headers),
                 };

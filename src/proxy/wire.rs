@@ -15,7 +15,7 @@ use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderValue};
-use http::{Method, StatusCode};
+use http::{Method, StatusCode, Version};
 use http_body::{Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
@@ -293,6 +293,11 @@ fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, ()> {
     };
     let head = ResponseHead {
         status,
+        version: if http11 {
+            Version::HTTP_11
+        } else {
+            Version::HTTP_10
+        },
         reason,
         fields: ResponseFields::Wire(fields),
     };

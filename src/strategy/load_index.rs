@@ -113,8 +113,9 @@ impl LoadWatch for LoadSlot {
     }
 }
 
-/// The first tree's answer for a first pick over `n` eligible backends; `None` for a
-/// retry (which must leave tried backends out: the caller scans), or without an index.
+/// The first tree's answer for the first candidate over `n` eligible backends; `None`
+/// for a later candidate (which must leave those already offered out: the caller
+/// scans), or without an index.
 #[inline]
 pub(crate) fn first_pick(
     index: Option<&Arc<[LoadIndex]>>,

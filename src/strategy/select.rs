@@ -11,8 +11,8 @@
 //! - ranking (the least-connections family, least response time, the two-choice ones):
 //!   their rule, then their rule again over the backends not yielded yet;
 //! - hashing (ring, Maglev): owners clockwise (ring) or slot by slot (Maglev) from the
-//!   key's position; with a balance factor, first those under their load bound, then the
-//!   others in the same order.
+//!   key's position; with a balance factor, first those under their load bound, then all
+//!   of them again in the same order.
 
 use std::sync::Arc;
 
@@ -20,9 +20,9 @@ use super::bounded::LoadBound;
 use super::{Maglev, PickCtx, Picker, Ring};
 use crate::backend::Backend;
 
-/// The candidates of one pick, as eligible indexes in the strategy's order; each
-/// eligible backend comes at most once per pass (a hashing walk may name an owner more
-/// than once; it ends after at most two passes over its points).
+/// The candidates of one pick, as eligible indexes in the strategy's order. A rotating or
+/// ranking walk names each eligible backend once; a hashing walk names an owner at each
+/// of its points or slots, and ends after at most two passes over them.
 #[derive(Debug)]
 pub(crate) struct Candidates<'a> {
     eligible: &'a [Arc<Backend>],
@@ -33,11 +33,14 @@ pub(crate) struct Candidates<'a> {
 enum Walk<'a> {
     /// `left` more, from `next` on in pool order.
     Rotate { next: usize, left: usize },
-    /// The picker's rule over the backends not yielded yet.
+    /// The picker's rule over the backends not yielded yet: those in `yielded`, and
+    /// `last`, kept apart so that a pick that stops at its first candidate (nearly all)
+    /// allocates nothing.
     Rank {
         picker: &'a Picker,
         key: Option<u64>,
         yielded: Vec<u64>,
+        last: Option<u64>,
     },
     /// A hashing walk.
     Hash(HashWalk<'a>),
@@ -70,7 +73,7 @@ impl Owners<'_> {
 }
 
 /// Owners from `start` on, wrapping; with a load bound, a first pass over those it
-/// admits and a second over those it does not.
+/// admits and a second over all of them.
 #[derive(Debug)]
 pub(super) struct HashWalk<'a> {
     owners: Owners<'a>,
@@ -115,8 +118,9 @@ impl Iterator for HashWalk<'_> {
             }
             let owner = self.owners.at((self.start + self.step) % len);
             self.step += 1;
-            let admitted = self.bound.as_mut().is_none_or(|b| b.admits(owner));
-            if admitted != self.second_pass {
+            // The second pass offers every owner again, in the same order: the first the
+            // caller takes is the first it may use, whatever the loads are by then.
+            if self.second_pass || self.bound.as_mut().is_none_or(|b| b.admits(owner)) {
                 return Some(owner);
             }
         }
@@ -146,13 +150,17 @@ impl Iterator for Candidates<'_> {
                 picker,
                 key,
                 yielded,
+                last,
             } => {
+                if let Some(id) = last.take() {
+                    yielded.push(id);
+                }
                 let ctx = PickCtx {
                     tried: yielded,
                     key: *key,
                 };
                 let i = picker.rank(self.eligible, &ctx)?;
-                yielded.push(self.eligible[i].id);
+                *last = Some(self.eligible[i].id);
                 Some(i)
             }
             Walk::Hash(walk) => walk.next(),
@@ -186,6 +194,7 @@ impl Picker {
                 picker: self,
                 key,
                 yielded: Vec::new(),
+                last: None,
             },
         };
         Candidates { eligible, walk }
