@@ -164,6 +164,7 @@ pub(crate) fn set_forwarded(
 }
 
 /// Appends one `name: value` header line.
+#[inline]
 pub(crate) fn put_field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.extend_from_slice(name);
     out.extend_from_slice(b": ");
@@ -173,6 +174,7 @@ pub(crate) fn put_field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
 
 /// [`put_field`] with the name in lower case, as a header map writes names (HTTP/1.1
 /// names are case-insensitive), for names copied from a head as they were spelled.
+#[inline]
 pub(crate) fn put_field_lowercase(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.extend(name.iter().map(u8::to_ascii_lowercase));
     out.extend_from_slice(b": ");
@@ -200,6 +202,7 @@ impl Spans {
     }
 
     /// Name (as spelled in the head) and value of each field, in order.
+    #[inline]
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
         self.spans.iter().map(|&(ns, nl, vs, vl)| {
             let (ns, nl, vs, vl) = (ns as usize, nl as usize, vs as usize, vl as usize);
