@@ -172,7 +172,7 @@ pub(crate) async fn serve(
         drop(fut);
 
         // 3. Write it.
-        let keep = !close && !*shutdown.borrow();
+        let keep = !close && !*shutdown.borrow() && !resp.closes();
         match write_response(stream, &mut buf, &mut eof, resp, head_only, keep).await {
             Ok(true) => {}
             Ok(false) | Err(_) => return Outcome::Closed,
@@ -226,10 +226,11 @@ fn parse(buf: &[u8]) -> Head {
         Ok(httparse::Status::Partial) => return Head::Partial,
         Err(_) => return Head::Other,
     };
-    let method = match req.method {
-        Some("GET") => Method::GET,
-        Some("HEAD") => Method::HEAD,
-        _ => return Head::Other,
+    // Other methods go to hyper, unless the head's framing is to be refused (below).
+    let plain = match req.method {
+        Some("GET") => Some(Method::GET),
+        Some("HEAD") => Some(Method::HEAD),
+        _ => None,
     };
     if req.version != Some(1) {
         return Head::Other;
@@ -245,15 +246,14 @@ fn parse(buf: &[u8]) -> Head {
         (at, at + s.len())
     };
     let mut close = false;
+    let (mut length, mut coding) = (false, false);
     let mut out = Vec::with_capacity(req.headers.len());
     for f in req.headers.iter() {
         let name = f.name.as_bytes();
         let is = |n: &HeaderName| name.eq_ignore_ascii_case(n.as_str().as_bytes());
-        if is(&header::CONTENT_LENGTH)
-            || is(&header::TRANSFER_ENCODING)
-            || is(&header::EXPECT)
-            || is(&header::UPGRADE)
-        {
+        length |= is(&header::CONTENT_LENGTH);
+        coding |= is(&header::TRANSFER_ENCODING);
+        if is(&header::EXPECT) || is(&header::UPGRADE) {
             return Head::Other;
         }
         if hop::is_connection(name) {
@@ -272,6 +272,20 @@ fn parse(buf: &[u8]) -> Head {
             f.value.len() as u32,
         ));
     }
+    // A body goes to hyper; but a head with both `Content-Length` and
+    // `Transfer-Encoding` is served here, where the request path refuses it before
+    // anything is read of its body (hyper would drop the length and forward it).
+    let method = match (length, coding, plain) {
+        (false, false, Some(m)) => m,
+        (true, true, _) => match req.method.map(|m| Method::from_bytes(m.as_bytes())) {
+            Some(Ok(m)) => {
+                close = true;
+                m
+            }
+            _ => return Head::Other,
+        },
+        _ => return Head::Other,
+    };
     Head::Ready(Box::new(Parsed {
         len,
         method,

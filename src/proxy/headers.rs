@@ -254,7 +254,8 @@ impl ClientFields {
         ClientFields(fields)
     }
 
-    fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+    /// Name (as spelled) and value of each field, in order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
         self.0.iter()
     }
 

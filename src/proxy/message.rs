@@ -63,17 +63,23 @@ impl RequestHead {
         }
     }
 
-    /// `Host` as the client sent it; an HTTP/2 request carries it in `:authority`.
+    /// The authority the request is for: the target's own in absolute form
+    /// (`GET http://a.example/ HTTP/1.1`, RFC 9112 §3.2.2: it replaces `Host`), else
+    /// `Host` as the client sent it, else `:authority` (HTTP/2).
     pub(crate) fn host(&self) -> Option<HeaderValue> {
+        let authority = || {
+            self.uri
+                .authority()
+                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        };
         match &self.fields {
             RequestFields::Spans(f) => f.host(),
-            RequestFields::Map(m) => match m.get(header::HOST) {
-                Some(h) => Some(h.clone()),
-                None => self
-                    .uri
-                    .authority()
-                    .and_then(|a| HeaderValue::from_str(a.as_str()).ok()),
-            },
+            RequestFields::Map(_)
+                if self.version != Version::HTTP_2 && self.uri.authority().is_some() =>
+            {
+                authority()
+            }
+            RequestFields::Map(m) => m.get(header::HOST).cloned().or_else(authority),
         }
     }
 
@@ -127,10 +133,6 @@ pub(crate) struct ResponseHead {
 impl ResponseHead {
     /// The value of the first field named `name` (`Content-Length` included): the one
     /// place to read an answer's field, whichever form its fields are in.
-    #[allow(
-        dead_code,
-        reason = "the reading side of the head, for rules that read a field"
-    )]
     pub(crate) fn field(&self, name: &HeaderName) -> Option<HeaderValue> {
         match &self.fields {
             ResponseFields::Map(m) => m.get(name).cloned(),
@@ -174,6 +176,16 @@ impl ProxyResponse {
         );
         let body = RespBody::full(Bytes::from_static(text.as_bytes()));
         ProxyResponse::new(status, fields, body)
+    }
+
+    /// Whether this is an answer of fulcrum's own that ends its connection
+    /// (`Connection: close`, as a refused head's does). A backend's answer read inline
+    /// has had its `Connection` removed as hop-by-hop: only a map is looked at.
+    pub(crate) fn closes(&self) -> bool {
+        matches!(self.head.fields, ResponseFields::Map(_))
+            && self.head.field(&header::CONNECTION).is_some_and(|v| {
+                super::hop::tokens(v.as_bytes()).any(|t| t == super::hop::Token::Close)
+            })
     }
 
     /// Adds a field to an answer with a header map (fulcrum's own answers).

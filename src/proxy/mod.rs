@@ -8,6 +8,7 @@ pub(crate) mod hop;
 pub(crate) mod message;
 pub(crate) mod record;
 mod upstream;
+mod validate;
 mod wire;
 
 use std::net::SocketAddr;
@@ -183,6 +184,8 @@ enum Refusal {
     TooLarge,
     /// The proxy is over `--max-inflight`.
     Overloaded,
+    /// The head breaks a rule of [`validate`].
+    Invalid(validate::Invalid),
 }
 
 impl Refusal {
@@ -196,6 +199,7 @@ impl Refusal {
                 ProxyResponse::own(StatusCode::SERVICE_UNAVAILABLE, "overloaded, retry later\n")
                     .with_field(header::RETRY_AFTER, HeaderValue::from_static("1"))
             }
+            Refusal::Invalid(why) => why.answer(),
         }
     }
 }
@@ -309,14 +313,15 @@ impl Proxy {
         }
     }
 
-    /// Admission: the head-size limit, then shedding. Returns the shedding slot, or the
-    /// refusal to send.
+    /// Admission: the head-size limit, the head's own rules ([`validate`]), then
+    /// shedding. Returns the shedding slot, or the refusal to send.
     fn admit(&self, head: &RequestHead) -> Result<Option<ShedPermit>, Refusal> {
         // hyper bounds its read buffer, but a head that arrives in one read can slip past
         // that bound; the limit is checked here exactly.
         if head.size() > MAX_HEADER_BYTES {
             return Err(Refusal::TooLarge);
         }
+        validate::check(head).map_err(Refusal::Invalid)?;
         self.shed_permit().map_err(|()| {
             bump(&self.pool.stats.shed);
             Refusal::Overloaded
@@ -352,7 +357,9 @@ impl Proxy {
         req.peer_trusted = headers::is_trusted(&self.settings.trusted_proxies, req.peer.addr.ip());
         req.host = head.host();
         if let RequestFields::Map(map) = &mut head.fields {
-            if let (None, Some(h)) = (map.get(header::HOST), &req.host) {
+            // The one authority `host` names (validated in `admit`): the client's `Host`,
+            // the target's in absolute form, or HTTP/2's `:authority`.
+            if let Some(h) = &req.host {
                 map.insert(header::HOST, h.clone());
             }
             if head.version == Version::HTTP_2 {
@@ -389,6 +396,10 @@ impl Proxy {
             };
             let id = guard.backend().id;
             fin.backend_id = Some(id);
+            // A retry is counted once it has a backend to go to, not when it is decided.
+            if attempt > 0 {
+                bump(&self.pool.stats.retries);
+            }
             fin.retries = attempt as u32;
             let last = attempt + 1 == max_attempts;
             let failure = match self.attempt(req, guard, fin, &mut permit, last).await {
@@ -403,10 +414,8 @@ impl Proxy {
                 break;
             }
             tried.push(id);
-            bump(&self.pool.stats.retries);
             attempt += 1;
         }
-        fin.retries = attempt as u32;
         match last_failure {
             Some(f) => {
                 // Recorded against the backend of the last attempt.
@@ -564,7 +573,14 @@ impl Proxy {
         // connection keeps one allocated).
         let r = Box::pin(self.upstreams.send(backend, up_req, timeout))
             .await
-            .map(|(r, c, at)| (Answer::Hyper(r, c), at));
+            .and_then(|(r, c, at)| {
+                // hyper's buffer limit is soft (one read may take it past the limit and
+                // complete the head): the head limit is checked on what was read.
+                if response_head_size(&r) > wire::MAX_HEAD {
+                    return Err(Failure::Broken);
+                }
+                Ok((Answer::Hyper(r, c), at))
+            });
         (r, upload)
     }
 
@@ -653,6 +669,14 @@ impl Proxy {
         fin.finish(backend);
         r
     }
+}
+
+/// Bytes of a response head as it came on the wire: the status line and a
+/// `name: value\r\n` line per field.
+fn response_head_size(r: &Response<Incoming>) -> usize {
+    r.headers()
+        .iter()
+        .fold(17, |n, (k, v)| n + k.as_str().len() + v.len() + 4)
 }
 
 /// Writes the head of an inline request: the request line and the fields as this hop

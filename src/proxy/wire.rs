@@ -26,8 +26,8 @@ use super::hop;
 use super::message::{ResponseFields, ResponseHead};
 use crate::deadline::Deadline;
 
-/// Largest response head accepted from a backend.
-const MAX_HEAD: usize = 64 * 1024;
+/// Largest response head accepted from a backend (hyper's client is held to it too).
+pub(crate) const MAX_HEAD: usize = 64 * 1024;
 /// Most header lines accepted in a response head.
 const MAX_HEADERS: usize = 128;
 /// Interim (1xx) answers skipped before the final one; more is a broken backend.
@@ -244,6 +244,8 @@ fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, ()> {
         let parsed = httparse::ParserConfig::default()
             .parse_response_with_uninit_headers(&mut resp, buf, &mut lines);
         let len = match parsed {
+            // A head over the limit is refused however it arrived, whole or in pieces.
+            Ok(httparse::Status::Complete(n)) if n > MAX_HEAD => return Err(()),
             Ok(httparse::Status::Complete(n)) => n,
             Ok(httparse::Status::Partial) => return Ok(None),
             Err(_) => return Err(()),

@@ -1,0 +1,179 @@
+//! Heads that must not reach a backend, over real sockets: `CONNECT`, ambiguous framing,
+//! a missing, repeated or malformed `Host`; the target's authority in absolute form; a
+//! backend's oversized answer head; and retries counted only when they are made.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// Sends `request` on a fresh connection; the answer and whether the proxy closed the
+/// connection after it (rather than the read timing out).
+fn exchange(f: &Fulcrum, request: &[u8]) -> (String, bool) {
+    let t = Instant::now();
+    let r = raw_exchange(f.proxy, request, Duration::from_secs(4));
+    (r, t.elapsed() < Duration::from_secs(3))
+}
+
+#[test]
+fn connect_is_refused_with_405_and_allow() {
+    let a = TestBackend::start("A");
+    let f = Fulcrum::over(&[&a], &["--health-interval", "60s"]);
+    let before = a.requests();
+    let (r, closed) = exchange(
+        &f,
+        b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n",
+    );
+    assert!(r.starts_with("HTTP/1.1 405"), "{r}");
+    let lower = r.to_ascii_lowercase();
+    assert!(lower.contains("\r\nallow: get, head, post"), "{r}");
+    assert!(closed, "the connection ends after a refused head: {r}");
+    assert_eq!(a.requests(), before, "nothing reached the backend");
+}
+
+#[test]
+fn length_with_transfer_encoding_is_refused_before_the_backend() {
+    let a = TestBackend::start("A");
+    let f = Fulcrum::over(&[&a], &["--health-interval", "60s"]);
+    let before = a.requests();
+    let (r, closed) = exchange(
+        &f,
+        b"POST /up HTTP/1.1\r\nHost: h\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n\
+          0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: h\r\n\r\n",
+    );
+    assert!(r.starts_with("HTTP/1.1 400"), "{r}");
+    assert_eq!(
+        r.matches("HTTP/1.1 ").count(),
+        1,
+        "one answer, then the close: {r}"
+    );
+    assert!(closed, "{r}");
+    assert_eq!(a.requests(), before, "nothing reached the backend");
+}
+
+#[test]
+fn host_must_be_one_valid_authority() {
+    let a = TestBackend::start("A");
+    let f = Fulcrum::over(&[&a], &["--health-interval", "60s"]);
+    let before = a.requests();
+    let heads: [&[u8]; 8] = [
+        // Two Host lines, on the fast path and on hyper's.
+        b"GET / HTTP/1.1\r\nHost: a.example\r\nHost: b.example\r\n\r\n",
+        b"POST / HTTP/1.1\r\nHost: a.example\r\nHost: b.example\r\nContent-Length: 0\r\n\r\n",
+        // None on HTTP/1.1.
+        b"GET / HTTP/1.1\r\nX-A: 1\r\n\r\n",
+        b"DELETE / HTTP/1.1\r\n\r\n",
+        // Not host[:port].
+        b"GET / HTTP/1.1\r\nHost: a b\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: user@evil/x\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost:\r\n\r\n",
+        b"PUT / HTTP/1.1\r\nHost: a.example:80x\r\nContent-Length: 0\r\n\r\n",
+    ];
+    for head in heads {
+        let (r, closed) = exchange(&f, head);
+        let shown = String::from_utf8_lossy(head);
+        assert!(r.starts_with("HTTP/1.1 400"), "{shown:?}: {r}");
+        assert!(r.contains("Host"), "{shown:?}: {r}");
+        assert!(closed, "{shown:?}: {r}");
+    }
+    assert_eq!(a.requests(), before, "nothing reached the backend");
+    // HTTP/1.0 may leave Host out; it gets the backend's.
+    let (r, _) = exchange(&f, b"GET /old HTTP/1.0\r\n\r\n");
+    assert!(
+        r.starts_with("HTTP/1.1 200") || r.starts_with("HTTP/1.0 200"),
+        "{r}"
+    );
+}
+
+#[test]
+fn an_absolute_target_names_the_authority() {
+    let a = TestBackend::start("A");
+    let f = Fulcrum::over(&[&a], &["--health-interval", "60s"]);
+    let (r, _) = exchange(
+        &f,
+        b"GET http://a.example/x HTTP/1.1\r\nHost: b.example\r\nConnection: close\r\n\r\n",
+    );
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    let h = a.stats.last_headers.lock().unwrap().clone().unwrap();
+    assert_eq!(
+        h["host"], "a.example",
+        "the target's authority replaces Host"
+    );
+    assert_eq!(h.get_all("host").iter().count(), 1);
+    assert_eq!(h["x-forwarded-host"], "a.example");
+}
+
+#[test]
+fn a_response_head_over_64_kib_is_a_502_however_it_arrives() {
+    use std::io::{Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { continue };
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf);
+                // A head just over 64 KiB (65.7 KB) in one write: the reads that bring it
+                // in leave it incomplete at 64 KiB and complete at the next one.
+                let mut head = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n".to_vec();
+                for i in 0..10 {
+                    head.extend_from_slice(format!("x-f{i}: {}\r\n", "v".repeat(6560)).as_bytes());
+                }
+                head.extend_from_slice(b"\r\nok");
+                let _ = s.write_all(&head);
+            });
+        }
+    });
+    let backend = format!("http://{addr}");
+    let f = Fulcrum::start(&[
+        "--backend",
+        &backend,
+        "--health-interval",
+        "60s",
+        "--retries",
+        "0",
+    ]);
+    let (r, _) = exchange(
+        &f,
+        b"GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n",
+    );
+    assert!(r.starts_with("HTTP/1.1 502"), "{}", &r[..r.len().min(200)]);
+    // Through hyper's client (a request with a body) too.
+    let (r, _) = exchange(
+        &f,
+        b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 1\r\nConnection: close\r\n\r\nx",
+    );
+    assert!(r.starts_with("HTTP/1.1 502"), "{}", &r[..r.len().min(200)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_are_counted_only_when_one_is_made() {
+    // A port nothing listens on: every attempt fails to connect.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let backend = format!("http://{}", dead.local_addr().unwrap());
+    drop(dead);
+    let f = Fulcrum::start(&["--backend", &backend, "--health-interval", "60s"]);
+    let c = client();
+    for _ in 0..3 {
+        assert_eq!(get(&c, &f.url("/")).await.status, 502);
+    }
+    let m = get(&c, &f.admin_url("/metrics")).await.text();
+    let retries = m
+        .lines()
+        .find(|l| l.starts_with("fulcrum_retries_total"))
+        .unwrap_or_else(|| panic!("{m}"));
+    assert_eq!(
+        retries, "fulcrum_retries_total 0",
+        "no other backend to retry on"
+    );
+    let line = f
+        .log_line(&["\"status\":502"], Duration::from_secs(2))
+        .or_else(|| f.log_line(&["status=502"], Duration::from_secs(2)))
+        .unwrap_or_else(|| f.log());
+    assert!(
+        line.contains("retries=0") || line.contains("\"retries\":0"),
+        "{line}"
+    );
+}
