@@ -81,13 +81,14 @@ pub(crate) fn check(head: &RequestHead) -> Result<(), Invalid> {
         }
         RequestFields::Spans(f) => {
             let (mut length, mut coding) = (false, false);
+            // Every request on the fast path comes here: names are told apart by their
+            // length before any comparison.
             for (n, v) in f.iter() {
-                if n.eq_ignore_ascii_case(HOST) {
-                    hosts.see(v);
-                } else if n.eq_ignore_ascii_case(b"content-length") {
-                    length = true;
-                } else if n.eq_ignore_ascii_case(b"transfer-encoding") {
-                    coding = true;
+                match n.len() {
+                    4 if n.eq_ignore_ascii_case(HOST) => hosts.see(v),
+                    14 if n.eq_ignore_ascii_case(b"content-length") => length = true,
+                    17 if n.eq_ignore_ascii_case(b"transfer-encoding") => coding = true,
+                    _ => {}
                 }
             }
             if length && coding {
@@ -164,12 +165,40 @@ fn is_valid_host(v: &[u8]) -> bool {
                     .iter()
                     .all(|&c| c.is_ascii_hexdigit() || c == b':' || c == b'.')
         }
-        _ => host
-            .iter()
-            .all(|&c| c.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=%".contains(&c)),
+        _ => host.iter().all(|&c| REG_NAME[c as usize]),
     };
     port_ok && host_ok
 }
+
+/// The bytes of a registered name (RFC 3986: unreserved, sub-delims, `%`), by byte.
+static REG_NAME: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut c = 0;
+    while c < 256 {
+        let b = c as u8;
+        t[c] = b.is_ascii_alphanumeric()
+            || matches!(
+                b,
+                b'-' | b'.'
+                    | b'_'
+                    | b'~'
+                    | b'!'
+                    | b'$'
+                    | b'&'
+                    | b'\''
+                    | b'('
+                    | b')'
+                    | b'*'
+                    | b'+'
+                    | b','
+                    | b';'
+                    | b'='
+                    | b'%'
+            );
+        c += 1;
+    }
+    t
+};
 
 #[cfg(test)]
 mod tests {
