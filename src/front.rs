@@ -10,7 +10,9 @@
 //! Everything else — a request with a body, an upgrade, `Expect`, HTTP/1.0, HTTP/2's
 //! preface, any head this module does not accept exactly — is handed to hyper with the
 //! bytes read so far ([`Outcome::HandOff`]), and hyper serves the connection from then
-//! on. So hyper still owns every edge case (its 400s, its chunked request bodies), and
+//! on. One kind of head with a body stays: `Content-Length` together with
+//! `Transfer-Encoding`, which the request path refuses before its body is read (hyper
+//! would drop the length and forward it chunked). So hyper still owns every edge case (its 400s, its chunked request bodies), and
 //! this module only ever answers what it fully understands.
 //!
 //! Reads go through one 16 KiB scratch buffer per worker thread; a connection keeps
@@ -217,7 +219,9 @@ async fn read_some(stream: &mut TcpStream, buf: &mut BytesMut) -> ReadResult {
 }
 
 /// Whether `buf` starts with a request head the fast path serves: `GET` or `HEAD`,
-/// origin-form target, HTTP/1.1, no body, no upgrade, no `Expect`.
+/// origin-form target, HTTP/1.1, no body, no upgrade, no `Expect`; or an origin-form
+/// HTTP/1.1 head of any method with both `Content-Length` and `Transfer-Encoding`, to be
+/// refused.
 fn parse(buf: &[u8]) -> Head {
     let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
     let mut req = httparse::Request::new(&mut fields);
@@ -246,22 +250,22 @@ fn parse(buf: &[u8]) -> Head {
         (at, at + s.len())
     };
     let mut close = false;
-    let (mut length, mut coding) = (false, false);
+    let (mut length, mut coding, mut upgrade) = (false, false, false);
     let mut out = Vec::with_capacity(req.headers.len());
     for f in req.headers.iter() {
         let name = f.name.as_bytes();
         let is = |n: &HeaderName| name.eq_ignore_ascii_case(n.as_str().as_bytes());
         length |= is(&header::CONTENT_LENGTH);
         coding |= is(&header::TRANSFER_ENCODING);
-        if is(&header::EXPECT) || is(&header::UPGRADE) {
-            return Head::Other;
-        }
+        // Decided after the loop: a head with ambiguous framing is refused here
+        // whatever else it asks for.
+        upgrade |= is(&header::EXPECT) || is(&header::UPGRADE);
         if hop::is_connection(name) {
             for token in hop::tokens(f.value) {
                 if token == hop::Token::Close {
                     close = true;
                 } else if token.is_upgrade() {
-                    return Head::Other;
+                    upgrade = true;
                 }
             }
         }
@@ -276,7 +280,7 @@ fn parse(buf: &[u8]) -> Head {
     // `Transfer-Encoding` is served here, where the request path refuses it before
     // anything is read of its body (hyper would drop the length and forward it).
     let method = match (length, coding, plain) {
-        (false, false, Some(m)) => m,
+        (false, false, Some(m)) if !upgrade => m,
         (true, true, _) => match req.method.map(|m| Method::from_bytes(m.as_bytes())) {
             Some(Ok(m)) => {
                 close = true;

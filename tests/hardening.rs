@@ -154,7 +154,15 @@ async fn retries_are_counted_only_when_one_is_made() {
     let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let backend = format!("http://{}", dead.local_addr().unwrap());
     drop(dead);
-    let f = Fulcrum::start(&["--backend", &backend, "--health-interval", "60s"]);
+    // Health checks would soon take the dead backend out (503): keep it in.
+    let f = Fulcrum::start(&[
+        "--backend",
+        &backend,
+        "--health-interval",
+        "60s",
+        "--unhealthy-threshold",
+        "100",
+    ]);
     let c = client();
     for _ in 0..3 {
         assert_eq!(get(&c, &f.url("/")).await.status, 502);

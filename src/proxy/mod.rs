@@ -139,7 +139,8 @@ struct Outgoing {
     client_upgrade: Option<hyper::upgrade::OnUpgrade>,
     /// The target as forwarded (origin form).
     target: PathAndQuery,
-    /// `Host` as the client sent it.
+    /// The authority the request is for ([`RequestHead::host`]): what the backend gets
+    /// as `Host` and `X-Forwarded-Host`.
     host: Option<HeaderValue>,
     peer: Peer,
     peer_trusted: bool,
@@ -343,7 +344,8 @@ impl Proxy {
     }
 
     /// Applies this hop's rules to the head (see `docs/architecture.md`, "Headers"):
-    /// `Host` kept (built from `:authority` for HTTP/2), HTTP/2 cookies joined,
+    /// `Host` set to the request's authority (the target's in absolute form, else the
+    /// client's `Host`, else `:authority` for HTTP/2), HTTP/2 cookies joined,
     /// hop-by-hop fields removed, `X-Forwarded-*` set, HTTP/1.1 towards the backend.
     /// Span fields are only ever exchanged inline and get the same rules as they are
     /// written out; any other request gets its fields as a map first.
@@ -573,14 +575,7 @@ impl Proxy {
         // connection keeps one allocated).
         let r = Box::pin(self.upstreams.send(backend, up_req, timeout))
             .await
-            .and_then(|(r, c, at)| {
-                // hyper's buffer limit is soft (one read may take it past the limit and
-                // complete the head): the head limit is checked on what was read.
-                if response_head_size(&r) > wire::MAX_HEAD {
-                    return Err(Failure::Broken);
-                }
-                Ok((Answer::Hyper(r, c), at))
-            });
+            .map(|(r, c, at)| (Answer::Hyper(r, c), at));
         (r, upload)
     }
 
@@ -669,14 +664,6 @@ impl Proxy {
         fin.finish(backend);
         r
     }
-}
-
-/// Bytes of a response head as it came on the wire: the status line and a
-/// `name: value\r\n` line per field.
-fn response_head_size(r: &Response<Incoming>) -> usize {
-    r.headers()
-        .iter()
-        .fold(17, |n, (k, v)| n + k.as_str().len() + v.len() + 4)
 }
 
 /// Writes the head of an inline request: the request line and the fields as this hop

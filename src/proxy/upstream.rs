@@ -132,8 +132,8 @@ impl Upstreams {
         let stream = self.dial(b).await?;
         let (sender, conn) = http1::Builder::new()
             .writev(false)
-            // A response head that does not fit is refused (502), as on the inline path.
-            .max_buf_size(super::wire::MAX_HEAD)
+            // A response head over the limit is refused (502), as on the inline path.
+            .max_header_size(super::wire::MAX_HEAD)
             .handshake(TokioIo::new(stream))
             .await
             .map_err(|_| Failure::Connect)?;

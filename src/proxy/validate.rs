@@ -122,11 +122,17 @@ impl<'a> Hosts<'a> {
     fn see(&mut self, v: &[u8]) {
         self.count += 1;
         self.valid &= is_valid_host(v);
-        self.same_as_authority &= self.authority.is_none_or(|a| a.eq_ignore_ascii_case(v));
+        self.same_as_authority &= self.authority.is_none_or(|a| same_authority(a, v));
     }
 
+    /// The verdict. The target's authority (absolute form, or HTTP/2's `:authority`) is
+    /// held to the same grammar as `Host`: it becomes the `Host` the backend sees.
     fn verdict(&self, version: Version) -> Result<(), Invalid> {
+        if self.authority.is_some_and(|a| !is_valid_host(a)) {
+            return Err(Invalid::BadHost);
+        }
         match self.count {
+            // RFC 9112 §3.2: even with an absolute-form target.
             0 if version == Version::HTTP_11 => Err(Invalid::NoHost),
             0 => Ok(()),
             1 if !self.valid => Err(Invalid::BadHost),
@@ -137,6 +143,18 @@ impl<'a> Hosts<'a> {
             _ => Err(Invalid::SeveralHosts),
         }
     }
+}
+
+/// Whether two authorities name the same one: case-insensitively, and with the default
+/// ports (80, 443) left out, as RFC 9113 §8.3.1 asks an intermediary to compare them.
+fn same_authority(a: &[u8], b: &[u8]) -> bool {
+    without_default_port(a).eq_ignore_ascii_case(without_default_port(b))
+}
+
+fn without_default_port(v: &[u8]) -> &[u8] {
+    v.strip_suffix(b":80")
+        .or_else(|| v.strip_suffix(b":443"))
+        .unwrap_or(v)
 }
 
 const HOST: &[u8] = b"host";
@@ -227,6 +245,20 @@ mod tests {
         assert_eq!(check(&none), Ok(()), ":authority is enough");
         let other = map_head(h2, "http://a.example/x", &["b.example"]);
         assert_eq!(check(&other), Err(Invalid::HostNotAuthority));
+        let port = map_head(h2, "http://a.example:80/x", &["a.example"]);
+        assert_eq!(check(&port), Ok(()), "the default port is left out");
+        let userinfo = map_head(Version::HTTP_11, "http://evil@a.example/x", &["ok"]);
+        assert_eq!(
+            check(&userinfo),
+            Err(Invalid::BadHost),
+            "the target's authority too"
+        );
+        let absolute = map_head(Version::HTTP_11, "http://a.example/x", &[]);
+        assert_eq!(
+            check(&absolute),
+            Err(Invalid::NoHost),
+            "HTTP/1.1 sends Host anyway"
+        );
         let two = map_head(Version::HTTP_11, "/x", &["a", "a"]);
         assert_eq!(check(&two), Err(Invalid::SeveralHosts));
         let old = map_head(Version::HTTP_10, "/x", &[]);
