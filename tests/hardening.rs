@@ -185,3 +185,47 @@ async fn retries_are_counted_only_when_one_is_made() {
         "{line}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_upload_is_the_clients_doing_not_the_backends() {
+    use std::io::{Read, Write};
+    let a = TestBackend::start("A");
+    let f = Fulcrum::over(
+        &[&a],
+        &["--health-interval", "60s", "--upstream-timeout", "1s"],
+    );
+    // Six clients, more than the five failures in a row that eject a backend, start an
+    // upload of 1000 bytes, send 10 and stall.
+    let proxy = f.proxy;
+    let stalled: Vec<_> = (0..6)
+        .map(|_| {
+            tokio::task::spawn_blocking(move || {
+                let mut s = std::net::TcpStream::connect(proxy).unwrap();
+                s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                s.write_all(
+                    b"POST /up HTTP/1.1\r\nHost: h\r\nContent-Length: 1000\r\n\r\n0123456789",
+                )
+                .unwrap();
+                let mut out = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !out.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => out.extend_from_slice(&buf[..n]),
+                    }
+                }
+                String::from_utf8_lossy(&out).into_owned()
+            })
+        })
+        .collect();
+    for h in stalled {
+        let r = h.await.unwrap();
+        assert!(r.starts_with("HTTP/1.1 408"), "{r}");
+    }
+    // The backend is neither ejected nor charged with errors, and it still serves.
+    let c = client();
+    let backends = get(&c, &f.admin_url("/admin/backends")).await.json();
+    assert_eq!(backends[0]["ejected"], false, "{backends}");
+    assert_eq!(backends[0]["errors"], 0, "{backends}");
+    assert_eq!(get(&c, &f.url("/after")).await.status, 200);
+}

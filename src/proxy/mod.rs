@@ -116,6 +116,13 @@ impl Failure {
             Failure::ClientGone => {
                 ProxyResponse::own(StatusCode::BAD_REQUEST, "request body broke off\n")
             }
+            // As nginx's `client_body_timeout`: 408, and the connection ends (the rest of
+            // the body may still come).
+            Failure::ClientStalled => ProxyResponse::own(
+                StatusCode::REQUEST_TIMEOUT,
+                "request timeout: the request body stopped arriving\n",
+            )
+            .with_field(header::CONNECTION, HeaderValue::from_static("close")),
         }
     }
 }
@@ -410,7 +417,7 @@ impl Proxy {
             };
             // Nothing of the answer has reached the client yet, so an idempotent request
             // without a body may go to another backend, while the budget allows.
-            let retry = failure != Failure::ClientGone && !last && self.budget.withdraw();
+            let retry = !failure.is_clients() && !last && self.budget.withdraw();
             last_failure = Some(failure);
             if !retry {
                 break;
@@ -522,8 +529,15 @@ impl Proxy {
                 Ok(self.respond(req, answer, guard, fin, permit.take(), upload))
             }
             Err(failure) => {
+                // A timeout while the upload is still unfinished is the client's: the
+                // backend cannot answer a request it has not been given whole.
+                let unfinished = upload.as_ref().is_some_and(|u| !u.load(Ordering::Relaxed));
+                let failure = match failure {
+                    Failure::Timeout if unfinished => Failure::ClientStalled,
+                    f => f,
+                };
                 tracing::debug!(backend = %backend.name, ?failure, "attempt failed");
-                if failure != Failure::ClientGone {
+                if !failure.is_clients() {
                     guard.fail();
                     self.note_outcome(&mut guard, false);
                 }

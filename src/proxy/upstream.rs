@@ -37,6 +37,17 @@ pub(crate) enum Failure {
     Timeout,
     /// The client's request body broke off: the client is gone.
     ClientGone,
+    /// The client's request body stopped arriving: the upstream timeout ran out before
+    /// the upload was whole. The client's doing, not the backend's.
+    ClientStalled,
+}
+
+impl Failure {
+    /// Whether the client caused it: it counts neither against the backend (passive
+    /// checks, errors) nor as a reason to retry.
+    pub(crate) fn is_clients(self) -> bool {
+        matches!(self, Failure::ClientGone | Failure::ClientStalled)
+    }
 }
 
 /// A connection checked out of the pool.
