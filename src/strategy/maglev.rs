@@ -95,7 +95,7 @@ impl Maglev {
     }
 
     /// The owners slot by slot from `key`'s ([`super::Candidates`]): with a balance
-    /// factor, first those under their bound, then the others. An empty table walks
+    /// factor, first those under their bound, then all of them again. An empty table walks
     /// nothing.
     #[inline]
     pub(super) fn walk<'a>(

@@ -176,7 +176,7 @@ impl Ring {
     }
 
     /// The owners clockwise from `key`'s point ([`super::Candidates`]): with a balance
-    /// factor, first those under their bound, then the others.
+    /// factor, first those under their bound, then all of them again.
     #[inline]
     pub(super) fn walk<'a>(
         &'a self,
