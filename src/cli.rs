@@ -49,6 +49,7 @@ impl clap::FromArgMatches for ServeArgs {
                 .unwrap_or_default(),
             values: Vec::new(),
             admin_token_env: std::env::var("FULCRUM_ADMIN_TOKEN").ok(),
+            upgrade: m.get_flag("upgrade"),
         };
         for o in config::options::OPTIONS {
             if let Some(v) = m.get_one::<String>(o.key) {
@@ -73,6 +74,12 @@ impl Args for ServeArgs {
                 .value_name("FILE")
                 .value_parser(clap::value_parser!(PathBuf))
                 .help("TOML config file; flags override it"),
+        );
+        cmd = cmd.arg(
+            Arg::new("upgrade")
+                .long("upgrade")
+                .action(ArgAction::SetTrue)
+                .help("Take the listening sockets over from the fulcrum at --upgrade-socket, which then drains and exits"),
         );
         for o in config::options::OPTIONS {
             // clap keeps `&'static str` names; the table has the snake_case key, so the
@@ -218,9 +225,10 @@ fn run_until_signal(
     let running = match crate::server::start(settings, flags) {
         Ok(r) => r,
         Err(e) => {
+            // A taken port, a refused hand-over: the settings do not fit this machine.
             eprintln!("error: {e}");
             after();
-            return 1;
+            return EXIT_USAGE;
         }
     };
     if let Err(e) = started(&running) {
@@ -230,11 +238,15 @@ fn run_until_signal(
         return 1;
     }
     let reloader = Arc::clone(&running.reloader);
-    signals.wait(move || {
-        if let Err(e) = reloader.reload() {
-            tracing::error!("{e}; the running configuration stays");
-        }
-    });
+    let upgraded = running.upgraded.clone();
+    signals.wait(
+        move || {
+            if let Err(e) = reloader.reload() {
+                tracing::error!("{e}; the running configuration stays");
+            }
+        },
+        upgraded,
+    );
     running.stop();
     after();
     tracing::info!("stopped");

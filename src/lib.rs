@@ -27,3 +27,4 @@ pub(crate) mod spawn;
 pub(crate) mod stats;
 pub mod strategy;
 pub(crate) mod traffic;
+pub(crate) mod upgrade;

@@ -22,6 +22,7 @@ use tokio::sync::watch;
 use crate::config::Settings;
 use crate::pool::Pool;
 use crate::proxy::{Proxy, ProxySettings, MAX_HEADER_BYTES};
+use crate::upgrade::{Handover, Listeners, Successor};
 
 /// How long requests in flight may take to finish after a stop signal.
 pub(crate) const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -279,6 +280,8 @@ pub(crate) struct Running {
     threads: Vec<std::thread::JoinHandle<()>>,
     /// Tells the admin thread that the workers have drained.
     workers_done: watch::Sender<bool>,
+    /// Turns true when a new process has taken the listening sockets over.
+    pub(crate) upgraded: watch::Receiver<bool>,
 }
 
 impl Running {
@@ -326,10 +329,6 @@ fn raise_fd_limit() {
     }
 }
 
-/// Binds both listeners and starts the workers and the admin API.
-///
-/// `flags` are the command line's, kept so a reload reads the file again with the same
-/// flags on top.
 /// Starts one worker thread per proxy listener (see `docs/architecture.md`, "Listeners
 /// and workers").
 fn spawn_workers(
@@ -425,22 +424,33 @@ fn spawn_admin(
     Ok((thread, admin_rt))
 }
 
+/// Binds the listeners (or takes them over from the running process, `--upgrade`) and
+/// starts the workers, the admin API and the upgrade socket.
+///
+/// `flags` are the command line's, kept so a reload reads the file again with the same
+/// flags on top.
 pub(crate) fn start(
     settings: &Settings,
     flags: &crate::config::RawFlags,
 ) -> Result<Running, String> {
     raise_fd_limit();
-    let listeners = bind_workers(settings.listen, settings.workers)
-        .map_err(|e| format!("cannot listen on {}: {e}", settings.listen))?;
-    let listen = listeners[0]
+    let (listeners, successor) = open_listeners(settings, flags.upgrade)?;
+    let listen = listeners.proxy[0]
         .local_addr()
         .map_err(|e| format!("proxy listener: {e}"))?;
-    let admin_listener = bind_workers(settings.admin, 1)
-        .map(|mut v| v.remove(0))
-        .map_err(|e| format!("cannot listen on {} (admin): {e}", settings.admin))?;
-    let admin = admin_listener
+    let admin = listeners
+        .admin
         .local_addr()
         .map_err(|e| format!("admin listener: {e}"))?;
+    let handover = match &settings.upgrade_socket {
+        Some(path) => {
+            let kept = listeners
+                .try_clone()
+                .map_err(|e| format!("upgrade socket: {e}"))?;
+            Some(Handover::bind(path, kept, successor.is_some())?)
+        }
+        None => None,
+    };
 
     let pool = Arc::new(
         Pool::new(
@@ -452,7 +462,7 @@ pub(crate) fn start(
         .with_hash_balance_factor(settings.hash_balance_factor),
     );
     let (shutdown, rx) = watch::channel(false);
-    let mut threads = spawn_workers(listeners, &pool, settings, &rx)?;
+    let mut threads = spawn_workers(listeners.proxy, &pool, settings, &rx)?;
     let spawner = Arc::new(crate::spawn::Spawner::new(Arc::clone(&pool)));
     let traffic = Arc::new(crate::traffic::Traffic::new(listen));
     let reloader = Arc::new(crate::reload::Reloader::new(
@@ -469,10 +479,22 @@ pub(crate) fn start(
     );
     let (workers_done, done_rx) = watch::channel(false);
     let (admin_thread, admin_rt) =
-        spawn_admin(admin_listener, admin_state, &pool, settings, &rx, done_rx)?;
+        spawn_admin(listeners.admin, admin_state, &pool, settings, &rx, done_rx)?;
     threads.push(admin_thread);
+    let (upgraded_tx, upgraded) = watch::channel(false);
+    if let Some(h) = handover {
+        admin_rt.spawn(h.run(upgraded_tx, rx.clone()));
+    }
     tracing::info!("proxy listening on {listen}");
     tracing::info!("admin listening on {admin}");
+    if let Some(s) = successor {
+        // Serving already; if the old process cannot be told, both serve the same
+        // sockets until it is stopped by hand, which loses nothing.
+        match s.ready() {
+            Ok(()) => tracing::info!("upgrade: serving; the old process drains"),
+            Err(e) => tracing::error!("{e}"),
+        }
+    }
     Ok(Running {
         listen,
         admin,
@@ -483,7 +505,58 @@ pub(crate) fn start(
         shutdown,
         threads,
         workers_done,
+        upgraded,
     })
+}
+
+/// The proxy's and the admin API's listening sockets: bound here, or received from the
+/// running process with `--upgrade` (plus a successor to tell it when this one serves).
+fn open_listeners(
+    settings: &Settings,
+    upgrade: bool,
+) -> Result<(Listeners, Option<Successor>), String> {
+    let path = match (&settings.upgrade_socket, upgrade) {
+        (Some(path), true) => path,
+        _ => return Ok((bind_listeners(settings)?, None)),
+    };
+    let (mut listeners, successor) = crate::upgrade::inherit(path)?;
+    let listen = same_address(&listeners.proxy[0], settings.listen, "listen")?;
+    same_address(&listeners.admin, settings.admin, "admin")?;
+    // More workers than the old process had: the extra ones join the port's
+    // SO_REUSEPORT group. Fewer: every received socket still gets a worker, because a
+    // socket closed here would drop the connections waiting in its queue.
+    while listeners.proxy.len() < settings.workers {
+        listeners
+            .proxy
+            .push(bind(listen).map_err(|e| format!("cannot listen on {listen}: {e}"))?);
+    }
+    Ok((listeners, Some(successor)))
+}
+
+fn bind_listeners(settings: &Settings) -> Result<Listeners, String> {
+    let proxy = bind_workers(settings.listen, settings.workers)
+        .map_err(|e| format!("cannot listen on {}: {e}", settings.listen))?;
+    let admin = bind_workers(settings.admin, 1)
+        .map(|mut v| v.remove(0))
+        .map_err(|e| format!("cannot listen on {} (admin): {e}", settings.admin))?;
+    Ok(Listeners { proxy, admin })
+}
+
+/// A received socket must be on the address this process is set to (port 0 takes any).
+fn same_address(
+    got: &std::net::TcpListener,
+    want: SocketAddr,
+    key: &str,
+) -> Result<SocketAddr, String> {
+    let addr = got.local_addr().map_err(|e| format!("--upgrade: {e}"))?;
+    let matches = addr == want || (want.port() == 0 && addr.ip() == want.ip());
+    if matches {
+        Ok(addr)
+    } else {
+        Err(format!(
+            "--upgrade: the running process's {key} socket is on {addr}, but {key} is set to {want}"
+        ))
+    }
 }
 
 /// SIGTERM/SIGINT/SIGHUP handlers, installed before anything listens so that a stop
@@ -510,11 +583,13 @@ impl Signals {
         Ok(Signals { rt, term, int, hup })
     }
 
-    /// Blocks until SIGTERM or SIGINT; SIGHUP calls `on_hup` (the config reload).
-    pub(crate) fn wait(mut self, on_hup: impl Fn()) {
+    /// Blocks until SIGTERM or SIGINT, or until a new process has taken the sockets
+    /// over (`upgraded`); SIGHUP calls `on_hup` (the config reload).
+    pub(crate) fn wait(mut self, on_hup: impl Fn(), mut upgraded: watch::Receiver<bool>) {
         self.rt.block_on(async {
             loop {
                 tokio::select! {
+                    _ = upgraded.wait_for(|u| *u) => { tracing::info!("handed over to the new process: draining"); return; }
                     _ = self.term.recv() => { tracing::info!("SIGTERM: draining"); return; }
                     _ = self.int.recv() => { tracing::info!("SIGINT: draining"); return; }
                     _ = self.hup.recv() => {

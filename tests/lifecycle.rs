@@ -615,7 +615,7 @@ async fn a_taken_port_is_refused() {
         "--admin",
         "127.0.0.1:0",
     ]);
-    assert_eq!(st.code(), Some(1), "{err}");
+    assert_eq!(st.code(), Some(2), "{err}");
     assert!(err.contains("address already in use"), "{err}");
     // the first one is unaffected
     assert_eq!(get(&client(), &first.url("/")).await.status, 503);

@@ -138,6 +138,8 @@ pub(crate) struct Settings {
     pub(crate) access_log: bool,
     /// The config file, kept for reloads.
     pub(crate) config_file: Option<PathBuf>,
+    /// Where this process offers its listening sockets to a successor (`--upgrade`).
+    pub(crate) upgrade_socket: Option<PathBuf>,
 }
 
 impl Default for Settings {
@@ -173,6 +175,7 @@ impl Default for Settings {
             log_format: LogFormat::Text,
             access_log: true,
             config_file: None,
+            upgrade_socket: None,
         };
         for o in options::OPTIONS {
             if let Some(d) = o.default {
@@ -196,6 +199,9 @@ pub(crate) struct RawFlags {
     pub(crate) values: Vec<(&'static str, String)>,
     /// `FULCRUM_ADMIN_TOKEN`.
     pub(crate) admin_token_env: Option<String>,
+    /// `--upgrade`: take the listening sockets over from the process at
+    /// `upgrade_socket` instead of binding them.
+    pub(crate) upgrade: bool,
 }
 
 impl RawFlags {
@@ -263,6 +269,12 @@ pub(crate) fn build(flags: &RawFlags) -> Result<Settings, Vec<ConfigError>> {
         if !t.trim().is_empty() {
             s.admin_token = Some(t.trim().to_string());
         }
+    }
+    if flags.upgrade && s.upgrade_socket.is_none() {
+        flag(
+            "upgrade",
+            Err("it needs --upgrade-socket PATH (or upgrade_socket in the file): the running process's socket".into()),
+        );
     }
     check_whole(&s, &mut errors);
     if errors.is_empty() {

@@ -306,6 +306,23 @@ pub(crate) static OPTIONS: &[Opt] = &[
         reload: restart!("admin_token", admin_token),
     },
     Opt {
+        key: "upgrade_socket",
+        health_key: None,
+        value_name: "PATH",
+        help: "Unix socket where a new fulcrum started with --upgrade takes the listening sockets over",
+        default: None,
+        default_text: None,
+        file_type: FileType::Str,
+        set: |s, v| {
+            if v.is_empty() {
+                return Err("the path is empty".into());
+            }
+            s.upgrade_socket = Some(PathBuf::from(v));
+            Ok(())
+        },
+        reload: restart!("upgrade_socket", upgrade_socket),
+    },
+    Opt {
         key: "workers",
         health_key: None,
         value_name: "N",

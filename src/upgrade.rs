@@ -1,0 +1,381 @@
+//! Binary upgrade without a refused connection (`docs/operations.md`, "Upgrading the
+//! binary").
+//!
+//! The running process listens on a Unix socket (`--upgrade-socket`). A new process
+//! started with `--upgrade` connects to it and receives the listening sockets
+//! themselves (SCM_RIGHTS), not copies bound again: the kernel's accept queues pass
+//! with them, so a connection that arrives during the hand-over waits in a queue both
+//! processes accept from and is never refused. The new process starts serving, takes
+//! the Unix socket's path over, and says `ready`; only then does the old one stop
+//! accepting, drain and exit. Until `ready` arrives the old one serves as before, so a
+//! new binary that fails to start changes nothing. HAProxy's `-x` and Pingora's
+//! upgrade pass their sockets the same way.
+
+use std::io::{IoSlice, IoSliceMut, Write};
+use std::mem::MaybeUninit;
+use std::net::TcpListener;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rustix::net::{
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
+};
+use tokio::sync::watch;
+
+/// First word of the message that carries the sockets; a new process refuses anything
+/// else (an older or newer format, another program on the path).
+const MAGIC: &str = "fulcrum-upgrade/1";
+/// What the new process answers once it serves.
+const READY: &[u8] = b"ready\n";
+/// The most sockets one hand-over carries (one per worker, plus admin).
+const MAX_SOCKETS: usize = 1024;
+/// How long either side waits for the other during a hand-over. A new process only
+/// binds nothing and starts threads before it says `ready`.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What a listening socket is for, as the hand-over names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Proxy,
+    Admin,
+}
+
+impl Role {
+    fn name(self) -> &'static str {
+        match self {
+            Role::Proxy => "proxy",
+            Role::Admin => "admin",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Role> {
+        match s {
+            "proxy" => Some(Role::Proxy),
+            "admin" => Some(Role::Admin),
+            _ => None,
+        }
+    }
+}
+
+/// The listening sockets a process serves on.
+#[derive(Debug)]
+pub(crate) struct Listeners {
+    /// One per worker, all on the proxy address.
+    pub(crate) proxy: Vec<TcpListener>,
+    /// The admin API's.
+    pub(crate) admin: TcpListener,
+}
+
+impl Listeners {
+    /// Second descriptors of the same sockets, kept to be handed over later.
+    pub(crate) fn try_clone(&self) -> std::io::Result<Listeners> {
+        Ok(Listeners {
+            proxy: self
+                .proxy
+                .iter()
+                .map(TcpListener::try_clone)
+                .collect::<Result<_, _>>()?,
+            admin: self.admin.try_clone()?,
+        })
+    }
+
+    fn roles(&self) -> impl Iterator<Item = (Role, &TcpListener)> {
+        self.proxy
+            .iter()
+            .map(|l| (Role::Proxy, l))
+            .chain(std::iter::once((Role::Admin, &self.admin)))
+    }
+}
+
+/// The new process's side: connects to the running process at `path` and receives its
+/// listening sockets. The returned [`Successor`] says `ready` once they are served.
+pub(crate) fn inherit(path: &Path) -> Result<(Listeners, Successor), String> {
+    let fail = |e: &dyn std::fmt::Display| {
+        format!(
+            "--upgrade: cannot take over from the process at {}: {e}",
+            path.display()
+        )
+    };
+    let stream = UnixStream::connect(path).map_err(|e| fail(&e))?;
+    stream
+        .set_read_timeout(Some(HANDSHAKE_TIMEOUT))
+        .map_err(|e| fail(&e))?;
+    let (text, fds) = receive(&stream).map_err(|e| fail(&e))?;
+    let listeners = decode(&text, fds).map_err(|e| fail(&e))?;
+    Ok((listeners, Successor { stream }))
+}
+
+/// Reads the one message that carries the sockets.
+fn receive(stream: &UnixStream) -> std::io::Result<(String, Vec<OwnedFd>)> {
+    let mut data = [0u8; 8192];
+    let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_SOCKETS))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let mut iov = [IoSliceMut::new(&mut data)];
+    let got = rustix::net::recvmsg(stream, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC)?;
+    let mut fds = Vec::new();
+    for msg in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(received) = msg {
+            fds.extend(received);
+        }
+    }
+    let text = String::from_utf8_lossy(&data[..got.bytes]).into_owned();
+    Ok((text, fds))
+}
+
+/// Turns the message's text (`MAGIC` and one role per socket) and its sockets into
+/// listeners.
+fn decode(text: &str, fds: Vec<OwnedFd>) -> Result<Listeners, String> {
+    let mut words = text.split_ascii_whitespace();
+    if words.next() != Some(MAGIC) {
+        return Err("the other side does not speak this hand-over".into());
+    }
+    let roles: Vec<&str> = words.collect();
+    if roles.len() != fds.len() {
+        return Err(format!(
+            "{} sockets named but {} received",
+            roles.len(),
+            fds.len()
+        ));
+    }
+    let mut proxy = Vec::new();
+    let mut admin = None;
+    for (name, fd) in roles.into_iter().zip(fds) {
+        let listener = TcpListener::from(fd);
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| format!("socket {name}: {e}"))?;
+        match Role::parse(name) {
+            Some(Role::Proxy) => proxy.push(listener),
+            Some(Role::Admin) => admin = Some(listener),
+            None => return Err(format!("unknown socket role {name:?}")),
+        }
+    }
+    match admin {
+        Some(admin) if !proxy.is_empty() => Ok(Listeners { proxy, admin }),
+        _ => Err("the hand-over lacks the proxy or the admin socket".into()),
+    }
+}
+
+/// The new process's end of the hand-over, until it says `ready`.
+#[derive(Debug)]
+pub(crate) struct Successor {
+    stream: UnixStream,
+}
+
+impl Successor {
+    /// Tells the old process that this one serves: it stops accepting and drains.
+    pub(crate) fn ready(mut self) -> Result<(), String> {
+        self.stream
+            .write_all(READY)
+            .map_err(|e| format!("cannot tell the old process to stop: {e}"))
+    }
+}
+
+/// The upgrade socket of a running process, and what it hands over.
+#[derive(Debug)]
+pub(crate) struct Handover {
+    path: PathBuf,
+    listener: UnixListener,
+    /// The file's inode: at exit the path is removed only if it is still this socket
+    /// (after a hand-over it is the successor's).
+    inode: u64,
+    sockets: Listeners,
+}
+
+impl Handover {
+    /// Listens on `path`. A successor (`taking_over`) binds beside the path and renames
+    /// its socket over it, so the path always leads to a process that can hand over;
+    /// a first process removes a stale file but refuses a path a live process answers on.
+    pub(crate) fn bind(
+        path: &Path,
+        sockets: Listeners,
+        taking_over: bool,
+    ) -> Result<Handover, String> {
+        let fail = |e: &dyn std::fmt::Display| format!("upgrade socket {}: {e}", path.display());
+        let listener = if taking_over {
+            let tmp = path.with_extension(format!("new-{}", std::process::id()));
+            let _ = std::fs::remove_file(&tmp);
+            let l = UnixListener::bind(&tmp).map_err(|e| fail(&e))?;
+            std::fs::rename(&tmp, path).map_err(|e| fail(&e))?;
+            l
+        } else {
+            bind_fresh(path).map_err(|e| fail(&e))?
+        };
+        listener.set_nonblocking(true).map_err(|e| fail(&e))?;
+        let inode = std::fs::metadata(path).map_err(|e| fail(&e))?.ino();
+        Ok(Handover {
+            path: path.to_path_buf(),
+            listener,
+            inode,
+            sockets,
+        })
+    }
+
+    /// Serves hand-overs until one succeeds (then `upgraded` turns true) or `stop`
+    /// flips. A failed one is logged and the process goes on serving.
+    pub(crate) async fn run(
+        mut self,
+        upgraded: watch::Sender<bool>,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        let mut listener = match self.async_listener() {
+            Some(l) => l,
+            None => return,
+        };
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => match self.hand_over(stream).await {
+                        Ok(()) => {
+                            tracing::info!("upgrade: the new process serves; draining");
+                            let _ = upgraded.send(true);
+                            return;
+                        }
+                        Err(e) => {
+                            tracing::error!("upgrade failed: {e}; this process goes on serving");
+                            if self.reclaim() {
+                                match self.async_listener() {
+                                    Some(l) => listener = l,
+                                    None => return,
+                                }
+                            }
+                        }
+                    },
+                    Err(e) => {
+                        tracing::warn!(error = %e, "upgrade socket: accept failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                },
+                _ = stop.changed() => {
+                    self.remove();
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The Unix listener, registered with this thread's runtime.
+    fn async_listener(&self) -> Option<tokio::net::UnixListener> {
+        let registered = self
+            .listener
+            .try_clone()
+            .and_then(tokio::net::UnixListener::from_std);
+        match registered {
+            Ok(l) => Some(l),
+            Err(e) => {
+                tracing::error!(error = %e, "upgrade socket unusable; no upgrade can reach this process");
+                None
+            }
+        }
+    }
+
+    /// Sends the sockets and waits for `ready`.
+    async fn hand_over(&self, stream: tokio::net::UnixStream) -> Result<(), String> {
+        let mut text = String::from(MAGIC);
+        for (role, _) in self.sockets.roles() {
+            text.push(' ');
+            text.push_str(role.name());
+        }
+        text.push('\n');
+        let fds: Vec<_> = self.sockets.roles().map(|(_, l)| l.as_fd()).collect();
+        let send = || {
+            let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(fds.len()))];
+            let mut control = SendAncillaryBuffer::new(&mut space);
+            if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+                return Err(std::io::Error::other("too many sockets for one message"));
+            }
+            let iov = [IoSlice::new(text.as_bytes())];
+            rustix::net::sendmsg(&stream, &iov, &mut control, SendFlags::empty())
+                .map_err(std::io::Error::from)
+        };
+        let timed = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
+            loop {
+                stream.writable().await?;
+                match stream.try_io(tokio::io::Interest::WRITABLE, send) {
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                    other => break other,
+                }
+            }
+        });
+        match timed.await {
+            Ok(Ok(n)) if n == text.len() => {}
+            Ok(Ok(_)) => return Err("the sockets' message was cut short".into()),
+            Ok(Err(e)) => return Err(format!("cannot send the sockets: {e}")),
+            Err(_) => return Err("the new process did not take the sockets".into()),
+        }
+        wait_ready(stream).await
+    }
+
+    /// After a failed hand-over: if the successor took the path before it failed, the
+    /// path leads nowhere; bind it again so the next upgrade reaches this process.
+    /// Returns whether the listener changed.
+    fn reclaim(&mut self) -> bool {
+        let ours = std::fs::metadata(&self.path).is_ok_and(|m| m.ino() == self.inode);
+        if ours {
+            return false;
+        }
+        match bind_fresh(&self.path).and_then(|l| {
+            l.set_nonblocking(true)?;
+            Ok((l, std::fs::metadata(&self.path)?.ino()))
+        }) {
+            Ok((l, inode)) => {
+                self.listener = l;
+                self.inode = inode;
+                true
+            }
+            Err(e) => {
+                tracing::error!(error = %e, path = %self.path.display(), "cannot bind the upgrade socket again");
+                false
+            }
+        }
+    }
+
+    /// At a stop without a hand-over: the path goes with the process.
+    fn remove(&self) {
+        if std::fs::metadata(&self.path).is_ok_and(|m| m.ino() == self.inode) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Waits for the successor's `ready`; the end of the stream before it is a failure.
+async fn wait_ready(mut stream: tokio::net::UnixStream) -> Result<(), String> {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    let read = async {
+        let mut buf = [0u8; 16];
+        while got.len() < READY.len() {
+            let n = stream.read(&mut buf).await?;
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+        Ok::<_, std::io::Error>(())
+    };
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, read).await {
+        Ok(Ok(())) if got.starts_with(READY) => Ok(()),
+        Ok(Ok(())) => Err("the new process ended before it served".into()),
+        Ok(Err(e)) => Err(format!("the new process's connection failed: {e}")),
+        Err(_) => Err("the new process did not say it serves in time".into()),
+    }
+}
+
+/// Binds `path`, removing a stale socket file first; a path a live process answers on
+/// is refused.
+fn bind_fresh(path: &Path) -> std::io::Result<UnixListener> {
+    if path.exists() {
+        if UnixStream::connect(path).is_ok() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AddrInUse,
+                "a running fulcrum listens there (start the new one with --upgrade)",
+            ));
+        }
+        std::fs::remove_file(path)?;
+    }
+    UnixListener::bind(path)
+}

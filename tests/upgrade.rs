@@ -1,0 +1,249 @@
+//! Binary upgrade (`--upgrade-socket`, `--upgrade`): the listening sockets pass to the
+//! new process and no client sees a refused, reset or failed request.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+
+fn socket_path(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("fulcrum-upgrade-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join("upgrade.sock")
+}
+
+fn serve_args(backend: &TestBackend, sock: &Path, upgrade: bool) -> Vec<String> {
+    let mut v: Vec<String> = [
+        "--backend",
+        &backend.spec(),
+        "--upgrade-socket",
+        sock.to_str().unwrap(),
+        "--access-log",
+        "off",
+        "--workers",
+        "2",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    if upgrade {
+        v.push("--upgrade".into());
+    }
+    v
+}
+
+fn start(backend: &TestBackend, sock: &Path, upgrade: bool) -> Fulcrum {
+    let args = serve_args(backend, sock, upgrade);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Fulcrum::start(&args)
+}
+
+/// One request on a new connection; `Err` says what went wrong.
+fn one_request(addr: SocketAddr, post: bool) -> Result<(), String> {
+    let mut s = TcpStream::connect(addr).map_err(|e| format!("connect: {e}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    let req: &[u8] = if post {
+        b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello"
+    } else {
+        b"GET /x HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    };
+    s.write_all(req).map_err(|e| format!("write: {e}"))?;
+    let mut got = Vec::new();
+    s.read_to_end(&mut got).map_err(|e| format!("read: {e}"))?;
+    let text = String::from_utf8_lossy(&got);
+    if text.starts_with("HTTP/1.1 200") {
+        Ok(())
+    } else {
+        Err(format!(
+            "answer: {:?}",
+            text.lines().next().unwrap_or("(nothing)")
+        ))
+    }
+}
+
+/// Clients that each open a new connection per request until stopped.
+struct Load {
+    stop: Arc<AtomicBool>,
+    ok: Arc<AtomicU64>,
+    failures: Arc<Mutex<Vec<String>>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(addr: SocketAddr, clients: usize) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let ok = Arc::new(AtomicU64::new(0));
+        let failures = Arc::new(Mutex::new(Vec::new()));
+        let threads = (0..clients)
+            .map(|i| {
+                let (stop, ok, failures) = (stop.clone(), ok.clone(), failures.clone());
+                std::thread::spawn(move || {
+                    let mut n = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        match one_request(addr, (n + i as u64) % 3 == 0) {
+                            Ok(()) => ok.fetch_add(1, Ordering::Relaxed),
+                            Err(e) => {
+                                failures.lock().unwrap().push(e);
+                                0
+                            }
+                        };
+                        n += 1;
+                    }
+                })
+            })
+            .collect();
+        Load {
+            stop,
+            ok,
+            failures,
+            threads,
+        }
+    }
+
+    fn finish(self) -> (u64, Vec<String>) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads {
+            t.join().unwrap();
+        }
+        let failures = self.failures.lock().unwrap().clone();
+        (self.ok.load(Ordering::Relaxed), failures)
+    }
+}
+
+#[test]
+fn five_upgrades_in_a_row_refuse_no_connection() {
+    let a = TestBackend::start("A");
+    let sock = socket_path("five");
+    let mut current = start(&a, &sock, false);
+    let (proxy, admin) = (current.proxy, current.admin);
+    let load = Load::start(proxy, 4);
+    std::thread::sleep(Duration::from_millis(300));
+    for round in 0..5 {
+        let before = load.ok.load(Ordering::Relaxed);
+        let mut next = start(&a, &sock, true);
+        assert_eq!(
+            (next.proxy, next.admin),
+            (proxy, admin),
+            "round {round}: same sockets"
+        );
+        let st = current.wait_exit(Duration::from_secs(15));
+        assert_eq!(
+            st.and_then(|s| s.code()),
+            Some(0),
+            "round {round}: the old process drains and exits 0; log:\n{}",
+            current.log()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            load.ok.load(Ordering::Relaxed) > before,
+            "round {round}: traffic goes on"
+        );
+        std::mem::swap(&mut current, &mut next);
+    }
+    let (ok, failures) = load.finish();
+    assert!(
+        failures.is_empty(),
+        "{} failed of {}: {:?}",
+        failures.len(),
+        ok + failures.len() as u64,
+        &failures[..failures.len().min(10)]
+    );
+    assert!(ok > 100, "only {ok} requests ran");
+    // The last process owns the admin port and the upgrade socket.
+    let (_, body, _) = run_curl(&format!("http://{admin}/admin/status"));
+    assert!(body.contains("\"backends\""), "{body}");
+    assert!(sock.exists());
+    current.signal("TERM");
+    assert_eq!(
+        current
+            .wait_exit(Duration::from_secs(15))
+            .and_then(|s| s.code()),
+        Some(0)
+    );
+    assert!(!sock.exists(), "a stop removes the upgrade socket");
+}
+
+fn run_curl(url: &str) -> (u16, String, String) {
+    let out = std::process::Command::new("curl")
+        .args(["-s", "-w", "\n%{http_code}", url])
+        .output()
+        .expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.parse().unwrap_or(0), body.to_string(), String::new())
+}
+
+#[test]
+fn a_new_process_that_cannot_start_leaves_the_old_one_serving() {
+    let a = TestBackend::start("A");
+    let sock = socket_path("fail");
+    let mut old = start(&a, &sock, false);
+    let load = Load::start(old.proxy, 2);
+    let s = sock.to_str().unwrap();
+    let spec = a.spec();
+    // Refused before it reaches the old process: a bad value.
+    let (st, _, err) = run_fulcrum(&[
+        "serve",
+        "--backend",
+        &spec,
+        "--upgrade-socket",
+        s,
+        "--upgrade",
+        "--strategy",
+        "nope",
+    ]);
+    assert_eq!(st.code(), Some(2), "{err}");
+    // Refused after it received the sockets: set to another address.
+    let (st, _, err) = run_fulcrum(&[
+        "serve",
+        "--backend",
+        &spec,
+        "--upgrade-socket",
+        s,
+        "--upgrade",
+        "--listen",
+        "127.0.0.1:1",
+        "--admin",
+        "127.0.0.1:0",
+    ]);
+    assert_eq!(st.code(), Some(2), "{err}");
+    assert!(err.contains("--upgrade") && err.contains("listen"), "{err}");
+    // Without --upgrade, the socket path of a live process is refused.
+    let (st, _, err) = run_fulcrum(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin",
+        "127.0.0.1:0",
+        "--upgrade-socket",
+        s,
+    ]);
+    assert_eq!(st.code(), Some(2), "{err}");
+    assert!(err.contains("--upgrade"), "{err}");
+    // --upgrade alone names what it lacks.
+    let (st, _, err) = run_fulcrum(&["serve", "--upgrade"]);
+    assert_eq!(st.code(), Some(2), "{err}");
+    assert!(err.contains("--upgrade-socket"), "{err}");
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        old.child.try_wait().unwrap().is_none(),
+        "the old one still runs"
+    );
+    // And a good upgrade still goes through.
+    let _next = start(&a, &sock, true);
+    assert_eq!(
+        old.wait_exit(Duration::from_secs(15))
+            .and_then(|s| s.code()),
+        Some(0)
+    );
+    let (ok, failures) = load.finish();
+    assert!(failures.is_empty(), "{failures:?}");
+    assert!(ok > 20, "only {ok} requests ran");
+}
