@@ -17,7 +17,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
 use crate::config::Settings;
 use crate::pool::Pool;
@@ -28,6 +28,14 @@ use crate::upgrade::{Handover, Listeners, Successor};
 pub(crate) const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// A client must send its request head within this time.
 pub(crate) const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Descriptors kept out of the connection caps: logs, the health checker's probes,
+/// the upgrade socket, spawned children's pipes.
+const RESERVED_FDS: usize = 64;
+/// The admin API's connection cap, at most (see `ConnectionCaps`).
+const ADMIN_MAX_CONNECTIONS: usize = 256;
+/// How long an accept loop pauses after a failed accept.
+const ACCEPT_PAUSE: Duration = Duration::from_millis(20);
 
 /// Period of the worker heartbeat (see `worker`).
 const HEARTBEAT: Duration = Duration::from_millis(100);
@@ -108,10 +116,81 @@ fn is_header_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
         .is_some_and(|h| h.is_timeout())
 }
 
-/// Runs one worker until `shutdown` flips, then drains its connections.
+/// How many connections each listener holds at most (`docs/operations.md`,
+/// "Hardening"). Both come out of the open-file limit, apart, so neither listener can
+/// take the descriptors the other needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ConnectionCaps {
+    /// Client connections on the proxy listener, all workers together.
+    pub(crate) proxy: usize,
+    /// Connections on the admin listener.
+    pub(crate) admin: usize,
+}
+
+impl ConnectionCaps {
+    /// The admin API gets a sixteenth of the descriptors (4 to 256); the proxy gets
+    /// half of the rest, as each of its connections may hold an upstream one too
+    /// (HAProxy derives its default `maxconn` the same way), unless `max_connections`
+    /// sets its cap.
+    pub(crate) fn new(open_files: u64, max_connections: usize) -> ConnectionCaps {
+        let files = usize::try_from(open_files).unwrap_or(usize::MAX);
+        let admin = (files / 16).clamp(4, ADMIN_MAX_CONNECTIONS);
+        let derived = (files.saturating_sub(RESERVED_FDS + admin) / 2).max(1);
+        let proxy = if max_connections > 0 {
+            max_connections
+        } else {
+            derived
+        };
+        ConnectionCaps { proxy, admin }
+    }
+}
+
+/// Pauses an accept loop after a failed accept. Out of descriptors, the connection
+/// stays queued and the listener stays readable: retrying at once would spin. The
+/// warning is written at most once a second.
+#[derive(Debug, Default)]
+pub(crate) struct AcceptBackoff {
+    last_warning: Option<std::time::Instant>,
+    quiet: u64,
+}
+
+impl AcceptBackoff {
+    /// Records a failed accept on `listener` and sleeps.
+    pub(crate) async fn failed(&mut self, e: &std::io::Error, listener: &'static str) {
+        let now = std::time::Instant::now();
+        if self
+            .last_warning
+            .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1))
+        {
+            tracing::warn!(error = %e, listener, repeated = self.quiet, "accept failed; pausing");
+            self.last_warning = Some(now);
+            self.quiet = 0;
+        } else {
+            self.quiet += 1;
+        }
+        tokio::time::sleep(ACCEPT_PAUSE).await;
+    }
+}
+
+/// Waits for a free connection slot, then accepts.
+async fn accept_slot(
+    listener: &TcpListener,
+    slots: &Arc<Semaphore>,
+) -> std::io::Result<(tokio::net::TcpStream, SocketAddr, OwnedSemaphorePermit)> {
+    let slot = Arc::clone(slots)
+        .acquire_owned()
+        .await
+        .map_err(|_| std::io::Error::other("connection slots closed"))?;
+    let (stream, peer) = listener.accept().await?;
+    Ok((stream, peer, slot))
+}
+
+/// Runs one worker until `shutdown` flips, then drains its connections. `slots` caps
+/// the client connections of all workers together.
 pub(crate) async fn worker(
     listener: std::net::TcpListener,
     proxy: &'static Proxy,
+    slots: Arc<Semaphore>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let listener = match TcpListener::from_std(listener) {
@@ -134,6 +213,7 @@ pub(crate) async fn worker(
     let mut heartbeat = tokio::time::interval(HEARTBEAT);
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut beats = 0u32;
+    let mut backoff = AcceptBackoff::default();
     loop {
         tokio::select! {
             _ = heartbeat.tick() => {
@@ -143,13 +223,11 @@ pub(crate) async fn worker(
                     proxy.sweep_idle();
                 }
             }
-            accepted = listener.accept() => {
-                let (stream, peer) = match accepted {
+            accepted = accept_slot(&listener, &slots) => {
+                let (stream, peer, slot) = match accepted {
                     Ok(a) => a,
                     Err(e) => {
-                        // Out of file descriptors and the like: back off instead of spinning.
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        backoff.failed(&e, "proxy").await;
                         continue;
                     }
                 };
@@ -163,7 +241,7 @@ pub(crate) async fn worker(
                 let stop = shutdown.clone();
                 let live = Arc::clone(&live);
                 tokio::spawn(async move {
-                    let _live = live;
+                    let _held = (live, slot);
                     serve_connection(stream, client, proxy, &builder, watcher, stop).await;
                 });
             }
@@ -313,20 +391,30 @@ fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 /// nginx with `worker_rlimit_nofile`: every proxied connection holds two descriptors,
 /// and the usual soft limit of 1024 would refuse connections long before the machine
 /// runs out.
-fn raise_fd_limit() {
+/// Returns the soft limit in force afterwards.
+fn raise_fd_limit() -> u64 {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
     // SAFETY: getrlimit/setrlimit only read and write the struct passed to them.
     unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max;
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return 1024;
+        }
+        if lim.rlim_cur < lim.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: lim.rlim_max,
+                rlim_max: lim.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                lim = raised;
+            } else {
                 tracing::debug!("cannot raise the open-file limit");
             }
         }
     }
+    lim.rlim_cur
 }
 
 /// Starts one worker thread per proxy listener (see `docs/architecture.md`, "Listeners
@@ -335,8 +423,10 @@ fn spawn_workers(
     listeners: Vec<std::net::TcpListener>,
     pool: &Arc<Pool>,
     settings: &Settings,
+    max_connections: usize,
     rx: &watch::Receiver<bool>,
 ) -> Result<Vec<std::thread::JoinHandle<()>>, String> {
+    let slots = Arc::new(Semaphore::new(max_connections.min(Semaphore::MAX_PERMITS)));
     let in_flight = Arc::new(AtomicUsize::new(0));
     let budget = Arc::new(crate::proxy::RetryBudget::new());
     let proxy_settings = ProxySettings::from_settings(settings);
@@ -348,6 +438,7 @@ fn spawn_workers(
         let inf = Arc::clone(&in_flight);
         let budget = Arc::clone(&budget);
         let rx = rx.clone();
+        let slots = Arc::clone(&slots);
         let t = std::thread::Builder::new()
             .name(format!("fulcrum-worker-{i}"))
             .spawn(move || {
@@ -358,7 +449,7 @@ fn spawn_workers(
                         async move { Box::leak(Box::new(Proxy::new(pool, ps, inf, budget))) },
                     );
                 crate::logging::batch_this_thread();
-                rt.block_on(worker(l, proxy, rx));
+                rt.block_on(worker(l, proxy, slots, rx));
                 // Connections still open after the drain end with the runtime; their
                 // access log lines go into the batch, so flush after it.
                 drop(rt);
@@ -378,6 +469,7 @@ fn spawn_admin(
     admin_state: crate::admin::AdminCtx,
     pool: &Arc<Pool>,
     settings: &Settings,
+    max_connections: usize,
     rx: &watch::Receiver<bool>,
     mut done_rx: watch::Receiver<bool>,
 ) -> Result<(std::thread::JoinHandle<()>, tokio::runtime::Handle), String> {
@@ -408,7 +500,7 @@ fn spawn_admin(
                         tokio::time::sleep(DRAIN_TIMEOUT).await;
                     };
                     tokio::select! {
-                        _ = crate::admin::serve(admin_listener, admin_state, stop) => {}
+                        _ = crate::admin::serve(admin_listener, admin_state, max_connections, stop) => {}
                         _ = deadline => tracing::warn!("admin connections still open after the drain timeout; closing them"),
                     }
                     // Spawned children are supervised here: keep them until the workers
@@ -433,7 +525,7 @@ pub(crate) fn start(
     settings: &Settings,
     flags: &crate::config::RawFlags,
 ) -> Result<Running, String> {
-    raise_fd_limit();
+    let caps = ConnectionCaps::new(raise_fd_limit(), settings.max_connections);
     let (listeners, successor) = open_listeners(settings, flags.upgrade)?;
     let listen = listeners.proxy[0]
         .local_addr()
@@ -462,7 +554,7 @@ pub(crate) fn start(
         .with_hash_balance_factor(settings.hash_balance_factor),
     );
     let (shutdown, rx) = watch::channel(false);
-    let mut threads = spawn_workers(listeners.proxy, &pool, settings, &rx)?;
+    let mut threads = spawn_workers(listeners.proxy, &pool, settings, caps.proxy, &rx)?;
     let spawner = Arc::new(crate::spawn::Spawner::new(Arc::clone(&pool)));
     let traffic = Arc::new(crate::traffic::Traffic::new(listen));
     let reloader = Arc::new(crate::reload::Reloader::new(
@@ -478,8 +570,15 @@ pub(crate) fn start(
         Arc::clone(&reloader),
     );
     let (workers_done, done_rx) = watch::channel(false);
-    let (admin_thread, admin_rt) =
-        spawn_admin(listeners.admin, admin_state, &pool, settings, &rx, done_rx)?;
+    let (admin_thread, admin_rt) = spawn_admin(
+        listeners.admin,
+        admin_state,
+        &pool,
+        settings,
+        caps.admin,
+        &rx,
+        done_rx,
+    )?;
     threads.push(admin_thread);
     let (upgraded_tx, upgraded) = watch::channel(false);
     if let Some(h) = handover {
@@ -587,9 +686,16 @@ impl Signals {
     /// over (`upgraded`); SIGHUP calls `on_hup` (the config reload).
     pub(crate) fn wait(mut self, on_hup: impl Fn(), mut upgraded: watch::Receiver<bool>) {
         self.rt.block_on(async {
+            // No upgrade socket: the sender is gone at once, and that is no hand-over.
+            let handed_over = async {
+                if upgraded.wait_for(|u| *u).await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            };
+            tokio::pin!(handed_over);
             loop {
                 tokio::select! {
-                    _ = upgraded.wait_for(|u| *u) => { tracing::info!("handed over to the new process: draining"); return; }
+                    _ = &mut handed_over => { tracing::info!("handed over to the new process: draining"); return; }
                     _ = self.term.recv() => { tracing::info!("SIGTERM: draining"); return; }
                     _ = self.int.recv() => { tracing::info!("SIGINT: draining"); return; }
                     _ = self.hup.recv() => {
@@ -599,5 +705,32 @@ impl Signals {
                 }
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_caps_leave_each_listener_its_descriptors() {
+        // The usual soft limit, this machine's kind, a large server's.
+        assert_eq!(
+            ConnectionCaps::new(1024, 0),
+            ConnectionCaps {
+                proxy: 448,
+                admin: 64
+            }
+        );
+        assert_eq!(ConnectionCaps::new(20_000, 0).admin, 256);
+        assert_eq!(ConnectionCaps::new(20_000, 0).proxy, 9_840);
+        assert_eq!(ConnectionCaps::new(1 << 20, 0).proxy, 524_128);
+        // A tiny limit still leaves each listener something.
+        assert_eq!(
+            ConnectionCaps::new(10, 0),
+            ConnectionCaps { proxy: 1, admin: 4 }
+        );
+        // The setting wins for the proxy.
+        assert_eq!(ConnectionCaps::new(20_000, 50_000).proxy, 50_000);
     }
 }

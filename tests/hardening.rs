@@ -229,3 +229,85 @@ async fn a_stalled_upload_is_the_clients_doing_not_the_backends() {
     assert_eq!(backends[0]["errors"], 0, "{backends}");
     assert_eq!(get(&c, &f.url("/after")).await.status, 200);
 }
+
+/// A fresh connection's GET through the proxy answers 200.
+fn fresh_get_ok(addr: std::net::SocketAddr, path: &str) -> bool {
+    // A loopback Host: the admin API refuses others (DNS rebinding).
+    let req = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    raw_exchange(addr, req.as_bytes(), Duration::from_secs(3)).starts_with("HTTP/1.1 200")
+}
+
+fn open_idle(addr: std::net::SocketAddr, n: usize) -> Vec<std::net::TcpStream> {
+    (0..n)
+        .map(|_| std::net::TcpStream::connect(addr).expect("connect"))
+        .collect()
+}
+
+#[test]
+fn idle_connections_on_one_listener_do_not_starve_the_other() {
+    let a = TestBackend::start("A");
+    let spec = a.spec();
+    // 256 descriptors: the admin API may hold 16 connections, the proxy 88.
+    let f = Fulcrum::start_with_file_limit(
+        256,
+        &[
+            "--backend",
+            &spec,
+            "--health-interval",
+            "200ms",
+            "--access-log",
+            "off",
+        ],
+    );
+    // More idle admin connections than the process has descriptors.
+    let idle_admin = open_idle(f.admin, 400);
+    std::thread::sleep(Duration::from_millis(300));
+    for i in 0..20 {
+        assert!(
+            fresh_get_ok(f.proxy, "/"),
+            "proxy request {i} with the admin port full; log:\n{}",
+            f.log()
+        );
+    }
+    drop(idle_admin);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !fresh_get_ok(f.admin, "/admin/status") {
+        assert!(Instant::now() < deadline, "the admin API recovers");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // More idle proxy connections than the proxy's cap: the admin API and the health
+    // checker keep their descriptors.
+    let idle_proxy = open_idle(f.proxy, 300);
+    std::thread::sleep(Duration::from_millis(1000));
+    for i in 0..10 {
+        let r = raw_exchange(
+            f.admin,
+            b"GET /admin/backends HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+            Duration::from_secs(3),
+        );
+        assert!(r.starts_with("HTTP/1.1 200"), "admin request {i}: {r}");
+        assert!(
+            r.contains("\"healthy\":true"),
+            "the backend stays healthy: {r}"
+        );
+    }
+    drop(idle_proxy);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !fresh_get_ok(f.proxy, "/") {
+        assert!(Instant::now() < deadline, "the proxy recovers");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // An admin connection that sends nothing is closed after the header timeout.
+    let mut lone = std::net::TcpStream::connect(f.admin).unwrap();
+    lone.set_read_timeout(Some(Duration::from_secs(15)))
+        .unwrap();
+    let t = Instant::now();
+    let mut buf = [0u8; 64];
+    let n = std::io::Read::read(&mut lone, &mut buf).unwrap_or(0);
+    assert_eq!(n, 0, "closed without an answer");
+    assert!(
+        t.elapsed() >= Duration::from_secs(9) && t.elapsed() < Duration::from_secs(13),
+        "closed after {:?}",
+        t.elapsed()
+    );
+}

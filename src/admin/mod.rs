@@ -3,6 +3,8 @@
 //! Every route here calls the same pool operations; none of them touches the request
 //! path beyond publishing a new routing table.
 
+mod listener;
+
 use std::future::Future;
 use std::sync::Arc;
 
@@ -668,10 +670,11 @@ pub(crate) fn router(ctx: AdminCtx) -> Router {
         .with_state(ctx)
 }
 
-/// Serves the admin API until `stop` resolves.
+/// Serves the admin API until `stop` resolves, with at most `max_connections` open.
 pub(crate) async fn serve(
     listener: std::net::TcpListener,
     ctx: AdminCtx,
+    max_connections: usize,
     stop: impl Future<Output = ()> + Send + 'static,
 ) {
     let listener = match tokio::net::TcpListener::from_std(listener) {
@@ -681,10 +684,5 @@ pub(crate) async fn serve(
             return;
         }
     };
-    if let Err(e) = axum::serve(listener, router(ctx))
-        .with_graceful_shutdown(stop)
-        .await
-    {
-        tracing::error!(error = %e, "admin API stopped");
-    }
+    listener::serve(listener, router(ctx), max_connections, stop).await;
 }

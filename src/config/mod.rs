@@ -122,6 +122,8 @@ pub(crate) struct Settings {
     pub(crate) retries: u32,
     /// Shed above this many requests in flight; 0 = off.
     pub(crate) max_inflight: usize,
+    /// Client connections open at once; 0 = derived from the open-file limit.
+    pub(crate) max_connections: usize,
     /// Weight ramp duration; zero = off.
     pub(crate) slow_start: Duration,
     /// EWMA smoothing factor.
@@ -165,6 +167,7 @@ impl Default for Settings {
             upstream_timeout: Duration::ZERO,
             retries: 0,
             max_inflight: 0,
+            max_connections: 0,
             slow_start: Duration::ZERO,
             ewma_alpha: 0.0,
             admin_token_file: None,

@@ -269,6 +269,17 @@ pub(crate) static OPTIONS: &[Opt] = &[
         reload: restart!("max_inflight", max_inflight),
     },
     Opt {
+        key: "max_connections",
+        health_key: None,
+        value_name: "N",
+        help: "Client connections open at once on the proxy listener; at the cap new ones wait in the kernel's queue; 0 = from the open-file limit",
+        default: Some("0"),
+        default_text: None,
+        file_type: FileType::Int,
+        set: |s, v| parse_uint::<usize>(v, 0, 10_000_000).map(|x| s.max_connections = x),
+        reload: restart!("max_connections", max_connections),
+    },
+    Opt {
         key: "slow_start",
         health_key: None,
         value_name: "DUR",

@@ -57,11 +57,42 @@ impl Fulcrum {
     /// Starts fulcrum with `env` set. `FULCRUM_ADMIN_TOKEN` is cleared unless `env` sets
     /// it, so no test inherits a token by accident.
     pub fn start_env(base: &[&str], args: &[&str], env: &[(&str, &str)]) -> Fulcrum {
-        let mut child = Command::new(BIN)
-            .env_remove("FULCRUM_ADMIN_TOKEN")
+        let mut cmd = Command::new(BIN);
+        cmd.env_remove("FULCRUM_ADMIN_TOKEN")
             .envs(env.iter().copied())
             .args(base)
-            .args(args)
+            .args(args);
+        Self::spawn(cmd)
+    }
+
+    /// Starts `fulcrum serve` on ephemeral ports with its open-file limit (soft and
+    /// hard) set to `files`.
+    pub fn start_with_file_limit(files: u64, args: &[&str]) -> Fulcrum {
+        use std::os::unix::process::CommandExt;
+        let mut cmd = Command::new(BIN);
+        cmd.env_remove("FULCRUM_ADMIN_TOKEN")
+            .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+            .args(args);
+        // SAFETY: setrlimit is async-signal-safe and touches only the child.
+        unsafe {
+            cmd.pre_exec(move || {
+                let lim = libc::rlimit {
+                    rlim_cur: files,
+                    rlim_max: files,
+                };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0 {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            });
+        }
+        Self::spawn(cmd)
+    }
+
+    /// Spawns `cmd` and waits for both listeners' log lines.
+    fn spawn(mut cmd: Command) -> Fulcrum {
+        let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
