@@ -311,3 +311,44 @@ fn idle_connections_on_one_listener_do_not_starve_the_other() {
         t.elapsed()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_none_of_which_left_goes_to_another_backend_whatever_its_method() {
+    // A port nothing listens on, first in the pool: every attempt there fails to connect.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead_url = format!("http://{},name=dead", dead.local_addr().unwrap());
+    drop(dead);
+    let good = TestBackend::start("G");
+    let f = Fulcrum::start(&[
+        "--backend",
+        &dead_url,
+        "--backend",
+        &good.spec(),
+        "--health-interval",
+        "60s",
+        "--unhealthy-threshold",
+        "100",
+    ]);
+    let c = client();
+    // Round robin sends each request to the dead one first (its retry moved the
+    // rotation on): each goes on to G, with its body whole.
+    for (i, method) in ["POST", "PUT", "PATCH", "POST"].iter().enumerate() {
+        let body = format!("payload {i} {}", "x".repeat(i * 1000));
+        let r = send(&c, method, &f.url("/echo"), &[], body.clone()).await;
+        assert_eq!(r.status, 200, "{method}: {}", r.text());
+        assert_eq!(r.backend(), "G");
+        assert_eq!(r.text(), body, "{method}: the body arrives whole");
+        // Under the retry budget's floor (3 a second).
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+    assert_eq!(good.requests(), 4);
+    let m = get(&c, &f.admin_url("/metrics")).await.text();
+    let retries = m
+        .lines()
+        .find(|l| l.starts_with("fulcrum_retries_total"))
+        .unwrap_or_else(|| panic!("{m}"));
+    assert_eq!(
+        retries, "fulcrum_retries_total 4",
+        "each landed on the dead one first"
+    );
+}

@@ -159,13 +159,27 @@ struct Outgoing {
 }
 
 impl Outgoing {
-    /// Attempts allowed: retries only for idempotent requests without a body, whose
-    /// bytes can be sent again.
-    fn max_attempts(&self, retries: u32) -> usize {
-        if is_idempotent(&self.head.method) && self.body.is_none() {
-            1 + retries as usize
-        } else {
-            1
+    /// Whether the request may be sent again after its bytes have left: idempotent,
+    /// without a body. Any request may be sent again when none of it left (a failed
+    /// connect), as nginx and Envoy retry it.
+    fn resendable(&self) -> bool {
+        is_idempotent(&self.head.method) && self.body.is_none()
+    }
+
+    /// Takes back a request that was never written (`upstream::SendError::unsent`):
+    /// its body and its fields, without the `Host` made up for the backend tried.
+    fn restore(&mut self, unsent: Request<ReqBody>) {
+        let (mut parts, body) = unsent.into_parts();
+        if let ReqBody::Stream { inner, .. } = body {
+            self.body = Some(inner);
+        }
+        if let RequestFields::Map(map) = &mut self.head.fields {
+            if map.is_empty() {
+                if self.host.is_none() {
+                    parts.headers.remove(header::HOST);
+                }
+                *map = parts.headers;
+            }
         }
     }
 }
@@ -393,7 +407,8 @@ impl Proxy {
     ) -> ProxyResponse {
         self.prepare(&mut req);
         let (req, fin) = (&mut req, &mut fin);
-        let max_attempts = req.max_attempts(self.settings.retries);
+        let max_attempts = 1 + self.settings.retries as usize;
+        let resendable = req.resendable();
         // Every request funds the budget; only retryable ones may draw on it.
         self.budget.deposit();
         let mut tried: Vec<u64> = Vec::new();
@@ -411,13 +426,18 @@ impl Proxy {
             }
             fin.retries = attempt as u32;
             let last = attempt + 1 == max_attempts;
-            let failure = match self.attempt(req, guard, fin, &mut permit, last).await {
+            // The fields are moved into the exchange unless it may be sent again after it
+            // left, and put back if it never did.
+            let keep = resendable && !last;
+            let failure = match self.attempt(req, guard, fin, &mut permit, keep).await {
                 Ok(r) => return r,
                 Err(f) => f,
             };
-            // Nothing of the answer has reached the client yet, so an idempotent request
-            // without a body may go to another backend, while the budget allows.
-            let retry = !failure.is_clients() && !last && self.budget.withdraw();
+            // Nothing of the answer has reached the client yet: a request none of which
+            // left, or an idempotent one without a body, may go to another backend, while
+            // the budget allows.
+            let again = failure == Failure::Connect || resendable;
+            let retry = again && !failure.is_clients() && !last && self.budget.withdraw();
             last_failure = Some(failure);
             if !retry {
                 break;
@@ -507,7 +527,7 @@ impl Proxy {
         mut guard: RequestGuard,
         fin: &mut Pending,
         permit: &mut Option<ShedPermit>,
-        last: bool,
+        keep: bool,
     ) -> Result<ProxyResponse, Failure> {
         let backend = Arc::clone(guard.backend());
         let injected_delay = match self.inject_faults(&backend).await {
@@ -520,7 +540,7 @@ impl Proxy {
                 return Ok(self.own(fin, Some(&backend), r));
             }
         };
-        let (result, upload) = self.exchange(req, &backend, last).await;
+        let (result, upload) = self.exchange(req, &backend, keep).await;
         match result {
             Ok((answer, sent_at)) => {
                 let upstream_time = sent_at.elapsed() + injected_delay;
@@ -569,7 +589,7 @@ impl Proxy {
         &self,
         req: &mut Outgoing,
         backend: &Backend,
-        last: bool,
+        keep: bool,
     ) -> (Result<(Answer, Instant), Failure>, Option<Arc<AtomicBool>>) {
         let timeout = self.settings.upstream_timeout;
         if req.inline {
@@ -582,14 +602,20 @@ impl Proxy {
                 .map(|(h, b, at)| (Answer::Wire(h, b), at));
             return (r, None);
         }
-        let up_req = build_upstream(req, backend, last);
+        let up_req = build_upstream(req, backend, keep);
         let upload = up_req.body().upload_flag();
         // Boxed: only requests with a body or an upgrade come this way, and the
         // exchange's state would otherwise enlarge every request's future (each client
         // connection keeps one allocated).
-        let r = Box::pin(self.upstreams.send(backend, up_req, timeout))
-            .await
-            .map(|(r, c, at)| (Answer::Hyper(r, c), at));
+        let r = match Box::pin(self.upstreams.send(backend, up_req, timeout)).await {
+            Ok((r, c, at)) => Ok((Answer::Hyper(r, c), at)),
+            Err(e) => {
+                if let Some(unsent) = e.unsent {
+                    req.restore(unsent);
+                }
+                Err(e.failure)
+            }
+        };
         (r, upload)
     }
 
@@ -706,7 +732,7 @@ fn write_inline_head(out: &mut Vec<u8>, req: &Outgoing, authority: &str) {
 /// The request for one attempt through hyper's client. Only a request without a body
 /// can have several attempts, so the body (when there is one) goes with the first and
 /// only attempt; the last attempt takes the fields, earlier ones copy them.
-fn build_upstream(req: &mut Outgoing, backend: &Backend, last: bool) -> Request<ReqBody> {
+fn build_upstream(req: &mut Outgoing, backend: &Backend, keep: bool) -> Request<ReqBody> {
     let req_body = match req.body.take() {
         Some(inner) => ReqBody::streaming(inner),
         None => ReqBody::Empty,
@@ -717,10 +743,10 @@ fn build_upstream(req: &mut Outgoing, backend: &Backend, last: bool) -> Request<
     *r.uri_mut() = Uri::from(req.target.clone());
     *r.version_mut() = Version::HTTP_11;
     if let RequestFields::Map(map) = &mut req.head.fields {
-        *r.headers_mut() = if last {
-            std::mem::take(map)
-        } else {
+        *r.headers_mut() = if keep {
             map.clone()
+        } else {
+            std::mem::take(map)
         };
     }
     // HTTP/1.1 needs a Host; a client that sent none (HTTP/1.0) gets the backend's.

@@ -50,6 +50,24 @@ impl Failure {
     }
 }
 
+/// A failed exchange on hyper's client: the failure, and the request itself when none
+/// of it left (so it can go to another backend, whatever its method).
+pub(crate) struct SendError {
+    /// What went wrong.
+    pub(crate) failure: Failure,
+    /// The request, untouched, when nothing of it was written.
+    pub(crate) unsent: Option<Request<ReqBody>>,
+}
+
+impl From<Failure> for SendError {
+    fn from(failure: Failure) -> SendError {
+        SendError {
+            failure,
+            unsent: None,
+        }
+    }
+}
+
 /// A connection checked out of the pool.
 #[derive(Debug)]
 pub(crate) struct Conn {
@@ -161,19 +179,28 @@ impl Upstreams {
     /// Sends `req` to `b` and waits for the response head, at most `timeout` from the
     /// moment the request is handed to a connection. A pooled connection that turns out
     /// to have been closed by the backend before anything was sent is replaced by a new
-    /// one once. Returns the response, its connection and when the request was sent.
+    /// one once. Returns the response, its connection and when the request was sent;
+    /// a failure before anything was written gives the request back.
     pub(crate) async fn send(
         &self,
         b: &Backend,
         mut req: Request<ReqBody>,
         timeout: Duration,
-    ) -> Result<(Response<Incoming>, Conn, Instant), Failure> {
+    ) -> Result<(Response<Incoming>, Conn, Instant), SendError> {
         let mut replaced_stale = false;
         loop {
-            let mut conn = self.checkout(b).await?;
+            let mut conn = match self.checkout(b).await {
+                Ok(c) => c,
+                Err(failure) => {
+                    return Err(SendError {
+                        failure,
+                        unsent: Some(req),
+                    })
+                }
+            };
             let sent_at = Instant::now();
             match tokio::time::timeout(timeout, conn.sender.try_send_request(req)).await {
-                Err(_) => return Err(Failure::Timeout),
+                Err(_) => return Err(Failure::Timeout.into()),
                 Ok(Ok(resp)) => return Ok((resp, conn, sent_at)),
                 Ok(Err(mut e)) => match e.take_message() {
                     // Nothing was written: a stale pooled connection is replaced once, and
@@ -182,15 +209,20 @@ impl Upstreams {
                         replaced_stale = true;
                         req = unsent;
                     }
-                    Some(_) => return Err(Failure::Connect),
+                    Some(unsent) => {
+                        return Err(SendError {
+                            failure: Failure::Connect,
+                            unsent: Some(unsent),
+                        })
+                    }
                     None if e.error().is_user() => {
                         // The client's own body failed (it went away mid-upload): not the
                         // backend's fault.
-                        return Err(Failure::ClientGone);
+                        return Err(Failure::ClientGone.into());
                     }
                     None => {
                         tracing::debug!(backend = %b.name, error = %e.error(), "upstream exchange failed");
-                        return Err(Failure::Broken);
+                        return Err(Failure::Broken.into());
                     }
                 },
             }
