@@ -3,11 +3,8 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::*;
@@ -45,85 +42,13 @@ fn start(backend: &TestBackend, sock: &Path, upgrade: bool) -> Fulcrum {
     Fulcrum::start(&args)
 }
 
-/// One request on a new connection; `Err` says what went wrong.
-fn one_request(addr: SocketAddr, post: bool) -> Result<(), String> {
-    let mut s = TcpStream::connect(addr).map_err(|e| format!("connect: {e}"))?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok();
-    let req: &[u8] = if post {
-        b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello"
-    } else {
-        b"GET /x HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
-    };
-    s.write_all(req).map_err(|e| format!("write: {e}"))?;
-    let mut got = Vec::new();
-    s.read_to_end(&mut got).map_err(|e| format!("read: {e}"))?;
-    let text = String::from_utf8_lossy(&got);
-    if text.starts_with("HTTP/1.1 200") {
-        Ok(())
-    } else {
-        Err(format!(
-            "answer: {:?}",
-            text.lines().next().unwrap_or("(nothing)")
-        ))
-    }
-}
-
-/// Clients that each open a new connection per request until stopped.
-struct Load {
-    stop: Arc<AtomicBool>,
-    ok: Arc<AtomicU64>,
-    failures: Arc<Mutex<Vec<String>>>,
-    threads: Vec<std::thread::JoinHandle<()>>,
-}
-
-impl Load {
-    fn start(addr: SocketAddr, clients: usize) -> Load {
-        let stop = Arc::new(AtomicBool::new(false));
-        let ok = Arc::new(AtomicU64::new(0));
-        let failures = Arc::new(Mutex::new(Vec::new()));
-        let threads = (0..clients)
-            .map(|i| {
-                let (stop, ok, failures) = (stop.clone(), ok.clone(), failures.clone());
-                std::thread::spawn(move || {
-                    let mut n = 0u64;
-                    while !stop.load(Ordering::Relaxed) {
-                        match one_request(addr, (n + i as u64) % 3 == 0) {
-                            Ok(()) => ok.fetch_add(1, Ordering::Relaxed),
-                            Err(e) => {
-                                failures.lock().unwrap().push(e);
-                                0
-                            }
-                        };
-                        n += 1;
-                    }
-                })
-            })
-            .collect();
-        Load {
-            stop,
-            ok,
-            failures,
-            threads,
-        }
-    }
-
-    fn finish(self) -> (u64, Vec<String>) {
-        self.stop.store(true, Ordering::Relaxed);
-        for t in self.threads {
-            t.join().unwrap();
-        }
-        let failures = self.failures.lock().unwrap().clone();
-        (self.ok.load(Ordering::Relaxed), failures)
-    }
-}
-
 #[test]
 fn five_upgrades_in_a_row_refuse_no_connection() {
     let a = TestBackend::start("A");
     let sock = socket_path("five");
     let mut current = start(&a, &sock, false);
     let (proxy, admin) = (current.proxy, current.admin);
-    let load = Load::start(proxy, 4);
+    let load = Load::start(proxy, 4, 3);
     std::thread::sleep(Duration::from_millis(300));
     for round in 0..5 {
         let before = load.ok.load(Ordering::Relaxed);
@@ -185,7 +110,7 @@ fn a_new_process_that_cannot_start_leaves_the_old_one_serving() {
     let a = TestBackend::start("A");
     let sock = socket_path("fail");
     let mut old = start(&a, &sock, false);
-    let load = Load::start(old.proxy, 2);
+    let load = Load::start(old.proxy, 2, 3);
     let s = sock.to_str().unwrap();
     let spec = a.spec();
     // Refused before it reaches the old process: a bad value.

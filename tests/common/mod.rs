@@ -219,6 +219,86 @@ pub fn run_fulcrum(args: &[&str]) -> (ExitStatus, String, String) {
     )
 }
 
+// ------------------------------------------------------------------ load
+
+/// One request on a new connection; `Err` says what went wrong.
+pub fn one_request(addr: SocketAddr, post: bool) -> Result<(), String> {
+    let mut s = TcpStream::connect(addr).map_err(|e| format!("connect: {e}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    let req: &[u8] = if post {
+        b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello"
+    } else {
+        b"GET /x HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    };
+    s.write_all(req).map_err(|e| format!("write: {e}"))?;
+    let mut got = Vec::new();
+    s.read_to_end(&mut got).map_err(|e| format!("read: {e}"))?;
+    let text = String::from_utf8_lossy(&got);
+    if text.starts_with("HTTP/1.1 200") {
+        Ok(())
+    } else {
+        // The status line and the body (fulcrum's own answers say why).
+        let body = text.split("\r\n\r\n").nth(1).unwrap_or("").trim();
+        Err(format!(
+            "answer: {:?} {body:?}",
+            text.lines().next().unwrap_or("(nothing)")
+        ))
+    }
+}
+
+/// Clients that each open a new connection per request until stopped; every
+/// `post_every`-th request of a client is a POST with a body (0: none).
+pub struct Load {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    pub ok: Arc<AtomicU64>,
+    /// Each failure: whether it was a POST, and what went wrong.
+    pub failures: Arc<Mutex<Vec<(bool, String)>>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Load {
+    pub fn start(addr: SocketAddr, clients: usize, post_every: u64) -> Load {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let ok = Arc::new(AtomicU64::new(0));
+        let failures = Arc::new(Mutex::new(Vec::new()));
+        let threads = (0..clients)
+            .map(|i| {
+                let (stop, ok, failures) = (stop.clone(), ok.clone(), failures.clone());
+                std::thread::spawn(move || {
+                    let mut n = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        let post = post_every > 0 && (n + i as u64) % post_every == 0;
+                        match one_request(addr, post) {
+                            Ok(()) => ok.fetch_add(1, Ordering::Relaxed),
+                            Err(e) => {
+                                failures.lock().unwrap().push((post, e));
+                                0
+                            }
+                        };
+                        n += 1;
+                    }
+                })
+            })
+            .collect();
+        Load {
+            stop,
+            ok,
+            failures,
+            threads,
+        }
+    }
+
+    /// Stops the clients; the requests that succeeded and the failures.
+    pub fn finish(self) -> (u64, Vec<(bool, String)>) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads {
+            t.join().unwrap();
+        }
+        let failures = self.failures.lock().unwrap().clone();
+        (self.ok.load(Ordering::Relaxed), failures)
+    }
+}
+
 // ------------------------------------------------------------------ test backend
 
 /// What a test backend saw and how it is doing.
