@@ -310,6 +310,35 @@ fn request_head(head: Bytes, p: Parsed) -> Option<RequestHead> {
     })
 }
 
+/// The client head parser's fuzz entry: parses `data` as the fast path does and, for a
+/// head it would serve, runs what the request path does with it before a backend is
+/// picked (validation, the authority, the size), then checks that the fast path's
+/// writer and the map path forward the same fields.
+#[cfg(any(fuzzing, test))]
+pub(crate) fn fuzz_client_head(data: &[u8], check_rewrite: bool) {
+    let Head::Ready(p) = parse(data) else {
+        return;
+    };
+    assert!(p.len <= data.len(), "a head longer than its input");
+    let head = Bytes::copy_from_slice(&data[..p.len]);
+    let Some(rh) = request_head(head, *p) else {
+        return;
+    };
+    let refused = crate::proxy::validate_head(&rh).is_err();
+    let _ = (rh.host(), rh.size());
+    if check_rewrite && !refused {
+        if let RequestFields::Spans(f) = &rh.fields {
+            for trusted in [false, true] {
+                let (written, mapped) = crate::proxy::headers::both_rewrites(f, trusted);
+                assert_eq!(
+                    written, mapped,
+                    "the fast path and the map path forward alike"
+                );
+            }
+        }
+    }
+}
+
 /// The current `Date` value, formatted once per second per thread.
 fn date() -> HeaderValue {
     let now = std::time::SystemTime::now();

@@ -16,6 +16,11 @@ pub mod config;
 pub(crate) mod deadline;
 pub(crate) mod demo;
 pub(crate) mod front;
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub mod fuzzing;
+#[cfg(all(test, not(fuzzing)))]
+mod fuzzing;
 pub(crate) mod health;
 pub(crate) mod logging;
 pub(crate) mod metrics;

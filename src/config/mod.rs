@@ -340,6 +340,23 @@ pub(crate) fn check_file(path: &Path) -> Vec<ConfigError> {
     }
 }
 
+/// The config parser's fuzz entry: `data` as a config file. Every problem must come
+/// out as one line, as `fulcrum check` prints it.
+#[cfg(any(fuzzing, test))]
+pub(crate) fn fuzz_config(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let mut s = Settings::default();
+    for e in file::apply_file(&mut s, Path::new("fuzz.toml"), text) {
+        let line = e.to_string();
+        assert!(
+            !line.contains('\n'),
+            "an error of more than one line: {line:?}"
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::values::{parse_balance_factor, parse_duration};

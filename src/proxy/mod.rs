@@ -11,6 +11,11 @@ mod upstream;
 mod validate;
 mod wire;
 
+#[cfg(any(fuzzing, test))]
+pub(crate) use validate::check as validate_head;
+#[cfg(any(fuzzing, test))]
+pub(crate) use wire::{fuzz_chunked, fuzz_response};
+
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;

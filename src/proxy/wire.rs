@@ -730,6 +730,86 @@ fn step_chunked(buf: &mut BytesMut, state: Chunk) -> Result<Step, ()> {
     }
 }
 
+/// The upstream response parser's fuzz entry: `data` as a backend's answer to a GET
+/// and to a HEAD, read whole and in two pieces; both readings must agree.
+#[cfg(any(fuzzing, test))]
+pub(crate) fn fuzz_response(data: &[u8]) {
+    // What a parse says: the status, the bytes taken and whether the connection is kept.
+    let summary = |buf: &mut BytesMut, method: &Method| {
+        let before = buf.len();
+        parse_head(buf, method)
+            .map(|h| h.map(|(head, _, keep)| (head.status, before - buf.len(), keep)))
+    };
+    for method in [Method::GET, Method::HEAD] {
+        let whole = summary(&mut BytesMut::from(data), &method);
+        let Ok(Some((_, len, _))) = whole else {
+            continue;
+        };
+        assert!(len <= data.len(), "a head longer than its input");
+        // The first piece is incomplete when it holds no blank line.
+        let cut = len / 2;
+        let first = &data[..cut];
+        if first.windows(2).any(|w| w == b"\n\n") || first.windows(3).any(|w| w == b"\n\r\n") {
+            continue;
+        }
+        let mut buf = BytesMut::from(first);
+        if let Ok(None) = summary(&mut buf, &method) {
+            buf.extend_from_slice(&data[cut..]);
+            assert_eq!(
+                summary(&mut buf, &method),
+                whole,
+                "a head read in two pieces"
+            );
+        }
+    }
+}
+
+/// The chunked decoder's fuzz entry: the first byte chooses where the rest is cut into
+/// reads; the decoded body (or the refusal) must not depend on the cuts.
+#[cfg(any(fuzzing, test))]
+pub(crate) fn fuzz_chunked(data: &[u8]) {
+    let Some((&seed, input)) = data.split_first() else {
+        return;
+    };
+    let whole = decode_chunked(input, &[]);
+    let step = usize::from(seed % 7) + 1;
+    let cuts: Vec<usize> = (step..input.len()).step_by(step).collect();
+    assert_eq!(
+        decode_chunked(input, &cuts),
+        whole,
+        "cuts every {step} bytes"
+    );
+}
+
+/// Decodes a chunked body fed in reads ending at `cuts`; `Err` for a refused one or one
+/// that ends early.
+#[cfg(any(fuzzing, test))]
+fn decode_chunked(input: &[u8], cuts: &[usize]) -> Result<Vec<u8>, ()> {
+    let mut buf = BytesMut::new();
+    let mut out = Vec::new();
+    let mut state = Chunk::Size;
+    let mut fed = 0;
+    let mut cuts = cuts.iter().copied().chain(std::iter::once(input.len()));
+    loop {
+        match step_chunked(&mut buf, state)? {
+            Step::Data(b, next) => {
+                out.extend_from_slice(&b);
+                state = next;
+            }
+            Step::Moved(next) => state = next,
+            Step::Done => return Ok(out),
+            Step::More => {
+                let Some(cut) = cuts.next() else {
+                    return Err(());
+                };
+                let cut = cut.clamp(fed, input.len());
+                buf.extend_from_slice(&input[fed..cut]);
+                fed = cut;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,60 @@
+//! The fuzz targets' entry points (`fuzz/`, see `docs/testing.md`): each takes arbitrary
+//! bytes and checks what must hold whatever they are. A panic is a finding. Compiled
+//! for `cargo fuzz` (`--cfg fuzzing`) and for the unit test below, which replays every
+//! committed input, so an input that once failed stays a test case.
+
+/// The fast path's client head parser, validation, and the two header rewriters.
+pub fn client_head(data: &[u8]) {
+    crate::front::fuzz_client_head(data, false);
+}
+
+/// Header rewriting: the fast path's writer and the map path forward the same fields.
+pub fn header_rewrite(data: &[u8]) {
+    crate::front::fuzz_client_head(data, true);
+}
+
+/// The upstream response head parser.
+pub fn upstream_response(data: &[u8]) {
+    crate::proxy::fuzz_response(data);
+}
+
+/// The chunked decoder.
+pub fn chunked(data: &[u8]) {
+    crate::proxy::fuzz_chunked(data);
+}
+
+/// The config file parser.
+pub fn config(data: &[u8]) {
+    crate::config::fuzz_config(data);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    /// Runs every file of `fuzz/corpus/TARGET` and `fuzz/regressions/TARGET`.
+    fn replay(target: &str, entry: fn(&[u8])) {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz");
+        let mut n = 0;
+        for dir in ["corpus", "regressions"] {
+            let Ok(files) = std::fs::read_dir(root.join(dir).join(target)) else {
+                continue;
+            };
+            for f in files.flatten() {
+                let data = std::fs::read(f.path()).expect("a committed input");
+                entry(&data);
+                n += 1;
+            }
+        }
+        assert!(n > 0, "no committed inputs for {target}");
+    }
+
+    #[test]
+    fn committed_inputs_pass_every_target() {
+        replay("client_head", super::client_head);
+        replay("header_rewrite", super::header_rewrite);
+        replay("upstream_response", super::upstream_response);
+        replay("chunked", super::chunked);
+        replay("config", super::config);
+    }
+}
