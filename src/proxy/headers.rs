@@ -376,10 +376,7 @@ impl ClientFields {
 /// sorted `(name, value)` lines: the two must agree (the property test and the
 /// `header_rewrite` fuzz target check it).
 #[cfg(any(fuzzing, test))]
-pub(crate) fn both_rewrites(
-    f: &ClientFields,
-    trusted: bool,
-) -> (Vec<(String, String)>, Vec<(String, String)>) {
+pub(crate) fn both_rewrites(f: &ClientFields, trusted: bool) -> (Lines, Lines) {
     let peer = HeaderValue::from_static("127.0.0.1");
     let host = f.host();
     let mut out = Vec::new();
@@ -393,11 +390,15 @@ pub(crate) fn both_rewrites(
     (sorted_lines(&out), sorted_map(&map))
 }
 
+/// Header lines as `(name, value)`, sorted.
+#[cfg(any(fuzzing, test))]
+pub(crate) type Lines = Vec<(String, String)>;
+
 /// The `name: value` lines of `text`, sorted.
 #[cfg(any(fuzzing, test))]
-fn sorted_lines(text: &[u8]) -> Vec<(String, String)> {
+fn sorted_lines(text: &[u8]) -> Lines {
     let text = String::from_utf8_lossy(text);
-    let mut v: Vec<(String, String)> = text
+    let mut v: Lines = text
         .split_terminator("\r\n")
         .map(|l| match l.split_once(": ") {
             Some((n, v)) => (n.to_string(), v.to_string()),
@@ -409,8 +410,8 @@ fn sorted_lines(text: &[u8]) -> Vec<(String, String)> {
 }
 
 #[cfg(any(fuzzing, test))]
-fn sorted_map(map: &HeaderMap) -> Vec<(String, String)> {
-    let mut v: Vec<(String, String)> = map
+fn sorted_map(map: &HeaderMap) -> Lines {
+    let mut v: Lines = map
         .iter()
         .map(|(k, v)| {
             let v = String::from_utf8_lossy(v.as_bytes()).into_owned();
