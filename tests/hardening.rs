@@ -342,6 +342,12 @@ async fn a_request_none_of_which_left_goes_to_another_backend_whatever_its_metho
         tokio::time::sleep(Duration::from_millis(400)).await;
     }
     assert_eq!(good.requests(), 4);
+    // The request that went on carries the client's Host and one X-Forwarded-For, not
+    // what was made up for the dead backend.
+    let seen = good.stats.last_headers.lock().unwrap().clone().unwrap();
+    let hosts: Vec<_> = seen.get_all("host").iter().collect();
+    assert_eq!(hosts, [f.proxy.to_string().as_str()], "{seen:?}");
+    assert_eq!(seen.get_all("x-forwarded-for").iter().count(), 1, "{seen:?}");
     let m = get(&c, &f.admin_url("/metrics")).await.text();
     let retries = m
         .lines()
@@ -351,4 +357,62 @@ async fn a_request_none_of_which_left_goes_to_another_backend_whatever_its_metho
         retries, "fulcrum_retries_total 4",
         "each landed on the dead one first"
     );
+}
+
+#[test]
+fn a_backend_that_stops_taking_an_upload_is_charged_not_the_client() {
+    use std::io::{Read, Write};
+    // Reads the head and a little of the body, then reads nothing more.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in l.incoming().flatten() {
+            let mut s = s;
+            let mut buf = [0u8; 1024];
+            let _ = s.read(&mut buf);
+            held.push(s);
+        }
+    });
+    let f = Fulcrum::start(&[
+        "--backend",
+        &format!("http://{addr},name=deaf"),
+        "--health-interval",
+        "60s",
+        "--upstream-timeout",
+        "1s",
+    ]);
+    let mut s = std::net::TcpStream::connect(f.proxy).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let size = 64 << 20;
+    let head = format!("POST /up HTTP/1.1\r\nHost: h\r\nContent-Length: {size}\r\n\r\n");
+    s.write_all(head.as_bytes()).unwrap();
+    // The client sends as fast as it is let; the writes block once the backend stops.
+    let mut w = s.try_clone().unwrap();
+    let writer = std::thread::spawn(move || {
+        let chunk = vec![b'x'; 1 << 16];
+        for _ in 0..(size / chunk.len()) {
+            if w.write_all(&chunk).is_err() {
+                break;
+            }
+        }
+    });
+    let mut out = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !out.windows(4).any(|w| w == b"\r\n\r\n") {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+        }
+    }
+    let answer = String::from_utf8_lossy(&out).into_owned();
+    assert!(answer.starts_with("HTTP/1.1 504"), "{answer}");
+    drop(s);
+    let _ = writer.join();
+    let r = raw_exchange(
+        f.admin,
+        b"GET /admin/backends/0 HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+        Duration::from_secs(3),
+    );
+    assert!(r.contains("\"errors\":1"), "the backend is charged: {r}");
 }

@@ -1,7 +1,7 @@
 //! Body types of the request path: no boxing, no buffering.
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -13,6 +13,36 @@ use super::upstream::{Conn, Upstreams};
 use super::wire::WireBody;
 use crate::backend::RequestGuard;
 
+/// How far a client's upload has gone, as the upstream exchange saw it at its last
+/// read of the client's body. A timeout with the upload unfinished is the client's
+/// doing only when that read was waiting on the client; when the backend stopped
+/// taking the body (the exchange stopped reading it), it is the backend's.
+#[derive(Debug, Default)]
+pub(crate) struct Upload(AtomicU8);
+
+impl Upload {
+    /// The last read gave data (or none was made yet): the exchange moves it on.
+    const MOVING: u8 = 0;
+    /// The last read found nothing yet: waiting on the client.
+    const WAITING_ON_CLIENT: u8 = 1;
+    /// The body was read whole.
+    const DONE: u8 = 2;
+
+    fn set(&self, state: u8) {
+        self.0.store(state, Ordering::Relaxed);
+    }
+
+    /// The body has been read whole.
+    pub(crate) fn is_done(&self) -> bool {
+        self.0.load(Ordering::Relaxed) == Self::DONE
+    }
+
+    /// Unfinished, and the last read was waiting on the client.
+    pub(crate) fn stalled_on_client(&self) -> bool {
+        self.0.load(Ordering::Relaxed) == Self::WAITING_ON_CLIENT
+    }
+}
+
 /// What keeps a request accounted for until its response has been received whole.
 #[derive(Debug)]
 pub(crate) struct Hold {
@@ -22,8 +52,8 @@ pub(crate) struct Hold {
     pub(crate) _permit: Option<crate::proxy::ShedPermit>,
     /// The upstream connection, returned to its pool once the body has been read whole.
     pub(crate) conn: Option<(Conn, &'static Upstreams)>,
-    /// Set when the request body has been sent whole (`None`: there was none).
-    pub(crate) upload: Option<Arc<AtomicBool>>,
+    /// How far the request body has gone (`None`: there was none).
+    pub(crate) upload: Option<Arc<Upload>>,
     /// The request's record, written when the hold is released.
     pub(crate) finish: Option<(super::Finish, &'static super::Recorder)>,
 }
@@ -40,10 +70,7 @@ impl Hold {
     /// The response was received whole. The connection can serve another request unless
     /// the backend answered before the upload ended; that connection is closed instead.
     fn complete(mut self) {
-        let uploaded = self
-            .upload
-            .as_ref()
-            .is_none_or(|u| u.load(Ordering::Relaxed));
+        let uploaded = self.upload.as_ref().is_none_or(|u| u.is_done());
         if let (Some((conn, pool)), true) = (self.conn.take(), uploaded) {
             pool.checkin(conn);
         }
@@ -53,12 +80,12 @@ impl Hold {
 /// The body sent upstream: the client's stream, or nothing (a replayable request).
 #[derive(Debug)]
 pub(crate) enum ReqBody {
-    /// The client's body, streamed through; `done` is set once it has been sent whole.
+    /// The client's body, streamed through; `upload` follows its progress.
     Stream {
         /// The client's body.
         inner: Incoming,
-        /// Set at the end of the stream.
-        done: Arc<AtomicBool>,
+        /// How far it has gone.
+        upload: Arc<Upload>,
     },
     /// No body.
     Empty,
@@ -69,14 +96,14 @@ impl ReqBody {
     pub(crate) fn streaming(inner: Incoming) -> ReqBody {
         ReqBody::Stream {
             inner,
-            done: Arc::new(AtomicBool::new(false)),
+            upload: Arc::default(),
         }
     }
 
-    /// The flag that tells when the body has been sent whole.
-    pub(crate) fn upload_flag(&self) -> Option<Arc<AtomicBool>> {
+    /// The upload's progress (`None` without a body).
+    pub(crate) fn upload(&self) -> Option<Arc<Upload>> {
         match self {
-            ReqBody::Stream { done, .. } => Some(Arc::clone(done)),
+            ReqBody::Stream { upload, .. } => Some(Arc::clone(upload)),
             ReqBody::Empty => None,
         }
     }
@@ -92,15 +119,13 @@ impl Body for ReqBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         match self.get_mut() {
-            ReqBody::Stream { inner, done } => {
+            ReqBody::Stream { inner, upload } => {
                 let r = Pin::new(&mut *inner).poll_frame(cx);
-                let ended = match &r {
-                    Poll::Ready(None) => true,
-                    Poll::Ready(Some(Ok(_))) => inner.is_end_stream(),
-                    _ => false,
-                };
-                if ended {
-                    done.store(true, Ordering::Relaxed);
+                match &r {
+                    Poll::Ready(None) => upload.set(Upload::DONE),
+                    Poll::Ready(Some(Ok(_))) if inner.is_end_stream() => upload.set(Upload::DONE),
+                    Poll::Ready(_) => upload.set(Upload::MOVING),
+                    Poll::Pending => upload.set(Upload::WAITING_ON_CLIENT),
                 }
                 r
             }

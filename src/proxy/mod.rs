@@ -17,7 +17,7 @@ pub(crate) use validate::check as validate_head;
 pub(crate) use wire::{fuzz_chunked, fuzz_response};
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -554,11 +554,12 @@ impl Proxy {
                 Ok(self.respond(req, answer, guard, fin, permit.take(), upload))
             }
             Err(failure) => {
-                // A timeout while the upload is still unfinished is the client's: the
-                // backend cannot answer a request it has not been given whole.
-                let unfinished = upload.as_ref().is_some_and(|u| !u.load(Ordering::Relaxed));
+                // A timeout while the upload waits on the client is the client's: the
+                // backend cannot answer a request it has not been given whole. A
+                // backend that stopped taking the body is still charged.
+                let stalled = upload.as_ref().is_some_and(|u| u.stalled_on_client());
                 let failure = match failure {
-                    Failure::Timeout if unfinished => Failure::ClientStalled,
+                    Failure::Timeout if stalled => Failure::ClientStalled,
                     f => f,
                 };
                 tracing::debug!(backend = %backend.name, ?failure, "attempt failed");
@@ -595,7 +596,10 @@ impl Proxy {
         req: &mut Outgoing,
         backend: &Backend,
         keep: bool,
-    ) -> (Result<(Answer, Instant), Failure>, Option<Arc<AtomicBool>>) {
+    ) -> (
+        Result<(Answer, Instant), Failure>,
+        Option<Arc<body::Upload>>,
+    ) {
         let timeout = self.settings.upstream_timeout;
         if req.inline {
             let mut out = Vec::with_capacity(256 + req.target.as_str().len());
@@ -608,7 +612,7 @@ impl Proxy {
             return (r, None);
         }
         let up_req = build_upstream(req, backend, keep);
-        let upload = up_req.body().upload_flag();
+        let upload = up_req.body().upload();
         // Boxed: only requests with a body or an upgrade come this way, and the
         // exchange's state would otherwise enlarge every request's future (each client
         // connection keeps one allocated).
@@ -634,7 +638,7 @@ impl Proxy {
         mut guard: RequestGuard,
         fin: &mut Pending,
         permit: Option<ShedPermit>,
-        upload: Option<Arc<AtomicBool>>,
+        upload: Option<Arc<body::Upload>>,
     ) -> ProxyResponse {
         let status = answer.status();
         fin.status = status.as_u16();
@@ -651,6 +655,9 @@ impl Proxy {
                 let upstream_upgrade = hyper::upgrade::on(&mut *resp);
                 let fields = std::mem::take(resp.headers_mut());
                 tokio::spawn(tunnel(client_upgrade, upstream_upgrade, guard));
+                if let Answer::Hyper(_, conn) = answer {
+                    conn.detach();
+                }
                 return ProxyResponse::new(status, fields, RespBody::empty());
             }
         }

@@ -74,11 +74,36 @@ pub(crate) struct Conn {
     sender: SendRequest<ReqBody>,
     backend: u64,
     reused: bool,
+    task: Task,
+}
+
+impl Conn {
+    /// Lets the connection's task run on after this handle goes: an upgrade takes its
+    /// socket over when the task hands it out.
+    pub(crate) fn detach(mut self) {
+        self.task.0 = None;
+    }
+}
+
+/// The task that drives a connection, ended when its last handle goes without being
+/// pooled. hyper's client would otherwise go on writing a request body to a backend
+/// that stopped taking it, holding the client's body and the connection after the
+/// exchange has been given up (a timeout, a client gone).
+#[derive(Debug)]
+struct Task(Option<tokio::task::AbortHandle>);
+
+impl Drop for Task {
+    fn drop(&mut self) {
+        if let Some(t) = self.0.take() {
+            t.abort();
+        }
+    }
 }
 
 #[derive(Debug)]
 struct Idle {
     sender: SendRequest<ReqBody>,
+    task: Task,
     since: Instant,
 }
 
@@ -101,34 +126,32 @@ impl Upstreams {
         }
     }
 
-    fn pop_idle(&self, backend: u64) -> Option<SendRequest<ReqBody>> {
+    fn pop_idle(&self, backend: u64) -> Option<Idle> {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         let list = idle.get_mut(&backend)?;
         // Most recently used first: it is the least likely to have been closed.
         while let Some(i) = list.pop() {
             if !i.sender.is_closed() && i.since.elapsed() < IDLE_TIMEOUT {
-                return Some(i.sender);
+                return Some(i);
             }
         }
         None
     }
 
     async fn checkout(&self, b: &Backend) -> Result<Conn, Failure> {
-        while let Some(mut sender) = self.pop_idle(b.id) {
-            if sender.is_ready() {
+        while let Some(Idle {
+            mut sender, task, ..
+        }) = self.pop_idle(b.id)
+        {
+            // Checked in when its exchange had ended both ways, its connection task may
+            // just not have run since: it turns ready (or closed) at its next turn, no
+            // timer needed.
+            if sender.is_ready() || sender.ready().await.is_ok() {
                 return Ok(Conn {
                     sender,
                     backend: b.id,
                     reused: true,
-                });
-            }
-            // Checked in when its exchange had ended both ways, its connection task just
-            // has not run since: it turns ready (or closed) at its next turn, no timer needed.
-            if sender.ready().await.is_ok() {
-                return Ok(Conn {
-                    sender,
-                    backend: b.id,
-                    reused: true,
+                    task,
                 });
             }
         }
@@ -166,13 +189,14 @@ impl Upstreams {
             .handshake(TokioIo::new(stream))
             .await
             .map_err(|_| Failure::Connect)?;
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             let _ = conn.with_upgrades().await;
         });
         Ok(Conn {
             sender,
             backend: b.id,
             reused: false,
+            task: Task(Some(task.abort_handle())),
         })
     }
 
@@ -302,6 +326,7 @@ impl Upstreams {
         if list.len() < MAX_IDLE_PER_BACKEND {
             list.push(Idle {
                 sender: conn.sender,
+                task: conn.task,
                 since: Instant::now(),
             });
         }
