@@ -17,7 +17,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
-use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{watch, Semaphore};
 
 use crate::config::Settings;
 use crate::pool::Pool;
@@ -172,19 +172,6 @@ impl AcceptBackoff {
     }
 }
 
-/// Waits for a free connection slot, then accepts.
-async fn accept_slot(
-    listener: &TcpListener,
-    slots: &Arc<Semaphore>,
-) -> std::io::Result<(tokio::net::TcpStream, SocketAddr, OwnedSemaphorePermit)> {
-    let slot = Arc::clone(slots)
-        .acquire_owned()
-        .await
-        .map_err(|_| std::io::Error::other("connection slots closed"))?;
-    let (stream, peer) = listener.accept().await?;
-    Ok((stream, peer, slot))
-}
-
 /// Runs one worker until `shutdown` flips, then drains its connections. `slots` caps
 /// the client connections of all workers together.
 pub(crate) async fn worker(
@@ -223,13 +210,27 @@ pub(crate) async fn worker(
                     proxy.sweep_idle();
                 }
             }
-            accepted = accept_slot(&listener, &slots) => {
-                let (stream, peer, slot) = match accepted {
+            accepted = listener.accept() => {
+                let (stream, peer) = match accepted {
                     Ok(a) => a,
                     Err(e) => {
                         backoff.failed(&e, "proxy").await;
                         continue;
                     }
+                };
+                // At the cap this worker holds the one connection it accepted and
+                // accepts no more until a slot frees; the rest wait in the kernel's
+                // queue. (Taking the slot before accepting would let an idle worker sit
+                // on a free slot while connections queue on another worker's socket.)
+                let slot = match Arc::clone(&slots).try_acquire_owned() {
+                    Ok(slot) => slot,
+                    Err(_) => tokio::select! {
+                        s = Arc::clone(&slots).acquire_owned() => match s {
+                            Ok(slot) => slot,
+                            Err(_) => break,
+                        },
+                        _ = shutdown.changed() => break,
+                    },
                 };
                 let _ = stream.set_nodelay(true);
                 let client = crate::proxy::Peer {
@@ -534,14 +535,20 @@ pub(crate) fn start(
         .admin
         .local_addr()
         .map_err(|e| format!("admin listener: {e}"))?;
-    let handover = match &settings.upgrade_socket {
-        Some(path) => {
-            let kept = listeners
+    // Second descriptors of the listening sockets, to hand over later.
+    let kept = match &settings.upgrade_socket {
+        Some(_) => Some(
+            listeners
                 .try_clone()
-                .map_err(|e| format!("upgrade socket: {e}"))?;
-            Some(Handover::bind(path, kept, successor.is_some())?)
-        }
+                .map_err(|e| format!("upgrade socket: {e}"))?,
+        ),
         None => None,
+    };
+    // A first process takes the upgrade socket's path before it serves (a path a live
+    // process holds is an error); a successor only once the old process has let go.
+    let (mut handover, mut kept) = match (&settings.upgrade_socket, successor.is_some(), kept) {
+        (Some(path), false, Some(kept)) => (Some(Handover::bind(path, kept, false)?), None),
+        (_, _, kept) => (None, kept),
     };
 
     let pool = Arc::new(
@@ -581,20 +588,9 @@ pub(crate) fn start(
     )?;
     threads.push(admin_thread);
     let (upgraded_tx, upgraded) = watch::channel(false);
-    if let Some(h) = handover {
-        admin_rt.spawn(h.run(upgraded_tx, rx.clone()));
-    }
     tracing::info!("proxy listening on {listen}");
     tracing::info!("admin listening on {admin}");
-    if let Some(s) = successor {
-        // Serving already; if the old process cannot be told, both serve the same
-        // sockets until it is stopped by hand, which loses nothing.
-        match s.ready() {
-            Ok(()) => tracing::info!("upgrade: serving; the old process drains"),
-            Err(e) => tracing::error!("{e}"),
-        }
-    }
-    Ok(Running {
+    let running = Running {
         listen,
         admin,
         spawner,
@@ -605,7 +601,27 @@ pub(crate) fn start(
         threads,
         workers_done,
         upgraded,
-    })
+    };
+    if let Some(s) = successor {
+        // Serving already; without the old process's `ok` this one must not serve
+        // beside it: it stops (what it accepted meanwhile drains) and the old goes on.
+        if let Err(e) = s.ready() {
+            running.stop();
+            return Err(e);
+        }
+        tracing::info!("upgrade: serving; the old process drains");
+        if let (Some(path), Some(kept)) = (&settings.upgrade_socket, kept.take()) {
+            // A failure here only costs the next upgrade.
+            match Handover::bind(path, kept, true) {
+                Ok(h) => handover = Some(h),
+                Err(e) => tracing::error!("{e}; no further upgrade can reach this process"),
+            }
+        }
+    }
+    if let Some(h) = handover {
+        running.admin_rt.spawn(h.run(upgraded_tx, rx));
+    }
+    Ok(running)
 }
 
 /// The proxy's and the admin API's listening sockets: bound here, or received from the
@@ -618,16 +634,18 @@ fn open_listeners(
         (Some(path), true) => path,
         _ => return Ok((bind_listeners(settings)?, None)),
     };
-    let (mut listeners, successor) = crate::upgrade::inherit(path)?;
-    let listen = same_address(&listeners.proxy[0], settings.listen, "listen")?;
+    let (listeners, successor) = crate::upgrade::inherit(path)?;
+    same_address(&listeners.proxy[0], settings.listen, "listen")?;
     same_address(&listeners.admin, settings.admin, "admin")?;
-    // More workers than the old process had: the extra ones join the port's
-    // SO_REUSEPORT group. Fewer: every received socket still gets a worker, because a
-    // socket closed here would drop the connections waiting in its queue.
-    while listeners.proxy.len() < settings.workers {
-        listeners
-            .proxy
-            .push(bind(listen).map_err(|e| format!("cannot listen on {listen}: {e}"))?);
+    // One worker per received socket, whatever `--workers` says: a socket closed here
+    // would drop the connections waiting in its queue, and one added would take
+    // connections the old process could not give back if this one failed.
+    if listeners.proxy.len() != settings.workers {
+        tracing::warn!(
+            "--workers {}: an upgrade keeps the running process's {} listening sockets, one worker each; a new count takes a restart",
+            settings.workers,
+            listeners.proxy.len()
+        );
     }
     Ok((listeners, Some(successor)))
 }

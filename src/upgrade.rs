@@ -1,21 +1,22 @@
 //! Binary upgrade without a refused connection (`docs/operations.md`, "Upgrading the
 //! binary").
 //!
-//! The running process listens on a Unix socket (`--upgrade-socket`). A new process
-//! started with `--upgrade` connects to it and receives the listening sockets
-//! themselves (SCM_RIGHTS), not copies bound again: the kernel's accept queues pass
-//! with them, so a connection that arrives during the hand-over waits in a queue both
-//! processes accept from and is never refused. The new process starts serving, takes
-//! the Unix socket's path over, and says `ready`; only then does the old one stop
-//! accepting, drain and exit. Until `ready` arrives the old one serves as before, so a
-//! new binary that fails to start changes nothing. HAProxy's `-x` and Pingora's
-//! upgrade pass their sockets the same way.
+//! The running process listens on a Unix socket (`--upgrade-socket`, mode 0600, peers
+//! of another user refused). A new process started with `--upgrade` connects, says
+//! `hello`, and receives the listening sockets themselves (SCM_RIGHTS), not copies
+//! bound again: the kernel's accept queues pass with them, so a connection that arrives
+//! during the hand-over waits in a queue both processes accept from and is never
+//! refused. The new process starts serving and says `ready`; the old one answers `ok`,
+//! stops accepting, drains and exits; the new one then takes the Unix socket's path
+//! over. Until `ok` both serve, so a new binary that fails to start, or is too slow to
+//! say `ready`, changes nothing: the old one goes on, and a successor without its `ok`
+//! stops. HAProxy's `-x` and Pingora's upgrade pass their sockets the same way.
 
-use std::io::{IoSlice, IoSliceMut, Write};
+use std::io::{IoSlice, IoSliceMut, Read, Write};
 use std::mem::MaybeUninit;
 use std::net::TcpListener;
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -29,12 +30,20 @@ use tokio::sync::watch;
 /// First word of the message that carries the sockets; a new process refuses anything
 /// else (an older or newer format, another program on the path).
 const MAGIC: &str = "fulcrum-upgrade/1";
-/// What the new process answers once it serves.
+/// What the new process says first: a connection without it (a liveness probe, say)
+/// gets nothing.
+const HELLO: &[u8] = b"fulcrum-upgrade/1 hello\n";
+/// What the new process says once it serves.
 const READY: &[u8] = b"ready\n";
-/// The most sockets one hand-over carries (one per worker, plus admin).
-const MAX_SOCKETS: usize = 1024;
-/// How long either side waits for the other during a hand-over. A new process only
-/// binds nothing and starts threads before it says `ready`.
+/// The old process's answer to `ready`: it stops accepting now.
+const OK: &[u8] = b"ok\n";
+/// The most sockets one hand-over carries: Linux passes at most 253 descriptors in one
+/// message (`SCM_MAX_FD`), so at most 252 workers plus the admin API's.
+pub(crate) const MAX_SOCKETS: usize = 253;
+/// How long the old process waits for `hello`.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long either side waits for the other's next step. A new process binds nothing
+/// and only starts threads before it says `ready`.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What a listening socket is for, as the hand-over names it.
@@ -100,11 +109,17 @@ pub(crate) fn inherit(path: &Path) -> Result<(Listeners, Successor), String> {
             path.display()
         )
     };
-    let stream = UnixStream::connect(path).map_err(|e| fail(&e))?;
+    let mut stream = UnixStream::connect(path).map_err(|e| fail(&e))?;
     stream
         .set_read_timeout(Some(HANDSHAKE_TIMEOUT))
         .map_err(|e| fail(&e))?;
+    stream.write_all(HELLO).map_err(|e| fail(&e))?;
     let (text, fds) = receive(&stream).map_err(|e| fail(&e))?;
+    if text.is_empty() {
+        return Err(fail(
+            &"the running process closed the connection (another upgrade under way?)",
+        ));
+    }
     let listeners = decode(&text, fds).map_err(|e| fail(&e))?;
     Ok((listeners, Successor { stream }))
 }
@@ -167,11 +182,19 @@ pub(crate) struct Successor {
 }
 
 impl Successor {
-    /// Tells the old process that this one serves: it stops accepting and drains.
+    /// Tells the old process that this one serves and waits for its `ok`: from then on
+    /// it stops accepting and drains. Without the `ok` (it gave up waiting, it went
+    /// away) this process must not go on serving beside it.
     pub(crate) fn ready(mut self) -> Result<(), String> {
-        self.stream
-            .write_all(READY)
-            .map_err(|e| format!("cannot tell the old process to stop: {e}"))
+        let fail = |e: &dyn std::fmt::Display| format!("--upgrade: {e}; the old process serves on");
+        self.stream.write_all(READY).map_err(|e| fail(&e))?;
+        let mut got = [0u8; 3];
+        self.stream.read_exact(&mut got).map_err(|e| fail(&e))?;
+        if got == OK {
+            Ok(())
+        } else {
+            Err(fail(&"the old process did not agree to stop"))
+        }
     }
 }
 
@@ -180,30 +203,36 @@ impl Successor {
 pub(crate) struct Handover {
     path: PathBuf,
     listener: UnixListener,
-    /// The file's inode: at exit the path is removed only if it is still this socket
+    /// The file's inode: at a stop the path is removed only if it is still this socket
     /// (after a hand-over it is the successor's).
     inode: u64,
     sockets: Listeners,
 }
 
 impl Handover {
-    /// Listens on `path`. A successor (`taking_over`) binds beside the path and renames
-    /// its socket over it, so the path always leads to a process that can hand over;
-    /// a first process removes a stale file but refuses a path a live process answers on.
+    /// Listens on `path`. A successor (`taking_over`, once the old process has said
+    /// `ok`) binds beside the path and renames its socket over it, so the path never
+    /// leads nowhere; a first process removes a stale file but refuses a path a live
+    /// process answers on. Only this user may connect.
     pub(crate) fn bind(
         path: &Path,
         sockets: Listeners,
         taking_over: bool,
     ) -> Result<Handover, String> {
         let fail = |e: &dyn std::fmt::Display| format!("upgrade socket {}: {e}", path.display());
+        let private =
+            |p: &Path| std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o600));
         let listener = if taking_over {
             let tmp = path.with_extension(format!("new-{}", std::process::id()));
             let _ = std::fs::remove_file(&tmp);
             let l = UnixListener::bind(&tmp).map_err(|e| fail(&e))?;
+            private(&tmp).map_err(|e| fail(&e))?;
             std::fs::rename(&tmp, path).map_err(|e| fail(&e))?;
             l
         } else {
-            bind_fresh(path).map_err(|e| fail(&e))?
+            let l = bind_fresh(path).map_err(|e| fail(&e))?;
+            private(path).map_err(|e| fail(&e))?;
+            l
         };
         listener.set_nonblocking(true).map_err(|e| fail(&e))?;
         let inode = std::fs::metadata(path).map_err(|e| fail(&e))?.ino();
@@ -217,64 +246,79 @@ impl Handover {
 
     /// Serves hand-overs until one succeeds (then `upgraded` turns true) or `stop`
     /// flips. A failed one is logged and the process goes on serving.
-    pub(crate) async fn run(
-        mut self,
-        upgraded: watch::Sender<bool>,
-        mut stop: watch::Receiver<bool>,
-    ) {
-        let mut listener = match self.async_listener() {
-            Some(l) => l,
-            None => return,
+    pub(crate) async fn run(self, upgraded: watch::Sender<bool>, mut stop: watch::Receiver<bool>) {
+        let listener = match self
+            .listener
+            .try_clone()
+            .and_then(tokio::net::UnixListener::from_std)
+        {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(error = %e, "upgrade socket unusable; no upgrade can reach this process");
+                return;
+            }
         };
         loop {
-            tokio::select! {
+            let stream = tokio::select! {
                 accepted = listener.accept() => match accepted {
-                    Ok((stream, _)) => match self.hand_over(stream).await {
-                        Ok(()) => {
-                            tracing::info!("upgrade: the new process serves; draining");
-                            let _ = upgraded.send(true);
-                            return;
-                        }
-                        Err(e) => {
-                            tracing::error!("upgrade failed: {e}; this process goes on serving");
-                            if self.reclaim() {
-                                match self.async_listener() {
-                                    Some(l) => listener = l,
-                                    None => return,
-                                }
-                            }
-                        }
-                    },
+                    Ok((stream, _)) => stream,
                     Err(e) => {
                         tracing::warn!(error = %e, "upgrade socket: accept failed");
                         tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
                     }
                 },
-                _ = stop.changed() => {
-                    self.remove();
+                _ = stop.changed() => break,
+            };
+            let outcome = tokio::select! {
+                o = self.hand_over(stream) => o,
+                _ = stop.changed() => break,
+            };
+            match outcome {
+                Ok(()) => {
+                    tracing::info!("upgrade: the new process serves; draining");
+                    let _ = upgraded.send(true);
                     return;
+                }
+                Err(Refusal::NotAnUpgrade) => {}
+                Err(Refusal::Failed(e)) => {
+                    tracing::error!("upgrade failed: {e}; this process goes on serving");
                 }
             }
         }
+        self.remove();
     }
 
-    /// The Unix listener, registered with this thread's runtime.
-    fn async_listener(&self) -> Option<tokio::net::UnixListener> {
-        let registered = self
-            .listener
-            .try_clone()
-            .and_then(tokio::net::UnixListener::from_std);
-        match registered {
-            Ok(l) => Some(l),
-            Err(e) => {
-                tracing::error!(error = %e, "upgrade socket unusable; no upgrade can reach this process");
-                None
+    /// One hand-over: `hello`, the sockets, `ready`, `ok`.
+    async fn hand_over(&self, mut stream: tokio::net::UnixStream) -> Result<(), Refusal> {
+        use tokio::io::AsyncWriteExt;
+        let own = rustix::process::geteuid().as_raw();
+        match stream.peer_cred() {
+            Ok(c) if c.uid() == own => {}
+            Ok(c) => {
+                return Err(Refusal::Failed(format!(
+                    "a process of user {} asked; refused",
+                    c.uid()
+                )))
             }
+            Err(e) => return Err(Refusal::Failed(format!("cannot tell who asked: {e}"))),
         }
+        read_line(&mut stream, HELLO, HELLO_TIMEOUT)
+            .await
+            .map_err(|_| Refusal::NotAnUpgrade)?;
+        self.send_sockets(&stream).await.map_err(Refusal::Failed)?;
+        read_line(&mut stream, READY, HANDSHAKE_TIMEOUT)
+            .await
+            .map_err(|e| Refusal::Failed(format!("the new process {e}")))?;
+        stream.write_all(OK).await.map_err(|e| {
+            Refusal::Failed(format!(
+                "the new process went away before it was told to serve: {e}"
+            ))
+        })
     }
 
-    /// Sends the sockets and waits for `ready`.
-    async fn hand_over(&self, stream: tokio::net::UnixStream) -> Result<(), String> {
+    /// Sends the sockets and their roles in one message.
+    async fn send_sockets(&self, stream: &tokio::net::UnixStream) -> Result<(), String> {
         let mut text = String::from(MAGIC);
         for (role, _) in self.sockets.roles() {
             text.push(' ');
@@ -289,7 +333,7 @@ impl Handover {
                 return Err(std::io::Error::other("too many sockets for one message"));
             }
             let iov = [IoSlice::new(text.as_bytes())];
-            rustix::net::sendmsg(&stream, &iov, &mut control, SendFlags::empty())
+            rustix::net::sendmsg(stream, &iov, &mut control, SendFlags::empty())
                 .map_err(std::io::Error::from)
         };
         let timed = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
@@ -302,35 +346,10 @@ impl Handover {
             }
         });
         match timed.await {
-            Ok(Ok(n)) if n == text.len() => {}
-            Ok(Ok(_)) => return Err("the sockets' message was cut short".into()),
-            Ok(Err(e)) => return Err(format!("cannot send the sockets: {e}")),
-            Err(_) => return Err("the new process did not take the sockets".into()),
-        }
-        wait_ready(stream).await
-    }
-
-    /// After a failed hand-over: if the successor took the path before it failed, the
-    /// path leads nowhere; bind it again so the next upgrade reaches this process.
-    /// Returns whether the listener changed.
-    fn reclaim(&mut self) -> bool {
-        let ours = std::fs::metadata(&self.path).is_ok_and(|m| m.ino() == self.inode);
-        if ours {
-            return false;
-        }
-        match bind_fresh(&self.path).and_then(|l| {
-            l.set_nonblocking(true)?;
-            Ok((l, std::fs::metadata(&self.path)?.ino()))
-        }) {
-            Ok((l, inode)) => {
-                self.listener = l;
-                self.inode = inode;
-                true
-            }
-            Err(e) => {
-                tracing::error!(error = %e, path = %self.path.display(), "cannot bind the upgrade socket again");
-                false
-            }
+            Ok(Ok(n)) if n == text.len() => Ok(()),
+            Ok(Ok(_)) => Err("the sockets' message was cut short".into()),
+            Ok(Err(e)) => Err(format!("cannot send the sockets: {e}")),
+            Err(_) => Err("the new process did not take the sockets".into()),
         }
     }
 
@@ -342,26 +361,27 @@ impl Handover {
     }
 }
 
-/// Waits for the successor's `ready`; the end of the stream before it is a failure.
-async fn wait_ready(mut stream: tokio::net::UnixStream) -> Result<(), String> {
+/// Why a hand-over did not happen.
+enum Refusal {
+    /// The peer never said `hello` (a liveness probe, a stray client): not logged.
+    NotAnUpgrade,
+    /// It started and failed.
+    Failed(String),
+}
+
+/// Reads exactly `want` from `stream` within `limit`; the error says what happened.
+async fn read_line(
+    stream: &mut tokio::net::UnixStream,
+    want: &[u8],
+    limit: Duration,
+) -> Result<(), String> {
     use tokio::io::AsyncReadExt;
-    let mut got = Vec::new();
-    let read = async {
-        let mut buf = [0u8; 16];
-        while got.len() < READY.len() {
-            let n = stream.read(&mut buf).await?;
-            if n == 0 {
-                break;
-            }
-            got.extend_from_slice(&buf[..n]);
-        }
-        Ok::<_, std::io::Error>(())
-    };
-    match tokio::time::timeout(HANDSHAKE_TIMEOUT, read).await {
-        Ok(Ok(())) if got.starts_with(READY) => Ok(()),
-        Ok(Ok(())) => Err("the new process ended before it served".into()),
-        Ok(Err(e)) => Err(format!("the new process's connection failed: {e}")),
-        Err(_) => Err("the new process did not say it serves in time".into()),
+    let mut got = vec![0u8; want.len()];
+    match tokio::time::timeout(limit, stream.read_exact(&mut got)).await {
+        Ok(Ok(_)) if got == want => Ok(()),
+        Ok(Ok(_)) => Err("said something else than expected".into()),
+        Ok(Err(_)) => Err("ended before it served".into()),
+        Err(_) => Err("did not say it serves in time".into()),
     }
 }
 

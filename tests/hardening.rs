@@ -347,7 +347,11 @@ async fn a_request_none_of_which_left_goes_to_another_backend_whatever_its_metho
     let seen = good.stats.last_headers.lock().unwrap().clone().unwrap();
     let hosts: Vec<_> = seen.get_all("host").iter().collect();
     assert_eq!(hosts, [f.proxy.to_string().as_str()], "{seen:?}");
-    assert_eq!(seen.get_all("x-forwarded-for").iter().count(), 1, "{seen:?}");
+    assert_eq!(
+        seen.get_all("x-forwarded-for").iter().count(),
+        1,
+        "{seen:?}"
+    );
     let m = get(&c, &f.admin_url("/metrics")).await.text();
     let retries = m
         .lines()

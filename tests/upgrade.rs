@@ -50,8 +50,10 @@ fn five_upgrades_in_a_row_refuse_no_connection() {
     let (proxy, admin) = (current.proxy, current.admin);
     let load = Load::start(proxy, 4, 3);
     std::thread::sleep(Duration::from_millis(300));
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&sock).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "only this user may take the sockets");
     for round in 0..5 {
-        let before = load.ok.load(Ordering::Relaxed);
         let mut next = start(&a, &sock, true);
         assert_eq!(
             (next.proxy, next.admin),
@@ -65,6 +67,8 @@ fn five_upgrades_in_a_row_refuse_no_connection() {
             "round {round}: the old process drains and exits 0; log:\n{}",
             current.log()
         );
+        // Counted once the old one is gone: the new one serves alone.
+        let before = load.ok.load(Ordering::Relaxed);
         std::thread::sleep(Duration::from_millis(300));
         assert!(
             load.ok.load(Ordering::Relaxed) > before,
@@ -152,6 +156,10 @@ fn a_new_process_that_cannot_start_leaves_the_old_one_serving() {
     ]);
     assert_eq!(st.code(), Some(2), "{err}");
     assert!(err.contains("--upgrade"), "{err}");
+    // More workers than one hand-over can carry.
+    let (st, _, err) = run_fulcrum(&["serve", "--workers", "300", "--upgrade-socket", s]);
+    assert_eq!(st.code(), Some(2), "{err}");
+    assert!(err.contains("workers") && err.contains("252"), "{err}");
     // --upgrade alone names what it lacks.
     let (st, _, err) = run_fulcrum(&["serve", "--upgrade"]);
     assert_eq!(st.code(), Some(2), "{err}");
@@ -160,6 +168,14 @@ fn a_new_process_that_cannot_start_leaves_the_old_one_serving() {
     assert!(
         old.child.try_wait().unwrap().is_none(),
         "the old one still runs"
+    );
+    // Only the successor set to another address got as far as a hand-over; the probe of
+    // the process started without --upgrade was no upgrade at all.
+    assert_eq!(
+        old.log().matches("upgrade failed").count(),
+        1,
+        "{}",
+        old.log()
     );
     // And a good upgrade still goes through.
     let _next = start(&a, &sock, true);
@@ -171,4 +187,68 @@ fn a_new_process_that_cannot_start_leaves_the_old_one_serving() {
     let (ok, failures) = load.finish();
     assert!(failures.is_empty(), "{failures:?}");
     assert!(ok > 20, "only {ok} requests ran");
+}
+
+/// A stand-in for a running fulcrum that hands its sockets over but never says `ok`.
+fn reluctant_predecessor(sock: &Path) -> (std::net::TcpListener, std::thread::JoinHandle<String>) {
+    use std::io::Read;
+    use std::os::fd::AsFd;
+    let proxy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let admin = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let unix = std::os::unix::net::UnixListener::bind(sock).unwrap();
+    let kept = proxy.try_clone().unwrap();
+    let t = std::thread::spawn(move || {
+        let (mut s, _) = unix.accept().unwrap();
+        let mut hello = [0u8; 24];
+        s.read_exact(&mut hello).unwrap();
+        let text = b"fulcrum-upgrade/1 proxy admin\n";
+        let fds = [proxy.as_fd(), admin.as_fd()];
+        let mut space = vec![std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+        let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
+        assert!(control.push(rustix::net::SendAncillaryMessage::ScmRights(&fds)));
+        rustix::net::sendmsg(
+            &s,
+            &[std::io::IoSlice::new(text)],
+            &mut control,
+            rustix::net::SendFlags::empty(),
+        )
+        .unwrap();
+        let mut ready = [0u8; 6];
+        s.read_exact(&mut ready).unwrap();
+        // Gone without `ok`.
+        String::from_utf8_lossy(&hello).into_owned() + &String::from_utf8_lossy(&ready)
+    });
+    (kept, t)
+}
+
+#[test]
+fn a_successor_the_old_process_never_lets_go_of_stops() {
+    let a = TestBackend::start("A");
+    let sock = socket_path("reluctant");
+    let (proxy, predecessor) = reluctant_predecessor(&sock);
+    let spec = a.spec();
+    let (st, _, err) = run_fulcrum(&[
+        "serve",
+        "--backend",
+        &spec,
+        "--listen",
+        "127.0.0.1:0",
+        "--admin",
+        "127.0.0.1:0",
+        "--upgrade-socket",
+        sock.to_str().unwrap(),
+        "--upgrade",
+    ]);
+    assert_eq!(st.code(), Some(2), "{err}");
+    assert!(err.contains("the old process serves on"), "{err}");
+    let said = predecessor.join().unwrap();
+    assert_eq!(said, "fulcrum-upgrade/1 hello\nready\n");
+    // It let the sockets go again: a new connection waits for the old process.
+    proxy.set_nonblocking(true).unwrap();
+    let _probe = std::net::TcpStream::connect(proxy.local_addr().unwrap()).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        proxy.accept().is_ok(),
+        "the connection waits for the old process"
+    );
 }

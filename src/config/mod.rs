@@ -289,6 +289,17 @@ pub(crate) fn build(flags: &RawFlags) -> Result<Settings, Vec<ConfigError>> {
 
 /// Checks that concern several settings at once.
 fn check_whole(s: &Settings, errors: &mut Vec<ConfigError>) {
+    let most = crate::upgrade::MAX_SOCKETS - 1;
+    if s.upgrade_socket.is_some() && s.workers > most {
+        errors.push(ConfigError {
+            origin: "workers".into(),
+            message: format!(
+                "{} workers cannot be handed over through upgrade_socket (at most {most}: one message carries {} sockets, the admin API's included)",
+                s.workers,
+                crate::upgrade::MAX_SOCKETS
+            ),
+        });
+    }
     let mut seen = std::collections::HashSet::new();
     let mut names = std::collections::HashSet::new();
     for b in &s.backends {
