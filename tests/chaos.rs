@@ -160,7 +160,10 @@ fn twenty_reloads_and_fifty_strategy_switches_fail_no_request() {
                 1 + (round + i) % 4
             ));
         }
-        std::fs::write(&file, text).unwrap();
+        // Written beside and renamed over: a reload never reads half a file.
+        let tmp = file.with_extension("tmp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, &file).unwrap();
     };
     write_config(0);
     let f = Fulcrum::start(&["--config", file.to_str().unwrap(), "--access-log", "off"]);
@@ -168,7 +171,17 @@ fn twenty_reloads_and_fifty_strategy_switches_fail_no_request() {
     for round in 1..=20 {
         write_config(round);
         f.signal("HUP");
-        std::thread::sleep(Duration::from_millis(100));
+        // One signal at a time: two pending SIGHUPs would be delivered as one.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while f.log().matches("SIGHUP").count() < round {
+            assert!(
+                Instant::now() < deadline,
+                "reload {round} not seen:\n{}",
+                f.log()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
     let names = [
         "round_robin",
@@ -378,7 +391,11 @@ fn slow_bodies(addr: SocketAddr, n: usize) -> Vec<TcpStream> {
 #[test]
 fn a_thousand_slowloris_and_a_thousand_slow_bodies_neither_stop_clients_nor_eject_backends() {
     let _turn = one_at_a_time();
-    raise_own_file_limit();
+    let limit = raise_own_file_limit();
+    assert!(
+        limit >= 5_000,
+        "this test needs 5 000 descriptors; the limit is {limit}"
+    );
     let a = TestBackend::start("A");
     let b = TestBackend::start("B");
     let f = Fulcrum::over(
