@@ -48,14 +48,6 @@ impl Drop for DemoBackend {
     }
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// `--backend` flags for demo backends on `ports`, named `b0`, `b1`, …
 fn backend_flags(ports: &[u16]) -> Vec<String> {
     ports

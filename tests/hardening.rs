@@ -167,11 +167,7 @@ async fn retries_are_counted_only_when_one_is_made() {
     for _ in 0..3 {
         assert_eq!(get(&c, &f.url("/")).await.status, 502);
     }
-    let m = get(&c, &f.admin_url("/metrics")).await.text();
-    let retries = m
-        .lines()
-        .find(|l| l.starts_with("fulcrum_retries_total"))
-        .unwrap_or_else(|| panic!("{m}"));
+    let retries = retries_line(&c, &f).await;
     assert_eq!(
         retries, "fulcrum_retries_total 0",
         "no other backend to retry on"
@@ -228,6 +224,15 @@ async fn a_stalled_upload_is_the_clients_doing_not_the_backends() {
     assert_eq!(backends[0]["ejected"], false, "{backends}");
     assert_eq!(backends[0]["errors"], 0, "{backends}");
     assert_eq!(get(&c, &f.url("/after")).await.status, 200);
+}
+
+/// The `fulcrum_retries_total` line of the metrics.
+async fn retries_line(c: &HttpClient, f: &Fulcrum) -> String {
+    let m = get(c, &f.admin_url("/metrics")).await.text();
+    m.lines()
+        .find(|l| l.starts_with("fulcrum_retries_total"))
+        .unwrap_or_else(|| panic!("{m}"))
+        .to_string()
 }
 
 /// A fresh connection's GET through the proxy answers 200.
@@ -352,11 +357,7 @@ async fn a_request_none_of_which_left_goes_to_another_backend_whatever_its_metho
         1,
         "{seen:?}"
     );
-    let m = get(&c, &f.admin_url("/metrics")).await.text();
-    let retries = m
-        .lines()
-        .find(|l| l.starts_with("fulcrum_retries_total"))
-        .unwrap_or_else(|| panic!("{m}"));
+    let retries = retries_line(&c, &f).await;
     assert_eq!(
         retries, "fulcrum_retries_total 4",
         "each landed on the dead one first"

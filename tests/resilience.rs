@@ -218,14 +218,6 @@ fn demo_backend(name: &str, port: u16) -> Proc {
     Proc(child)
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_killing_and_restarting_a_backend_fails_no_client_request() {
     let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();

@@ -815,32 +815,6 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn decode_all(input: &[u8], split: &[usize]) -> Result<Vec<u8>, ()> {
-        let mut buf = BytesMut::new();
-        let mut out = Vec::new();
-        let mut state = Chunk::Size;
-        let mut fed = 0;
-        let mut cuts = split.iter().copied().chain(std::iter::once(input.len()));
-        loop {
-            match step_chunked(&mut buf, state)? {
-                Step::Data(b, next) => {
-                    out.extend_from_slice(&b);
-                    state = next;
-                }
-                Step::Moved(next) => state = next,
-                Step::Done => return Ok(out),
-                Step::More => {
-                    let Some(cut) = cuts.next() else {
-                        return Err(());
-                    };
-                    let cut = cut.clamp(fed, input.len());
-                    buf.extend_from_slice(&input[fed..cut]);
-                    fed = cut;
-                }
-            }
-        }
-    }
-
     fn encode(pieces: &[Vec<u8>]) -> Vec<u8> {
         let mut v = Vec::new();
         for p in pieces.iter().filter(|p| !p.is_empty()) {
@@ -860,21 +834,21 @@ mod tests {
         ) {
             cuts.sort_unstable();
             let wire = encode(&pieces);
-            let body = decode_all(&wire, &cuts).expect("valid framing");
+            let body = decode_chunked(&wire, &cuts).expect("valid framing");
             prop_assert_eq!(body, pieces.concat());
         }
     }
 
     #[test]
     fn chunked_refuses_bad_framing() {
-        assert!(decode_all(b"zz\r\nab\r\n0\r\n\r\n", &[]).is_err());
-        assert!(decode_all(b"2\r\nabX0\r\n\r\n", &[]).is_err());
-        assert!(decode_all(b"ffffffffffffffff\r\n", &[]).is_err());
-        assert!(decode_all(b"2 junk\r\nab\r\n0\r\n\r\n", &[]).is_err());
-        assert!(decode_all(b"2\rX\nab\r\n0\r\n\r\n", &[]).is_err());
-        assert_eq!(decode_all(b"2\nab\n0\n\n", &[]).unwrap(), b"ab");
+        assert!(decode_chunked(b"zz\r\nab\r\n0\r\n\r\n", &[]).is_err());
+        assert!(decode_chunked(b"2\r\nabX0\r\n\r\n", &[]).is_err());
+        assert!(decode_chunked(b"ffffffffffffffff\r\n", &[]).is_err());
+        assert!(decode_chunked(b"2 junk\r\nab\r\n0\r\n\r\n", &[]).is_err());
+        assert!(decode_chunked(b"2\rX\nab\r\n0\r\n\r\n", &[]).is_err());
+        assert_eq!(decode_chunked(b"2\nab\n0\n\n", &[]).unwrap(), b"ab");
         assert_eq!(
-            decode_all(b"2 ;a=b\r\nab\r\n0\r\n\r\n", &[]).unwrap(),
+            decode_chunked(b"2 ;a=b\r\nab\r\n0\r\n\r\n", &[]).unwrap(),
             b"ab"
         );
     }

@@ -204,6 +204,15 @@ fn addr_after(line: &str, marker: &str) -> Option<SocketAddr> {
         .ok()
 }
 
+/// A port free on 127.0.0.1 a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// Runs fulcrum to completion with `args`; returns (status, stderr).
 pub fn run_fulcrum(args: &[&str]) -> (ExitStatus, String, String) {
     let out = Command::new(BIN)
