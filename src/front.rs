@@ -136,8 +136,12 @@ pub(crate) async fn serve(
                 () = deadline.expired() => {
                     return if *served { Outcome::Closed } else { Outcome::HeadTimeout };
                 }
-                // Once resolved it is never polled again: the connection closes.
-                _ = &mut stop, if empty => return Outcome::Closed,
+                // An idle keep-alive connection closes at a stop; once resolved the
+                // wait is never polled again. A new connection's first request is still
+                // read and answered (with a close): its client cannot know the
+                // process is stopping, and after an upgrade nobody else will answer
+                // it. The head timeout and the drain's bound it.
+                _ = &mut stop, if empty && *served => return Outcome::Closed,
             }
         };
         let close = parsed.close;

@@ -207,6 +207,18 @@ pub(crate) struct Handover {
     /// (after a hand-over it is the successor's).
     inode: u64,
     sockets: Listeners,
+    /// Set once a successor has taken the sockets: the path is its to keep.
+    handed_over: bool,
+}
+
+impl Drop for Handover {
+    /// At a stop without a hand-over the path goes with the process, however the task
+    /// that served it ended (its runtime may end it first).
+    fn drop(&mut self) {
+        if !self.handed_over && std::fs::metadata(&self.path).is_ok_and(|m| m.ino() == self.inode) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
 }
 
 impl Handover {
@@ -241,12 +253,13 @@ impl Handover {
             listener,
             inode,
             sockets,
+            handed_over: false,
         })
     }
 
     /// Serves hand-overs until one succeeds (then `upgraded` turns true) or `stop`
     /// flips. A failed one is logged and the process goes on serving.
-    pub(crate) async fn run(self, upgraded: watch::Sender<bool>, mut stop: watch::Receiver<bool>) {
+    pub(crate) async fn run(mut self, upgraded: watch::Sender<bool>, mut stop: watch::Receiver<bool>) {
         let listener = match self
             .listener
             .try_clone()
@@ -277,6 +290,7 @@ impl Handover {
             match outcome {
                 Ok(()) => {
                     tracing::info!("upgrade: the new process serves; draining");
+                    self.handed_over = true;
                     let _ = upgraded.send(true);
                     return;
                 }
@@ -286,7 +300,6 @@ impl Handover {
                 }
             }
         }
-        self.remove();
     }
 
     /// One hand-over: `hello`, the sockets, `ready`, `ok`.
@@ -350,13 +363,6 @@ impl Handover {
             Ok(Ok(_)) => Err("the sockets' message was cut short".into()),
             Ok(Err(e)) => Err(format!("cannot send the sockets: {e}")),
             Err(_) => Err("the new process did not take the sockets".into()),
-        }
-    }
-
-    /// At a stop without a hand-over: the path goes with the process.
-    fn remove(&self) {
-        if std::fs::metadata(&self.path).is_ok_and(|m| m.ino() == self.inode) {
-            let _ = std::fs::remove_file(&self.path);
         }
     }
 }
