@@ -259,7 +259,11 @@ impl Handover {
 
     /// Serves hand-overs until one succeeds (then `upgraded` turns true) or `stop`
     /// flips. A failed one is logged and the process goes on serving.
-    pub(crate) async fn run(mut self, upgraded: watch::Sender<bool>, mut stop: watch::Receiver<bool>) {
+    pub(crate) async fn run(
+        mut self,
+        upgraded: watch::Sender<bool>,
+        mut stop: watch::Receiver<bool>,
+    ) {
         let listener = match self
             .listener
             .try_clone()
