@@ -40,8 +40,20 @@ pub(crate) struct ConfigError {
 }
 
 impl fmt::Display for ConfigError {
+    /// One line, whatever the value quoted: a line break or another control character
+    /// in it is written escaped (`\n`), so a value cannot forge a line of its own.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.origin, self.message)
+        let origin = self.origin.as_str();
+        for part in [origin, ": ", self.message.as_str()] {
+            for c in part.chars() {
+                if c.is_control() {
+                    write!(f, "{}", c.escape_default())?;
+                } else {
+                    fmt::Write::write_char(f, c)?;
+                }
+            }
+        }
+        Ok(())
     }
 }
 
