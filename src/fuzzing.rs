@@ -23,6 +23,11 @@ pub fn chunked(data: &[u8]) {
     crate::proxy::fuzz_chunked(data);
 }
 
+/// The route matcher: the precomputed table against a scan in order.
+pub fn route(data: &[u8]) {
+    crate::route::fuzz_find(data);
+}
+
 /// The config file parser.
 pub fn config(data: &[u8]) {
     crate::config::fuzz_config(data);
@@ -56,5 +61,6 @@ mod tests {
         replay("upstream_response", super::upstream_response);
         replay("chunked", super::chunked);
         replay("config", super::config);
+        replay("route", super::route);
     }
 }

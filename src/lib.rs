@@ -27,6 +27,7 @@ pub(crate) mod metrics;
 pub mod pool;
 pub(crate) mod proxy;
 pub(crate) mod reload;
+pub mod route;
 pub(crate) mod server;
 pub(crate) mod spawn;
 pub(crate) mod stats;
