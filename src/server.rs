@@ -17,7 +17,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
 use crate::config::Settings;
 use crate::pool::Pool;
@@ -187,10 +187,7 @@ pub(crate) async fn worker(
             return;
         }
     };
-    let builder = Arc::new(http_builder());
-    let graceful = GracefulShutdown::new();
-    // One clone per connection on the fast path: the drain waits for them to go.
-    let live = Arc::new(());
+    let conns = Connections::new(proxy);
     // A short heartbeat keeps the timer wheel's next wake-up near. tokio wakes its own
     // driver through an eventfd whenever a timer is armed earlier than that wake-up;
     // connections re-arm their `Deadline`s now and then (and hyper's connections arm a
@@ -218,46 +215,91 @@ pub(crate) async fn worker(
                         continue;
                     }
                 };
-                // At the cap this worker holds the one connection it accepted and
-                // accepts no more until a slot frees; the rest wait in the kernel's
-                // queue. (Taking the slot before accepting would let an idle worker sit
-                // on a free slot while connections queue on another worker's socket.)
-                let slot = match Arc::clone(&slots).try_acquire_owned() {
-                    Ok(slot) => slot,
-                    Err(_) => tokio::select! {
-                        s = Arc::clone(&slots).acquire_owned() => match s {
-                            Ok(slot) => slot,
-                            Err(_) => break,
-                        },
-                        _ = shutdown.changed() => break,
-                    },
+                let Some(slot) = slot_for(&slots, &mut shutdown).await else {
+                    break;
                 };
-                let _ = stream.set_nodelay(true);
-                let client = crate::proxy::Peer {
-                    addr: peer,
-                    forwarded: crate::proxy::headers::forwarded_value(peer.ip()),
-                };
-                let watcher = graceful.watcher();
-                let builder = Arc::clone(&builder);
-                let stop = shutdown.clone();
-                let live = Arc::clone(&live);
-                tokio::spawn(async move {
-                    let _held = (live, slot);
-                    serve_connection(stream, client, proxy, &builder, watcher, stop).await;
-                });
+                conns.spawn(stream, peer, slot, &shutdown);
             }
             _ = shutdown.changed() => break,
         }
     }
     drop(listener);
-    let drained = async {
-        graceful.shutdown().await;
-        while Arc::strong_count(&live) > 1 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
+    conns.drain().await;
+}
+
+/// A connection slot for a connection just accepted; `None` when the worker stops
+/// first. At the cap this worker holds the one connection it accepted and accepts no
+/// more until a slot frees; the rest wait in the kernel's queue. (Taking the slot
+/// before accepting would let an idle worker sit on a free slot while connections
+/// queue on another worker's socket.)
+async fn slot_for(
+    slots: &Arc<Semaphore>,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Option<OwnedSemaphorePermit> {
+    if let Ok(slot) = Arc::clone(slots).try_acquire_owned() {
+        return Some(slot);
+    }
+    tokio::select! {
+        s = Arc::clone(slots).acquire_owned() => s.ok(),
+        _ = shutdown.changed() => None,
+    }
+}
+
+/// One worker's client connections: how they are served and how they drain.
+struct Connections {
+    proxy: &'static Proxy,
+    builder: Arc<HttpBuilder>,
+    graceful: GracefulShutdown,
+    /// One clone per connection on the fast path: the drain waits for them to go.
+    live: Arc<()>,
+}
+
+impl Connections {
+    fn new(proxy: &'static Proxy) -> Connections {
+        Connections {
+            proxy,
+            builder: Arc::new(http_builder()),
+            graceful: GracefulShutdown::new(),
+            live: Arc::new(()),
         }
-    };
-    if tokio::time::timeout(DRAIN_TIMEOUT, drained).await.is_err() {
-        tracing::warn!("requests still in flight after the drain timeout; closing them");
+    }
+
+    /// Serves `stream` on its own task, holding `slot` until it ends.
+    fn spawn(
+        &self,
+        stream: tokio::net::TcpStream,
+        peer: SocketAddr,
+        slot: OwnedSemaphorePermit,
+        shutdown: &watch::Receiver<bool>,
+    ) {
+        let _ = stream.set_nodelay(true);
+        let client = crate::proxy::Peer {
+            addr: peer,
+            forwarded: crate::proxy::headers::forwarded_value(peer.ip()),
+        };
+        let watcher = self.graceful.watcher();
+        let builder = Arc::clone(&self.builder);
+        let stop = shutdown.clone();
+        let live = Arc::clone(&self.live);
+        let proxy = self.proxy;
+        tokio::spawn(async move {
+            let _held = (live, slot);
+            serve_connection(stream, client, proxy, &builder, watcher, stop).await;
+        });
+    }
+
+    /// Lets the connections finish, up to the drain timeout.
+    async fn drain(self) {
+        let Connections { graceful, live, .. } = self;
+        let drained = async {
+            graceful.shutdown().await;
+            while Arc::strong_count(&live) > 1 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        if tokio::time::timeout(DRAIN_TIMEOUT, drained).await.is_err() {
+            tracing::warn!("requests still in flight after the drain timeout; closing them");
+        }
     }
 }
 
@@ -528,13 +570,6 @@ pub(crate) fn start(
 ) -> Result<Running, String> {
     let caps = ConnectionCaps::new(raise_fd_limit(), settings.max_connections);
     let (listeners, successor) = open_listeners(settings, flags.upgrade)?;
-    let listen = listeners.proxy[0]
-        .local_addr()
-        .map_err(|e| format!("proxy listener: {e}"))?;
-    let admin = listeners
-        .admin
-        .local_addr()
-        .map_err(|e| format!("admin listener: {e}"))?;
     // Second descriptors of the listening sockets, to hand over later.
     let kept = match &settings.upgrade_socket {
         Some(_) => Some(
@@ -546,11 +581,42 @@ pub(crate) fn start(
     };
     // A first process takes the upgrade socket's path before it serves (a path a live
     // process holds is an error); a successor only once the old process has let go.
-    let (mut handover, mut kept) = match (&settings.upgrade_socket, successor.is_some(), kept) {
+    let (handover, kept) = match (&settings.upgrade_socket, successor.is_some(), kept) {
         (Some(path), false, Some(kept)) => (Some(Handover::bind(path, kept, false)?), None),
         (_, _, kept) => (None, kept),
     };
+    let (running, stop_rx, upgraded_tx) = launch(settings, flags, listeners, caps)?;
+    let handover = match successor {
+        Some(s) => match take_over(s, settings, kept) {
+            Ok(h) => h,
+            Err(e) => {
+                running.stop();
+                return Err(e);
+            }
+        },
+        None => handover,
+    };
+    if let Some(h) = handover {
+        running.admin_rt.spawn(h.run(upgraded_tx, stop_rx));
+    }
+    Ok(running)
+}
 
+/// Starts the workers on `listeners.proxy` and the admin thread on `listeners.admin`;
+/// also returns the stop signal's receiver and the sender that reports a hand-over.
+fn launch(
+    settings: &Settings,
+    flags: &crate::config::RawFlags,
+    listeners: Listeners,
+    caps: ConnectionCaps,
+) -> Result<(Running, watch::Receiver<bool>, watch::Sender<bool>), String> {
+    let listen = listeners.proxy[0]
+        .local_addr()
+        .map_err(|e| format!("proxy listener: {e}"))?;
+    let admin = listeners
+        .admin
+        .local_addr()
+        .map_err(|e| format!("admin listener: {e}"))?;
     let pool = Arc::new(
         Pool::new(
             settings.backends.clone(),
@@ -577,8 +643,9 @@ pub(crate) fn start(
         Arc::clone(&reloader),
     );
     let (workers_done, done_rx) = watch::channel(false);
+    let admin_listener = listeners.admin;
     let (admin_thread, admin_rt) = spawn_admin(
-        listeners.admin,
+        admin_listener,
         admin_state,
         &pool,
         settings,
@@ -602,26 +669,30 @@ pub(crate) fn start(
         workers_done,
         upgraded,
     };
-    if let Some(s) = successor {
-        // Serving already; without the old process's `ok` this one must not serve
-        // beside it: it stops (what it accepted meanwhile drains) and the old goes on.
-        if let Err(e) = s.ready() {
-            running.stop();
-            return Err(e);
-        }
-        tracing::info!("upgrade: serving; the old process drains");
-        if let (Some(path), Some(kept)) = (&settings.upgrade_socket, kept.take()) {
-            // A failure here only costs the next upgrade.
-            match Handover::bind(path, kept, true) {
-                Ok(h) => handover = Some(h),
-                Err(e) => tracing::error!("{e}; no further upgrade can reach this process"),
-            }
+    Ok((running, rx, upgraded_tx))
+}
+
+/// A successor, serving already, tells the old process and takes the upgrade socket's
+/// path over. Without the old process's `ok` it must not serve beside it: the error
+/// makes it stop (what it accepted meanwhile drains) and the old one goes on.
+fn take_over(
+    successor: Successor,
+    settings: &Settings,
+    kept: Option<Listeners>,
+) -> Result<Option<Handover>, String> {
+    successor.ready()?;
+    tracing::info!("upgrade: serving; the old process drains");
+    let (Some(path), Some(kept)) = (&settings.upgrade_socket, kept) else {
+        return Ok(None);
+    };
+    // A failure here only costs the next upgrade.
+    match Handover::bind(path, kept, true) {
+        Ok(h) => Ok(Some(h)),
+        Err(e) => {
+            tracing::error!("{e}; no further upgrade can reach this process");
+            Ok(None)
         }
     }
-    if let Some(h) = handover {
-        running.admin_rt.spawn(h.run(upgraded_tx, rx));
-    }
-    Ok(running)
 }
 
 /// The proxy's and the admin API's listening sockets: bound here, or received from the
