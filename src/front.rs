@@ -136,11 +136,8 @@ pub(crate) async fn serve(
                 () = deadline.expired() => {
                     return if *served { Outcome::Closed } else { Outcome::HeadTimeout };
                 }
-                // An idle keep-alive connection closes at a stop; once resolved the
-                // wait is never polled again. A new connection's first request is still
-                // read and answered (with a close): its client cannot know the
-                // process is stopping, and after an upgrade nobody else will answer
-                // it. The head timeout and the drain's bound it.
+                // Idle keep-alive closes at a stop; a new connection's first request
+                // is still answered (docs/architecture.md, "Shutdown").
                 _ = &mut stop, if empty && *served => return Outcome::Closed,
             }
         };
