@@ -116,10 +116,14 @@ pub(crate) trait LoadWatch: Send + Sync + std::fmt::Debug {
 /// guard, so a backend removed from the pool lives until its last request ends.
 #[derive(Debug)]
 pub struct Backend {
-    /// Pool-unique id, never reused.
+    /// Id, unique across every pool and never reused.
     pub(crate) id: u64,
-    /// Display name.
+    /// Display name (unique within its pool).
     pub(crate) name: String,
+    /// The name of the pool it belongs to.
+    pub(crate) pool: Arc<str>,
+    /// Bound on a TCP connect to it (its pool's `connect_timeout`).
+    pub(crate) connect_timeout: Duration,
     /// The URL exactly as configured.
     pub(crate) url: String,
     /// `host:port` to connect to.
@@ -253,6 +257,8 @@ impl Backend {
         Backend {
             id,
             name: spec.name,
+            pool: Arc::from(crate::config::DEFAULT_POOL),
+            connect_timeout: Duration::from_secs(3),
             url: spec.url,
             socket_addr: spec.authority.as_str().parse().ok(),
             authority: spec.authority,
@@ -285,6 +291,14 @@ impl Backend {
     /// Marks it as spawned by fulcrum (before the backend is shared).
     pub(crate) fn with_spawn(mut self, spawn: Option<SpawnInfo>) -> Backend {
         self.spawn = spawn;
+        self
+    }
+
+    /// Places it in the pool `name`, whose connect bound it takes (before the backend
+    /// is shared).
+    pub(crate) fn in_pool(mut self, name: Arc<str>, connect_timeout: Duration) -> Backend {
+        self.pool = name;
+        self.connect_timeout = connect_timeout;
         self
     }
 

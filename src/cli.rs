@@ -330,41 +330,31 @@ fn demo(args: DemoArgs) -> i32 {
     .with("health_timeout", "500ms")
     // The dashboard shows the traffic; a line per request would flood the terminal.
     .with("access_log", "off");
-    let settings = match config::build(&flags) {
+    let mut settings = match config::build(&flags) {
         Ok(s) => s,
         Err(errors) => return usage_error(&errors[0]),
     };
+    crate::demo::lay_out(&mut settings);
     init_logging(settings.log_format);
     let n = args.backends as usize;
     let started = move |r: &crate::server::Running| -> Result<(), String> {
-        let mut lines = Vec::new();
-        for i in 0..n {
-            let (name, latency_ms) = crate::demo::backend_plan(i);
-            let req = crate::spawn::SpawnRequest {
-                weight: None,
-                latency_ms,
-                name: Some(name),
-            };
-            let b = r
-                .admin_rt
-                .block_on(r.spawner.spawn(req))
-                .map_err(|e| format!("demo backend: {e}"))?;
-            lines.push(format!(
-                "  backend: {} at {} ({} ms)",
-                b.name, b.url, latency_ms
-            ));
-        }
+        let lines = crate::demo::spawn_backends(r, n)?;
+        let (path, more_paths) = crate::demo::traffic_paths();
         let plan = crate::traffic::Plan {
             rps: crate::demo::DEMO_RPS,
             seconds: crate::traffic::MAX_SECONDS,
-            path: "/".into(),
+            path,
+            more_paths,
         };
         r.admin_rt
             .block_on(async { r.traffic.start(plan) })
             .map_err(|_| "traffic generator busy".to_string())?;
         println!("fulcrum demo");
         println!("  dashboard: http://{}/", r.admin);
-        println!("  proxy:     http://{}/", r.listen);
+        println!(
+            "  proxy:     http://{}/ (pool web; /api/… goes to pool api)",
+            r.listen
+        );
         println!("  admin:     http://{}/admin/status", r.admin);
         for l in &lines {
             println!("{l}");

@@ -29,6 +29,7 @@ pub(crate) mod proxy;
 pub(crate) mod reload;
 pub mod route;
 pub(crate) mod server;
+pub(crate) mod site;
 pub(crate) mod spawn;
 pub(crate) mod stats;
 pub mod strategy;

@@ -2,8 +2,9 @@
 //! format, written with prometheus-client.
 //!
 //! Nothing is registered per request: the request path only bumps atomics on the
-//! [`Backend`](crate::backend::Backend) and the [`Pool`]; a collector reads them at scrape
-//! time. Labels are bounded: a backend's name and a status class.
+//! [`Backend`](crate::backend::Backend), the pools' hub and the route counters; a collector
+//! reads them at scrape time. Labels are bounded: a backend's name and its pool's, a
+//! status class, a route's index.
 
 use std::sync::Arc;
 
@@ -14,14 +15,14 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
 use crate::backend::Backend;
-use crate::pool::Pool;
+use crate::site::Site;
 use crate::stats::STATUS_CLASSES;
 
 /// The content type of the answer.
 pub(crate) const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 #[derive(Debug)]
-struct PoolCollector(Arc<Pool>);
+struct SiteCollector(Arc<Site>);
 
 /// Encodes one gauge family with one series per backend.
 fn per_backend_gauge<F>(
@@ -36,7 +37,7 @@ where
 {
     let mut m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
     for b in backends {
-        let labels = [("backend", b.name.as_str())];
+        let labels = [("backend", b.name.as_str()), ("pool", &*b.pool)];
         ConstGauge::new(value(b)).encode(m.encode_family(&labels)?)?;
     }
     Ok(())
@@ -51,9 +52,10 @@ fn counter(
     ConstCounter::new(v).encode(enc.encode_descriptor(name, help, None, MetricType::Counter)?)
 }
 
-impl prometheus_client::collector::Collector for PoolCollector {
+impl prometheus_client::collector::Collector for SiteCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let backends = self.0.backends();
+        let backends: Vec<Arc<Backend>> =
+            self.0.pools().iter().flat_map(|p| p.backends()).collect();
         encode_backend_counters(&mut enc, &backends)?;
         encode_backend_gauges(&mut enc, &backends)?;
         encode_backend_checks(&mut enc, &backends)?;
@@ -75,7 +77,11 @@ fn encode_backend_counters(
     )?;
     for b in backends {
         for (class, n) in STATUS_CLASSES.iter().zip(b.stats.by_class()) {
-            let labels = [("backend", b.name.as_str()), ("code", class)];
+            let labels = [
+                ("backend", b.name.as_str()),
+                ("code", class),
+                ("pool", &*b.pool),
+            ];
             ConstCounter::new(n).encode(m.encode_family(&labels)?)?;
         }
     }
@@ -88,7 +94,7 @@ fn encode_backend_counters(
     )?;
     for b in backends {
         let (sum, count, buckets) = b.stats.duration.read();
-        let labels = [("backend", b.name.as_str())];
+        let labels = [("backend", b.name.as_str()), ("pool", &*b.pool)];
         m.encode_family(&labels)?
             .encode_histogram::<[(&str, &str); 0]>(sum, count, &buckets, None)?;
     }
@@ -110,7 +116,11 @@ fn encode_backend_checks(
     for b in backends {
         let (ok, failed) = b.stats.probes();
         for (result, n) in [("success", ok), ("failure", failed)] {
-            let labels = [("backend", b.name.as_str()), ("result", result)];
+            let labels = [
+                ("backend", b.name.as_str()),
+                ("result", result),
+                ("pool", &*b.pool),
+            ];
             ConstCounter::new(n).encode(m.encode_family(&labels)?)?;
         }
     }
@@ -122,7 +132,7 @@ fn encode_backend_checks(
         MetricType::Counter,
     )?;
     for b in backends {
-        let labels = [("backend", b.name.as_str())];
+        let labels = [("backend", b.name.as_str()), ("pool", &*b.pool)];
         ConstCounter::new(u64::from(b.ejection_count())).encode(m.encode_family(&labels)?)?;
     }
 
@@ -173,50 +183,79 @@ fn encode_backend_gauges(
     Ok(())
 }
 
-/// Proxy-wide counters and the strategy in use.
-fn encode_proxy_wide(enc: &mut DescriptorEncoder, pool: &Pool) -> Result<(), std::fmt::Error> {
+/// Proxy-wide counters, the routes' and each pool's strategy.
+fn encode_proxy_wide(enc: &mut DescriptorEncoder, site: &Site) -> Result<(), std::fmt::Error> {
     use std::sync::atomic::Ordering::Relaxed;
-    let s = &pool.stats;
-    counter(
-        enc,
-        "fulcrum_retries",
-        "Retries sent to another backend.",
-        s.retries.load(Relaxed),
+    let s = &site.hub.stats;
+    for (name, help, v) in [
+        (
+            "fulcrum_retries",
+            "Retries sent to another backend.",
+            &s.retries,
+        ),
+        (
+            "fulcrum_shed",
+            "Requests answered 503 by --max-inflight.",
+            &s.shed,
+        ),
+        (
+            "fulcrum_no_backend",
+            "Requests answered 503 because no backend was eligible.",
+            &s.no_backend,
+        ),
+        (
+            "fulcrum_no_route",
+            "Requests answered 404 because no route took them.",
+            &s.no_route,
+        ),
+        (
+            "fulcrum_events_dropped",
+            "Events a slow subscriber of /admin/events missed.",
+            &s.events_dropped,
+        ),
+    ] {
+        counter(enc, name, help, v.load(Relaxed))?;
+    }
+    let routing = site.routing();
+    let mut m = enc.encode_descriptor(
+        "fulcrum_route_requests",
+        "Requests each route took, by its index in the route list.",
+        None,
+        MetricType::Counter,
     )?;
-    counter(
-        enc,
-        "fulcrum_shed",
-        "Requests answered 503 by --max-inflight.",
-        s.shed.load(Relaxed),
-    )?;
-    counter(
-        enc,
-        "fulcrum_no_backend",
-        "Requests answered 503 because no backend was eligible.",
-        s.no_backend.load(Relaxed),
-    )?;
-    counter(
-        enc,
-        "fulcrum_events_dropped",
-        "Events a slow subscriber of /admin/events missed.",
-        s.events_dropped.load(Relaxed),
-    )?;
-
-    let m = enc.encode_descriptor(
-        "fulcrum_strategy",
-        "The balancing strategy in use.",
+    for (i, n) in routing.route_requests().into_iter().enumerate() {
+        let index = i.to_string();
+        ConstCounter::new(n).encode(m.encode_family(&[("route", index.as_str())])?)?;
+    }
+    if let Some(first) = routing.pools.first() {
+        // The single-pool series of old: the first pool's, as the single-pool admin
+        // routes address it.
+        let m = enc.encode_descriptor(
+            "fulcrum_strategy",
+            "The balancing strategy of the first pool.",
+            None,
+            MetricType::Info,
+        )?;
+        prometheus_client::metrics::info::Info::new([("strategy", first.strategy().name())])
+            .encode(m)?;
+    }
+    let mut m = enc.encode_descriptor(
+        "fulcrum_pool_strategy",
+        "The balancing strategy of each pool.",
         None,
         MetricType::Info,
     )?;
-    prometheus_client::metrics::info::Info::new([("strategy", pool.strategy().name())])
-        .encode(m)?;
+    for p in &routing.pools {
+        m.encode_family(&[("pool", &*p.name)])?
+            .encode_info(&[("strategy", p.strategy().name())])?;
+    }
     Ok(())
 }
 
-/// Renders the metrics of `pool`.
-pub(crate) fn render(pool: &Arc<Pool>) -> Result<String, std::fmt::Error> {
+/// Renders the metrics of every pool.
+pub(crate) fn render(site: &Arc<Site>) -> Result<String, std::fmt::Error> {
     let mut registry = Registry::default();
-    registry.register_collector(Box::new(PoolCollector(Arc::clone(pool))));
+    registry.register_collector(Box::new(SiteCollector(Arc::clone(site))));
     let mut out = String::with_capacity(8 * 1024);
     prometheus_client::encoding::text::encode(&mut out, &registry)?;
     Ok(out)

@@ -1,23 +1,28 @@
 //! Configuration reload (`SIGHUP`, `POST /admin/reload`): the file is read again and
 //! validated whole — with the command line's flags on top, as at start-up — and the
-//! difference is applied to the live pool. An invalid file changes nothing.
+//! difference is applied to the live pools and routes. An invalid file changes nothing.
 //!
-//! What is applied live: backends added (appended in file order), removed, re-weighted,
-//! the strategy and the hash balance factor. A backend whose URL stays keeps its live numbers (in flight, latency
-//! average, counters, health); one whose name changed is replaced. Backends started by
-//! `POST /admin/backends/spawn` are runtime objects and are left alone. Backends added
-//! through the API are not in the file, so a reload removes them, as HAProxy's and
-//! nginx's reloads forget runtime changes. Settings that shape listeners, threads or the
-//! request path's fixed parts are reported in `restart_required` and keep their running
-//! value until a restart.
+//! What is applied live: pools added and removed, backends added (appended in file
+//! order), removed, re-weighted, each pool's strategy and hash balance factor, and the
+//! routes. Pools and routes change in one step (`Site::replace`): backends and pools
+//! that arrive are in place before the routes point at them, and those that leave go
+//! only once no route does. A pool that stays (same name) keeps its backends; a backend
+//! whose URL stays keeps its live numbers (in flight, latency average, counters,
+//! health); one whose name changed is replaced. Backends started by
+//! `POST /admin/backends/spawn` are runtime objects and are left alone. Backends and
+//! pools added through the API are not in the file, so a reload removes them, as
+//! HAProxy's and nginx's reloads forget runtime changes. Settings that shape
+//! listeners, threads or a pool's fixed parts are reported in `restart_required` and
+//! keep their running value until a restart.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 
-use crate::config::{self, RawFlags, Settings};
+use crate::config::{self, PoolSpec, RawFlags, Settings};
 use crate::pool::Pool;
+use crate::site::Site;
 
 /// What a reload changed.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -28,10 +33,15 @@ pub(crate) struct Report {
     pub(crate) removed: Vec<String>,
     /// Names of backends re-weighted (or renamed, i.e. replaced).
     pub(crate) updated: Vec<String>,
-    /// The strategy now in use.
+    /// The strategy of the first pool now.
     pub(crate) strategy: &'static str,
-    /// Settings that changed in the file but only apply after a restart.
-    pub(crate) restart_required: Vec<&'static str>,
+    /// Names of pools added.
+    pub(crate) pools_added: Vec<String>,
+    /// Names of pools removed.
+    pub(crate) pools_removed: Vec<String>,
+    /// Settings that changed in the file but only apply after a restart (a pool's own
+    /// as `pools.NAME.KEY`).
+    pub(crate) restart_required: Vec<String>,
 }
 
 /// Why a reload did nothing.
@@ -58,19 +68,27 @@ impl std::fmt::Display for ReloadError {
 #[derive(Debug)]
 pub(crate) struct Reloader {
     flags: RawFlags,
-    pool: Arc<Pool>,
+    site: Arc<Site>,
     /// The settings in force; one reload at a time.
     current: Mutex<Settings>,
 }
 
 impl Reloader {
     /// A reloader for a process started with `flags` and `settings`.
-    pub(crate) fn new(flags: RawFlags, settings: Settings, pool: Arc<Pool>) -> Reloader {
+    pub(crate) fn new(flags: RawFlags, settings: Settings, site: Arc<Site>) -> Reloader {
         Reloader {
             flags,
-            pool,
+            site,
             current: Mutex::new(settings),
         }
+    }
+
+    /// The settings in force (the top-level values new pools build on).
+    pub(crate) fn settings(&self) -> Settings {
+        self.current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Reloads; on error nothing has changed.
@@ -90,57 +108,114 @@ impl Reloader {
             added: Vec::new(),
             removed: Vec::new(),
             updated: Vec::new(),
-            strategy: next.strategy.name(),
-            restart_required: config::options::restart_required(&current, &next),
+            strategy: next
+                .pools
+                .first()
+                .map_or(next.strategy.name(), |p| p.settings.strategy.name()),
+            pools_added: Vec::new(),
+            pools_removed: Vec::new(),
+            restart_required: config::options::restart_required(&current, &next)
+                .into_iter()
+                .map(String::from)
+                .collect(),
         };
-        let wanted: HashSet<&str> = next.backends.iter().map(|b| b.url.as_str()).collect();
-        for b in self.pool.backends() {
-            if b.spawn.is_none()
-                && !wanted.contains(b.url.as_str())
-                && self.pool.remove(b.id).is_ok()
-            {
-                report.removed.push(b.name.clone());
-            }
-        }
-        for spec in &next.backends {
-            let existing = self.pool.backends().into_iter().find(|b| b.url == spec.url);
-            match existing {
-                // Spawned backends are runtime objects; the file does not manage them.
-                Some(b) if b.spawn.is_some() => {}
+        let before = self.site.pools();
+        let mut pools = Vec::with_capacity(next.pools.len());
+        for spec in &next.pools {
+            match before.iter().find(|p| *p.name == *spec.name) {
+                Some(p) => {
+                    self.note_fixed_changes(p, spec, &next, &mut report);
+                    add_and_update(p, spec, &mut report);
+                    pools.push(Arc::clone(p));
+                }
                 None => {
-                    if self.pool.add(spec.clone()).is_ok() {
-                        report.added.push(spec.name.clone());
-                    }
+                    report.pools_added.push(spec.name.clone());
+                    pools.push(Arc::new(Pool::new(spec, Arc::clone(&self.site.hub))));
                 }
-                Some(b) if b.name != spec.name => {
-                    // A name is part of every label and log line: replace the backend.
-                    if self.pool.remove(b.id).is_ok() && self.pool.add(spec.clone()).is_ok() {
-                        report.updated.push(spec.name.clone());
-                    }
-                }
-                Some(b) if b.weight() != spec.weight => {
-                    if self.pool.update(b.id, Some(spec.weight), None).is_ok() {
-                        report.updated.push(spec.name.clone());
-                    }
-                }
-                Some(_) => {}
             }
         }
-        if self.pool.strategy() != next.strategy {
-            self.pool.set_strategy(next.strategy);
-        }
-        if current.hash_balance_factor != next.hash_balance_factor {
-            self.pool.set_hash_balance_factor(next.hash_balance_factor);
+        self.site
+            .replace(pools, next.routes.clone())
+            .map_err(|e| ReloadError::Invalid(e.to_string()))?;
+        // Only now that no route sends requests the old way.
+        for p in &before {
+            match next.pools.iter().find(|s| *s.name == *p.name) {
+                Some(spec) => remove_unwanted(p, spec, &mut report),
+                None => {
+                    report.pools_removed.push(p.name.to_string());
+                    p.backends()
+                        .iter()
+                        .for_each(|b| crate::spawn::Spawner::stop(b));
+                }
+            }
         }
         tracing::info!(
             added = ?report.added,
             removed = ?report.removed,
             updated = ?report.updated,
+            pools_added = ?report.pools_added,
+            pools_removed = ?report.pools_removed,
             strategy = report.strategy,
             restart_required = ?report.restart_required,
             "configuration reloaded"
         );
         *current = next;
         Ok(report)
+    }
+
+    /// Lists the settings of a pool that stays which changed but are fixed while it
+    /// runs. The single-pool form's are the top-level ones, reported as such already.
+    fn note_fixed_changes(&self, p: &Pool, spec: &PoolSpec, next: &Settings, report: &mut Report) {
+        if next.pool_drafts.is_empty() {
+            return;
+        }
+        for key in p.settings.fixed_changes(&spec.settings) {
+            report
+                .restart_required
+                .push(format!("pools.{}.{key}", spec.name));
+        }
+    }
+}
+
+/// Adds the backends of `spec` that `pool` lacks, re-weights or replaces those that
+/// changed, and sets the strategy and the balance factor.
+fn add_and_update(pool: &Pool, spec: &PoolSpec, report: &mut Report) {
+    for b in &spec.backends {
+        let existing = pool.backends().into_iter().find(|x| x.url == b.url);
+        match existing {
+            // Spawned backends are runtime objects; the file does not manage them.
+            Some(x) if x.spawn.is_some() => {}
+            None => {
+                if pool.add(b.clone()).is_ok() {
+                    report.added.push(b.name.clone());
+                }
+            }
+            Some(x) if x.name != b.name => {
+                // A name is part of every label and log line: replace the backend.
+                if pool.remove(x.id).is_ok() && pool.add(b.clone()).is_ok() {
+                    report.updated.push(b.name.clone());
+                }
+            }
+            Some(x) if x.weight() != b.weight => {
+                if pool.update(x.id, Some(b.weight), None).is_ok() {
+                    report.updated.push(b.name.clone());
+                }
+            }
+            Some(_) => {}
+        }
+    }
+    if pool.strategy() != spec.settings.strategy {
+        pool.set_strategy(spec.settings.strategy);
+    }
+    pool.set_hash_balance_factor(spec.settings.hash_balance_factor);
+}
+
+/// Removes the backends of `pool` that `spec` no longer lists (spawned ones stay).
+fn remove_unwanted(pool: &Pool, spec: &PoolSpec, report: &mut Report) {
+    let wanted: HashSet<&str> = spec.backends.iter().map(|b| b.url.as_str()).collect();
+    for b in pool.backends() {
+        if b.spawn.is_none() && !wanted.contains(b.url.as_str()) && pool.remove(b.id).is_ok() {
+            report.removed.push(b.name.clone());
+        }
     }
 }

@@ -58,6 +58,14 @@ impl HostPattern {
         })
     }
 
+    /// The pattern as it reads in a config: `api.example.com` or `*.example.com`.
+    pub fn to_text(&self) -> String {
+        match self {
+            HostPattern::Exact(n) => n.clone(),
+            HostPattern::Below(n) => format!("*.{n}"),
+        }
+    }
+
     /// Whether `host` (lowercase, without a port) is one this pattern takes.
     fn takes(&self, host: &str) -> bool {
         match self {
@@ -92,6 +100,15 @@ impl PathPrefix {
             ));
         }
         Ok(PathPrefix(text.trim_end_matches('/').to_string()))
+    }
+
+    /// The prefix as it reads in a config (`/` for the one that takes every path).
+    pub fn as_str(&self) -> &str {
+        if self.0.is_empty() {
+            "/"
+        } else {
+            &self.0
+        }
     }
 
     /// Whether `path` (without its query) is this prefix or lies below it.
@@ -129,6 +146,14 @@ impl Route {
             headers: Vec::new(),
             strip_path_prefix: false,
         }
+    }
+
+    /// Whether it has no condition at all (it takes every request).
+    pub fn is_catch_all(&self) -> bool {
+        self.host.is_none()
+            && self.path_prefix.is_none()
+            && self.methods.is_empty()
+            && self.headers.is_empty()
     }
 
     /// Whether the conditions other than the host hold.

@@ -20,8 +20,8 @@ use tokio::net::TcpListener;
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
 use crate::config::Settings;
-use crate::pool::Pool;
 use crate::proxy::{Proxy, ProxySettings, MAX_HEADER_BYTES};
+use crate::site::Site;
 use crate::upgrade::{Handover, Listeners, Successor};
 
 /// How long requests in flight may take to finish after a stop signal.
@@ -388,6 +388,8 @@ pub(crate) struct Running {
     pub(crate) listen: SocketAddr,
     /// Admin listener address.
     pub(crate) admin: SocketAddr,
+    /// The pools and routes.
+    pub(crate) site: Arc<Site>,
     /// Starts and stops spawned backends.
     pub(crate) spawner: Arc<crate::spawn::Spawner>,
     /// The traffic generator.
@@ -464,22 +466,20 @@ fn raise_fd_limit() -> u64 {
 /// and workers").
 fn spawn_workers(
     listeners: Vec<std::net::TcpListener>,
-    pool: &Arc<Pool>,
+    site: &Arc<Site>,
     settings: &Settings,
     max_connections: usize,
     rx: &watch::Receiver<bool>,
 ) -> Result<Vec<std::thread::JoinHandle<()>>, String> {
     let slots = Arc::new(Semaphore::new(max_connections.min(Semaphore::MAX_PERMITS)));
     let in_flight = Arc::new(AtomicUsize::new(0));
-    let budget = Arc::new(crate::proxy::RetryBudget::new());
     let proxy_settings = ProxySettings::from_settings(settings);
     let mut threads = Vec::new();
     for (i, l) in listeners.into_iter().enumerate() {
         let rt = runtime().map_err(|e| format!("cannot start a worker: {e}"))?;
-        let pool = Arc::clone(pool);
+        let site = Arc::clone(site);
         let ps = proxy_settings.clone();
         let inf = Arc::clone(&in_flight);
-        let budget = Arc::clone(&budget);
         let rx = rx.clone();
         let slots = Arc::clone(&slots);
         let t = std::thread::Builder::new()
@@ -488,9 +488,7 @@ fn spawn_workers(
                 // Each worker's proxy lives as long as the process: leaking it gives the
                 // connection tasks a `'static` reference without a refcount per request.
                 let proxy: &'static Proxy =
-                    rt.block_on(
-                        async move { Box::leak(Box::new(Proxy::new(pool, ps, inf, budget))) },
-                    );
+                    rt.block_on(async move { Box::leak(Box::new(Proxy::new(site, ps, inf))) });
                 crate::logging::batch_this_thread();
                 rt.block_on(worker(l, proxy, slots, rx));
                 // Connections still open after the drain end with the runtime; their
@@ -504,23 +502,19 @@ fn spawn_workers(
     Ok(threads)
 }
 
-/// Starts the admin thread: the admin API, the health checker and the pool's
+/// Starts the admin thread: the admin API, the pools' health checkers and
 /// maintenance, off the request path. It keeps spawned children until `done_rx` says
 /// the workers have drained.
 fn spawn_admin(
     admin_listener: std::net::TcpListener,
     admin_state: crate::admin::AdminCtx,
-    pool: &Arc<Pool>,
-    settings: &Settings,
+    site: &Arc<Site>,
     max_connections: usize,
     rx: &watch::Receiver<bool>,
     mut done_rx: watch::Receiver<bool>,
 ) -> Result<(std::thread::JoinHandle<()>, tokio::runtime::Handle), String> {
-    let health_pool = Arc::clone(pool);
-    let health_settings = settings.health.clone();
-    let health_stop = rx.clone();
-    let upkeep_pool = Arc::clone(pool);
-    let upkeep_stop = rx.clone();
+    let site = Arc::clone(site);
+    let tasks_stop = rx.clone();
     let rt = runtime().map_err(|e| format!("cannot start the admin API: {e}"))?;
     let admin_rt = rt.handle().clone();
     let mut arx = rx.clone();
@@ -528,10 +522,9 @@ fn spawn_admin(
             .name("fulcrum-admin".into())
             .spawn(move || {
                 rt.block_on(async move {
-                    // The health checker shares this thread with the admin API: neither
+                    // The health checkers share this thread with the admin API: neither
                     // belongs on the request path's workers.
-                    tokio::spawn(crate::health::run(health_pool, health_settings, health_stop));
-                    tokio::spawn(crate::pool::maintenance::run(upkeep_pool, upkeep_stop));
+                    site.start_tasks(tokio::runtime::Handle::current(), tasks_stop);
                     let mut arx2 = arx.clone();
                     let stop = async move {
                         let _ = arx.changed().await;
@@ -617,26 +610,19 @@ fn launch(
         .admin
         .local_addr()
         .map_err(|e| format!("admin listener: {e}"))?;
-    let pool = Arc::new(
-        Pool::new(
-            settings.backends.clone(),
-            settings.strategy,
-            settings.ewma_alpha,
-            settings.slow_start,
-        )
-        .with_hash_balance_factor(settings.hash_balance_factor),
-    );
+    let site =
+        Arc::new(Site::new(&settings.pools, &settings.routes).map_err(|e| format!("routes: {e}"))?);
     let (shutdown, rx) = watch::channel(false);
-    let mut threads = spawn_workers(listeners.proxy, &pool, settings, caps.proxy, &rx)?;
-    let spawner = Arc::new(crate::spawn::Spawner::new(Arc::clone(&pool)));
+    let mut threads = spawn_workers(listeners.proxy, &site, settings, caps.proxy, &rx)?;
+    let spawner = Arc::new(crate::spawn::Spawner::new(Arc::clone(&site)));
     let traffic = Arc::new(crate::traffic::Traffic::new(listen));
     let reloader = Arc::new(crate::reload::Reloader::new(
         flags.clone(),
         settings.clone(),
-        Arc::clone(&pool),
+        Arc::clone(&site),
     ));
     let admin_state = crate::admin::AdminCtx::new(
-        Arc::clone(&pool),
+        Arc::clone(&site),
         settings.admin_token.clone(),
         Arc::clone(&spawner),
         Arc::clone(&traffic),
@@ -644,15 +630,8 @@ fn launch(
     );
     let (workers_done, done_rx) = watch::channel(false);
     let admin_listener = listeners.admin;
-    let (admin_thread, admin_rt) = spawn_admin(
-        admin_listener,
-        admin_state,
-        &pool,
-        settings,
-        caps.admin,
-        &rx,
-        done_rx,
-    )?;
+    let (admin_thread, admin_rt) =
+        spawn_admin(admin_listener, admin_state, &site, caps.admin, &rx, done_rx)?;
     threads.push(admin_thread);
     let (upgraded_tx, upgraded) = watch::channel(false);
     tracing::info!("proxy listening on {listen}");
@@ -660,6 +639,7 @@ fn launch(
     let running = Running {
         listen,
         admin,
+        site,
         spawner,
         traffic,
         reloader,

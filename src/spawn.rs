@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use crate::config::backend_spec;
 use crate::pool::{Backend, Pool, PoolError, SpawnInfo};
+use crate::site::Site;
 
 /// How long a new child has to answer its health check.
 pub(crate) const HEALTH_DEADLINE: Duration = Duration::from_secs(5);
@@ -58,7 +59,7 @@ pub(crate) struct SpawnRequest {
 /// Starts, stops and reaps spawned backends.
 #[derive(Debug)]
 pub(crate) struct Spawner {
-    pool: Arc<Pool>,
+    site: Arc<Site>,
     exe: Option<PathBuf>,
     /// Serialises spawns so the limit and port choices are not raced.
     lock: tokio::sync::Mutex<()>,
@@ -109,10 +110,10 @@ fn signal_group(pid: u32, sig: i32) {
 }
 
 impl Spawner {
-    /// A spawner adding to `pool`; children run this same executable.
-    pub(crate) fn new(pool: Arc<Pool>) -> Spawner {
+    /// A spawner adding to the pools of `site`; children run this same executable.
+    pub(crate) fn new(site: Arc<Site>) -> Spawner {
         Spawner {
-            pool,
+            site,
             exe: std::env::current_exe().ok(),
             lock: tokio::sync::Mutex::new(()),
         }
@@ -197,15 +198,20 @@ impl Spawner {
     }
 
     fn spawned_running(&self) -> usize {
-        self.pool
-            .backends()
+        self.site
+            .pools()
             .iter()
+            .flat_map(|p| p.backends())
             .filter(|b| b.spawn.as_ref().is_some_and(|s| s.pid().is_some()))
             .count()
     }
 
-    /// Starts a new backend and adds it to the pool once its health answers.
-    pub(crate) async fn spawn(&self, req: SpawnRequest) -> Result<Arc<Backend>, SpawnError> {
+    /// Starts a new backend and adds it to `pool` once its health answers.
+    pub(crate) async fn spawn(
+        &self,
+        pool: &Pool,
+        req: SpawnRequest,
+    ) -> Result<Arc<Backend>, SpawnError> {
         let _serial = self.lock.lock().await;
         if self.spawned_running() >= MAX_SPAWNED {
             return Err(SpawnError::Conflict(format!(
@@ -222,7 +228,7 @@ impl Spawner {
         let url = format!("http://127.0.0.1:{port}");
         let spec = backend_spec(&url, req.weight, Some(&name)).map_err(SpawnError::Failed)?;
         let child = self.start_child(listener, &name, req.latency_ms).await?;
-        match self.pool.add_with(
+        match pool.add_with(
             spec,
             Some(SpawnInfo::new(
                 port,
@@ -295,7 +301,11 @@ impl Spawner {
             }
         };
         let child = self.start_child(listener, &b.name, s.latency_ms).await?;
-        if !self.pool.get(b.id).is_ok_and(|p| Arc::ptr_eq(&p, &b)) {
+        if !self
+            .site
+            .backend(b.id)
+            .is_ok_and(|(_, p)| Arc::ptr_eq(&p, &b))
+        {
             // Removed while its child was starting: do not leave that child behind
             // (`child` is killed on drop).
             return Err(SpawnError::Conflict(format!(
@@ -312,9 +322,17 @@ impl Spawner {
     /// requests in flight have finished (at most 10 s later).
     pub(crate) async fn remove(&self, id: u64) -> Result<Arc<Backend>, PoolError> {
         let _serial = self.lock.lock().await;
-        let b = self.pool.remove(id)?;
+        let (pool, _) = self.site.backend(id)?;
+        let b = pool.remove(id)?;
+        Self::stop_when_idle(&b);
+        Ok(b)
+    }
+
+    /// Stops a spawned backend's process once its requests in flight have finished
+    /// (at most 10 s later); a backend fulcrum did not start is left alone.
+    pub(crate) fn stop_when_idle(b: &Arc<Backend>) {
         if b.spawn.is_some() {
-            let gone = Arc::clone(&b);
+            let gone = Arc::clone(b);
             tokio::spawn(async move {
                 let deadline = Instant::now() + Duration::from_secs(10);
                 while gone.in_flight() > 0 && Instant::now() < deadline {
@@ -323,7 +341,6 @@ impl Spawner {
                 Self::stop(&gone);
             });
         }
-        Ok(b)
     }
 
     /// Stops the process of a spawned backend now.
@@ -335,7 +352,7 @@ impl Spawner {
 
     /// Stops every spawned process (fulcrum is exiting).
     pub(crate) fn stop_all(&self) {
-        for b in self.pool.backends() {
+        for b in self.site.pools().iter().flat_map(|p| p.backends()) {
             Self::stop(&b);
         }
     }

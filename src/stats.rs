@@ -108,6 +108,8 @@ pub(crate) struct ProxyStats {
     pub(crate) shed: AtomicU64,
     /// Requests answered 503 because nothing was eligible.
     pub(crate) no_backend: AtomicU64,
+    /// Requests answered 404 because no route took them.
+    pub(crate) no_route: AtomicU64,
     /// Events a slow subscriber of the event stream missed.
     pub(crate) events_dropped: AtomicU64,
 }

@@ -37,6 +37,8 @@ pub(crate) struct Plan {
     pub(crate) seconds: u64,
     /// Path (and query) requested.
     pub(crate) path: String,
+    /// Further paths, requested in turn with `path` (the demo's pools each get some).
+    pub(crate) more_paths: Vec<String>,
 }
 
 #[derive(Debug, Default)]
@@ -186,10 +188,13 @@ impl Traffic {
     /// Sends the plan's requests: every 10 ms the share of the rate that is due.
     async fn drive(&self, plan: &Plan, c: &Arc<Counters>) {
         let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-        let uri: http::Uri = match format!("http://{}{}", self.target, plan.path).parse() {
-            Ok(u) => u,
-            Err(_) => return,
-        };
+        let uris: Vec<http::Uri> = std::iter::once(&plan.path)
+            .chain(&plan.more_paths)
+            .filter_map(|p| format!("http://{}{p}", self.target).parse().ok())
+            .collect();
+        if uris.is_empty() {
+            return;
+        }
         let start = Instant::now();
         let end = start + Duration::from_secs(plan.seconds);
         let mut tick = tokio::time::interval(Duration::from_millis(10));
@@ -215,7 +220,7 @@ impl Traffic {
                 let in_flight = Arc::clone(&self.in_flight);
                 let c = Arc::clone(c);
                 let client = client.clone();
-                let uri = uri.clone();
+                let uri = uris[(due_total % uris.len() as u64) as usize].clone();
                 tokio::spawn(async move {
                     let t0 = Instant::now();
                     let req = http::Request::get(uri)

@@ -201,7 +201,7 @@ fn twenty_reloads_and_fifty_strategy_switches_fail_no_request() {
     let (ok, failures) = load.finish();
     assert_no_failures("reloads and switches", ok, &failures, 300);
     // The last reload (round 20: three backends) is the pool.
-    let status = admin_json(&f, "GET", "/admin/status", "");
+    let status = admin_json(&f, "GET", "/admin/backends", "");
     assert_eq!(status.matches("\"url\"").count(), 3, "{status}");
     assert_eq!(f.log().matches("SIGHUP").count(), 20, "{}", f.log());
 }
@@ -235,7 +235,7 @@ fn drain_then_delete_under_load_fails_no_request() {
     std::thread::sleep(Duration::from_millis(800));
     let (ok, failures) = load.finish();
     assert_no_failures("drain and delete", ok, &failures, 100);
-    let status = admin_json(&f, "GET", "/admin/status", "");
+    let status = admin_json(&f, "GET", "/admin/backends", "");
     assert_eq!(status.matches("\"url\"").count(), 2, "{status}");
     assert!(before.contains("\"requests\""), "{before}");
 }

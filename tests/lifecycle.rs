@@ -162,7 +162,7 @@ async fn admin_api_answers_with_its_documented_statuses_and_json_errors() {
     let expected = serde_json::json!({
         "id": 0, "name": "A", "url": a.url(), "weight": 5, "effective_weight": 5.0, "state": "active",
         "healthy": true, "ejected": false, "active_conns": 0, "avg_latency_ms": null,
-        "requests": 0, "errors": 0, "spawned": false
+        "requests": 0, "errors": 0, "spawned": false, "pool": "default"
     });
     assert_eq!(b0, &expected);
     // add
@@ -509,7 +509,8 @@ async fn demo_balances_over_spawned_backends_and_leaves_no_child_behind() {
     let pid = f.child.id();
     assert!(
         eventually(Duration::from_secs(10), || async {
-            children_of(pid).len() == 3
+            // Three in the first pool (web), two in api.
+            children_of(pid).len() == 5
                 && status(&client(), &f).await["backends"]
                     .as_array()
                     .is_some_and(|b| b.len() == 3)
@@ -542,6 +543,15 @@ async fn demo_balances_over_spawned_backends_and_leaves_no_child_behind() {
     assert_eq!(names.len(), 3, "{names:?}");
     let s = status(&c, &f).await;
     assert_eq!(s["backends"].as_array().unwrap().len(), 3);
+    // `/api/…` goes to the second pool, whose strategy is its own.
+    let r = get(&c, &f.url("/api/items")).await;
+    assert_eq!(r.status, 200);
+    let name = r.json()["backend"].as_str().unwrap().to_string();
+    assert!(name.starts_with("api-"), "{name}");
+    let pools = s["pools"].as_array().unwrap();
+    let names: Vec<&str> = pools.iter().map(|p| p["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["web", "api"]);
+    assert_eq!(pools[1]["strategy"], "least_response_time");
     f.signal("INT");
     let st = tokio::task::spawn_blocking(move || {
         let st = f.wait_exit(Duration::from_secs(12));

@@ -60,14 +60,33 @@ async fn metrics_count_every_request_exactly_and_follow_health() {
         get(&c, &f.url("/status/503")).await;
     }
     let m = metrics(&c, &f).await;
-    let ok_a = series(&m, r#"fulcrum_requests_total{backend="A",code="2xx"}"#).unwrap();
-    let ok_b = series(&m, r#"fulcrum_requests_total{backend="B",code="2xx"}"#).unwrap();
-    let err_a = series(&m, r#"fulcrum_requests_total{backend="A",code="5xx"}"#).unwrap();
-    let err_b = series(&m, r#"fulcrum_requests_total{backend="B",code="5xx"}"#).unwrap();
+    let ok_a = series(
+        &m,
+        r#"fulcrum_requests_total{backend="A",code="2xx",pool="default"}"#,
+    )
+    .unwrap();
+    let ok_b = series(
+        &m,
+        r#"fulcrum_requests_total{backend="B",code="2xx",pool="default"}"#,
+    )
+    .unwrap();
+    let err_a = series(
+        &m,
+        r#"fulcrum_requests_total{backend="A",code="5xx",pool="default"}"#,
+    )
+    .unwrap();
+    let err_b = series(
+        &m,
+        r#"fulcrum_requests_total{backend="B",code="5xx",pool="default"}"#,
+    )
+    .unwrap();
     assert_eq!((ok_a, ok_b), (5.0, 5.0), "{m}");
     assert_eq!(err_a + err_b, 4.0, "{m}");
     assert_eq!(
-        series(&m, r#"fulcrum_request_duration_seconds_count{backend="A"}"#),
+        series(
+            &m,
+            r#"fulcrum_request_duration_seconds_count{backend="A",pool="default"}"#
+        ),
         Some(ok_a + err_a)
     );
     assert_eq!(
@@ -75,11 +94,11 @@ async fn metrics_count_every_request_exactly_and_follow_health() {
         Some(1.0)
     );
     for name in [
-        "fulcrum_backend_active_requests{backend=\"A\"}",
-        "fulcrum_backend_latency_ewma_seconds{backend=\"A\"}",
-        "fulcrum_backend_effective_weight{backend=\"A\"}",
-        "fulcrum_backend_effective_load{backend=\"A\"}",
-        "fulcrum_ejections_total{backend=\"A\"}",
+        "fulcrum_backend_active_requests{backend=\"A\",pool=\"default\"}",
+        "fulcrum_backend_latency_ewma_seconds{backend=\"A\",pool=\"default\"}",
+        "fulcrum_backend_effective_weight{backend=\"A\",pool=\"default\"}",
+        "fulcrum_backend_effective_load{backend=\"A\",pool=\"default\"}",
+        "fulcrum_ejections_total{backend=\"A\",pool=\"default\"}",
         "fulcrum_retries_total",
         "fulcrum_shed_total",
         "fulcrum_no_backend_total",
@@ -89,18 +108,24 @@ async fn metrics_count_every_request_exactly_and_follow_health() {
     assert!(
         series(
             &m,
-            r#"fulcrum_health_checks_total{backend="A",result="success"}"#
+            r#"fulcrum_health_checks_total{backend="A",result="success",pool="default"}"#
         )
         .unwrap()
             >= 1.0
     );
-    assert_eq!(series(&m, r#"fulcrum_backend_up{backend="B"}"#), Some(1.0));
+    assert_eq!(
+        series(&m, r#"fulcrum_backend_up{backend="B",pool="default"}"#),
+        Some(1.0)
+    );
 
     // Health flips show in backend_up.
     b.set_health(500);
     assert!(
         eventually(Duration::from_secs(5), || async {
-            series(&metrics(&c, &f).await, r#"fulcrum_backend_up{backend="B"}"#) == Some(0.0)
+            series(
+                &metrics(&c, &f).await,
+                r#"fulcrum_backend_up{backend="B",pool="default"}"#,
+            ) == Some(0.0)
         })
         .await
     );
@@ -110,13 +135,16 @@ async fn metrics_count_every_request_exactly_and_follow_health() {
     }
     let m = metrics(&c, &f).await;
     assert_eq!(
-        series(&m, r#"fulcrum_requests_total{backend="A",code="2xx"}"#),
+        series(
+            &m,
+            r#"fulcrum_requests_total{backend="A",code="2xx",pool="default"}"#
+        ),
         Some(ok_a + 7.0)
     );
     assert!(
         series(
             &m,
-            r#"fulcrum_health_checks_total{backend="B",result="failure"}"#
+            r#"fulcrum_health_checks_total{backend="B",result="failure",pool="default"}"#
         )
         .unwrap()
             >= 1.0
@@ -124,7 +152,10 @@ async fn metrics_count_every_request_exactly_and_follow_health() {
     b.set_health(200);
     assert!(
         eventually(Duration::from_secs(5), || async {
-            series(&metrics(&c, &f).await, r#"fulcrum_backend_up{backend="B"}"#) == Some(1.0)
+            series(
+                &metrics(&c, &f).await,
+                r#"fulcrum_backend_up{backend="B",pool="default"}"#,
+            ) == Some(1.0)
         })
         .await
     );
@@ -500,7 +531,10 @@ async fn the_access_log_has_one_line_per_request_in_text_and_json() {
     );
     let m = metrics(&c, &f).await;
     assert_eq!(
-        series(&m, r#"fulcrum_requests_total{backend="A",code="4xx"}"#),
+        series(
+            &m,
+            r#"fulcrum_requests_total{backend="A",code="4xx",pool="default"}"#
+        ),
         Some(1.0),
         "{m}"
     );

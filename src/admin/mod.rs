@@ -4,6 +4,7 @@
 //! path beyond publishing a new routing table.
 
 mod listener;
+mod pools;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -20,7 +21,8 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::config::{backend_spec, MAX_WEIGHT};
-use crate::pool::{AdminState as BackendState, BackendView, Pool, PoolError};
+use crate::pool::{AdminState as BackendState, Backend, BackendView, Hub, Pool, PoolError};
+use crate::site::{Site, SiteError};
 use crate::spawn::{SpawnError, SpawnRequest, Spawner};
 use crate::strategy::StrategyKind;
 use crate::traffic::{Plan, Progress, StartError, Traffic, MAX_RPS, MAX_SECONDS};
@@ -28,7 +30,7 @@ use crate::traffic::{Plan, Progress, StartError, Traffic, MAX_RPS, MAX_SECONDS};
 /// What the admin handlers share.
 #[derive(Clone)]
 pub(crate) struct AdminCtx {
-    pool: Arc<Pool>,
+    site: Arc<Site>,
     token: Option<Arc<str>>,
     spawner: Arc<Spawner>,
     traffic: Arc<Traffic>,
@@ -36,16 +38,16 @@ pub(crate) struct AdminCtx {
 }
 
 impl AdminCtx {
-    /// Admin state over `pool`; with a token, every route needs it.
+    /// Admin state over the pools of `site`; with a token, every route needs it.
     pub(crate) fn new(
-        pool: Arc<Pool>,
+        site: Arc<Site>,
         token: Option<String>,
         spawner: Arc<Spawner>,
         traffic: Arc<Traffic>,
         reloader: Arc<crate::reload::Reloader>,
     ) -> Self {
         AdminCtx {
-            pool,
+            site,
             token: token.map(Into::into),
             spawner,
             traffic,
@@ -76,6 +78,33 @@ impl From<SpawnError> for ApiError {
             SpawnError::Conflict(_) => StatusCode::CONFLICT,
             SpawnError::NotHealthy(_) => StatusCode::GATEWAY_TIMEOUT,
             SpawnError::Failed(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        ApiError(status, e.to_string())
+    }
+}
+
+impl AdminCtx {
+    /// The first pool, which the single-pool routes address.
+    fn first(&self) -> ApiResult<Arc<Pool>> {
+        self.site
+            .first()
+            .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, "there is no pool".into()))
+    }
+
+    /// The backend `raw` names (an id), in whichever pool.
+    fn backend(&self, raw: &str) -> ApiResult<Arc<Backend>> {
+        Ok(self.site.backend(parse_id(raw)?)?.1)
+    }
+}
+
+impl From<SiteError> for ApiError {
+    fn from(e: SiteError) -> Self {
+        let status = match e {
+            SiteError::NoSuchPool(_) => StatusCode::NOT_FOUND,
+            SiteError::PoolExists(_) | SiteError::PoolInUse(..) | SiteError::LastPool => {
+                StatusCode::CONFLICT
+            }
+            SiteError::UnknownPool(..) => StatusCode::BAD_REQUEST,
         };
         ApiError(status, e.to_string())
     }
@@ -128,18 +157,27 @@ fn check_weight(w: i64) -> ApiResult<u32> {
     }
 }
 
-async fn status(State(ctx): State<AdminCtx>) -> Json<serde_json::Value> {
-    let backends: Vec<BackendView> = ctx
-        .pool
-        .backends()
-        .iter()
-        .map(|b| BackendView::of(b))
-        .collect();
-    Json(json!({ "strategy": ctx.pool.strategy().name(), "backends": backends }))
+async fn status(State(ctx): State<AdminCtx>) -> ApiResult<Json<serde_json::Value>> {
+    let first = ctx.first()?;
+    let backends = views(&first);
+    let pools = pools::views(&ctx.site);
+    Ok(Json(
+        json!({ "strategy": first.strategy().name(), "backends": backends, "pools": pools }),
+    ))
 }
 
-async fn get_strategy(State(ctx): State<AdminCtx>) -> Json<serde_json::Value> {
-    Json(json!({ "strategy": ctx.pool.strategy().name() }))
+/// The backends of `pool` as the API shows them, in pool order.
+fn views(pool: &Pool) -> Vec<BackendView> {
+    pool.backends().iter().map(|b| BackendView::of(b)).collect()
+}
+
+async fn get_strategy(State(ctx): State<AdminCtx>) -> ApiResult<Json<serde_json::Value>> {
+    Ok(strategy_of(&*ctx.first()?))
+}
+
+/// `{"strategy": …}` of `pool`.
+fn strategy_of(pool: &Pool) -> Json<serde_json::Value> {
+    Json(json!({ "strategy": pool.strategy().name() }))
 }
 
 #[derive(Deserialize)]
@@ -152,7 +190,12 @@ async fn set_strategy(
     State(ctx): State<AdminCtx>,
     body: Bytes,
 ) -> ApiResult<Json<serde_json::Value>> {
-    let b: StrategyBody = parse_body(&body)?;
+    switch_strategy(&*ctx.first()?, &body)
+}
+
+/// Switches the strategy of `pool` as `body` asks.
+fn switch_strategy(pool: &Pool, body: &Bytes) -> ApiResult<Json<serde_json::Value>> {
+    let b: StrategyBody = parse_body(body)?;
     let kind = StrategyKind::parse(&b.strategy).ok_or_else(|| {
         ApiError::bad(format!(
             "unknown strategy '{}' (valid: {})",
@@ -160,20 +203,14 @@ async fn set_strategy(
             StrategyKind::canonical_names().join(", ")
         ))
     })?;
-    let before = ctx.pool.strategy();
-    ctx.pool.set_strategy(kind);
-    tracing::info!(from = before.name(), to = kind.name(), "strategy switched");
+    let before = pool.strategy();
+    pool.set_strategy(kind);
+    tracing::info!(pool = %pool.name, from = before.name(), to = kind.name(), "strategy switched");
     Ok(Json(json!({ "strategy": kind.name() })))
 }
 
-async fn list_backends(State(ctx): State<AdminCtx>) -> Json<Vec<BackendView>> {
-    Json(
-        ctx.pool
-            .backends()
-            .iter()
-            .map(|b| BackendView::of(b))
-            .collect(),
-    )
+async fn list_backends(State(ctx): State<AdminCtx>) -> ApiResult<Json<Vec<BackendView>>> {
+    Ok(Json(views(&*ctx.first()?)))
 }
 
 #[derive(Deserialize)]
@@ -185,11 +222,16 @@ struct AddBody {
 }
 
 async fn add_backend(State(ctx): State<AdminCtx>, body: Bytes) -> ApiResult<Response> {
-    let b: AddBody = parse_body(&body)?;
+    add_to(&*ctx.first()?, &body)
+}
+
+/// Adds the backend `body` describes to `pool`: 201 BACKEND.
+fn add_to(pool: &Pool, body: &Bytes) -> ApiResult<Response> {
+    let b: AddBody = parse_body(body)?;
     let weight = b.weight.map(check_weight).transpose()?;
     let spec = backend_spec(&b.url, weight, b.name.as_deref()).map_err(ApiError::bad)?;
-    let added = ctx.pool.add(spec)?;
-    tracing::info!(id = added.id, name = %added.name, url = %added.url, "backend added");
+    let added = pool.add(spec)?;
+    tracing::info!(pool = %pool.name, id = added.id, name = %added.name, url = %added.url, "backend added");
     Ok((StatusCode::CREATED, Json(BackendView::of(&added))).into_response())
 }
 
@@ -197,8 +239,7 @@ async fn get_backend(
     State(ctx): State<AdminCtx>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<BackendView>> {
-    let b = ctx.pool.get(parse_id(&id)?)?;
-    Ok(Json(BackendView::of(&b)))
+    Ok(Json(BackendView::of(&*ctx.backend(&id)?)))
 }
 
 #[derive(Deserialize)]
@@ -227,7 +268,8 @@ async fn patch_backend(
             })
         })
         .transpose()?;
-    let b = ctx.pool.update(id, weight, state)?;
+    let (pool, _) = ctx.site.backend(id)?;
+    let b = pool.update(id, weight, state)?;
     tracing::info!(id, name = %b.name, weight = b.weight(), state = ?b.state(), "backend updated");
     Ok(Json(BackendView::of(&b)))
 }
@@ -272,7 +314,7 @@ async fn degrade_backend(
             )));
         }
     }
-    let b = ctx.pool.get(id)?;
+    let b = ctx.site.backend(id)?.1;
     b.degrade(d.latency_ms.map(|ms| ms as u32), d.error_rate);
     tracing::warn!(id, name = %b.name, latency_ms = ?d.latency_ms, error_rate = ?d.error_rate, "faults injected");
     Ok(Json(BackendView::of(&b)))
@@ -282,7 +324,7 @@ async fn recover_backend(
     State(ctx): State<AdminCtx>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<BackendView>> {
-    let b = ctx.pool.get(parse_id(&id)?)?;
+    let b = ctx.backend(&id)?;
     b.recover();
     tracing::info!(id = b.id, name = %b.name, "faults cleared, latency average cleared");
     Ok(Json(BackendView::of(&b)))
@@ -290,7 +332,7 @@ async fn recover_backend(
 
 /// `GET /metrics`.
 async fn metrics(State(ctx): State<AdminCtx>) -> ApiResult<Response> {
-    let text = crate::metrics::render(&ctx.pool).map_err(|_| {
+    let text = crate::metrics::render(&ctx.site).map_err(|_| {
         ApiError(
             StatusCode::INTERNAL_SERVER_ERROR,
             "cannot encode metrics".into(),
@@ -321,12 +363,12 @@ async fn openapi() -> Response {
 }
 
 /// Keeps `request` events flowing while a subscriber is connected.
-struct Subscriber(Arc<Pool>);
+struct Subscriber(Arc<Hub>);
 
 impl Subscriber {
-    fn new(pool: Arc<Pool>) -> Self {
-        pool.sampler.subscribe();
-        Subscriber(pool)
+    fn new(hub: Arc<Hub>) -> Self {
+        hub.sampler.subscribe();
+        Subscriber(hub)
     }
 }
 
@@ -342,8 +384,8 @@ impl Drop for Subscriber {
 async fn events(State(ctx): State<AdminCtx>) -> Response {
     use axum::response::sse::{Event as Sse, KeepAlive};
     use tokio::sync::broadcast::error::RecvError;
-    let rx = ctx.pool.subscribe();
-    let sub = Subscriber::new(Arc::clone(&ctx.pool));
+    let rx = ctx.site.hub.subscribe();
+    let sub = Subscriber::new(Arc::clone(&ctx.site.hub));
     let stream = futures_util::stream::unfold((rx, sub), |(mut rx, sub)| async move {
         let data = match rx.recv().await {
             Ok(e) => serde_json::to_string(&e).unwrap_or_default(),
@@ -399,13 +441,17 @@ async fn spawn_backend(State(ctx): State<AdminCtx>, body: Bytes) -> ApiResult<Re
         // The same rule as every other backend name.
         backend_spec("http://127.0.0.1:1", None, Some(n)).map_err(ApiError::bad)?;
     }
+    let pool = ctx.first()?;
     let added = ctx
         .spawner
-        .spawn(SpawnRequest {
-            weight,
-            latency_ms,
-            name: b.name,
-        })
+        .spawn(
+            &pool,
+            SpawnRequest {
+                weight,
+                latency_ms,
+                name: b.name,
+            },
+        )
         .await?;
     Ok((StatusCode::CREATED, Json(BackendView::of(&added))).into_response())
 }
@@ -414,7 +460,7 @@ async fn kill_backend(
     State(ctx): State<AdminCtx>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<BackendView>> {
-    let b = ctx.pool.get(parse_id(&id)?)?;
+    let b = ctx.backend(&id)?;
     ctx.spawner.kill(&b)?;
     Ok(Json(BackendView::of(&b)))
 }
@@ -423,7 +469,7 @@ async fn revive_backend(
     State(ctx): State<AdminCtx>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<BackendView>> {
-    let b = ctx.pool.get(parse_id(&id)?)?;
+    let b = ctx.backend(&id)?;
     ctx.spawner.revive(Arc::clone(&b)).await?;
     Ok(Json(BackendView::of(&b)))
 }
@@ -460,6 +506,7 @@ async fn start_traffic(State(ctx): State<AdminCtx>, body: Bytes) -> ApiResult<Re
         rps: t.rps as u64,
         seconds: t.seconds as u64,
         path,
+        more_paths: Vec::new(),
     };
     match ctx.traffic.start(plan) {
         Ok(p) => {
@@ -661,6 +708,17 @@ pub(crate) fn router(ctx: AdminCtx) -> Router {
             get(get_traffic).post(start_traffic).delete(stop_traffic),
         )
         .route("/admin/reload", post(reload))
+        .route("/admin/pools", get(pools::list).post(pools::create))
+        .route("/admin/pools/{name}", get(pools::one).delete(pools::remove))
+        .route(
+            "/admin/pools/{name}/strategy",
+            get(pools::get_strategy).post(pools::set_strategy),
+        )
+        .route(
+            "/admin/pools/{name}/backends",
+            get(pools::list_backends).post(pools::add_backend),
+        )
+        .route("/admin/routes", get(pools::routes).put(pools::set_routes))
         .route("/", get(dashboard))
         .route("/admin/openapi.json", get(openapi))
         .route("/metrics", get(metrics))

@@ -12,7 +12,8 @@ use toml::Spanned;
 
 use super::options::{self, FileType, Opt};
 use super::values::{backend_spec, parse_weight};
-use super::{ConfigError, Settings};
+use super::{BackendSpec, ConfigError, Settings};
+use crate::config::file_pools::{self, Layout};
 
 /// Keys of a `[[backends]]` entry.
 const BACKEND_KEYS: [&str; 3] = ["url", "weight", "name"];
@@ -41,22 +42,31 @@ fn apply_document(s: &mut Settings, c: &mut Collector<'_>) {
             return;
         }
     };
+    let mut layout = Layout::default();
     for (key, value) in doc.get_ref() {
         let at = key.span().start;
         match key.get_ref().as_ref() {
             "health" => apply_health(s, c, value),
-            "backends" => apply_backends(s, c, value),
+            "backends" => {
+                layout.backends_at = Some(at);
+                if let Some(list) = read_backends(c, value, "backends") {
+                    s.backends = list;
+                }
+            }
+            "pools" => file_pools::apply_pools(s, c, value, &mut layout),
+            "routes" => file_pools::apply_routes(s, c, value, &mut layout),
             k => match options::find(k) {
                 Some(o) => apply_value(s, c, o, k, value),
                 None => c.push(at, None, unknown_key(k)),
             },
         }
     }
+    file_pools::check_layout(c, &layout);
 }
 
 fn unknown_key(key: &str) -> String {
     let mut valid: Vec<&str> = options::OPTIONS.iter().map(|o| o.key).collect();
-    valid.extend(["health", "backends"]);
+    valid.extend(["health", "backends", "pools", "routes"]);
     format!("unknown key '{key}' (valid: {})", valid.join(", "))
 }
 
@@ -86,74 +96,82 @@ fn apply_health(s: &mut Settings, c: &mut Collector<'_>, value: &Spanned<DeValue
     }
 }
 
-/// The `[[backends]]` list, which replaces the pool's backends.
-fn apply_backends(s: &mut Settings, c: &mut Collector<'_>, value: &Spanned<DeValue<'_>>) {
+/// A `[[backends]]` list (`key` is where it is: `backends` or `pools.backends`);
+/// `None` when it is not a list at all.
+pub(super) fn read_backends(
+    c: &mut Collector<'_>,
+    value: &Spanned<DeValue<'_>>,
+    key: &str,
+) -> Option<Vec<BackendSpec>> {
     let Some(list) = value.get_ref().as_array() else {
-        let msg = "expected a list of tables ([[backends]])".into();
-        c.push(value.span().start, Some("backends"), msg);
-        return;
+        let msg = format!("expected a list of tables ([[{key}]])");
+        c.push(value.span().start, Some(key), msg);
+        return None;
     };
     let mut out = Vec::new();
     for entry in list {
         let Some(table) = entry.get_ref().as_table() else {
-            c.push(
-                entry.span().start,
-                Some("backends"),
-                "expected a table".into(),
-            );
+            c.push(entry.span().start, Some(key), "expected a table".into());
             continue;
         };
-        let field = |k: &str| table.iter().find(|(key, _)| key.get_ref().as_ref() == k);
-        for (key, _) in table {
-            if !BACKEND_KEYS.contains(&key.get_ref().as_ref()) {
-                let msg = format!(
-                    "unknown key 'backends.{}' (valid: url, weight, name)",
-                    key.get_ref()
-                );
-                c.push(key.span().start, None, msg);
-            }
-        }
-        let Some((_, url)) = field("url") else {
-            c.push(
-                entry.span().start,
-                Some("backends"),
-                "missing field 'url'".into(),
-            );
-            continue;
-        };
-        let Some(url_text) = c.text_of(url, FileType::Str, "backends.url") else {
-            continue;
-        };
-        let weight = match field("weight") {
-            Some((_, w)) => match c.text_of(w, FileType::Int, "backends.weight") {
-                Some(t) => match parse_weight(&t) {
-                    Ok(w) => Some(w),
-                    Err(e) => {
-                        c.push(w.span().start, Some("backends.weight"), e);
-                        continue;
-                    }
-                },
-                None => continue,
-            },
-            None => None,
-        };
-        let name = match field("name") {
-            Some((_, n)) => match c.text_of(n, FileType::Str, "backends.name") {
-                Some(t) => Some(t),
-                None => continue,
-            },
-            None => None,
-        };
-        match backend_spec(&url_text, weight, name.as_deref()) {
-            Ok(spec) => out.push(spec),
-            Err(e) => c.push(url.span().start, Some("backends.url"), e),
+        if let Some(spec) = read_backend(c, entry.span().start, table, key) {
+            out.push(spec);
         }
     }
-    s.backends = out;
+    Some(out)
+}
+
+/// One `[[backends]]` entry.
+fn read_backend(
+    c: &mut Collector<'_>,
+    at: usize,
+    table: &DeTable<'_>,
+    prefix: &str,
+) -> Option<BackendSpec> {
+    let field = |k: &str| table.iter().find(|(key, _)| key.get_ref().as_ref() == k);
+    for (key, _) in table {
+        if !BACKEND_KEYS.contains(&key.get_ref().as_ref()) {
+            let msg = format!(
+                "unknown key '{prefix}.{}' (valid: url, weight, name)",
+                key.get_ref()
+            );
+            c.push(key.span().start, None, msg);
+        }
+    }
+    let Some((_, url)) = field("url") else {
+        c.push(at, Some(prefix), "missing field 'url'".into());
+        return None;
+    };
+    let url_text = c.text_of(url, FileType::Str, &format!("{prefix}.url"))?;
+    let weight = match field("weight") {
+        Some((_, w)) => {
+            let key = format!("{prefix}.weight");
+            let t = c.text_of(w, FileType::Int, &key)?;
+            match parse_weight(&t) {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    c.push(w.span().start, Some(&key), e);
+                    return None;
+                }
+            }
+        }
+        None => None,
+    };
+    let name = match field("name") {
+        Some((_, n)) => Some(c.text_of(n, FileType::Str, &format!("{prefix}.name"))?),
+        None => None,
+    };
+    match backend_spec(&url_text, weight, name.as_deref()) {
+        Ok(spec) => Some(spec),
+        Err(e) => {
+            c.push(url.span().start, Some(&format!("{prefix}.url")), e);
+            None
+        }
+    }
 }
 
 /// One option's value, written as `key` in the file.
-fn apply_value(
+pub(super) fn apply_value(
     s: &mut Settings,
     c: &mut Collector<'_>,
     o: &Opt,
@@ -168,7 +186,7 @@ fn apply_value(
 }
 
 /// Collects errors while applying values.
-struct Collector<'a> {
+pub(super) struct Collector<'a> {
     file: String,
     text: &'a str,
     /// Each problem with its line.
@@ -177,7 +195,7 @@ struct Collector<'a> {
 
 impl Collector<'_> {
     /// Records a problem at byte `at`, about `key` when there is one.
-    fn push(&mut self, at: usize, key: Option<&str>, message: String) {
+    pub(super) fn push(&mut self, at: usize, key: Option<&str>, message: String) {
         let line = self.text[..at.min(self.text.len())].matches('\n').count() + 1;
         let origin = match key {
             Some(k) => format!("{} line {line}: {k}", self.file),
@@ -187,7 +205,12 @@ impl Collector<'_> {
     }
 
     /// The value as the text an option parses, if it has the type `ty` asks for.
-    fn text_of(&mut self, v: &Spanned<DeValue<'_>>, ty: FileType, key: &str) -> Option<String> {
+    pub(super) fn text_of(
+        &mut self,
+        v: &Spanned<DeValue<'_>>,
+        ty: FileType,
+        key: &str,
+    ) -> Option<String> {
         let text = match (ty, v.get_ref()) {
             (_, DeValue::String(s)) if ty != FileType::Int && ty != FileType::Float => {
                 Some(s.to_string())

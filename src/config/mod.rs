@@ -6,7 +6,9 @@
 //! the option, the value, and (where there is a list) the valid values.
 
 mod file;
+mod file_pools;
 pub(crate) mod options;
+pub(crate) mod pools;
 mod values;
 
 use std::fmt;
@@ -19,6 +21,7 @@ use ipnet::IpNet;
 use crate::strategy::StrategyKind;
 
 pub(crate) use file::apply_file;
+pub(crate) use pools::{PoolSettings, PoolSpec, RouteSpec, DEFAULT_POOL};
 pub use values::backend_spec;
 pub(crate) use values::parse_addr;
 use values::parse_backend_spec;
@@ -154,6 +157,13 @@ pub(crate) struct Settings {
     pub(crate) config_file: Option<PathBuf>,
     /// Where this process offers its listening sockets to a successor (`--upgrade`).
     pub(crate) upgrade_socket: Option<PathBuf>,
+    /// The file's `[[pools]]` entries, before the top-level values they build on are
+    /// final.
+    pub(crate) pool_drafts: Vec<pools::PoolDraft>,
+    /// The pools, in order (made by `build`: see [`pools::materialize`]).
+    pub(crate) pools: Vec<PoolSpec>,
+    /// The routes, in order.
+    pub(crate) routes: Vec<RouteSpec>,
 }
 
 impl Default for Settings {
@@ -191,6 +201,9 @@ impl Default for Settings {
             access_log: true,
             config_file: None,
             upgrade_socket: None,
+            pool_drafts: Vec::new(),
+            pools: Vec::new(),
+            routes: Vec::new(),
         };
         for o in options::OPTIONS {
             if let Some(d) = o.default {
@@ -291,6 +304,7 @@ pub(crate) fn build(flags: &RawFlags) -> Result<Settings, Vec<ConfigError>> {
             Err("it needs --upgrade-socket PATH (or upgrade_socket in the file): the running process's socket".into()),
         );
     }
+    pools::materialize(&mut s, flags);
     check_whole(&s, &mut errors);
     if errors.is_empty() {
         Ok(s)
@@ -312,9 +326,25 @@ fn check_whole(s: &Settings, errors: &mut Vec<ConfigError>) {
             ),
         });
     }
+    for p in &s.pools {
+        check_backends(&p.backends, errors);
+    }
+    if !s.admin.ip().is_loopback() && s.admin_token.is_none() {
+        errors.push(ConfigError {
+            origin: "--admin".into(),
+            message: format!(
+                "admin listener '{}' is not on loopback and no token is set (set --admin-token-file or FULCRUM_ADMIN_TOKEN, or listen on 127.0.0.1)",
+                s.admin
+            ),
+        });
+    }
+}
+
+/// URLs and names are unique within a pool.
+fn check_backends(backends: &[BackendSpec], errors: &mut Vec<ConfigError>) {
     let mut seen = std::collections::HashSet::new();
     let mut names = std::collections::HashSet::new();
-    for b in &s.backends {
+    for b in backends {
         if !seen.insert(b.url.as_str()) {
             errors.push(ConfigError {
                 origin: "backend".into(),
@@ -330,15 +360,6 @@ fn check_whole(s: &Settings, errors: &mut Vec<ConfigError>) {
             });
         }
     }
-    if !s.admin.ip().is_loopback() && s.admin_token.is_none() {
-        errors.push(ConfigError {
-            origin: "--admin".into(),
-            message: format!(
-                "admin listener '{}' is not on loopback and no token is set (set --admin-token-file or FULCRUM_ADMIN_TOKEN, or listen on 127.0.0.1)",
-                s.admin
-            ),
-        });
-    }
 }
 
 /// Validates a config file alone, as `fulcrum check` does.
@@ -347,6 +368,7 @@ pub(crate) fn check_file(path: &Path) -> Vec<ConfigError> {
         Ok(text) => {
             let mut s = Settings::default();
             let mut errs = apply_file(&mut s, path, &text);
+            pools::materialize(&mut s, &RawFlags::default());
             if errs.is_empty() {
                 let mut extra = Vec::new();
                 // Whole-file checks other than the token (the environment may provide it).

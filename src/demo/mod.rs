@@ -1,11 +1,27 @@
 //! The demo backend and what `fulcrum demo` starts.
 //!
-//! `fulcrum demo` runs the balancer with no configured backend, spawns its demo
-//! backends through the same [`Spawner`](crate::spawn::Spawner) as
-//! `POST /admin/backends/spawn` (so they can be killed and revived from the dashboard),
-//! and starts the traffic generator at a modest rate.
+//! `fulcrum demo` runs the balancer with two pools and no configured backend: `web`,
+//! the first, takes every request but those under `/api`, which go to `api`. It spawns
+//! the demo backends of both through the same [`Spawner`](crate::spawn::Spawner) as
+//! `POST /admin/backends/spawn` (so they can be killed and revived from the
+//! dashboard), and starts the traffic generator at a modest rate over both.
 
 pub(crate) mod backend;
+
+use crate::config::{PoolSettings, PoolSpec, RouteSpec, Settings};
+use crate::route::PathPrefix;
+use crate::server::Running;
+use crate::spawn::SpawnRequest;
+use crate::strategy::StrategyKind;
+
+/// The first pool: everything the other routes do not take.
+const WEB_POOL: &str = "web";
+/// The second pool, behind [`API_PREFIX`].
+const API_POOL: &str = "api";
+/// The path prefix of the `api` pool.
+const API_PREFIX: &str = "/api";
+/// Name and latency of the `api` pool's backends.
+const API_BACKENDS: [(&str, u64); 2] = [("api-a", 15), ("api-b", 60)];
 
 /// Latencies of the demo backends, cycled: one fast, one middling, one slow.
 const DEMO_LATENCIES_MS: [u64; 3] = [10, 40, 120];
@@ -19,6 +35,72 @@ pub(crate) fn backend_plan(i: usize) -> (String, u64) {
     let latency = DEMO_LATENCIES_MS[i % DEMO_LATENCIES_MS.len()];
     let name = format!("backend-{}", (b'a' + (i % 26) as u8) as char);
     (name, latency)
+}
+
+/// Lays out the demo's pools and routes over the settings of `s`: `web` with its
+/// strategy, `api` with least response time, `/api` to `api` and the rest to `web`.
+pub(crate) fn lay_out(s: &mut Settings) {
+    let web = PoolSettings::of(s);
+    let api = PoolSettings {
+        strategy: StrategyKind::LeastResponseTime,
+        ..web.clone()
+    };
+    s.pools = vec![
+        PoolSpec {
+            name: WEB_POOL.into(),
+            settings: web,
+            backends: Vec::new(),
+        },
+        PoolSpec {
+            name: API_POOL.into(),
+            settings: api,
+            backends: Vec::new(),
+        },
+    ];
+    s.routes = vec![
+        RouteSpec {
+            path_prefix: PathPrefix::parse(API_PREFIX).ok(),
+            ..RouteSpec::catch_all(API_POOL)
+        },
+        RouteSpec::catch_all(WEB_POOL),
+    ];
+}
+
+/// Spawns `n` backends into `web` and those of `api`; returns a line about each.
+pub(crate) fn spawn_backends(r: &Running, n: usize) -> Result<Vec<String>, String> {
+    let web = (0..n).map(|i| {
+        let (name, latency) = backend_plan(i);
+        (WEB_POOL, name, latency)
+    });
+    let api = API_BACKENDS
+        .iter()
+        .map(|(name, latency)| (API_POOL, name.to_string(), *latency));
+    let mut lines = Vec::new();
+    for (pool_name, name, latency_ms) in web.chain(api) {
+        let pool = r.site.pool(pool_name).map_err(|e| e.to_string())?;
+        let req = SpawnRequest {
+            weight: None,
+            latency_ms,
+            name: Some(name),
+        };
+        let b = r
+            .admin_rt
+            .block_on(r.spawner.spawn(&pool, req))
+            .map_err(|e| format!("demo backend: {e}"))?;
+        lines.push(format!(
+            "  backend: {} at {} ({latency_ms} ms, pool {pool_name})",
+            b.name, b.url
+        ));
+    }
+    Ok(lines)
+}
+
+/// The paths the demo's traffic asks for in turn: two for `web`, one for `api`.
+pub(crate) fn traffic_paths() -> (String, Vec<String>) {
+    (
+        "/".into(),
+        vec![format!("{API_PREFIX}/items"), "/shop".into()],
+    )
 }
 
 #[cfg(test)]

@@ -136,13 +136,11 @@ struct Track {
     probing: bool,
 }
 
-/// Runs the health checks of `pool` until `stop` flips.
-pub(crate) async fn run(
-    pool: Arc<Pool>,
-    settings: HealthSettings,
-    mut stop: watch::Receiver<bool>,
-) {
-    let settings = Arc::new(settings);
+/// Runs the health checks of `pool`, with its own settings, until `stop` flips or the
+/// pool is removed.
+pub(crate) async fn run(pool: Arc<Pool>, mut stop: watch::Receiver<bool>) {
+    let settings = Arc::new(pool.settings.health.clone());
+    let mut retired = pool.retired();
     let (tx, mut results) = mpsc::unbounded_channel::<(u64, bool)>();
     let mut tracks: HashMap<u64, Track> = HashMap::new();
     let mut in_flight = 0usize;
@@ -210,6 +208,7 @@ pub(crate) async fn run(
                 t.next_at = Instant::now() + jittered(t.streak.next_in(healthy, &settings));
             }
             _ = stop.changed() => return,
+            _ = retired.wait_for(|r| *r) => return,
         }
     }
 }

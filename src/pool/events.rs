@@ -8,6 +8,16 @@ use serde::Serialize;
 
 use super::BackendView;
 
+/// An event and the pool it is about, as JSON: `{"type": "health", "pool": "api", …}`.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub(crate) struct Tagged {
+    /// The pool's name.
+    pub(crate) pool: std::sync::Arc<str>,
+    /// What happened.
+    #[serde(flatten)]
+    pub(crate) event: Event,
+}
+
 /// Events kept for a subscriber that has not read them yet.
 pub(crate) const EVENT_CAPACITY: usize = 1024;
 

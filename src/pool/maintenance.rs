@@ -13,8 +13,9 @@ use super::Pool;
 /// How often the upkeep runs: the precision of an ejection's end and of a ramp's steps.
 pub(crate) const TICK: Duration = Duration::from_millis(25);
 
-/// Runs the upkeep of `pool` every [`TICK`] until `stop` flips.
+/// Runs the upkeep of `pool` every [`TICK`] until `stop` flips or the pool is removed.
 pub(crate) async fn run(pool: Arc<Pool>, mut stop: watch::Receiver<bool>) {
+    let mut retired = pool.retired();
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -25,6 +26,7 @@ pub(crate) async fn run(pool: Arc<Pool>, mut stop: watch::Receiver<bool>) {
                 pool.renew_index();
             }
             _ = stop.changed() => return,
+            _ = retired.wait_for(|r| *r) => return,
         }
     }
 }

@@ -8,17 +8,20 @@
 mod events;
 pub(crate) mod maintenance;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use arc_swap::ArcSwap;
 use serde::Serialize;
+use tokio::sync::{broadcast, watch};
 
 pub(crate) use crate::backend::{clock_ns, AdminState, OutlierAction, SpawnInfo};
 pub use crate::backend::{Backend, RequestGuard};
 use crate::stats;
-pub(crate) use events::{Event, EVENT_CAPACITY};
+pub(crate) use events::{Event, Tagged, EVENT_CAPACITY};
 
-use crate::config::BackendSpec;
+use crate::config::{BackendSpec, PoolSpec};
+use crate::proxy::RetryBudget;
 #[cfg(test)]
 use crate::strategy::PickCtx;
 use crate::strategy::{Picker, PickerOptions, StrategyKind};
@@ -90,24 +93,66 @@ struct Members {
     /// When a slow-start ramp last republished the routing table.
     last_ramp_publish: Option<std::time::Instant>,
     backends: Vec<Arc<Backend>>,
-    next_id: u64,
     strategy: StrategyKind,
     /// What pickers are built with.
     options: PickerOptions,
 }
 
-/// Backends, strategy and the published routing table.
+/// What every pool shares: the event bus, the proxy-wide counters, the sampler of
+/// `request` events and the backend ids (global, never reused).
 #[derive(Debug)]
-pub(crate) struct Pool {
-    members: Mutex<Members>,
-    table: ArcSwap<Snapshot>,
-    alpha: f64,
-    slow_start: std::time::Duration,
-    events: tokio::sync::broadcast::Sender<Event>,
+pub(crate) struct Hub {
+    events: broadcast::Sender<Tagged>,
     /// Proxy-wide counters.
     pub(crate) stats: stats::ProxyStats,
     /// Which finished requests become `request` events.
     pub(crate) sampler: stats::RequestSampler,
+    next_id: AtomicU64,
+}
+
+impl Hub {
+    /// A hub with no pool yet; ids start at 0.
+    pub(crate) fn new() -> Hub {
+        Hub {
+            events: broadcast::channel(EVENT_CAPACITY).0,
+            stats: Default::default(),
+            sampler: Default::default(),
+            next_id: AtomicU64::new(0),
+        }
+    }
+
+    /// A receiver of every event from now on.
+    pub(crate) fn subscribe(&self) -> broadcast::Receiver<Tagged> {
+        self.events.subscribe()
+    }
+
+    /// Sends an event to whoever listens (nobody listening is fine).
+    pub(crate) fn send(&self, e: Tagged) {
+        let _ = self.events.send(e);
+    }
+
+    fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// One pool: its backends, its strategy, the published routing table, and the
+/// settings it has of its own (`docs/routing.md`).
+#[derive(Debug)]
+pub(crate) struct Pool {
+    /// Unique among the pools.
+    pub(crate) name: Arc<str>,
+    members: Mutex<Members>,
+    table: ArcSwap<Snapshot>,
+    /// The settings it was made with (its strategy is the first one; the live one is
+    /// [`Self::strategy`]).
+    pub(crate) settings: crate::config::PoolSettings,
+    /// Its own retry budget: a sick pool does not spend another's.
+    pub(crate) budget: RetryBudget,
+    /// What all pools share.
+    pub(crate) hub: Arc<Hub>,
+    /// Flips when the pool is removed: its health checks and upkeep stop.
+    retired: watch::Sender<bool>,
 }
 
 /// A backend as the admin API shows it.
@@ -126,6 +171,8 @@ pub(crate) struct BackendView {
     pub(crate) requests: u64,
     pub(crate) errors: u64,
     pub(crate) spawned: bool,
+    /// The pool it belongs to.
+    pub(crate) pool: Arc<str>,
     /// A spawned backend's process id (`null` while it is not running).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) pid: Option<Option<u32>>,
@@ -151,6 +198,7 @@ impl BackendView {
             requests: b.requests(),
             errors: b.errors(),
             spawned: b.spawn.is_some(),
+            pool: Arc::clone(&b.pool),
             pid: b.spawn.as_ref().map(|s| s.pid()),
             port: b.spawn.as_ref().map(|s| s.port),
         }
@@ -177,45 +225,66 @@ fn build_snapshot(m: &Members, previous: Option<&Picker>) -> Snapshot {
 }
 
 impl Pool {
-    /// A pool of `specs` in order, ids 0, 1, 2…
+    /// The pool `spec`, its backends in order with ids from `hub`.
     ///
     /// Backends present at start-up take their full weight at once (as in HAProxy);
-    /// `slow_start` applies to those that join or recover later.
-    pub(crate) fn new(
-        specs: Vec<BackendSpec>,
-        strategy: StrategyKind,
-        alpha: f64,
-        slow_start: std::time::Duration,
-    ) -> Pool {
-        let backends: Vec<Arc<Backend>> = specs
-            .into_iter()
-            .enumerate()
-            .map(|(i, s)| Arc::new(Backend::new(i as u64, s, alpha).with_slow_start(slow_start)))
+    /// slow start applies to those that join or recover later.
+    pub(crate) fn new(spec: &PoolSpec, hub: Arc<Hub>) -> Pool {
+        let name: Arc<str> = Arc::from(spec.name.as_str());
+        let st = &spec.settings;
+        let backends: Vec<Arc<Backend>> = spec
+            .backends
+            .iter()
+            .map(|s| {
+                let b = Backend::new(hub.next_id(), s.clone(), st.ewma_alpha)
+                    .in_pool(Arc::clone(&name), st.connect_timeout)
+                    .with_slow_start(st.slow_start);
+                Arc::new(b)
+            })
             .collect();
         let members = Members {
             last_ramp_publish: None,
-            next_id: backends.len() as u64,
             backends,
-            strategy,
-            options: PickerOptions::default(),
+            strategy: st.strategy,
+            options: PickerOptions {
+                hash_balance_factor: st.hash_balance_factor,
+                ..PickerOptions::default()
+            },
         };
         let table = ArcSwap::from_pointee(build_snapshot(&members, None));
         Pool {
+            name,
             members: Mutex::new(members),
             table,
-            alpha,
-            slow_start,
-            events: tokio::sync::broadcast::channel(EVENT_CAPACITY).0,
-            stats: Default::default(),
-            sampler: Default::default(),
+            settings: st.clone(),
+            budget: RetryBudget::new(),
+            hub,
+            retired: watch::channel(false).0,
         }
     }
 
-    /// Sets `--hash-balance-factor` before the pool is shared (see
-    /// [`Self::set_hash_balance_factor`]).
-    pub(crate) fn with_hash_balance_factor(self, factor: Option<f64>) -> Pool {
-        self.set_hash_balance_factor(factor);
-        self
+    /// A pool `default` of `specs` with the built-in settings and its own hub, for tests.
+    #[cfg(test)]
+    pub(crate) fn of_backends(specs: Vec<BackendSpec>, strategy: StrategyKind) -> Pool {
+        let mut s = crate::config::Settings::default();
+        s.strategy = strategy;
+        let spec = PoolSpec {
+            name: crate::config::DEFAULT_POOL.into(),
+            settings: crate::config::PoolSettings::of(&s),
+            backends: specs,
+        };
+        Pool::new(&spec, Arc::new(Hub::new()))
+    }
+
+    /// Marks the pool removed: its health checks and upkeep end; requests in flight on
+    /// it finish.
+    pub(crate) fn retire(&self) {
+        self.retired.send_replace(true);
+    }
+
+    /// Flips when the pool is removed.
+    pub(crate) fn retired(&self) -> watch::Receiver<bool> {
+        self.retired.subscribe()
     }
 
     /// Sets `--hash-balance-factor` (bounded load for the hashing strategies; `None` =
@@ -229,14 +298,12 @@ impl Pool {
         }
     }
 
-    /// A receiver of every event from now on.
-    pub(crate) fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Event> {
-        self.events.subscribe()
-    }
-
-    /// Sends an event to whoever listens (nobody listening is fine).
-    pub(crate) fn emit(&self, e: Event) {
-        let _ = self.events.send(e);
+    /// Sends an event of this pool to whoever listens.
+    pub(crate) fn emit(&self, event: Event) {
+        self.hub.send(Tagged {
+            pool: Arc::clone(&self.name),
+            event,
+        });
     }
 
     /// The current routing table (lock-free).
@@ -328,7 +395,7 @@ impl Pool {
         for b in &m.backends {
             if b.ejected() && b.end_ejection_if_due(now) {
                 tracing::info!(backend = %b.name, "ejection over: half-open, one request goes through first");
-                let _ = self.events.send(Event::Ejection {
+                self.emit(Event::Ejection {
                     id: b.id,
                     backend: b.name.clone(),
                     ejected: false,
@@ -345,7 +412,7 @@ impl Pool {
     /// Republishes while a slow-start ramp runs, at most every [`RAMP_REPUBLISH`], and
     /// once when a ramp ends, so the weighted strategies follow the rising weight.
     pub(crate) fn refresh_ramps(&self) {
-        if self.slow_start.is_zero() {
+        if self.settings.slow_start.is_zero() {
             return;
         }
         let now = std::time::Instant::now();
@@ -427,13 +494,14 @@ impl Pool {
         if m.backends.iter().any(|b| b.name == spec.name) {
             return Err(PoolError::DuplicateName(spec.name));
         }
+        let st = &self.settings;
         let b = Arc::new(
-            Backend::new(m.next_id, spec, self.alpha)
-                .with_slow_start(self.slow_start)
+            Backend::new(self.hub.next_id(), spec, st.ewma_alpha)
+                .in_pool(Arc::clone(&self.name), st.connect_timeout)
+                .with_slow_start(st.slow_start)
                 .with_spawn(spawn),
         );
         b.start_ramp(std::time::Instant::now());
-        m.next_id += 1;
         m.backends.push(Arc::clone(&b));
         self.publish(&mut m);
         self.emit(Event::BackendAdded {
@@ -496,7 +564,7 @@ mod tests {
         let specs = (0..n)
             .map(|i| backend_spec(&format!("http://127.0.0.1:{}", 2000 + i), None, None).unwrap())
             .collect();
-        Pool::new(specs, kind, 0.1, std::time::Duration::ZERO)
+        Pool::of_backends(specs, kind)
     }
 
     fn pick_id(p: &Pool) -> Option<u64> {
@@ -535,7 +603,7 @@ mod tests {
     #[test]
     fn every_change_is_an_event() {
         let p = pool(2, StrategyKind::RoundRobin);
-        let mut rx = p.subscribe();
+        let mut rx = p.hub.subscribe();
         p.set_strategy(StrategyKind::LeastConnections);
         p.update(0, Some(3), None).unwrap();
         assert!(p.mark_health(1, false));
@@ -544,7 +612,9 @@ mod tests {
         let b = p
             .add(backend_spec("http://127.0.0.1:4999", None, None).unwrap())
             .unwrap();
-        let got: Vec<Event> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
+        let got: Vec<Event> = std::iter::from_fn(|| rx.try_recv().ok())
+            .map(|t| t.event)
+            .collect();
         assert_eq!(got.len(), 5, "{got:?}");
         assert_eq!(
             got[0],
@@ -563,8 +633,13 @@ mod tests {
         ));
         assert!(matches!(&got[3], Event::BackendRemoved { id: 1, .. }));
         assert!(matches!(&got[4], Event::BackendAdded { backend } if backend.id == b.id));
-        let json = serde_json::to_value(&got[2]).unwrap();
+        let json = serde_json::to_value(Tagged {
+            pool: Arc::clone(&p.name),
+            event: got[2].clone(),
+        })
+        .unwrap();
         assert_eq!(json["type"], "health");
+        assert_eq!(json["pool"], "default");
     }
 
     #[test]

@@ -63,6 +63,17 @@ impl RequestHead {
         }
     }
 
+    /// Whether the first field named `name` has exactly `value` (a route's header
+    /// condition).
+    pub(crate) fn has_field(&self, name: &HeaderName, value: &[u8]) -> bool {
+        match &self.fields {
+            RequestFields::Map(m) => m.get(name).is_some_and(|v| v.as_bytes() == value),
+            RequestFields::Spans(f) => f
+                .value(name.as_str().as_bytes())
+                .is_some_and(|v| v.as_bytes() == value),
+        }
+    }
+
     /// The authority the request is for: the target's own in absolute form
     /// (`GET http://a.example/ HTTP/1.1`, RFC 9112 §3.2.2: it replaces `Host`), else
     /// `Host` as the client sent it, else `:authority` (HTTP/2).

@@ -36,41 +36,30 @@ pub(crate) use message::{ProxyResponse, RequestFields, RequestHead, ResponseFiel
 pub(crate) use record::{Finish, Pending, Recorder};
 pub(crate) use upstream::{Failure, Upstreams};
 
-use crate::config::{HashKey, Settings};
+use crate::config::Settings;
 use crate::pool::{Backend, OutlierAction, Pool, RequestGuard};
+use crate::site::Site;
 use crate::stats::bump;
 
-/// The settings the request path reads.
+/// The proxy-wide settings the request path reads (a pool's own are on the
+/// [`Pool`]).
 #[derive(Debug, Clone)]
 pub(crate) struct ProxySettings {
-    /// Bound on request sent → response headers.
-    pub(crate) upstream_timeout: Duration,
-    /// TCP connect bound.
-    pub(crate) connect_timeout: Duration,
-    /// Extra attempts for a failed idempotent request without a body, each on another
-    /// backend, within the retry budget.
-    pub(crate) retries: u32,
     /// Shed above this many in flight (0 = off).
     pub(crate) max_inflight: usize,
     /// Peers whose forwarding headers are believed.
     pub(crate) trusted_proxies: Vec<IpNet>,
     /// The access log's format; `None` when it is off.
     pub(crate) access_log: Option<crate::config::LogFormat>,
-    /// Request key of `consistent_hash` and `maglev`.
-    pub(crate) hash_key: HashKey,
 }
 
 impl ProxySettings {
     /// The request-path part of the settings.
     pub(crate) fn from_settings(s: &Settings) -> Self {
         ProxySettings {
-            upstream_timeout: s.upstream_timeout,
-            connect_timeout: s.connect_timeout,
-            retries: s.retries,
             max_inflight: s.max_inflight,
             trusted_proxies: s.trusted_proxies.clone(),
             access_log: s.access_log.then_some(s.log_format),
-            hash_key: s.hash_key.clone(),
         }
     }
 }
@@ -85,14 +74,13 @@ impl Drop for ShedPermit {
     }
 }
 
-/// One worker's proxy: shared pool, own upstream connections.
+/// One worker's proxy: shared pools and routes, own upstream connections.
 #[derive(Debug)]
 pub(crate) struct Proxy {
-    pool: Arc<Pool>,
+    site: Arc<Site>,
     upstreams: &'static Upstreams,
     settings: ProxySettings,
     in_flight: Arc<AtomicUsize>,
-    budget: Arc<RetryBudget>,
     rec: &'static Recorder,
 }
 
@@ -145,6 +133,8 @@ pub(crate) struct Peer {
 /// this hop's rules applied (to the map at once; to span fields as they are written
 /// out), its body, and what the attempts need to know about it.
 struct Outgoing {
+    /// The pool its route sends it to, held until the request ends.
+    pool: Arc<Pool>,
     head: RequestHead,
     body: Option<Incoming>,
     /// The client side's half of an upgrade, when one is asked for.
@@ -211,6 +201,8 @@ enum Refusal {
     TooLarge,
     /// The proxy is over `--max-inflight`.
     Overloaded,
+    /// No route takes it.
+    NoRoute,
     /// The head breaks a rule of [`validate`].
     Invalid(validate::Invalid),
 }
@@ -226,32 +218,31 @@ impl Refusal {
                 ProxyResponse::own(StatusCode::SERVICE_UNAVAILABLE, "overloaded, retry later\n")
                     .with_field(header::RETRY_AFTER, HeaderValue::from_static("1"))
             }
+            Refusal::NoRoute => ProxyResponse::own(StatusCode::NOT_FOUND, "no route\n"),
             Refusal::Invalid(why) => why.answer(),
         }
     }
 }
 
 impl Proxy {
-    /// A proxy over `pool`; `in_flight` (shedding) and `budget` (retries) are shared by
-    /// every worker.
+    /// A proxy over the pools of `site`; `in_flight` (shedding) is shared by every
+    /// worker.
     ///
     /// A proxy lives as long as its worker thread, which is as long as the process: its
     /// connection pool is leaked so response bodies can hand connections back to it
     /// without a reference count per request.
     pub(crate) fn new(
-        pool: Arc<Pool>,
+        site: Arc<Site>,
         settings: ProxySettings,
         in_flight: Arc<AtomicUsize>,
-        budget: Arc<RetryBudget>,
     ) -> Proxy {
         Proxy {
-            budget,
-            upstreams: Box::leak(Box::new(Upstreams::new(settings.connect_timeout))),
+            upstreams: Box::leak(Box::new(Upstreams::new())),
             rec: Box::leak(Box::new(Recorder::new(
-                Arc::clone(&pool),
+                Arc::clone(&site),
                 settings.access_log,
             ))),
-            pool,
+            site,
             settings,
             in_flight,
         }
@@ -259,8 +250,18 @@ impl Proxy {
 
     /// Closes idle upstream connections past their time or to backends no longer pooled.
     pub(crate) fn sweep_idle(&self) {
-        let snap = self.pool.snapshot();
-        let live: std::collections::HashSet<u64> = snap.backends.iter().map(|b| b.id).collect();
+        let routing = self.site.routing();
+        let live: std::collections::HashSet<u64> = routing
+            .pools
+            .iter()
+            .flat_map(|p| {
+                p.snapshot()
+                    .backends
+                    .iter()
+                    .map(|b| b.id)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
         self.upstreams.sweep(|id| live.contains(&id));
     }
 
@@ -318,14 +319,18 @@ impl Proxy {
             },
             self.rec,
         );
-        match self.admit(&head) {
+        let admitted = self
+            .admit(&head)
+            .and_then(|permit| Ok((permit, self.route(&head)?)));
+        match admitted {
             Err(refusal) => {
                 let r = self.own(&mut fin, None, refusal.answer());
                 Either::Left(std::future::ready(r))
             }
-            Ok(permit) => {
+            Ok((permit, (pool, target))) => {
                 let req = Outgoing {
-                    target: fin.path.clone(),
+                    target: target.unwrap_or_else(|| fin.path.clone()),
+                    pool,
                     head,
                     body,
                     client_upgrade,
@@ -350,9 +355,36 @@ impl Proxy {
         }
         validate::check(head).map_err(Refusal::Invalid)?;
         self.shed_permit().map_err(|()| {
-            bump(&self.pool.stats.shed);
+            bump(&self.site.hub.stats.shed);
             Refusal::Overloaded
         })
+    }
+
+    /// The pool the first route that takes the request sends it to, and the target
+    /// rewritten when that route strips its prefix (`None`: unchanged). The single-pool
+    /// form (one route without conditions) looks nothing up.
+    fn route(&self, head: &RequestHead) -> Result<(Arc<Pool>, Option<PathAndQuery>), Refusal> {
+        let routing = self.site.routing();
+        if let Some(pool) = routing.only() {
+            return Ok((Arc::clone(pool), None));
+        }
+        let host = head.host();
+        let has_field = |name: &header::HeaderName, value: &[u8]| head.has_field(name, value);
+        let req = crate::route::Request {
+            host: host.as_ref().map(HeaderValue::as_bytes),
+            path: head.uri.path().as_bytes(),
+            method: &head.method,
+            has_field: &has_field,
+        };
+        let Some((route, pool)) = routing.find(&req) else {
+            bump(&self.site.hub.stats.no_route);
+            return Err(Refusal::NoRoute);
+        };
+        let target = head.uri.path_and_query().map_or("/", PathAndQuery::as_str);
+        let rewritten = route
+            .rewrite(target)
+            .and_then(|t| PathAndQuery::try_from(t).ok());
+        Ok((Arc::clone(pool), rewritten))
     }
 
     /// `Err(())` when the proxy is over `--max-inflight` and must shed this request.
@@ -412,10 +444,10 @@ impl Proxy {
     ) -> ProxyResponse {
         self.prepare(&mut req);
         let (req, fin) = (&mut req, &mut fin);
-        let max_attempts = 1 + self.settings.retries as usize;
+        let max_attempts = 1 + req.pool.settings.retries as usize;
         let resendable = req.resendable();
-        // Every request funds the budget; only retryable ones may draw on it.
-        self.budget.deposit();
+        // Every request funds its pool's budget; only retryable ones may draw on it.
+        req.pool.budget.deposit();
         let mut tried: Vec<u64> = Vec::new();
         let mut last_failure = None;
         let mut attempt = 0;
@@ -427,7 +459,7 @@ impl Proxy {
             fin.backend_id = Some(id);
             // A retry is counted once it has a backend to go to, not when it is decided.
             if attempt > 0 {
-                bump(&self.pool.stats.retries);
+                bump(&req.pool.hub.stats.retries);
             }
             fin.retries = attempt as u32;
             let last = attempt + 1 == max_attempts;
@@ -442,7 +474,7 @@ impl Proxy {
             // left, or an idempotent one without a body, may go to another backend, while
             // the budget allows.
             let again = failure == Failure::Connect || resendable;
-            let retry = again && !failure.is_clients() && !last && self.budget.withdraw();
+            let retry = again && !failure.is_clients() && !last && req.pool.budget.withdraw();
             last_failure = Some(failure);
             if !retry {
                 break;
@@ -459,7 +491,7 @@ impl Proxy {
                 r
             }
             None => {
-                bump(&self.pool.stats.no_backend);
+                bump(&req.pool.hub.stats.no_backend);
                 let r = ProxyResponse::own(StatusCode::SERVICE_UNAVAILABLE, "no healthy backend\n");
                 self.own(fin, None, r)
             }
@@ -475,7 +507,7 @@ impl Proxy {
         // The routing table is read afresh per attempt and not held across the wait
         // (arc-swap's cheap read slots are few per thread); the guard keeps the backend
         // itself alive.
-        let snap = self.pool.snapshot();
+        let snap = req.pool.snapshot();
         if let (None, Some(source)) = (req.key, snap.strategy.key_source()) {
             req.key = Some(self.request_key(req, source));
         }
@@ -515,7 +547,7 @@ impl Proxy {
         };
         crate::strategy::request_key(
             source,
-            &self.settings.hash_key,
+            &req.pool.settings.hash_key,
             fields,
             req.peer.addr.ip(),
             &self.settings.trusted_proxies,
@@ -539,7 +571,7 @@ impl Proxy {
             Ok(delay) => delay,
             Err(()) => {
                 guard.fail();
-                self.note_outcome(&mut guard, false);
+                note_outcome(&req.pool, &mut guard, false);
                 drop(guard);
                 let r = ProxyResponse::own(StatusCode::SERVICE_UNAVAILABLE, "injected failure\n");
                 return Ok(self.own(fin, Some(&backend), r));
@@ -565,7 +597,7 @@ impl Proxy {
                 tracing::debug!(backend = %backend.name, ?failure, "attempt failed");
                 if !failure.is_clients() {
                     guard.fail();
-                    self.note_outcome(&mut guard, false);
+                    note_outcome(&req.pool, &mut guard, false);
                 }
                 Err(failure)
             }
@@ -600,7 +632,7 @@ impl Proxy {
         Result<(Answer, Instant), Failure>,
         Option<Arc<body::Upload>>,
     ) {
-        let timeout = self.settings.upstream_timeout;
+        let timeout = req.pool.settings.upstream_timeout;
         if req.inline {
             let mut out = Vec::with_capacity(256 + req.target.as_str().len());
             write_inline_head(&mut out, req, backend.authority.as_str());
@@ -646,7 +678,7 @@ impl Proxy {
         if failed {
             guard.fail();
         }
-        self.note_outcome(&mut guard, !failed);
+        note_outcome(&req.pool, &mut guard, !failed);
         if let (Answer::Hyper(resp, _), Some(client_upgrade)) =
             (&mut answer, req.client_upgrade.take())
         {
@@ -692,29 +724,29 @@ impl Proxy {
         }
     }
 
-    /// Feeds passive outlier detection and carries out what it asks for.
-    fn note_outcome(&self, guard: &mut RequestGuard, ok: bool) {
-        match guard.outcome(ok) {
-            OutlierAction::None => {}
-            OutlierAction::Eject | OutlierAction::TrialFailed => {
-                self.pool.eject(guard.backend().id);
-            }
-            OutlierAction::Restored => {
-                let b = guard.backend();
-                tracing::info!(backend = %b.name, "half-open trial succeeded: full traffic again");
-                self.pool.emit(crate::pool::Event::Restored {
-                    id: b.id,
-                    backend: b.name.clone(),
-                });
-            }
-        }
-    }
-
     /// Records an answer of fulcrum's own and returns it.
     fn own(&self, fin: &mut Pending, backend: Option<&Backend>, r: ProxyResponse) -> ProxyResponse {
         fin.status = r.head.status.as_u16();
         fin.finish(backend);
         r
+    }
+}
+
+/// Feeds passive outlier detection of `pool` and carries out what it asks for.
+fn note_outcome(pool: &Pool, guard: &mut RequestGuard, ok: bool) {
+    match guard.outcome(ok) {
+        OutlierAction::None => {}
+        OutlierAction::Eject | OutlierAction::TrialFailed => {
+            pool.eject(guard.backend().id);
+        }
+        OutlierAction::Restored => {
+            let b = guard.backend();
+            tracing::info!(backend = %b.name, "half-open trial succeeded: full traffic again");
+            pool.emit(crate::pool::Event::Restored {
+                id: b.id,
+                backend: b.name.clone(),
+            });
+        }
     }
 }
 

@@ -9,7 +9,8 @@ use http::uri::PathAndQuery;
 use http::Method;
 
 use crate::config::LogFormat;
-use crate::pool::{Backend, Event, Pool};
+use crate::pool::{Backend, Event, Tagged};
+use crate::site::Site;
 
 /// One request's facts, filled in along the way.
 #[derive(Debug)]
@@ -68,11 +69,10 @@ impl Pending {
     /// id: failure paths only, off the common path).
     pub(crate) fn finish_attempted(&mut self) {
         if std::mem::take(&mut self.armed) {
-            let snap = self.rec.pool.snapshot();
             let backend = self
                 .backend_id
-                .and_then(|id| snap.backends.iter().find(|b| b.id == id));
-            self.rec.finish(&self.fin, backend.map(|b| &**b));
+                .and_then(|id| self.rec.site.live_backend(id));
+            self.rec.finish(&self.fin, backend.as_deref());
         }
     }
 
@@ -121,7 +121,7 @@ impl Drop for Pending {
 /// Records finished requests for one proxy (shared by its workers).
 #[derive(Debug)]
 pub(crate) struct Recorder {
-    pool: std::sync::Arc<Pool>,
+    site: std::sync::Arc<Site>,
     /// The access log's format, `None` when it is off.
     access_log: Option<LogFormat>,
 }
@@ -148,10 +148,10 @@ fn ms(d: Duration) -> f64 {
 }
 
 impl Recorder {
-    /// A recorder for `pool`'s backends; `access_log` writes one line per request in
-    /// that format.
-    pub(crate) fn new(pool: std::sync::Arc<Pool>, access_log: Option<LogFormat>) -> Recorder {
-        Recorder { pool, access_log }
+    /// A recorder for the backends of `site`; `access_log` writes one line per request
+    /// in that format.
+    pub(crate) fn new(site: std::sync::Arc<Site>, access_log: Option<LogFormat>) -> Recorder {
+        Recorder { site, access_log }
     }
 
     /// Records a finished request; `backend` is the one that served it (or failed it),
@@ -167,8 +167,9 @@ impl Recorder {
             crate::logging::write_line(|buf| access_line(buf, format, f, name, total));
         }
         if let Some(b) = backend {
-            if self.pool.sampler.sample(now) {
-                self.pool.emit(Event::Request {
+            let hub = &self.site.hub;
+            if hub.sampler.sample(now) {
+                let event = Event::Request {
                     id: b.id,
                     backend: b.name.clone(),
                     status: f.status,
@@ -176,6 +177,10 @@ impl Recorder {
                     method: f.method.to_string(),
                     path: truncated(f.path.path(), EVENT_PATH_MAX).to_string(),
                     retries: f.retries,
+                };
+                hub.send(Tagged {
+                    pool: std::sync::Arc::clone(&b.pool),
+                    event,
                 });
             }
         }

@@ -113,16 +113,14 @@ pub(crate) struct Upstreams {
     idle: Mutex<HashMap<u64, Vec<Idle>>>,
     /// Connections driven inline (requests without a body), by backend id.
     wires: Mutex<HashMap<u64, Vec<(Wire, Instant)>>>,
-    connect_timeout: Duration,
 }
 
 impl Upstreams {
     /// An empty pool.
-    pub(crate) fn new(connect_timeout: Duration) -> Self {
+    pub(crate) fn new() -> Self {
         Upstreams {
             idle: Mutex::new(HashMap::new()),
             wires: Mutex::new(HashMap::new()),
-            connect_timeout,
         }
     }
 
@@ -165,7 +163,7 @@ impl Upstreams {
                 None => TcpStream::connect(b.authority.as_str()).await,
             }
         };
-        let stream = match tokio::time::timeout(self.connect_timeout, connecting).await {
+        let stream = match tokio::time::timeout(b.connect_timeout, connecting).await {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => {
                 tracing::debug!(backend = %b.name, error = %e, "connect failed");

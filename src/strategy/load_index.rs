@@ -405,7 +405,7 @@ mod tests {
             StrategyKind::LeastResponseTime,
         ];
         for kind in kinds {
-            let pool = Pool::new(specs.clone(), kind, 0.1, Duration::ZERO);
+            let pool = Pool::of_backends(specs.clone(), kind);
             let scan = |pool: &Pool| {
                 let snap = pool.snapshot();
                 let (eligible, ctx) = (&snap.eligible, PickCtx::default());

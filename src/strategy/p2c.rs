@@ -218,7 +218,7 @@ mod tests {
                 .map(|i| crate::config::backend_spec(&format!("http://127.0.0.1:{}", 3000 + i), None, None).unwrap())
                 .collect();
             let kind = if peak { StrategyKind::PeakEwma } else { StrategyKind::PowerOfTwo };
-            let pool = Pool::new(specs, kind, 0.1, Duration::ZERO);
+            let pool = Pool::of_backends(specs, kind);
             for (i, (healthy, state, busy)) in flags.iter().enumerate() {
                 let st = [AdminState::Active, AdminState::Draining, AdminState::Maintenance][*state as usize];
                 pool.update(i as u64, None, Some(st)).unwrap();

@@ -1,0 +1,283 @@
+//! The admin routes of pools and routes (`docs/admin-api.md`, "Pools and routes"):
+//! `/admin/pools…` and `/admin/routes`. A pool's strategy and backends routes answer as
+//! their single-pool twins do, for that pool.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::{add_to, strategy_of, switch_strategy, AdminCtx, ApiError, ApiResult};
+use crate::config::pools::{self, PoolDraft, RouteText};
+use crate::config::{backend_spec, options, RouteSpec};
+use crate::pool::{BackendView, Pool};
+use crate::site::Site;
+
+/// A pool as the API shows it.
+#[derive(Debug, Serialize)]
+pub(crate) struct PoolView {
+    name: String,
+    strategy: &'static str,
+    backends: Vec<BackendView>,
+    /// Indices of the routes to it.
+    routes: Vec<usize>,
+}
+
+fn view(site: &Site, pool: &Pool) -> PoolView {
+    PoolView {
+        name: pool.name.to_string(),
+        strategy: pool.strategy().name(),
+        backends: super::views(pool),
+        routes: site.routing().routes_to(&pool.name),
+    }
+}
+
+/// Every pool, in order.
+pub(crate) fn views(site: &Site) -> Vec<PoolView> {
+    site.pools().iter().map(|p| view(site, p)).collect()
+}
+
+fn pool_named(ctx: &AdminCtx, name: &str) -> ApiResult<Arc<Pool>> {
+    Ok(ctx.site.pool(name)?)
+}
+
+/// `GET /admin/pools`.
+pub(crate) async fn list(State(ctx): State<AdminCtx>) -> Json<Vec<PoolView>> {
+    Json(views(&ctx.site))
+}
+
+/// `GET /admin/pools/{name}`.
+pub(crate) async fn one(
+    State(ctx): State<AdminCtx>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<PoolView>> {
+    let pool = pool_named(&ctx, &name)?;
+    Ok(Json(view(&ctx.site, &pool)))
+}
+
+/// `POST /admin/pools`: 201 POOL; the keys a `[[pools]]` entry takes, the others from
+/// the running top-level settings.
+pub(crate) async fn create(State(ctx): State<AdminCtx>, body: Bytes) -> ApiResult<Response> {
+    let fields: Map<String, Value> = super::parse_body(&body)?;
+    let draft = draft_of(&fields)?;
+    let spec = pools::pool_spec(&ctx.reloader.settings(), &draft);
+    let mut seen = std::collections::HashSet::new();
+    for b in &spec.backends {
+        if !seen.insert(b.url.as_str()) {
+            return Err(ApiError::bad(format!("duplicate backend URL '{}'", b.url)));
+        }
+    }
+    let pool = ctx.site.add_pool(&spec)?;
+    tracing::info!(pool = %pool.name, strategy = pool.strategy().name(), "pool added");
+    Ok((StatusCode::CREATED, Json(view(&ctx.site, &pool))).into_response())
+}
+
+/// A pool's name and own values from a `POST /admin/pools` body.
+fn draft_of(fields: &Map<String, Value>) -> ApiResult<PoolDraft> {
+    let name = match fields.get("name") {
+        Some(Value::String(n)) => n.clone(),
+        Some(_) => return Err(ApiError::bad("invalid name: expected a string")),
+        None => return Err(ApiError::bad("missing field 'name'")),
+    };
+    pools::check_pool_name(&name).map_err(ApiError::bad)?;
+    let mut draft = PoolDraft {
+        name,
+        values: Vec::new(),
+        backends: Vec::new(),
+    };
+    for (key, v) in fields {
+        match key.as_str() {
+            "name" => {}
+            "backends" => draft.backends = backends_of(v)?,
+            "health" => {
+                let Value::Object(h) = v else {
+                    return Err(ApiError::bad("invalid health: expected an object"));
+                };
+                for (k, hv) in h {
+                    let o = options::find_health(k).ok_or_else(|| {
+                        ApiError::bad(format!("unknown key 'health.{k}' (valid: path, interval, timeout, healthy_threshold, unhealthy_threshold)"))
+                    })?;
+                    push_value(&mut draft, o.key, hv)?;
+                }
+            }
+            k => push_value(&mut draft, k, v)?,
+        }
+    }
+    Ok(draft)
+}
+
+/// One per-pool value, checked as the file's would be.
+fn push_value(draft: &mut PoolDraft, key: &str, v: &Value) -> ApiResult<()> {
+    let text = match v {
+        Value::String(s) => s.clone(),
+        Value::Number(n) => n.to_string(),
+        Value::Bool(b) => b.to_string(),
+        _ => {
+            return Err(ApiError::bad(format!(
+                "invalid {key}: expected a string or a number"
+            )))
+        }
+    };
+    let k =
+        pools::check_pool_value(key, &text).map_err(|e| ApiError::bad(format!("{key}: {e}")))?;
+    draft.values.push((k, text));
+    Ok(())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BackendBody {
+    url: String,
+    weight: Option<i64>,
+    name: Option<String>,
+}
+
+/// A pool's `backends` list.
+fn backends_of(v: &Value) -> ApiResult<Vec<crate::config::BackendSpec>> {
+    let list: Vec<BackendBody> = serde_json::from_value(v.clone())
+        .map_err(|e| ApiError::bad(format!("invalid backends: {e}")))?;
+    list.into_iter()
+        .map(|b| {
+            let weight = b.weight.map(super::check_weight).transpose()?;
+            backend_spec(&b.url, weight, b.name.as_deref()).map_err(ApiError::bad)
+        })
+        .collect()
+}
+
+/// `DELETE /admin/pools/{name}`: 204; refused while a route names it.
+pub(crate) async fn remove(
+    State(ctx): State<AdminCtx>,
+    Path(name): Path<String>,
+) -> ApiResult<StatusCode> {
+    let pool = ctx.site.remove_pool(&name)?;
+    for b in pool.backends() {
+        crate::spawn::Spawner::stop_when_idle(&b);
+    }
+    tracing::info!(pool = %pool.name, "pool removed");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `GET /admin/pools/{name}/strategy`.
+pub(crate) async fn get_strategy(
+    State(ctx): State<AdminCtx>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<Value>> {
+    Ok(strategy_of(&*pool_named(&ctx, &name)?))
+}
+
+/// `POST /admin/pools/{name}/strategy`.
+pub(crate) async fn set_strategy(
+    State(ctx): State<AdminCtx>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> ApiResult<Json<Value>> {
+    switch_strategy(&*pool_named(&ctx, &name)?, &body)
+}
+
+/// `GET /admin/pools/{name}/backends`.
+pub(crate) async fn list_backends(
+    State(ctx): State<AdminCtx>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<Vec<BackendView>>> {
+    Ok(Json(super::views(&*pool_named(&ctx, &name)?)))
+}
+
+/// `POST /admin/pools/{name}/backends`.
+pub(crate) async fn add_backend(
+    State(ctx): State<AdminCtx>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> ApiResult<Response> {
+    add_to(&*pool_named(&ctx, &name)?, &body)
+}
+
+/// A route as the API shows and takes it.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RouteView {
+    pool: String,
+    #[serde(default)]
+    host: Option<String>,
+    #[serde(default)]
+    path_prefix: Option<String>,
+    #[serde(default)]
+    methods: Vec<String>,
+    #[serde(default)]
+    headers: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    strip_path_prefix: bool,
+    /// Requests it took (shown; ignored when given).
+    #[serde(default)]
+    requests: u64,
+}
+
+impl RouteView {
+    fn of(r: &RouteSpec, requests: u64) -> RouteView {
+        RouteView {
+            pool: r.pool.clone(),
+            host: r.host.as_ref().map(|h| h.to_text()),
+            path_prefix: r.path_prefix.as_ref().map(|p| p.as_str().to_string()),
+            methods: r.methods.iter().map(|m| m.as_str().to_string()).collect(),
+            headers: r
+                .headers
+                .iter()
+                .map(|(n, v)| {
+                    let value = String::from_utf8_lossy(v.as_bytes()).into_owned();
+                    (n.as_str().to_string(), value)
+                })
+                .collect(),
+            strip_path_prefix: r.strip_path_prefix,
+            requests,
+        }
+    }
+
+    fn spec(self) -> Result<RouteSpec, String> {
+        pools::route_spec(RouteText {
+            pool: self.pool,
+            host: self.host,
+            path_prefix: self.path_prefix,
+            methods: self.methods,
+            headers: self.headers.into_iter().collect(),
+            strip_path_prefix: self.strip_path_prefix,
+        })
+    }
+}
+
+/// `GET /admin/routes`: the routes in order.
+pub(crate) async fn routes(State(ctx): State<AdminCtx>) -> Json<Vec<RouteView>> {
+    let routing = ctx.site.routing();
+    let counts = routing.route_requests();
+    Json(
+        routing
+            .routes
+            .iter()
+            .zip(counts)
+            .map(|(r, n)| RouteView::of(r, n))
+            .collect(),
+    )
+}
+
+/// `PUT /admin/routes`: replaces the list, all valid or nothing changed.
+pub(crate) async fn set_routes(
+    State(ctx): State<AdminCtx>,
+    body: Bytes,
+) -> ApiResult<Json<Vec<RouteView>>> {
+    let list: Vec<RouteView> = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad(format!("invalid JSON body: expected a list of routes: {e}")))?;
+    let specs = list
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| {
+            r.spec()
+                .map_err(|e| ApiError::bad(format!("route {i}: {e}")))
+        })
+        .collect::<ApiResult<Vec<_>>>()?;
+    ctx.site.set_routes(specs)?;
+    tracing::info!(routes = ctx.site.routing().routes.len(), "routes replaced");
+    Ok(routes(State(ctx)).await)
+}

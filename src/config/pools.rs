@@ -1,0 +1,362 @@
+//! Pools and routes as configured (`docs/routing.md`).
+//!
+//! A `[[pools]]` entry names a pool and gives the settings it has of its own; every key
+//! it leaves out takes the top-level value (file, then flags), then the built-in
+//! default. So an entry is kept as a [`PoolDraft`] — its own values, already checked —
+//! and made into a [`PoolSpec`] once the top-level values are final. Without
+//! `[[pools]]` the top-level settings form the one pool `default`, with a route that
+//! takes everything: the single-pool form.
+
+use std::time::Duration;
+
+use http::header::{HeaderName, HeaderValue};
+use http::Method;
+
+use super::options;
+use super::{BackendSpec, HashKey, HealthSettings, RawFlags, Settings};
+use crate::route::{HostPattern, PathPrefix, Route};
+use crate::strategy::StrategyKind;
+
+/// The pool of the single-pool form.
+pub(crate) const DEFAULT_POOL: &str = "default";
+
+/// Longest pool name.
+const MAX_POOL_NAME: usize = 64;
+
+/// The option keys a pool may set for itself, as the options table names them (the
+/// health ones also as the `health` table's short keys).
+pub(crate) const POOL_OPTIONS: [&str; 13] = [
+    "strategy",
+    "hash_key",
+    "hash_balance_factor",
+    "health_path",
+    "health_interval",
+    "health_timeout",
+    "healthy_threshold",
+    "unhealthy_threshold",
+    "retries",
+    "slow_start",
+    "ewma_alpha",
+    "connect_timeout",
+    "upstream_timeout",
+];
+
+/// The settings a pool has of its own.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct PoolSettings {
+    /// Balancing strategy.
+    pub(crate) strategy: StrategyKind,
+    /// Key of the hashing strategies.
+    pub(crate) hash_key: HashKey,
+    /// Bounded load for the hashing strategies; `None` = off.
+    pub(crate) hash_balance_factor: Option<f64>,
+    /// Active health checks.
+    pub(crate) health: HealthSettings,
+    /// Extra attempts for a failed idempotent request.
+    pub(crate) retries: u32,
+    /// Weight ramp duration; zero = off.
+    pub(crate) slow_start: Duration,
+    /// EWMA smoothing factor.
+    pub(crate) ewma_alpha: f64,
+    /// TCP connect bound.
+    pub(crate) connect_timeout: Duration,
+    /// Request sent → response headers bound.
+    pub(crate) upstream_timeout: Duration,
+}
+
+impl PoolSettings {
+    /// The per-pool part of `s`.
+    pub(crate) fn of(s: &Settings) -> PoolSettings {
+        PoolSettings {
+            strategy: s.strategy,
+            hash_key: s.hash_key.clone(),
+            hash_balance_factor: s.hash_balance_factor,
+            health: s.health.clone(),
+            retries: s.retries,
+            slow_start: s.slow_start,
+            ewma_alpha: s.ewma_alpha,
+            connect_timeout: s.connect_timeout,
+            upstream_timeout: s.upstream_timeout,
+        }
+    }
+
+    /// The keys whose values differ from `other`'s and that a running pool keeps until a
+    /// restart (the strategy and the balance factor are applied live).
+    pub(crate) fn fixed_changes(&self, other: &PoolSettings) -> Vec<&'static str> {
+        let mut out = Vec::new();
+        let mut note = |changed: bool, key: &'static str| {
+            if changed {
+                out.push(key);
+            }
+        };
+        note(self.hash_key != other.hash_key, "hash_key");
+        note(self.health != other.health, "health");
+        note(self.retries != other.retries, "retries");
+        note(self.slow_start != other.slow_start, "slow_start");
+        note(self.ewma_alpha != other.ewma_alpha, "ewma_alpha");
+        note(
+            self.connect_timeout != other.connect_timeout,
+            "connect_timeout",
+        );
+        note(
+            self.upstream_timeout != other.upstream_timeout,
+            "upstream_timeout",
+        );
+        out
+    }
+}
+
+/// A pool: its name, its settings, its backends in order.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct PoolSpec {
+    /// `[a-z0-9_-]{1,64}`, unique.
+    pub(crate) name: String,
+    /// Its own settings.
+    pub(crate) settings: PoolSettings,
+    /// Its backends, in order.
+    pub(crate) backends: Vec<BackendSpec>,
+}
+
+/// A `[[pools]]` entry before the top-level values it builds on are final.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct PoolDraft {
+    /// The pool's name.
+    pub(crate) name: String,
+    /// Its own option values (keys of the options table), each already checked.
+    pub(crate) values: Vec<(&'static str, String)>,
+    /// Its backends.
+    pub(crate) backends: Vec<BackendSpec>,
+}
+
+/// A route as configured: conditions and the pool they send to, by name.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct RouteSpec {
+    /// The pool's name.
+    pub(crate) pool: String,
+    /// Host condition.
+    pub(crate) host: Option<HostPattern>,
+    /// Path condition.
+    pub(crate) path_prefix: Option<PathPrefix>,
+    /// Methods taken; empty takes any.
+    pub(crate) methods: Vec<Method>,
+    /// Fields that must be present with exactly these values.
+    pub(crate) headers: Vec<(HeaderName, HeaderValue)>,
+    /// Forward the path without the prefix.
+    pub(crate) strip_path_prefix: bool,
+}
+
+impl RouteSpec {
+    /// A route without conditions, to `pool`.
+    pub(crate) fn catch_all(pool: &str) -> RouteSpec {
+        RouteSpec {
+            pool: pool.to_string(),
+            host: None,
+            path_prefix: None,
+            methods: Vec::new(),
+            headers: Vec::new(),
+            strip_path_prefix: false,
+        }
+    }
+
+    /// The route to the pool at index `pool`.
+    pub(crate) fn to_route(&self, pool: usize) -> Route {
+        Route {
+            pool,
+            host: self.host.clone(),
+            path_prefix: self.path_prefix.clone(),
+            methods: self.methods.clone(),
+            headers: self.headers.clone(),
+            strip_path_prefix: self.strip_path_prefix,
+        }
+    }
+}
+
+/// The raw conditions of a route, as the file or the admin API gives them.
+#[derive(Debug, Default)]
+pub(crate) struct RouteText {
+    /// The pool's name.
+    pub(crate) pool: String,
+    /// `api.example.com` or `*.example.com`.
+    pub(crate) host: Option<String>,
+    /// `/v1`.
+    pub(crate) path_prefix: Option<String>,
+    /// Method names.
+    pub(crate) methods: Vec<String>,
+    /// Field name → exact value.
+    pub(crate) headers: Vec<(String, String)>,
+    /// Strip the prefix when forwarding.
+    pub(crate) strip_path_prefix: bool,
+}
+
+/// Checks a route's conditions; the message names what is wrong.
+pub(crate) fn route_spec(t: RouteText) -> Result<RouteSpec, String> {
+    check_pool_name(&t.pool)?;
+    let host = t.host.as_deref().map(HostPattern::parse).transpose()?;
+    let path_prefix = t
+        .path_prefix
+        .as_deref()
+        .map(PathPrefix::parse)
+        .transpose()?;
+    if t.strip_path_prefix && path_prefix.is_none() {
+        return Err("strip_path_prefix needs a path_prefix".into());
+    }
+    let methods = t
+        .methods
+        .iter()
+        .map(|m| {
+            let upper = m.to_ascii_uppercase();
+            Method::from_bytes(upper.as_bytes()).map_err(|_| format!("invalid method '{m}'"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let headers = t
+        .headers
+        .iter()
+        .map(|(n, v)| {
+            let name = HeaderName::from_bytes(n.as_bytes())
+                .map_err(|_| format!("invalid header name '{n}'"))?;
+            let value =
+                HeaderValue::from_str(v).map_err(|_| format!("invalid value of header '{n}'"))?;
+            Ok((name, value))
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    Ok(RouteSpec {
+        pool: t.pool,
+        host,
+        path_prefix,
+        methods,
+        headers,
+        strip_path_prefix: t.strip_path_prefix,
+    })
+}
+
+/// `[a-z0-9_-]{1,64}`.
+pub(crate) fn check_pool_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_POOL_NAME
+        && name
+            .bytes()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_' || c == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "invalid pool name '{name}' (expected 1 to {MAX_POOL_NAME} characters of a-z, 0-9, _ and -)"
+        ))
+    }
+}
+
+/// Checks a pool's own values (keys of [`POOL_OPTIONS`]) as a `[[pools]]` entry or
+/// `POST /admin/pools` gives them; returns the first problem, naming the key.
+pub(crate) fn check_pool_value(key: &str, value: &str) -> Result<&'static str, String> {
+    let Some(o) = options::find(key).filter(|o| POOL_OPTIONS.contains(&o.key)) else {
+        return Err(format!(
+            "'{key}' is not a per-pool key (valid: {}, health, backends)",
+            POOL_OPTIONS.join(", ")
+        ));
+    };
+    let mut scratch = Settings::default();
+    (o.set)(&mut scratch, value)?;
+    Ok(o.key)
+}
+
+/// The pool `draft` over the top-level settings `top`.
+pub(crate) fn pool_spec(top: &Settings, draft: &PoolDraft) -> PoolSpec {
+    let mut s = top.clone();
+    for (key, value) in &draft.values {
+        if let Some(o) = options::find(key) {
+            // Checked when the draft was made (`check_pool_value`).
+            let _ = (o.set)(&mut s, value);
+        }
+    }
+    PoolSpec {
+        name: draft.name.clone(),
+        settings: PoolSettings::of(&s),
+        backends: draft.backends.clone(),
+    }
+}
+
+/// Makes `s.pools` and `s.routes` from the drafts and the final top-level values:
+/// the single-pool form without `[[pools]]`. `--backend` and `--strategy` apply to the
+/// first pool.
+pub(crate) fn materialize(s: &mut Settings, flags: &RawFlags) {
+    if s.pool_drafts.is_empty() {
+        s.pools = vec![PoolSpec {
+            name: DEFAULT_POOL.into(),
+            settings: PoolSettings::of(s),
+            backends: s.backends.clone(),
+        }];
+    } else {
+        s.pools = s.pool_drafts.iter().map(|d| pool_spec(s, d)).collect();
+        if let Some(first) = s.pools.first_mut() {
+            if !flags.backend.is_empty() {
+                first.backends = s.backends.clone();
+            }
+            if flags.values.iter().any(|(k, _)| *k == "strategy") {
+                first.settings.strategy = s.strategy;
+            }
+        }
+    }
+    if s.routes.is_empty() {
+        if let Some(first) = s.pools.first() {
+            s.routes = vec![RouteSpec::catch_all(&first.name)];
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pool_names() {
+        for ok in ["api", "web-1", "a_b", &"x".repeat(64)] {
+            assert!(check_pool_name(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "Api", "a b", "a.b", &"x".repeat(65)] {
+            let e = check_pool_name(bad).unwrap_err();
+            assert!(e.contains("a-z"), "{e}");
+        }
+    }
+
+    #[test]
+    fn routes_are_checked_whole() {
+        let t = |f: &dyn Fn(&mut RouteText)| {
+            let mut r = RouteText {
+                pool: "api".into(),
+                ..Default::default()
+            };
+            f(&mut r);
+            route_spec(r)
+        };
+        assert!(t(&|_| {}).is_ok());
+        assert!(t(&|r| r.host = Some("*.example.com".into())).is_ok());
+        assert!(t(&|r| r.host = Some("a.example.com:80".into())).is_err());
+        assert!(t(&|r| r.path_prefix = Some("v1".into())).is_err());
+        assert!(t(&|r| r.strip_path_prefix = true).is_err());
+        assert!(t(&|r| r.methods = vec!["get".into()]).is_ok());
+        assert!(t(&|r| r.methods = vec!["G T".into()]).is_err());
+        assert!(t(&|r| r.headers = vec![("x y".into(), "1".into())]).is_err());
+        let m = t(&|r| r.methods = vec!["get".into()]).unwrap();
+        assert_eq!(m.methods, [Method::GET]);
+    }
+
+    #[test]
+    fn a_pool_takes_the_top_level_values_it_does_not_set() {
+        let mut top = Settings {
+            retries: 5,
+            ..Default::default()
+        };
+        top.strategy = StrategyKind::LeastConnections;
+        let d = PoolDraft {
+            name: "api".into(),
+            values: vec![("retries", "1".into())],
+            backends: vec![],
+        };
+        let p = pool_spec(&top, &d);
+        assert_eq!(p.settings.retries, 1);
+        assert_eq!(p.settings.strategy, StrategyKind::LeastConnections);
+        assert!(check_pool_value("listen", "127.0.0.1:1").is_err());
+        assert!(check_pool_value("retries", "x").is_err());
+        assert_eq!(check_pool_value("health_path", "/hz"), Ok("health_path"));
+    }
+}

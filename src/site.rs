@@ -1,0 +1,347 @@
+//! Every pool and the routes to them (`docs/routing.md`).
+//!
+//! The request path reads one immutable [`Routing`] — the pools in order and the route
+//! table over them — through `arc-swap`, as it reads a pool's [`crate::pool::Snapshot`];
+//! a change of pools or routes (the admin API, a reload) builds a new one and publishes
+//! it whole, so a request sees either the old routes and pools or the new ones. A
+//! request holds the pool that took it until it ends: a pool removed meanwhile finishes
+//! its requests in flight.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use arc_swap::ArcSwap;
+use tokio::sync::watch;
+
+use crate::config::{PoolSpec, RouteSpec};
+use crate::pool::{Backend, Hub, Pool, PoolError};
+use crate::route::{Route, RouteTable};
+
+/// Route counters are kept for at least this many routes, so a route list that grows a
+/// little does not move them.
+const MIN_ROUTE_COUNTERS: usize = 64;
+
+/// What the request path reads: the pools and the routes to them.
+#[derive(Debug)]
+pub(crate) struct Routing {
+    /// The pools, in order; the first is the one the single-pool admin routes address.
+    pub(crate) pools: Vec<Arc<Pool>>,
+    /// The routes as given, in order.
+    pub(crate) routes: Vec<RouteSpec>,
+    table: RouteTable,
+    /// Requests taken, by route index.
+    hits: Arc<[AtomicU64]>,
+    /// The pool of a single route without conditions (the single-pool form): every
+    /// request goes there without a lookup.
+    only: Option<Arc<Pool>>,
+}
+
+impl Routing {
+    /// The pool every request goes to, when one route without conditions is all there
+    /// is; counts the request for it.
+    #[inline]
+    pub(crate) fn only(&self) -> Option<&Arc<Pool>> {
+        let p = self.only.as_ref()?;
+        self.hits[0].fetch_add(1, Ordering::Relaxed);
+        Some(p)
+    }
+
+    /// The first route that takes `req` and its pool; counts the request for it.
+    pub(crate) fn find(&self, req: &crate::route::Request<'_>) -> Option<(&Route, &Arc<Pool>)> {
+        let (i, r) = self.table.find(req)?;
+        self.hits[i].fetch_add(1, Ordering::Relaxed);
+        Some((r, &self.pools[r.pool]))
+    }
+
+    /// Requests each route took, in route order.
+    pub(crate) fn route_requests(&self) -> Vec<u64> {
+        (0..self.routes.len())
+            .map(|i| self.hits[i].load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// The indices of the routes to `pool`.
+    pub(crate) fn routes_to(&self, pool: &str) -> Vec<usize> {
+        (0..self.routes.len())
+            .filter(|&i| self.routes[i].pool == pool)
+            .collect()
+    }
+}
+
+/// Why a change of pools or routes was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum SiteError {
+    /// No pool has that name.
+    NoSuchPool(String),
+    /// A pool of that name exists already.
+    PoolExists(String),
+    /// Routes still send requests to the pool.
+    PoolInUse(String, Vec<usize>),
+    /// The last pool cannot go.
+    LastPool,
+    /// A route names a pool that does not exist.
+    UnknownPool(usize, String),
+}
+
+impl std::fmt::Display for SiteError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SiteError::NoSuchPool(n) => write!(f, "no pool named '{n}'"),
+            SiteError::PoolExists(n) => write!(f, "a pool named '{n}' exists already"),
+            SiteError::PoolInUse(n, routes) => write!(
+                f,
+                "pool '{n}' is named by routes {routes:?}: change the routes first (PUT /admin/routes)"
+            ),
+            SiteError::LastPool => f.write_str("the last pool cannot be removed"),
+            SiteError::UnknownPool(i, n) => write!(f, "route {i} names the unknown pool '{n}'"),
+        }
+    }
+}
+
+impl std::error::Error for SiteError {}
+
+/// Where the pools' health checks and upkeep run.
+#[derive(Debug, Clone)]
+struct Tasks {
+    rt: tokio::runtime::Handle,
+    stop: watch::Receiver<bool>,
+}
+
+#[derive(Debug)]
+struct Control {
+    hits: Arc<[AtomicU64]>,
+    tasks: Option<Tasks>,
+}
+
+/// The pools and routes, and the one place that changes them.
+#[derive(Debug)]
+pub(crate) struct Site {
+    /// What every pool shares.
+    pub(crate) hub: Arc<Hub>,
+    control: Mutex<Control>,
+    routing: ArcSwap<Routing>,
+}
+
+impl Site {
+    /// The pools of `pools` and the routes of `routes`; every route must name one of
+    /// the pools.
+    pub(crate) fn new(pools: &[PoolSpec], routes: &[RouteSpec]) -> Result<Site, SiteError> {
+        let hub = Arc::new(Hub::new());
+        let pools: Vec<Arc<Pool>> = pools
+            .iter()
+            .map(|p| Arc::new(Pool::new(p, Arc::clone(&hub))))
+            .collect();
+        let hits = counters(routes.len(), None);
+        let routing = build(pools, routes.to_vec(), Arc::clone(&hits))?;
+        Ok(Site {
+            hub,
+            control: Mutex::new(Control { hits, tasks: None }),
+            routing: ArcSwap::from_pointee(routing),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Control> {
+        // Nothing panics while holding it; the state stays consistent either way.
+        self.control.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The routing the request path reads (lock-free).
+    #[inline]
+    pub(crate) fn routing(&self) -> arc_swap::Guard<Arc<Routing>> {
+        self.routing.load()
+    }
+
+    /// The pools, in order.
+    pub(crate) fn pools(&self) -> Vec<Arc<Pool>> {
+        self.routing.load().pools.clone()
+    }
+
+    /// The first pool, which the single-pool admin routes address.
+    pub(crate) fn first(&self) -> Option<Arc<Pool>> {
+        self.routing.load().pools.first().cloned()
+    }
+
+    /// The pool named `name`.
+    pub(crate) fn pool(&self, name: &str) -> Result<Arc<Pool>, SiteError> {
+        self.routing
+            .load()
+            .pools
+            .iter()
+            .find(|p| &*p.name == name)
+            .cloned()
+            .ok_or_else(|| SiteError::NoSuchPool(name.to_string()))
+    }
+
+    /// The backend `id`, in whichever pool, with its pool.
+    pub(crate) fn backend(&self, id: u64) -> Result<(Arc<Pool>, Arc<Backend>), PoolError> {
+        self.routing
+            .load()
+            .pools
+            .iter()
+            .find_map(|p| p.get(id).ok().map(|b| (Arc::clone(p), b)))
+            .ok_or(PoolError::NotFound(id))
+    }
+
+    /// The backend `id` if a pool has it, read from the routing tables (lock-free: for
+    /// the request path's failure records).
+    pub(crate) fn live_backend(&self, id: u64) -> Option<Arc<Backend>> {
+        self.routing
+            .load()
+            .pools
+            .iter()
+            .find_map(|p| p.snapshot().backends.iter().find(|b| b.id == id).cloned())
+    }
+
+    /// Runs every pool's health checks and upkeep on `rt` until `stop` flips (or the
+    /// pool is removed); pools added later get theirs there too.
+    pub(crate) fn start_tasks(&self, rt: tokio::runtime::Handle, stop: watch::Receiver<bool>) {
+        let mut c = self.lock();
+        let tasks = Tasks { rt, stop };
+        for p in &self.routing.load().pools {
+            spawn_tasks(&tasks, p);
+        }
+        c.tasks = Some(tasks);
+    }
+
+    /// Adds the pool `spec` at the end; no route reaches it until the routes say so.
+    pub(crate) fn add_pool(&self, spec: &PoolSpec) -> Result<Arc<Pool>, SiteError> {
+        let mut c = self.lock();
+        let current = self.routing.load();
+        if current.pools.iter().any(|p| *p.name == *spec.name) {
+            return Err(SiteError::PoolExists(spec.name.clone()));
+        }
+        let pool = Arc::new(Pool::new(spec, Arc::clone(&self.hub)));
+        let mut pools = current.pools.clone();
+        pools.push(Arc::clone(&pool));
+        self.publish(&mut c, pools, current.routes.clone())?;
+        if let Some(t) = &c.tasks {
+            spawn_tasks(t, &pool);
+        }
+        Ok(pool)
+    }
+
+    /// Removes the pool `name`, which no route may name; its requests in flight finish.
+    pub(crate) fn remove_pool(&self, name: &str) -> Result<Arc<Pool>, SiteError> {
+        let mut c = self.lock();
+        let current = self.routing.load();
+        let pos = current
+            .pools
+            .iter()
+            .position(|p| &*p.name == name)
+            .ok_or_else(|| SiteError::NoSuchPool(name.to_string()))?;
+        let naming = current.routes_to(name);
+        if !naming.is_empty() {
+            return Err(SiteError::PoolInUse(name.to_string(), naming));
+        }
+        if current.pools.len() == 1 {
+            return Err(SiteError::LastPool);
+        }
+        let mut pools = current.pools.clone();
+        let pool = pools.remove(pos);
+        self.publish(&mut c, pools, current.routes.clone())?;
+        pool.retire();
+        Ok(pool)
+    }
+
+    /// Replaces the routes, all or nothing.
+    pub(crate) fn set_routes(&self, routes: Vec<RouteSpec>) -> Result<(), SiteError> {
+        let mut c = self.lock();
+        let pools = self.routing.load().pools.clone();
+        self.publish(&mut c, pools, routes)
+    }
+
+    /// Replaces pools and routes in one change (a reload): pools of `pools` that are
+    /// new get their tasks, pools no longer listed are retired.
+    pub(crate) fn replace(
+        &self,
+        pools: Vec<Arc<Pool>>,
+        routes: Vec<RouteSpec>,
+    ) -> Result<(), SiteError> {
+        let mut c = self.lock();
+        let before = self.routing.load().pools.clone();
+        self.publish(&mut c, pools.clone(), routes)?;
+        let listed = |p: &Arc<Pool>, list: &[Arc<Pool>]| list.iter().any(|q| Arc::ptr_eq(p, q));
+        for p in &before {
+            if !listed(p, &pools) {
+                p.retire();
+            }
+        }
+        if let Some(t) = &c.tasks {
+            for p in &pools {
+                if !listed(p, &before) {
+                    spawn_tasks(t, p);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Builds and publishes the routing of `pools` and `routes`, or changes nothing.
+    fn publish(
+        &self,
+        c: &mut Control,
+        pools: Vec<Arc<Pool>>,
+        routes: Vec<RouteSpec>,
+    ) -> Result<(), SiteError> {
+        // Counters grow (keeping their counts) when the list outgrows them; a request
+        // counted on the old ones in between is the price of a rare change.
+        let hits = if routes.len() > c.hits.len() {
+            counters(routes.len(), Some(&c.hits))
+        } else {
+            Arc::clone(&c.hits)
+        };
+        let routing = build(pools, routes, Arc::clone(&hits))?;
+        self.routing.store(Arc::new(routing));
+        c.hits = hits;
+        Ok(())
+    }
+}
+
+/// Route counters for at least `n` routes, starting from `old`'s counts.
+fn counters(n: usize, old: Option<&Arc<[AtomicU64]>>) -> Arc<[AtomicU64]> {
+    let len = n.max(MIN_ROUTE_COUNTERS).next_power_of_two();
+    (0..len)
+        .map(|i| {
+            let v = old
+                .and_then(|o| o.get(i))
+                .map_or(0, |c| c.load(Ordering::Relaxed));
+            AtomicU64::new(v)
+        })
+        .collect()
+}
+
+/// The routing of `pools` and `routes`; every route must name one of the pools.
+fn build(
+    pools: Vec<Arc<Pool>>,
+    routes: Vec<RouteSpec>,
+    hits: Arc<[AtomicU64]>,
+) -> Result<Routing, SiteError> {
+    let mut table = Vec::with_capacity(routes.len());
+    for (i, r) in routes.iter().enumerate() {
+        let pool = pools
+            .iter()
+            .position(|p| *p.name == *r.pool)
+            .ok_or_else(|| SiteError::UnknownPool(i, r.pool.clone()))?;
+        table.push(r.to_route(pool));
+    }
+    let only = match table.as_slice() {
+        [r] if r.is_catch_all() => Some(Arc::clone(&pools[r.pool])),
+        _ => None,
+    };
+    Ok(Routing {
+        pools,
+        routes,
+        table: RouteTable::new(table),
+        hits,
+        only,
+    })
+}
+
+/// Starts `pool`'s health checks and upkeep.
+fn spawn_tasks(t: &Tasks, pool: &Arc<Pool>) {
+    t.rt.spawn(crate::health::run(Arc::clone(pool), t.stop.clone()));
+    t.rt.spawn(crate::pool::maintenance::run(
+        Arc::clone(pool),
+        t.stop.clone(),
+    ));
+}
