@@ -248,7 +248,6 @@ impl Pool {
             strategy: st.strategy,
             options: PickerOptions {
                 hash_balance_factor: st.hash_balance_factor,
-                ..PickerOptions::default()
             },
         };
         let table = ArcSwap::from_pointee(build_snapshot(&members, None));
@@ -266,8 +265,10 @@ impl Pool {
     /// A pool `default` of `specs` with the built-in settings and its own hub, for tests.
     #[cfg(test)]
     pub(crate) fn of_backends(specs: Vec<BackendSpec>, strategy: StrategyKind) -> Pool {
-        let mut s = crate::config::Settings::default();
-        s.strategy = strategy;
+        let s = crate::config::Settings {
+            strategy,
+            ..Default::default()
+        };
         let spec = PoolSpec {
             name: crate::config::DEFAULT_POOL.into(),
             settings: crate::config::PoolSettings::of(&s),
