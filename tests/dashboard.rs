@@ -133,6 +133,11 @@ async fn check_page_served(c: &HttpClient, f: &Fulcrum) {
 
 /// Runs the browser script against `admin` and fails with its output unless it passes.
 fn run_browser_script(admin: SocketAddr, token: Option<&str>) {
+    run_tour(admin, token, "tour");
+}
+
+/// Runs the browser script's tour `which` (`tour`, or `pools`).
+fn run_tour(admin: SocketAddr, token: Option<&str>, which: &str) {
     let shots = screenshot_dir();
     std::fs::create_dir_all(&shots).unwrap();
     let mut cmd = Command::new("node");
@@ -142,6 +147,7 @@ fn run_browser_script(admin: SocketAddr, token: Option<&str>) {
         .env("FULCRUM_CHROMIUM", chromium())
         .env("DASHBOARD_SCREENSHOTS", &shots)
         .env("DASHBOARD_DOWN_WITHIN_MS", DOWN_WITHIN_MS.to_string())
+        .env("DASHBOARD_TOUR", which)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -267,4 +273,41 @@ fn dashboard_asks_for_the_admin_token() {
     });
     run_browser_script(f.admin, Some(TOKEN));
     publish_screenshots(&["dashboard-token.png"]);
+}
+
+#[test]
+fn dashboard_shows_routes_pools_and_backends() {
+    require_browser_tools();
+    let _one = BROWSER.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = std::env::temp_dir().join(format!("fulcrum-dash-pools-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("fulcrum.toml");
+    std::fs::write(
+        &cfg,
+        "[[pools]]\nname = \"web\"\n[[pools]]\nname = \"api\"\n\
+         [[routes]]\npool = \"api\"\npath_prefix = \"/api\"\n[[routes]]\npool = \"web\"\n",
+    )
+    .unwrap();
+    let interval = format!("{HEALTH_INTERVAL_MS}ms");
+    let f = Fulcrum::start(&[
+        "--config",
+        cfg.to_str().unwrap(),
+        "--health-interval",
+        &interval,
+    ]);
+    let rt = runtime();
+    rt.block_on(async {
+        let c = client();
+        for (name, pool) in [
+            ("web-a", "web"),
+            ("web-b", "web"),
+            ("api-a", "api"),
+            ("api-b", "api"),
+        ] {
+            let body = format!(r#"{{"name": "{name}", "latency_ms": 5, "pool": "{pool}"}}"#);
+            spawn_backend(&c, &f, None, &body).await;
+        }
+    });
+    run_tour(f.admin, None, "pools");
+    publish_screenshots(&["dashboard-pools.png"]);
 }

@@ -414,6 +414,8 @@ struct SpawnBody {
     weight: Option<i64>,
     latency_ms: Option<i64>,
     name: Option<String>,
+    /// The pool it joins; the first pool when left out.
+    pool: Option<String>,
 }
 
 async fn spawn_backend(State(ctx): State<AdminCtx>, body: Bytes) -> ApiResult<Response> {
@@ -423,6 +425,7 @@ async fn spawn_backend(State(ctx): State<AdminCtx>, body: Bytes) -> ApiResult<Re
             weight: None,
             latency_ms: None,
             name: None,
+            pool: None,
         }
     } else {
         parse_body(&body)?
@@ -441,7 +444,10 @@ async fn spawn_backend(State(ctx): State<AdminCtx>, body: Bytes) -> ApiResult<Re
         // The same rule as every other backend name.
         backend_spec("http://127.0.0.1:1", None, Some(n)).map_err(ApiError::bad)?;
     }
-    let pool = ctx.first()?;
+    let pool = match &b.pool {
+        Some(name) => ctx.site.pool(name)?,
+        None => ctx.first()?,
+    };
     let added = ctx
         .spawner
         .spawn(

@@ -8,14 +8,14 @@ use serde::Serialize;
 
 use super::BackendView;
 
-/// An event and the pool it is about, as JSON: `{"type": "health", "pool": "api", …}`.
+/// An event and the pool it is about, as JSON: `{"type": "health", …, "pool": "api"}`.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub(crate) struct Tagged {
-    /// The pool's name.
-    pub(crate) pool: std::sync::Arc<str>,
     /// What happened.
     #[serde(flatten)]
     pub(crate) event: Event,
+    /// The pool's name.
+    pub(crate) pool: std::sync::Arc<str>,
 }
 
 /// Events kept for a subscriber that has not read them yet.

@@ -5,12 +5,15 @@
 // Without a token: the full tour (three backends, traffic started from the page, packets,
 // strategy switches, degrade/recover, kill/revive with health and traffic share, drain,
 // spawn/remove, an API error shown). With a token: the page asks for it, refuses a wrong
-// one, and works once given the right one.
+// one, and works once given the right one. With DASHBOARD_TOUR=pools: a fulcrum with the
+// pools web and api (routes → pools → backends, a strategy per pool, kill and spawn in
+// one pool while the other carries on).
 //
 // Environment:
 //   FULCRUM_CHROMIUM            browser executable (default /usr/bin/chromium)
 //   DASHBOARD_SCREENSHOTS       folder for screenshots (default ../../target/dashboard-screenshots)
 //   DASHBOARD_DOWN_WITHIN_MS    how soon a killed backend must show as down (default 6000)
+//   DASHBOARD_TOUR              `pools` for the pools tour
 //
 // Exit status 0 when every check passed.
 
@@ -380,6 +383,76 @@ async function tokenTour(page) {
   });
 }
 
+// ------------------------------------------------------------------ the pools tour
+
+async function poolsTour(page) {
+  const pools = async () => new Map((await api('GET', '/admin/pools')).map(p => [p.name, p]));
+
+  await step('routes, pools and backends in the topology; a row and a strategy per pool', async () => {
+    const res = await page.goto(ADMIN + '/', { waitUntil: 'load' });
+    if (!res || res.status() !== 200) throw new Error(`GET / answered ${res && res.status()}`);
+    await waitFor('stream live', async () => (await attr(page, '[data-testid="stream-status"]', 'data-state')) === 'live');
+    for (const name of ['web', 'api']) {
+      await waitFor(`pool node ${name}`, () => page.$(`[data-testid="pool-node-${name}"]`));
+      await waitFor(`route edge ${name}`, () => page.$(`[data-testid="route-edge-${name}"]`));
+      await waitFor(`pool row ${name}`, () => page.$(`[data-testid="pool-row-${name}"]`));
+    }
+    await waitFor('api routes shown', async () => /\/api/.test((await text(page, '[data-testid="pool-routes-api"]')) || ''));
+    const ps = await pools();
+    for (const [name, p] of ps) {
+      for (const b of p.backends) {
+        await waitFor(`node ${b.id} up`, async () => (await attr(page, `[data-testid="backend-node-${b.id}"]`, 'data-health')) === 'up');
+        const pool = await attr(page, `[data-testid="backend-card-${b.id}"]`, 'data-pool');
+        if (pool !== name) throw new Error(`card ${b.id} says pool ${pool}, not ${name}`);
+      }
+    }
+    assertNoConsoleErrors();
+  });
+
+  await step('a strategy switch in one pool leaves the other and the header alone', async () => {
+    await page.selectOption('[data-testid="pool-strategy-api"]', 'least_connections');
+    await waitFor('api switched', async () => (await pools()).get('api').strategy === 'least_connections', 5000);
+    const ps = await pools();
+    if (ps.get('web').strategy !== 'round_robin') throw new Error('web changed: ' + ps.get('web').strategy);
+    await waitFor('pool node shows it', async () => (await attr(page, '[data-testid="pool-node-api"]', 'data-strategy')) === 'least_connections', 5000);
+    const header = await attr(page, '[data-testid="strategy-select"]', 'data-current');
+    if (header !== 'round_robin') throw new Error('the header (first pool) shows ' + header);
+  });
+
+  await step('traffic to /api travels through its pool to its backends', async () => {
+    const api1 = (await pools()).get('api').backends[0].id;
+    await page.fill('[data-testid="traffic-rps"]', '60');
+    await page.fill('[data-testid="traffic-seconds"]', '20');
+    await page.fill('[data-testid="traffic-path"]', '/api/items');
+    await page.click('[data-testid="traffic-start"]');
+    await waitFor('a packet to the api backend', () => page.$(`[data-testid="packet"][data-backend="${api1}"]`), 10_000, 20);
+    await shot(page, 'dashboard-pools.png');
+  });
+
+  await step('killing a backend of api: it goes down, web stays up', async () => {
+    const ps = await pools();
+    const victim = ps.get('api').backends[0].id;
+    await page.click(`[data-testid="backend-kill-${victim}"]`);
+    await waitFor('victim down', async () => (await attr(page, `[data-testid="backend-node-${victim}"]`, 'data-health')) === 'down', DOWN_WITHIN_MS);
+    for (const b of ps.get('web').backends) {
+      const h = await attr(page, `[data-testid="backend-node-${b.id}"]`, 'data-health');
+      if (h !== 'up') throw new Error(`web backend ${b.id} is ${h}`);
+    }
+    await page.click(`[data-testid="backend-revive-${victim}"]`);
+    await waitFor('victim up again', async () => (await attr(page, `[data-testid="backend-node-${victim}"]`, 'data-health')) === 'up', 10_000);
+    await page.click('[data-testid="traffic-stop"]');
+  });
+
+  await step('spawn into a chosen pool from the page', async () => {
+    await page.fill('[data-testid="spawn-name"]', 'api-extra');
+    await page.selectOption('[data-testid="spawn-pool"]', 'api');
+    await page.click('[data-testid="spawn-submit"]');
+    const b = await waitFor('api-extra in api', async () => (await pools()).get('api').backends.find(x => x.name === 'api-extra'), 10_000);
+    await waitFor('its card', async () => (await attr(page, `[data-testid="backend-card-${b.id}"]`, 'data-pool')) === 'api');
+    assertNoConsoleErrors();
+  });
+}
+
 // ------------------------------------------------------------------ main
 
 const hardLimit = setTimeout(() => {
@@ -404,14 +477,16 @@ try {
   page = await context.newPage();
   page.setDefaultTimeout(15_000);
   watchConsole(page);
-  console.log(`# ${token ? 'token' : 'tour'} against ${ADMIN} with Chromium ${browser.version()}`);
-  if (token) await tokenTour(page);
+  const which = token ? 'token' : process.env.DASHBOARD_TOUR === 'pools' ? 'pools' : 'tour';
+  console.log(`# ${which} against ${ADMIN} with Chromium ${browser.version()}`);
+  if (which === 'token') await tokenTour(page);
+  else if (which === 'pools') await poolsTour(page);
   else await tour(page);
 } catch (e) {
   code = 1;
   console.error(`FAILED: ${e && e.stack ? e.stack : e}`);
   if (consoleErrors.length) console.error('console errors:\n  ' + consoleErrors.join('\n  '));
-  if (page) await shot(page, `failure-${token ? 'token' : 'tour'}.png`).catch(() => {});
+  if (page) await shot(page, `failure-${token ? 'token' : process.env.DASHBOARD_TOUR || 'tour'}.png`).catch(() => {});
 } finally {
   if (browser) await browser.close().catch(() => {});
   clearTimeout(hardLimit);
