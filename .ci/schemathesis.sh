@@ -299,7 +299,13 @@ generation.max-examples = 5
 # Any string is a well-formed request here, and only strategy names are accepted: most
 # generated values are refused by design, which schemathesis would otherwise warn about.
 [[operations]]
-include-operation-id = "setStrategy"
+include-operation-id = ["setStrategy", "setPoolStrategy"]
+warnings = false
+
+# The same for a pool's values (strategy names, durations with a unit) and for routes, whose
+# pools must exist: most generated values are refused by design.
+[[operations]]
+include-operation-id = ["addPool", "setRoutes"]
 warnings = false
 EOF
 
