@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
@@ -169,61 +169,6 @@ async fn metrics_count_every_request_exactly_and_follow_health() {
         series(&metrics(&c, &f2).await, "fulcrum_no_backend_total"),
         Some(3.0)
     );
-}
-
-/// Reads server-sent events from the admin API on a plain socket.
-struct EventStream {
-    lines: BufReader<TcpStream>,
-}
-
-impl EventStream {
-    fn open(f: &Fulcrum) -> EventStream {
-        let mut s = TcpStream::connect(f.admin).unwrap();
-        s.write_all(b"GET /admin/events HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
-            .unwrap();
-        s.set_read_timeout(Some(Duration::from_millis(200)))
-            .unwrap();
-        let mut lines = BufReader::new(s);
-        let mut head = String::new();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !head.ends_with("\r\n\r\n") && Instant::now() < deadline {
-            let mut l = String::new();
-            let _ = lines.read_line(&mut l);
-            head.push_str(&l);
-        }
-        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-        assert!(
-            head.to_ascii_lowercase().contains("text/event-stream"),
-            "{head}"
-        );
-        EventStream { lines }
-    }
-
-    /// The next event whose JSON satisfies `want`, within `limit`.
-    fn find(
-        &mut self,
-        limit: Duration,
-        want: impl Fn(&serde_json::Value) -> bool,
-    ) -> Option<serde_json::Value> {
-        let deadline = Instant::now() + limit;
-        while Instant::now() < deadline {
-            let mut l = String::new();
-            match self.lines.read_line(&mut l) {
-                Ok(0) => return None,
-                Ok(_) => {}
-                Err(_) => continue,
-            }
-            // Chunked framing lines and SSE comments are not events.
-            if let Some(data) = l.trim_end().strip_prefix("data: ") {
-                if let Ok(v) = serde_json::from_str::<serde_json::Value>(data) {
-                    if want(&v) {
-                        return Some(v);
-                    }
-                }
-            }
-        }
-        None
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -163,6 +163,7 @@ async fn pools_live_apart_strategy_health_and_failures() {
     );
     let f = Fulcrum::start(&["--config", cfg.to_str().unwrap(), "--health-interval", "1m"]);
     let c = client();
+    let mut events = EventStream::open(&f);
     let r = admin(
         &c,
         "POST",
@@ -172,6 +173,17 @@ async fn pools_live_apart_strategy_health_and_failures() {
     .await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["strategy"], "least_connections");
+    // The event says which pool switched.
+    let ev = tokio::task::spawn_blocking(move || {
+        events.find(Duration::from_secs(5), |e| e["type"] == "strategy")
+    })
+    .await
+    .unwrap()
+    .expect("a strategy event");
+    assert_eq!(
+        (ev["pool"].as_str(), ev["strategy"].as_str()),
+        (Some("api"), Some("least_connections"))
+    );
     let web = get(&c, &f.admin_url("/admin/pools/web/strategy"))
         .await
         .json();

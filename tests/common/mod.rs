@@ -228,6 +228,63 @@ pub fn run_fulcrum(args: &[&str]) -> (ExitStatus, String, String) {
     )
 }
 
+// ------------------------------------------------------------------ events
+
+/// Reads server-sent events from the admin API on a plain socket.
+pub struct EventStream {
+    lines: BufReader<TcpStream>,
+}
+
+impl EventStream {
+    pub fn open(f: &Fulcrum) -> EventStream {
+        let mut s = TcpStream::connect(f.admin).unwrap();
+        s.write_all(b"GET /admin/events HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
+            .unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        let mut lines = BufReader::new(s);
+        let mut head = String::new();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !head.ends_with("\r\n\r\n") && Instant::now() < deadline {
+            let mut l = String::new();
+            let _ = lines.read_line(&mut l);
+            head.push_str(&l);
+        }
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        assert!(
+            head.to_ascii_lowercase().contains("text/event-stream"),
+            "{head}"
+        );
+        EventStream { lines }
+    }
+
+    /// The next event whose JSON satisfies `want`, within `limit`.
+    pub fn find(
+        &mut self,
+        limit: Duration,
+        want: impl Fn(&serde_json::Value) -> bool,
+    ) -> Option<serde_json::Value> {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            let mut l = String::new();
+            match self.lines.read_line(&mut l) {
+                Ok(0) => return None,
+                Ok(_) => {}
+                Err(_) => continue,
+            }
+            // Chunked framing lines and SSE comments are not events.
+            if let Some(data) = l.trim_end().strip_prefix("data: ") {
+                if let Ok(v) = serde_json::from_str::<serde_json::Value>(data) {
+                    if want(&v) {
+                        return Some(v);
+                    }
+                }
+            }
+        }
+        None
+    }
+}
+
 // ------------------------------------------------------------------ load
 
 /// One request on a new connection; `Err` says what went wrong.
