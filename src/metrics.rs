@@ -216,7 +216,15 @@ fn encode_proxy_wide(enc: &mut DescriptorEncoder, site: &Site) -> Result<(), std
     ] {
         counter(enc, name, help, v.load(Relaxed))?;
     }
-    let routing = site.routing();
+    encode_routing(enc, &site.routing())
+}
+
+/// The route counters, the first pool's strategy (the single-pool series) and each
+/// pool's.
+fn encode_routing(
+    enc: &mut DescriptorEncoder,
+    routing: &crate::site::Routing,
+) -> Result<(), std::fmt::Error> {
     let mut m = enc.encode_descriptor(
         "fulcrum_route_requests",
         "Requests each route took, by its index in the route list.",

@@ -119,36 +119,15 @@ impl Reloader {
                 .map(String::from)
                 .collect(),
         };
-        let before = self.site.pools();
-        let mut pools = Vec::with_capacity(next.pools.len());
-        for spec in &next.pools {
-            match before.iter().find(|p| *p.name == *spec.name) {
-                Some(p) => {
-                    self.note_fixed_changes(p, spec, &next, &mut report);
-                    add_and_update(p, spec, &mut report);
-                    pools.push(Arc::clone(p));
-                }
-                None => {
-                    report.pools_added.push(spec.name.clone());
-                    pools.push(Arc::new(Pool::new(spec, Arc::clone(&self.site.hub))));
-                }
-            }
-        }
-        self.site
-            .replace(pools, next.routes.clone())
+        let before = self
+            .site
+            .replace(
+                |before| self.arrive(before, &next, &mut report),
+                next.routes.clone(),
+            )
             .map_err(|e| ReloadError::Invalid(e.to_string()))?;
         // Only now that no route sends requests the old way.
-        for p in &before {
-            match next.pools.iter().find(|s| *s.name == *p.name) {
-                Some(spec) => remove_unwanted(p, spec, &mut report),
-                None => {
-                    report.pools_removed.push(p.name.to_string());
-                    p.backends()
-                        .iter()
-                        .for_each(|b| crate::spawn::Spawner::stop(b));
-                }
-            }
-        }
+        leave(&before, &next, &mut report);
         tracing::info!(
             added = ?report.added,
             removed = ?report.removed,
@@ -161,6 +140,29 @@ impl Reloader {
         );
         *current = next;
         Ok(report)
+    }
+
+    /// The pools of `next` in order: those that stay, with their new backends and
+    /// strategy, and new ones, not yet reachable.
+    fn arrive(&self, before: &[Arc<Pool>], next: &Settings, report: &mut Report) -> Vec<Arc<Pool>> {
+        let mut pools = Vec::with_capacity(next.pools.len());
+        for spec in &next.pools {
+            match before.iter().find(|p| *p.name == *spec.name) {
+                Some(p) => {
+                    self.note_fixed_changes(p, spec, next, report);
+                    add_and_update(p, spec, report);
+                    pools.push(Arc::clone(p));
+                }
+                None => {
+                    report.pools_added.push(spec.name.clone());
+                    report
+                        .added
+                        .extend(spec.backends.iter().map(|b| b.name.clone()));
+                    pools.push(Arc::new(Pool::new(spec, Arc::clone(&self.site.hub))));
+                }
+            }
+        }
+        pools
     }
 
     /// Lists the settings of a pool that stays which changed but are fixed while it
@@ -208,6 +210,24 @@ fn add_and_update(pool: &Pool, spec: &PoolSpec, report: &mut Report) {
         pool.set_strategy(spec.settings.strategy);
     }
     pool.set_hash_balance_factor(spec.settings.hash_balance_factor);
+}
+
+/// Once the new routes are in force: the backends the file no longer lists leave the
+/// pools that stay, and the spawned processes of pools that went stop once their
+/// requests in flight have finished.
+fn leave(before: &[Arc<Pool>], next: &Settings, report: &mut Report) {
+    for p in before {
+        match next.pools.iter().find(|s| *s.name == *p.name) {
+            Some(spec) => remove_unwanted(p, spec, report),
+            None => {
+                report.pools_removed.push(p.name.to_string());
+                for b in p.backends() {
+                    report.removed.push(b.name.clone());
+                    crate::spawn::Spawner::stop_when_idle(&b);
+                }
+            }
+        }
+    }
 }
 
 /// Removes the backends of `pool` that `spec` no longer lists (spawned ones stay).

@@ -17,6 +17,10 @@ use crate::config::{PoolSpec, RouteSpec};
 use crate::pool::{Backend, Hub, Pool, PoolError};
 use crate::route::{Route, RouteTable};
 
+/// The most routes a list may hold: building the table costs routes × host names, and
+/// it is built on the admin thread, beside the health checks.
+pub(crate) const MAX_ROUTES: usize = 4096;
+
 /// Route counters are kept for at least this many routes, so a route list that grows a
 /// little does not move them.
 const MIN_ROUTE_COUNTERS: usize = 64;
@@ -81,6 +85,8 @@ pub(crate) enum SiteError {
     LastPool,
     /// A route names a pool that does not exist.
     UnknownPool(usize, String),
+    /// More than [`MAX_ROUTES`] routes.
+    TooManyRoutes(usize),
 }
 
 impl std::fmt::Display for SiteError {
@@ -94,6 +100,9 @@ impl std::fmt::Display for SiteError {
             ),
             SiteError::LastPool => f.write_str("the last pool cannot be removed"),
             SiteError::UnknownPool(i, n) => write!(f, "route {i} names the unknown pool '{n}'"),
+            SiteError::TooManyRoutes(n) => {
+                write!(f, "{n} routes: at most {MAX_ROUTES} are allowed")
+            }
         }
     }
 }
@@ -250,15 +259,18 @@ impl Site {
         self.publish(&mut c, pools, routes)
     }
 
-    /// Replaces pools and routes in one change (a reload): pools of `pools` that are
-    /// new get their tasks, pools no longer listed are retired.
+    /// Replaces pools and routes in one change (a reload). `arrive` is given the pools
+    /// now and returns the pools to publish; it runs under the control lock, so no
+    /// admin change can come in between. Pools that are new get their tasks, pools no
+    /// longer listed are retired. Returns the pools as they were.
     pub(crate) fn replace(
         &self,
-        pools: Vec<Arc<Pool>>,
+        arrive: impl FnOnce(&[Arc<Pool>]) -> Vec<Arc<Pool>>,
         routes: Vec<RouteSpec>,
-    ) -> Result<(), SiteError> {
+    ) -> Result<Vec<Arc<Pool>>, SiteError> {
         let mut c = self.lock();
         let before = self.routing.load().pools.clone();
+        let pools = arrive(&before);
         self.publish(&mut c, pools.clone(), routes)?;
         let listed = |p: &Arc<Pool>, list: &[Arc<Pool>]| list.iter().any(|q| Arc::ptr_eq(p, q));
         for p in &before {
@@ -273,7 +285,7 @@ impl Site {
                 }
             }
         }
-        Ok(())
+        Ok(before)
     }
 
     /// Builds and publishes the routing of `pools` and `routes`, or changes nothing.
@@ -290,8 +302,14 @@ impl Site {
         } else {
             Arc::clone(&c.hits)
         };
+        let n = routes.len();
         let routing = build(pools, routes, Arc::clone(&hits))?;
         self.routing.store(Arc::new(routing));
+        // A route that takes an index later starts from zero, not from the count of the
+        // route that had it before.
+        for h in hits.iter().skip(n) {
+            h.store(0, Ordering::Relaxed);
+        }
         c.hits = hits;
         Ok(())
     }
@@ -316,6 +334,9 @@ fn build(
     routes: Vec<RouteSpec>,
     hits: Arc<[AtomicU64]>,
 ) -> Result<Routing, SiteError> {
+    if routes.len() > MAX_ROUTES {
+        return Err(SiteError::TooManyRoutes(routes.len()));
+    }
     let mut table = Vec::with_capacity(routes.len());
     for (i, r) in routes.iter().enumerate() {
         let pool = pools

@@ -19,8 +19,9 @@ use crate::site::Site;
 
 /// How long a new child has to answer its health check.
 pub(crate) const HEALTH_DEADLINE: Duration = Duration::from_secs(5);
-/// Spawned backends allowed at once.
-pub(crate) const MAX_SPAWNED: usize = 32;
+/// Spawned backends running at once: the demo's 64 (`fulcrum demo --backends`, all in
+/// its first pool) and the two of its `api` pool fit.
+pub(crate) const MAX_SPAWNED: usize = 66;
 /// The descriptor a child finds its listening socket on.
 pub(crate) const CHILD_LISTEN_FD: i32 = 3;
 
@@ -247,6 +248,7 @@ impl Spawner {
                     PoolError::DuplicateUrl(_) | PoolError::DuplicateName(_) => {
                         SpawnError::Conflict(e.to_string())
                     }
+                    PoolError::Retired(_) => SpawnError::Conflict(e.to_string()),
                     PoolError::NotFound(_) => SpawnError::Failed(e.to_string()),
                 })
             }
@@ -330,16 +332,25 @@ impl Spawner {
 
     /// Stops a spawned backend's process once its requests in flight have finished
     /// (at most 10 s later); a backend fulcrum did not start is left alone.
+    ///
+    /// A thread of its own does the waiting: a reload that removes a pool comes from the
+    /// signal handler's thread, which has no runtime.
     pub(crate) fn stop_when_idle(b: &Arc<Backend>) {
-        if b.spawn.is_some() {
-            let gone = Arc::clone(b);
-            tokio::spawn(async move {
+        if b.spawn.is_none() {
+            return;
+        }
+        let gone = Arc::clone(b);
+        let waiting = std::thread::Builder::new()
+            .name("fulcrum-stop".into())
+            .spawn(move || {
                 let deadline = Instant::now() + Duration::from_secs(10);
                 while gone.in_flight() > 0 && Instant::now() < deadline {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    std::thread::sleep(Duration::from_millis(20));
                 }
                 Self::stop(&gone);
             });
+        if waiting.is_err() {
+            Self::stop(b);
         }
     }
 

@@ -185,13 +185,18 @@ impl Traffic {
         Ok(self.progress())
     }
 
+    /// The URIs the plan asks for in turn.
+    fn targets(&self, plan: &Plan) -> Vec<http::Uri> {
+        std::iter::once(&plan.path)
+            .chain(&plan.more_paths)
+            .filter_map(|p| format!("http://{}{p}", self.target).parse().ok())
+            .collect()
+    }
+
     /// Sends the plan's requests: every 10 ms the share of the rate that is due.
     async fn drive(&self, plan: &Plan, c: &Arc<Counters>) {
         let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-        let uris: Vec<http::Uri> = std::iter::once(&plan.path)
-            .chain(&plan.more_paths)
-            .filter_map(|p| format!("http://{}{p}", self.target).parse().ok())
-            .collect();
+        let uris = self.targets(plan);
         if uris.is_empty() {
             return;
         }

@@ -543,7 +543,7 @@ async fn demo_balances_over_spawned_backends_and_leaves_no_child_behind() {
     assert_eq!(names.len(), 3, "{names:?}");
     let s = status(&c, &f).await;
     assert_eq!(s["backends"].as_array().unwrap().len(), 3);
-    // `/api/…` goes to the second pool, whose strategy is its own.
+    // `/api/…` goes to the second pool.
     let r = get(&c, &f.url("/api/items")).await;
     assert_eq!(r.status, 200);
     let name = r.json()["backend"].as_str().unwrap().to_string();
@@ -551,7 +551,7 @@ async fn demo_balances_over_spawned_backends_and_leaves_no_child_behind() {
     let pools = s["pools"].as_array().unwrap();
     let names: Vec<&str> = pools.iter().map(|p| p["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["web", "api"]);
-    assert_eq!(pools[1]["strategy"], "least_response_time");
+    assert_eq!(pools[1]["strategy"], "round_robin");
     f.signal("INT");
     let st = tokio::task::spawn_blocking(move || {
         let st = f.wait_exit(Duration::from_secs(12));

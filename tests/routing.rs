@@ -276,6 +276,25 @@ async fn pools_and_routes_change_through_the_admin_api_all_or_nothing() {
         assert_eq!(r.status, 400, "{bad}: {}", r.text());
         assert_eq!(get(&c, &url("/admin/routes")).await.text(), before);
     }
+    let dup = format!(
+        r#"{{"name":"twice","backends":[{{"url":"{0}"}},{{"url":"{0}/"}}]}}"#,
+        x.url()
+    );
+    let r = admin(&c, "POST", &url("/admin/pools"), &dup).await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("duplicate backend name"), "{}", r.text());
+    let r = send(
+        &c,
+        "PUT",
+        &url("/admin/routes"),
+        &[("content-type", "application/json")],
+        "[]".to_string(),
+    )
+    .await;
+    assert_eq!(
+        r.status, 400,
+        "an empty list would answer 404 to everything"
+    );
     let good = r#"[{"pool":"extra","path_prefix":"/x"},{"pool":"default"}]"#;
     let r = send(
         &c,
@@ -414,7 +433,10 @@ fn check_names_each_pool_and_route_mistake_with_its_line() {
     let pool = |name: &str| format!("[[pools]]\nname = \"{name}\"\n");
     let cases: Vec<(String, &str, &str)> = vec![
         (
-            format!("{}[[routes]]\npool = \"nope\"\n", pool("api")),
+            format!(
+                "{}[[routes]]\npool = \"nope\"\n[[routes]]\npool = \"api\"\n",
+                pool("api")
+            ),
             "line 4",
             "unknown pool 'nope'",
         ),
@@ -478,11 +500,31 @@ fn check_names_each_pool_and_route_mistake_with_its_line() {
             "line 5",
             "routes.colour",
         ),
+        (
+            format!("{}[[routes]]\npool = \"api\"\nmethods = [\"G T\"]\n", pool("api")),
+            "line 5",
+            "invalid method 'G T'",
+        ),
+        (
+            format!("{}[[routes]]\npool = \"api\"\nstrip_path_prefix = true\n", pool("api")),
+            "line 5",
+            "needs a path_prefix",
+        ),
+        (
+            format!(
+                "{}[[pools.backends]]\nurl = \"http://127.0.0.1:1/\"\n[[pools.backends]]\nurl = \"http://127.0.0.1:1\"\n[[routes]]\npool = \"api\"\n",
+                pool("api")
+            ),
+            "pool 'api'",
+            "duplicate backend name '127.0.0.1:1'",
+        ),
     ];
     for (i, (text, line, what)) in cases.iter().enumerate() {
         let cfg = config_file(&format!("check{i}"), text);
         let (st, _, err) = run_fulcrum(&["check", "--config", cfg.to_str().unwrap()]);
         assert_eq!(st.code(), Some(2), "{text}\n{err}");
+        // One mistake, one line: no follow-on error about what the mistake left out.
+        assert_eq!(err.trim().lines().count(), 1, "{text}\n{err}");
         assert!(
             err.contains(line) && err.contains(what),
             "{text}\nwanted {line}: {what}\ngot {err}"

@@ -104,7 +104,7 @@ impl From<SiteError> for ApiError {
             SiteError::PoolExists(_) | SiteError::PoolInUse(..) | SiteError::LastPool => {
                 StatusCode::CONFLICT
             }
-            SiteError::UnknownPool(..) => StatusCode::BAD_REQUEST,
+            SiteError::UnknownPool(..) | SiteError::TooManyRoutes(_) => StatusCode::BAD_REQUEST,
         };
         ApiError(status, e.to_string())
     }
@@ -114,7 +114,9 @@ impl From<PoolError> for ApiError {
     fn from(e: PoolError) -> Self {
         let status = match e {
             PoolError::NotFound(_) => StatusCode::NOT_FOUND,
-            PoolError::DuplicateUrl(_) | PoolError::DuplicateName(_) => StatusCode::CONFLICT,
+            PoolError::DuplicateUrl(_) | PoolError::DuplicateName(_) | PoolError::Retired(_) => {
+                StatusCode::CONFLICT
+            }
         };
         ApiError(status, e.to_string())
     }

@@ -16,7 +16,7 @@ use super::{add_to, strategy_of, switch_strategy, AdminCtx, ApiError, ApiResult}
 use crate::config::pools::{self, PoolDraft, RouteText};
 use crate::config::{backend_spec, options, RouteSpec};
 use crate::pool::{BackendView, Pool};
-use crate::site::Site;
+use crate::site::{Routing, Site};
 
 /// A pool as the API shows it.
 #[derive(Debug, Serialize)]
@@ -28,18 +28,19 @@ pub(crate) struct PoolView {
     routes: Vec<usize>,
 }
 
-fn view(site: &Site, pool: &Pool) -> PoolView {
+fn view(routing: &Routing, pool: &Pool) -> PoolView {
     PoolView {
         name: pool.name.to_string(),
         strategy: pool.strategy().name(),
         backends: super::views(pool),
-        routes: site.routing().routes_to(&pool.name),
+        routes: routing.routes_to(&pool.name),
     }
 }
 
-/// Every pool, in order.
+/// Every pool, in order, with its routes from the same routing.
 pub(crate) fn views(site: &Site) -> Vec<PoolView> {
-    site.pools().iter().map(|p| view(site, p)).collect()
+    let routing = site.routing();
+    routing.pools.iter().map(|p| view(&routing, p)).collect()
 }
 
 fn pool_named(ctx: &AdminCtx, name: &str) -> ApiResult<Arc<Pool>> {
@@ -57,7 +58,7 @@ pub(crate) async fn one(
     Path(name): Path<String>,
 ) -> ApiResult<Json<PoolView>> {
     let pool = pool_named(&ctx, &name)?;
-    Ok(Json(view(&ctx.site, &pool)))
+    Ok(Json(view(&ctx.site.routing(), &pool)))
 }
 
 /// `POST /admin/pools`: 201 POOL; the keys a `[[pools]]` entry takes, the others from
@@ -66,15 +67,12 @@ pub(crate) async fn create(State(ctx): State<AdminCtx>, body: Bytes) -> ApiResul
     let fields: Map<String, Value> = super::parse_body(&body)?;
     let draft = draft_of(&fields)?;
     let spec = pools::pool_spec(&ctx.reloader.settings(), &draft);
-    let mut seen = std::collections::HashSet::new();
-    for b in &spec.backends {
-        if !seen.insert(b.url.as_str()) {
-            return Err(ApiError::bad(format!("duplicate backend URL '{}'", b.url)));
-        }
+    if let Some(dup) = crate::config::duplicate_backends(&spec.backends).first() {
+        return Err(ApiError::bad(dup.clone()));
     }
     let pool = ctx.site.add_pool(&spec)?;
     tracing::info!(pool = %pool.name, strategy = pool.strategy().name(), "pool added");
-    Ok((StatusCode::CREATED, Json(view(&ctx.site, &pool))).into_response())
+    Ok((StatusCode::CREATED, Json(view(&ctx.site.routing(), &pool))).into_response())
 }
 
 /// A pool's name and own values from a `POST /admin/pools` body.
@@ -100,7 +98,7 @@ fn draft_of(fields: &Map<String, Value>) -> ApiResult<PoolDraft> {
                 };
                 for (k, hv) in h {
                     let o = options::find_health(k).ok_or_else(|| {
-                        ApiError::bad(format!("unknown key 'health.{k}' (valid: path, interval, timeout, healthy_threshold, unhealthy_threshold)"))
+                        ApiError::bad(options::unknown_health_key(&format!("health.{k}")))
                     })?;
                     push_value(&mut draft, o.key, hv)?;
                 }
@@ -269,6 +267,11 @@ pub(crate) async fn set_routes(
 ) -> ApiResult<Json<Vec<RouteView>>> {
     let list: Vec<RouteView> = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad(format!("invalid JSON body: expected a list of routes: {e}")))?;
+    if list.is_empty() {
+        return Err(ApiError::bad(
+            "an empty route list would answer every request 404: give at least one route",
+        ));
+    }
     let specs = list
         .into_iter()
         .enumerate()

@@ -85,11 +85,7 @@ fn apply_health(s: &mut Settings, c: &mut Collector<'_>, value: &Spanned<DeValue
         match options::find_health(k) {
             Some(o) => apply_value(s, c, o, &format!("health.{k}"), v),
             None => {
-                let valid: Vec<&str> = options::OPTIONS
-                    .iter()
-                    .filter_map(|o| o.health_key)
-                    .collect();
-                let msg = format!("unknown key 'health.{k}' (valid: {})", valid.join(", "));
+                let msg = options::unknown_health_key(&format!("health.{k}"));
                 c.push(key.span().start, None, msg);
             }
         }

@@ -7,9 +7,10 @@ use toml::Spanned;
 
 use super::file::{read_backends, Collector};
 use super::options::{self, FileType};
-use super::pools::{self, PoolDraft, RouteText, DEFAULT_POOL, POOL_OPTIONS};
+use super::pools::{self, PoolDraft, RouteText, DEFAULT_POOL};
 use super::Settings;
 use crate::route::{HostPattern, PathPrefix};
+use crate::site::MAX_ROUTES;
 
 /// Keys of a `[[routes]]` entry.
 const ROUTE_KEYS: [&str; 6] = [
@@ -49,15 +50,24 @@ pub(super) fn apply_pools(
             c.push(entry.span().start, Some("pools"), "expected a table".into());
             continue;
         };
-        if let Some((draft, at)) = read_pool(c, entry.span().start, table) {
-            layout.pools.push((draft.name.clone(), at));
+        let (draft, named) = read_pool(c, entry.span().start, table);
+        // A pool with a bad value still has its name: routes to it are not "unknown".
+        if let Some(named) = named {
+            layout.pools.push(named);
+        }
+        if let Some(draft) = draft {
             s.pool_drafts.push(draft);
         }
     }
 }
 
-/// One `[[pools]]` entry, and where its name is.
-fn read_pool(c: &mut Collector<'_>, at: usize, table: &DeTable<'_>) -> Option<(PoolDraft, usize)> {
+/// One `[[pools]]` entry when every value is good; and its name and where it is, when
+/// the name is good.
+fn read_pool(
+    c: &mut Collector<'_>,
+    at: usize,
+    table: &DeTable<'_>,
+) -> (Option<PoolDraft>, Option<(String, usize)>) {
     let mut draft = PoolDraft {
         name: String::new(),
         values: Vec::new(),
@@ -68,15 +78,19 @@ fn read_pool(c: &mut Collector<'_>, at: usize, table: &DeTable<'_>) -> Option<(P
     for (key, v) in table {
         let k = key.get_ref().as_ref();
         match k {
-            "name" => {
-                let text = c.text_of(v, FileType::Str, "pools.name")?;
-                if let Err(e) = pools::check_pool_name(&text) {
-                    c.push(v.span().start, Some("pools.name"), e);
-                    return None;
-                }
-                draft.name = text;
-                name_at = Some(v.span().start);
-            }
+            "name" => match c.text_of(v, FileType::Str, "pools.name") {
+                Some(text) => match pools::check_pool_name(&text) {
+                    Ok(()) => {
+                        draft.name = text;
+                        name_at = Some(v.span().start);
+                    }
+                    Err(e) => {
+                        c.push(v.span().start, Some("pools.name"), e);
+                        ok = false;
+                    }
+                },
+                None => ok = false,
+            },
             "backends" => match read_backends(c, v, "pools.backends") {
                 Some(list) => draft.backends = list,
                 None => ok = false,
@@ -86,10 +100,13 @@ fn read_pool(c: &mut Collector<'_>, at: usize, table: &DeTable<'_>) -> Option<(P
         }
     }
     let Some(name_at) = name_at else {
-        c.push(at, Some("pools"), "missing field 'name'".into());
-        return None;
+        if !has_key(table, "name") {
+            c.push(at, Some("pools"), "missing field 'name'".into());
+        }
+        return (None, None);
     };
-    ok.then_some((draft, name_at))
+    let named = Some((draft.name.clone(), name_at));
+    (ok.then_some(draft), named)
 }
 
 /// A pool's `health` table.
@@ -110,7 +127,7 @@ fn read_pool_health(
     for (key, hv) in table {
         let k = key.get_ref().as_ref();
         let Some(o) = options::find_health(k) else {
-            let msg = format!("unknown key 'pools.health.{k}' (valid: path, interval, timeout, healthy_threshold, unhealthy_threshold)");
+            let msg = options::unknown_health_key(&format!("pools.health.{k}"));
             c.push(key.span().start, None, msg);
             ok = false;
             continue;
@@ -128,12 +145,8 @@ fn read_pool_value(
     v: &Spanned<DeValue<'_>>,
     draft: &mut PoolDraft,
 ) -> bool {
-    let Some(o) = options::find(key).filter(|o| POOL_OPTIONS.contains(&o.key)) else {
-        let msg = format!(
-            "'pools.{key}' is not a per-pool key (valid: name, {}, health, backends)",
-            POOL_OPTIONS.join(", ")
-        );
-        c.push(key_at, None, msg);
+    let Some(o) = pools::pool_option(key) else {
+        c.push(key_at, None, pools::not_per_pool(&format!("pools.{key}")));
         return false;
     };
     let shown = format!("pools.{key}");
@@ -174,86 +187,125 @@ pub(super) fn apply_routes(
             continue;
         };
         let at = entry.span().start;
-        let Some((text, pool_at)) = read_route(c, at, table) else {
+        let (text, named) = read_route(c, at, table);
+        // A route with a bad value still names its pool: that pool is not "unreached".
+        if let Some(named) = named {
+            layout.routes.push(named);
+        }
+        let Some(text) = text else {
             continue;
         };
-        let pool = text.pool.clone();
+        if s.routes.len() == MAX_ROUTES {
+            c.push(at, Some("routes"), format!("more than {MAX_ROUTES} routes"));
+            continue;
+        }
         match pools::route_spec(text) {
-            Ok(r) => {
-                s.routes.push(r);
-                layout.routes.push((pool, pool_at));
-            }
+            Ok(r) => s.routes.push(r),
             Err(e) => c.push(at, Some("routes"), e),
         }
     }
 }
 
-/// One `[[routes]]` entry's values, each checked where it is; also where its pool is
-/// named.
-fn read_route(c: &mut Collector<'_>, at: usize, table: &DeTable<'_>) -> Option<(RouteText, usize)> {
+/// One `[[routes]]` entry's values when every one is good, each checked where it is;
+/// and its pool's name and where it is, when that is good.
+fn read_route(
+    c: &mut Collector<'_>,
+    at: usize,
+    table: &DeTable<'_>,
+) -> (Option<RouteText>, Option<(String, usize)>) {
     let mut t = RouteText::default();
     let mut pool_at = None;
     let mut ok = true;
     for (key, v) in table {
         let k = key.get_ref().as_ref();
-        let shown = format!("routes.{k}");
-        let start = v.span().start;
-        let mut check = |c: &mut Collector<'_>, r: Result<(), String>| {
-            if let Err(e) = r {
-                c.push(start, Some(&shown), e);
-                ok = false;
-            }
-        };
-        match k {
-            "pool" => {
-                let Some(p) = c.text_of(v, FileType::Str, &shown) else {
-                    ok = false;
-                    continue;
-                };
-                check(c, pools::check_pool_name(&p));
-                t.pool = p;
-                pool_at = Some(start);
-            }
-            "host" => {
-                let Some(h) = c.text_of(v, FileType::Str, &shown) else {
-                    ok = false;
-                    continue;
-                };
-                check(c, HostPattern::parse(&h).map(drop));
-                t.host = Some(h);
-            }
-            "path_prefix" => {
-                let Some(p) = c.text_of(v, FileType::Str, &shown) else {
-                    ok = false;
-                    continue;
-                };
-                check(c, PathPrefix::parse(&p).map(drop));
-                t.path_prefix = Some(p);
-            }
-            "methods" => match string_list(v) {
-                Some(list) => t.methods = list,
-                None => check(c, Err("expected a list of method names".into())),
-            },
-            "headers" => match string_table(v) {
-                Some(fields) => t.headers = fields,
-                None => check(c, Err("expected a table of header names and values, such as { \"x-canary\" = \"1\" }".into())),
-            },
-            "strip_path_prefix" => match v.get_ref() {
-                DeValue::Boolean(b) => t.strip_path_prefix = *b,
-                _ => check(c, Err("expected true or false".into())),
-            },
-            _ => {
-                let msg = format!("unknown key 'routes.{k}' (valid: {})", ROUTE_KEYS.join(", "));
-                c.push(key.span().start, None, msg);
+        if !ROUTE_KEYS.contains(&k) {
+            let msg = format!(
+                "unknown key 'routes.{k}' (valid: {})",
+                ROUTE_KEYS.join(", ")
+            );
+            c.push(key.span().start, None, msg);
+            ok = false;
+            continue;
+        }
+        match read_route_value(c, k, v, &mut t) {
+            Ok(()) if k == "pool" => pool_at = Some(v.span().start),
+            Ok(()) => {}
+            Err(e) => {
+                if let Some(e) = e {
+                    c.push(v.span().start, Some(&format!("routes.{k}")), e);
+                }
                 ok = false;
             }
         }
+        if k == "strip_path_prefix" && t.strip_path_prefix && !has_key(table, "path_prefix") {
+            let msg = "strip_path_prefix needs a path_prefix".into();
+            c.push(v.span().start, Some("routes.strip_path_prefix"), msg);
+            ok = false;
+        }
     }
     let Some(pool_at) = pool_at else {
-        c.push(at, Some("routes"), "missing field 'pool'".into());
-        return None;
+        if !has_key(table, "pool") {
+            c.push(at, Some("routes"), "missing field 'pool'".into());
+        }
+        return (None, None);
     };
-    ok.then_some((t, pool_at))
+    let named = Some((t.pool.clone(), pool_at));
+    (ok.then_some(t), named)
+}
+
+fn has_key(table: &DeTable<'_>, key: &str) -> bool {
+    table.iter().any(|(k, _)| k.get_ref().as_ref() == key)
+}
+
+/// One value of a route, `key` of [`ROUTE_KEYS`], into `t`. `Err(Some(why))` for a bad
+/// value; `Err(None)` when the problem is recorded already (a value of the wrong type).
+fn read_route_value(
+    c: &mut Collector<'_>,
+    key: &str,
+    v: &Spanned<DeValue<'_>>,
+    t: &mut RouteText,
+) -> Result<(), Option<String>> {
+    let shown = format!("routes.{key}");
+    let text = |c: &mut Collector<'_>| c.text_of(v, FileType::Str, &shown).ok_or(None);
+    match key {
+        "pool" => {
+            t.pool = text(c)?;
+            pools::check_pool_name(&t.pool).map_err(Some)
+        }
+        "host" => {
+            let h = text(c)?;
+            HostPattern::parse(&h).map_err(Some)?;
+            t.host = Some(h);
+            Ok(())
+        }
+        "path_prefix" => {
+            let p = text(c)?;
+            PathPrefix::parse(&p).map_err(Some)?;
+            t.path_prefix = Some(p);
+            Ok(())
+        }
+        "methods" => {
+            t.methods =
+                string_list(v).ok_or_else(|| Some("expected a list of method names".into()))?;
+            pools::check_methods(&t.methods).map(drop).map_err(Some)
+        }
+        "headers" => {
+            t.headers = string_table(v).ok_or_else(|| {
+                Some(
+                    "expected a table of header names and values, such as { \"x-canary\" = \"1\" }"
+                        .into(),
+                )
+            })?;
+            pools::check_fields(&t.headers).map(drop).map_err(Some)
+        }
+        _ => match v.get_ref() {
+            DeValue::Boolean(b) => {
+                t.strip_path_prefix = *b;
+                Ok(())
+            }
+            _ => Err(Some("expected true or false".into())),
+        },
+    }
 }
 
 fn string_list(v: &Spanned<DeValue<'_>>) -> Option<Vec<String>> {

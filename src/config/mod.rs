@@ -327,7 +327,7 @@ fn check_whole(s: &Settings, errors: &mut Vec<ConfigError>) {
         });
     }
     for p in &s.pools {
-        check_backends(&p.backends, errors);
+        check_backends(p, errors);
     }
     if !s.admin.ip().is_loopback() && s.admin_token.is_none() {
         errors.push(ConfigError {
@@ -341,25 +341,38 @@ fn check_whole(s: &Settings, errors: &mut Vec<ConfigError>) {
 }
 
 /// URLs and names are unique within a pool.
-fn check_backends(backends: &[BackendSpec], errors: &mut Vec<ConfigError>) {
+fn check_backends(pool: &PoolSpec, errors: &mut Vec<ConfigError>) {
+    let origin = if pool.name == DEFAULT_POOL {
+        "backend".to_string()
+    } else {
+        format!("pool '{}': backend", pool.name)
+    };
+    errors.extend(
+        duplicate_backends(&pool.backends)
+            .into_iter()
+            .map(|message| ConfigError {
+                origin: origin.clone(),
+                message,
+            }),
+    );
+}
+
+/// What is twice in `backends`: a URL, or a name (names label metrics and logs).
+pub(crate) fn duplicate_backends(backends: &[BackendSpec]) -> Vec<String> {
     let mut seen = std::collections::HashSet::new();
     let mut names = std::collections::HashSet::new();
+    let mut out = Vec::new();
     for b in backends {
         if !seen.insert(b.url.as_str()) {
-            errors.push(ConfigError {
-                origin: "backend".into(),
-                message: format!("duplicate backend URL '{}'", b.url),
-            });
+            out.push(format!("duplicate backend URL '{}'", b.url));
         } else if !names.insert(b.name.as_str()) {
-            errors.push(ConfigError {
-                origin: "backend".into(),
-                message: format!(
-                    "duplicate backend name '{}' (names label metrics and logs; give each backend its own with name=…)",
-                    b.name
-                ),
-            });
+            out.push(format!(
+                "duplicate backend name '{}' (names label metrics and logs; give each backend its own with name=…)",
+                b.name
+            ));
         }
     }
+    out
 }
 
 /// Validates a config file alone, as `fulcrum check` does.

@@ -85,6 +85,12 @@ pub(crate) fn find_health(key: &str) -> Option<&'static Opt> {
     OPTIONS.iter().find(|o| o.health_key == Some(key))
 }
 
+/// The message for a key the `[health]` table does not have, written `shown`.
+pub(crate) fn unknown_health_key(shown: &str) -> String {
+    let valid: Vec<&str> = OPTIONS.iter().filter_map(|o| o.health_key).collect();
+    format!("unknown key '{shown}' (valid: {})", valid.join(", "))
+}
+
 macro_rules! restart {
     ($name:literal, $($field:ident).+) => {
         Reload::Restart($name, |a, b| a.$($field).+ != b.$($field).+)

@@ -200,25 +200,8 @@ pub(crate) fn route_spec(t: RouteText) -> Result<RouteSpec, String> {
     if t.strip_path_prefix && path_prefix.is_none() {
         return Err("strip_path_prefix needs a path_prefix".into());
     }
-    let methods = t
-        .methods
-        .iter()
-        .map(|m| {
-            let upper = m.to_ascii_uppercase();
-            Method::from_bytes(upper.as_bytes()).map_err(|_| format!("invalid method '{m}'"))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let headers = t
-        .headers
-        .iter()
-        .map(|(n, v)| {
-            let name = HeaderName::from_bytes(n.as_bytes())
-                .map_err(|_| format!("invalid header name '{n}'"))?;
-            let value =
-                HeaderValue::from_str(v).map_err(|_| format!("invalid value of header '{n}'"))?;
-            Ok((name, value))
-        })
-        .collect::<Result<Vec<_>, String>>()?;
+    let methods = check_methods(&t.methods)?;
+    let headers = check_fields(&t.headers)?;
     Ok(RouteSpec {
         pool: t.pool,
         host,
@@ -227,6 +210,33 @@ pub(crate) fn route_spec(t: RouteText) -> Result<RouteSpec, String> {
         headers,
         strip_path_prefix: t.strip_path_prefix,
     })
+}
+
+/// Method names, in any case.
+pub(crate) fn check_methods(names: &[String]) -> Result<Vec<Method>, String> {
+    names
+        .iter()
+        .map(|m| {
+            let upper = m.to_ascii_uppercase();
+            Method::from_bytes(upper.as_bytes()).map_err(|_| format!("invalid method '{m}'"))
+        })
+        .collect()
+}
+
+/// Header names and the exact values a route wants.
+pub(crate) fn check_fields(
+    fields: &[(String, String)],
+) -> Result<Vec<(HeaderName, HeaderValue)>, String> {
+    fields
+        .iter()
+        .map(|(n, v)| {
+            let name = HeaderName::from_bytes(n.as_bytes())
+                .map_err(|_| format!("invalid header name '{n}'"))?;
+            let value =
+                HeaderValue::from_str(v).map_err(|_| format!("invalid value of header '{n}'"))?;
+            Ok((name, value))
+        })
+        .collect()
 }
 
 /// `[a-z0-9_-]{1,64}`.
@@ -245,15 +255,23 @@ pub(crate) fn check_pool_name(name: &str) -> Result<(), String> {
     }
 }
 
+/// The option `key` names, when a pool may set it.
+pub(crate) fn pool_option(key: &str) -> Option<&'static options::Opt> {
+    options::find(key).filter(|o| POOL_OPTIONS.contains(&o.key))
+}
+
+/// The message for a key, written `shown`, that a pool may not set.
+pub(crate) fn not_per_pool(shown: &str) -> String {
+    format!(
+        "'{shown}' is not a per-pool key (valid: name, {}, health, backends)",
+        POOL_OPTIONS.join(", ")
+    )
+}
+
 /// Checks a pool's own values (keys of [`POOL_OPTIONS`]) as a `[[pools]]` entry or
 /// `POST /admin/pools` gives them; returns the first problem, naming the key.
 pub(crate) fn check_pool_value(key: &str, value: &str) -> Result<&'static str, String> {
-    let Some(o) = options::find(key).filter(|o| POOL_OPTIONS.contains(&o.key)) else {
-        return Err(format!(
-            "'{key}' is not a per-pool key (valid: {}, health, backends)",
-            POOL_OPTIONS.join(", ")
-        ));
-    };
+    let o = pool_option(key).ok_or_else(|| not_per_pool(key))?;
     let mut scratch = Settings::default();
     (o.set)(&mut scratch, value)?;
     Ok(o.key)

@@ -12,7 +12,6 @@ use crate::config::{PoolSettings, PoolSpec, RouteSpec, Settings};
 use crate::route::PathPrefix;
 use crate::server::Running;
 use crate::spawn::SpawnRequest;
-use crate::strategy::StrategyKind;
 
 /// The first pool: everything the other routes do not take.
 const WEB_POOL: &str = "web";
@@ -37,14 +36,12 @@ pub(crate) fn backend_plan(i: usize) -> (String, u64) {
     (name, latency)
 }
 
-/// Lays out the demo's pools and routes over the settings of `s`: `web` with its
-/// strategy, `api` with least response time, `/api` to `api` and the rest to `web`.
+/// Lays out the demo's pools and routes over the settings of `s`: `web` and `api`,
+/// both with the demo's strategy (round robin unless told otherwise; the dashboard
+/// switches each on its own), `/api` to `api` and the rest to `web`.
 pub(crate) fn lay_out(s: &mut Settings) {
     let web = PoolSettings::of(s);
-    let api = PoolSettings {
-        strategy: StrategyKind::LeastResponseTime,
-        ..web.clone()
-    };
+    let api = web.clone();
     s.pools = vec![
         PoolSpec {
             name: WEB_POOL.into(),

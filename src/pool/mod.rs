@@ -74,6 +74,8 @@ pub(crate) enum PoolError {
     DuplicateUrl(String),
     /// Another backend already has this name.
     DuplicateName(String),
+    /// The pool has been removed.
+    Retired(String),
 }
 
 impl std::fmt::Display for PoolError {
@@ -82,6 +84,7 @@ impl std::fmt::Display for PoolError {
             PoolError::NotFound(id) => write!(f, "no backend with id {id}"),
             PoolError::DuplicateUrl(u) => write!(f, "backend URL '{u}' is already in the pool"),
             PoolError::DuplicateName(n) => write!(f, "backend name '{n}' is already in the pool"),
+            PoolError::Retired(p) => write!(f, "pool '{p}' has been removed"),
         }
     }
 }
@@ -280,6 +283,8 @@ impl Pool {
     /// Marks the pool removed: its health checks and upkeep end; requests in flight on
     /// it finish.
     pub(crate) fn retire(&self) {
+        // Under the members lock, so that no backend joins after it (`add_with`).
+        let _m = self.lock();
         self.retired.send_replace(true);
     }
 
@@ -489,6 +494,9 @@ impl Pool {
         spawn: Option<SpawnInfo>,
     ) -> Result<Arc<Backend>, PoolError> {
         let mut m = self.lock();
+        if *self.retired.borrow() {
+            return Err(PoolError::Retired(self.name.to_string()));
+        }
         if m.backends.iter().any(|b| b.url == spec.url) {
             return Err(PoolError::DuplicateUrl(spec.url));
         }
@@ -656,6 +664,15 @@ mod tests {
         let (after, f) = ring(&p);
         assert_eq!(f, Some(1.5));
         assert!(Arc::ptr_eq(&before, &after));
+    }
+
+    #[test]
+    fn a_removed_pool_takes_no_new_backend() {
+        let p = pool(1, StrategyKind::RoundRobin);
+        p.retire();
+        let r = p.add(backend_spec("http://127.0.0.1:4998", None, None).unwrap());
+        assert_eq!(r.err(), Some(PoolError::Retired("default".into())));
+        assert_eq!(p.backends().len(), 1);
     }
 
     #[test]
