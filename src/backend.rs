@@ -124,6 +124,10 @@ pub struct Backend {
     pub(crate) pool: Arc<str>,
     /// Bound on a TCP connect to it (its pool's `connect_timeout`).
     pub(crate) connect_timeout: Duration,
+    /// Its pool's passive checks.
+    outlier: crate::config::OutlierSettings,
+    /// Picked only while no other backend of its pool is eligible.
+    pub(crate) backup: bool,
     /// The URL exactly as configured.
     pub(crate) url: String,
     /// `host:port` to connect to.
@@ -259,6 +263,13 @@ impl Backend {
             name: spec.name,
             pool: Arc::from(crate::config::DEFAULT_POOL),
             connect_timeout: Duration::from_secs(3),
+            outlier: crate::config::OutlierSettings {
+                consecutive_failures: EJECT_AFTER_FAILURES,
+                base_ejection: EJECTION_BASE,
+                max_ejection: EJECTION_MAX,
+                max_ejected_percent: 50,
+            },
+            backup: spec.backup,
             url: spec.url,
             socket_addr: spec.authority.as_str().parse().ok(),
             authority: spec.authority,
@@ -294,11 +305,16 @@ impl Backend {
         self
     }
 
-    /// Places it in the pool `name`, whose connect bound it takes (before the backend
-    /// is shared).
-    pub(crate) fn in_pool(mut self, name: Arc<str>, connect_timeout: Duration) -> Backend {
+    /// Places it in the pool `name`, whose connect bound and passive checks it takes
+    /// (before the backend is shared).
+    pub(crate) fn in_pool(
+        mut self,
+        name: Arc<str>,
+        settings: &crate::config::PoolSettings,
+    ) -> Backend {
         self.pool = name;
-        self.connect_timeout = connect_timeout;
+        self.connect_timeout = settings.connect_timeout;
+        self.outlier = settings.outlier;
         self
     }
 
@@ -391,7 +407,8 @@ impl Backend {
             return OutlierAction::TrialFailed;
         }
         let n = self.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
-        if n >= EJECT_AFTER_FAILURES && !self.ejected() {
+        let after = self.outlier.consecutive_failures;
+        if after > 0 && n >= after && !self.ejected() {
             OutlierAction::Eject
         } else {
             OutlierAction::None
@@ -442,7 +459,8 @@ impl Backend {
     /// Ejects it (the pool has checked the half-of-the-pool cap); returns how long for.
     pub(crate) fn eject(&self, now: Instant) -> Duration {
         let n = self.ejections.fetch_add(1, Ordering::Relaxed) + 1;
-        let d = (EJECTION_BASE * n).min(EJECTION_MAX);
+        let o = &self.outlier;
+        let d = o.base_ejection.saturating_mul(n).min(o.max_ejection);
         *self.ejected_until.lock().unwrap_or_else(|e| e.into_inner()) = Some(now + d);
         self.trial.store(TRIAL_NONE, Ordering::Relaxed);
         self.consecutive_failures.store(0, Ordering::Relaxed);

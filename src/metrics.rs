@@ -235,6 +235,16 @@ fn encode_routing(
         let index = i.to_string();
         ConstCounter::new(n).encode(m.encode_family(&[("route", index.as_str())])?)?;
     }
+    let mut m = enc.encode_descriptor(
+        "fulcrum_panic",
+        "Requests a pool balanced in panic mode, over all its backends, healthy or not.",
+        None,
+        MetricType::Counter,
+    )?;
+    for p in &routing.pools {
+        let n = p.panic_requests.load(std::sync::atomic::Ordering::Relaxed);
+        ConstCounter::new(n).encode(m.encode_family(&[("pool", &*p.name)])?)?;
+    }
     if let Some(first) = routing.pools.first() {
         // The single-pool series of old: the first pool's, as the single-pool admin
         // routes address it.

@@ -215,12 +215,26 @@ async fn list_backends(State(ctx): State<AdminCtx>) -> ApiResult<Json<Vec<Backen
     Ok(Json(views(&*ctx.first()?)))
 }
 
+/// A backend to add, as `POST /admin/backends` and `POST /admin/pools` take it.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct AddBody {
     url: String,
     weight: Option<i64>,
     name: Option<String>,
+    /// Picked only while no primary of the pool is eligible.
+    backup: Option<bool>,
+}
+
+impl AddBody {
+    /// The backend it describes, or the 400 that says what is wrong.
+    fn spec(self) -> ApiResult<crate::config::BackendSpec> {
+        let weight = self.weight.map(check_weight).transpose()?;
+        let mut spec =
+            backend_spec(&self.url, weight, self.name.as_deref()).map_err(ApiError::bad)?;
+        spec.backup = self.backup.unwrap_or(false);
+        Ok(spec)
+    }
 }
 
 async fn add_backend(State(ctx): State<AdminCtx>, body: Bytes) -> ApiResult<Response> {
@@ -229,9 +243,7 @@ async fn add_backend(State(ctx): State<AdminCtx>, body: Bytes) -> ApiResult<Resp
 
 /// Adds the backend `body` describes to `pool`: 201 BACKEND.
 fn add_to(pool: &Pool, body: &Bytes) -> ApiResult<Response> {
-    let b: AddBody = parse_body(body)?;
-    let weight = b.weight.map(check_weight).transpose()?;
-    let spec = backend_spec(&b.url, weight, b.name.as_deref()).map_err(ApiError::bad)?;
+    let spec = parse_body::<AddBody>(body)?.spec()?;
     let added = pool.add(spec)?;
     tracing::info!(pool = %pool.name, id = added.id, name = %added.name, url = %added.url, "backend added");
     Ok((StatusCode::CREATED, Json(BackendView::of(&added))).into_response())

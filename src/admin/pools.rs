@@ -14,8 +14,8 @@ use serde_json::{Map, Value};
 
 use super::{add_to, strategy_of, switch_strategy, AdminCtx, ApiError, ApiResult};
 use crate::config::pools::{self, PoolDraft, RouteText};
-use crate::config::{backend_spec, options, RouteSpec};
-use crate::pool::{BackendView, Pool};
+use crate::config::{options, RouteSpec};
+use crate::pool::{BackendView, Mode, Pool};
 use crate::site::{Routing, Site};
 
 /// A pool as the API shows it.
@@ -26,6 +26,8 @@ pub(crate) struct PoolView {
     backends: Vec<BackendView>,
     /// Indices of the routes to it.
     routes: Vec<usize>,
+    /// What it picks from: `primaries`, `backups` (no primary is eligible) or `panic`.
+    mode: &'static str,
 }
 
 fn view(routing: &Routing, pool: &Pool) -> PoolView {
@@ -34,6 +36,11 @@ fn view(routing: &Routing, pool: &Pool) -> PoolView {
         strategy: pool.strategy().name(),
         backends: super::views(pool),
         routes: routing.routes_to(&pool.name),
+        mode: match pool.snapshot().mode {
+            Mode::Primaries => "primaries",
+            Mode::Backups => "backups",
+            Mode::Panic => "panic",
+        },
     }
 }
 
@@ -92,13 +99,15 @@ fn draft_of(fields: &Map<String, Value>) -> ApiResult<PoolDraft> {
         match key.as_str() {
             "name" => {}
             "backends" => draft.backends = backends_of(v)?,
-            "health" => {
+            table @ ("health" | "outlier") => {
                 let Value::Object(h) = v else {
-                    return Err(ApiError::bad("invalid health: expected an object"));
+                    return Err(ApiError::bad(format!(
+                        "invalid {table}: expected an object"
+                    )));
                 };
                 for (k, hv) in h {
-                    let o = options::find_health(k).ok_or_else(|| {
-                        ApiError::bad(options::unknown_health_key(&format!("health.{k}")))
+                    let o = options::find_in(table, k).ok_or_else(|| {
+                        ApiError::bad(options::unknown_table_key(table, &format!("{table}.{k}")))
                     })?;
                     push_value(&mut draft, o.key, hv)?;
                 }
@@ -127,24 +136,11 @@ fn push_value(draft: &mut PoolDraft, key: &str, v: &Value) -> ApiResult<()> {
     Ok(())
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct BackendBody {
-    url: String,
-    weight: Option<i64>,
-    name: Option<String>,
-}
-
 /// A pool's `backends` list.
 fn backends_of(v: &Value) -> ApiResult<Vec<crate::config::BackendSpec>> {
-    let list: Vec<BackendBody> = serde_json::from_value(v.clone())
+    let list: Vec<super::AddBody> = serde_json::from_value(v.clone())
         .map_err(|e| ApiError::bad(format!("invalid backends: {e}")))?;
-    list.into_iter()
-        .map(|b| {
-            let weight = b.weight.map(super::check_weight).transpose()?;
-            backend_spec(&b.url, weight, b.name.as_deref()).map_err(ApiError::bad)
-        })
-        .collect()
+    list.into_iter().map(super::AddBody::spec).collect()
 }
 
 /// `DELETE /admin/pools/{name}`: 204; refused while a route names it.

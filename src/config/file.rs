@@ -16,7 +16,7 @@ use super::{BackendSpec, ConfigError, Settings};
 use crate::config::file_pools::{self, Layout};
 
 /// Keys of a `[[backends]]` entry.
-const BACKEND_KEYS: [&str; 3] = ["url", "weight", "name"];
+const BACKEND_KEYS: [&str; 4] = ["url", "weight", "name", "backup"];
 
 /// Applies a config file's text on top of `s`; returns every problem found.
 pub(crate) fn apply_file(s: &mut Settings, path: &Path, text: &str) -> Vec<ConfigError> {
@@ -46,7 +46,7 @@ fn apply_document(s: &mut Settings, c: &mut Collector<'_>) {
     for (key, value) in doc.get_ref() {
         let at = key.span().start;
         match key.get_ref().as_ref() {
-            "health" => apply_health(s, c, value),
+            t @ ("health" | "outlier") => apply_table(s, c, t, value),
             "backends" => {
                 layout.backends_at = Some(at);
                 if let Some(list) = read_backends(c, value, "backends") {
@@ -66,26 +66,32 @@ fn apply_document(s: &mut Settings, c: &mut Collector<'_>) {
 
 fn unknown_key(key: &str) -> String {
     let mut valid: Vec<&str> = options::OPTIONS.iter().map(|o| o.key).collect();
-    valid.extend(["health", "backends", "pools", "routes"]);
+    valid.extend(["health", "outlier", "backends", "pools", "routes"]);
     format!("unknown key '{key}' (valid: {})", valid.join(", "))
 }
 
-/// The `[health]` table: the health options under their short keys.
-fn apply_health(s: &mut Settings, c: &mut Collector<'_>, value: &Spanned<DeValue<'_>>) {
+/// A table of settings (`[health]`, `[outlier]`): its options under their short keys.
+fn apply_table(
+    s: &mut Settings,
+    c: &mut Collector<'_>,
+    table_name: &str,
+    value: &Spanned<DeValue<'_>>,
+) {
     let Some(table) = value.get_ref().as_table() else {
         c.push(
             value.span().start,
-            Some("health"),
+            Some(table_name),
             "expected a table".into(),
         );
         return;
     };
     for (key, v) in table {
         let k = key.get_ref().as_ref();
-        match options::find_health(k) {
-            Some(o) => apply_value(s, c, o, &format!("health.{k}"), v),
+        let shown = format!("{table_name}.{k}");
+        match options::find_in(table_name, k) {
+            Some(o) => apply_value(s, c, o, &shown, v),
             None => {
-                let msg = options::unknown_health_key(&format!("health.{k}"));
+                let msg = options::unknown_table_key(table_name, &shown);
                 c.push(key.span().start, None, msg);
             }
         }
@@ -128,7 +134,7 @@ fn read_backend(
     for (key, _) in table {
         if !BACKEND_KEYS.contains(&key.get_ref().as_ref()) {
             let msg = format!(
-                "unknown key '{prefix}.{}' (valid: url, weight, name)",
+                "unknown key '{prefix}.{}' (valid: url, weight, name, backup)",
                 key.get_ref()
             );
             c.push(key.span().start, None, msg);
@@ -157,8 +163,22 @@ fn read_backend(
         Some((_, n)) => Some(c.text_of(n, FileType::Str, &format!("{prefix}.name"))?),
         None => None,
     };
+    let backup = match field("backup") {
+        Some((_, b)) => match b.get_ref() {
+            DeValue::Boolean(b) => *b,
+            _ => {
+                let key = format!("{prefix}.backup");
+                c.push(b.span().start, Some(&key), "expected true or false".into());
+                return None;
+            }
+        },
+        None => false,
+    };
     match backend_spec(&url_text, weight, name.as_deref()) {
-        Ok(spec) => Some(spec),
+        Ok(mut spec) => {
+            spec.backup = backup;
+            Some(spec)
+        }
         Err(e) => {
             c.push(url.span().start, Some(&format!("{prefix}.url")), e);
             None

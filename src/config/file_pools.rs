@@ -95,7 +95,7 @@ fn read_pool(
                 Some(list) => draft.backends = list,
                 None => ok = false,
             },
-            "health" => ok &= read_pool_health(c, v, &mut draft),
+            t @ ("health" | "outlier") => ok &= read_pool_table(c, t, v, &mut draft),
             _ => ok &= read_pool_value(c, key.span().start, k, v, &mut draft),
         }
     }
@@ -109,30 +109,28 @@ fn read_pool(
     (ok.then_some(draft), named)
 }
 
-/// A pool's `health` table.
-fn read_pool_health(
+/// A pool's `health` or `outlier` table.
+fn read_pool_table(
     c: &mut Collector<'_>,
+    table_name: &str,
     v: &Spanned<DeValue<'_>>,
     draft: &mut PoolDraft,
 ) -> bool {
+    let shown = format!("pools.{table_name}");
     let Some(table) = v.get_ref().as_table() else {
-        c.push(
-            v.span().start,
-            Some("pools.health"),
-            "expected a table".into(),
-        );
+        c.push(v.span().start, Some(&shown), "expected a table".into());
         return false;
     };
     let mut ok = true;
-    for (key, hv) in table {
+    for (key, tv) in table {
         let k = key.get_ref().as_ref();
-        let Some(o) = options::find_health(k) else {
-            let msg = options::unknown_health_key(&format!("pools.health.{k}"));
+        let Some(o) = options::find_in(table_name, k) else {
+            let msg = options::unknown_table_key(table_name, &format!("{shown}.{k}"));
             c.push(key.span().start, None, msg);
             ok = false;
             continue;
         };
-        ok &= read_pool_value(c, key.span().start, o.key, hv, draft);
+        ok &= read_pool_value(c, key.span().start, o.key, tv, draft);
     }
     ok
 }

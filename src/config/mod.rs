@@ -73,6 +73,8 @@ pub struct BackendSpec {
     pub(crate) weight: u32,
     /// Display name; defaults to `host:port`.
     pub(crate) name: String,
+    /// Picked only while no other backend of its pool is eligible (HAProxy's `backup`).
+    pub(crate) backup: bool,
 }
 
 /// Where the request key of the hashing strategies comes from.
@@ -110,6 +112,19 @@ pub(crate) struct HealthSettings {
     pub(crate) unhealthy_threshold: u32,
 }
 
+/// Passive outlier detection (`docs/operations.md`, "Passive outlier detection").
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct OutlierSettings {
+    /// Failures in a row on live traffic that eject a backend; 0 = off.
+    pub(crate) consecutive_failures: u32,
+    /// Length of a first ejection; the n-th lasts n times as long.
+    pub(crate) base_ejection: Duration,
+    /// Longest ejection.
+    pub(crate) max_ejection: Duration,
+    /// At most this share of the pool (percent, rounded down) ejected at once.
+    pub(crate) max_ejected_percent: u32,
+}
+
 /// Every setting of `fulcrum serve`, validated.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Settings {
@@ -129,6 +144,10 @@ pub(crate) struct Settings {
     pub(crate) hash_balance_factor: Option<f64>,
     /// Active health checks.
     pub(crate) health: HealthSettings,
+    /// Passive outlier detection.
+    pub(crate) outlier: OutlierSettings,
+    /// Panic mode below this share of eligible primary backends (percent); 0 = off.
+    pub(crate) panic_threshold: u32,
     /// TCP connect bound.
     pub(crate) connect_timeout: Duration,
     /// Request sent → response headers bound.
@@ -185,6 +204,13 @@ impl Default for Settings {
                 healthy_threshold: 0,
                 unhealthy_threshold: 0,
             },
+            outlier: OutlierSettings {
+                consecutive_failures: 0,
+                base_ejection: Duration::ZERO,
+                max_ejection: Duration::ZERO,
+                max_ejected_percent: 0,
+            },
+            panic_threshold: 0,
             connect_timeout: Duration::ZERO,
             upstream_timeout: Duration::ZERO,
             retries: 0,
@@ -328,6 +354,16 @@ fn check_whole(s: &Settings, errors: &mut Vec<ConfigError>) {
     }
     for p in &s.pools {
         check_backends(p, errors);
+        let o = &p.settings.outlier;
+        if o.base_ejection > o.max_ejection {
+            errors.push(ConfigError {
+                origin: format!("pool '{}': outlier", p.name),
+                message: format!(
+                    "base_ejection {:?} is longer than max_ejection {:?}",
+                    o.base_ejection, o.max_ejection
+                ),
+            });
+        }
     }
     if !s.admin.ip().is_loopback() && s.admin_token.is_none() {
         errors.push(ConfigError {

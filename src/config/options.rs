@@ -41,8 +41,9 @@ pub(crate) enum Reload {
 pub(crate) struct Opt {
     /// The config file's key; the flag is `--` + the key with `-` for `_`.
     pub(crate) key: &'static str,
-    /// The same setting's key inside the file's `[health]` table, if it has one.
-    pub(crate) health_key: Option<&'static str>,
+    /// The table (`health`, `outlier`) and the key inside it under which the file may
+    /// also write this setting, if it has one.
+    pub(crate) table_key: Option<(&'static str, &'static str)>,
     /// The placeholder of the flag's value in `--help`.
     pub(crate) value_name: &'static str,
     /// What it does, for `--help`.
@@ -80,14 +81,19 @@ pub(crate) fn find(key: &str) -> Option<&'static Opt> {
     OPTIONS.iter().find(|o| o.key == key)
 }
 
-/// Looks up an option by its key inside `[health]`.
-pub(crate) fn find_health(key: &str) -> Option<&'static Opt> {
-    OPTIONS.iter().find(|o| o.health_key == Some(key))
+/// Looks up an option by its key inside the table `table` (`health`, `outlier`).
+pub(crate) fn find_in(table: &str, key: &str) -> Option<&'static Opt> {
+    OPTIONS.iter().find(|o| o.table_key == Some((table, key)))
 }
 
-/// The message for a key the `[health]` table does not have, written `shown`.
-pub(crate) fn unknown_health_key(shown: &str) -> String {
-    let valid: Vec<&str> = OPTIONS.iter().filter_map(|o| o.health_key).collect();
+/// The message for a key the table `table` does not have, written `shown`.
+pub(crate) fn unknown_table_key(table: &str, shown: &str) -> String {
+    let valid: Vec<&str> = OPTIONS
+        .iter()
+        .filter_map(|o| o.table_key)
+        .filter(|(t, _)| *t == table)
+        .map(|(_, k)| k)
+        .collect();
     format!("unknown key '{shown}' (valid: {})", valid.join(", "))
 }
 
@@ -111,7 +117,7 @@ fn threshold(s: &str) -> Result<u32, String> {
 pub(crate) static OPTIONS: &[Opt] = &[
     Opt {
         key: "listen",
-        health_key: None,
+        table_key: None,
         value_name: "ADDR",
         help: "Proxy listener",
         default: Some(super::DEFAULT_LISTEN),
@@ -122,7 +128,7 @@ pub(crate) static OPTIONS: &[Opt] = &[
     },
     Opt {
         key: "admin",
-        health_key: None,
+        table_key: None,
         value_name: "ADDR",
         help: "Admin API listener",
         default: Some(super::DEFAULT_ADMIN),
@@ -133,7 +139,7 @@ pub(crate) static OPTIONS: &[Opt] = &[
     },
     Opt {
         key: "strategy",
-        health_key: None,
+        table_key: None,
         value_name: "NAME",
         help: "Balancing strategy",
         default: Some("round_robin"),
@@ -144,7 +150,7 @@ pub(crate) static OPTIONS: &[Opt] = &[
     },
     Opt {
         key: "hash_key",
-        health_key: None,
+        table_key: None,
         value_name: "KEY",
         help: "Key of the hashing strategies: client_ip, header:NAME, cookie:NAME",
         default: Some("client_ip"),
@@ -155,7 +161,7 @@ pub(crate) static OPTIONS: &[Opt] = &[
     },
     Opt {
         key: "trusted_proxies",
-        health_key: None,
+        table_key: None,
         value_name: "CIDRS",
         help: "Peers whose X-Forwarded-For is believed, CIDR[,CIDR…]",
         default: None,
@@ -166,7 +172,7 @@ pub(crate) static OPTIONS: &[Opt] = &[
     },
     Opt {
         key: "hash_balance_factor",
-        health_key: None,
+        table_key: None,
         value_name: "F",
         help: "Bounded load for the hashing strategies: a backend may hold at most F times its share of the requests in flight, F > 1; 0 = off",
         default: Some("0"),
@@ -177,7 +183,7 @@ pub(crate) static OPTIONS: &[Opt] = &[
     },
     Opt {
         key: "health_path",
-        health_key: Some("path"),
+        table_key: Some(("health", "path")),
         value_name: "PATH",
         help: "Active health check path",
         default: Some("/health"),
@@ -188,7 +194,7 @@ pub(crate) static OPTIONS: &[Opt] = &[
     },
     Opt {
         key: "health_interval",
-        health_key: Some("interval"),
+        table_key: Some(("health", "interval")),
         value_name: "DUR",
         help: "Time between health probes",
         default: Some("5s"),
@@ -199,7 +205,7 @@ pub(crate) static OPTIONS: &[Opt] = &[
     },
     Opt {
         key: "health_timeout",
-        health_key: Some("timeout"),
+        table_key: Some(("health", "timeout")),
         value_name: "DUR",
         help: "Bound on one health probe",
         default: Some("2s"),
@@ -210,7 +216,7 @@ pub(crate) static OPTIONS: &[Opt] = &[
     },
     Opt {
         key: "healthy_threshold",
-        health_key: Some("healthy_threshold"),
+        table_key: Some(("health", "healthy_threshold")),
         value_name: "N",
         help: "Consecutive successes to become healthy",
         default: Some("2"),
@@ -221,7 +227,7 @@ pub(crate) static OPTIONS: &[Opt] = &[
     },
     Opt {
         key: "unhealthy_threshold",
-        health_key: Some("unhealthy_threshold"),
+        table_key: Some(("health", "unhealthy_threshold")),
         value_name: "N",
         help: "Consecutive failures to become unhealthy",
         default: Some("3"),
@@ -231,8 +237,63 @@ pub(crate) static OPTIONS: &[Opt] = &[
         reload: restart!("health.unhealthy_threshold", health.unhealthy_threshold),
     },
     Opt {
+        key: "outlier_consecutive_failures",
+        table_key: Some(("outlier", "consecutive_failures")),
+        value_name: "N",
+        help: "Failures in a row on live traffic that eject a backend; 0 = passive checks off",
+        default: Some("5"),
+        default_text: None,
+        file_type: FileType::Int,
+        set: |s, v| parse_uint::<u32>(v, 0, 1000).map(|x| s.outlier.consecutive_failures = x),
+        reload: restart!("outlier.consecutive_failures", outlier.consecutive_failures),
+    },
+    Opt {
+        key: "outlier_base_ejection",
+        table_key: Some(("outlier", "base_ejection")),
+        value_name: "DUR",
+        help: "Length of a first ejection; the n-th lasts n times as long",
+        default: Some("30s"),
+        default_text: None,
+        file_type: FileType::Str,
+        set: |s, v| positive(v).map(|x| s.outlier.base_ejection = x),
+        reload: restart!("outlier.base_ejection", outlier.base_ejection),
+    },
+    Opt {
+        key: "outlier_max_ejection",
+        table_key: Some(("outlier", "max_ejection")),
+        value_name: "DUR",
+        help: "Longest ejection",
+        default: Some("300s"),
+        default_text: None,
+        file_type: FileType::Str,
+        set: |s, v| positive(v).map(|x| s.outlier.max_ejection = x),
+        reload: restart!("outlier.max_ejection", outlier.max_ejection),
+    },
+    Opt {
+        key: "outlier_max_ejected_percent",
+        table_key: Some(("outlier", "max_ejected_percent")),
+        value_name: "P",
+        help: "At most P % of a pool's backends (rounded down) ejected at once",
+        default: Some("50"),
+        default_text: None,
+        file_type: FileType::Int,
+        set: |s, v| parse_uint::<u32>(v, 0, 100).map(|x| s.outlier.max_ejected_percent = x),
+        reload: restart!("outlier.max_ejected_percent", outlier.max_ejected_percent),
+    },
+    Opt {
+        key: "panic_threshold",
+        table_key: None,
+        value_name: "P",
+        help: "Below P % of a pool's primary backends eligible, and no backup, balance over all of them, healthy or not; 0 = off",
+        default: Some("0"),
+        default_text: None,
+        file_type: FileType::Int,
+        set: |s, v| parse_uint::<u32>(v, 0, 100).map(|x| s.panic_threshold = x),
+        reload: restart!("panic_threshold", panic_threshold),
+    },
+    Opt {
         key: "connect_timeout",
-        health_key: None,
+        table_key: None,
         value_name: "DUR",
         help: "TCP connect bound",
         default: Some("3s"),
@@ -243,7 +304,7 @@ pub(crate) static OPTIONS: &[Opt] = &[
     },
     Opt {
         key: "upstream_timeout",
-        health_key: None,
+        table_key: None,
         value_name: "DUR",
         help: "Request sent → response headers bound, then 504",
         default: Some("30s"),
@@ -254,7 +315,7 @@ pub(crate) static OPTIONS: &[Opt] = &[
     },
     Opt {
         key: "retries",
-        health_key: None,
+        table_key: None,
         value_name: "N",
         help: "Extra attempts for a failed idempotent request",
         default: Some("2"),
@@ -265,7 +326,7 @@ pub(crate) static OPTIONS: &[Opt] = &[
     },
     Opt {
         key: "max_inflight",
-        health_key: None,
+        table_key: None,
         value_name: "N",
         help: "Above N requests in flight answer 503 at once; 0 = off",
         default: Some("0"),
@@ -276,7 +337,7 @@ pub(crate) static OPTIONS: &[Opt] = &[
     },
     Opt {
         key: "max_connections",
-        health_key: None,
+        table_key: None,
         value_name: "N",
         help: "Client connections open at once on the proxy listener; at the cap new ones wait in the kernel's queue; 0 = from the open-file limit",
         default: Some("0"),
@@ -287,7 +348,7 @@ pub(crate) static OPTIONS: &[Opt] = &[
     },
     Opt {
         key: "slow_start",
-        health_key: None,
+        table_key: None,
         value_name: "DUR",
         help: "Weight ramp for joining backends",
         default: Some("0s"),
@@ -298,7 +359,7 @@ pub(crate) static OPTIONS: &[Opt] = &[
     },
     Opt {
         key: "ewma_alpha",
-        health_key: None,
+        table_key: None,
         value_name: "F",
         help: "Smoothing factor of the latency average, 0 < F <= 1",
         default: Some("0.1"),
@@ -309,7 +370,7 @@ pub(crate) static OPTIONS: &[Opt] = &[
     },
     Opt {
         key: "admin_token_file",
-        health_key: None,
+        table_key: None,
         value_name: "FILE",
         help: "File holding the admin bearer token",
         default: None,
@@ -324,7 +385,7 @@ pub(crate) static OPTIONS: &[Opt] = &[
     },
     Opt {
         key: "upgrade_socket",
-        health_key: None,
+        table_key: None,
         value_name: "PATH",
         help: "Unix socket where a new fulcrum started with --upgrade takes the listening sockets over",
         default: None,
@@ -341,7 +402,7 @@ pub(crate) static OPTIONS: &[Opt] = &[
     },
     Opt {
         key: "workers",
-        health_key: None,
+        table_key: None,
         value_name: "N",
         help: "Threads serving traffic",
         default: None,
@@ -352,7 +413,7 @@ pub(crate) static OPTIONS: &[Opt] = &[
     },
     Opt {
         key: "log_format",
-        health_key: None,
+        table_key: None,
         value_name: "FORMAT",
         help: "Log format on stderr: text or json",
         default: Some("text"),
@@ -363,7 +424,7 @@ pub(crate) static OPTIONS: &[Opt] = &[
     },
     Opt {
         key: "access_log",
-        health_key: None,
+        table_key: None,
         value_name: "on|off",
         help: "One access log line per request on stderr: on or off",
         default: Some("on"),

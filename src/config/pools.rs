@@ -25,7 +25,7 @@ const MAX_POOL_NAME: usize = 64;
 
 /// The option keys a pool may set for itself, as the options table names them (the
 /// health ones also as the `health` table's short keys).
-pub(crate) const POOL_OPTIONS: [&str; 13] = [
+pub(crate) const POOL_OPTIONS: [&str; 18] = [
     "strategy",
     "hash_key",
     "hash_balance_factor",
@@ -39,6 +39,11 @@ pub(crate) const POOL_OPTIONS: [&str; 13] = [
     "ewma_alpha",
     "connect_timeout",
     "upstream_timeout",
+    "outlier_consecutive_failures",
+    "outlier_base_ejection",
+    "outlier_max_ejection",
+    "outlier_max_ejected_percent",
+    "panic_threshold",
 ];
 
 /// The settings a pool has of its own.
@@ -52,6 +57,10 @@ pub(crate) struct PoolSettings {
     pub(crate) hash_balance_factor: Option<f64>,
     /// Active health checks.
     pub(crate) health: HealthSettings,
+    /// Passive outlier detection.
+    pub(crate) outlier: super::OutlierSettings,
+    /// Panic mode below this share of eligible primary backends (percent); 0 = off.
+    pub(crate) panic_threshold: u32,
     /// Extra attempts for a failed idempotent request.
     pub(crate) retries: u32,
     /// Weight ramp duration; zero = off.
@@ -72,6 +81,8 @@ impl PoolSettings {
             hash_key: s.hash_key.clone(),
             hash_balance_factor: s.hash_balance_factor,
             health: s.health.clone(),
+            outlier: s.outlier,
+            panic_threshold: s.panic_threshold,
             retries: s.retries,
             slow_start: s.slow_start,
             ewma_alpha: s.ewma_alpha,
@@ -91,6 +102,11 @@ impl PoolSettings {
         };
         note(self.hash_key != other.hash_key, "hash_key");
         note(self.health != other.health, "health");
+        note(self.outlier != other.outlier, "outlier");
+        note(
+            self.panic_threshold != other.panic_threshold,
+            "panic_threshold",
+        );
         note(self.retries != other.retries, "retries");
         note(self.slow_start != other.slow_start, "slow_start");
         note(self.ewma_alpha != other.ewma_alpha, "ewma_alpha");
@@ -263,7 +279,7 @@ pub(crate) fn pool_option(key: &str) -> Option<&'static options::Opt> {
 /// The message for a key, written `shown`, that a pool may not set.
 pub(crate) fn not_per_pool(shown: &str) -> String {
     format!(
-        "'{shown}' is not a per-pool key (valid: name, {}, health, backends)",
+        "'{shown}' is not a per-pool key (valid: name, {}, health, outlier, backends)",
         POOL_OPTIONS.join(", ")
     )
 }

@@ -135,27 +135,32 @@ pub fn backend_spec(
         authority,
         weight,
         name,
+        backup: false,
     })
 }
 
-/// Parses `URL[,weight=N][,name=NAME]`.
+/// Parses `URL[,weight=N][,name=NAME][,backup]`.
 pub(crate) fn parse_backend_spec(s: &str) -> Result<BackendSpec, String> {
     let mut parts = s.split(',');
     let url = parts.next().unwrap_or("").trim();
     let mut weight = None;
     let mut name = None;
+    let mut backup = false;
     for p in parts {
         match p.split_once('=') {
             Some(("weight", w)) => weight = Some(parse_weight(w)?),
             Some(("name", n)) => name = Some(n),
+            None if p == "backup" => backup = true,
             _ => {
                 return Err(format!(
-                    "invalid backend option '{p}' in '{s}' (valid: weight=N, name=NAME)"
+                    "invalid backend option '{p}' in '{s}' (valid: weight=N, name=NAME, backup)"
                 ))
             }
         }
     }
-    backend_spec(url, weight, name)
+    let mut spec = backend_spec(url, weight, name)?;
+    spec.backup = backup;
+    Ok(spec)
 }
 
 /// Parses `client_ip`, `header:NAME`, `cookie:NAME`.

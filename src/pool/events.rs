@@ -53,6 +53,18 @@ pub(crate) enum Event {
         /// Backend name.
         backend: String,
     },
+    /// No primary backend is eligible and the backups take the traffic, or a primary is
+    /// back and they stop.
+    Backups {
+        /// Whether the backups take the traffic now.
+        active: bool,
+    },
+    /// Too few backends are eligible and the pool balances over all of them, healthy or
+    /// not (`panic_threshold`), or it stops doing so.
+    Panic {
+        /// Whether the pool is in panic mode now.
+        active: bool,
+    },
     /// The strategy was switched.
     Strategy {
         /// Canonical name of the new strategy.

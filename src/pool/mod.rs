@@ -5,6 +5,7 @@
 //! a freshly built [`Picker`] — through `arc-swap`. The request path does one lock-free
 //! load and one pick; it never takes the control mutex.
 
+mod eligible;
 mod events;
 pub(crate) mod maintenance;
 
@@ -18,6 +19,7 @@ use tokio::sync::{broadcast, watch};
 pub(crate) use crate::backend::{clock_ns, AdminState, OutlierAction, SpawnInfo};
 pub use crate::backend::{Backend, RequestGuard};
 use crate::stats;
+pub(crate) use eligible::Mode;
 pub(crate) use events::{Event, Tagged, EVENT_CAPACITY};
 
 use crate::config::{BackendSpec, PoolSpec};
@@ -38,6 +40,8 @@ pub(crate) struct Snapshot {
     pub(crate) backends: Vec<Arc<Backend>>,
     /// The backends a strategy may pick, in pool order.
     pub(crate) eligible: Vec<Arc<Backend>>,
+    /// How `eligible` was chosen: primaries, backups, or every primary in panic mode.
+    pub(crate) mode: Mode,
     /// Routing state over `eligible`.
     pub(crate) picker: Picker,
 }
@@ -99,6 +103,8 @@ struct Members {
     strategy: StrategyKind,
     /// What pickers are built with.
     options: PickerOptions,
+    /// Panic mode below this share of eligible primaries (percent); 0 = off.
+    panic_threshold: u32,
 }
 
 /// What every pool shares: the event bus, the proxy-wide counters, the sampler of
@@ -152,6 +158,8 @@ pub(crate) struct Pool {
     pub(crate) settings: crate::config::PoolSettings,
     /// Its own retry budget: a sick pool does not spend another's.
     pub(crate) budget: RetryBudget,
+    /// Requests balanced in panic mode.
+    pub(crate) panic_requests: AtomicU64,
     /// What all pools share.
     pub(crate) hub: Arc<Hub>,
     /// Flips when the pool is removed: its health checks and upkeep stop.
@@ -176,6 +184,8 @@ pub(crate) struct BackendView {
     pub(crate) spawned: bool,
     /// The pool it belongs to.
     pub(crate) pool: Arc<str>,
+    /// Picked only while no primary of its pool is eligible.
+    pub(crate) backup: bool,
     /// A spawned backend's process id (`null` while it is not running).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) pid: Option<Option<u32>>,
@@ -202,6 +212,7 @@ impl BackendView {
             errors: b.errors(),
             spawned: b.spawn.is_some(),
             pool: Arc::clone(&b.pool),
+            backup: b.backup,
             pid: b.spawn.as_ref().map(|s| s.pid()),
             port: b.spawn.as_ref().map(|s| s.port),
         }
@@ -211,12 +222,7 @@ impl BackendView {
 /// Builds the snapshot of `m`; `previous` lets a rotation carry on where it was instead
 /// of restarting at the first backend on every change (a health flip, a weight edit).
 fn build_snapshot(m: &Members, previous: Option<&Picker>) -> Snapshot {
-    let eligible: Vec<Arc<Backend>> = m
-        .backends
-        .iter()
-        .filter(|b| b.eligible())
-        .cloned()
-        .collect();
+    let (eligible, mode) = eligible::select(&m.backends, m.panic_threshold);
     let picker = Picker::build_with(m.strategy, &eligible, &m.options, previous);
     picker.attach(&m.backends, &eligible);
     Snapshot {
@@ -224,6 +230,7 @@ fn build_snapshot(m: &Members, previous: Option<&Picker>) -> Snapshot {
         picker,
         backends: m.backends.clone(),
         eligible,
+        mode,
     }
 }
 
@@ -240,7 +247,7 @@ impl Pool {
             .iter()
             .map(|s| {
                 let b = Backend::new(hub.next_id(), s.clone(), st.ewma_alpha)
-                    .in_pool(Arc::clone(&name), st.connect_timeout)
+                    .in_pool(Arc::clone(&name), st)
                     .with_slow_start(st.slow_start);
                 Arc::new(b)
             })
@@ -252,6 +259,7 @@ impl Pool {
             options: PickerOptions {
                 hash_balance_factor: st.hash_balance_factor,
             },
+            panic_threshold: st.panic_threshold,
         };
         let table = ArcSwap::from_pointee(build_snapshot(&members, None));
         Pool {
@@ -260,6 +268,7 @@ impl Pool {
             table,
             settings: st.clone(),
             budget: RetryBudget::new(),
+            panic_requests: AtomicU64::new(0),
             hub,
             retired: watch::channel(false).0,
         }
@@ -326,8 +335,34 @@ impl Pool {
 
     fn publish(&self, m: &mut Members) {
         let previous = self.table.load();
-        self.table
-            .store(Arc::new(build_snapshot(m, Some(&previous.picker))));
+        let next = build_snapshot(m, Some(&previous.picker));
+        let (was, now) = (previous.mode, next.mode);
+        self.table.store(Arc::new(next));
+        if was != now {
+            self.note_mode(was, now);
+        }
+    }
+
+    /// Says so when the pool turns to its backups or to panic mode, or back.
+    fn note_mode(&self, was: Mode, now: Mode) {
+        if (was == Mode::Backups) != (now == Mode::Backups) {
+            let active = now == Mode::Backups;
+            if active {
+                tracing::warn!(pool = %self.name, "no primary backend eligible: the backups take the traffic");
+            } else {
+                tracing::info!(pool = %self.name, "the backups no longer take the traffic");
+            }
+            self.emit(Event::Backups { active });
+        }
+        if (was == Mode::Panic) != (now == Mode::Panic) {
+            let active = now == Mode::Panic;
+            if active {
+                tracing::warn!(pool = %self.name, "panic mode: too few eligible backends, balancing over all of them");
+            } else {
+                tracing::info!(pool = %self.name, "panic mode over");
+            }
+            self.emit(Event::Panic { active });
+        }
     }
 
     /// Records the verdict of the health checks. Returns whether it changed anything; a
@@ -368,7 +403,8 @@ impl Pool {
     }
 
     /// Ejects a backend after failures on live traffic, unless that would put more than
-    /// half of the pool (rounded down) out at once. Returns the ejection's length.
+    /// `max_ejected_percent` of the pool (rounded down; half by default) out at once.
+    /// Returns the ejection's length.
     pub(crate) fn eject(&self, id: u64) -> Option<std::time::Duration> {
         let mut m = self.lock();
         let b = m.backends.iter().find(|b| b.id == id).cloned()?;
@@ -376,8 +412,9 @@ impl Pool {
             return None;
         }
         let out = m.backends.iter().filter(|b| b.ejected()).count();
-        if out + 1 > m.backends.len() / 2 {
-            tracing::debug!(backend = %b.name, ejected = out, pool = m.backends.len(), "not ejecting: at most half of the pool may be ejected");
+        let most = m.backends.len() * self.settings.outlier.max_ejected_percent as usize / 100;
+        if out + 1 > most {
+            tracing::debug!(backend = %b.name, ejected = out, pool = m.backends.len(), "not ejecting: the pool's share of ejected backends is at its limit");
             return None;
         }
         let d = b.eject(std::time::Instant::now());
@@ -506,7 +543,7 @@ impl Pool {
         let st = &self.settings;
         let b = Arc::new(
             Backend::new(self.hub.next_id(), spec, st.ewma_alpha)
-                .in_pool(Arc::clone(&self.name), st.connect_timeout)
+                .in_pool(Arc::clone(&self.name), st)
                 .with_slow_start(st.slow_start)
                 .with_spawn(spawn),
         );

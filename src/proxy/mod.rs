@@ -508,6 +508,9 @@ impl Proxy {
         // (arc-swap's cheap read slots are few per thread); the guard keeps the backend
         // itself alive.
         let snap = req.pool.snapshot();
+        if snap.mode == crate::pool::Mode::Panic && tried.is_empty() {
+            bump(&req.pool.panic_requests);
+        }
         if let (None, Some(source)) = (req.key, snap.strategy.key_source()) {
             req.key = Some(self.request_key(req, source));
         }

@@ -1,0 +1,263 @@
+//! Capacity controls (`docs/operations.md`, "Backups and panic mode", "Passive outlier
+//! detection"): backups take traffic only while no primary is eligible, panic mode
+//! spreads over every backend below the threshold, and the passive checks follow each
+//! pool's own thresholds — over real sockets and processes.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::*;
+
+fn config_file(tag: &str, text: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("fulcrum-capacity-{}-{tag}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("fulcrum.toml");
+    std::fs::write(&f, text).unwrap();
+    f
+}
+
+/// Which backends `n` requests to `/` reach, by name.
+async fn spread(c: &HttpClient, f: &Fulcrum, n: usize) -> BTreeMap<String, usize> {
+    let mut seen = BTreeMap::new();
+    for _ in 0..n {
+        let r = get(c, &f.url("/")).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        *seen.entry(r.backend()).or_default() += 1;
+    }
+    seen
+}
+
+fn names(m: &BTreeMap<String, usize>) -> Vec<&str> {
+    m.keys().map(String::as_str).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backups_take_traffic_only_while_every_primary_is_down() {
+    let (p1, p2, b) = (
+        TestBackend::start("P1"),
+        TestBackend::start("P2"),
+        TestBackend::start("B"),
+    );
+    let f = Fulcrum::start(&[
+        "--backend",
+        &p1.spec(),
+        "--backend",
+        &p2.spec(),
+        "--backend",
+        &format!("{},backup", b.spec()),
+        "--health-interval",
+        "200ms",
+    ]);
+    let c = client();
+    let st = status(&c, &f).await;
+    assert_eq!(st["backends"][2]["backup"], true);
+    assert_eq!(st["pools"][0]["mode"], "primaries");
+    assert_eq!(names(&spread(&c, &f, 10).await), ["P1", "P2"]);
+    let mut events = EventStream::open(&f);
+    // Both primaries fail their health checks: the backup takes everything.
+    p1.set_health(500);
+    p2.set_health(500);
+    let over = eventually(Duration::from_secs(5), || async {
+        status(&client(), &f).await["pools"][0]["mode"] == "backups"
+    })
+    .await;
+    assert!(over, "{}", status(&c, &f).await);
+    assert_eq!(names(&spread(&c, &f, 10).await), ["B"]);
+    // One primary returns: it takes the traffic back, alone.
+    p1.set_health(200);
+    let back = eventually(Duration::from_secs(5), || async {
+        status(&client(), &f).await["pools"][0]["mode"] == "primaries"
+    })
+    .await;
+    assert!(back);
+    assert_eq!(names(&spread(&c, &f, 10).await), ["P1"]);
+    let got = tokio::task::spawn_blocking(move || {
+        let on = events.find(Duration::from_secs(3), |e| e["type"] == "backups");
+        let off = events.find(Duration::from_secs(3), |e| e["type"] == "backups");
+        (on, off)
+    })
+    .await
+    .unwrap();
+    let (on, off) = (got.0.expect("backups on"), got.1.expect("backups off"));
+    assert_eq!(
+        (on["active"].as_bool(), on["pool"].as_str()),
+        (Some(true), Some("default"))
+    );
+    assert_eq!(off["active"], false);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn panic_mode_spreads_over_every_backend_below_the_threshold() {
+    let bs: Vec<TestBackend> = (0..4)
+        .map(|i| TestBackend::start(&format!("B{i}")))
+        .collect();
+    let mut args: Vec<String> = Vec::new();
+    for b in &bs {
+        args.extend(["--backend".into(), b.spec()]);
+    }
+    args.extend(["--health-interval".into(), "200ms".into()]);
+    args.extend(["--panic-threshold".into(), "50".into()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let f = Fulcrum::start(&args);
+    let c = client();
+    // Two of four failing their checks: 50 % eligible is not below 50 %.
+    bs[0].set_health(500);
+    bs[1].set_health(500);
+    let two_down = eventually(Duration::from_secs(5), || async {
+        let st = status(&client(), &f).await;
+        st["backends"][1]["healthy"] == false && st["backends"][0]["healthy"] == false
+    })
+    .await;
+    assert!(two_down);
+    assert_eq!(names(&spread(&c, &f, 8).await), ["B2", "B3"]);
+    // A third: too few; the pool balances over all four (they still answer).
+    bs[2].set_health(500);
+    let panic = eventually(Duration::from_secs(5), || async {
+        status(&client(), &f).await["pools"][0]["mode"] == "panic"
+    })
+    .await;
+    assert!(panic);
+    assert_eq!(names(&spread(&c, &f, 12).await), ["B0", "B1", "B2", "B3"]);
+    let m = get(&c, &f.admin_url("/metrics")).await.text();
+    let panicked: f64 = m
+        .lines()
+        .find_map(|l| l.strip_prefix(r#"fulcrum_panic_total{pool="default"} "#))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    assert!(panicked >= 12.0, "{m}");
+    for b in &bs {
+        b.set_health(200);
+    }
+    let calm = eventually(Duration::from_secs(5), || async {
+        status(&client(), &f).await["pools"][0]["mode"] == "primaries"
+    })
+    .await;
+    assert!(calm);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_pool_ejects_by_its_own_thresholds() {
+    let (a, b, x, y) = (
+        TestBackend::start("A"),
+        TestBackend::start("B"),
+        TestBackend::start("X"),
+        TestBackend::start("Y"),
+    );
+    let entry = |t: &TestBackend| {
+        format!(
+            "[[pools.backends]]\nurl = \"{}\"\nname = \"{}\"\n",
+            t.url(),
+            t.name
+        )
+    };
+    let cfg = config_file(
+        "outlier",
+        &format!(
+            "retries = 0\n\
+             [[pools]]\nname = \"quick\"\noutlier = {{ consecutive_failures = 2, base_ejection = \"10s\" }}\n{}{}\
+             [[pools]]\nname = \"off\"\noutlier = {{ consecutive_failures = 0 }}\n{}{}\
+             [[routes]]\npool = \"quick\"\npath_prefix = \"/q\"\n[[routes]]\npool = \"off\"\n",
+            entry(&a),
+            entry(&b),
+            entry(&x),
+            entry(&y)
+        ),
+    );
+    let f = Fulcrum::start(&["--config", cfg.to_str().unwrap(), "--health-interval", "1m"]);
+    let c = client();
+    a.set_failing(true);
+    x.set_failing(true);
+    for _ in 0..8 {
+        get(&c, &f.url("/q/1")).await;
+        get(&c, &f.url("/o/1")).await;
+    }
+    let pools = get(&c, &f.admin_url("/admin/pools")).await.json();
+    let quick = &pools[0]["backends"];
+    assert_eq!(
+        (quick[0]["name"].as_str(), quick[0]["ejected"].as_bool()),
+        (Some("A"), Some(true))
+    );
+    let off = &pools[1]["backends"];
+    assert_eq!(
+        (off[0]["name"].as_str(), off[0]["ejected"].as_bool()),
+        (Some("X"), Some(false))
+    );
+    assert!(off[0]["errors"].as_u64().unwrap() >= 2, "{off}");
+    // An ejection of 10 s (not the default 30 s) is announced.
+    let m = get(&c, &f.admin_url("/metrics")).await.text();
+    assert!(
+        m.contains(r#"fulcrum_ejections_total{backend="A",pool="quick"} 1"#),
+        "{m}"
+    );
+}
+
+#[test]
+fn capacity_settings_out_of_range_are_refused_naming_the_key() {
+    for (args, key) in [
+        (vec!["--panic-threshold", "101"], "--panic-threshold"),
+        (
+            vec!["--outlier-consecutive-failures", "-1"],
+            "--outlier-consecutive-failures",
+        ),
+        (
+            vec!["--outlier-max-ejected-percent", "120"],
+            "--outlier-max-ejected-percent",
+        ),
+        (
+            vec!["--outlier-base-ejection", "0s"],
+            "--outlier-base-ejection",
+        ),
+        (
+            vec!["--backend", "http://127.0.0.1:1,backup=yes"],
+            "--backend",
+        ),
+    ] {
+        let mut all = vec!["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"];
+        all.extend(args);
+        let (st, _, err) = run_fulcrum(&all);
+        assert_eq!(st.code(), Some(2), "{err}");
+        assert!(err.contains(key), "{key}: {err}");
+    }
+    for (text, line, key) in [
+        ("panic_threshold = 200\n", "line 1", "panic_threshold"),
+        (
+            "[outlier]\nmax_ejection = \"5\"\n",
+            "line 2",
+            "outlier.max_ejection",
+        ),
+        ("[outlier]\nbase_ejection = \"10m\"\n", "", "base_ejection"),
+        (
+            "[[backends]]\nurl = \"http://127.0.0.1:1\"\nbackup = 1\n",
+            "line 3",
+            "backends.backup",
+        ),
+    ] {
+        let cfg = config_file(&format!("bad-{}", key.replace('.', "-")), text);
+        let (st, _, err) = run_fulcrum(&["check", "--config", cfg.to_str().unwrap()]);
+        assert_eq!(st.code(), Some(2), "{text}: {err}");
+        assert!(err.contains(line) && err.contains(key), "{text}: {err}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_pool_with_a_bad_capacity_value_is_refused_and_nothing_changes() {
+    let f = Fulcrum::start(&[]);
+    let c = client();
+    for bad in [
+        r#"{"name":"p","panic_threshold":101}"#,
+        r#"{"name":"p","outlier":{"consecutive_failures":-1}}"#,
+        r#"{"name":"p","outlier":{"bogus":1}}"#,
+        r#"{"name":"p","backends":[{"url":"http://127.0.0.1:1","backup":"yes"}]}"#,
+    ] {
+        let r = admin(&c, "POST", &f.admin_url("/admin/pools"), bad).await;
+        assert_eq!(r.status, 400, "{bad}: {}", r.text());
+    }
+    let pools = get(&c, &f.admin_url("/admin/pools")).await.json();
+    assert_eq!(pools.as_array().unwrap().len(), 1);
+    let ok = r#"{"name":"p","panic_threshold":50,"outlier":{"consecutive_failures":3},"backends":[{"url":"http://127.0.0.1:1","backup":true}]}"#;
+    let r = admin(&c, "POST", &f.admin_url("/admin/pools"), ok).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    assert_eq!(r.json()["backends"][0]["backup"], true);
+}
