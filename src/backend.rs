@@ -128,6 +128,8 @@ pub struct Backend {
     outlier: crate::config::OutlierSettings,
     /// Picked only while no other backend of its pool is eligible.
     pub(crate) backup: bool,
+    /// Its sticky cookie's value in its pool (`proxy/sticky.rs`).
+    pub(crate) sticky_value: u64,
     /// The URL exactly as configured.
     pub(crate) url: String,
     /// `host:port` to connect to.
@@ -270,6 +272,7 @@ impl Backend {
                 max_ejected_percent: 50,
             },
             backup: spec.backup,
+            sticky_value: crate::proxy::sticky_value(crate::config::DEFAULT_POOL, &spec.url),
             url: spec.url,
             socket_addr: spec.authority.as_str().parse().ok(),
             authority: spec.authority,
@@ -312,6 +315,7 @@ impl Backend {
         name: Arc<str>,
         settings: &crate::config::PoolSettings,
     ) -> Backend {
+        self.sticky_value = crate::proxy::sticky_value(&name, &self.url);
         self.pool = name;
         self.connect_timeout = settings.connect_timeout;
         self.outlier = settings.outlier;

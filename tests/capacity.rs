@@ -193,6 +193,103 @@ async fn each_pool_ejects_by_its_own_thresholds() {
     );
 }
 
+/// The value the answer's `Set-Cookie: SRV=…` gives, and the whole header.
+fn cookie_of(r: &Got) -> Option<(String, String)> {
+    let line = r.header("set-cookie")?.to_string();
+    let value = line.strip_prefix("SRV=")?.split(';').next()?.to_string();
+    Some((value, line))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sticky_client_stays_on_its_backend_through_switches_and_a_drain() {
+    let bs: Vec<TestBackend> = (0..3)
+        .map(|i| TestBackend::start(&format!("S{i}")))
+        .collect();
+    let mut args: Vec<String> = Vec::new();
+    for b in &bs {
+        args.extend(["--backend".into(), b.spec()]);
+    }
+    args.extend(["--health-interval".into(), "200ms".into()]);
+    args.extend([
+        "--sticky-cookie".into(),
+        "SRV".into(),
+        "--sticky-max-age".into(),
+        "1h".into(),
+    ]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let f = Fulcrum::start(&args);
+    let c = client();
+    // Without the cookie: balanced, and given one.
+    let first = get(&c, &f.url("/")).await;
+    let (value, line) = cookie_of(&first).expect("a sticky cookie");
+    assert_eq!(
+        line,
+        format!("SRV={value}; Path=/; HttpOnly; SameSite=Lax; Max-Age=3600")
+    );
+    assert_eq!(value.len(), 16, "{value}");
+    assert!(
+        !line.contains("127.0.0.1"),
+        "the cookie does not reveal the address"
+    );
+    let home = first.backend();
+    let cookie = format!("other=1; SRV={value}");
+    let url = f.url("/");
+    let headers = [("cookie", cookie.as_str())];
+    let with_cookie = || send(&c, "GET", &url, &headers, bytes::Bytes::new());
+    for i in 0..100 {
+        if i == 40 {
+            assert_eq!(set_strategy(&c, &f, "lc").await.status, 200);
+        }
+        let r = with_cookie().await;
+        assert_eq!(r.backend(), home, "request {i}");
+        assert!(
+            r.header("set-cookie").is_none(),
+            "a valid cookie is not set again"
+        );
+    }
+    // The cookie never reached the backend; the client's other cookies did.
+    let served = bs.iter().find(|b| b.name == home).unwrap();
+    let seen = served.stats.last_headers.lock().unwrap().clone().unwrap();
+    assert_eq!(
+        seen.get("cookie").map(|v| v.to_str().unwrap()),
+        Some("other=1")
+    );
+    // Draining: no new sessions, the sticky one stays.
+    let id = status(&c, &f).await["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["name"] == home.as_str())
+        .unwrap()["id"]
+        .clone();
+    let r = admin(
+        &c,
+        "PATCH",
+        &f.admin_url(&format!("/admin/backends/{id}")),
+        r#"{"state":"draining"}"#,
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    for _ in 0..10 {
+        assert_eq!(with_cookie().await.backend(), home);
+        assert_ne!(
+            get(&c, &f.url("/")).await.backend(),
+            home,
+            "a new session avoids it"
+        );
+    }
+    // Down: the strategy picks another, and the cookie is replaced.
+    served.set_health(500);
+    let down = eventually(Duration::from_secs(5), || async {
+        with_cookie().await.backend() != home
+    })
+    .await;
+    assert!(down);
+    let r = with_cookie().await;
+    let (new_value, _) = cookie_of(&r).expect("a new cookie");
+    assert_ne!(new_value, value);
+}
+
 #[test]
 fn capacity_settings_out_of_range_are_refused_naming_the_key() {
     for (args, key) in [
@@ -213,6 +310,8 @@ fn capacity_settings_out_of_range_are_refused_naming_the_key() {
             vec!["--backend", "http://127.0.0.1:1,backup=yes"],
             "--backend",
         ),
+        (vec!["--sticky-cookie", "a b"], "--sticky-cookie"),
+        (vec!["--sticky-max-age", "1"], "--sticky-max-age"),
     ] {
         let mut all = vec!["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"];
         all.extend(args);
@@ -233,6 +332,7 @@ fn capacity_settings_out_of_range_are_refused_naming_the_key() {
             "line 3",
             "backends.backup",
         ),
+        ("[sticky]\ncookie = \"a;b\"\n", "line 2", "sticky.cookie"),
     ] {
         let cfg = config_file(&format!("bad-{}", key.replace('.', "-")), text);
         let (st, _, err) = run_fulcrum(&["check", "--config", cfg.to_str().unwrap()]);

@@ -99,7 +99,7 @@ fn draft_of(fields: &Map<String, Value>) -> ApiResult<PoolDraft> {
         match key.as_str() {
             "name" => {}
             "backends" => draft.backends = backends_of(v)?,
-            table @ ("health" | "outlier") => {
+            table @ ("health" | "outlier" | "sticky") => {
                 let Value::Object(h) = v else {
                     return Err(ApiError::bad(format!(
                         "invalid {table}: expected an object"

@@ -46,7 +46,7 @@ fn apply_document(s: &mut Settings, c: &mut Collector<'_>) {
     for (key, value) in doc.get_ref() {
         let at = key.span().start;
         match key.get_ref().as_ref() {
-            t @ ("health" | "outlier") => apply_table(s, c, t, value),
+            t @ ("health" | "outlier" | "sticky") => apply_table(s, c, t, value),
             "backends" => {
                 layout.backends_at = Some(at);
                 if let Some(list) = read_backends(c, value, "backends") {
@@ -66,11 +66,11 @@ fn apply_document(s: &mut Settings, c: &mut Collector<'_>) {
 
 fn unknown_key(key: &str) -> String {
     let mut valid: Vec<&str> = options::OPTIONS.iter().map(|o| o.key).collect();
-    valid.extend(["health", "outlier", "backends", "pools", "routes"]);
+    valid.extend(["health", "outlier", "sticky", "backends", "pools", "routes"]);
     format!("unknown key '{key}' (valid: {})", valid.join(", "))
 }
 
-/// A table of settings (`[health]`, `[outlier]`): its options under their short keys.
+/// A table of settings (`[health]`, `[outlier]`, `[sticky]`): its options under their short keys.
 fn apply_table(
     s: &mut Settings,
     c: &mut Collector<'_>,

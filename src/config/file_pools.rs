@@ -95,7 +95,7 @@ fn read_pool(
                 Some(list) => draft.backends = list,
                 None => ok = false,
             },
-            t @ ("health" | "outlier") => ok &= read_pool_table(c, t, v, &mut draft),
+            t @ ("health" | "outlier" | "sticky") => ok &= read_pool_table(c, t, v, &mut draft),
             _ => ok &= read_pool_value(c, key.span().start, k, v, &mut draft),
         }
     }
@@ -109,7 +109,7 @@ fn read_pool(
     (ok.then_some(draft), named)
 }
 
-/// A pool's `health` or `outlier` table.
+/// A pool's `health`, `outlier` or `sticky` table.
 fn read_pool_table(
     c: &mut Collector<'_>,
     table_name: &str,

@@ -125,6 +125,15 @@ pub(crate) struct OutlierSettings {
     pub(crate) max_ejected_percent: u32,
 }
 
+/// Cookie-insert stickiness (`docs/operations.md`, "Sticky sessions").
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct StickySettings {
+    /// The cookie's name.
+    pub(crate) cookie: String,
+    /// Its `Max-Age`; `None` for a session cookie.
+    pub(crate) max_age: Option<Duration>,
+}
+
 /// Every setting of `fulcrum serve`, validated.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Settings {
@@ -148,6 +157,10 @@ pub(crate) struct Settings {
     pub(crate) outlier: OutlierSettings,
     /// Panic mode below this share of eligible primary backends (percent); 0 = off.
     pub(crate) panic_threshold: u32,
+    /// The sticky cookie's name; `None` = no stickiness.
+    pub(crate) sticky_cookie: Option<String>,
+    /// The sticky cookie's `Max-Age`; zero = a session cookie.
+    pub(crate) sticky_max_age: Duration,
     /// TCP connect bound.
     pub(crate) connect_timeout: Duration,
     /// Request sent → response headers bound.
@@ -211,6 +224,8 @@ impl Default for Settings {
                 max_ejected_percent: 0,
             },
             panic_threshold: 0,
+            sticky_cookie: None,
+            sticky_max_age: Duration::ZERO,
             connect_timeout: Duration::ZERO,
             upstream_timeout: Duration::ZERO,
             retries: 0,

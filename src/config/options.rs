@@ -41,7 +41,7 @@ pub(crate) enum Reload {
 pub(crate) struct Opt {
     /// The config file's key; the flag is `--` + the key with `-` for `_`.
     pub(crate) key: &'static str,
-    /// The table (`health`, `outlier`) and the key inside it under which the file may
+    /// The table (`health`, `outlier`, `sticky`) and the key inside it under which the file may
     /// also write this setting, if it has one.
     pub(crate) table_key: Option<(&'static str, &'static str)>,
     /// The placeholder of the flag's value in `--help`.
@@ -279,6 +279,28 @@ pub(crate) static OPTIONS: &[Opt] = &[
         file_type: FileType::Int,
         set: |s, v| parse_uint::<u32>(v, 0, 100).map(|x| s.outlier.max_ejected_percent = x),
         reload: restart!("outlier.max_ejected_percent", outlier.max_ejected_percent),
+    },
+    Opt {
+        key: "sticky_cookie",
+        table_key: Some(("sticky", "cookie")),
+        value_name: "NAME",
+        help: "Cookie-insert stickiness: a client's cookie NAME sends it back to the same backend",
+        default: None,
+        default_text: Some("off"),
+        file_type: FileType::Str,
+        set: |s, v| parse_cookie_name(v).map(|x| s.sticky_cookie = Some(x)),
+        reload: restart!("sticky.cookie", sticky_cookie),
+    },
+    Opt {
+        key: "sticky_max_age",
+        table_key: Some(("sticky", "max_age")),
+        value_name: "DUR",
+        help: "Max-Age of the sticky cookie; 0s = a session cookie",
+        default: Some("0s"),
+        default_text: None,
+        file_type: FileType::Str,
+        set: |s, v| parse_duration(v).map(|x| s.sticky_max_age = x),
+        reload: restart!("sticky.max_age", sticky_max_age),
     },
     Opt {
         key: "panic_threshold",

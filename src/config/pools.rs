@@ -25,7 +25,7 @@ const MAX_POOL_NAME: usize = 64;
 
 /// The option keys a pool may set for itself, as the options table names them (the
 /// health ones also as the `health` table's short keys).
-pub(crate) const POOL_OPTIONS: [&str; 18] = [
+pub(crate) const POOL_OPTIONS: [&str; 20] = [
     "strategy",
     "hash_key",
     "hash_balance_factor",
@@ -44,6 +44,8 @@ pub(crate) const POOL_OPTIONS: [&str; 18] = [
     "outlier_max_ejection",
     "outlier_max_ejected_percent",
     "panic_threshold",
+    "sticky_cookie",
+    "sticky_max_age",
 ];
 
 /// The settings a pool has of its own.
@@ -61,6 +63,8 @@ pub(crate) struct PoolSettings {
     pub(crate) outlier: super::OutlierSettings,
     /// Panic mode below this share of eligible primary backends (percent); 0 = off.
     pub(crate) panic_threshold: u32,
+    /// Cookie-insert stickiness, when on.
+    pub(crate) sticky: Option<super::StickySettings>,
     /// Extra attempts for a failed idempotent request.
     pub(crate) retries: u32,
     /// Weight ramp duration; zero = off.
@@ -83,6 +87,10 @@ impl PoolSettings {
             health: s.health.clone(),
             outlier: s.outlier,
             panic_threshold: s.panic_threshold,
+            sticky: s.sticky_cookie.clone().map(|cookie| super::StickySettings {
+                cookie,
+                max_age: (!s.sticky_max_age.is_zero()).then_some(s.sticky_max_age),
+            }),
             retries: s.retries,
             slow_start: s.slow_start,
             ewma_alpha: s.ewma_alpha,
@@ -279,7 +287,7 @@ pub(crate) fn pool_option(key: &str) -> Option<&'static options::Opt> {
 /// The message for a key, written `shown`, that a pool may not set.
 pub(crate) fn not_per_pool(shown: &str) -> String {
     format!(
-        "'{shown}' is not a per-pool key (valid: name, {}, health, outlier, backends)",
+        "'{shown}' is not a per-pool key (valid: name, {}, health, outlier, sticky, backends)",
         POOL_OPTIONS.join(", ")
     )
 }

@@ -234,6 +234,19 @@ pub(crate) fn parse_on_off(s: &str) -> Result<bool, String> {
     }
 }
 
+/// A cookie name: 1 to 64 characters of an RFC 6265 token.
+pub(crate) fn parse_cookie_name(s: &str) -> Result<String, String> {
+    let token = |c: u8| c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&c);
+    if !s.is_empty() && s.len() <= 64 && s.bytes().all(token) {
+        Ok(s.to_string())
+    } else {
+        Err(format!(
+            "invalid cookie name '{}' (1 to 64 letters, digits or !#$%&'*+-.^_`|~)",
+            s.escape_default()
+        ))
+    }
+}
+
 pub(crate) fn parse_health_path(s: &str) -> Result<String, String> {
     if s.starts_with('/') && s.parse::<http::uri::PathAndQuery>().is_ok() {
         Ok(s.to_string())

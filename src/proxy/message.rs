@@ -142,6 +142,17 @@ pub(crate) struct ResponseHead {
 }
 
 impl ResponseHead {
+    /// Adds a field (a sticky cookie); span fields are made into a map for it.
+    pub(crate) fn append_field(&mut self, name: HeaderName, value: HeaderValue) {
+        let fields = std::mem::replace(&mut self.fields, ResponseFields::Map(HeaderMap::new()));
+        let mut map = match fields {
+            ResponseFields::Map(m) => m,
+            ResponseFields::Wire(f) => f.into_map(),
+        };
+        map.append(name, value);
+        self.fields = ResponseFields::Map(map);
+    }
+
     /// The value of the first field named `name` (`Content-Length` included): the one
     /// place to read an answer's field, whichever form its fields are in.
     pub(crate) fn field(&self, name: &HeaderName) -> Option<HeaderValue> {

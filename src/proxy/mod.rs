@@ -7,6 +7,7 @@ pub(crate) mod headers;
 pub(crate) mod hop;
 pub(crate) mod message;
 pub(crate) mod record;
+mod sticky;
 mod upstream;
 mod validate;
 mod wire;
@@ -34,6 +35,7 @@ pub(crate) use body::{Hold, ReqBody, RespBody};
 pub(crate) use budget::RetryBudget;
 pub(crate) use message::{ProxyResponse, RequestFields, RequestHead, ResponseFields, ResponseHead};
 pub(crate) use record::{Finish, Pending, Recorder};
+pub(crate) use sticky::backend_value as sticky_value;
 pub(crate) use upstream::{Failure, Upstreams};
 
 use crate::config::Settings;
@@ -151,6 +153,10 @@ struct Outgoing {
     inline: bool,
     /// The request key of a hashing strategy, computed once, when first needed.
     key: Option<u64>,
+    /// The sticky cookie's value the request came with (its pool is sticky).
+    sticky: Option<u64>,
+    /// Whether the first attempt went to the backend that cookie names.
+    stuck: bool,
 }
 
 impl Outgoing {
@@ -339,6 +345,8 @@ impl Proxy {
                     peer_trusted: false,
                     inline: false,
                     key: None,
+                    sticky: None,
+                    stuck: false,
                 };
                 Either::Right(self.forward(req, fin, permit))
             }
@@ -411,7 +419,9 @@ impl Proxy {
         let head = &mut req.head;
         req.inline =
             req.body.is_none() && req.client_upgrade.is_none() && is_idempotent(&head.method);
-        if !req.inline {
+        // A sticky pool reads and removes its cookie, from a map.
+        let sticky = req.pool.settings.sticky.as_ref();
+        if !req.inline || sticky.is_some() {
             head.make_map();
         }
         req.peer_trusted = headers::is_trusted(&self.settings.trusted_proxies, req.peer.addr.ip());
@@ -424,6 +434,10 @@ impl Proxy {
             }
             if head.version == Version::HTTP_2 {
                 headers::merge_cookies(map);
+            }
+            if let Some(s) = sticky {
+                headers::merge_cookies(map);
+                req.sticky = sticky::take(map, &s.cookie);
             }
             headers::strip_hop_by_hop(map, req.client_upgrade.is_some());
             let (peer, trusted, host) = (&req.peer.forwarded, req.peer_trusted, req.host.as_ref());
@@ -511,6 +525,18 @@ impl Proxy {
         if snap.mode == crate::pool::Mode::Panic && tried.is_empty() {
             bump(&req.pool.panic_requests);
         }
+        if let (Some(value), true) = (req.sticky, tried.is_empty()) {
+            let stuck = snap
+                .backends
+                .iter()
+                .find(|b| b.sticky_value == value && sticky::takes_sessions(b));
+            if let Some(b) = stuck {
+                req.stuck = true;
+                return Some(b.begin_request());
+            }
+        }
+        // The strategy picks: the answer gets a cookie for the backend it picks.
+        req.stuck = false;
         if let (None, Some(source)) = (req.key, snap.strategy.key_source()) {
             req.key = Some(self.request_key(req, source));
         }
@@ -696,13 +722,27 @@ impl Proxy {
                 return ProxyResponse::new(status, fields, RespBody::empty());
             }
         }
-        let mut hold = Hold {
+        let set_cookie = match (&req.pool.settings.sticky, req.stuck) {
+            (Some(s), false) => sticky::set_cookie(s, guard.backend().sticky_value),
+            _ => None,
+        };
+        let hold = Hold {
             guard,
             _permit: permit,
             conn: None,
             upload,
             finish: Some(fin.hand_off()),
         };
+        let mut r = self.with_body(answer, hold);
+        if let Some(c) = set_cookie {
+            r.head.append_field(header::SET_COOKIE, c);
+        }
+        r
+    }
+
+    /// The client's answer: the backend's head, and its body wrapped with `hold`.
+    fn with_body(&self, answer: Answer, mut hold: Hold) -> ProxyResponse {
+        let status = answer.status();
         match answer {
             Answer::Hyper(resp, conn) => {
                 let (mut parts, body) = resp.into_parts();

@@ -1,0 +1,103 @@
+//! Cookie-insert stickiness (`docs/operations.md`, "Sticky sessions"), as HAProxy's
+//! `cookie NAME insert indirect`: an answer to a request without a valid cookie sets
+//! one naming the backend that served it; a request with one goes back to that backend
+//! while it is eligible or draining; the cookie itself never reaches a backend.
+//!
+//! The value is a keyed hash (XXH3-64 of the backend's URL, seeded with the hash of the
+//! pool's name), 16 hex digits: it tells nothing of the address, and every fulcrum with
+//! the same pool gives the same backend the same value.
+
+use http::header::{self, HeaderMap, HeaderValue};
+use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
+
+use crate::backend::{AdminState, Backend};
+use crate::config::StickySettings;
+
+/// The cookie value of the backend at `url` in the pool `pool`.
+pub(crate) fn backend_value(pool: &str, url: &str) -> u64 {
+    xxh3_64_with_seed(url.as_bytes(), xxh3_64(pool.as_bytes()))
+}
+
+/// Whether a sticky request may still go to `b`: healthy, not ejected, and active or
+/// draining (draining takes no new sessions but keeps its sticky ones).
+pub(crate) fn takes_sessions(b: &Backend) -> bool {
+    b.healthy()
+        && !b.ejected()
+        && !b.half_open()
+        && matches!(b.state(), AdminState::Active | AdminState::Draining)
+}
+
+/// Takes the cookie `name` out of the request's `Cookie` fields (joined into one by
+/// then) and returns its value when it is one of ours; the other cookies go on.
+pub(crate) fn take(fields: &mut HeaderMap, name: &str) -> Option<u64> {
+    let line = fields.get(header::COOKIE)?.to_str().ok()?.to_string();
+    let mut found = None;
+    let mut rest: Vec<&str> = Vec::new();
+    for pair in line.split(';').map(str::trim).filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some((n, v)) if n.trim() == name => {
+                found = found.or_else(|| parse_value(v.trim()));
+            }
+            _ => rest.push(pair),
+        }
+    }
+    if rest.is_empty() {
+        fields.remove(header::COOKIE);
+    } else if let Ok(v) = HeaderValue::from_str(&rest.join("; ")) {
+        fields.insert(header::COOKIE, v);
+    }
+    found
+}
+
+/// Our value: exactly 16 lowercase hex digits.
+fn parse_value(v: &str) -> Option<u64> {
+    (v.len() == 16
+        && v.bytes()
+            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c)))
+    .then(|| u64::from_str_radix(v, 16).ok())
+    .flatten()
+}
+
+/// The `Set-Cookie` value that sends the client back to the backend with `value`.
+pub(crate) fn set_cookie(s: &StickySettings, value: u64) -> Option<HeaderValue> {
+    let mut text = format!("{}={value:016x}; Path=/; HttpOnly; SameSite=Lax", s.cookie);
+    if let Some(age) = s.max_age {
+        text.push_str(&format!("; Max-Age={}", age.as_secs()));
+    }
+    HeaderValue::from_str(&text).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn our_cookie_is_taken_out_and_the_others_stay() {
+        let v = backend_value("web", "http://127.0.0.1:3001");
+        let mut h = HeaderMap::new();
+        let line = format!("a=1; FULCRUM={v:016x}; b=2");
+        h.insert(header::COOKIE, HeaderValue::from_str(&line).unwrap());
+        assert_eq!(take(&mut h, "FULCRUM"), Some(v));
+        assert_eq!(h[header::COOKIE], "a=1; b=2");
+        h.insert(header::COOKIE, HeaderValue::from_static("FULCRUM=zz"));
+        assert_eq!(take(&mut h, "FULCRUM"), None, "not one of ours");
+        assert!(h.get(header::COOKIE).is_none(), "and still not forwarded");
+    }
+
+    #[test]
+    fn values_depend_on_pool_and_url_only() {
+        let a = backend_value("web", "http://10.0.0.1:80");
+        assert_eq!(a, backend_value("web", "http://10.0.0.1:80"));
+        assert_ne!(a, backend_value("api", "http://10.0.0.1:80"));
+        assert_ne!(a, backend_value("web", "http://10.0.0.2:80"));
+        let s = StickySettings {
+            cookie: "SRV".into(),
+            max_age: Some(std::time::Duration::from_secs(3600)),
+        };
+        let c = set_cookie(&s, 0xab).unwrap();
+        assert_eq!(
+            c,
+            "SRV=00000000000000ab; Path=/; HttpOnly; SameSite=Lax; Max-Age=3600"
+        );
+    }
+}
