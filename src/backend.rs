@@ -130,6 +130,12 @@ pub struct Backend {
     pub(crate) backup: bool,
     /// Its sticky cookie's value in its pool (`proxy/sticky.rs`).
     pub(crate) sticky_value: u64,
+    /// At most this many requests in flight; 0 = no limit (HAProxy's `maxconn`).
+    max_conns: AtomicU32,
+    /// Requests waiting in its pool's queue that the strategy would have sent here.
+    pub(crate) queued: AtomicU64,
+    /// Its pool's queue, woken when a limited slot comes free.
+    queue: OnceLock<Arc<crate::pool::Queue>>,
     /// The URL exactly as configured.
     pub(crate) url: String,
     /// `host:port` to connect to.
@@ -273,6 +279,9 @@ impl Backend {
             },
             backup: spec.backup,
             sticky_value: crate::proxy::sticky_value(crate::config::DEFAULT_POOL, &spec.url),
+            max_conns: AtomicU32::new(spec.max_conns),
+            queued: AtomicU64::new(0),
+            queue: OnceLock::new(),
             url: spec.url,
             socket_addr: spec.authority.as_str().parse().ok(),
             authority: spec.authority,
@@ -649,6 +658,83 @@ impl Backend {
     #[inline]
     pub fn begin_request(self: &Arc<Self>) -> RequestGuard {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.begin_claimed()
+    }
+
+    /// The limit on requests in flight; 0 = none.
+    pub(crate) fn max_conns(&self) -> u32 {
+        self.max_conns.load(Ordering::Relaxed)
+    }
+
+    /// Sets the limit (applies to the next pick).
+    pub(crate) fn set_max_conns(&self, n: u32) {
+        self.max_conns.store(n, Ordering::Relaxed);
+    }
+
+    /// Wakes its pool's waiters when its limit goes up (`n` more slots, or all for
+    /// `None`: no limit any more).
+    pub(crate) fn wake_waiters(&self, n: Option<usize>) {
+        if let Some(q) = self.queue.get() {
+            q.release_many(n);
+        }
+    }
+
+    /// Joins its pool's queue (once, before the backend serves).
+    pub(crate) fn attach_queue(&self, q: &Arc<crate::pool::Queue>) {
+        let _ = self.queue.set(Arc::clone(q));
+    }
+
+    /// Takes one of its slots: `None` when it is at its limit; `Some(true)` when the
+    /// slot is counted in flight already (a limited backend, counted atomically with the
+    /// check), `Some(false)` when there is no limit and `begin_after_claim` counts it.
+    pub(crate) fn claim_slot(&self) -> Option<bool> {
+        let max = self.max_conns();
+        if max == 0 {
+            return Some(false);
+        }
+        let mut n = self.in_flight.load(Ordering::Relaxed);
+        loop {
+            if n >= u64::from(max) {
+                return None;
+            }
+            match self.in_flight.compare_exchange_weak(
+                n,
+                n + 1,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Some(true),
+                Err(now) => n = now,
+            }
+        }
+    }
+
+    /// Gives back a slot `claim_slot` took (`counted`) for a request that went elsewhere.
+    pub(crate) fn unclaim_slot(&self, counted: bool) {
+        if counted {
+            self.in_flight.fetch_sub(1, Ordering::Relaxed);
+            self.release_slot();
+        }
+    }
+
+    /// The request's guard after `claim_slot` said `Some(counted)`.
+    pub(crate) fn begin_after_claim(self: &Arc<Self>, counted: bool) -> RequestGuard {
+        if counted {
+            self.begin_claimed()
+        } else {
+            self.begin_request()
+        }
+    }
+
+    /// A limited slot came free: the oldest waiter of its pool may take it.
+    fn release_slot(&self) {
+        if let Some(q) = self.queue.get() {
+            q.release();
+        }
+    }
+
+    /// The guard of a request whose in-flight count is taken already.
+    fn begin_claimed(self: &Arc<Self>) -> RequestGuard {
         self.refresh_index();
         self.requests.fetch_add(1, Ordering::Relaxed);
         RequestGuard {
@@ -696,6 +782,11 @@ impl Drop for RequestGuard {
     fn drop(&mut self) {
         self.backend.in_flight.fetch_sub(1, Ordering::Relaxed);
         self.backend.refresh_index();
+        // A limited slot came free, or the limit was lifted meanwhile: either way a
+        // waiter may go.
+        if self.backend.max_conns() != 0 {
+            self.backend.release_slot();
+        }
         if self.trial {
             self.backend.release_trial();
         }

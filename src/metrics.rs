@@ -245,6 +245,26 @@ fn encode_routing(
         let n = p.panic_requests.load(std::sync::atomic::Ordering::Relaxed);
         ConstCounter::new(n).encode(m.encode_family(&[("pool", &*p.name)])?)?;
     }
+    let mut m = enc.encode_descriptor(
+        "fulcrum_pool_queue_length",
+        "Requests waiting in a pool's queue for a backend under its max_conns.",
+        None,
+        MetricType::Gauge,
+    )?;
+    for p in &routing.pools {
+        let n = p.queue.len() as f64;
+        ConstGauge::new(n).encode(m.encode_family(&[("pool", &*p.name)])?)?;
+    }
+    let mut m = enc.encode_descriptor(
+        "fulcrum_queue_timeouts",
+        "Requests answered 503 because their wait in the queue ran out.",
+        None,
+        MetricType::Counter,
+    )?;
+    for p in &routing.pools {
+        let n = p.queue.timeouts.load(std::sync::atomic::Ordering::Relaxed);
+        ConstCounter::new(n).encode(m.encode_family(&[("pool", &*p.name)])?)?;
+    }
     if let Some(first) = routing.pools.first() {
         // The single-pool series of old: the first pool's, as the single-pool admin
         // routes address it.

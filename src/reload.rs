@@ -198,8 +198,11 @@ fn add_and_update(pool: &Pool, spec: &PoolSpec, report: &mut Report) {
                     report.updated.push(b.name.clone());
                 }
             }
-            Some(x) if x.weight() != b.weight => {
-                if pool.update(x.id, Some(b.weight), None).is_ok() {
+            Some(x) if x.weight() != b.weight || x.max_conns() != b.max_conns => {
+                if pool
+                    .update(x.id, Some(b.weight), None, Some(b.max_conns))
+                    .is_ok()
+                {
                     report.updated.push(b.name.clone());
                 }
             }

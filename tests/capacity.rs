@@ -193,6 +193,146 @@ async fn each_pool_ejects_by_its_own_thresholds() {
     );
 }
 
+/// Two backends with `max_conns = 2` each, and a pool queue of `max_queue` waiting
+/// `queue_timeout`.
+fn limited(a: &TestBackend, b: &TestBackend, queue: &[&str]) -> Fulcrum {
+    let mut args = vec![
+        "--backend".to_string(),
+        format!("{},max_conns=2", a.spec()),
+        "--backend".to_string(),
+        format!("{},max_conns=2", b.spec()),
+    ];
+    args.extend(queue.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Fulcrum::start(&args)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_over_the_limit_queue_and_are_served_in_arrival_order() {
+    let (a, b) = (TestBackend::start("A"), TestBackend::start("B"));
+    let f = limited(&a, &b, &[]);
+    let c = client();
+    let started = std::time::Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..10 {
+        let (c, url) = (c.clone(), f.url(&format!("/sleep/400?n={i}")));
+        tasks.push(tokio::spawn(async move {
+            let r = get(&c, &url).await;
+            (r.status.as_u16(), started.elapsed())
+        }));
+        // A known arrival order.
+        tokio::time::sleep(Duration::from_millis(15)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let st = status(&c, &f).await;
+    let in_flight: u64 = st["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["active_conns"].as_u64().unwrap())
+        .sum();
+    assert_eq!(in_flight, 4, "{st}");
+    assert_eq!(st["pools"][0]["queue_length"], 6, "{st}");
+    assert_eq!(st["backends"][0]["max_conns"], 2);
+    let m = get(&c, &f.admin_url("/metrics")).await.text();
+    assert!(
+        m.contains("fulcrum_pool_queue_length{pool=\"default\"} 6"),
+        "{m}"
+    );
+    let mut done = Vec::new();
+    for t in tasks {
+        done.push(t.await.unwrap());
+    }
+    assert!(
+        done.iter().all(|(s, _)| *s == 200),
+        "none refused: {done:?}"
+    );
+    // Four at a time, in the order they came: each wave ends before the next one's.
+    let wave = |k: usize| k / 4;
+    for (i, (_, ti)) in done.iter().enumerate() {
+        for (j, (_, tj)) in done.iter().enumerate() {
+            if wave(i) < wave(j) {
+                assert!(
+                    ti < tj,
+                    "request {i} ({ti:?}) finished after {j} ({tj:?}): {done:?}"
+                );
+            }
+        }
+    }
+    assert_eq!(status(&c, &f).await["pools"][0]["queue_length"], 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_runs_out_and_a_full_queue_refuses_at_once() {
+    let (a, b) = (TestBackend::start("A"), TestBackend::start("B"));
+    let f = limited(&a, &b, &["--queue-timeout", "300ms", "--max-queue", "2"]);
+    let c = client();
+    let mut busy = Vec::new();
+    for _ in 0..4 {
+        let (c, url) = (c.clone(), f.url("/sleep/1500"));
+        busy.push(tokio::spawn(
+            async move { get(&c, &url).await.status.as_u16() },
+        ));
+    }
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let mut waiting = Vec::new();
+    for _ in 0..2 {
+        let (c, url) = (c.clone(), f.url("/x"));
+        waiting.push(tokio::spawn(async move {
+            let t = std::time::Instant::now();
+            let r = get(&c, &url).await;
+            (
+                r.status.as_u16(),
+                r.header("retry-after").map(str::to_string),
+                r.text(),
+                t.elapsed(),
+            )
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // A third waiter finds the queue full: 503 at once.
+    let t = std::time::Instant::now();
+    let r = get(&c, &f.url("/x")).await;
+    assert_eq!(
+        (r.status.as_u16(), r.text().as_str()),
+        (503, "queue full, retry later\n")
+    );
+    assert!(
+        t.elapsed() < Duration::from_millis(200),
+        "{:?}",
+        t.elapsed()
+    );
+    for w in waiting {
+        let (status, retry, text, took) = w.await.unwrap();
+        assert_eq!(
+            (status, retry.as_deref(), text.as_str()),
+            (503, Some("1"), "queue timeout\n")
+        );
+        assert!(
+            took >= Duration::from_millis(250) && took < Duration::from_millis(1200),
+            "{took:?}"
+        );
+    }
+    let m = get(&c, &f.admin_url("/metrics")).await.text();
+    assert!(
+        m.contains("fulcrum_queue_timeouts_total{pool=\"default\"} 2"),
+        "{m}"
+    );
+    for t in busy {
+        assert_eq!(t.await.unwrap(), 200);
+    }
+    // Lifting the limit lets a waiter go at once.
+    let r = admin(
+        &c,
+        "PATCH",
+        &f.admin_url("/admin/backends/0"),
+        r#"{"max_conns":-1}"#,
+    )
+    .await;
+    assert_eq!(r.status, 400, "state unchanged on a bad value");
+    assert_eq!(status(&c, &f).await["backends"][0]["max_conns"], 2);
+}
+
 /// The value the answer's `Set-Cookie: SRV=…` gives, and the whole header.
 fn cookie_of(r: &Got) -> Option<(String, String)> {
     let line = r.header("set-cookie")?.to_string();
@@ -311,6 +451,12 @@ fn capacity_settings_out_of_range_are_refused_naming_the_key() {
             "--backend",
         ),
         (vec!["--sticky-cookie", "a b"], "--sticky-cookie"),
+        (vec!["--max-queue", "-1"], "--max-queue"),
+        (vec!["--queue-timeout", "0s"], "--queue-timeout"),
+        (
+            vec!["--backend", "http://127.0.0.1:1,max_conns=x"],
+            "--backend",
+        ),
         (vec!["--sticky-max-age", "1"], "--sticky-max-age"),
     ] {
         let mut all = vec!["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"];
@@ -333,6 +479,11 @@ fn capacity_settings_out_of_range_are_refused_naming_the_key() {
             "backends.backup",
         ),
         ("[sticky]\ncookie = \"a;b\"\n", "line 2", "sticky.cookie"),
+        (
+            "[[backends]]\nurl = \"http://127.0.0.1:1\"\nmax_conns = 2000000\n",
+            "line 3",
+            "backends.max_conns",
+        ),
     ] {
         let cfg = config_file(&format!("bad-{}", key.replace('.', "-")), text);
         let (st, _, err) = run_fulcrum(&["check", "--config", cfg.to_str().unwrap()]);

@@ -224,6 +224,8 @@ struct AddBody {
     name: Option<String>,
     /// Picked only while no primary of the pool is eligible.
     backup: Option<bool>,
+    /// At most this many requests in flight; 0 = no limit.
+    max_conns: Option<i64>,
 }
 
 impl AddBody {
@@ -233,6 +235,11 @@ impl AddBody {
         let mut spec =
             backend_spec(&self.url, weight, self.name.as_deref()).map_err(ApiError::bad)?;
         spec.backup = self.backup.unwrap_or(false);
+        spec.max_conns = self
+            .max_conns
+            .map(check_max_conns)
+            .transpose()?
+            .unwrap_or(0);
         Ok(spec)
     }
 }
@@ -261,6 +268,12 @@ async fn get_backend(
 struct PatchBody {
     weight: Option<i64>,
     state: Option<String>,
+    max_conns: Option<i64>,
+}
+
+/// A `max_conns` given over the API: 0 (no limit) or more.
+fn check_max_conns(n: i64) -> ApiResult<u32> {
+    crate::config::parse_max_conns(&n.to_string()).map_err(ApiError::bad)
 }
 
 async fn patch_backend(
@@ -282,8 +295,9 @@ async fn patch_backend(
             })
         })
         .transpose()?;
+    let max_conns = p.max_conns.map(check_max_conns).transpose()?;
     let (pool, _) = ctx.site.backend(id)?;
-    let b = pool.update(id, weight, state)?;
+    let b = pool.update(id, weight, state, max_conns)?;
     tracing::info!(id, name = %b.name, weight = b.weight(), state = ?b.state(), "backend updated");
     Ok(Json(BackendView::of(&b)))
 }

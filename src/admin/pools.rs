@@ -28,6 +28,8 @@ pub(crate) struct PoolView {
     routes: Vec<usize>,
     /// What it picks from: `primaries`, `backups` (no primary is eligible) or `panic`.
     mode: &'static str,
+    /// Requests waiting in its queue for a backend under its `max_conns`.
+    queue_length: usize,
 }
 
 fn view(routing: &Routing, pool: &Pool) -> PoolView {
@@ -41,6 +43,7 @@ fn view(routing: &Routing, pool: &Pool) -> PoolView {
             Mode::Backups => "backups",
             Mode::Panic => "panic",
         },
+        queue_length: pool.queue.len(),
     }
 }
 

@@ -16,7 +16,7 @@ use super::{BackendSpec, ConfigError, Settings};
 use crate::config::file_pools::{self, Layout};
 
 /// Keys of a `[[backends]]` entry.
-const BACKEND_KEYS: [&str; 4] = ["url", "weight", "name", "backup"];
+const BACKEND_KEYS: [&str; 5] = ["url", "weight", "name", "backup", "max_conns"];
 
 /// Applies a config file's text on top of `s`; returns every problem found.
 pub(crate) fn apply_file(s: &mut Settings, path: &Path, text: &str) -> Vec<ConfigError> {
@@ -134,7 +134,7 @@ fn read_backend(
     for (key, _) in table {
         if !BACKEND_KEYS.contains(&key.get_ref().as_ref()) {
             let msg = format!(
-                "unknown key '{prefix}.{}' (valid: url, weight, name, backup)",
+                "unknown key '{prefix}.{}' (valid: url, weight, name, backup, max_conns)",
                 key.get_ref()
             );
             c.push(key.span().start, None, msg);
@@ -174,9 +174,24 @@ fn read_backend(
         },
         None => false,
     };
+    let max_conns = match field("max_conns") {
+        Some((_, n)) => {
+            let key = format!("{prefix}.max_conns");
+            let t = c.text_of(n, FileType::Int, &key)?;
+            match super::parse_max_conns(&t) {
+                Ok(n) => n,
+                Err(e) => {
+                    c.push(n.span().start, Some(&key), e);
+                    return None;
+                }
+            }
+        }
+        None => 0,
+    };
     match backend_spec(&url_text, weight, name.as_deref()) {
         Ok(mut spec) => {
             spec.backup = backup;
+            spec.max_conns = max_conns;
             Some(spec)
         }
         Err(e) => {

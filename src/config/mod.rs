@@ -23,8 +23,8 @@ use crate::strategy::StrategyKind;
 pub(crate) use file::apply_file;
 pub(crate) use pools::{PoolSettings, PoolSpec, RouteSpec, DEFAULT_POOL};
 pub use values::backend_spec;
-pub(crate) use values::parse_addr;
 use values::parse_backend_spec;
+pub(crate) use values::{parse_addr, parse_max_conns};
 
 /// Default proxy listener.
 pub(crate) const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
@@ -75,6 +75,8 @@ pub struct BackendSpec {
     pub(crate) name: String,
     /// Picked only while no other backend of its pool is eligible (HAProxy's `backup`).
     pub(crate) backup: bool,
+    /// At most this many requests in flight; 0 = no limit (HAProxy's `maxconn`).
+    pub(crate) max_conns: u32,
 }
 
 /// Where the request key of the hashing strategies comes from.
@@ -157,6 +159,10 @@ pub(crate) struct Settings {
     pub(crate) outlier: OutlierSettings,
     /// Panic mode below this share of eligible primary backends (percent); 0 = off.
     pub(crate) panic_threshold: u32,
+    /// Longest wait in a pool's queue for a backend under its `max_conns`.
+    pub(crate) queue_timeout: Duration,
+    /// Most requests waiting in a pool's queue.
+    pub(crate) max_queue: usize,
     /// The sticky cookie's name; `None` = no stickiness.
     pub(crate) sticky_cookie: Option<String>,
     /// The sticky cookie's `Max-Age`; zero = a session cookie.
@@ -224,6 +230,8 @@ impl Default for Settings {
                 max_ejected_percent: 0,
             },
             panic_threshold: 0,
+            queue_timeout: Duration::ZERO,
+            max_queue: 0,
             sticky_cookie: None,
             sticky_max_age: Duration::ZERO,
             connect_timeout: Duration::ZERO,

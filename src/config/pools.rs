@@ -25,7 +25,7 @@ const MAX_POOL_NAME: usize = 64;
 
 /// The option keys a pool may set for itself, as the options table names them (the
 /// health ones also as the `health` table's short keys).
-pub(crate) const POOL_OPTIONS: [&str; 20] = [
+pub(crate) const POOL_OPTIONS: [&str; 22] = [
     "strategy",
     "hash_key",
     "hash_balance_factor",
@@ -46,6 +46,8 @@ pub(crate) const POOL_OPTIONS: [&str; 20] = [
     "panic_threshold",
     "sticky_cookie",
     "sticky_max_age",
+    "queue_timeout",
+    "max_queue",
 ];
 
 /// The settings a pool has of its own.
@@ -65,6 +67,10 @@ pub(crate) struct PoolSettings {
     pub(crate) panic_threshold: u32,
     /// Cookie-insert stickiness, when on.
     pub(crate) sticky: Option<super::StickySettings>,
+    /// Longest wait in the queue.
+    pub(crate) queue_timeout: Duration,
+    /// Most requests waiting in the queue.
+    pub(crate) max_queue: usize,
     /// Extra attempts for a failed idempotent request.
     pub(crate) retries: u32,
     /// Weight ramp duration; zero = off.
@@ -91,6 +97,8 @@ impl PoolSettings {
                 cookie,
                 max_age: (!s.sticky_max_age.is_zero()).then_some(s.sticky_max_age),
             }),
+            queue_timeout: s.queue_timeout,
+            max_queue: s.max_queue,
             retries: s.retries,
             slow_start: s.slow_start,
             ewma_alpha: s.ewma_alpha,
@@ -115,6 +123,9 @@ impl PoolSettings {
             self.panic_threshold != other.panic_threshold,
             "panic_threshold",
         );
+        note(self.sticky != other.sticky, "sticky");
+        note(self.queue_timeout != other.queue_timeout, "queue_timeout");
+        note(self.max_queue != other.max_queue, "max_queue");
         note(self.retries != other.retries, "retries");
         note(self.slow_start != other.slow_start, "slow_start");
         note(self.ewma_alpha != other.ewma_alpha, "ewma_alpha");

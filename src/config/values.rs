@@ -136,30 +136,44 @@ pub fn backend_spec(
         weight,
         name,
         backup: false,
+        max_conns: 0,
     })
 }
 
-/// Parses `URL[,weight=N][,name=NAME][,backup]`.
+/// The most requests in flight a backend's `max_conns` may allow.
+pub(crate) const MAX_CONNS: u32 = 1_000_000;
+
+/// A backend's `max_conns`: 0 (no limit) to [`MAX_CONNS`].
+pub(crate) fn parse_max_conns(s: &str) -> Result<u32, String> {
+    parse_uint::<u32>(s, 0, MAX_CONNS).map_err(|_| {
+        format!("invalid max_conns '{s}' (expected an integer from 0, no limit, to {MAX_CONNS})")
+    })
+}
+
+/// Parses `URL[,weight=N][,name=NAME][,backup][,max_conns=N]`.
 pub(crate) fn parse_backend_spec(s: &str) -> Result<BackendSpec, String> {
     let mut parts = s.split(',');
     let url = parts.next().unwrap_or("").trim();
     let mut weight = None;
     let mut name = None;
     let mut backup = false;
+    let mut max_conns = 0;
     for p in parts {
         match p.split_once('=') {
             Some(("weight", w)) => weight = Some(parse_weight(w)?),
+            Some(("max_conns", n)) => max_conns = parse_max_conns(n)?,
             Some(("name", n)) => name = Some(n),
             None if p == "backup" => backup = true,
             _ => {
                 return Err(format!(
-                    "invalid backend option '{p}' in '{s}' (valid: weight=N, name=NAME, backup)"
+                    "invalid backend option '{p}' in '{s}' (valid: weight=N, name=NAME, backup, max_conns=N)"
                 ))
             }
         }
     }
     let mut spec = backend_spec(url, weight, name)?;
     spec.backup = backup;
+    spec.max_conns = max_conns;
     Ok(spec)
 }
 

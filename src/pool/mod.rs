@@ -8,6 +8,7 @@
 mod eligible;
 mod events;
 pub(crate) mod maintenance;
+mod queue;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -21,6 +22,7 @@ pub use crate::backend::{Backend, RequestGuard};
 use crate::stats;
 pub(crate) use eligible::Mode;
 pub(crate) use events::{Event, Tagged, EVENT_CAPACITY};
+pub(crate) use queue::{Queue, QueueError};
 
 use crate::config::{BackendSpec, PoolSpec};
 use crate::proxy::RetryBudget;
@@ -160,6 +162,8 @@ pub(crate) struct Pool {
     pub(crate) budget: RetryBudget,
     /// Requests balanced in panic mode.
     pub(crate) panic_requests: AtomicU64,
+    /// Requests waiting for a backend under its `max_conns`.
+    pub(crate) queue: Arc<Queue>,
     /// What all pools share.
     pub(crate) hub: Arc<Hub>,
     /// Flips when the pool is removed: its health checks and upkeep stop.
@@ -186,6 +190,10 @@ pub(crate) struct BackendView {
     pub(crate) pool: Arc<str>,
     /// Picked only while no primary of its pool is eligible.
     pub(crate) backup: bool,
+    /// At most this many requests in flight; 0 = no limit.
+    pub(crate) max_conns: u32,
+    /// Requests waiting in the pool's queue that the strategy would send here.
+    pub(crate) queued: u64,
     /// A spawned backend's process id (`null` while it is not running).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) pid: Option<Option<u32>>,
@@ -213,6 +221,8 @@ impl BackendView {
             spawned: b.spawn.is_some(),
             pool: Arc::clone(&b.pool),
             backup: b.backup,
+            max_conns: b.max_conns(),
+            queued: b.queued.load(Ordering::Relaxed),
             pid: b.spawn.as_ref().map(|s| s.pid()),
             port: b.spawn.as_ref().map(|s| s.port),
         }
@@ -242,6 +252,7 @@ impl Pool {
     pub(crate) fn new(spec: &PoolSpec, hub: Arc<Hub>) -> Pool {
         let name: Arc<str> = Arc::from(spec.name.as_str());
         let st = &spec.settings;
+        let queue = Arc::new(Queue::default());
         let backends: Vec<Arc<Backend>> = spec
             .backends
             .iter()
@@ -249,6 +260,7 @@ impl Pool {
                 let b = Backend::new(hub.next_id(), s.clone(), st.ewma_alpha)
                     .in_pool(Arc::clone(&name), st)
                     .with_slow_start(st.slow_start);
+                b.attach_queue(&queue);
                 Arc::new(b)
             })
             .collect();
@@ -269,6 +281,7 @@ impl Pool {
             settings: st.clone(),
             budget: RetryBudget::new(),
             panic_requests: AtomicU64::new(0),
+            queue,
             hub,
             retired: watch::channel(false).0,
         }
@@ -547,6 +560,7 @@ impl Pool {
                 .with_slow_start(st.slow_start)
                 .with_spawn(spawn),
         );
+        b.attach_queue(&self.queue);
         b.start_ramp(std::time::Instant::now());
         m.backends.push(Arc::clone(&b));
         self.publish(&mut m);
@@ -579,6 +593,7 @@ impl Pool {
         id: u64,
         weight: Option<u32>,
         state: Option<AdminState>,
+        max_conns: Option<u32>,
     ) -> Result<Arc<Backend>, PoolError> {
         let mut m = self.lock();
         let b = m
@@ -592,6 +607,16 @@ impl Pool {
         }
         if let Some(s) = state {
             b.set_state(s);
+        }
+        if let Some(n) = max_conns {
+            let old = b.max_conns();
+            b.set_max_conns(n);
+            // Slots that came with a higher limit go to the waiters at once.
+            match (old, n) {
+                (_, 0) => b.wake_waiters(None),
+                (o, n) if o != 0 && n > o => b.wake_waiters(Some((n - o) as usize)),
+                _ => {}
+            }
         }
         self.publish(&mut m);
         self.emit(Event::BackendUpdated {
@@ -622,7 +647,7 @@ mod tests {
         let p = pool(3, StrategyKind::RoundRobin);
         let b1 = p.get(1).unwrap();
         let g = b1.begin_request();
-        p.update(1, None, Some(AdminState::Draining)).unwrap();
+        p.update(1, None, Some(AdminState::Draining), None).unwrap();
         let ids: Vec<_> = (0..4).filter_map(|_| pick_id(&p)).collect();
         assert_eq!(ids, vec![0, 2, 0, 2]);
         assert_eq!(b1.in_flight(), 1);
@@ -651,7 +676,7 @@ mod tests {
         let p = pool(2, StrategyKind::RoundRobin);
         let mut rx = p.hub.subscribe();
         p.set_strategy(StrategyKind::LeastConnections);
-        p.update(0, Some(3), None).unwrap();
+        p.update(0, Some(3), None, None).unwrap();
         assert!(p.mark_health(1, false));
         assert!(!p.mark_health(1, false), "no change, no event");
         p.remove(1).unwrap();

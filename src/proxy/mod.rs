@@ -39,7 +39,7 @@ pub(crate) use sticky::backend_value as sticky_value;
 pub(crate) use upstream::{Failure, Upstreams};
 
 use crate::config::Settings;
-use crate::pool::{Backend, OutlierAction, Pool, RequestGuard};
+use crate::pool::{Backend, OutlierAction, Pool, QueueError, RequestGuard};
 use crate::site::Site;
 use crate::stats::bump;
 
@@ -198,6 +198,14 @@ impl Answer {
             Answer::Wire(h, _) => h.status,
         }
     }
+}
+
+/// Why [`Proxy::pick`] found no backend.
+enum NoPick {
+    /// Nothing eligible and untried.
+    Nothing,
+    /// Every candidate is at its `max_conns`; the first the strategy proposed is this one.
+    Full(Arc<Backend>),
 }
 
 /// Why a request is refused before any pick.
@@ -465,9 +473,28 @@ impl Proxy {
         let mut tried: Vec<u64> = Vec::new();
         let mut last_failure = None;
         let mut attempt = 0;
+        // The queue's deadline, from the first wait on; and whether this request waited.
+        let (mut deadline, mut waited) = (None, false);
+        // First come, first served: a newcomer waits behind those already waiting.
+        if req.pool.queue.len() > 0 {
+            if let Err(r) = self.wait_turn(req, fin, None, &mut deadline, false).await {
+                return r;
+            }
+            waited = true;
+        }
         while attempt < max_attempts {
-            let Some(guard) = self.pick(req, &mut tried) else {
-                break;
+            let guard = match self.pick(req, &mut tried) {
+                Ok(g) => g,
+                Err(NoPick::Nothing) => break,
+                Err(NoPick::Full(preferred)) => {
+                    let front = waited;
+                    let turn = self.wait_turn(req, fin, Some(preferred), &mut deadline, front);
+                    if let Err(r) = turn.await {
+                        return r;
+                    }
+                    waited = true;
+                    continue;
+                }
             };
             let id = guard.backend().id;
             fin.backend_id = Some(id);
@@ -512,12 +539,37 @@ impl Proxy {
         }
     }
 
+    /// Waits in the pool's queue until a slot comes free (`Ok`: pick again), or answers
+    /// 503 with `Retry-After: 1`: the queue is full, or the wait ran out. A request woken
+    /// whose slot was taken waits again at the head (`front`).
+    async fn wait_turn(
+        &self,
+        req: &Outgoing,
+        fin: &mut Pending,
+        preferred: Option<Arc<Backend>>,
+        deadline: &mut Option<tokio::time::Instant>,
+        front: bool,
+    ) -> Result<(), ProxyResponse> {
+        let s = &req.pool.settings;
+        let until = *deadline.get_or_insert_with(|| tokio::time::Instant::now() + s.queue_timeout);
+        // Boxed: only a request that waits pays for the wait's state.
+        let wait = Box::pin(req.pool.queue.wait(s.max_queue, until, front, preferred));
+        let text = match wait.await {
+            Ok(()) => return Ok(()),
+            Err(QueueError::Full) => "queue full, retry later\n",
+            Err(QueueError::Timeout) => "queue timeout\n",
+        };
+        let r = ProxyResponse::own(StatusCode::SERVICE_UNAVAILABLE, text)
+            .with_field(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        Err(self.own(fin, None, r))
+    }
+
     /// Picks a backend for the next attempt and takes its in-flight slot; `None` when
     /// nothing eligible and untried is left. The strategy proposes, this accepts: a
     /// backend not tried by this request yet, and, for a half-open backend (after an
     /// ejection, one request at a time until one has succeeded), only with its trial
     /// claimed.
-    fn pick(&self, req: &mut Outgoing, tried: &mut Vec<u64>) -> Option<RequestGuard> {
+    fn pick(&self, req: &mut Outgoing, tried: &mut Vec<u64>) -> Result<RequestGuard, NoPick> {
         // The routing table is read afresh per attempt and not held across the wait
         // (arc-swap's cheap read slots are few per thread); the guard keeps the backend
         // itself alive.
@@ -531,8 +583,11 @@ impl Proxy {
                 .iter()
                 .find(|b| b.sticky_value == value && sticky::takes_sessions(b));
             if let Some(b) = stuck {
+                let Some(counted) = b.claim_slot() else {
+                    return Err(NoPick::Full(Arc::clone(b)));
+                };
                 req.stuck = true;
-                return Some(b.begin_request());
+                return Ok(b.begin_after_claim(counted));
             }
         }
         // The strategy picks: the answer gets a cookie for the backend it picks.
@@ -540,25 +595,35 @@ impl Proxy {
         if let (None, Some(source)) = (req.key, snap.strategy.key_source()) {
             req.key = Some(self.request_key(req, source));
         }
-        let mut trial = false;
+        let (mut trial, mut counted, mut full) = (false, false, None);
         let b = snap.select(req.key, |b| {
             if tried.contains(&b.id) {
                 return false;
             }
+            // A backend at its `max_conns` is passed over (the request may queue).
+            let Some(c) = b.claim_slot() else {
+                full.get_or_insert_with(|| Arc::clone(b));
+                return false;
+            };
             trial = b.half_open();
             if trial && !b.claim_trial() {
                 // Its one trial request is already in flight: this request counts it as
                 // tried, so a retry does not come back to it either.
+                b.unclaim_slot(c);
                 tried.push(b.id);
                 return false;
             }
+            counted = c;
             true
-        })?;
-        let mut guard = b.begin_request();
+        });
+        let Some(b) = b else {
+            return Err(full.map_or(NoPick::Nothing, NoPick::Full));
+        };
+        let mut guard = b.begin_after_claim(counted);
         if trial {
             guard.set_trial();
         }
-        Some(guard)
+        Ok(guard)
     }
 
     /// The request key of a hashing strategy, read from the fields as forwarded: the

@@ -456,7 +456,7 @@ mod tests {
                     pool.mark_health(5, false);
                 }
                 if round == 2 * n {
-                    pool.update(7, Some(9), None).unwrap();
+                    pool.update(7, Some(9), None, None).unwrap();
                 }
             }
             assert!(matches!(scan(&pool), (Some(_), Some(_))));

@@ -221,7 +221,7 @@ mod tests {
             let pool = Pool::of_backends(specs, kind);
             for (i, (healthy, state, busy)) in flags.iter().enumerate() {
                 let st = [AdminState::Active, AdminState::Draining, AdminState::Maintenance][*state as usize];
-                pool.update(i as u64, None, Some(st)).unwrap();
+                pool.update(i as u64, None, Some(st), None).unwrap();
                 pool.mark_health(i as u64, *healthy);
                 if *busy {
                     std::mem::forget(pool.get(i as u64).unwrap().begin_request());

@@ -1,0 +1,203 @@
+//! A pool's FIFO queue (`docs/operations.md`, "Connection limits and the queue"): a
+//! request that finds every eligible backend at its `max_conns` waits here, up to the
+//! pool's `queue_timeout`, instead of being refused, as HAProxy's `maxconn` queues it.
+//! A finished request on a limited backend wakes the oldest waiter, which then picks
+//! again. The lock is only held to push, pop or remove an entry, never across a wait.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::oneshot;
+
+use crate::backend::Backend;
+
+/// Why a request could not wait for a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum QueueError {
+    /// The queue holds `max_queue` requests already.
+    Full,
+    /// No slot came free within `queue_timeout`.
+    Timeout,
+}
+
+struct Waiter {
+    ticket: u64,
+    wake: oneshot::Sender<()>,
+    /// The backend the strategy would have picked: its `queued` counts this request.
+    preferred: Option<Arc<Backend>>,
+}
+
+/// One pool's waiting requests, oldest first.
+#[derive(Default)]
+pub(crate) struct Queue {
+    waiters: Mutex<VecDeque<Waiter>>,
+    /// `waiters.len()`, readable without the lock.
+    len: AtomicUsize,
+    next_ticket: AtomicU64,
+    /// Requests answered 503 because their wait ran out.
+    pub(crate) timeouts: AtomicU64,
+}
+
+impl std::fmt::Debug for Queue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queue").field("len", &self.len()).finish()
+    }
+}
+
+/// Takes a waiter out of the queue when its wait ends, however it ends (a wake, the
+/// timeout, or the request's future dropped because its client went away).
+struct Leave<'a> {
+    queue: &'a Queue,
+    ticket: u64,
+}
+
+impl Drop for Leave<'_> {
+    fn drop(&mut self) {
+        let mut w = self.queue.lock();
+        if let Some(pos) = w.iter().position(|x| x.ticket == self.ticket) {
+            if let Some(gone) = w.remove(pos) {
+                unqueue(&gone);
+            }
+        }
+        self.queue.len.store(w.len(), Ordering::Relaxed);
+    }
+}
+
+fn unqueue(w: &Waiter) {
+    if let Some(b) = &w.preferred {
+        b.queued.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Queue {
+    fn lock(&self) -> MutexGuard<'_, VecDeque<Waiter>> {
+        // Nothing panics while holding it; the deque stays consistent either way.
+        self.waiters.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Requests waiting now.
+    pub(crate) fn len(&self) -> usize {
+        self.len.load(Ordering::Relaxed)
+    }
+
+    /// Waits until a slot is freed (`Ok`) or `deadline` passes, queued behind everyone
+    /// already waiting, or at the head when `first` (a waiter woken whose slot was taken
+    /// keeps its place). At most `max` wait at once.
+    pub(crate) async fn wait(
+        &self,
+        max: usize,
+        deadline: tokio::time::Instant,
+        first: bool,
+        preferred: Option<Arc<Backend>>,
+    ) -> Result<(), QueueError> {
+        let (wake, woken) = oneshot::channel();
+        let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut w = self.lock();
+            if w.len() >= max {
+                return Err(QueueError::Full);
+            }
+            if let Some(b) = &preferred {
+                b.queued.fetch_add(1, Ordering::Relaxed);
+            }
+            let waiter = Waiter {
+                ticket,
+                wake,
+                preferred,
+            };
+            if first {
+                w.push_front(waiter);
+            } else {
+                w.push_back(waiter);
+            }
+            self.len.store(w.len(), Ordering::Relaxed);
+        }
+        let _leave = Leave {
+            queue: self,
+            ticket,
+        };
+        match tokio::time::timeout_at(deadline, woken).await {
+            Ok(_) => Ok(()),
+            Err(_) => {
+                self.timeouts.fetch_add(1, Ordering::Relaxed);
+                Err(QueueError::Timeout)
+            }
+        }
+    }
+
+    /// A slot came free: wakes the oldest waiter (one whose request is still there).
+    pub(crate) fn release(&self) {
+        if self.len() == 0 {
+            return;
+        }
+        let mut w = self.lock();
+        while let Some(next) = w.pop_front() {
+            unqueue(&next);
+            if next.wake.send(()).is_ok() {
+                break;
+            }
+        }
+        self.len.store(w.len(), Ordering::Relaxed);
+    }
+
+    /// Wakes `n` waiters (a limit was raised), or every one for `None`.
+    pub(crate) fn release_many(&self, n: Option<usize>) {
+        for _ in 0..n.unwrap_or(usize::MAX).min(self.len()) {
+            self.release();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn the_oldest_waiter_is_woken_first_and_a_full_queue_refuses() {
+        let q = Arc::new(Queue::default());
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for i in 0..3 {
+            let (queue, order) = (Arc::clone(&q), Arc::clone(&order));
+            tasks.push(tokio::spawn(async move {
+                queue.wait(3, deadline, false, None).await.unwrap();
+                order.lock().unwrap().push(i);
+            }));
+            while q.len() < i + 1 {
+                tokio::task::yield_now().await;
+            }
+        }
+        assert_eq!(
+            q.wait(3, deadline, false, None).await,
+            Err(QueueError::Full)
+        );
+        for _ in 0..3 {
+            q.release();
+            tokio::task::yield_now().await;
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), [0, 1, 2]);
+        assert_eq!(q.len(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_wait_runs_out_and_a_dropped_waiter_leaves() {
+        let q = Queue::default();
+        let soon = tokio::time::Instant::now() + Duration::from_millis(20);
+        assert_eq!(q.wait(8, soon, false, None).await, Err(QueueError::Timeout));
+        assert_eq!((q.len(), q.timeouts.load(Ordering::Relaxed)), (0, 1));
+        let later = tokio::time::Instant::now() + Duration::from_secs(5);
+        let gone = tokio::time::timeout(Duration::from_millis(20), q.wait(8, later, false, None));
+        assert!(gone.await.is_err());
+        assert_eq!(
+            q.len(),
+            0,
+            "a request whose client went away left the queue"
+        );
+    }
+}
