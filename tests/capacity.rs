@@ -10,14 +10,6 @@ use std::time::Duration;
 
 use common::*;
 
-fn config_file(tag: &str, text: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("fulcrum-capacity-{}-{tag}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let f = dir.join("fulcrum.toml");
-    std::fs::write(&f, text).unwrap();
-    f
-}
-
 /// Which backends `n` requests to `/` reach, by name.
 async fn spread(c: &HttpClient, f: &Fulcrum, n: usize) -> BTreeMap<String, usize> {
     let mut seen = BTreeMap::new();
@@ -152,7 +144,7 @@ async fn each_pool_ejects_by_its_own_thresholds() {
             t.name
         )
     };
-    let cfg = config_file(
+    let cfg = config_file("capacity", 
         "outlier",
         &format!(
             "retries = 0\n\
@@ -485,7 +477,7 @@ fn capacity_settings_out_of_range_are_refused_naming_the_key() {
             "backends.max_conns",
         ),
     ] {
-        let cfg = config_file(&format!("bad-{}", key.replace('.', "-")), text);
+        let cfg = config_file("capacity", &format!("bad-{}", key.replace('.', "-")), text);
         let (st, _, err) = run_fulcrum(&["check", "--config", cfg.to_str().unwrap()]);
         assert_eq!(st.code(), Some(2), "{text}: {err}");
         assert!(err.contains(line) && err.contains(key), "{text}: {err}");

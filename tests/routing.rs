@@ -5,19 +5,10 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use bytes::Bytes;
 use common::*;
-
-fn config_file(tag: &str, text: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("fulcrum-routing-{}-{tag}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let f = dir.join("fulcrum.toml");
-    std::fs::write(&f, text).unwrap();
-    f
-}
 
 fn backend_entry(b: &TestBackend) -> String {
     format!(
@@ -43,7 +34,7 @@ async fn each_request_lands_on_the_pool_its_route_names() {
         TestBackend::start("A2"),
         TestBackend::start("W"),
     );
-    let cfg = config_file(
+    let cfg = config_file("routing", 
         "land",
         &format!(
             "[[pools]]\nname = \"api\"\n{}{}\
@@ -148,7 +139,7 @@ async fn pools_live_apart_strategy_health_and_failures() {
         TestBackend::start("W1"),
         TestBackend::start("W2"),
     );
-    let cfg = config_file(
+    let cfg = config_file("routing", 
         "apart",
         &format!(
             "[[pools]]\nname = \"web\"\n{}{}\
@@ -381,7 +372,7 @@ async fn a_reload_that_moves_a_route_under_load_loses_no_request() {
         "{pools}[[routes]]\npool = \"api\"\npath_prefix = \"/x\"\n[[routes]]\npool = \"web\"\n"
     );
     let v2 = format!("{pools}[[routes]]\npool = \"api\"\nhost = \"internal.example\"\n[[routes]]\npool = \"web\"\n");
-    let cfg = config_file("move", &v1);
+    let cfg = config_file("routing", "move", &v1);
     let f = Fulcrum::start(&["--config", cfg.to_str().unwrap()]);
     let c = client();
     assert_eq!(get(&c, &f.url("/x")).await.backend(), "A");
@@ -520,7 +511,7 @@ fn check_names_each_pool_and_route_mistake_with_its_line() {
         ),
     ];
     for (i, (text, line, what)) in cases.iter().enumerate() {
-        let cfg = config_file(&format!("check{i}"), text);
+        let cfg = config_file("routing", &format!("check{i}"), text);
         let (st, _, err) = run_fulcrum(&["check", "--config", cfg.to_str().unwrap()]);
         assert_eq!(st.code(), Some(2), "{text}\n{err}");
         // One mistake, one line: no follow-on error about what the mistake left out.
@@ -546,7 +537,7 @@ fn check_names_each_pool_and_route_mistake_with_its_line() {
          [[routes]]\npool = \"api\"\nhost = \"*.example.com\"\npath_prefix = \"/v1\"\nmethods = [\"GET\"]\nheaders = {{ \"x-a\" = \"1\" }}\nstrip_path_prefix = true\n",
         pool("api")
     );
-    let cfg = config_file("good", &good);
+    let cfg = config_file("routing", "good", &good);
     let (st, _, err) = run_fulcrum(&["check", "--config", cfg.to_str().unwrap()]);
     assert_eq!(st.code(), Some(0), "{err}");
 }

@@ -205,6 +205,16 @@ fn addr_after(line: &str, marker: &str) -> Option<SocketAddr> {
 }
 
 /// A port free on 127.0.0.1 a moment ago.
+/// Writes `text` as `fulcrum.toml` in a directory of its own for this test process,
+/// named by the test file (`group`) and the case (`tag`); returns its path.
+pub fn config_file(group: &str, tag: &str, text: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("fulcrum-{group}-{}-{tag}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("fulcrum.toml");
+    std::fs::write(&f, text).unwrap();
+    f
+}
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
