@@ -192,8 +192,9 @@ fn add_and_update(pool: &Pool, spec: &PoolSpec, report: &mut Report) {
                     report.added.push(b.name.clone());
                 }
             }
-            Some(x) if x.name != b.name => {
-                // A name is part of every label and log line: replace the backend.
+            Some(x) if x.name != b.name || x.backup != b.backup => {
+                // A name is part of every label and log line, and whether it is a backup
+                // is fixed for a backend's life: replace it.
                 if pool.remove(x.id).is_ok() && pool.add(b.clone()).is_ok() {
                     report.updated.push(b.name.clone());
                 }

@@ -472,6 +472,11 @@ fn capacity_settings_out_of_range_are_refused_naming_the_key() {
         ),
         ("[sticky]\ncookie = \"a;b\"\n", "line 2", "sticky.cookie"),
         (
+            "[sticky]\ncookie = \"S\"\n[[pools]]\nname = \"a\"\n[[pools]]\nname = \"b\"\n[[routes]]\npool = \"a\"\npath_prefix = \"/a\"\n[[routes]]\npool = \"b\"\n",
+            "",
+            "the cookie 'S' is pool 'a''s too",
+        ),
+        (
             "[[backends]]\nurl = \"http://127.0.0.1:1\"\nmax_conns = 2000000\n",
             "line 3",
             "backends.max_conns",

@@ -80,6 +80,13 @@ pub(crate) async fn create(State(ctx): State<AdminCtx>, body: Bytes) -> ApiResul
     if let Some(dup) = crate::config::duplicate_backends(&spec.backends).first() {
         return Err(ApiError::bad(dup.clone()));
     }
+    let o = &spec.settings.outlier;
+    if o.base_ejection > o.max_ejection {
+        return Err(ApiError::bad(format!(
+            "outlier: base_ejection {:?} is longer than max_ejection {:?}",
+            o.base_ejection, o.max_ejection
+        )));
+    }
     let pool = ctx.site.add_pool(&spec)?;
     tracing::info!(pool = %pool.name, strategy = pool.strategy().name(), "pool added");
     Ok((StatusCode::CREATED, Json(view(&ctx.site.routing(), &pool))).into_response())

@@ -375,8 +375,20 @@ fn check_whole(s: &Settings, errors: &mut Vec<ConfigError>) {
             ),
         });
     }
+    let mut cookies = std::collections::HashMap::new();
     for p in &s.pools {
         check_backends(p, errors);
+        if let Some(st) = &p.settings.sticky {
+            if let Some(other) = cookies.insert(st.cookie.as_str(), p.name.as_str()) {
+                errors.push(ConfigError {
+                    origin: format!("pool '{}': sticky", p.name),
+                    message: format!(
+                        "the cookie '{}' is pool '{other}''s too: a client of both would lose its backend in one as the other sets it; give each pool its own (sticky = {{ cookie = \"…\" }})",
+                        st.cookie
+                    ),
+                });
+            }
+        }
         let o = &p.settings.outlier;
         if o.base_ejection > o.max_ejection {
             errors.push(ConfigError {

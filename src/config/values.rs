@@ -11,7 +11,11 @@ use ipnet::IpNet;
 use super::{BackendSpec, HashKey, LogFormat, MAX_WEIGHT};
 use crate::strategy::StrategyKind;
 
-/// Parses `250ms`, `5s`, `1m`, `1h`; a unit is required.
+/// The longest duration any setting takes: ten years. Anything longer is a mistake, and
+/// a deadline that far out could not be added to a clock reading.
+pub(crate) const MAX_DURATION: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+
+/// Parses `250ms`, `5s`, `1m`, `1h`; a unit is required, and at most ten years.
 pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();
     let digits = t.chars().take_while(|c| c.is_ascii_digit()).count();
@@ -28,6 +32,9 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
         "h" => Duration::from_secs(n.checked_mul(3600).ok_or_else(bad)?),
         _ => return Err(bad()),
     };
+    if d > MAX_DURATION {
+        return Err(format!("invalid duration '{s}' (at most 10 years)"));
+    }
     Ok(d)
 }
 

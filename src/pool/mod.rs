@@ -608,17 +608,17 @@ impl Pool {
         if let Some(s) = state {
             b.set_state(s);
         }
+        let old = max_conns.map(|n| (b.max_conns(), n));
         if let Some(n) = max_conns {
-            let old = b.max_conns();
             b.set_max_conns(n);
-            // Slots that came with a higher limit go to the waiters at once.
-            match (old, n) {
-                (_, 0) => b.wake_waiters(None),
-                (o, n) if o != 0 && n > o => b.wake_waiters(Some((n - o) as usize)),
-                _ => {}
-            }
         }
         self.publish(&mut m);
+        // Slots that came with a higher limit go to the waiters at once.
+        match old {
+            Some((o, 0)) if o != 0 => b.wake_waiters(None),
+            Some((o, n)) if o != 0 && n > o => b.wake_waiters(Some((n - o) as usize)),
+            _ => {}
+        }
         self.emit(Event::BackendUpdated {
             backend: BackendView::of(&b),
         });

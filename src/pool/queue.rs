@@ -35,6 +35,10 @@ pub(crate) struct Queue {
     /// `waiters.len()`, readable without the lock.
     len: AtomicUsize,
     next_ticket: AtomicU64,
+    /// Bumped by every `release`: a request that saw every backend full and finds it
+    /// moved when it comes to wait knows a slot came free meanwhile, and picks again
+    /// instead of sleeping through that slot.
+    epoch: AtomicU64,
     /// Requests answered 503 because their wait ran out.
     pub(crate) timeouts: AtomicU64,
 }
@@ -50,17 +54,24 @@ impl std::fmt::Debug for Queue {
 struct Leave<'a> {
     queue: &'a Queue,
     ticket: u64,
+    /// The wait ended with its wake, which the request then uses.
+    used: bool,
 }
 
 impl Drop for Leave<'_> {
     fn drop(&mut self) {
         let mut w = self.queue.lock();
-        if let Some(pos) = w.iter().position(|x| x.ticket == self.ticket) {
-            if let Some(gone) = w.remove(pos) {
-                unqueue(&gone);
-            }
+        let pos = w.iter().position(|x| x.ticket == self.ticket);
+        if let Some(gone) = pos.and_then(|p| w.remove(p)) {
+            unqueue(&gone);
         }
         self.queue.len.store(w.len(), Ordering::Relaxed);
+        drop(w);
+        // Woken (no longer queued) but gone without using the wake: its client went
+        // away, or the wait ran out in the same instant. The next waiter gets it.
+        if pos.is_none() && !self.used {
+            self.queue.release();
+        }
     }
 }
 
@@ -81,21 +92,32 @@ impl Queue {
         self.len.load(Ordering::Relaxed)
     }
 
+    /// The release count, read before a pick that may end in a wait.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::SeqCst)
+    }
+
     /// Waits until a slot is freed (`Ok`) or `deadline` passes, queued behind everyone
     /// already waiting, or at the head when `first` (a waiter woken whose slot was taken
-    /// keeps its place). At most `max` wait at once.
+    /// keeps its place, even in a full queue). At most `max` wait at once. `seen` is the
+    /// [`Self::epoch`] read before the pick that found no slot: a release since then
+    /// returns at once.
     pub(crate) async fn wait(
         &self,
         max: usize,
         deadline: tokio::time::Instant,
         first: bool,
         preferred: Option<Arc<Backend>>,
+        seen: u64,
     ) -> Result<(), QueueError> {
         let (wake, woken) = oneshot::channel();
         let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
         {
             let mut w = self.lock();
-            if w.len() >= max {
+            if self.epoch() != seen {
+                return Ok(());
+            }
+            if w.len() >= max && !first {
                 return Err(QueueError::Full);
             }
             if let Some(b) = &preferred {
@@ -113,12 +135,16 @@ impl Queue {
             }
             self.len.store(w.len(), Ordering::Relaxed);
         }
-        let _leave = Leave {
+        let mut leave = Leave {
             queue: self,
             ticket,
+            used: false,
         };
         match tokio::time::timeout_at(deadline, woken).await {
-            Ok(_) => Ok(()),
+            Ok(_) => {
+                leave.used = true;
+                Ok(())
+            }
             Err(_) => {
                 self.timeouts.fetch_add(1, Ordering::Relaxed);
                 Err(QueueError::Timeout)
@@ -128,6 +154,7 @@ impl Queue {
 
     /// A slot came free: wakes the oldest waiter (one whose request is still there).
     pub(crate) fn release(&self) {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
         if self.len() == 0 {
             return;
         }
@@ -163,7 +190,10 @@ mod tests {
         for i in 0..3 {
             let (queue, order) = (Arc::clone(&q), Arc::clone(&order));
             tasks.push(tokio::spawn(async move {
-                queue.wait(3, deadline, false, None).await.unwrap();
+                queue
+                    .wait(3, deadline, false, None, queue.epoch())
+                    .await
+                    .unwrap();
                 order.lock().unwrap().push(i);
             }));
             while q.len() < i + 1 {
@@ -171,7 +201,7 @@ mod tests {
             }
         }
         assert_eq!(
-            q.wait(3, deadline, false, None).await,
+            q.wait(3, deadline, false, None, q.epoch()).await,
             Err(QueueError::Full)
         );
         for _ in 0..3 {
@@ -186,13 +216,35 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_slot_freed_on_the_way_into_the_queue_is_not_missed() {
+        let q = Queue::default();
+        let seen = q.epoch();
+        // Every backend was full at the pick; then a request ended, before this one
+        // came to wait.
+        q.release();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        let r = tokio::time::timeout(
+            Duration::from_millis(100),
+            q.wait(8, deadline, false, None, seen),
+        );
+        assert_eq!(r.await, Ok(Ok(())), "it picks again at once");
+        assert_eq!(q.len(), 0);
+    }
+
+    #[tokio::test]
     async fn a_wait_runs_out_and_a_dropped_waiter_leaves() {
         let q = Queue::default();
         let soon = tokio::time::Instant::now() + Duration::from_millis(20);
-        assert_eq!(q.wait(8, soon, false, None).await, Err(QueueError::Timeout));
+        assert_eq!(
+            q.wait(8, soon, false, None, q.epoch()).await,
+            Err(QueueError::Timeout)
+        );
         assert_eq!((q.len(), q.timeouts.load(Ordering::Relaxed)), (0, 1));
         let later = tokio::time::Instant::now() + Duration::from_secs(5);
-        let gone = tokio::time::timeout(Duration::from_millis(20), q.wait(8, later, false, None));
+        let gone = tokio::time::timeout(
+            Duration::from_millis(20),
+            q.wait(8, later, false, None, q.epoch()),
+        );
         assert!(gone.await.is_err());
         assert_eq!(
             q.len(),

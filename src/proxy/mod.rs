@@ -200,6 +200,23 @@ impl Answer {
     }
 }
 
+/// A request's place in the queue's eyes.
+struct Turn {
+    /// The backend the strategy proposed first (its `queued` counts the request).
+    preferred: Arc<Backend>,
+    /// The queue's epoch before the pick that found every backend full.
+    seen: u64,
+    /// It waited before: a woken request whose slot was taken keeps its place.
+    front: bool,
+}
+
+/// Now plus `d` (durations are at most ten years: `config::values::MAX_DURATION`),
+/// or now when even that cannot be added.
+fn far_after(d: Duration) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    now.checked_add(d).unwrap_or(now)
+}
+
 /// Why [`Proxy::pick`] found no backend.
 enum NoPick {
     /// Nothing eligible and untried.
@@ -473,29 +490,28 @@ impl Proxy {
         let mut tried: Vec<u64> = Vec::new();
         let mut last_failure = None;
         let mut attempt = 0;
-        // The queue's deadline, from the first wait on; and whether this request waited.
+        // The queue's deadline, from the first wait of an attempt on; and whether this
+        // request waited.
         let (mut deadline, mut waited) = (None, false);
-        // First come, first served: a newcomer waits behind those already waiting.
-        if req.pool.queue.len() > 0 {
-            if let Err(r) = self.wait_turn(req, fin, None, &mut deadline, false).await {
-                return r;
-            }
-            waited = true;
-        }
         while attempt < max_attempts {
+            let seen = req.pool.queue.epoch();
             let guard = match self.pick(req, &mut tried) {
                 Ok(g) => g,
                 Err(NoPick::Nothing) => break,
                 Err(NoPick::Full(preferred)) => {
-                    let front = waited;
-                    let turn = self.wait_turn(req, fin, Some(preferred), &mut deadline, front);
-                    if let Err(r) = turn.await {
+                    let turn = Turn {
+                        preferred,
+                        seen,
+                        front: waited,
+                    };
+                    if let Err(r) = self.wait_turn(req, fin, turn, &mut deadline).await {
                         return r;
                     }
                     waited = true;
                     continue;
                 }
             };
+            deadline = None;
             let id = guard.backend().id;
             fin.backend_id = Some(id);
             // A retry is counted once it has a backend to go to, not when it is decided.
@@ -540,20 +556,20 @@ impl Proxy {
     }
 
     /// Waits in the pool's queue until a slot comes free (`Ok`: pick again), or answers
-    /// 503 with `Retry-After: 1`: the queue is full, or the wait ran out. A request woken
-    /// whose slot was taken waits again at the head (`front`).
+    /// 503 with `Retry-After: 1`: the queue is full, or the wait ran out.
     async fn wait_turn(
         &self,
         req: &Outgoing,
         fin: &mut Pending,
-        preferred: Option<Arc<Backend>>,
+        turn: Turn,
         deadline: &mut Option<tokio::time::Instant>,
-        front: bool,
     ) -> Result<(), ProxyResponse> {
         let s = &req.pool.settings;
-        let until = *deadline.get_or_insert_with(|| tokio::time::Instant::now() + s.queue_timeout);
+        let until = *deadline.get_or_insert_with(|| far_after(s.queue_timeout));
+        let q = &req.pool.queue;
+        let (preferred, seen, front) = (Some(turn.preferred), turn.seen, turn.front);
         // Boxed: only a request that waits pays for the wait's state.
-        let wait = Box::pin(req.pool.queue.wait(s.max_queue, until, front, preferred));
+        let wait = Box::pin(q.wait(s.max_queue, until, front, preferred, seen));
         let text = match wait.await {
             Ok(()) => return Ok(()),
             Err(QueueError::Full) => "queue full, retry later\n",
@@ -581,7 +597,7 @@ impl Proxy {
             let stuck = snap
                 .backends
                 .iter()
-                .find(|b| b.sticky_value == value && sticky::takes_sessions(b));
+                .find(|b| b.sticky_value == value && sticky::takes_sessions(b, snap.mode));
             if let Some(b) = stuck {
                 let Some(counted) = b.claim_slot() else {
                     return Err(NoPick::Full(Arc::clone(b)));

@@ -12,6 +12,7 @@ use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 use crate::backend::{AdminState, Backend};
 use crate::config::StickySettings;
+use crate::pool::Mode;
 
 /// The cookie value of the backend at `url` in the pool `pool`.
 pub(crate) fn backend_value(pool: &str, url: &str) -> u64 {
@@ -19,50 +20,60 @@ pub(crate) fn backend_value(pool: &str, url: &str) -> u64 {
 }
 
 /// Whether a sticky request may still go to `b`: healthy, not ejected, and active or
-/// draining (draining takes no new sessions but keeps its sticky ones).
-pub(crate) fn takes_sessions(b: &Backend) -> bool {
+/// draining (draining takes no new sessions but keeps its sticky ones). A backup keeps
+/// its sessions only while the backups take the traffic: once a primary is back, its
+/// clients go to the primaries, as its other traffic does.
+pub(crate) fn takes_sessions(b: &Backend, mode: Mode) -> bool {
     b.healthy()
         && !b.ejected()
         && !b.half_open()
         && matches!(b.state(), AdminState::Active | AdminState::Draining)
+        && (!b.backup || mode == Mode::Backups)
 }
 
 /// Takes the cookie `name` out of the request's `Cookie` fields (joined into one by
-/// then) and returns its value when it is one of ours; the other cookies go on.
+/// then) and returns its value when it is one of ours; the other cookies go on, byte
+/// for byte (a value need not be ASCII).
 pub(crate) fn take(fields: &mut HeaderMap, name: &str) -> Option<u64> {
-    let line = fields.get(header::COOKIE)?.to_str().ok()?.to_string();
+    let line = fields.get(header::COOKIE)?.as_bytes().to_vec();
     let mut found = None;
-    let mut rest: Vec<&str> = Vec::new();
-    for pair in line.split(';').map(str::trim).filter(|p| !p.is_empty()) {
-        match pair.split_once('=') {
-            Some((n, v)) if n.trim() == name => {
-                found = found.or_else(|| parse_value(v.trim()));
+    let mut rest: Vec<&[u8]> = Vec::new();
+    for pair in line.split(|&c| c == b';').map(<[u8]>::trim_ascii) {
+        if pair.is_empty() {
+            continue;
+        }
+        let eq = pair.iter().position(|&c| c == b'=');
+        match eq.map(|i| (pair[..i].trim_ascii(), &pair[i + 1..])) {
+            Some((n, v)) if n == name.as_bytes() => {
+                found = found.or_else(|| parse_value(v.trim_ascii()));
             }
             _ => rest.push(pair),
         }
     }
     if rest.is_empty() {
         fields.remove(header::COOKIE);
-    } else if let Ok(v) = HeaderValue::from_str(&rest.join("; ")) {
+    } else if let Ok(v) = HeaderValue::from_bytes(&rest.join(&b"; "[..])) {
         fields.insert(header::COOKIE, v);
     }
     found
 }
 
 /// Our value: exactly 16 lowercase hex digits.
-fn parse_value(v: &str) -> Option<u64> {
-    (v.len() == 16
-        && v.bytes()
-            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c)))
-    .then(|| u64::from_str_radix(v, 16).ok())
-    .flatten()
+fn parse_value(v: &[u8]) -> Option<u64> {
+    let hex = |c: &u8| c.is_ascii_digit() || (b'a'..=b'f').contains(c);
+    if v.len() != 16 || !v.iter().all(hex) {
+        return None;
+    }
+    u64::from_str_radix(std::str::from_utf8(v).ok()?, 16).ok()
 }
 
 /// The `Set-Cookie` value that sends the client back to the backend with `value`.
 pub(crate) fn set_cookie(s: &StickySettings, value: u64) -> Option<HeaderValue> {
     let mut text = format!("{}={value:016x}; Path=/; HttpOnly; SameSite=Lax", s.cookie);
     if let Some(age) = s.max_age {
-        text.push_str(&format!("; Max-Age={}", age.as_secs()));
+        // Rounded up: `Max-Age=0` would delete the cookie.
+        let secs = age.as_secs() + u64::from(age.subsec_nanos() > 0);
+        text.push_str(&format!("; Max-Age={secs}"));
     }
     HeaderValue::from_str(&text).ok()
 }
@@ -79,6 +90,17 @@ mod tests {
         h.insert(header::COOKIE, HeaderValue::from_str(&line).unwrap());
         assert_eq!(take(&mut h, "FULCRUM"), Some(v));
         assert_eq!(h[header::COOKIE], "a=1; b=2");
+        let line = format!("n=caf\u{e9}; FULCRUM={v:016x}");
+        h.insert(
+            header::COOKIE,
+            HeaderValue::from_bytes(line.as_bytes()).unwrap(),
+        );
+        assert_eq!(
+            take(&mut h, "FULCRUM"),
+            Some(v),
+            "beside a value that is not ASCII"
+        );
+        assert_eq!(h[header::COOKIE].as_bytes(), "n=caf\u{e9}".as_bytes());
         h.insert(header::COOKIE, HeaderValue::from_static("FULCRUM=zz"));
         assert_eq!(take(&mut h, "FULCRUM"), None, "not one of ours");
         assert!(h.get(header::COOKIE).is_none(), "and still not forwarded");
