@@ -352,6 +352,12 @@ impl Backend {
         (t < 1.0).then_some(0.1 + 0.9 * t)
     }
 
+    /// The share of its full traffic a backend has now: its ramp's share while slow start
+    /// ramps it, else 1. The pickers of the strategies without weights read it.
+    pub(crate) fn ramp_fraction(&self) -> f64 {
+        self.ramp_share(Instant::now()).unwrap_or(1.0)
+    }
+
     /// Ends a ramp whose time is up; returns whether a ramp was running before the call.
     pub(crate) fn ramp_step(&self, now: Instant) -> bool {
         let mut since = self.ramp_since.lock().unwrap_or_else(|e| e.into_inner());

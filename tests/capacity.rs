@@ -509,3 +509,95 @@ async fn a_new_pool_with_a_bad_capacity_value_is_refused_and_nothing_changes() {
     assert_eq!(r.status, 201, "{}", r.text());
     assert_eq!(r.json()["backends"][0]["backup"], true);
 }
+
+/// Seconds of slow start in [`slow_start_ramps_every_strategy_without_weights`].
+const RAMP_SECS: u64 = 4;
+
+/// The share of C, added to a loaded pool of A and B with `--slow-start 4s` under
+/// `strategy`, in each second from its arrival to one second after its ramp ended.
+async fn ramp_of(strategy: &'static str) -> Vec<f64> {
+    let (a, b, new) = (
+        TestBackend::start("A"),
+        TestBackend::start("B"),
+        TestBackend::start("C"),
+    );
+    let f = Fulcrum::over(
+        &[&a, &b],
+        &[
+            "--strategy",
+            strategy,
+            "--slow-start",
+            &format!("{RAMP_SECS}s"),
+        ],
+    );
+    let c = client();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(std::time::Instant, bool)>();
+    let clients: Vec<_> = (0..8)
+        .map(|_| {
+            let (c, url, stop, tx) = (c.clone(), f.url("/sleep/25"), stop.clone(), tx.clone());
+            tokio::spawn(async move {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let r = get(&c, &url).await;
+                    assert_eq!(r.status, 200, "{}", r.text());
+                    let _ = tx.send((std::time::Instant::now(), r.backend() == "C"));
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let body = format!(r#"{{"url": "{}", "name": "C"}}"#, new.url());
+    let added = admin(&c, "POST", &f.admin_url("/admin/backends"), &body).await;
+    assert_eq!(added.status, 201, "{}", added.text());
+    let t0 = std::time::Instant::now();
+    tokio::time::sleep(Duration::from_secs(RAMP_SECS + 1)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for task in clients {
+        task.await.expect("client");
+    }
+    drop(tx);
+    let mut windows = vec![(0u32, 0u32); RAMP_SECS as usize + 1];
+    while let Some((at, to_new)) = rx.recv().await {
+        let Some(second) = at.checked_duration_since(t0).map(|d| d.as_secs() as usize) else {
+            continue;
+        };
+        if let Some(w) = windows.get_mut(second) {
+            w.0 += u32::from(to_new);
+            w.1 += 1;
+        }
+    }
+    windows
+        .iter()
+        .map(|&(n, all)| f64::from(n) / f64::from(all.max(1)))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_start_ramps_every_strategy_without_weights() {
+    let strategies = [
+        "round_robin",
+        "least_connections",
+        "power_of_two",
+        "least_response_time",
+        "peak_ewma",
+    ];
+    let runs: Vec<_> = strategies
+        .iter()
+        .map(|&s| tokio::spawn(ramp_of(s)))
+        .collect();
+    let mut failures = Vec::new();
+    println!("share of the joining backend per second (fair share 0.33):");
+    for (s, run) in strategies.iter().zip(runs) {
+        let shares = run.await.expect("ramp");
+        let row: Vec<String> = shares.iter().map(|x| format!("{x:.2}")).collect();
+        println!("{s:>20}: {}", row.join("  "));
+        let (first, last) = (shares[0], shares[RAMP_SECS as usize]);
+        // Without slow start the newcomer takes its full share (a third; a quarter under
+        // least connections, whose ties go to the lower index) from the first second.
+        // The ramp gives it well under that at first, and its share once it is over.
+        if !(first < 0.2 && last > 0.2 && 2.0 * first < last) {
+            failures.push(format!("{s}: {row:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "no ramp: {failures:?}");
+}

@@ -97,27 +97,32 @@ impl Queue {
         self.epoch.load(Ordering::SeqCst)
     }
 
+    /// A place in the line: a request keeps the one of its first wait.
+    pub(crate) fn ticket(&self) -> u64 {
+        self.next_ticket.fetch_add(1, Ordering::Relaxed)
+    }
+
     /// Waits until a slot is freed (`Ok`) or `deadline` passes, queued behind everyone
-    /// already waiting, or at the head when `first` (a waiter woken whose slot was taken
-    /// keeps its place, even in a full queue). At most `max` wait at once. `seen` is the
+    /// already waiting, or, when `returning` (a waiter woken whose slot was taken), back
+    /// at the place its `ticket` gives it, even in a full queue: waiters woken together
+    /// that all lost keep their order. At most `max` wait at once. `seen` is the
     /// [`Self::epoch`] read before the pick that found no slot: a release since then
     /// returns at once.
     pub(crate) async fn wait(
         &self,
         max: usize,
         deadline: tokio::time::Instant,
-        first: bool,
+        (ticket, returning): (u64, bool),
         preferred: Option<Arc<Backend>>,
         seen: u64,
     ) -> Result<(), QueueError> {
         let (wake, woken) = oneshot::channel();
-        let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
         {
             let mut w = self.lock();
             if self.epoch() != seen {
                 return Ok(());
             }
-            if w.len() >= max && !first {
+            if w.len() >= max && !returning {
                 return Err(QueueError::Full);
             }
             if let Some(b) = &preferred {
@@ -128,8 +133,9 @@ impl Queue {
                 wake,
                 preferred,
             };
-            if first {
-                w.push_front(waiter);
+            if returning {
+                let at = w.iter().position(|x| x.ticket > ticket).unwrap_or(w.len());
+                w.insert(at, waiter);
             } else {
                 w.push_back(waiter);
             }
@@ -191,7 +197,7 @@ mod tests {
             let (queue, order) = (Arc::clone(&q), Arc::clone(&order));
             tasks.push(tokio::spawn(async move {
                 queue
-                    .wait(3, deadline, false, None, queue.epoch())
+                    .wait(3, deadline, (queue.ticket(), false), None, queue.epoch())
                     .await
                     .unwrap();
                 order.lock().unwrap().push(i);
@@ -201,7 +207,8 @@ mod tests {
             }
         }
         assert_eq!(
-            q.wait(3, deadline, false, None, q.epoch()).await,
+            q.wait(3, deadline, (q.ticket(), false), None, q.epoch())
+                .await,
             Err(QueueError::Full)
         );
         for _ in 0..3 {
@@ -216,6 +223,45 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn woken_waiters_that_lost_their_slot_go_back_in_their_order() {
+        let q = Arc::new(Queue::default());
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        let (first, second) = (q.ticket(), q.ticket());
+        let newcomer = q.ticket();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        // The newcomer queued while the two woken ones were picking; they come back in
+        // the order they lost, second first, and still go before it — and the queue is
+        // full (max 1), which a returning waiter may exceed.
+        for (place, name) in [
+            ((newcomer, false), "newcomer"),
+            ((second, true), "second"),
+            ((first, true), "first"),
+        ] {
+            let (queue, order) = (Arc::clone(&q), Arc::clone(&order));
+            let before = q.len();
+            tasks.push(tokio::spawn(async move {
+                queue
+                    .wait(1, deadline, place, None, queue.epoch())
+                    .await
+                    .unwrap();
+                order.lock().unwrap().push(name);
+            }));
+            while q.len() == before {
+                tokio::task::yield_now().await;
+            }
+        }
+        for _ in 0..3 {
+            q.release();
+            tokio::task::yield_now().await;
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), ["first", "second", "newcomer"]);
+    }
+
+    #[tokio::test]
     async fn a_slot_freed_on_the_way_into_the_queue_is_not_missed() {
         let q = Queue::default();
         let seen = q.epoch();
@@ -225,7 +271,7 @@ mod tests {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         let r = tokio::time::timeout(
             Duration::from_millis(100),
-            q.wait(8, deadline, false, None, seen),
+            q.wait(8, deadline, (q.ticket(), false), None, seen),
         );
         assert_eq!(r.await, Ok(Ok(())), "it picks again at once");
         assert_eq!(q.len(), 0);
@@ -236,14 +282,14 @@ mod tests {
         let q = Queue::default();
         let soon = tokio::time::Instant::now() + Duration::from_millis(20);
         assert_eq!(
-            q.wait(8, soon, false, None, q.epoch()).await,
+            q.wait(8, soon, (q.ticket(), false), None, q.epoch()).await,
             Err(QueueError::Timeout)
         );
         assert_eq!((q.len(), q.timeouts.load(Ordering::Relaxed)), (0, 1));
         let later = tokio::time::Instant::now() + Duration::from_secs(5);
         let gone = tokio::time::timeout(
             Duration::from_millis(20),
-            q.wait(8, later, false, None, q.epoch()),
+            q.wait(8, later, (q.ticket(), false), None, q.epoch()),
         );
         assert!(gone.await.is_err());
         assert_eq!(

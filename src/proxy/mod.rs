@@ -206,8 +206,9 @@ struct Turn {
     preferred: Arc<Backend>,
     /// The queue's epoch before the pick that found every backend full.
     seen: u64,
-    /// It waited before: a woken request whose slot was taken keeps its place.
-    front: bool,
+    /// Its place in the queue, from its first wait on (a woken request whose slot was
+    /// taken goes back to it); `None` before it waited.
+    ticket: Option<u64>,
 }
 
 /// Now plus `d` (durations are at most ten years: `config::values::MAX_DURATION`),
@@ -492,22 +493,23 @@ impl Proxy {
         let mut attempt = 0;
         // The queue's deadline, from the first wait of an attempt on; and whether this
         // request waited.
-        let (mut deadline, mut waited) = (None, false);
+        let (mut deadline, mut ticket) = (None, None);
         while attempt < max_attempts {
             let seen = req.pool.queue.epoch();
-            let guard = match self.pick(req, &mut tried) {
+            let fresh = tried.is_empty() && ticket.is_none();
+            let guard = match self.pick(req, &mut tried, fresh) {
                 Ok(g) => g,
                 Err(NoPick::Nothing) => break,
                 Err(NoPick::Full(preferred)) => {
                     let turn = Turn {
                         preferred,
                         seen,
-                        front: waited,
+                        ticket,
                     };
-                    if let Err(r) = self.wait_turn(req, fin, turn, &mut deadline).await {
-                        return r;
+                    match self.wait_turn(req, fin, turn, &mut deadline).await {
+                        Ok(t) => ticket = Some(t),
+                        Err(r) => return r,
                     }
-                    waited = true;
                     continue;
                 }
             };
@@ -555,23 +557,28 @@ impl Proxy {
         }
     }
 
-    /// Waits in the pool's queue until a slot comes free (`Ok`: pick again), or answers
-    /// 503 with `Retry-After: 1`: the queue is full, or the wait ran out.
+    /// Waits in the pool's queue until a slot comes free (`Ok` with its place in the
+    /// queue: pick again), or answers 503 with `Retry-After: 1`: the queue is full, or
+    /// the wait ran out.
     async fn wait_turn(
         &self,
         req: &Outgoing,
         fin: &mut Pending,
         turn: Turn,
         deadline: &mut Option<tokio::time::Instant>,
-    ) -> Result<(), ProxyResponse> {
+    ) -> Result<u64, ProxyResponse> {
         let s = &req.pool.settings;
         let until = *deadline.get_or_insert_with(|| far_after(s.queue_timeout));
         let q = &req.pool.queue;
-        let (preferred, seen, front) = (Some(turn.preferred), turn.seen, turn.front);
+        let place = match turn.ticket {
+            Some(t) => (t, true),
+            None => (q.ticket(), false),
+        };
+        let (preferred, seen) = (Some(turn.preferred), turn.seen);
         // Boxed: only a request that waits pays for the wait's state.
-        let wait = Box::pin(q.wait(s.max_queue, until, front, preferred, seen));
+        let wait = Box::pin(q.wait(s.max_queue, until, place, preferred, seen));
         let text = match wait.await {
-            Ok(()) => return Ok(()),
+            Ok(()) => return Ok(place.0),
             Err(QueueError::Full) => "queue full, retry later\n",
             Err(QueueError::Timeout) => "queue timeout\n",
         };
@@ -584,13 +591,19 @@ impl Proxy {
     /// nothing eligible and untried is left. The strategy proposes, this accepts: a
     /// backend not tried by this request yet, and, for a half-open backend (after an
     /// ejection, one request at a time until one has succeeded), only with its trial
-    /// claimed.
-    fn pick(&self, req: &mut Outgoing, tried: &mut Vec<u64>) -> Result<RequestGuard, NoPick> {
+    /// claimed. `fresh`: the request's first pick (not a retry, nor a pick after a wait),
+    /// the one the panic counter counts.
+    fn pick(
+        &self,
+        req: &mut Outgoing,
+        tried: &mut Vec<u64>,
+        fresh: bool,
+    ) -> Result<RequestGuard, NoPick> {
         // The routing table is read afresh per attempt and not held across the wait
         // (arc-swap's cheap read slots are few per thread); the guard keeps the backend
         // itself alive.
         let snap = req.pool.snapshot();
-        if snap.mode == crate::pool::Mode::Panic && tried.is_empty() {
+        if snap.mode == crate::pool::Mode::Panic && fresh {
             bump(&req.pool.panic_requests);
         }
         if let (Some(value), true) = (req.sticky, tried.is_empty()) {

@@ -1,6 +1,7 @@
 use std::sync::Arc;
 
 use super::load_index::{first_pick, Key};
+use super::ramp::{lowest, Ramp};
 use super::{LoadIndex, PickCtx};
 use crate::backend::Backend;
 
@@ -10,16 +11,27 @@ use crate::backend::Backend;
 /// Pools of [`super::load_index::MIN_INDEXED`] backends or more keep a [`LoadIndex`]
 /// that the backends update as their requests start and end, so a first pick is one
 /// read; a retry (which must leave tried backends out) and smaller pools scan.
+///
+/// While slow start ramps a backend, the picker has a [`Ramp`] instead of an index and
+/// scans by (in flight + 1) ÷ share (see [`super::ramp`]).
 #[derive(Debug, Default)]
 pub struct LeastConnections {
     index: Option<Arc<[LoadIndex]>>,
+    ramp: Option<Ramp>,
 }
 
 impl LeastConnections {
     /// Over `eligible` (pool order), indexed when the pool is large.
     pub(crate) fn new(eligible: &[Arc<Backend>]) -> Self {
+        if let Some(ramp) = Ramp::of(eligible) {
+            return LeastConnections {
+                index: None,
+                ramp: Some(ramp),
+            };
+        }
         LeastConnections {
             index: LoadIndex::new(eligible, Key::InFlight).map(|x| Arc::from([x])),
+            ramp: None,
         }
     }
 
@@ -31,7 +43,19 @@ impl LeastConnections {
     /// The index's answer for a first pick, else a scan.
     #[inline]
     pub(crate) fn pick(&self, eligible: &[Arc<Backend>], ctx: &PickCtx<'_>) -> Option<usize> {
+        if let Some(ramp) = &self.ramp {
+            return Self::ramped(eligible, ctx, ramp);
+        }
         first_pick(self.index.as_ref(), eligible.len(), ctx).or_else(|| Self::scan(eligible, ctx))
+    }
+
+    /// The scan while a ramp runs: lowest (in flight + 1) ÷ share.
+    fn ramped(eligible: &[Arc<Backend>], ctx: &PickCtx<'_>, ramp: &Ramp) -> Option<usize> {
+        lowest(
+            eligible.len(),
+            |i| ctx.allows(&eligible[i]),
+            |i| ramp.scale(i, (eligible[i].in_flight() + 1) as f64),
+        )
     }
 
     /// Scans the eligible backends once (O(n)).

@@ -3,6 +3,7 @@ use std::time::Duration;
 
 use super::estimate::{fade, idle_ns, ROUTE_EWMA};
 use super::load_index::Key;
+use super::ramp::{lowest, Ramp};
 use super::{LoadIndex, PickCtx};
 use crate::backend::{clock_ns, Backend};
 
@@ -69,10 +70,14 @@ pub(crate) fn sample(b: &Backend) -> Option<(f64, u64)> {
 /// requests in flight, sampled idle — kept current by the backends as requests start
 /// and end and samples arrive; a pick compares at most two roots. Idle backends all fade
 /// by the same factor, so their order holds between events (see [`Key::Idle`]).
+///
+/// While slow start ramps a backend, the picker has a [`Ramp`] instead of indexes and
+/// scans ([`Self::ramped`]).
 #[derive(Debug, Default)]
 pub struct LeastResponseTime {
     index: Option<Arc<[LoadIndex]>>,
     base: u64,
+    ramp: Option<Ramp>,
 }
 
 impl LeastResponseTime {
@@ -83,6 +88,13 @@ impl LeastResponseTime {
 
     /// As [`Self::new`], built at `base` ([`clock_ns`] time).
     pub(crate) fn new_at(eligible: &[Arc<Backend>], base: u64) -> Self {
+        if let Some(ramp) = Ramp::of(eligible) {
+            return LeastResponseTime {
+                index: None,
+                base,
+                ramp: Some(ramp),
+            };
+        }
         let trees: Option<Vec<LoadIndex>> = [Key::Unsampled, Key::Busy, Key::Idle { base }]
             .into_iter()
             .map(|k| LoadIndex::new(eligible, k))
@@ -90,6 +102,7 @@ impl LeastResponseTime {
         LeastResponseTime {
             index: trees.map(Arc::from),
             base,
+            ramp: None,
         }
     }
 
@@ -117,6 +130,9 @@ impl LeastResponseTime {
         ctx: &PickCtx<'_>,
         now: u64,
     ) -> Option<usize> {
+        if let Some(ramp) = &self.ramp {
+            return Self::ramped(eligible, ctx, now, ramp);
+        }
         if let Some(trees) = &self.index {
             let fresh = now.saturating_sub(self.base) <= 4 * RENEW_AFTER.as_nanos() as u64;
             if ctx.tried.is_empty() && fresh {
@@ -149,6 +165,30 @@ impl LeastResponseTime {
             (None, Some((i, _))) => Some(i),
             (None, None) => None,
         }
+    }
+
+    /// The rules while a ramp runs, by one scan: a ramping backend's score is divided by
+    /// its share, and rule 1 gives a ramping backend without a sample one request (its
+    /// probe) — until that answers it waits, so a cold backend is not handed every request
+    /// that arrives while its first one is slow.
+    fn ramped(
+        eligible: &[Arc<Backend>],
+        ctx: &PickCtx<'_>,
+        now: u64,
+        ramp: &Ramp,
+    ) -> Option<usize> {
+        lowest(
+            eligible.len(),
+            |i| ctx.allows(&eligible[i]),
+            |i| {
+                let k = eligible[i].in_flight();
+                match estimate(&eligible[i], now, k) {
+                    None if k == 0 || ramp.share(i) == 1.0 => (0u8, k as f64),
+                    None => (2, k as f64),
+                    Some(avg) => (1, ramp.scale(i, avg * (k + 1) as f64)),
+                }
+            },
+        )
     }
 
     /// The rules by one scan over `eligible` (O(n)).

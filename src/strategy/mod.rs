@@ -18,6 +18,7 @@ mod least_time;
 mod load_index;
 mod maglev;
 mod p2c;
+mod ramp;
 mod ring;
 mod round_robin;
 mod select;
@@ -210,7 +211,13 @@ impl Picker {
     ) -> Picker {
         let factor = opts.hash_balance_factor;
         let p = match kind {
-            StrategyKind::RoundRobin => Picker::RoundRobin(RoundRobin::new()),
+            // While slow start ramps a backend, the rotation is weighted by the shares.
+            StrategyKind::RoundRobin => match ramp::Ramp::of(eligible) {
+                Some(r) => {
+                    Picker::WeightedRoundRobin(SmoothWeightedRoundRobin::new(&r.rotation_weights()))
+                }
+                None => Picker::RoundRobin(RoundRobin::new()),
+            },
             StrategyKind::WeightedRoundRobin => {
                 let weights: Vec<u32> = eligible
                     .iter()
@@ -227,8 +234,8 @@ impl Picker {
             StrategyKind::LeastResponseTime => {
                 Picker::LeastResponseTime(LeastResponseTime::new(eligible))
             }
-            StrategyKind::PeakEwma => Picker::PeakEwma(PeakEwma),
-            StrategyKind::PowerOfTwo => Picker::PowerOfTwo(PowerOfTwo),
+            StrategyKind::PeakEwma => Picker::PeakEwma(PeakEwma::new(eligible)),
+            StrategyKind::PowerOfTwo => Picker::PowerOfTwo(PowerOfTwo::new(eligible)),
             StrategyKind::ConsistentHash | StrategyKind::IpHash => {
                 let ring = match previous {
                     Some(Picker::Ring(r, _)) if r.built_for(&ring::members(eligible)) => {
@@ -316,8 +323,8 @@ impl Picker {
             Picker::LeastConnections(p) => p.pick(eligible, ctx),
             Picker::WeightedLeastConnections(p) => p.pick(eligible, ctx),
             Picker::LeastResponseTime(p) => p.pick(eligible, ctx),
-            Picker::PeakEwma(_) => PeakEwma::pick(eligible, ctx),
-            Picker::PowerOfTwo(_) => PowerOfTwo::pick(eligible, ctx),
+            Picker::PeakEwma(p) => p.pick(eligible, ctx),
+            Picker::PowerOfTwo(p) => p.pick(eligible, ctx),
             Picker::RoundRobin(_)
             | Picker::WeightedRoundRobin(_)
             | Picker::Ring(..)

@@ -3,6 +3,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::estimate::{fade, idle_ns, PEAK};
+use super::ramp::Ramp;
 use super::PickCtx;
 use crate::backend::{clock_ns, Backend};
 
@@ -87,19 +88,34 @@ pub(crate) fn pair(eligible: &[Arc<Backend>], ctx: &PickCtx<'_>) -> Option<(usiz
 /// `LEAST_REQUEST` with two choices); a tie goes to the first drawn, so idle pools
 /// spread evenly. The bet: the shorter queue of two random ones is nearly as good as the
 /// shortest of all (Mitzenmacher's power of two choices), at O(1) and without every
-/// worker herding onto the same least-loaded backend. Weights are not used.
+/// worker herding onto the same least-loaded backend. Weights are not used; while slow
+/// start ramps a backend, loads compare as (in flight + 1) ÷ share ([`Ramp`]).
 #[derive(Debug, Default)]
-pub struct PowerOfTwo;
+pub struct PowerOfTwo {
+    ramp: Option<Ramp>,
+}
 
 impl PowerOfTwo {
+    /// Over `eligible`, with the ramp of any backend slow start ramps.
+    pub(crate) fn new(eligible: &[Arc<Backend>]) -> Self {
+        PowerOfTwo {
+            ramp: Ramp::of(eligible),
+        }
+    }
+
     /// O(1): two random draws, two loads.
     #[inline]
-    pub(crate) fn pick(eligible: &[Arc<Backend>], ctx: &PickCtx<'_>) -> Option<usize> {
+    pub(crate) fn pick(&self, eligible: &[Arc<Backend>], ctx: &PickCtx<'_>) -> Option<usize> {
         let (a, b) = pair(eligible, ctx)?;
-        Some(match b {
-            Some(b) if eligible[b].in_flight() < eligible[a].in_flight() => b,
-            _ => a,
-        })
+        let Some(b) = b else { return Some(a) };
+        let wins = match &self.ramp {
+            None => eligible[b].in_flight() < eligible[a].in_flight(),
+            Some(r) => {
+                let load = |i: usize| r.scale(i, (eligible[i].in_flight() + 1) as f64);
+                load(b) < load(a)
+            }
+        };
+        Some(if wins { b } else { a })
     }
 }
 
@@ -107,25 +123,41 @@ impl PowerOfTwo {
 /// (linkerd's and finagle's balancer); a tie goes to the first drawn. The bet: latency
 /// spikes announce trouble, so an estimate that jumps to every peak at once and forgets
 /// it slowly (τ = 10 s) routes around a backend as soon as it falters, and the pending
-/// count makes the estimate a queueing cost.
+/// count makes the estimate a queueing cost. While slow start ramps a backend, its cost
+/// is divided by its share ([`Ramp`]).
 #[derive(Debug, Default)]
-pub struct PeakEwma;
+pub struct PeakEwma {
+    ramp: Option<Ramp>,
+}
 
 impl PeakEwma {
+    /// Over `eligible`, with the ramp of any backend slow start ramps.
+    pub(crate) fn new(eligible: &[Arc<Backend>]) -> Self {
+        PeakEwma {
+            ramp: Ramp::of(eligible),
+        }
+    }
+
     /// O(1): two random draws, one clock read, two estimates.
     #[inline]
-    pub(crate) fn pick(eligible: &[Arc<Backend>], ctx: &PickCtx<'_>) -> Option<usize> {
-        Self::pick_at(eligible, ctx, clock_ns())
+    pub(crate) fn pick(&self, eligible: &[Arc<Backend>], ctx: &PickCtx<'_>) -> Option<usize> {
+        self.pick_at(eligible, ctx, clock_ns())
     }
 
     /// Picks as at `now` ([`clock_ns`]).
     #[inline]
-    pub(crate) fn pick_at(eligible: &[Arc<Backend>], ctx: &PickCtx<'_>, now: u64) -> Option<usize> {
+    pub(crate) fn pick_at(
+        &self,
+        eligible: &[Arc<Backend>],
+        ctx: &PickCtx<'_>,
+        now: u64,
+    ) -> Option<usize> {
         let (a, b) = pair(eligible, ctx)?;
         let Some(b) = b else { return Some(a) };
         let cost = |i: usize| {
             let be = &eligible[i];
-            peak_cost(be, now, be.in_flight())
+            let c = peak_cost(be, now, be.in_flight());
+            self.ramp.as_ref().map_or(c, |r| r.scale(i, c))
         };
         Some(if cost(b) < cost(a) { b } else { a })
     }
@@ -200,7 +232,9 @@ mod tests {
             "{c0}"
         );
         // B (unsampled, idle) beats A.
-        let p = PeakEwma::pick_at(&bs, &PickCtx::default(), now).unwrap();
+        let p = PeakEwma::new(&bs)
+            .pick_at(&bs, &PickCtx::default(), now)
+            .unwrap();
         assert_eq!(p, 1);
     }
 

@@ -73,7 +73,10 @@ impl Owners<'_> {
 }
 
 /// Owners from `start` on, wrapping; with a load bound, a first pass over those it
-/// admits and a second over all of them.
+/// admits and a second over all of them. A pass offers each owner once, at its first
+/// point or slot, and ends when it has offered every eligible backend: a pick in a pool
+/// whose backends are all at their `max_conns` tries each once, not once per point of
+/// the ring or slot of the Maglev table.
 #[derive(Debug)]
 pub(super) struct HashWalk<'a> {
     owners: Owners<'a>,
@@ -81,6 +84,56 @@ pub(super) struct HashWalk<'a> {
     step: usize,
     bound: Option<LoadBound<'a>>,
     second_pass: bool,
+    /// Eligible backends, the most a pass can offer.
+    n: usize,
+    offered: Offered,
+}
+
+/// The owners a pass has offered. The first is only noted when a second is asked for,
+/// so the usual pick (its first candidate taken) touches nothing; past the first 64
+/// backends the set grows a word per 64 (only in a large pool whose pick goes on).
+#[derive(Debug, Default)]
+struct Offered {
+    first: Option<usize>,
+    low: u64,
+    high: Vec<u64>,
+    count: usize,
+}
+
+impl Offered {
+    /// Notes `i` as offered now; false when this pass offered it already.
+    fn insert(&mut self, i: usize) -> bool {
+        if self.count == 0 {
+            self.first = Some(i);
+            self.count = 1;
+            return true;
+        }
+        if let Some(f) = self.first.take() {
+            self.set(f);
+        }
+        if !self.set(i) {
+            return false;
+        }
+        self.count += 1;
+        true
+    }
+
+    /// Sets `i`'s bit; false when it was set.
+    fn set(&mut self, i: usize) -> bool {
+        let bit = 1u64 << (i % 64);
+        let word = match i / 64 {
+            0 => &mut self.low,
+            w => {
+                if self.high.len() < w {
+                    self.high.resize(w, 0);
+                }
+                &mut self.high[w - 1]
+            }
+        };
+        let fresh = *word & bit == 0;
+        *word |= bit;
+        fresh
+    }
 }
 
 impl<'a> HashWalk<'a> {
@@ -98,6 +151,8 @@ impl<'a> HashWalk<'a> {
             step: 0,
             bound: factor.map(|f| LoadBound::new(Some(f), eligible, members)),
             second_pass: false,
+            n: eligible.len(),
+            offered: Offered::default(),
         }
     }
 }
@@ -109,18 +164,20 @@ impl Iterator for HashWalk<'_> {
     fn next(&mut self) -> Option<usize> {
         let len = self.owners.len();
         loop {
-            if self.step == len {
+            if self.step == len || self.offered.count == self.n {
                 if self.bound.is_none() || self.second_pass {
                     return None;
                 }
                 self.second_pass = true;
                 self.step = 0;
+                self.offered = Offered::default();
             }
             let owner = self.owners.at((self.start + self.step) % len);
             self.step += 1;
             // The second pass offers every owner again, in the same order: the first the
             // caller takes is the first it may use, whatever the loads are by then.
-            if self.second_pass || self.bound.as_mut().is_none_or(|b| b.admits(owner)) {
+            let admitted = self.second_pass || self.bound.as_mut().is_none_or(|b| b.admits(owner));
+            if admitted && self.offered.insert(owner) {
                 return Some(owner);
             }
         }
@@ -261,6 +318,38 @@ mod tests {
             assert!(!first_two.contains(&bs[chosen].id), "{name}");
             assert_eq!(p.select(&bs, key, |_| false), None, "{name}");
         }
+    }
+
+    #[test]
+    fn a_hash_walk_offers_each_backend_once_per_pass() {
+        let bs = backends(&[1, 2, 1, 3, 1]);
+        for kind in [StrategyKind::ConsistentHash, StrategyKind::Maglev] {
+            for factor in [None, Some(1.25)] {
+                let opts = super::super::PickerOptions {
+                    hash_balance_factor: factor,
+                };
+                let p = Picker::build_with(kind, &bs, &opts, None);
+                let walk: Vec<usize> = p.candidates(&bs, Some(7)).collect();
+                let passes = if factor.is_some() { 2 } else { 1 };
+                assert_eq!(
+                    walk.len(),
+                    passes * bs.len(),
+                    "{kind:?} {factor:?}: {walk:?}"
+                );
+                let first: BTreeSet<usize> = walk[..bs.len()].iter().copied().collect();
+                assert_eq!(first.len(), bs.len(), "{kind:?}: {walk:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_offered_set_spans_large_pools() {
+        let mut o = super::Offered::default();
+        assert!(o.insert(200));
+        assert!(!o.insert(200), "the first, noted late, is still known");
+        assert!(o.insert(3) && o.insert(64) && o.insert(199));
+        assert!(!o.insert(64) && !o.insert(3));
+        assert_eq!(o.count, 4);
     }
 
     #[test]

@@ -451,6 +451,31 @@ async function poolsTour(page) {
     await waitFor('its card', async () => (await attr(page, `[data-testid="backend-card-${b.id}"]`, 'data-pool')) === 'api');
     assertNoConsoleErrors();
   });
+
+  await step('a pool at its limits queues, and the page shows the queue', async () => {
+    const ids = (await pools()).get('api').backends.map(b => b.id);
+    for (const id of ids) {
+      await api('PATCH', `/admin/backends/${id}`, { max_conns: 1 });
+      await api('POST', `/admin/backends/${id}/degrade`, { latency_ms: 400 });
+    }
+    await page.fill('[data-testid="traffic-rps"]', '40');
+    await page.fill('[data-testid="traffic-seconds"]', '6');
+    await page.fill('[data-testid="traffic-path"]', '/api/slow');
+    await page.click('[data-testid="traffic-start"]');
+    await waitFor('api row shows queued', async () => / queued/.test((await text(page, '[data-testid="pool-row-api"]')) || ''), 8000, 50);
+    await waitFor('a card counts its queued requests', async () => {
+      for (const id of ids) if (Number(await text(page, `[data-testid="backend-queued-${id}"]`)) > 0) return true;
+      return false;
+    }, 8000, 50);
+    if (/ queued/.test((await text(page, '[data-testid="pool-row-web"]')) || '')) throw new Error('web shows a queue');
+    await page.click('[data-testid="traffic-stop"]');
+    for (const id of ids) {
+      await api('POST', `/admin/backends/${id}/recover`);
+      await api('PATCH', `/admin/backends/${id}`, { max_conns: 0 });
+    }
+    await waitFor('queue drained', async () => !/ queued/.test((await text(page, '[data-testid="pool-row-api"]')) || ''), 10_000);
+    assertNoConsoleErrors();
+  });
 }
 
 // ------------------------------------------------------------------ main
