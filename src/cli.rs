@@ -123,6 +123,12 @@ struct DemoArgs {
     /// Balancing strategy.
     #[arg(long, value_name = "NAME", default_value = "round_robin")]
     strategy: String,
+    /// Serve the proxy over HTTPS too, with a self-signed certificate made at start.
+    #[arg(long)]
+    tls: bool,
+    /// HTTPS listener with --tls.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8443")]
+    tls_listen: String,
 }
 
 #[derive(Args, Debug)]
@@ -330,6 +336,22 @@ fn demo(args: DemoArgs) -> i32 {
     .with("health_timeout", "500ms")
     // The dashboard shows the traffic; a line per request would flood the terminal.
     .with("access_log", "off");
+    let (flags, certificate) = match args.tls {
+        true => match crate::demo::self_signed() {
+            Ok(c) => (
+                flags
+                    .with("tls_listen", args.tls_listen)
+                    .with("tls_cert", c.cert.display().to_string())
+                    .with("tls_key", c.key.display().to_string()),
+                Some(c),
+            ),
+            Err(e) => {
+                eprintln!("error: --tls: {e}");
+                return 1;
+            }
+        },
+        false => (flags, None),
+    };
     let mut settings = match config::build(&flags) {
         Ok(s) => s,
         Err(errors) => return usage_error(&errors[0]),
@@ -355,6 +377,12 @@ fn demo(args: DemoArgs) -> i32 {
             "  proxy:     http://{}/ (pool web; /api/… goes to pool api)",
             r.listen
         );
+        if let (Some(addr), Some(c)) = (r.tls_listen, &certificate) {
+            println!(
+                "  https:     https://{addr}/ (self-signed; SHA-256 fingerprint {})",
+                c.fingerprint
+            );
+        }
         println!("  admin:     http://{}/admin/status", r.admin);
         for l in &lines {
             println!("{l}");

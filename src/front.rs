@@ -583,19 +583,19 @@ async fn write_body(
 
 /// A stream with bytes already read in front of it, for hyper after a hand-off.
 #[derive(Debug)]
-pub(crate) struct Rewind {
+pub(crate) struct Rewind<S = TcpStream> {
     pre: Bytes,
-    inner: TcpStream,
+    inner: S,
 }
 
-impl Rewind {
+impl<S> Rewind<S> {
     /// `inner`, whose next bytes are `pre`.
-    pub(crate) fn new(pre: Bytes, inner: TcpStream) -> Rewind {
+    pub(crate) fn new(pre: Bytes, inner: S) -> Rewind<S> {
         Rewind { pre, inner }
     }
 }
 
-impl tokio::io::AsyncRead for Rewind {
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Rewind<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
@@ -611,7 +611,7 @@ impl tokio::io::AsyncRead for Rewind {
     }
 }
 
-impl tokio::io::AsyncWrite for Rewind {
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Rewind<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,

@@ -33,5 +33,6 @@ pub(crate) mod site;
 pub(crate) mod spawn;
 pub(crate) mod stats;
 pub mod strategy;
+pub(crate) mod tls;
 pub(crate) mod traffic;
 pub(crate) mod upgrade;

@@ -71,15 +71,23 @@ pub(crate) struct Reloader {
     site: Arc<Site>,
     /// The settings in force; one reload at a time.
     current: Mutex<Settings>,
+    /// The HTTPS listener's certificates, read again on every reload.
+    tls: Option<Arc<crate::tls::Tls>>,
 }
 
 impl Reloader {
     /// A reloader for a process started with `flags` and `settings`.
-    pub(crate) fn new(flags: RawFlags, settings: Settings, site: Arc<Site>) -> Reloader {
+    pub(crate) fn new(
+        flags: RawFlags,
+        settings: Settings,
+        site: Arc<Site>,
+        tls: Option<Arc<crate::tls::Tls>>,
+    ) -> Reloader {
         Reloader {
             flags,
             site,
             current: Mutex::new(settings),
+            tls,
         }
     }
 
@@ -119,6 +127,12 @@ impl Reloader {
                 .map(String::from)
                 .collect(),
         };
+        // The certificates are read before anything changes: a bad one refuses the
+        // whole reload, and the old ones stay.
+        let certs = match (&self.tls, next.tls.listen.is_some()) {
+            (Some(tls), true) => Some(tls.prepare(&next.tls.certs).map_err(ReloadError::Invalid)?),
+            _ => None,
+        };
         let before = self
             .site
             .replace(
@@ -128,6 +142,9 @@ impl Reloader {
             .map_err(|e| ReloadError::Invalid(e.to_string()))?;
         // Only now that no route sends requests the old way.
         leave(&before, &next, &mut report);
+        if let (Some(tls), Some(certs)) = (&self.tls, certs) {
+            tls.install(certs);
+        }
         tracing::info!(
             added = ?report.added,
             removed = ?report.removed,

@@ -176,6 +176,7 @@ impl AcceptBackoff {
 /// the client connections of all workers together.
 pub(crate) async fn worker(
     listener: std::net::TcpListener,
+    https: Option<HttpsListener>,
     proxy: &'static Proxy,
     slots: Arc<Semaphore>,
     mut shutdown: watch::Receiver<bool>,
@@ -184,6 +185,13 @@ pub(crate) async fn worker(
         Ok(l) => l,
         Err(e) => {
             tracing::error!(error = %e, "cannot use the proxy listener");
+            return;
+        }
+    };
+    let https = match https.map(HttpsListener::into_tokio).transpose() {
+        Ok(h) => h,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot use the HTTPS listener");
             return;
         }
     };
@@ -220,11 +228,51 @@ pub(crate) async fn worker(
                 };
                 conns.spawn(stream, peer, slot, &shutdown);
             }
+            accepted = accept_https(&https) => {
+                let (stream, peer) = match accepted {
+                    Ok(a) => a,
+                    Err(e) => {
+                        backoff.failed(&e, "https").await;
+                        continue;
+                    }
+                };
+                let Some(slot) = slot_for(&slots, &mut shutdown).await else {
+                    break;
+                };
+                if let Some((_, tls)) = &https {
+                    conns.spawn_tls(stream, peer, slot, tls.acceptor(), &shutdown);
+                }
+            }
             _ = shutdown.changed() => break,
         }
     }
     drop(listener);
+    drop(https);
     conns.drain().await;
+}
+
+/// One worker's HTTPS listening socket and what it serves.
+pub(crate) struct HttpsListener {
+    /// The socket, on `tls_listen`.
+    pub(crate) listener: std::net::TcpListener,
+    /// The certificates and the TLS settings.
+    pub(crate) tls: Arc<crate::tls::Tls>,
+}
+
+impl HttpsListener {
+    fn into_tokio(self) -> std::io::Result<(TcpListener, Arc<crate::tls::Tls>)> {
+        Ok((TcpListener::from_std(self.listener)?, self.tls))
+    }
+}
+
+/// The next connection on the HTTPS listener; never, without one.
+async fn accept_https(
+    https: &Option<(TcpListener, Arc<crate::tls::Tls>)>,
+) -> std::io::Result<(tokio::net::TcpStream, SocketAddr)> {
+    match https {
+        Some((l, _)) => l.accept().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// A connection slot for a connection just accepted; `None` when the worker stops
@@ -276,6 +324,7 @@ impl Connections {
         let client = crate::proxy::Peer {
             addr: peer,
             forwarded: crate::proxy::headers::forwarded_value(peer.ip()),
+            tls: false,
         };
         let watcher = self.graceful.watcher();
         let builder = Arc::clone(&self.builder);
@@ -285,6 +334,55 @@ impl Connections {
         tokio::spawn(async move {
             let _held = (live, slot);
             serve_connection(stream, client, proxy, &builder, watcher, stop).await;
+        });
+    }
+
+    /// Serves an HTTPS connection on its own task, holding `slot` until it ends: the
+    /// handshake (bounded like a request head), then hyper, HTTP/2 or HTTP/1.1 as ALPN
+    /// chose. The HTTP/1.1 fast path reads plain sockets only.
+    fn spawn_tls(
+        &self,
+        stream: tokio::net::TcpStream,
+        peer: SocketAddr,
+        slot: OwnedSemaphorePermit,
+        acceptor: tokio_rustls::TlsAcceptor,
+        shutdown: &watch::Receiver<bool>,
+    ) {
+        let _ = stream.set_nodelay(true);
+        let client = crate::proxy::Peer {
+            addr: peer,
+            forwarded: crate::proxy::headers::forwarded_value(peer.ip()),
+            tls: true,
+        };
+        let watcher = self.graceful.watcher();
+        let builder = Arc::clone(&self.builder);
+        let live = Arc::clone(&self.live);
+        let proxy = self.proxy;
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            let _held = (live, slot);
+            let Some(io) = tls_opening(acceptor, stream, peer).await else {
+                return;
+            };
+            let svc = service_fn(move |req| {
+                let client = client.clone();
+                async move { Ok::<_, Infallible>(proxy.handle(req, client).await) }
+            });
+            let io = TokioIo::new(io);
+            let result = if *stop.borrow() {
+                // As on the plain listener: a connection whose first request came after
+                // the stop signal is served that request, then closed.
+                drop(watcher);
+                let mut once = (*builder).clone();
+                once.http1().keep_alive(false);
+                once.serve_connection_with_upgrades(io, svc).await
+            } else {
+                let conn = builder.serve_connection_with_upgrades(io, svc).into_owned();
+                watcher.watch(conn).await
+            };
+            if let Err(e) = result {
+                tracing::debug!(error = %e, %peer, "client connection ended with an error");
+            }
         });
     }
 
@@ -299,6 +397,38 @@ impl Connections {
         };
         if tokio::time::timeout(DRAIN_TIMEOUT, drained).await.is_err() {
             tracing::warn!("requests still in flight after the drain timeout; closing them");
+        }
+    }
+}
+
+/// A TLS connection's opening: the handshake, then its first bytes (the first request
+/// on HTTP/1.1, the preface on HTTP/2), read here so that a stop signal arriving before
+/// hyper has read them does not close a connection whose client already sent a request
+/// (a graceful close ends only connections with nothing read). Both are bounded by the
+/// request-head timeout; `None` when the client fails or leaves.
+async fn tls_opening(
+    acceptor: tokio_rustls::TlsAcceptor,
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+) -> Option<crate::front::Rewind<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>> {
+    use tokio::io::AsyncReadExt;
+    let opening = async {
+        let mut tls = acceptor.accept(stream).await?;
+        let mut first = vec![0u8; 4096];
+        let n = tls.read(&mut first).await?;
+        first.truncate(n);
+        Ok::<_, std::io::Error>((tls, first))
+    };
+    match tokio::time::timeout(HEADER_TIMEOUT, opening).await {
+        Ok(Ok((_, first))) if first.is_empty() => None,
+        Ok(Ok((tls, first))) => Some(crate::front::Rewind::new(first.into(), tls)),
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, %peer, "TLS connection failed before its first request");
+            None
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "TLS handshake or first request timed out");
+            None
         }
     }
 }
@@ -386,6 +516,8 @@ async fn serve_connection(
 pub(crate) struct Running {
     /// Proxy listener address (after binding, so port 0 is resolved).
     pub(crate) listen: SocketAddr,
+    /// The HTTPS listener's address, with `tls_listen`.
+    pub(crate) tls_listen: Option<SocketAddr>,
     /// Admin listener address.
     pub(crate) admin: SocketAddr,
     /// The pools and routes.
@@ -466,16 +598,18 @@ fn raise_fd_limit() -> u64 {
 /// and workers").
 fn spawn_workers(
     listeners: Vec<std::net::TcpListener>,
+    https: Vec<HttpsListener>,
     site: &Arc<Site>,
-    settings: &Settings,
+    proxy_settings: ProxySettings,
     max_connections: usize,
     rx: &watch::Receiver<bool>,
 ) -> Result<Vec<std::thread::JoinHandle<()>>, String> {
     let slots = Arc::new(Semaphore::new(max_connections.min(Semaphore::MAX_PERMITS)));
     let in_flight = Arc::new(AtomicUsize::new(0));
-    let proxy_settings = ProxySettings::from_settings(settings);
     let mut threads = Vec::new();
+    let mut https = https.into_iter();
     for (i, l) in listeners.into_iter().enumerate() {
+        let h = https.next();
         let rt = runtime().map_err(|e| format!("cannot start a worker: {e}"))?;
         let site = Arc::clone(site);
         let ps = proxy_settings.clone();
@@ -490,7 +624,7 @@ fn spawn_workers(
                 let proxy: &'static Proxy =
                     rt.block_on(async move { Box::leak(Box::new(Proxy::new(site, ps, inf))) });
                 crate::logging::batch_this_thread();
-                rt.block_on(worker(l, proxy, slots, rx));
+                rt.block_on(worker(l, h, proxy, slots, rx));
                 // Connections still open after the drain end with the runtime; their
                 // access log lines go into the batch, so flush after it.
                 drop(rt);
@@ -613,13 +747,26 @@ fn launch(
     let site =
         Arc::new(Site::new(&settings.pools, &settings.routes).map_err(|e| format!("routes: {e}"))?);
     let (shutdown, rx) = watch::channel(false);
-    let mut threads = spawn_workers(listeners.proxy, &site, settings, caps.proxy, &rx)?;
+    let (https, tls_listen, tls) = https_listeners(settings, listeners.tls)?;
+    let mut proxy_settings = ProxySettings::from_settings(settings);
+    if settings.tls.redirect_https {
+        proxy_settings.redirect_https = tls_listen.map(|a| a.port());
+    }
+    let mut threads = spawn_workers(
+        listeners.proxy,
+        https,
+        &site,
+        proxy_settings,
+        caps.proxy,
+        &rx,
+    )?;
     let spawner = Arc::new(crate::spawn::Spawner::new(Arc::clone(&site)));
     let traffic = Arc::new(crate::traffic::Traffic::new(listen));
     let reloader = Arc::new(crate::reload::Reloader::new(
         flags.clone(),
         settings.clone(),
         Arc::clone(&site),
+        tls,
     ));
     let admin_state = crate::admin::AdminCtx::new(
         Arc::clone(&site),
@@ -635,9 +782,13 @@ fn launch(
     threads.push(admin_thread);
     let (upgraded_tx, upgraded) = watch::channel(false);
     tracing::info!("proxy listening on {listen}");
+    if let Some(addr) = tls_listen {
+        tracing::info!("https listening on {addr}");
+    }
     tracing::info!("admin listening on {admin}");
     let running = Running {
         listen,
+        tls_listen,
         admin,
         site,
         spawner,
@@ -688,6 +839,16 @@ fn open_listeners(
     let (listeners, successor) = crate::upgrade::inherit(path)?;
     same_address(&listeners.proxy[0], settings.listen, "listen")?;
     same_address(&listeners.admin, settings.admin, "admin")?;
+    match (settings.tls.listen, listeners.tls.first()) {
+        (Some(want), Some(got)) if listeners.tls.len() == listeners.proxy.len() => {
+            same_address(got, want, "tls_listen")?;
+        }
+        (None, None) => {}
+        _ => return Err(
+            "--upgrade: tls_listen differs from the running process's; a change takes a restart"
+                .into(),
+        ),
+    }
     // One worker per received socket, whatever `--workers` says: a socket closed here
     // would drop the connections waiting in its queue, and one added would take
     // connections the old process could not give back if this one failed.
@@ -704,10 +865,44 @@ fn open_listeners(
 fn bind_listeners(settings: &Settings) -> Result<Listeners, String> {
     let proxy = bind_workers(settings.listen, settings.workers)
         .map_err(|e| format!("cannot listen on {}: {e}", settings.listen))?;
+    let tls = match settings.tls.listen {
+        Some(addr) => bind_workers(addr, settings.workers)
+            .map_err(|e| format!("cannot listen on {addr} (tls_listen): {e}"))?,
+        None => Vec::new(),
+    };
     let admin = bind_workers(settings.admin, 1)
         .map(|mut v| v.remove(0))
         .map_err(|e| format!("cannot listen on {} (admin): {e}", settings.admin))?;
-    Ok(Listeners { proxy, admin })
+    Ok(Listeners { proxy, tls, admin })
+}
+
+/// The workers' HTTPS listeners with the certificates they serve, their address, and
+/// the certificates again for reloads; nothing without `tls_listen`.
+type Https = (
+    Vec<HttpsListener>,
+    Option<SocketAddr>,
+    Option<Arc<crate::tls::Tls>>,
+);
+
+fn https_listeners(
+    settings: &Settings,
+    sockets: Vec<std::net::TcpListener>,
+) -> Result<Https, String> {
+    if settings.tls.listen.is_none() || sockets.is_empty() {
+        return Ok((Vec::new(), None, None));
+    }
+    let tls = Arc::new(crate::tls::Tls::new(&settings.tls.certs)?);
+    let addr = sockets[0]
+        .local_addr()
+        .map_err(|e| format!("https listener: {e}"))?;
+    let https = sockets
+        .into_iter()
+        .map(|listener| HttpsListener {
+            listener,
+            tls: Arc::clone(&tls),
+        })
+        .collect();
+    Ok((https, Some(addr), Some(tls)))
 }
 
 /// A received socket must be on the address this process is set to (port 0 takes any).

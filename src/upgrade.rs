@@ -50,6 +50,7 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Role {
     Proxy,
+    Tls,
     Admin,
 }
 
@@ -57,6 +58,7 @@ impl Role {
     fn name(self) -> &'static str {
         match self {
             Role::Proxy => "proxy",
+            Role::Tls => "tls",
             Role::Admin => "admin",
         }
     }
@@ -64,6 +66,7 @@ impl Role {
     fn parse(s: &str) -> Option<Role> {
         match s {
             "proxy" => Some(Role::Proxy),
+            "tls" => Some(Role::Tls),
             "admin" => Some(Role::Admin),
             _ => None,
         }
@@ -75,6 +78,8 @@ impl Role {
 pub(crate) struct Listeners {
     /// One per worker, all on the proxy address.
     pub(crate) proxy: Vec<TcpListener>,
+    /// One per worker on the HTTPS address (`tls_listen`), or none.
+    pub(crate) tls: Vec<TcpListener>,
     /// The admin API's.
     pub(crate) admin: TcpListener,
 }
@@ -88,6 +93,11 @@ impl Listeners {
                 .iter()
                 .map(TcpListener::try_clone)
                 .collect::<Result<_, _>>()?,
+            tls: self
+                .tls
+                .iter()
+                .map(TcpListener::try_clone)
+                .collect::<Result<_, _>>()?,
             admin: self.admin.try_clone()?,
         })
     }
@@ -96,6 +106,7 @@ impl Listeners {
         self.proxy
             .iter()
             .map(|l| (Role::Proxy, l))
+            .chain(self.tls.iter().map(|l| (Role::Tls, l)))
             .chain(std::iter::once((Role::Admin, &self.admin)))
     }
 }
@@ -156,7 +167,7 @@ fn decode(text: &str, fds: Vec<OwnedFd>) -> Result<Listeners, String> {
             fds.len()
         ));
     }
-    let mut proxy = Vec::new();
+    let (mut proxy, mut tls) = (Vec::new(), Vec::new());
     let mut admin = None;
     for (name, fd) in roles.into_iter().zip(fds) {
         let listener = TcpListener::from(fd);
@@ -165,12 +176,13 @@ fn decode(text: &str, fds: Vec<OwnedFd>) -> Result<Listeners, String> {
             .map_err(|e| format!("socket {name}: {e}"))?;
         match Role::parse(name) {
             Some(Role::Proxy) => proxy.push(listener),
+            Some(Role::Tls) => tls.push(listener),
             Some(Role::Admin) => admin = Some(listener),
             None => return Err(format!("unknown socket role {name:?}")),
         }
     }
     match admin {
-        Some(admin) if !proxy.is_empty() => Ok(Listeners { proxy, admin }),
+        Some(admin) if !proxy.is_empty() => Ok(Listeners { proxy, tls, admin }),
         _ => Err("the hand-over lacks the proxy or the admin socket".into()),
     }
 }

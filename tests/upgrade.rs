@@ -252,3 +252,112 @@ fn a_successor_the_old_process_never_lets_go_of_stops() {
         "the connection waits for the old process"
     );
 }
+
+/// Clients that each make a new TLS connection per request (handshake, one GET) to
+/// `addr` until stopped; returns the requests that succeeded and what failed.
+fn tls_load(
+    pki: std::sync::Arc<common::tls::Pki>,
+    addr: std::net::SocketAddr,
+    clients: usize,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<(u64, Vec<String>)> {
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async move {
+            let tasks: Vec<_> = (0..clients)
+                .map(|_| {
+                    let (pki, stop) = (pki.clone(), stop.clone());
+                    tokio::spawn(async move {
+                        let (mut ok, mut failed) = (0u64, Vec::new());
+                        while !stop.load(Ordering::Relaxed) {
+                            match one_tls_request(&pki, addr).await {
+                                Ok(()) => ok += 1,
+                                Err(e) => failed.push(e),
+                            }
+                        }
+                        (ok, failed)
+                    })
+                })
+                .collect();
+            let mut all = (0, Vec::new());
+            for t in tasks {
+                let (ok, failed) = t.await.unwrap();
+                all.0 += ok;
+                all.1.extend(failed);
+            }
+            all
+        })
+    })
+}
+
+async fn one_tls_request(pki: &common::tls::Pki, addr: std::net::SocketAddr) -> Result<(), String> {
+    use rustls::pki_types::ServerName;
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let name = ServerName::try_from("a.test").unwrap();
+    let s = pki
+        .client(&[b"http/1.1"])
+        .connect(name, tcp)
+        .await
+        .map_err(|e| format!("handshake: {e}"))?;
+    let mut sender = common::tls::h1(s).await;
+    match common::tls::get_h1(&mut sender, "a.test", "/x").await.0 {
+        200 => Ok(()),
+        s => Err(format!("status {s}")),
+    }
+}
+
+#[test]
+fn an_upgrade_under_tls_load_fails_no_handshake() {
+    let a = TestBackend::start("A");
+    let pki = std::sync::Arc::new(common::tls::Pki::new("upgrade"));
+    pki.leaf("a", &["a.test"]);
+    let sock = socket_path("tls");
+    let tls = [
+        "--tls-listen".to_string(),
+        "127.0.0.1:0".into(),
+        "--tls-cert".into(),
+        pki.arg("a.pem"),
+        "--tls-key".into(),
+        pki.arg("a.key"),
+    ];
+    let launch = |upgrade: bool| {
+        let mut args = serve_args(&a, &sock, upgrade);
+        args.extend(tls.iter().cloned());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Fulcrum::start(&args)
+    };
+    let mut current = launch(false);
+    let https = common::tls::https_addr(&current);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = tls_load(pki.clone(), https, 4, stop.clone());
+    std::thread::sleep(Duration::from_millis(300));
+    for round in 0..2 {
+        let mut next = launch(true);
+        assert_eq!(
+            common::tls::https_addr(&next),
+            https,
+            "round {round}: the same socket"
+        );
+        let st = current.wait_exit(Duration::from_secs(15));
+        assert_eq!(
+            st.and_then(|s| s.code()),
+            Some(0),
+            "round {round}:\n{}",
+            current.log()
+        );
+        std::mem::swap(&mut current, &mut next);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let (ok, failures) = load.join().unwrap();
+    assert!(
+        failures.is_empty(),
+        "{} of {} failed: {:?}",
+        failures.len(),
+        ok + failures.len() as u64,
+        &failures[..failures.len().min(10)]
+    );
+    assert!(ok > 50, "only {ok} TLS requests ran");
+}

@@ -53,6 +53,7 @@ fn apply_document(s: &mut Settings, c: &mut Collector<'_>) {
                     s.backends = list;
                 }
             }
+            "tls" => super::tls::read_table(s, c, value),
             "pools" => file_pools::apply_pools(s, c, value, &mut layout),
             "routes" => file_pools::apply_routes(s, c, value, &mut layout),
             k => match options::find(k) {
@@ -66,7 +67,9 @@ fn apply_document(s: &mut Settings, c: &mut Collector<'_>) {
 
 fn unknown_key(key: &str) -> String {
     let mut valid: Vec<&str> = options::OPTIONS.iter().map(|o| o.key).collect();
-    valid.extend(["health", "outlier", "sticky", "backends", "pools", "routes"]);
+    valid.extend([
+        "health", "outlier", "sticky", "tls", "backends", "pools", "routes",
+    ]);
     format!("unknown key '{key}' (valid: {})", valid.join(", "))
 }
 
@@ -227,12 +230,27 @@ pub(super) struct Collector<'a> {
 impl Collector<'_> {
     /// Records a problem at byte `at`, about `key` when there is one.
     pub(super) fn push(&mut self, at: usize, key: Option<&str>, message: String) {
-        let line = self.text[..at.min(self.text.len())].matches('\n').count() + 1;
+        let line = self.line_at(at);
         let origin = match key {
-            Some(k) => format!("{} line {line}: {k}", self.file),
+            Some(k) => self.origin_at(at, k),
             None => format!("{} line {line}", self.file),
         };
         self.errors.push((line, ConfigError { origin, message }));
+    }
+
+    fn line_at(&self, at: usize) -> usize {
+        self.text[..at.min(self.text.len())].matches('\n').count() + 1
+    }
+
+    /// `FILE line N: key`, for a problem found later (a certificate read at the end).
+    pub(super) fn origin_at(&self, at: usize, key: &str) -> String {
+        format!("{} line {}: {key}", self.file, self.line_at(at))
+    }
+
+    /// A path the file names, relative to the file's directory unless absolute.
+    pub(super) fn relative_to_file(&self, path: &str) -> std::path::PathBuf {
+        let dir = Path::new(&self.file).parent().unwrap_or(Path::new(""));
+        dir.join(path)
     }
 
     /// The value as the text an option parses, if it has the type `ty` asks for.

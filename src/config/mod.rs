@@ -9,6 +9,7 @@ mod file;
 mod file_pools;
 pub(crate) mod options;
 pub(crate) mod pools;
+pub(crate) mod tls;
 mod values;
 
 use std::fmt;
@@ -202,6 +203,8 @@ pub(crate) struct Settings {
     pub(crate) pools: Vec<PoolSpec>,
     /// The routes, in order.
     pub(crate) routes: Vec<RouteSpec>,
+    /// TLS termination.
+    pub(crate) tls: tls::TlsSettings,
 }
 
 impl Default for Settings {
@@ -253,6 +256,7 @@ impl Default for Settings {
             pool_drafts: Vec::new(),
             pools: Vec::new(),
             routes: Vec::new(),
+            tls: tls::TlsSettings::default(),
         };
         for o in options::OPTIONS {
             if let Some(d) = o.default {
@@ -354,6 +358,7 @@ pub(crate) fn build(flags: &RawFlags) -> Result<Settings, Vec<ConfigError>> {
         );
     }
     pools::materialize(&mut s, flags);
+    tls::finish(&mut s, &mut errors);
     check_whole(&s, &mut errors);
     if errors.is_empty() {
         Ok(s)
@@ -364,7 +369,9 @@ pub(crate) fn build(flags: &RawFlags) -> Result<Settings, Vec<ConfigError>> {
 
 /// Checks that concern several settings at once.
 fn check_whole(s: &Settings, errors: &mut Vec<ConfigError>) {
-    let most = crate::upgrade::MAX_SOCKETS - 1;
+    // Each worker has a plain socket, and a TLS one with tls_listen.
+    let per_worker = 1 + usize::from(s.tls.listen.is_some());
+    let most = (crate::upgrade::MAX_SOCKETS - 1) / per_worker;
     if s.upgrade_socket.is_some() && s.workers > most {
         errors.push(ConfigError {
             origin: "workers".into(),
@@ -457,6 +464,7 @@ pub(crate) fn check_file(path: &Path) -> Vec<ConfigError> {
                 let mut extra = Vec::new();
                 // Whole-file checks other than the token (the environment may provide it).
                 s.admin_token = Some(String::new());
+                tls::finish(&mut s, &mut extra);
                 check_whole(&s, &mut extra);
                 errs.extend(extra);
             }

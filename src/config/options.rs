@@ -108,6 +108,14 @@ fn positive(s: &str) -> Result<std::time::Duration, String> {
     parse_positive_duration(s)
 }
 
+/// A file's path, not empty.
+fn non_empty_path(s: &str) -> Result<PathBuf, String> {
+    if s.is_empty() {
+        return Err("the path is empty".into());
+    }
+    Ok(PathBuf::from(s))
+}
+
 /// A health threshold.
 fn threshold(s: &str) -> Result<u32, String> {
     parse_uint::<u32>(s, 1, 100)
@@ -125,6 +133,50 @@ pub(crate) static OPTIONS: &[Opt] = &[
         file_type: FileType::Str,
         set: |s, v| parse_addr(v).map(|x| s.listen = x),
         reload: restart!("listen", listen),
+    },
+    Opt {
+        key: "tls_listen",
+        table_key: None,
+        value_name: "ADDR",
+        help: "HTTPS listener (TLS 1.2 and 1.3, ALPN h2 and http/1.1); needs a certificate",
+        default: None,
+        default_text: None,
+        file_type: FileType::Str,
+        set: |s, v| parse_addr(v).map(|x| s.tls.listen = Some(x)),
+        reload: restart!("tls_listen", tls.listen),
+    },
+    Opt {
+        key: "tls_cert",
+        table_key: None,
+        value_name: "FILE",
+        help: "Certificate chain (PEM) of the HTTPS listener, the default one; more in [[tls.certs]]",
+        default: None,
+        default_text: None,
+        file_type: FileType::Str,
+        set: |s, v| non_empty_path(v).map(|p| s.tls.cert_flag = Some(p)),
+        reload: Reload::Live,
+    },
+    Opt {
+        key: "tls_key",
+        table_key: None,
+        value_name: "FILE",
+        help: "Private key (PEM) of --tls-cert",
+        default: None,
+        default_text: None,
+        file_type: FileType::Str,
+        set: |s, v| non_empty_path(v).map(|p| s.tls.key_flag = Some(p)),
+        reload: Reload::Live,
+    },
+    Opt {
+        key: "redirect_https",
+        table_key: None,
+        value_name: "on|off",
+        help: "Answer every request on the plain listener with 308 to the same URL on https",
+        default: Some("off"),
+        default_text: None,
+        file_type: FileType::Switch,
+        set: |s, v| parse_on_off(v).map(|x| s.tls.redirect_https = x),
+        reload: restart!("redirect_https", tls.redirect_https),
     },
     Opt {
         key: "admin",

@@ -100,6 +100,54 @@ pub(crate) fn traffic_paths() -> (String, Vec<String>) {
     )
 }
 
+/// The demo's self-signed certificate, written to a directory of its own.
+pub(crate) struct SelfSigned {
+    /// The certificate (PEM).
+    pub(crate) cert: std::path::PathBuf,
+    /// Its private key (PEM).
+    pub(crate) key: std::path::PathBuf,
+    /// SHA-256 of the certificate, as browsers show it (`AB:CD:…`).
+    pub(crate) fingerprint: String,
+}
+
+/// Makes a self-signed ECDSA P-256 certificate for `localhost` and 127.0.0.1, valid
+/// from now, under the temporary directory.
+pub(crate) fn self_signed() -> Result<SelfSigned, String> {
+    let names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
+    let made = rcgen::generate_simple_self_signed(names).map_err(|e| e.to_string())?;
+    let dir = std::env::temp_dir().join(format!("fulcrum-demo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let cert = dir.join("demo.pem");
+    let key = dir.join("demo.key");
+    // Readable by this user only, as a private key should be.
+    let write = |p: &std::path::Path, text: String| {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(p)
+            .and_then(|mut f| f.write_all(text.as_bytes()))
+            .map_err(|e| format!("{}: {e}", p.display()))
+    };
+    write(&cert, made.cert.pem())?;
+    write(&key, made.signing_key.serialize_pem())?;
+    let digest = ring::digest::digest(&ring::digest::SHA256, made.cert.der());
+    let fingerprint = digest
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02X}"))
+        .collect::<Vec<_>>()
+        .join(":");
+    Ok(SelfSigned {
+        cert,
+        key,
+        fingerprint,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -128,12 +128,14 @@ pub(crate) fn forwarded_value(peer: IpAddr) -> HeaderValue {
 
 /// Sets the forwarding headers of this hop: appends `peer` (see [`forwarded_value`]) to
 /// `X-Forwarded-For` (merging several incoming lines into one), and sets
-/// `X-Forwarded-Proto`/`X-Forwarded-Host` unless a trusted peer already did.
+/// `X-Forwarded-Proto` (`https` for a request that came over TLS) and
+/// `X-Forwarded-Host` unless a trusted peer already did.
 pub(crate) fn set_forwarded(
     headers: &mut HeaderMap,
     peer: &HeaderValue,
     peer_trusted: bool,
     host: Option<&HeaderValue>,
+    https: bool,
 ) {
     if headers.contains_key(&X_FORWARDED_FOR) {
         let mut xff = String::with_capacity(64);
@@ -149,7 +151,8 @@ pub(crate) fn set_forwarded(
         headers.insert(X_FORWARDED_FOR, peer.clone());
     }
     if !(peer_trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
-        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+        let proto = if https { "https" } else { "http" };
+        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
     }
     if !(peer_trusted && headers.contains_key(&X_FORWARDED_HOST)) {
         match host {
@@ -289,7 +292,8 @@ impl ClientFields {
     ) -> HeaderMap {
         let mut map = self.to_map();
         strip_hop_by_hop(&mut map, false);
-        set_forwarded(&mut map, peer, peer_trusted, host);
+        // Span fields are read from plain connections only (the fast path).
+        set_forwarded(&mut map, peer, peer_trusted, host, false);
         map
     }
 
@@ -525,10 +529,12 @@ mod tests {
             ("x-forwarded-for", "2.2.2.2, 3.3.3.3"),
         ]);
         let peer = forwarded_value("127.0.0.1".parse().unwrap());
-        set_forwarded(&mut h, &peer, false, None);
+        set_forwarded(&mut h, &peer, false, None, false);
         assert_eq!(h["x-forwarded-for"], "1.1.1.1, 2.2.2.2, 3.3.3.3, 127.0.0.1");
         assert_eq!(h.get_all("x-forwarded-for").iter().count(), 1);
         assert_eq!(h["x-forwarded-proto"], "http");
+        set_forwarded(&mut h, &peer, false, None, true);
+        assert_eq!(h["x-forwarded-proto"], "https");
     }
 
     #[test]

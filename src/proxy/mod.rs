@@ -53,6 +53,9 @@ pub(crate) struct ProxySettings {
     pub(crate) trusted_proxies: Vec<IpNet>,
     /// The access log's format; `None` when it is off.
     pub(crate) access_log: Option<crate::config::LogFormat>,
+    /// `redirect_https`: the HTTPS listener's port, to which plain requests are sent
+    /// with a 308.
+    pub(crate) redirect_https: Option<u16>,
 }
 
 impl ProxySettings {
@@ -62,6 +65,7 @@ impl ProxySettings {
             max_inflight: s.max_inflight,
             trusted_proxies: s.trusted_proxies.clone(),
             access_log: s.access_log.then_some(s.log_format),
+            redirect_https: None,
         }
     }
 }
@@ -129,6 +133,8 @@ pub(crate) struct Peer {
     pub(crate) addr: SocketAddr,
     /// Its [`headers::forwarded_value`], computed once per connection.
     pub(crate) forwarded: HeaderValue,
+    /// It came over the HTTPS listener.
+    pub(crate) tls: bool,
 }
 
 /// A request on its way to a backend, as [`Proxy::prepare`] leaves it: its head with
@@ -209,6 +215,36 @@ struct Turn {
     /// Its place in the queue, from its first wait on (a woken request whose slot was
     /// taken goes back to it); `None` before it waited.
     ticket: Option<u64>,
+}
+
+/// `redirect_https`: `308 Permanent Redirect` to the same URL on https (the method and
+/// body are kept by a 308, unlike a 301), on the HTTPS listener's `port` (left out when it
+/// is 443). A request without a usable host gets `400`.
+fn to_https(head: &RequestHead, port: u16) -> ProxyResponse {
+    let host = head.host();
+    let name = host
+        .as_ref()
+        .and_then(|h| h.to_str().ok())
+        .and_then(|h| h.parse::<http::uri::Authority>().ok());
+    let Some(name) = name else {
+        return ProxyResponse::own(
+            StatusCode::BAD_REQUEST,
+            "bad request: no host to redirect to\n",
+        );
+    };
+    let target = head.uri.path_and_query().map_or("/", |p| p.as_str());
+    let location = match port {
+        443 => format!("https://{}{target}", name.host()),
+        p => format!("https://{}:{p}{target}", name.host()),
+    };
+    match HeaderValue::from_str(&location) {
+        Ok(v) => ProxyResponse::own(StatusCode::PERMANENT_REDIRECT, "redirecting to https\n")
+            .with_field(header::LOCATION, v),
+        Err(_) => ProxyResponse::own(
+            StatusCode::BAD_REQUEST,
+            "bad request: no host to redirect to\n",
+        ),
+    }
 }
 
 /// Now plus `d` (durations are at most ten years: `config::values::MAX_DURATION`),
@@ -351,6 +387,10 @@ impl Proxy {
             },
             self.rec,
         );
+        if let (Some(port), false) = (self.settings.redirect_https, peer.tls) {
+            let r = self.own(&mut fin, None, to_https(&head, port));
+            return Either::Left(std::future::ready(r));
+        }
         let admitted = self
             .admit(&head)
             .and_then(|permit| Ok((permit, self.route(&head)?)));
@@ -467,7 +507,7 @@ impl Proxy {
             }
             headers::strip_hop_by_hop(map, req.client_upgrade.is_some());
             let (peer, trusted, host) = (&req.peer.forwarded, req.peer_trusted, req.host.as_ref());
-            headers::set_forwarded(map, peer, trusted, host);
+            headers::set_forwarded(map, peer, trusted, host, req.peer.tls);
         }
         // The backend pool speaks HTTP/1.1 whatever the client spoke.
         head.version = Version::HTTP_11;

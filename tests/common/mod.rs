@@ -1,6 +1,8 @@
 //! Test support: real fulcrum processes and real backends on ephemeral 127.0.0.1 ports.
 #![allow(dead_code)]
 
+pub mod tls;
+
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -540,6 +542,7 @@ async fn backend_answer(
     let path = req.uri().path().to_string();
     let uri = req.uri().to_string();
     let method = req.method().to_string();
+    let proto = req.headers().get("x-forwarded-proto").cloned();
     let mut parts = path.trim_start_matches('/').splitn(2, '/');
     let head = parts.next().unwrap_or("");
     let arg = parts.next().unwrap_or("");
@@ -624,6 +627,9 @@ async fn backend_answer(
     h.insert("x-backend", name.parse().unwrap());
     h.insert("x-method", method.parse().unwrap());
     h.insert("x-uri", uri.parse().unwrap());
+    if let Some(p) = proto {
+        h.insert("x-seen-proto", p);
+    }
     resp
 }
 
