@@ -142,6 +142,8 @@ pub struct Backend {
     pub(crate) authority: Authority,
     /// The address itself when the host is an IP literal (no resolution per connect).
     pub(crate) socket_addr: Option<std::net::SocketAddr>,
+    /// TLS or not (the URL's scheme) and the HTTP version (the pool's `protocol`).
+    pub(crate) transport: crate::transport::Transport,
     weight: AtomicU32,
     state: AtomicU8,
     healthy: AtomicBool,
@@ -266,7 +268,9 @@ pub(crate) enum OutlierAction {
 impl Backend {
     /// A backend that starts healthy, active and unsampled.
     pub fn new(id: u64, spec: BackendSpec, alpha: f64) -> Backend {
+        let transport = transport_of(&spec, &crate::config::BackendTransport::default());
         Backend {
+            transport,
             id,
             name: spec.name,
             pool: Arc::from(crate::config::DEFAULT_POOL),
@@ -328,6 +332,11 @@ impl Backend {
         self.pool = name;
         self.connect_timeout = settings.connect_timeout;
         self.outlier = settings.outlier;
+        self.transport = crate::transport::Transport::new(
+            is_https(&self.url),
+            self.authority.host(),
+            &settings.transport,
+        );
         self
     }
 
@@ -935,4 +944,17 @@ mod slow_start_tests {
         off.start_ramp(t0);
         assert_eq!(off.effective_weight(), 7.0);
     }
+}
+
+/// Whether a backend URL is `https://` (the scheme in any case).
+fn is_https(url: &str) -> bool {
+    url.get(..8)
+        .is_some_and(|s| s.eq_ignore_ascii_case("https://"))
+}
+
+fn transport_of(
+    spec: &BackendSpec,
+    settings: &crate::config::BackendTransport,
+) -> crate::transport::Transport {
+    crate::transport::Transport::new(is_https(&spec.url), spec.authority.host(), settings)
 }

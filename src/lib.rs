@@ -35,4 +35,5 @@ pub(crate) mod stats;
 pub mod strategy;
 pub(crate) mod tls;
 pub(crate) mod traffic;
+pub(crate) mod transport;
 pub(crate) mod upgrade;

@@ -448,3 +448,70 @@ async fn first_certificate(addr: std::net::SocketAddr) -> CertificateDer<'static
     let got = grab.1.lock().unwrap().take();
     got.expect("a certificate")
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_backends_are_verified_against_the_pools_roots() {
+    let pki = Pki::new("upstream");
+    let secure = H2Backend::tls("secure", &pki, "backend", &["localhost"]);
+    let url = format!("https://localhost:{}", secure.addr.port());
+    let pool = |name: &str, extra: &str| {
+        format!("[[pools]]\nname = \"{name}\"\n{extra}[[pools.backends]]\nurl = \"{url}\"\n")
+    };
+    let ca = pki.arg("ca.pem");
+    let text = [
+        pool("private", &format!("tls_ca_file = \"{ca}\"\n")),
+        pool("system", ""),
+        pool("unverified", "tls_verify = false\n"),
+        "[[routes]]\npool = \"private\"\npath_prefix = \"/private\"\n".into(),
+        "[[routes]]\npool = \"system\"\npath_prefix = \"/system\"\n".into(),
+        "[[routes]]\npool = \"unverified\"\npath_prefix = \"/unverified\"\n".into(),
+    ]
+    .concat();
+    let cfg = config_file("tls", "upstream", &text);
+    let f = Fulcrum::start(&["--config", cfg.to_str().unwrap(), "--retries", "0"]);
+    let c = client();
+    let r = get(&c, &f.url("/private/x")).await;
+    assert_eq!(
+        (r.status.as_u16(), r.text()),
+        (200, "secure".into()),
+        "verified with tls_ca_file"
+    );
+    assert_eq!(r.header("x-version"), Some("HTTP/1.1"));
+    let r = get(&c, &f.url("/system/x")).await;
+    assert_eq!(
+        r.status,
+        502,
+        "a private CA is not among the system roots: {}",
+        r.text()
+    );
+    let r = get(&c, &f.url("/unverified/x")).await;
+    assert_eq!(r.status, 200, "tls_verify = false takes any certificate");
+    assert!(
+        f.log().contains("tls_verify = false"),
+        "a warning at start:\n{}",
+        f.log()
+    );
+    // The health checks go over TLS too, verified as the traffic is: the verified
+    // pool's backend stays up, the one of the pool without the CA goes down.
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            let p = get(&c, &f.admin_url("/admin/pools/system")).await.json();
+            p["backends"][0]["healthy"] == false
+        })
+        .await
+    );
+    let p = get(&c, &f.admin_url("/admin/pools/private")).await.json();
+    assert_eq!(p["backends"][0]["healthy"], true);
+    // A CA file that is not one stops the start.
+    let cfg = config_file(
+        "tls",
+        "bad-ca",
+        &format!("tls_ca_file = \"{}\"\n", pki.arg("backend.key")),
+    );
+    let (status, _, err) = run_fulcrum(&["check", "--config", cfg.to_str().unwrap()]);
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("tls_ca_file") && err.contains("no certificate"),
+        "{err}"
+    );
+}

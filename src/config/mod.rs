@@ -128,6 +128,37 @@ pub(crate) struct OutlierSettings {
     pub(crate) max_ejected_percent: u32,
 }
 
+/// The HTTP version spoken to a pool's backends.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub(crate) enum Protocol {
+    /// HTTP/1.1, one request per connection at a time, connections kept alive.
+    #[default]
+    Http1,
+    /// HTTP/2, many requests on one connection.
+    H2,
+}
+
+/// How a pool reaches its backends (`docs/tls.md`, "HTTPS and HTTP/2 backends").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct BackendTransport {
+    /// `protocol`.
+    pub(crate) protocol: Protocol,
+    /// `tls_ca_file`: the roots for `https://` backends instead of the system's.
+    pub(crate) ca_file: Option<PathBuf>,
+    /// `tls_verify`: check the certificate chain and the name.
+    pub(crate) verify: bool,
+}
+
+impl Default for BackendTransport {
+    fn default() -> Self {
+        BackendTransport {
+            protocol: Protocol::Http1,
+            ca_file: None,
+            verify: true,
+        }
+    }
+}
+
 /// Cookie-insert stickiness (`docs/operations.md`, "Sticky sessions").
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct StickySettings {
@@ -170,6 +201,8 @@ pub(crate) struct Settings {
     pub(crate) sticky_max_age: Duration,
     /// TCP connect bound.
     pub(crate) connect_timeout: Duration,
+    /// How the backends are spoken to: HTTP version and TLS verification.
+    pub(crate) backend_tls: BackendTransport,
     /// Request sent → response headers bound.
     pub(crate) upstream_timeout: Duration,
     /// Extra attempts for a failed idempotent request.
@@ -238,6 +271,7 @@ impl Default for Settings {
             sticky_cookie: None,
             sticky_max_age: Duration::ZERO,
             connect_timeout: Duration::ZERO,
+            backend_tls: BackendTransport::default(),
             upstream_timeout: Duration::ZERO,
             retries: 0,
             max_inflight: 0,
@@ -385,6 +419,14 @@ fn check_whole(s: &Settings, errors: &mut Vec<ConfigError>) {
     let mut cookies = std::collections::HashMap::new();
     for p in &s.pools {
         check_backends(p, errors);
+        if let Some(ca) = &p.settings.transport.ca_file {
+            if let Err(message) = crate::transport::read_ca_file(ca) {
+                errors.push(ConfigError {
+                    origin: format!("pool '{}': tls_ca_file", p.name),
+                    message,
+                });
+            }
+        }
         if let Some(st) = &p.settings.sticky {
             if let Some(other) = cookies.insert(st.cookie.as_str(), p.name.as_str()) {
                 errors.push(ConfigError {

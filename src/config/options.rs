@@ -108,6 +108,15 @@ fn positive(s: &str) -> Result<std::time::Duration, String> {
     parse_positive_duration(s)
 }
 
+/// `http1` or `h2`.
+fn parse_protocol(s: &str) -> Result<super::Protocol, String> {
+    match s {
+        "http1" | "http/1.1" => Ok(super::Protocol::Http1),
+        "h2" | "http2" => Ok(super::Protocol::H2),
+        _ => Err(format!("invalid protocol '{s}' (expected http1 or h2)")),
+    }
+}
+
 /// A file's path, not empty.
 fn non_empty_path(s: &str) -> Result<PathBuf, String> {
     if s.is_empty() {
@@ -397,6 +406,39 @@ pub(crate) static OPTIONS: &[Opt] = &[
         file_type: FileType::Str,
         set: |s, v| positive(v).map(|x| s.connect_timeout = x),
         reload: restart!("connect_timeout", connect_timeout),
+    },
+    Opt {
+        key: "protocol",
+        table_key: None,
+        value_name: "PROTO",
+        help: "HTTP version to the backends: http1 (one request per connection at a time) or h2 (multiplexed; prior knowledge over http://, ALPN over https://)",
+        default: Some("http1"),
+        default_text: None,
+        file_type: FileType::Str,
+        set: |s, v| parse_protocol(v).map(|x| s.backend_tls.protocol = x),
+        reload: restart!("protocol", backend_tls.protocol),
+    },
+    Opt {
+        key: "tls_ca_file",
+        table_key: None,
+        value_name: "FILE",
+        help: "CA certificates (PEM) that https:// backends are verified against, instead of the system roots",
+        default: None,
+        default_text: None,
+        file_type: FileType::Str,
+        set: |s, v| non_empty_path(v).map(|p| s.backend_tls.ca_file = Some(p)),
+        reload: restart!("tls_ca_file", backend_tls.ca_file),
+    },
+    Opt {
+        key: "tls_verify",
+        table_key: None,
+        value_name: "on|off",
+        help: "Verify https:// backends' certificates and names; off only for testing (a warning is logged)",
+        default: Some("on"),
+        default_text: None,
+        file_type: FileType::Switch,
+        set: |s, v| parse_on_off(v).map(|x| s.backend_tls.verify = x),
+        reload: restart!("tls_verify", backend_tls.verify),
     },
     Opt {
         key: "upstream_timeout",

@@ -25,7 +25,7 @@ const MAX_POOL_NAME: usize = 64;
 
 /// The option keys a pool may set for itself, as the options table names them (the
 /// health ones also as the `health` table's short keys).
-pub(crate) const POOL_OPTIONS: [&str; 22] = [
+pub(crate) const POOL_OPTIONS: [&str; 25] = [
     "strategy",
     "hash_key",
     "hash_balance_factor",
@@ -48,6 +48,9 @@ pub(crate) const POOL_OPTIONS: [&str; 22] = [
     "sticky_max_age",
     "queue_timeout",
     "max_queue",
+    "protocol",
+    "tls_ca_file",
+    "tls_verify",
 ];
 
 /// The settings a pool has of its own.
@@ -79,6 +82,8 @@ pub(crate) struct PoolSettings {
     pub(crate) ewma_alpha: f64,
     /// TCP connect bound.
     pub(crate) connect_timeout: Duration,
+    /// HTTP version and TLS verification to the backends.
+    pub(crate) transport: super::BackendTransport,
     /// Request sent → response headers bound.
     pub(crate) upstream_timeout: Duration,
 }
@@ -103,6 +108,7 @@ impl PoolSettings {
             slow_start: s.slow_start,
             ewma_alpha: s.ewma_alpha,
             connect_timeout: s.connect_timeout,
+            transport: s.backend_tls.clone(),
             upstream_timeout: s.upstream_timeout,
         }
     }
@@ -137,6 +143,10 @@ impl PoolSettings {
             self.upstream_timeout != other.upstream_timeout,
             "upstream_timeout",
         );
+        let (a, b) = (&self.transport, &other.transport);
+        note(a.protocol != b.protocol, "protocol");
+        note(a.ca_file != b.ca_file, "tls_ca_file");
+        note(a.verify != b.verify, "tls_verify");
         out
     }
 }

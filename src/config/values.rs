@@ -77,11 +77,16 @@ pub(crate) fn parse_addr(s: &str) -> Result<SocketAddr, String> {
 pub(crate) fn parse_backend_url(url: &str) -> Result<http::uri::Authority, String> {
     let bad = |why: &str| format!("invalid backend URL '{url}' ({why})");
     let uri: Uri = url.parse().map_err(|_| bad("expected http://HOST:PORT"))?;
-    match uri.scheme_str() {
-        Some("http") => {}
-        Some(other) => return Err(bad(&format!("scheme '{other}' is not supported; use http"))),
+    let default_port = match uri.scheme_str() {
+        Some("http") => 80,
+        Some("https") => 443,
+        Some(other) => {
+            return Err(bad(&format!(
+                "scheme '{other}' is not supported; use http or https"
+            )))
+        }
         None => return Err(bad("missing scheme; expected http://HOST:PORT")),
-    }
+    };
     let authority = uri.authority().ok_or_else(|| bad("missing host"))?;
     if authority.host().is_empty() {
         return Err(bad("missing host"));
@@ -96,7 +101,7 @@ pub(crate) fn parse_backend_url(url: &str) -> Result<http::uri::Authority, Strin
     }
     let with_port = match authority.port_u16() {
         Some(_) => authority.clone(),
-        None => format!("{}:80", authority.host())
+        None => format!("{}:{default_port}", authority.host())
             .parse()
             .map_err(|_| bad("bad host"))?,
     };

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{header, Request};
 use http_body_util::Empty;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 
@@ -98,19 +98,36 @@ pub(crate) async fn probe(b: &Backend, path: &str, timeout: Duration) -> bool {
         }
         .ok()?;
         let _ = stream.set_nodelay(true);
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .ok()?;
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
-        let req = Request::get(path)
-            .header(header::HOST, b.authority.as_str())
-            .header(header::USER_AGENT, "fulcrum-health-check")
-            .header(header::CONNECTION, "close")
-            .body(Empty::<Bytes>::new())
-            .ok()?;
-        let resp = sender.send_request(req).await.ok()?;
+        // Over TLS for an `https://` backend, verified as its traffic is, and in the
+        // pool's HTTP version (a gRPC server may speak nothing but HTTP/2).
+        let stream = TokioIo::new(b.transport.open(stream).await.ok()?);
+        let req = Request::get(path).header(header::USER_AGENT, "fulcrum-health-check");
+        let resp = if b.transport.h2 {
+            let scheme = if b.transport.is_tls() {
+                "https"
+            } else {
+                "http"
+            };
+            let uri = format!("{scheme}://{}{path}", b.authority);
+            let (mut sender, conn) =
+                hyper::client::conn::http2::handshake(TokioExecutor::new(), stream)
+                    .await
+                    .ok()?;
+            tokio::spawn(conn);
+            let req = req.uri(uri).body(Empty::<Bytes>::new()).ok()?;
+            sender.send_request(req).await.ok()?
+        } else {
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(stream).await.ok()?;
+            tokio::spawn(async move {
+                let _ = conn.await;
+            });
+            let req = req
+                .header(header::HOST, b.authority.as_str())
+                .header(header::CONNECTION, "close")
+                .body(Empty::<Bytes>::new())
+                .ok()?;
+            sender.send_request(req).await.ok()?
+        };
         Some(resp.status().is_success())
     };
     matches!(tokio::time::timeout(timeout, attempt).await, Ok(Some(true)))

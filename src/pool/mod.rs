@@ -252,6 +252,9 @@ impl Pool {
     pub(crate) fn new(spec: &PoolSpec, hub: Arc<Hub>) -> Pool {
         let name: Arc<str> = Arc::from(spec.name.as_str());
         let st = &spec.settings;
+        if !st.transport.verify {
+            tracing::warn!(pool = %name, "tls_verify = false: the certificates of this pool's https backends are not verified");
+        }
         let queue = Arc::new(Queue::default());
         let backends: Vec<Arc<Backend>> = spec
             .backends

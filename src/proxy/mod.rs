@@ -217,6 +217,17 @@ struct Turn {
     ticket: Option<u64>,
 }
 
+/// A request's fields as forwarded, as a map: span fields (a bodiless request from the
+/// fast path, prepared for the inline exchange) get the rules [`Proxy::prepare`] gives a
+/// map, and `Host` the authority the request is for.
+fn forwarded_fields(f: &headers::ClientFields, req: &Outgoing) -> http::HeaderMap {
+    let mut map = f.forwarded_map(&req.peer.forwarded, req.peer_trusted, req.host.as_ref());
+    if let Some(h) = &req.host {
+        map.insert(header::HOST, h.clone());
+    }
+    map
+}
+
 /// `redirect_https`: `308 Permanent Redirect` to the same URL on https (the method and
 /// body are kept by a 308, unlike a 301), on the HTTPS listener's `port` (left out when it
 /// is 443). A request without a usable host gets `400`.
@@ -796,6 +807,15 @@ impl Proxy {
         Option<Arc<body::Upload>>,
     ) {
         let timeout = req.pool.settings.upstream_timeout;
+        if req.inline && !backend.transport.is_plain_http1() {
+            // The inline exchange speaks plain HTTP/1.1 only: this request goes through
+            // hyper, with its fields as a map.
+            req.inline = false;
+            if let RequestFields::Spans(f) = &req.head.fields {
+                let map = forwarded_fields(f, req);
+                req.head.fields = RequestFields::Map(map);
+            }
+        }
         if req.inline {
             let mut out = Vec::with_capacity(256 + req.target.as_str().len());
             write_inline_head(&mut out, req, backend.authority.as_str());
@@ -970,6 +990,10 @@ fn build_upstream(req: &mut Outgoing, backend: &Backend, keep: bool) -> Request<
             std::mem::take(map)
         };
     }
+    if backend.transport.h2 {
+        to_h2(&mut r, backend);
+        return r;
+    }
     // HTTP/1.1 needs a Host; a client that sent none (HTTP/1.0) gets the backend's.
     if !r.headers().contains_key(header::HOST) {
         if let Ok(h) = HeaderValue::from_str(backend.authority.as_str()) {
@@ -977,6 +1001,37 @@ fn build_upstream(req: &mut Outgoing, backend: &Backend, keep: bool) -> Request<
         }
     }
     r
+}
+
+/// Makes `r` an HTTP/2 request: the target in absolute form, its authority the `Host`
+/// the client asked for (HTTP/2's `:authority`, which replaces the field), else the
+/// backend's. A gRPC call gets back the `te: trailers` its client sent, which the hop
+/// rules removed and which gRPC servers may require.
+fn to_h2(r: &mut Request<ReqBody>, backend: &Backend) {
+    *r.version_mut() = Version::HTTP_2;
+    let host = r.headers_mut().remove(header::HOST);
+    let authority = host
+        .and_then(|h| http::uri::Authority::try_from(h.as_bytes()).ok())
+        .unwrap_or_else(|| backend.authority.clone());
+    let scheme = if backend.transport.is_tls() {
+        http::uri::Scheme::HTTPS
+    } else {
+        http::uri::Scheme::HTTP
+    };
+    let mut parts = std::mem::take(r.uri_mut()).into_parts();
+    parts.scheme = Some(scheme);
+    parts.authority = Some(authority);
+    if let Ok(uri) = Uri::from_parts(parts) {
+        *r.uri_mut() = uri;
+    }
+    let grpc = r
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+    if grpc {
+        r.headers_mut()
+            .insert(header::TE, HeaderValue::from_static("trailers"));
+    }
 }
 
 /// Joins an upgraded client connection with the upgraded backend connection. The

@@ -1,4 +1,6 @@
-//! Keep-alive HTTP/1.1 connections to backends, one pool per worker.
+//! Keep-alive connections to backends, one pool per worker: HTTP/1.1 connections, one
+//! exchange at a time each, and HTTP/2 connections (`protocol = "h2"`), shared by every
+//! request to their backend until their streams run out.
 //!
 //! Written here rather than taken from hyper-util's pooled client because the request
 //! path needs less than that client does: the pool key is the backend's numeric id (no
@@ -8,13 +10,13 @@
 //! The pool belongs to one worker thread, so its lock is never contended.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use http::{Request, Response};
 use hyper::body::Incoming;
-use hyper::client::conn::http1::{self, SendRequest};
-use hyper_util::rt::TokioIo;
+use hyper::client::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpStream;
 
 use super::body::ReqBody;
@@ -68,12 +70,23 @@ impl From<Failure> for SendError {
     }
 }
 
+/// The sending half of a backend connection.
+#[derive(Debug)]
+enum Sender {
+    /// HTTP/1.1: one exchange at a time.
+    H1(http1::SendRequest<ReqBody>),
+    /// HTTP/2: a handle on a shared, multiplexed connection.
+    H2(http2::SendRequest<ReqBody>),
+}
+
 /// A connection checked out of the pool.
 #[derive(Debug)]
 pub(crate) struct Conn {
-    sender: SendRequest<ReqBody>,
+    sender: Sender,
     backend: u64,
     reused: bool,
+    /// The HTTP/1.1 connection's task; none for a handle on a shared HTTP/2 one, whose
+    /// task lives with the pool.
     task: Task,
 }
 
@@ -102,15 +115,31 @@ impl Drop for Task {
 
 #[derive(Debug)]
 struct Idle {
-    sender: SendRequest<ReqBody>,
+    sender: http1::SendRequest<ReqBody>,
     task: Task,
     since: Instant,
+}
+
+/// A shared HTTP/2 connection: its handle, its task, when a request last took it.
+#[derive(Debug)]
+struct Shared {
+    sender: http2::SendRequest<ReqBody>,
+    _task: Task,
+    used: Instant,
 }
 
 /// One worker's keep-alive connections, by backend id.
 #[derive(Debug)]
 pub(crate) struct Upstreams {
     idle: Mutex<HashMap<u64, Vec<Idle>>>,
+    /// HTTP/2 connections, by backend id; a new one is opened when every one open has
+    /// as many streams as the backend allows.
+    h2: Mutex<HashMap<u64, Vec<Shared>>>,
+    /// One connect at a time per HTTP/2 backend: requests that find no connection with
+    /// a stream free wait for the one being opened instead of each opening their own
+    /// (a burst at start would open one connection per request). The only lock here
+    /// held across an await, and only while no usable connection exists.
+    h2_connecting: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<()>>>>,
     /// Connections driven inline (requests without a body), by backend id.
     wires: Mutex<HashMap<u64, Vec<(Wire, Instant)>>>,
 }
@@ -120,6 +149,8 @@ impl Upstreams {
     pub(crate) fn new() -> Self {
         Upstreams {
             idle: Mutex::new(HashMap::new()),
+            h2: Mutex::new(HashMap::new()),
+            h2_connecting: Mutex::new(HashMap::new()),
             wires: Mutex::new(HashMap::new()),
         }
     }
@@ -137,6 +168,9 @@ impl Upstreams {
     }
 
     async fn checkout(&self, b: &Backend) -> Result<Conn, Failure> {
+        if b.transport.h2 {
+            return self.checkout_h2(b).await;
+        }
         while let Some(Idle {
             mut sender, task, ..
         }) = self.pop_idle(b.id)
@@ -146,7 +180,7 @@ impl Upstreams {
             // timer needed.
             if sender.is_ready() || sender.ready().await.is_ok() {
                 return Ok(Conn {
-                    sender,
+                    sender: Sender::H1(sender),
                     backend: b.id,
                     reused: true,
                     task,
@@ -178,8 +212,26 @@ impl Upstreams {
         Ok(stream)
     }
 
+    /// A TCP connection to `b`, with TLS on it for an `https://` backend; the
+    /// handshake has the connect timeout too, and its failure (a certificate that does
+    /// not verify, say) is a connect failure: nothing was sent.
+    async fn open(&self, b: &Backend) -> Result<crate::transport::Stream, Failure> {
+        let tcp = self.dial(b).await?;
+        match tokio::time::timeout(b.connect_timeout, b.transport.open(tcp)).await {
+            Ok(Ok(s)) => Ok(s),
+            Ok(Err(e)) => {
+                tracing::warn!(backend = %b.name, error = %e, "TLS handshake with the backend failed");
+                Err(Failure::Connect)
+            }
+            Err(_) => {
+                tracing::debug!(backend = %b.name, "TLS handshake with the backend timed out");
+                Err(Failure::Connect)
+            }
+        }
+    }
+
     async fn connect(&self, b: &Backend) -> Result<Conn, Failure> {
-        let stream = self.dial(b).await?;
+        let stream = self.open(b).await?;
         let (sender, conn) = http1::Builder::new()
             .writev(false)
             // A response head over the limit is refused (502), as on the inline path.
@@ -191,11 +243,72 @@ impl Upstreams {
             let _ = conn.with_upgrades().await;
         });
         Ok(Conn {
-            sender,
+            sender: Sender::H1(sender),
             backend: b.id,
             reused: false,
             task: Task(Some(task.abort_handle())),
         })
+    }
+
+    /// A handle on an HTTP/2 connection to `b` with a stream free: an open one (the
+    /// pool's lock is not held across the connect), else a new one, shared from then on.
+    async fn checkout_h2(&self, b: &Backend) -> Result<Conn, Failure> {
+        let (sender, reused) = match self.open_h2(b) {
+            Some(s) => (s, true),
+            None => {
+                let gate = {
+                    let mut g = self.h2_connecting.lock().unwrap_or_else(|e| e.into_inner());
+                    Arc::clone(g.entry(b.id).or_default())
+                };
+                let _turn = gate.lock().await;
+                match self.open_h2(b) {
+                    // Opened while this request waited its turn.
+                    Some(s) => (s, true),
+                    None => (self.connect_h2(b).await?, false),
+                }
+            }
+        };
+        Ok(Conn {
+            sender: Sender::H2(sender),
+            backend: b.id,
+            reused,
+            task: Task(None),
+        })
+    }
+
+    /// A handle on an open HTTP/2 connection to `b` with a stream free.
+    fn open_h2(&self, b: &Backend) -> Option<http2::SendRequest<ReqBody>> {
+        let mut h2 = self.h2.lock().unwrap_or_else(|e| e.into_inner());
+        let list = h2.entry(b.id).or_default();
+        list.retain(|c| !c.sender.is_closed());
+        list.iter_mut().find(|c| c.sender.is_ready()).map(|c| {
+            c.used = Instant::now();
+            c.sender.clone()
+        })
+    }
+
+    /// Opens an HTTP/2 connection to `b` (prior knowledge over TCP, ALPN `h2` over TLS)
+    /// and shares it.
+    async fn connect_h2(&self, b: &Backend) -> Result<http2::SendRequest<ReqBody>, Failure> {
+        let stream = self.open(b).await?;
+        let (sender, conn) = http2::Builder::new(TokioExecutor::new())
+            .max_header_list_size(super::wire::MAX_HEAD as u32)
+            .handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| {
+                tracing::warn!(backend = %b.name, error = %e, "HTTP/2 handshake with the backend failed");
+                Failure::Connect
+            })?;
+        let task = tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        let mut h2 = self.h2.lock().unwrap_or_else(|e| e.into_inner());
+        h2.entry(b.id).or_default().push(Shared {
+            sender: sender.clone(),
+            _task: Task(Some(task.abort_handle())),
+            used: Instant::now(),
+        });
+        Ok(sender)
     }
 
     /// Sends `req` to `b` and waits for the response head, at most `timeout` from the
@@ -221,7 +334,13 @@ impl Upstreams {
                 }
             };
             let sent_at = Instant::now();
-            match tokio::time::timeout(timeout, conn.sender.try_send_request(req)).await {
+            let sending = async {
+                match &mut conn.sender {
+                    Sender::H1(s) => s.try_send_request(req).await,
+                    Sender::H2(s) => s.try_send_request(req).await,
+                }
+            };
+            match tokio::time::timeout(timeout, sending).await {
                 Err(_) => return Err(Failure::Timeout.into()),
                 Ok(Ok(resp)) => return Ok((resp, conn, sent_at)),
                 Ok(Err(mut e)) => match e.take_message() {
@@ -314,16 +433,20 @@ impl Upstreams {
         }
     }
 
-    /// Returns a connection whose response has been read whole.
+    /// Returns a connection whose response has been read whole (a handle on a shared
+    /// HTTP/2 connection is just dropped: the connection stays with the pool).
     pub(crate) fn checkin(&self, conn: Conn) {
-        if conn.sender.is_closed() {
+        let Sender::H1(sender) = conn.sender else {
+            return;
+        };
+        if sender.is_closed() {
             return;
         }
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         let list = idle.entry(conn.backend).or_default();
         if list.len() < MAX_IDLE_PER_BACKEND {
             list.push(Idle {
-                sender: conn.sender,
+                sender,
                 task: conn.task,
                 since: Instant::now(),
             });
@@ -338,6 +461,15 @@ impl Upstreams {
             live(*id) && !list.is_empty()
         });
         drop(idle);
+        let mut h2 = self.h2.lock().unwrap_or_else(|e| e.into_inner());
+        h2.retain(|id, list| {
+            list.retain(|c| !c.sender.is_closed() && c.used.elapsed() < IDLE_TIMEOUT);
+            live(*id) && !list.is_empty()
+        });
+        drop(h2);
+        let mut gates = self.h2_connecting.lock().unwrap_or_else(|e| e.into_inner());
+        gates.retain(|id, _| live(*id));
+        drop(gates);
         let mut wires = self.wires.lock().unwrap_or_else(|e| e.into_inner());
         wires.retain(|id, list| {
             list.retain(|(_, since)| since.elapsed() < IDLE_TIMEOUT);
