@@ -157,9 +157,11 @@ pub(crate) async fn serve(
         // 2. The answer, while watching the client: if it goes away the request is
         // dropped, as hyper's server does. Bytes it sends meanwhile (a pipelined
         // request) are kept, up to one head's worth.
-        let fut = proxy.serve(request, None, None, peer.clone());
+        let who = proxy.identify(&request, peer);
+        let id = who.1.clone();
+        let fut = proxy.serve(request, None, None, peer.clone(), who);
         let mut fut = Box::pin(fut);
-        let resp = loop {
+        let mut resp = loop {
             tokio::select! {
                 biased;
                 r = &mut fut => break r,
@@ -173,6 +175,7 @@ pub(crate) async fn serve(
             }
         };
         drop(fut);
+        resp.head.request_id = Some(id);
 
         // 3. Write it.
         let keep = !close && !*shutdown.borrow() && !resp.closes();
@@ -440,6 +443,9 @@ fn write_head(
     if !put_fields(out, &head.fields) {
         put_field(out, b"date", date().as_bytes());
     }
+    if let Some(id) = &head.request_id {
+        put_field(out, b"x-request-id", id.as_bytes());
+    }
     let own = matches!(body, RespBody::Full(_));
     let length = match framing {
         Framing::Length => stated.or_else(|| exact.map(Length::Number)),
@@ -470,14 +476,16 @@ fn write_head(
     framing
 }
 
-/// Writes the answer's fields but its framing ones (this hop sets those); returns
-/// whether there was a `Date`.
+/// Writes the answer's fields but its framing ones and `X-Request-Id` (this hop sets
+/// those); returns whether there was a `Date`.
 #[inline]
 fn put_fields(out: &mut Vec<u8>, fields: &ResponseFields) -> bool {
     match fields {
         ResponseFields::Wire(f) => {
             for (k, v) in f.iter() {
-                put_field_lowercase(out, k, v);
+                if !crate::proxy::request_id::is_request_id(k) {
+                    put_field_lowercase(out, k, v);
+                }
             }
             f.has_date
         }
@@ -486,6 +494,7 @@ fn put_fields(out: &mut Vec<u8>, fields: &ResponseFields) -> bool {
                 if k == header::TRANSFER_ENCODING
                     || k == header::CONNECTION
                     || k == header::CONTENT_LENGTH
+                    || k == crate::proxy::request_id::X_REQUEST_ID
                 {
                     continue;
                 }

@@ -530,3 +530,50 @@ async fn no_backend_gives_503() {
     assert_eq!(r.status, 503);
     assert_eq!(r.text().trim(), "no healthy backend");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_request_carries_a_request_id_to_the_backend_and_back() {
+    let a = TestBackend::start("A");
+    let seen_id = || {
+        a.stats.last_headers.lock().unwrap().clone().unwrap()["x-request-id"]
+            .to_str()
+            .unwrap()
+            .to_string()
+    };
+    let f = Fulcrum::over(&[&a], &[]);
+    let c = client();
+    let mut ids = std::collections::HashSet::new();
+    // Bodiless (the inline path) and with a body (through hyper), and a client's own
+    // id, which an untrusted peer cannot set.
+    for (method, body, theirs) in [
+        ("GET", "", None),
+        ("POST", "data", None),
+        ("GET", "", Some("mine-1")),
+    ] {
+        let fields: Vec<(&str, &str)> = theirs.map(|t| ("x-request-id", t)).into_iter().collect();
+        let r = send(&c, method, &f.url("/id"), &fields, body).await;
+        assert_eq!(r.status, 200);
+        let id = r.header("x-request-id").expect("an id back").to_string();
+        assert_eq!(id.len(), 32, "{id}");
+        assert!(
+            id.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
+            "{id}"
+        );
+        assert_eq!(seen_id(), id, "the backend saw the same id");
+        assert!(ids.insert(id.clone()), "a new id per request");
+        assert!(
+            f.log_line(
+                &["access", &format!("request_id={id}")],
+                Duration::from_secs(3)
+            )
+            .is_some(),
+            "the access log shows it"
+        );
+    }
+    // A trusted peer's id is kept, both ways.
+    let t = Fulcrum::over(&[&a], &["--trusted-proxies", "127.0.0.1"]);
+    let r = send(&c, "GET", &t.url("/id"), &[("x-request-id", "edge-42")], "").await;
+    assert_eq!(r.header("x-request-id"), Some("edge-42"));
+    assert_eq!(seen_id(), "edge-42");
+}

@@ -300,8 +300,9 @@ impl ClientFields {
     /// Writes the fields as this hop forwards them, one `name: value` line each (names
     /// in lower case, as a header map writes them): without hop-by-hop fields and those
     /// `Connection` names, with `X-Forwarded-*` set as [`set_forwarded`] sets them, and
-    /// `host: default_host` when no `Host` field is left (HTTP/1.1 requires one). The
-    /// fields of [`Self::forwarded_map`] plus that `Host`, in another order.
+    /// `host: default_host` when no `Host` field is left (HTTP/1.1 requires one), and
+    /// `x-request-id: request_id` in place of any the client sent. The fields of
+    /// [`Self::forwarded_map`] plus that `Host` and that id, in another order.
     pub(crate) fn write_forwarded(
         &self,
         out: &mut Vec<u8>,
@@ -309,6 +310,7 @@ impl ClientFields {
         peer_trusted: bool,
         host: Option<&HeaderValue>,
         default_host: &str,
+        request_id: &[u8],
     ) {
         let mut named = hop::Named::default();
         for (name, value) in self.iter() {
@@ -321,7 +323,7 @@ impl ClientFields {
         let mut host_kept = false;
         let mut has_host = false;
         for (name, value) in self.iter() {
-            if hop::is_dropped(name, &named, false) {
+            if hop::is_dropped(name, &named, false) || super::request_id::is_request_id(name) {
                 continue;
             }
             has_host |= name.eq_ignore_ascii_case(b"host");
@@ -370,6 +372,7 @@ impl ClientFields {
         if let (false, Some(h)) = (host_kept, host) {
             put_field(out, b"x-forwarded-host", h.as_bytes());
         }
+        put_field(out, b"x-request-id", request_id);
         if !has_host {
             put_field(out, b"host", default_host.as_bytes());
         }
@@ -384,10 +387,21 @@ pub(crate) fn both_rewrites(f: &ClientFields, trusted: bool) -> (Lines, Lines) {
     let peer = HeaderValue::from_static("127.0.0.1");
     let host = f.host();
     let mut out = Vec::new();
-    f.write_forwarded(&mut out, &peer, trusted, host.as_ref(), "backend:80");
+    f.write_forwarded(
+        &mut out,
+        &peer,
+        trusted,
+        host.as_ref(),
+        "backend:80",
+        b"id-1",
+    );
     // The map path: the same rules, then the backend's authority as Host when no Host
-    // is left (what `wire::write_head` is given).
+    // is left (what `wire::write_head` is given), and the id as `Proxy::prepare` sets it.
     let mut map = f.forwarded_map(&peer, trusted, host.as_ref());
+    map.insert(
+        super::request_id::X_REQUEST_ID,
+        HeaderValue::from_static("id-1"),
+    );
     if !map.contains_key(header::HOST) {
         map.insert(header::HOST, HeaderValue::from_static("backend:80"));
     }

@@ -137,6 +137,9 @@ pub(crate) struct ResponseHead {
     pub(crate) version: Version,
     /// The backend's reason phrase when it is not the status's usual one.
     pub(crate) reason: Option<hyper::ext::ReasonPhrase>,
+    /// The request's `X-Request-Id`, written in place of any the backend sent; `None`
+    /// until the proxy sets it.
+    pub(crate) request_id: Option<super::request_id::RequestId>,
     /// The header fields, hop-by-hop fields already removed.
     pub(crate) fields: ResponseFields,
 }
@@ -180,6 +183,7 @@ impl ProxyResponse {
     pub(crate) fn new(status: StatusCode, fields: HeaderMap, body: RespBody) -> ProxyResponse {
         ProxyResponse {
             head: ResponseHead {
+                request_id: None,
                 status,
                 version: Version::HTTP_11,
                 reason: None,
@@ -227,6 +231,10 @@ impl ProxyResponse {
             ResponseFields::Map(m) => m,
             ResponseFields::Wire(f) => f.into_map(),
         };
+        if let Some(id) = self.head.request_id {
+            r.headers_mut()
+                .insert(super::request_id::X_REQUEST_ID, id.header_value());
+        }
         if let Some(reason) = self.head.reason {
             r.extensions_mut().insert(reason);
         }

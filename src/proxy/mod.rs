@@ -7,6 +7,7 @@ pub(crate) mod headers;
 pub(crate) mod hop;
 pub(crate) mod message;
 pub(crate) mod record;
+pub(crate) mod request_id;
 mod sticky;
 mod upstream;
 mod validate;
@@ -35,6 +36,7 @@ pub(crate) use body::{Hold, ReqBody, RespBody};
 pub(crate) use budget::RetryBudget;
 pub(crate) use message::{ProxyResponse, RequestFields, RequestHead, ResponseFields, ResponseHead};
 pub(crate) use record::{Finish, Pending, Recorder};
+use request_id::RequestId;
 pub(crate) use sticky::backend_value as sticky_value;
 pub(crate) use upstream::{Failure, Upstreams};
 
@@ -163,6 +165,8 @@ struct Outgoing {
     sticky: Option<u64>,
     /// Whether the first attempt went to the backend that cookie names.
     stuck: bool,
+    /// Its `X-Request-Id`, to the backend and back.
+    id: RequestId,
 }
 
 impl Outgoing {
@@ -222,6 +226,7 @@ struct Turn {
 /// map, and `Host` the authority the request is for.
 fn forwarded_fields(f: &headers::ClientFields, req: &Outgoing) -> http::HeaderMap {
     let mut map = f.forwarded_map(&req.peer.forwarded, req.peer_trusted, req.host.as_ref());
+    map.insert(request_id::X_REQUEST_ID, req.id.header_value());
     if let Some(h) = &req.host {
         map.insert(header::HOST, h.clone());
     }
@@ -357,9 +362,25 @@ impl Proxy {
         // An empty body is not forwarded as a stream: such a request can be replayed.
         let body = (!body.is_end_stream()).then_some(body);
         let head = RequestHead::from_parts(parts);
-        self.serve(head, body, client_upgrade, peer)
-            .await
-            .into_http()
+        let who = self.identify(&head, &peer);
+        let id = who.1.clone();
+        let mut r = self.serve(head, body, client_upgrade, peer, who).await;
+        r.head.request_id = Some(id);
+        r.into_http()
+    }
+
+    /// The peer's trust (its forwarding fields are believed) and the request's id: a
+    /// trusted peer's own `X-Request-Id`, else a new one. The caller passes both to
+    /// [`Self::serve`] and puts the id on the answer (returning it from `serve` beside
+    /// the answer's future, or wrapping that future, would move the whole request
+    /// future once more).
+    pub(crate) fn identify(&self, head: &RequestHead, peer: &Peer) -> (bool, RequestId) {
+        let trusted = headers::is_trusted(&self.settings.trusted_proxies, peer.addr.ip());
+        let theirs = trusted
+            .then(|| head.field(&request_id::X_REQUEST_ID))
+            .flatten()
+            .and_then(|v| RequestId::from_peer(v.as_bytes()));
+        (trusted, theirs.unwrap_or_else(RequestId::random))
     }
 
     /// Proxies one request: `body` is `None` when it has none, `client_upgrade` the
@@ -370,7 +391,8 @@ impl Proxy {
     /// The steps, each its own function: admit (size, shedding), prepare (Host, hop
     /// rules, forwarded fields), then forward: pick (the strategy's candidates, the
     /// not-tried check and the trial claim), attempt (faults, exchange, respond: the
-    /// hold, the body) and the retry decision.
+    /// hold, the body) and the retry decision. The last argument is what
+    /// [`Self::identify`] found.
     ///
     /// Not an `async fn`: a refusal is answered at once, and a request that is admitted
     /// is the [`Self::forward`] future itself, one level of future less to move the
@@ -381,6 +403,7 @@ impl Proxy {
         body: Option<Incoming>,
         client_upgrade: Option<hyper::upgrade::OnUpgrade>,
         peer: Peer,
+        (trusted, id): (bool, RequestId),
     ) -> impl std::future::Future<Output = ProxyResponse> + '_ {
         let mut fin = Pending::new(
             Finish {
@@ -395,6 +418,7 @@ impl Proxy {
                 status: 0,
                 upstream: None,
                 retries: 0,
+                id: id.clone(),
             },
             self.rec,
         );
@@ -419,7 +443,8 @@ impl Proxy {
                     client_upgrade,
                     host: None,
                     peer,
-                    peer_trusted: false,
+                    peer_trusted: trusted,
+                    id,
                     inline: false,
                     key: None,
                     sticky: None,
@@ -501,7 +526,6 @@ impl Proxy {
         if !req.inline || sticky.is_some() {
             head.make_map();
         }
-        req.peer_trusted = headers::is_trusted(&self.settings.trusted_proxies, req.peer.addr.ip());
         req.host = head.host();
         if let RequestFields::Map(map) = &mut head.fields {
             // The one authority `host` names (validated in `admit`): the client's `Host`,
@@ -519,6 +543,7 @@ impl Proxy {
             headers::strip_hop_by_hop(map, req.client_upgrade.is_some());
             let (peer, trusted, host) = (&req.peer.forwarded, req.peer_trusted, req.host.as_ref());
             headers::set_forwarded(map, peer, trusted, host, req.peer.tls);
+            map.insert(request_id::X_REQUEST_ID, req.id.header_value());
         }
         // The backend pool speaks HTTP/1.1 whatever the client spoke.
         head.version = Version::HTTP_11;
@@ -903,6 +928,7 @@ impl Proxy {
                 headers::strip_hop_by_hop(&mut parts.headers, false);
                 hold.conn = Some((conn, self.upstreams));
                 let head = ResponseHead {
+                    request_id: None,
                     status,
                     version: parts.version,
                     reason: parts.extensions.remove(),
@@ -961,6 +987,7 @@ fn write_inline_head(out: &mut Vec<u8>, req: &Outgoing, authority: &str) {
                 req.peer_trusted,
                 req.host.as_ref(),
                 authority,
+                req.id.as_bytes(),
             )
         }),
         RequestFields::Map(map) => {

@@ -29,6 +29,8 @@ pub(crate) struct Finish {
     pub(crate) upstream: Option<Duration>,
     /// Retries it took.
     pub(crate) retries: u32,
+    /// Its `X-Request-Id`.
+    pub(crate) id: super::request_id::RequestId,
 }
 
 /// A request's record while the request is being handled. Dropped without having been
@@ -88,6 +90,7 @@ impl Pending {
             status: self.fin.status,
             upstream: None,
             retries: 0,
+            id: super::request_id::RequestId::Ours([b'0'; 32]),
         };
         (std::mem::replace(&mut self.fin, left), self.rec)
     }
@@ -335,6 +338,9 @@ fn access_line(buf: &mut Vec<u8>, format: LogFormat, f: &Finish, backend: &str, 
             push_ms(buf, total);
             buf.extend_from_slice(b" retries=");
             push_u64(buf, u64::from(f.retries));
+            // Its characters need no quoting (see `RequestId::from_peer`).
+            buf.extend_from_slice(b" request_id=");
+            buf.extend_from_slice(f.id.as_bytes());
             buf.push(b'\n');
         }
         LogFormat::Json => {
@@ -360,7 +366,9 @@ fn access_line(buf: &mut Vec<u8>, format: LogFormat, f: &Finish, backend: &str, 
             push_ms(buf, total);
             buf.extend_from_slice(b",\"retries\":");
             push_u64(buf, u64::from(f.retries));
-            buf.extend_from_slice(b"}}\n");
+            buf.extend_from_slice(b",\"request_id\":\"");
+            buf.extend_from_slice(f.id.as_bytes());
+            buf.extend_from_slice(b"\"}}\n");
         }
     }
 }
@@ -378,6 +386,7 @@ mod tests {
             status: 502,
             upstream: Some(Duration::from_micros(1018)),
             retries: 1,
+            id: super::super::request_id::RequestId::from_peer(b"abc-123").unwrap(),
         }
     }
 
@@ -411,7 +420,7 @@ mod tests {
         let (_, rest) = line.split_once("Z  INFO ").unwrap();
         assert_eq!(
             rest,
-            "access client=10.0.0.7 method=GET path=/a?b=c%22 status=502 backend=\"a \\\"b\\\"\" upstream_ms=1.018 total_ms=1.301 retries=1\n"
+            "access client=10.0.0.7 method=GET path=/a?b=c%22 status=502 backend=\"a \\\"b\\\"\" upstream_ms=1.018 total_ms=1.301 retries=1 request_id=abc-123\n"
         );
     }
 
@@ -436,5 +445,6 @@ mod tests {
         assert_eq!(f["status"], 502);
         assert_eq!(f["upstream_ms"], 1.018);
         assert_eq!(f["retries"], 1);
+        assert_eq!(f["request_id"], "abc-123");
     }
 }

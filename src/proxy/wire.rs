@@ -294,6 +294,7 @@ fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, ()> {
         has_date: facts.has_date,
     };
     let head = ResponseHead {
+        request_id: None,
         status,
         version: if http11 {
             Version::HTTP_11
