@@ -26,6 +26,7 @@ pub(crate) mod logging;
 pub(crate) mod metrics;
 pub mod pool;
 pub(crate) mod proxy;
+pub(crate) mod proxy_protocol;
 pub(crate) mod reload;
 pub mod route;
 pub(crate) mod server;

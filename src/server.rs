@@ -196,6 +196,14 @@ pub(crate) async fn worker(
         }
     };
     let conns = Connections::new(proxy);
+    // The addresses the listeners are bound to: what a PROXY header to a backend says
+    // the client reached (without a syscall per connection).
+    let unbound = SocketAddr::from(([0, 0, 0, 0], 0));
+    let plain_local = listener.local_addr().unwrap_or(unbound);
+    let tls_local = https
+        .as_ref()
+        .and_then(|(l, _)| l.local_addr().ok())
+        .unwrap_or(unbound);
     // A short heartbeat keeps the timer wheel's next wake-up near. tokio wakes its own
     // driver through an eventfd whenever a timer is armed earlier than that wake-up;
     // connections re-arm their `Deadline`s now and then (and hyper's connections arm a
@@ -226,7 +234,7 @@ pub(crate) async fn worker(
                 let Some(slot) = slot_for(&slots, &mut shutdown).await else {
                     break;
                 };
-                conns.spawn(stream, peer, slot, &shutdown);
+                conns.spawn(stream, (peer, plain_local), slot, &shutdown);
             }
             accepted = accept_https(&https) => {
                 let (stream, peer) = match accepted {
@@ -240,7 +248,7 @@ pub(crate) async fn worker(
                     break;
                 };
                 if let Some((_, tls)) = &https {
-                    conns.spawn_tls(stream, peer, slot, tls.acceptor(), &shutdown);
+                    conns.spawn_tls(stream, (peer, tls_local), slot, tls.acceptor(), &shutdown);
                 }
             }
             _ = shutdown.changed() => break,
@@ -315,17 +323,12 @@ impl Connections {
     /// Serves `stream` on its own task, holding `slot` until it ends.
     fn spawn(
         &self,
-        stream: tokio::net::TcpStream,
-        peer: SocketAddr,
+        mut stream: tokio::net::TcpStream,
+        (peer, local): (SocketAddr, SocketAddr),
         slot: OwnedSemaphorePermit,
         shutdown: &watch::Receiver<bool>,
     ) {
         let _ = stream.set_nodelay(true);
-        let client = crate::proxy::Peer {
-            addr: peer,
-            forwarded: crate::proxy::headers::forwarded_value(peer.ip()),
-            tls: false,
-        };
         let watcher = self.graceful.watcher();
         let builder = Arc::clone(&self.builder);
         let stop = shutdown.clone();
@@ -333,6 +336,9 @@ impl Connections {
         let proxy = self.proxy;
         tokio::spawn(async move {
             let _held = (live, slot);
+            let Some(client) = client_of(&mut stream, peer, local, false, proxy).await else {
+                return;
+            };
             serve_connection(stream, client, proxy, &builder, watcher, stop).await;
         });
     }
@@ -342,18 +348,13 @@ impl Connections {
     /// chose. The HTTP/1.1 fast path reads plain sockets only.
     fn spawn_tls(
         &self,
-        stream: tokio::net::TcpStream,
-        peer: SocketAddr,
+        mut stream: tokio::net::TcpStream,
+        (peer, local): (SocketAddr, SocketAddr),
         slot: OwnedSemaphorePermit,
         acceptor: tokio_rustls::TlsAcceptor,
         shutdown: &watch::Receiver<bool>,
     ) {
         let _ = stream.set_nodelay(true);
-        let client = crate::proxy::Peer {
-            addr: peer,
-            forwarded: crate::proxy::headers::forwarded_value(peer.ip()),
-            tls: true,
-        };
         let watcher = self.graceful.watcher();
         let builder = Arc::clone(&self.builder);
         let live = Arc::clone(&self.live);
@@ -361,6 +362,9 @@ impl Connections {
         let stop = shutdown.clone();
         tokio::spawn(async move {
             let _held = (live, slot);
+            let Some(client) = client_of(&mut stream, peer, local, true, proxy).await else {
+                return;
+            };
             let Some(io) = tls_opening(acceptor, stream, peer).await else {
                 return;
             };
@@ -399,6 +403,35 @@ impl Connections {
             tracing::warn!("requests still in flight after the drain timeout; closing them");
         }
     }
+}
+
+/// Who a new connection is from: its peer, or with `accept_proxy_protocol` the client
+/// its PROXY header names (read before anything else, the TLS handshake included);
+/// `None` closes it: the header is missing, malformed, or late.
+async fn client_of(
+    stream: &mut tokio::net::TcpStream,
+    peer: SocketAddr,
+    local: SocketAddr,
+    tls: bool,
+    proxy: &Proxy,
+) -> Option<crate::proxy::Peer> {
+    let addr = if proxy.accepts_proxy_protocol() {
+        match crate::proxy_protocol::read_header(stream, HEADER_TIMEOUT).await {
+            Ok(named) => named.unwrap_or(peer),
+            Err(e) => {
+                tracing::debug!(%peer, error = ?e, "connection closed: no valid PROXY protocol header");
+                return None;
+            }
+        }
+    } else {
+        peer
+    };
+    Some(crate::proxy::Peer {
+        addr,
+        forwarded: crate::proxy::headers::forwarded_value(addr.ip()),
+        tls,
+        local,
+    })
 }
 
 /// A TLS connection's opening: the handshake, then its first bytes (the first request

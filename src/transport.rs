@@ -24,6 +24,8 @@ pub(crate) struct Transport {
     tls: Option<(Arc<ClientConfig>, ServerName<'static>)>,
     /// HTTP/2 (`protocol = "h2"`).
     pub(crate) h2: bool,
+    /// The PROXY header sent first on each connection (`send_proxy_protocol`).
+    pub(crate) send_proxy: Option<crate::proxy_protocol::Version>,
 }
 
 impl Transport {
@@ -37,12 +39,17 @@ impl Transport {
                 .unwrap_or_else(|_| ServerName::try_from("invalid.invalid").expect("a DNS name"));
             (client_config(settings), name)
         });
-        Transport { tls, h2 }
+        Transport {
+            tls,
+            h2,
+            send_proxy: settings.send_proxy,
+        }
     }
 
-    /// Plain TCP and HTTP/1.1: what the inline exchange (`proxy::wire`) speaks.
+    /// Plain TCP and HTTP/1.1, connections shared by every client: what the inline
+    /// exchange (`proxy::wire`) speaks.
     pub(crate) fn is_plain_http1(&self) -> bool {
-        self.tls.is_none() && !self.h2
+        self.tls.is_none() && !self.h2 && self.send_proxy.is_none()
     }
 
     /// Whether the backend is reached over TLS (`https://`).

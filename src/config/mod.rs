@@ -147,6 +147,8 @@ pub(crate) struct BackendTransport {
     pub(crate) ca_file: Option<PathBuf>,
     /// `tls_verify`: check the certificate chain and the name.
     pub(crate) verify: bool,
+    /// `send_proxy_protocol`: the PROXY header sent on each new connection.
+    pub(crate) send_proxy: Option<crate::proxy_protocol::Version>,
 }
 
 impl Default for BackendTransport {
@@ -155,6 +157,7 @@ impl Default for BackendTransport {
             protocol: Protocol::Http1,
             ca_file: None,
             verify: true,
+            send_proxy: None,
         }
     }
 }
@@ -238,6 +241,8 @@ pub(crate) struct Settings {
     pub(crate) routes: Vec<RouteSpec>,
     /// TLS termination.
     pub(crate) tls: tls::TlsSettings,
+    /// Connections on the listeners start with a PROXY protocol header.
+    pub(crate) accept_proxy_protocol: bool,
 }
 
 impl Default for Settings {
@@ -291,6 +296,7 @@ impl Default for Settings {
             pools: Vec::new(),
             routes: Vec::new(),
             tls: tls::TlsSettings::default(),
+            accept_proxy_protocol: false,
         };
         for o in options::OPTIONS {
             if let Some(d) = o.default {
@@ -419,6 +425,13 @@ fn check_whole(s: &Settings, errors: &mut Vec<ConfigError>) {
     let mut cookies = std::collections::HashMap::new();
     for p in &s.pools {
         check_backends(p, errors);
+        let t = &p.settings.transport;
+        if t.send_proxy.is_some() && t.protocol == Protocol::H2 {
+            errors.push(ConfigError {
+                origin: format!("pool '{}': send_proxy_protocol", p.name),
+                message: "a PROXY header names one client per connection, and protocol = \"h2\" shares connections between clients: use protocol = \"http1\" with it".into(),
+            });
+        }
         if let Some(ca) = &p.settings.transport.ca_file {
             if let Err(message) = crate::transport::read_ca_file(ca) {
                 errors.push(ConfigError {

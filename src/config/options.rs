@@ -117,6 +117,19 @@ fn parse_protocol(s: &str) -> Result<super::Protocol, String> {
     }
 }
 
+/// `off`, `v1` or `v2`.
+fn parse_send_proxy(s: &str) -> Result<Option<crate::proxy_protocol::Version>, String> {
+    use crate::proxy_protocol::Version;
+    match s {
+        "off" => Ok(None),
+        "v1" => Ok(Some(Version::V1)),
+        "v2" => Ok(Some(Version::V2)),
+        _ => Err(format!(
+            "invalid send_proxy_protocol '{s}' (expected off, v1 or v2)"
+        )),
+    }
+}
+
 /// A file's path, not empty.
 fn non_empty_path(s: &str) -> Result<PathBuf, String> {
     if s.is_empty() {
@@ -153,6 +166,17 @@ pub(crate) static OPTIONS: &[Opt] = &[
         file_type: FileType::Str,
         set: |s, v| parse_addr(v).map(|x| s.tls.listen = Some(x)),
         reload: restart!("tls_listen", tls.listen),
+    },
+    Opt {
+        key: "accept_proxy_protocol",
+        table_key: None,
+        value_name: "on|off",
+        help: "Every connection on the listeners starts with a PROXY protocol header (v1 or v2), which names the client; one without is closed",
+        default: Some("off"),
+        default_text: None,
+        file_type: FileType::Switch,
+        set: |s, v| parse_on_off(v).map(|x| s.accept_proxy_protocol = x),
+        reload: restart!("accept_proxy_protocol", accept_proxy_protocol),
     },
     Opt {
         key: "tls_cert",
@@ -417,6 +441,17 @@ pub(crate) static OPTIONS: &[Opt] = &[
         file_type: FileType::Str,
         set: |s, v| parse_protocol(v).map(|x| s.backend_tls.protocol = x),
         reload: restart!("protocol", backend_tls.protocol),
+    },
+    Opt {
+        key: "send_proxy_protocol",
+        table_key: None,
+        value_name: "off|v1|v2",
+        help: "Send a PROXY protocol header naming the client in front of every backend connection (each then carries one client's requests)",
+        default: Some("off"),
+        default_text: None,
+        file_type: FileType::Str,
+        set: |s, v| parse_send_proxy(v).map(|x| s.backend_tls.send_proxy = x),
+        reload: restart!("send_proxy_protocol", backend_tls.send_proxy),
     },
     Opt {
         key: "tls_ca_file",

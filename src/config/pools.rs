@@ -25,7 +25,7 @@ const MAX_POOL_NAME: usize = 64;
 
 /// The option keys a pool may set for itself, as the options table names them (the
 /// health ones also as the `health` table's short keys).
-pub(crate) const POOL_OPTIONS: [&str; 25] = [
+pub(crate) const POOL_OPTIONS: [&str; 26] = [
     "strategy",
     "hash_key",
     "hash_balance_factor",
@@ -51,6 +51,7 @@ pub(crate) const POOL_OPTIONS: [&str; 25] = [
     "protocol",
     "tls_ca_file",
     "tls_verify",
+    "send_proxy_protocol",
 ];
 
 /// The settings a pool has of its own.
@@ -147,6 +148,7 @@ impl PoolSettings {
         note(a.protocol != b.protocol, "protocol");
         note(a.ca_file != b.ca_file, "tls_ca_file");
         note(a.verify != b.verify, "tls_verify");
+        note(a.send_proxy != b.send_proxy, "send_proxy_protocol");
         out
     }
 }

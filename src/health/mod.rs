@@ -98,6 +98,15 @@ pub(crate) async fn probe(b: &Backend, path: &str, timeout: Duration) -> bool {
         }
         .ok()?;
         let _ = stream.set_nodelay(true);
+        let mut stream = stream;
+        if let Some(v) = b.transport.send_proxy {
+            // The backend expects a PROXY header on every connection; a probe's names
+            // no client.
+            let header = crate::proxy_protocol::local_header(v);
+            tokio::io::AsyncWriteExt::write_all(&mut stream, &header)
+                .await
+                .ok()?;
+        }
         // Over TLS for an `https://` backend, verified as its traffic is, and in the
         // pool's HTTP version (a gRPC server may speak nothing but HTTP/2).
         let stream = TokioIo::new(b.transport.open(stream).await.ok()?);

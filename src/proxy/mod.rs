@@ -58,6 +58,8 @@ pub(crate) struct ProxySettings {
     /// `redirect_https`: the HTTPS listener's port, to which plain requests are sent
     /// with a 308.
     pub(crate) redirect_https: Option<u16>,
+    /// `accept_proxy_protocol`.
+    pub(crate) accept_proxy_protocol: bool,
 }
 
 impl ProxySettings {
@@ -68,6 +70,7 @@ impl ProxySettings {
             trusted_proxies: s.trusted_proxies.clone(),
             access_log: s.access_log.then_some(s.log_format),
             redirect_https: None,
+            accept_proxy_protocol: s.accept_proxy_protocol,
         }
     }
 }
@@ -137,6 +140,8 @@ pub(crate) struct Peer {
     pub(crate) forwarded: HeaderValue,
     /// It came over the HTTPS listener.
     pub(crate) tls: bool,
+    /// The address it reached (the listener's), for a PROXY header to a backend.
+    pub(crate) local: SocketAddr,
 }
 
 /// A request on its way to a backend, as [`Proxy::prepare`] leaves it: its head with
@@ -347,6 +352,11 @@ impl Proxy {
             })
             .collect();
         self.upstreams.sweep(|id| live.contains(&id));
+    }
+
+    /// Whether connections start with a PROXY protocol header.
+    pub(crate) fn accepts_proxy_protocol(&self) -> bool {
+        self.settings.accept_proxy_protocol
     }
 
     /// Proxies one request hyper's server parsed; `peer` is the connection's client.
@@ -856,7 +866,9 @@ impl Proxy {
         // Boxed: only requests with a body or an upgrade come this way, and the
         // exchange's state would otherwise enlarge every request's future (each client
         // connection keeps one allocated).
-        let r = match Box::pin(self.upstreams.send(backend, up_req, timeout)).await {
+        let origin = Some((req.peer.addr, req.peer.local));
+        let sending = self.upstreams.send(backend, up_req, timeout, origin);
+        let r = match Box::pin(sending).await {
             Ok((r, c, at)) => Ok((Answer::Hyper(r, c), at)),
             Err(e) => {
                 if let Some(unsent) = e.unsent {

@@ -10,6 +10,7 @@
 //! The pool belongs to one worker thread, so its lock is never contended.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -85,6 +86,8 @@ pub(crate) struct Conn {
     sender: Sender,
     backend: u64,
     reused: bool,
+    /// It carries one client's PROXY header: never pooled for another request.
+    private: bool,
     /// The HTTP/1.1 connection's task; none for a handle on a shared HTTP/2 one, whose
     /// task lives with the pool.
     task: Task,
@@ -167,9 +170,18 @@ impl Upstreams {
         None
     }
 
-    async fn checkout(&self, b: &Backend) -> Result<Conn, Failure> {
+    /// A connection to `b`: a pooled one, else a new one. A connection that carries a
+    /// PROXY header naming `origin` is always new (it belongs to one client).
+    async fn checkout(
+        &self,
+        b: &Backend,
+        origin: Option<(SocketAddr, SocketAddr)>,
+    ) -> Result<Conn, Failure> {
         if b.transport.h2 {
             return self.checkout_h2(b).await;
+        }
+        if b.transport.send_proxy.is_some() {
+            return self.connect(b, origin).await;
         }
         while let Some(Idle {
             mut sender, task, ..
@@ -183,11 +195,12 @@ impl Upstreams {
                     sender: Sender::H1(sender),
                     backend: b.id,
                     reused: true,
+                    private: false,
                     task,
                 });
             }
         }
-        self.connect(b).await
+        self.connect(b, None).await
     }
 
     async fn dial(&self, b: &Backend) -> Result<TcpStream, Failure> {
@@ -212,11 +225,25 @@ impl Upstreams {
         Ok(stream)
     }
 
-    /// A TCP connection to `b`, with TLS on it for an `https://` backend; the
-    /// handshake has the connect timeout too, and its failure (a certificate that does
-    /// not verify, say) is a connect failure: nothing was sent.
-    async fn open(&self, b: &Backend) -> Result<crate::transport::Stream, Failure> {
-        let tcp = self.dial(b).await?;
+    /// A TCP connection to `b`, with the PROXY header naming `origin` (client, and the
+    /// address it reached) first when the pool sends one, then TLS for an `https://`
+    /// backend; the handshake has the connect timeout too, and its failure (a
+    /// certificate that does not verify, say) is a connect failure: nothing was sent.
+    async fn open(
+        &self,
+        b: &Backend,
+        origin: Option<(SocketAddr, SocketAddr)>,
+    ) -> Result<crate::transport::Stream, Failure> {
+        let mut tcp = self.dial(b).await?;
+        if let (Some(version), Some((client, reached))) = (b.transport.send_proxy, origin) {
+            let header = crate::proxy_protocol::header(version, client, reached);
+            if tokio::io::AsyncWriteExt::write_all(&mut tcp, &header)
+                .await
+                .is_err()
+            {
+                return Err(Failure::Connect);
+            }
+        }
         match tokio::time::timeout(b.connect_timeout, b.transport.open(tcp)).await {
             Ok(Ok(s)) => Ok(s),
             Ok(Err(e)) => {
@@ -230,8 +257,13 @@ impl Upstreams {
         }
     }
 
-    async fn connect(&self, b: &Backend) -> Result<Conn, Failure> {
-        let stream = self.open(b).await?;
+    async fn connect(
+        &self,
+        b: &Backend,
+        origin: Option<(SocketAddr, SocketAddr)>,
+    ) -> Result<Conn, Failure> {
+        let private = b.transport.send_proxy.is_some();
+        let stream = self.open(b, origin).await?;
         let (sender, conn) = http1::Builder::new()
             .writev(false)
             // A response head over the limit is refused (502), as on the inline path.
@@ -246,6 +278,7 @@ impl Upstreams {
             sender: Sender::H1(sender),
             backend: b.id,
             reused: false,
+            private,
             task: Task(Some(task.abort_handle())),
         })
     }
@@ -272,6 +305,7 @@ impl Upstreams {
             sender: Sender::H2(sender),
             backend: b.id,
             reused,
+            private: false,
             task: Task(None),
         })
     }
@@ -290,7 +324,7 @@ impl Upstreams {
     /// Opens an HTTP/2 connection to `b` (prior knowledge over TCP, ALPN `h2` over TLS)
     /// and shares it.
     async fn connect_h2(&self, b: &Backend) -> Result<http2::SendRequest<ReqBody>, Failure> {
-        let stream = self.open(b).await?;
+        let stream = self.open(b, None).await?;
         let (sender, conn) = http2::Builder::new(TokioExecutor::new())
             .max_header_list_size(super::wire::MAX_HEAD as u32)
             .handshake(TokioIo::new(stream))
@@ -321,10 +355,11 @@ impl Upstreams {
         b: &Backend,
         mut req: Request<ReqBody>,
         timeout: Duration,
+        origin: Option<(SocketAddr, SocketAddr)>,
     ) -> Result<(Response<Incoming>, Conn, Instant), SendError> {
         let mut replaced_stale = false;
         loop {
-            let mut conn = match self.checkout(b).await {
+            let mut conn = match self.checkout(b, origin).await {
                 Ok(c) => c,
                 Err(failure) => {
                     return Err(SendError {
@@ -439,6 +474,9 @@ impl Upstreams {
         let Sender::H1(sender) = conn.sender else {
             return;
         };
+        if conn.private {
+            return;
+        }
         if sender.is_closed() {
             return;
         }
