@@ -372,18 +372,7 @@ impl Connections {
                 let client = client.clone();
                 async move { Ok::<_, Infallible>(proxy.handle(req, client).await) }
             });
-            let io = TokioIo::new(io);
-            let result = if *stop.borrow() {
-                // As on the plain listener: a connection whose first request came after
-                // the stop signal is served that request, then closed.
-                drop(watcher);
-                let mut once = (*builder).clone();
-                once.http1().keep_alive(false);
-                once.serve_connection_with_upgrades(io, svc).await
-            } else {
-                let conn = builder.serve_connection_with_upgrades(io, svc).into_owned();
-                watcher.watch(conn).await
-            };
+            let result = serve_hyper(TokioIo::new(io), svc, &builder, watcher, &stop).await;
             if let Err(e) = result {
                 tracing::debug!(error = %e, %peer, "client connection ended with an error");
             }
@@ -518,18 +507,7 @@ async fn serve_connection(
         let client = client.clone();
         async move { Ok::<_, Infallible>(proxy.handle(req, client).await) }
     });
-    let result = if *stop.borrow() {
-        // Handed over after the stop signal: a graceful watch would cancel
-        // it before its first request is read. Serve that request, then
-        // close (the drain's timeout still bounds it).
-        drop(watcher);
-        let mut once = (*builder).clone();
-        once.http1().keep_alive(false);
-        once.serve_connection_with_upgrades(io, svc).await
-    } else {
-        let conn = builder.serve_connection_with_upgrades(io, svc).into_owned();
-        watcher.watch(conn).await
-    };
+    let result = serve_hyper(io, svc, builder, watcher, &stop).await;
     if let Err(e) = result {
         // 408 for a client that never completed a request head; an idle
         // keep-alive connection that served requests is closed silently,
@@ -542,6 +520,38 @@ async fn serve_connection(
         } else {
             tracing::debug!(error = %e, %peer, "client connection ended with an error");
         }
+    }
+}
+
+/// Serves a connection with hyper until it ends, under the worker's graceful shutdown.
+/// One handed over after the stop signal is served its first request, then closed: a
+/// graceful watch would cancel it before that request is read (the drain's timeout
+/// still bounds it).
+async fn serve_hyper<I, S>(
+    io: I,
+    svc: S,
+    builder: &HttpBuilder,
+    watcher: hyper_util::server::graceful::Watcher,
+    stop: &watch::Receiver<bool>,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    S: hyper::service::Service<
+            http::Request<hyper::body::Incoming>,
+            Response = http::Response<crate::proxy::RespBody>,
+            Error = Infallible,
+        > + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    if *stop.borrow() {
+        drop(watcher);
+        let mut once = builder.clone();
+        once.http1().keep_alive(false);
+        once.serve_connection_with_upgrades(io, svc).await
+    } else {
+        let conn = builder.serve_connection_with_upgrades(io, svc).into_owned();
+        watcher.watch(conn).await
     }
 }
 
