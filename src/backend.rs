@@ -268,9 +268,10 @@ pub(crate) enum OutlierAction {
 impl Backend {
     /// A backend that starts healthy, active and unsampled.
     pub fn new(id: u64, spec: BackendSpec, alpha: f64) -> Backend {
-        let transport = transport_of(&spec, &crate::config::BackendTransport::default());
         Backend {
-            transport,
+            // Plain until `in_pool` gives it its pool's way in (a default TLS client
+            // built here would read the system roots for a pool that has its own).
+            transport: crate::transport::Transport::default(),
             id,
             name: spec.name,
             pool: Arc::from(crate::config::DEFAULT_POOL),
@@ -950,11 +951,4 @@ mod slow_start_tests {
 fn is_https(url: &str) -> bool {
     url.get(..8)
         .is_some_and(|s| s.eq_ignore_ascii_case("https://"))
-}
-
-fn transport_of(
-    spec: &BackendSpec,
-    settings: &crate::config::BackendTransport,
-) -> crate::transport::Transport {
-    crate::transport::Transport::new(is_https(&spec.url), spec.authority.host(), settings)
 }

@@ -40,21 +40,24 @@ pub(crate) enum HeaderError {
     Closed,
 }
 
+/// The two ends a header names: the client, and the address it reached.
+pub(crate) type Ends = (SocketAddr, SocketAddr);
+
 /// Reads the PROXY header at the start of `stream`, leaving every byte after it in the
-/// socket. `Ok(Some(addr))`: the client the header names; `Ok(None)`: a header that
-/// names none (`UNKNOWN`, `LOCAL`, a family other than TCP over IPv4 or IPv6), so the
-/// connection's own peer stands.
+/// socket. `Ok(Some(ends))`: the client the header names and the address it reached;
+/// `Ok(None)`: a header that names none (`UNKNOWN`, `LOCAL`, a family other than TCP
+/// over IPv4 or IPv6), so the connection's own ends stand.
 pub(crate) async fn read_header(
     stream: &mut TcpStream,
     limit: Duration,
-) -> Result<Option<SocketAddr>, HeaderError> {
+) -> Result<Option<Ends>, HeaderError> {
     match tokio::time::timeout(limit, read_any(stream)).await {
         Ok(r) => r,
         Err(_) => Err(HeaderError::Timeout),
     }
 }
 
-async fn read_any(stream: &mut TcpStream) -> Result<Option<SocketAddr>, HeaderError> {
+async fn read_any(stream: &mut TcpStream) -> Result<Option<Ends>, HeaderError> {
     let mut head = [0u8; MIN_HEADER];
     stream
         .read_exact(&mut head)
@@ -72,8 +75,12 @@ async fn read_any(stream: &mut TcpStream) -> Result<Option<SocketAddr>, HeaderEr
 /// The rest of a version 1 header after its first bytes `start`: up to CRLF, at most
 /// [`V1_MAX`] bytes in all. What follows is only peeked at, so nothing past the CRLF is
 /// taken from the socket.
-async fn read_v1(stream: &mut TcpStream, start: &[u8]) -> Result<Option<SocketAddr>, HeaderError> {
+async fn read_v1(stream: &mut TcpStream, start: &[u8]) -> Result<Option<Ends>, HeaderError> {
     let mut line = start.to_vec();
+    let crlf = |b: &[u8]| b.windows(2).position(|w| w == b"\r\n");
+    if crlf(&line).is_some_and(|at| at + 2 != line.len()) {
+        return Err(HeaderError::Invalid("a version 1 header cut short"));
+    }
     let mut peeked = [0u8; V1_MAX];
     while !line.ends_with(b"\r\n") {
         if line.len() >= V1_MAX {
@@ -87,11 +94,13 @@ async fn read_v1(stream: &mut TcpStream, start: &[u8]) -> Result<Option<SocketAd
         if n == 0 {
             return Err(HeaderError::Closed);
         }
-        // Up to the CRLF if it is there (its '\n' may be the first byte peeked), else
-        // one byte, so that a header sent in pieces still makes progress.
-        let joined: Vec<u8> = line.iter().chain(&peeked[..n]).copied().collect();
-        let take = match joined.windows(2).position(|w| w == b"\r\n") {
-            Some(at) => at + 2 - line.len(),
+        // Up to the CRLF if it is there (its '\r' may be the last byte read already),
+        // else one byte, so that a header sent in pieces still makes progress. `line`
+        // holds no CRLF, so one found from its last byte on ends after it.
+        let from = line.len() - 1;
+        let joined: Vec<u8> = line[from..].iter().chain(&peeked[..n]).copied().collect();
+        let take = match crlf(&joined) {
+            Some(at) => from + at + 2 - line.len(),
             None => 1,
         };
         let mut part = vec![0u8; take];
@@ -105,7 +114,7 @@ async fn read_v1(stream: &mut TcpStream, start: &[u8]) -> Result<Option<SocketAd
 }
 
 /// Parses a whole version 1 line (`PROXY TCP4 SRC DST SPORT DPORT\r\n`).
-pub(crate) fn parse_v1(line: &[u8]) -> Result<Option<SocketAddr>, HeaderError> {
+pub(crate) fn parse_v1(line: &[u8]) -> Result<Option<Ends>, HeaderError> {
     let bad = HeaderError::Invalid("a malformed version 1 header");
     let text = std::str::from_utf8(line).map_err(|_| HeaderError::Invalid("not text"))?;
     let text = text
@@ -126,7 +135,7 @@ pub(crate) fn parse_v1(line: &[u8]) -> Result<Option<SocketAddr>, HeaderError> {
     let src: IpAddr = src
         .parse()
         .map_err(|_| HeaderError::Invalid("a bad source address"))?;
-    let _: IpAddr = dst
+    let dst: IpAddr = dst
         .parse()
         .map_err(|_| HeaderError::Invalid("a bad destination address"))?;
     let port = |p: &str| {
@@ -136,16 +145,18 @@ pub(crate) fn parse_v1(line: &[u8]) -> Result<Option<SocketAddr>, HeaderError> {
             .flatten()
             .ok_or(HeaderError::Invalid("a bad port"))
     };
-    let (sport, _) = (port(sport)?, port(dport)?);
-    match (family, src) {
-        ("TCP4", IpAddr::V4(_)) | ("TCP6", IpAddr::V6(_)) => Ok(Some(SocketAddr::new(src, sport))),
+    let (sport, dport) = (port(sport)?, port(dport)?);
+    match (family, src, dst) {
+        ("TCP4", IpAddr::V4(_), IpAddr::V4(_)) | ("TCP6", IpAddr::V6(_), IpAddr::V6(_)) => Ok(
+            Some((SocketAddr::new(src, sport), SocketAddr::new(dst, dport))),
+        ),
         _ => Err(HeaderError::Invalid("an address of the wrong family")),
     }
 }
 
 /// The rest of a version 2 header after its first bytes `start` (15 of its 16 fixed
 /// ones): the last fixed byte, then the length it gives, exactly.
-async fn read_v2(stream: &mut TcpStream, start: &[u8]) -> Result<Option<SocketAddr>, HeaderError> {
+async fn read_v2(stream: &mut TcpStream, start: &[u8]) -> Result<Option<Ends>, HeaderError> {
     let mut fixed = [0u8; 16];
     fixed[..MIN_HEADER].copy_from_slice(start);
     stream
@@ -162,7 +173,7 @@ async fn read_v2(stream: &mut TcpStream, start: &[u8]) -> Result<Option<SocketAd
 }
 
 /// Parses a version 2 header: its 16 fixed bytes and the `len` bytes after them.
-pub(crate) fn parse_v2(fixed: &[u8; 16], rest: &[u8]) -> Result<Option<SocketAddr>, HeaderError> {
+pub(crate) fn parse_v2(fixed: &[u8; 16], rest: &[u8]) -> Result<Option<Ends>, HeaderError> {
     if fixed[12] >> 4 != 2 {
         return Err(HeaderError::Invalid("not version 2"));
     }
@@ -179,14 +190,23 @@ pub(crate) fn parse_v2(fixed: &[u8; 16], rest: &[u8]) -> Result<Option<SocketAdd
     if rest.len() < need {
         return Err(HeaderError::Invalid("a length too short for its addresses"));
     }
-    let addr = if need == 12 {
-        let ip: [u8; 4] = rest[..4].try_into().unwrap_or_default();
-        SocketAddr::new(IpAddr::from(ip), u16::from_be_bytes([rest[8], rest[9]]))
+    let port = |at: usize| u16::from_be_bytes([rest[at], rest[at + 1]]);
+    let ends = if need == 12 {
+        let ip =
+            |at: usize| IpAddr::from(<[u8; 4]>::try_from(&rest[at..at + 4]).unwrap_or_default());
+        (
+            SocketAddr::new(ip(0), port(8)),
+            SocketAddr::new(ip(4), port(10)),
+        )
     } else {
-        let ip: [u8; 16] = rest[..16].try_into().unwrap_or_default();
-        SocketAddr::new(IpAddr::from(ip), u16::from_be_bytes([rest[32], rest[33]]))
+        let ip =
+            |at: usize| IpAddr::from(<[u8; 16]>::try_from(&rest[at..at + 16]).unwrap_or_default());
+        (
+            SocketAddr::new(ip(0), port(32)),
+            SocketAddr::new(ip(16), port(34)),
+        )
     };
-    Ok(Some(addr))
+    Ok(Some(ends))
 }
 
 /// The header naming a connection from `src` to `dst`, in `version`.
@@ -263,9 +283,10 @@ mod tests {
     #[test]
     fn version_1_lines() {
         let ok = parse_v1(b"PROXY TCP4 203.0.113.7 10.0.0.1 5555 80\r\n").unwrap();
-        assert_eq!(ok, Some("203.0.113.7:5555".parse().unwrap()));
+        let ends = |a: &str, b: &str| Some((a.parse().unwrap(), b.parse().unwrap()));
+        assert_eq!(ok, ends("203.0.113.7:5555", "10.0.0.1:80"));
         let v6 = parse_v1(b"PROXY TCP6 2001:db8::1 2001:db8::2 1 2\r\n").unwrap();
-        assert_eq!(v6, Some("[2001:db8::1]:1".parse().unwrap()));
+        assert_eq!(v6, ends("[2001:db8::1]:1", "[2001:db8::2]:2"));
         assert_eq!(parse_v1(b"PROXY UNKNOWN\r\n"), Ok(None));
         for bad in [
             &b"PROXY TCP4 203.0.113.7 10.0.0.1 5555\r\n"[..],
@@ -286,16 +307,54 @@ mod tests {
         );
         let v1 = header(Version::V1, s4, d4);
         assert_eq!(v1, b"PROXY TCP4 198.51.100.9 10.1.2.3 40000 443\r\n");
-        assert_eq!(parse_v1(&v1), Ok(Some(s4)));
+        assert_eq!(parse_v1(&v1), Ok(Some((s4, d4))));
         let v2 = header(Version::V2, s4, d4);
         assert_eq!(v2.len(), 16 + 12);
         let fixed: [u8; 16] = v2[..16].try_into().unwrap();
-        assert_eq!(parse_v2(&fixed, &v2[16..]), Ok(Some(s4)));
+        assert_eq!(parse_v2(&fixed, &v2[16..]), Ok(Some((s4, d4))));
         let s6: SocketAddr = "[2001:db8::7]:9".parse().unwrap();
         let v2 = header(Version::V2, s6, d4);
         let fixed: [u8; 16] = v2[..16].try_into().unwrap();
         assert_eq!((fixed[13], v2.len()), (0x21, 16 + 36));
-        assert_eq!(parse_v2(&fixed, &v2[16..]), Ok(Some(s6)));
+        let mapped = SocketAddr::new(IpAddr::V6(to_v6_ip(d4.ip())), d4.port());
+        assert_eq!(parse_v2(&fixed, &v2[16..]), Ok(Some((s6, mapped))));
+    }
+
+    /// What `read_header` makes of `pieces` sent one after the other, and the bytes it
+    /// left in the socket.
+    async fn read_sent(pieces: &[&[u8]]) -> (Result<Option<Ends>, HeaderError>, Vec<u8>) {
+        use tokio::io::AsyncWriteExt;
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (mut server, _) = l.accept().await.unwrap();
+        let owned: Vec<Vec<u8>> = pieces.iter().map(|p| p.to_vec()).collect();
+        let writer = tokio::spawn(async move {
+            for p in owned {
+                client.write_all(&p).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            client
+        });
+        let r = read_header(&mut server, Duration::from_secs(2)).await;
+        drop(writer.await.unwrap());
+        let mut rest = Vec::new();
+        let _ = server.read_to_end(&mut rest).await;
+        (r, rest)
+    }
+
+    #[tokio::test]
+    async fn a_header_in_pieces_is_read_exactly_and_a_short_line_is_refused() {
+        let line = b"PROXY TCP4 203.0.113.7 10.0.0.1 5555 80\r\nGET";
+        for cut in [15, 20, 39, 40] {
+            let (r, rest) = read_sent(&[&line[..cut], &line[cut..]]).await;
+            let (src, _) = r.unwrap().unwrap();
+            assert_eq!(src.to_string(), "203.0.113.7:5555", "cut at {cut}");
+            assert_eq!(rest, b"GET", "cut at {cut}");
+        }
+        let (r, _) = read_sent(&[b"PROXY X\r\nGET / HTTP/1.1\r\n"]).await;
+        assert!(matches!(r, Err(HeaderError::Invalid(_))), "{r:?}");
+        let (r, rest) = read_sent(&[b"PROXY UNKNOWN\r\nGET"]).await;
+        assert_eq!((r, rest), (Ok(None), b"GET".to_vec()));
     }
 
     #[test]

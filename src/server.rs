@@ -394,9 +394,10 @@ impl Connections {
     }
 }
 
-/// Who a new connection is from: its peer, or with `accept_proxy_protocol` the client
-/// its PROXY header names (read before anything else, the TLS handshake included);
-/// `None` closes it: the header is missing, malformed, or late.
+/// Who a new connection is from and what it reached: its own ends, or with
+/// `accept_proxy_protocol` those its PROXY header names (read before anything else, the
+/// TLS handshake included); `None` closes it: the header is missing, malformed, or
+/// late.
 async fn client_of(
     stream: &mut tokio::net::TcpStream,
     peer: SocketAddr,
@@ -404,16 +405,21 @@ async fn client_of(
     tls: bool,
     proxy: &Proxy,
 ) -> Option<crate::proxy::Peer> {
-    let addr = if proxy.accepts_proxy_protocol() {
+    // A wildcard bind says nothing about the address reached: ask the socket.
+    let local = match local.ip().is_unspecified() {
+        true => stream.local_addr().unwrap_or(local),
+        false => local,
+    };
+    let (addr, local) = if proxy.accepts_proxy_protocol() {
         match crate::proxy_protocol::read_header(stream, HEADER_TIMEOUT).await {
-            Ok(named) => named.unwrap_or(peer),
+            Ok(named) => named.unwrap_or((peer, local)),
             Err(e) => {
                 tracing::debug!(%peer, error = ?e, "connection closed: no valid PROXY protocol header");
                 return None;
             }
         }
     } else {
-        peer
+        (peer, local)
     };
     Some(crate::proxy::Peer {
         addr,

@@ -65,6 +65,10 @@ impl Transport {
             Some((config, name)) => {
                 let connector = tokio_rustls::TlsConnector::from(Arc::clone(config));
                 let tls = connector.connect(name.clone(), tcp).await?;
+                // A server that ignores ALPN would get the HTTP/2 preface over HTTP/1.1.
+                if self.h2 && tls.get_ref().1.alpn_protocol() != Some(&b"h2"[..]) {
+                    return Err(io::Error::other("the backend did not agree to h2 by ALPN"));
+                }
                 Ok(Stream::Tls(Box::new(tls)))
             }
         }

@@ -224,3 +224,52 @@ async fn a_grpc_client_calls_through_fulcrum() {
         .expect_err("the backend's status reaches the client");
     assert_eq!((err.code(), err.message()), (tonic::Code::NotFound, "nope"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_connection_opens_when_the_first_carries_a_hundred_streams() {
+    let backend = H2Backend::plain("h2c");
+    let url = format!("http://127.0.0.1:{}", backend.addr.port());
+    let f = Fulcrum::start(&["--backend", &url, "--protocol", "h2", "--workers", "1"]);
+    let c = client();
+    let calls: Vec<_> = (0..150)
+        .map(|_| {
+            let (c, url) = (c.clone(), f.url("/sleep/400"));
+            tokio::spawn(async move { get(&c, &url).await })
+        })
+        .collect();
+    let mut most = 0;
+    for call in calls {
+        let r = call.await.unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        most = most.max(r.header("x-connections").unwrap().parse::<u32>().unwrap());
+    }
+    assert_eq!(
+        most, 2,
+        "150 requests at once over streams of 100 per connection"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_backend_that_does_not_agree_to_h2_fails_its_connect() {
+    let pki = Pki::new("noalpn");
+    // A server that ignores ALPN (offers nothing): the handshake completes without h2.
+    let backend = H2Backend::tls_offering("noalpn", &pki, "backend", &["localhost"], &[]);
+    let cfg = config_file(
+        "h2",
+        "noalpn",
+        &format!(
+            "protocol = \"h2\"\nretries = 0\ntls_ca_file = \"{}\"\n[[backends]]\nurl = \"https://localhost:{}\"\n",
+            pki.arg("ca.pem"),
+            backend.addr.port()
+        ),
+    );
+    let f = Fulcrum::start(&["--config", cfg.to_str().unwrap()]);
+    let r = get(&client(), &f.url("/")).await;
+    assert_eq!(r.status, 502, "{}", r.text());
+    assert!(
+        f.log_line(&["did not agree to h2"], Duration::from_secs(3))
+            .is_some(),
+        "{}",
+        f.log()
+    );
+}

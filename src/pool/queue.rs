@@ -107,7 +107,8 @@ impl Queue {
     /// at the place its `ticket` gives it, even in a full queue: waiters woken together
     /// that all lost keep their order. At most `max` wait at once. `seen` is the
     /// [`Self::epoch`] read before the pick that found no slot: a release since then
-    /// returns at once.
+    /// returns at once. `Ok(true)`: it waited in line and was woken; `Ok(false)`: it
+    /// never queued (a slot came free first), so it holds no place yet.
     pub(crate) async fn wait(
         &self,
         max: usize,
@@ -115,12 +116,12 @@ impl Queue {
         (ticket, returning): (u64, bool),
         preferred: Option<Arc<Backend>>,
         seen: u64,
-    ) -> Result<(), QueueError> {
+    ) -> Result<bool, QueueError> {
         let (wake, woken) = oneshot::channel();
         {
             let mut w = self.lock();
             if self.epoch() != seen {
-                return Ok(());
+                return Ok(false);
             }
             if w.len() >= max && !returning {
                 return Err(QueueError::Full);
@@ -149,7 +150,7 @@ impl Queue {
         match tokio::time::timeout_at(deadline, woken).await {
             Ok(_) => {
                 leave.used = true;
-                Ok(())
+                Ok(true)
             }
             Err(_) => {
                 self.timeouts.fetch_add(1, Ordering::Relaxed);
@@ -273,7 +274,11 @@ mod tests {
             Duration::from_millis(100),
             q.wait(8, deadline, (q.ticket(), false), None, seen),
         );
-        assert_eq!(r.await, Ok(Ok(())), "it picks again at once");
+        assert_eq!(
+            r.await,
+            Ok(Ok(false)),
+            "it picks again at once, holding no place"
+        );
         assert_eq!(q.len(), 0);
     }
 

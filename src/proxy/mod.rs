@@ -593,7 +593,7 @@ impl Proxy {
                         ticket,
                     };
                     match self.wait_turn(req, fin, turn, &mut deadline).await {
-                        Ok(t) => ticket = Some(t),
+                        Ok(place) => ticket = place.or(ticket),
                         Err(r) => return r,
                     }
                     continue;
@@ -643,16 +643,16 @@ impl Proxy {
         }
     }
 
-    /// Waits in the pool's queue until a slot comes free (`Ok` with its place in the
-    /// queue: pick again), or answers 503 with `Retry-After: 1`: the queue is full, or
-    /// the wait ran out.
+    /// Waits in the pool's queue until a slot comes free (`Ok`: pick again, with its
+    /// place in the queue if it took one), or answers 503 with `Retry-After: 1`: the
+    /// queue is full, or the wait ran out.
     async fn wait_turn(
         &self,
         req: &Outgoing,
         fin: &mut Pending,
         turn: Turn,
         deadline: &mut Option<tokio::time::Instant>,
-    ) -> Result<u64, ProxyResponse> {
+    ) -> Result<Option<u64>, ProxyResponse> {
         let s = &req.pool.settings;
         let until = *deadline.get_or_insert_with(|| far_after(s.queue_timeout));
         let q = &req.pool.queue;
@@ -664,7 +664,7 @@ impl Proxy {
         // Boxed: only a request that waits pays for the wait's state.
         let wait = Box::pin(q.wait(s.max_queue, until, place, preferred, seen));
         let text = match wait.await {
-            Ok(()) => return Ok(place.0),
+            Ok(queued) => return Ok(queued.then_some(place.0)),
             Err(QueueError::Full) => "queue full, retry later\n",
             Err(QueueError::Timeout) => "queue timeout\n",
         };
@@ -1057,9 +1057,12 @@ fn to_h2(r: &mut Request<ReqBody>, backend: &Backend) {
     } else {
         http::uri::Scheme::HTTP
     };
-    let mut parts = std::mem::take(r.uri_mut()).into_parts();
+    let mut parts = r.uri().clone().into_parts();
     parts.scheme = Some(scheme);
     parts.authority = Some(authority);
+    if parts.path_and_query.is_none() {
+        parts.path_and_query = Some(PathAndQuery::from_static("/"));
+    }
     if let Ok(uri) = Uri::from_parts(parts) {
         *r.uri_mut() = uri;
     }

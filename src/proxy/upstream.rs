@@ -11,6 +11,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -28,6 +29,9 @@ use crate::backend::Backend;
 pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Idle connections kept per backend and worker.
 const MAX_IDLE_PER_BACKEND: usize = 1024;
+/// How often an HTTP/2 connection to a backend is pinged, and how long an answer may take.
+const H2_PING: Duration = Duration::from_secs(30);
+const H2_PING_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How an attempt ended without a response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,6 +92,8 @@ pub(crate) struct Conn {
     reused: bool,
     /// It carries one client's PROXY header: never pooled for another request.
     private: bool,
+    /// Its stream on a shared HTTP/2 connection.
+    slot: Option<StreamSlot>,
     /// The HTTP/1.1 connection's task; none for a handle on a shared HTTP/2 one, whose
     /// task lives with the pool.
     task: Task,
@@ -127,8 +133,24 @@ struct Idle {
 #[derive(Debug)]
 struct Shared {
     sender: http2::SendRequest<ReqBody>,
-    _task: Task,
+    /// Requests on it now (see [`MAX_STREAMS`]).
+    streams: Arc<AtomicUsize>,
     used: Instant,
+}
+
+/// Requests one HTTP/2 connection carries at once before another is opened: the
+/// `SETTINGS_MAX_CONCURRENT_STREAMS` most servers advertise (RFC 9113 asks for at least
+/// 100), which hyper does not expose to its client.
+const MAX_STREAMS: usize = 100;
+
+/// A request's stream on a shared HTTP/2 connection, counted while it lasts.
+#[derive(Debug)]
+struct StreamSlot(Arc<AtomicUsize>);
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// One worker's keep-alive connections, by backend id.
@@ -196,6 +218,7 @@ impl Upstreams {
                     backend: b.id,
                     reused: true,
                     private: false,
+                    slot: None,
                     task,
                 });
             }
@@ -279,6 +302,7 @@ impl Upstreams {
             backend: b.id,
             reused: false,
             private,
+            slot: None,
             task: Task(Some(task.abort_handle())),
         })
     }
@@ -286,14 +310,18 @@ impl Upstreams {
     /// A handle on an HTTP/2 connection to `b` with a stream free: an open one (the
     /// pool's lock is not held across the connect), else a new one, shared from then on.
     async fn checkout_h2(&self, b: &Backend) -> Result<Conn, Failure> {
-        let (sender, reused) = match self.open_h2(b) {
+        let ((sender, slot), reused) = match self.open_h2(b) {
             Some(s) => (s, true),
             None => {
                 let gate = {
                     let mut g = self.h2_connecting.lock().unwrap_or_else(|e| e.into_inner());
                     Arc::clone(g.entry(b.id).or_default())
                 };
-                let _turn = gate.lock().await;
+                // Bounded: behind a connect that fails slowly, a request gives up after
+                // one connect timeout, not one per request ahead of it.
+                let Ok(_turn) = tokio::time::timeout(b.connect_timeout, gate.lock()).await else {
+                    return Err(Failure::Connect);
+                };
                 match self.open_h2(b) {
                     // Opened while this request waited its turn.
                     Some(s) => (s, true),
@@ -306,43 +334,67 @@ impl Upstreams {
             backend: b.id,
             reused,
             private: false,
+            slot: Some(slot),
             task: Task(None),
         })
     }
 
-    /// A handle on an open HTTP/2 connection to `b` with a stream free.
-    fn open_h2(&self, b: &Backend) -> Option<http2::SendRequest<ReqBody>> {
+    /// A handle on an open HTTP/2 connection to `b` with a stream free, and that stream.
+    fn open_h2(&self, b: &Backend) -> Option<(http2::SendRequest<ReqBody>, StreamSlot)> {
         let mut h2 = self.h2.lock().unwrap_or_else(|e| e.into_inner());
         let list = h2.entry(b.id).or_default();
         list.retain(|c| !c.sender.is_closed());
-        list.iter_mut().find(|c| c.sender.is_ready()).map(|c| {
-            c.used = Instant::now();
-            c.sender.clone()
-        })
+        let c = list
+            .iter_mut()
+            .find(|c| c.streams.load(Ordering::Relaxed) < MAX_STREAMS)?;
+        c.used = Instant::now();
+        c.streams.fetch_add(1, Ordering::Relaxed);
+        Some((c.sender.clone(), StreamSlot(Arc::clone(&c.streams))))
+    }
+
+    /// Takes the HTTP/2 connection `slot` is on out of the pool: an exchange on it timed
+    /// out or broke, so it may be dead (its requests in flight go on; new ones open
+    /// another).
+    fn evict_h2(&self, backend: u64, slot: &StreamSlot) {
+        let mut h2 = self.h2.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(list) = h2.get_mut(&backend) {
+            list.retain(|c| !Arc::ptr_eq(&c.streams, &slot.0));
+        }
     }
 
     /// Opens an HTTP/2 connection to `b` (prior knowledge over TCP, ALPN `h2` over TLS)
     /// and shares it.
-    async fn connect_h2(&self, b: &Backend) -> Result<http2::SendRequest<ReqBody>, Failure> {
+    async fn connect_h2(
+        &self,
+        b: &Backend,
+    ) -> Result<(http2::SendRequest<ReqBody>, StreamSlot), Failure> {
         let stream = self.open(b, None).await?;
         let (sender, conn) = http2::Builder::new(TokioExecutor::new())
             .max_header_list_size(super::wire::MAX_HEAD as u32)
+            // A backend that vanished without a word is found within 40 s.
+            .timer(hyper_util::rt::TokioTimer::new())
+            .keep_alive_interval(H2_PING)
+            .keep_alive_timeout(H2_PING_TIMEOUT)
             .handshake(TokioIo::new(stream))
             .await
             .map_err(|e| {
                 tracing::warn!(backend = %b.name, error = %e, "HTTP/2 handshake with the backend failed");
                 Failure::Connect
             })?;
-        let task = tokio::spawn(async move {
+        // Not aborted when the pool lets it go: it ends by itself once no handle on it
+        // is left and its streams are over, so a long stream outlives the idle sweep.
+        tokio::spawn(async move {
             let _ = conn.await;
         });
+        let streams = Arc::new(AtomicUsize::new(1));
+        let slot = StreamSlot(Arc::clone(&streams));
         let mut h2 = self.h2.lock().unwrap_or_else(|e| e.into_inner());
         h2.entry(b.id).or_default().push(Shared {
             sender: sender.clone(),
-            _task: Task(Some(task.abort_handle())),
+            streams,
             used: Instant::now(),
         });
-        Ok(sender)
+        Ok((sender, slot))
     }
 
     /// Sends `req` to `b` and waits for the response head, at most `timeout` from the
@@ -375,7 +427,11 @@ impl Upstreams {
                     Sender::H2(s) => s.try_send_request(req).await,
                 }
             };
-            match tokio::time::timeout(timeout, sending).await {
+            let outcome = tokio::time::timeout(timeout, sending).await;
+            if let (Some(slot), Err(_) | Ok(Err(_))) = (&conn.slot, &outcome) {
+                self.evict_h2(b.id, slot);
+            }
+            match outcome {
                 Err(_) => return Err(Failure::Timeout.into()),
                 Ok(Ok(resp)) => return Ok((resp, conn, sent_at)),
                 Ok(Err(mut e)) => match e.take_message() {
@@ -501,7 +557,10 @@ impl Upstreams {
         drop(idle);
         let mut h2 = self.h2.lock().unwrap_or_else(|e| e.into_inner());
         h2.retain(|id, list| {
-            list.retain(|c| !c.sender.is_closed() && c.used.elapsed() < IDLE_TIMEOUT);
+            list.retain(|c| {
+                let busy = c.streams.load(Ordering::Relaxed) > 0;
+                !c.sender.is_closed() && (busy || c.used.elapsed() < IDLE_TIMEOUT)
+            });
             live(*id) && !list.is_empty()
         });
         drop(h2);

@@ -213,9 +213,9 @@ impl Picker {
         let p = match kind {
             // While slow start ramps a backend, the rotation is weighted by the shares.
             StrategyKind::RoundRobin => match ramp::Ramp::of(eligible) {
-                Some(r) => {
-                    Picker::WeightedRoundRobin(SmoothWeightedRoundRobin::new(&r.rotation_weights()))
-                }
+                Some(r) => Picker::WeightedRoundRobin(
+                    SmoothWeightedRoundRobin::new(&r.rotation_weights()).starting_anywhere(),
+                ),
                 None => Picker::RoundRobin(RoundRobin::new()),
             },
             StrategyKind::WeightedRoundRobin => {

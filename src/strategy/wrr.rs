@@ -187,6 +187,17 @@ impl SmoothWeightedRoundRobin {
         self
     }
 
+    /// Starts the rotation at a random point of its schedule: a schedule rebuilt with
+    /// new weights every 250 ms (round robin under slow start) would otherwise begin at
+    /// the first backend each time, and a pool with few requests per rebuild would send
+    /// them all there. Live schedules (huge pools) keep their start.
+    pub(crate) fn starting_anywhere(self) -> Self {
+        if let Mode::Table { schedule, next, .. } = &self.mode {
+            next.store(fastrand::usize(..schedule.len().max(1)), Ordering::Relaxed);
+        }
+        self
+    }
+
     /// The next index (the pool must not be empty).
     #[inline]
     pub(crate) fn pick(&self) -> usize {

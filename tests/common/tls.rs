@@ -219,6 +219,7 @@ pub async fn h1(s: TlsStream<TcpStream>) -> hyper::client::conn::http1::SendRequ
 
 /// A backend of its own for the HTTP/2 and TLS tests: hyper's server, HTTP/1.1 and
 /// HTTP/2 (by ALPN over TLS, by the preface in the clear). Paths:
+/// - `/sleep/MS`: answers after MS milliseconds;
 /// - `/stream/N`: N data frames, then the trailers `grpc-status: 0`, `grpc-message: ok`;
 /// - `/echo`: the request body back, and its trailers as the response's, plus
 ///   `grpc-status: 0`;
@@ -247,8 +248,20 @@ impl H2Backend {
         Self::start(name, None)
     }
 
-    /// Over TLS with the leaf `file` of `pki` (made for `names`).
+    /// Over TLS with the leaf `file` of `pki` (made for `names`), offering h2 and
+    /// http/1.1 by ALPN.
     pub fn tls(name: &'static str, pki: &Pki, file: &str, names: &[&str]) -> H2Backend {
+        Self::tls_offering(name, pki, file, names, &[b"h2", b"http/1.1"])
+    }
+
+    /// As [`Self::tls`], offering `alpn` only (none: the server ignores ALPN).
+    pub fn tls_offering(
+        name: &'static str,
+        pki: &Pki,
+        file: &str,
+        names: &[&str],
+        alpn: &[&[u8]],
+    ) -> H2Backend {
         pki.leaf(file, names);
         let chain = CertificateDer::pem_file_iter(pki.path(&format!("{file}.pem")))
             .unwrap()
@@ -263,7 +276,7 @@ impl H2Backend {
             .with_no_client_auth()
             .with_single_cert(chain, key)
             .unwrap();
-        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
         Self::start(
             name,
             Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))),
@@ -333,6 +346,9 @@ async fn answer(
     let path = req.uri().path().to_string();
     if let Some(method) = path.strip_prefix("/test.Echo/") {
         return Ok(grpc_answer(name, method.to_string(), req).await);
+    }
+    if let Some(ms) = path.strip_prefix("/sleep/") {
+        tokio::time::sleep(std::time::Duration::from_millis(ms.parse().unwrap_or(0))).await;
     }
     let body: Boxed = if let Some(n) = path.strip_prefix("/stream/") {
         let n: usize = n.parse().unwrap_or(1);
