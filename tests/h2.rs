@@ -233,7 +233,7 @@ async fn a_second_connection_opens_when_the_first_carries_a_hundred_streams() {
     let c = client();
     let calls: Vec<_> = (0..150)
         .map(|_| {
-            let (c, url) = (c.clone(), f.url("/sleep/400"));
+            let (c, url) = (c.clone(), f.url("/sleep/2000"));
             tokio::spawn(async move { get(&c, &url).await })
         })
         .collect();

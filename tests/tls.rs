@@ -515,3 +515,39 @@ async fn https_backends_are_verified_against_the_pools_roots() {
         "{err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_returning_client_resumes_its_session() {
+    let pki = Pki::new("resume");
+    pki.leaf("a", &["a.test"]);
+    let backend = TestBackend::start("B1");
+    let f = Fulcrum::start(&[
+        "--backend",
+        &backend.spec(),
+        "--tls-listen",
+        "127.0.0.1:0",
+        "--tls-cert",
+        &pki.arg("a.pem"),
+        "--tls-key",
+        &pki.arg("a.key"),
+    ]);
+    let addr = https_addr(&f);
+    // One client configuration, so one session store, across both connections.
+    let connector = pki.client(&[b"http/1.1"]);
+    let mut kinds = Vec::new();
+    for _ in 0..2 {
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let name = ServerName::try_from("a.test").unwrap();
+        let s = connector.connect(name, tcp).await.expect("handshake");
+        kinds.push(s.get_ref().1.handshake_kind());
+        // The exchange reads the session tickets TLS 1.3 sends after the handshake.
+        let mut sender = h1(s).await;
+        assert_eq!(get_h1(&mut sender, "a.test", "/").await.0, 200);
+    }
+    use rustls::HandshakeKind::{Full, Resumed};
+    assert_eq!(
+        kinds,
+        [Some(Full), Some(Resumed)],
+        "the second handshake resumes"
+    );
+}

@@ -195,6 +195,11 @@ pub async fn get_h1(
         .header("host", host)
         .body(Empty::new())
         .unwrap();
+    // The previous exchange's end may not have reached the connection's task yet.
+    sender
+        .ready()
+        .await
+        .expect("the connection takes another request");
     let resp = sender.send_request(req).await.expect("response");
     let (parts, body) = resp.into_parts();
     let _ = body.collect().await;
