@@ -1,0 +1,465 @@
+//! etcd v3 through its JSON gateway (`POST /v3/kv/range`, `/v3/kv/txn`, `/v3/watch`,
+//! `/v3/lease/…`; etcd 3.4 and later), over hyper's client.
+//!
+//! Why the gateway and not the `etcd-client` crate: that crate generates its gRPC code
+//! at build time, so it needs `protoc` installed (Debian's `protobuf-compiler`), and
+//! alone it builds 99 crates in 70 s on this 2-core machine (tonic, prost, prost-build
+//! and their dependencies). The gateway needs nothing fulcrum does not have: hyper,
+//! serde_json and base64 (keys and values are base64 in the gateway's JSON). The
+//! measurements are in `docs/fleet.md`.
+
+use std::time::Duration;
+
+use base64::Engine as _;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+
+/// How long one call to etcd may take (a watch excepted).
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What went wrong talking to etcd.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum StoreError {
+    /// No endpoint answered.
+    Unreachable(String),
+    /// An endpoint answered with something that is not what the gateway sends.
+    Protocol(String),
+    /// The watch's start revision was compacted away; the prefix must be read again.
+    Compacted(i64),
+}
+
+/// One key and its value, as etcd holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Kv {
+    /// The key, as text.
+    pub(crate) key: String,
+    /// The value's bytes.
+    pub(crate) value: Vec<u8>,
+    /// The revision of its last change: what a write compares against.
+    pub(crate) mod_revision: i64,
+}
+
+/// A change seen by a watch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Change {
+    /// The key was written.
+    Put(Kv),
+    /// The key was deleted at this revision.
+    Delete { key: String, revision: i64 },
+}
+
+/// A compare-and-set's outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Written {
+    /// Written, at this revision.
+    Done(i64),
+    /// Someone else changed it first: its current value, if it has one.
+    Conflict(Option<Kv>),
+}
+
+/// A client of one etcd cluster.
+#[derive(Debug, Clone)]
+pub(crate) struct Etcd {
+    /// `http://host:port`, in the order to try them.
+    endpoints: Vec<String>,
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+/// The gateway writes 64-bit integers as strings (proto3 JSON); absent means 0.
+fn int(v: &Value) -> i64 {
+    match v {
+        Value::String(s) => s.parse().unwrap_or(0),
+        Value::Number(n) => n.as_i64().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+fn b64(s: &[u8]) -> String {
+    B64.encode(s)
+}
+
+/// The key just after every key that starts with `prefix` (etcd's `range_end`).
+fn prefix_end(prefix: &str) -> Vec<u8> {
+    let mut end = prefix.as_bytes().to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0] // every key
+}
+
+#[derive(Deserialize)]
+struct RawKv {
+    #[serde(default)]
+    key: String,
+    #[serde(default)]
+    value: String,
+    #[serde(default)]
+    mod_revision: Value,
+}
+
+impl RawKv {
+    fn decode(self) -> Result<Kv, StoreError> {
+        let bad = |e: base64::DecodeError| StoreError::Protocol(format!("base64: {e}"));
+        let key = B64.decode(self.key).map_err(bad)?;
+        Ok(Kv {
+            key: String::from_utf8_lossy(&key).into_owned(),
+            value: B64.decode(self.value).map_err(bad)?,
+            mod_revision: int(&self.mod_revision),
+        })
+    }
+}
+
+impl Etcd {
+    /// A client of the cluster at `endpoints` (`host:port` each).
+    pub(crate) fn new(endpoints: &[String]) -> Etcd {
+        Etcd {
+            endpoints: endpoints.iter().map(|e| format!("http://{e}")).collect(),
+            client: Client::builder(TokioExecutor::new()).build_http(),
+        }
+    }
+
+    /// POSTs `body` to `path` on the first endpoint that answers; its JSON answer.
+    async fn call(&self, path: &str, body: Value) -> Result<Value, StoreError> {
+        let mut last = String::from("no endpoint");
+        for e in &self.endpoints {
+            let req = http::Request::post(format!("{e}{path}"))
+                .header(http::header::CONTENT_TYPE, "application/json")
+                .body(Full::new(Bytes::from(body.to_string())))
+                .map_err(|x| StoreError::Protocol(x.to_string()))?;
+            let answer = async {
+                let resp = self.client.request(req).await.map_err(|x| x.to_string())?;
+                let status = resp.status();
+                let bytes = resp
+                    .into_body()
+                    .collect()
+                    .await
+                    .map_err(|x| x.to_string())?;
+                Ok::<_, String>((status, bytes.to_bytes()))
+            };
+            match tokio::time::timeout(CALL_TIMEOUT, answer).await {
+                Ok(Ok((status, bytes))) if status.is_success() => {
+                    return serde_json::from_slice(&bytes)
+                        .map_err(|x| StoreError::Protocol(format!("{path}: {x}")));
+                }
+                Ok(Ok((status, bytes))) => {
+                    let text = String::from_utf8_lossy(&bytes);
+                    return Err(StoreError::Protocol(format!("{path}: {status} {text}")));
+                }
+                Ok(Err(x)) => last = format!("{e}: {x}"),
+                Err(_) => last = format!("{e}: no answer within {CALL_TIMEOUT:?}"),
+            }
+        }
+        Err(StoreError::Unreachable(last))
+    }
+
+    /// Every key under `prefix`, and the revision the read saw.
+    pub(crate) async fn range_prefix(&self, prefix: &str) -> Result<(i64, Vec<Kv>), StoreError> {
+        let body = json!({"key": b64(prefix.as_bytes()), "range_end": b64(&prefix_end(prefix))});
+        let v = self.call("/v3/kv/range", body).await?;
+        let revision = int(&v["header"]["revision"]);
+        let kvs = match v.get("kvs") {
+            Some(list) => serde_json::from_value::<Vec<RawKv>>(list.clone())
+                .map_err(|x| StoreError::Protocol(x.to_string()))?
+                .into_iter()
+                .map(RawKv::decode)
+                .collect::<Result<_, _>>()?,
+            None => Vec::new(),
+        };
+        Ok((revision, kvs))
+    }
+
+    /// Writes `value` at `key` if its last change is `mod_revision` (0: only if it does
+    /// not exist), in one transaction; on a conflict, the current value.
+    pub(crate) async fn put_if(
+        &self,
+        key: &str,
+        value: &[u8],
+        mod_revision: i64,
+    ) -> Result<Written, StoreError> {
+        let put = json!({"request_put": {"key": b64(key.as_bytes()), "value": b64(value)}});
+        self.txn(key, mod_revision, put).await
+    }
+
+    /// Deletes `key` if its last change is `mod_revision`.
+    pub(crate) async fn delete_if(
+        &self,
+        key: &str,
+        mod_revision: i64,
+    ) -> Result<Written, StoreError> {
+        let del = json!({"request_delete_range": {"key": b64(key.as_bytes())}});
+        self.txn(key, mod_revision, del).await
+    }
+
+    async fn txn(&self, key: &str, mod_revision: i64, then: Value) -> Result<Written, StoreError> {
+        let k = b64(key.as_bytes());
+        // etcd leaves a zero out of its JSON: compare "MOD = 0" is written explicitly,
+        // and means the key does not exist.
+        let compare = json!({"key": k, "target": "MOD", "result": "EQUAL",
+                             "mod_revision": mod_revision.to_string()});
+        let body = json!({"compare": [compare], "success": [then],
+                          "failure": [{"request_range": {"key": k}}]});
+        let v = self.call("/v3/kv/txn", body).await?;
+        if v["succeeded"].as_bool().unwrap_or(false) {
+            return Ok(Written::Done(int(&v["header"]["revision"])));
+        }
+        let current = v["responses"][0]["response_range"]["kvs"][0].clone();
+        let current = match current {
+            Value::Null => None,
+            raw => Some(
+                serde_json::from_value::<RawKv>(raw)
+                    .map_err(|x| StoreError::Protocol(x.to_string()))?
+                    .decode()?,
+            ),
+        };
+        Ok(Written::Conflict(current))
+    }
+
+    /// A lease of `ttl`; its id.
+    pub(crate) async fn grant_lease(&self, ttl: Duration) -> Result<i64, StoreError> {
+        let v = self
+            .call("/v3/lease/grant", json!({"TTL": ttl.as_secs().to_string()}))
+            .await?;
+        match int(&v["ID"]) {
+            0 => Err(StoreError::Protocol("a lease without an id".into())),
+            id => Ok(id),
+        }
+    }
+
+    /// Renews lease `id` once.
+    pub(crate) async fn keep_alive(&self, id: i64) -> Result<(), StoreError> {
+        self.call("/v3/lease/keepalive", json!({"ID": id.to_string()}))
+            .await?;
+        Ok(())
+    }
+
+    /// Writes `value` at `key`, attached to lease `id`.
+    pub(crate) async fn put_with_lease(
+        &self,
+        key: &str,
+        value: &[u8],
+        id: i64,
+    ) -> Result<(), StoreError> {
+        let body =
+            json!({"key": b64(key.as_bytes()), "value": b64(value), "lease": id.to_string()});
+        self.call("/v3/kv/put", body).await?;
+        Ok(())
+    }
+
+    /// Watches every key under `prefix` from `revision` on: calls `each` with the changes
+    /// of every event batch and the revision they bring the store to, until the stream
+    /// ends (an error) or `each` returns false.
+    pub(crate) async fn watch(
+        &self,
+        prefix: &str,
+        revision: i64,
+        mut each: impl FnMut(i64, Vec<Change>) -> bool,
+    ) -> Result<(), StoreError> {
+        let create = json!({"create_request": {"key": b64(prefix.as_bytes()),
+            "range_end": b64(&prefix_end(prefix)), "start_revision": revision.to_string()}});
+        let endpoint = self
+            .endpoints
+            .first()
+            .ok_or(StoreError::Unreachable("no endpoint".into()))?;
+        let req = http::Request::post(format!("{endpoint}/v3/watch"))
+            .body(Full::new(Bytes::from(create.to_string())))
+            .map_err(|x| StoreError::Protocol(x.to_string()))?;
+        let resp = self
+            .client
+            .request(req)
+            .await
+            .map_err(|x| StoreError::Unreachable(x.to_string()))?;
+        let mut body = resp.into_body();
+        let mut pending = Vec::new();
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|x| StoreError::Unreachable(x.to_string()))?;
+            let Some(data) = frame.data_ref() else {
+                continue;
+            };
+            pending.extend_from_slice(data);
+            // One JSON object per line.
+            while let Some(at) = pending.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = pending.drain(..=at).collect();
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                let v: Value = serde_json::from_slice(&line)
+                    .map_err(|x| StoreError::Protocol(format!("watch: {x}")))?;
+                let r = &v["result"];
+                let compacted = int(&r["compact_revision"]);
+                if compacted > 0 {
+                    return Err(StoreError::Compacted(compacted));
+                }
+                let changes = changes_of(&r["events"])?;
+                if !changes.is_empty() && !each(int(&r["header"]["revision"]), changes) {
+                    return Ok(());
+                }
+            }
+        }
+        Err(StoreError::Unreachable("the watch ended".into()))
+    }
+}
+
+/// A watch answer's events.
+fn changes_of(events: &Value) -> Result<Vec<Change>, StoreError> {
+    let Some(list) = events.as_array() else {
+        return Ok(Vec::new());
+    };
+    list.iter()
+        .map(|e| {
+            let raw = serde_json::from_value::<RawKv>(e["kv"].clone())
+                .map_err(|x| StoreError::Protocol(x.to_string()))?;
+            let kv = raw.decode()?;
+            Ok(match e["type"].as_str() {
+                Some("DELETE") => Change::Delete {
+                    key: kv.key,
+                    revision: kv.mod_revision,
+                },
+                _ => Change::Put(kv),
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prefix_ends_just_after_its_keys() {
+        assert_eq!(prefix_end("fulcrum/"), b"fulcrum0");
+        assert_eq!(prefix_end("a\u{7f}"), b"a\x80");
+        assert_eq!(prefix_end(""), [0]);
+        assert_eq!(int(&json!("42")), 42);
+        assert_eq!(int(&json!(7)), 7);
+        assert_eq!(int(&Value::Null), 0);
+    }
+
+    /// A real etcd on ephemeral ports with a data directory of its own; killed on drop.
+    struct RealEtcd {
+        child: std::process::Child,
+        dir: std::path::PathBuf,
+        client: String,
+    }
+
+    impl Drop for RealEtcd {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port")
+    }
+
+    fn start_etcd(tag: &str) -> RealEtcd {
+        let (client, peer) = (free_port(), free_port());
+        let dir = std::env::temp_dir().join(format!("fulcrum-etcd-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let child = std::process::Command::new("etcd")
+            .args(["--data-dir", dir.to_str().unwrap_or("/tmp/etcd")])
+            .arg(format!("--listen-client-urls=http://127.0.0.1:{client}"))
+            .arg(format!("--advertise-client-urls=http://127.0.0.1:{client}"))
+            .arg(format!("--listen-peer-urls=http://127.0.0.1:{peer}"))
+            .arg(format!(
+                "--initial-advertise-peer-urls=http://127.0.0.1:{peer}"
+            ))
+            .arg(format!("--initial-cluster=default=http://127.0.0.1:{peer}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("etcd is needed for the fleet tests: apt-get install etcd-server");
+        RealEtcd {
+            child,
+            dir,
+            client: format!("127.0.0.1:{client}"),
+        }
+    }
+
+    async fn ready(e: &Etcd) {
+        for _ in 0..100 {
+            if e.range_prefix("x").await.is_ok() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("etcd did not start");
+    }
+
+    #[tokio::test]
+    async fn reads_writes_on_a_revision_and_watches_a_real_etcd() {
+        let real = start_etcd("gateway");
+        let e = Etcd::new(std::slice::from_ref(&real.client));
+        ready(&e).await;
+        let (start, empty) = e.range_prefix("fulcrum/").await.unwrap();
+        assert!(empty.is_empty());
+        let Written::Done(r1) = e
+            .put_if("fulcrum/pools/web", b"{\"a\":1}", 0)
+            .await
+            .unwrap()
+        else {
+            panic!("a new key is written");
+        };
+        // A second writer based on "does not exist" loses and sees the current value.
+        match e
+            .put_if("fulcrum/pools/web", b"{\"a\":2}", 0)
+            .await
+            .unwrap()
+        {
+            Written::Conflict(Some(kv)) => assert_eq!(
+                (kv.value.as_slice(), kv.mod_revision),
+                (&b"{\"a\":1}"[..], r1)
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            e.put_if("fulcrum/pools/web", b"{\"a\":3}", r1)
+                .await
+                .unwrap(),
+            Written::Done(_)
+        ));
+        let (_, kvs) = e.range_prefix("fulcrum/").await.unwrap();
+        assert_eq!(kvs.len(), 1);
+        assert_eq!(kvs[0].value, b"{\"a\":3}");
+        // The watch from the first revision sees every change, the delete included.
+        let last = kvs[0].mod_revision;
+        assert!(matches!(
+            e.delete_if("fulcrum/pools/web", last).await.unwrap(),
+            Written::Done(_)
+        ));
+        let mut seen = Vec::new();
+        let watch = e.watch("fulcrum/", start + 1, |_, changes| {
+            seen.extend(changes);
+            seen.len() < 3
+        });
+        tokio::time::timeout(Duration::from_secs(5), watch)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            matches!(&seen[2], Change::Delete { key, .. } if key == "fulcrum/pools/web"),
+            "{seen:?}"
+        );
+        // A lease keeps its key while renewed.
+        let id = e.grant_lease(Duration::from_secs(5)).await.unwrap();
+        e.put_with_lease("fulcrum/instances/a", b"{}", id)
+            .await
+            .unwrap();
+        e.keep_alive(id).await.unwrap();
+        let (_, kvs) = e.range_prefix("fulcrum/instances/").await.unwrap();
+        assert_eq!(kvs.len(), 1);
+    }
+}
