@@ -5,8 +5,7 @@
 //! at build time, so it needs `protoc` installed (Debian's `protobuf-compiler`), and
 //! alone it builds 99 crates in 70 s on this 2-core machine (tonic, prost, prost-build
 //! and their dependencies). The gateway needs nothing fulcrum does not have: hyper,
-//! serde_json and base64 (keys and values are base64 in the gateway's JSON). The
-//! measurements are in `docs/fleet.md`.
+//! serde_json and base64 (keys and values are base64 in the gateway's JSON).
 
 use std::time::Duration;
 
