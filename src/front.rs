@@ -142,15 +142,10 @@ pub(crate) async fn serve(
             }
         };
         let close = parsed.close;
-        let head = buf.split_to(parsed.len).freeze();
-        let Some(request) = request_head(head.clone(), *parsed) else {
-            // A target `http` refuses: hyper answers it as it would.
-            let mut all = BytesMut::with_capacity(head.len() + buf.len());
-            all.extend_from_slice(&head);
-            all.extend_from_slice(&buf);
-            return Outcome::HandOff(all.freeze());
+        let request = match take_request(&mut buf, *parsed) {
+            Ok(r) => r,
+            Err(handoff) => return handoff,
         };
-        drop(head);
         *served = true;
         let head_only = request.method == Method::HEAD;
 
@@ -187,6 +182,22 @@ pub(crate) async fn serve(
             // Half-close first, as hyper does, so the answer is not cut by a reset.
             let _ = stream.shutdown().await;
             return Outcome::Closed;
+        }
+    }
+}
+
+/// Takes the parsed head out of `buf` as a request; one with a target `http` refuses
+/// goes to hyper with every byte read, and hyper answers it as it would.
+#[inline]
+fn take_request(buf: &mut BytesMut, parsed: Parsed) -> Result<RequestHead, Outcome> {
+    let head = buf.split_to(parsed.len).freeze();
+    match request_head(head.clone(), parsed) {
+        Some(request) => Ok(request),
+        None => {
+            let mut all = BytesMut::with_capacity(head.len() + buf.len());
+            all.extend_from_slice(&head);
+            all.extend_from_slice(buf);
+            Err(Outcome::HandOff(all.freeze()))
         }
     }
 }
