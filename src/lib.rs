@@ -33,7 +33,6 @@ pub(crate) mod server;
 pub(crate) mod site;
 pub(crate) mod spawn;
 pub(crate) mod stats;
-#[allow(dead_code)] // the etcd client, not yet wired in (fleet mode is being built)
 pub(crate) mod store;
 pub mod strategy;
 pub(crate) mod tls;

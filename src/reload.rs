@@ -133,15 +133,20 @@ impl Reloader {
             (Some(tls), true) => Some(tls.prepare(&next.tls.certs).map_err(ReloadError::Invalid)?),
             _ => None,
         };
-        let before = self
-            .site
-            .replace(
-                |before| self.arrive(before, &next, &mut report),
-                next.routes.clone(),
-            )
-            .map_err(|e| ReloadError::Invalid(e.to_string()))?;
-        // Only now that no route sends requests the old way.
-        leave(&before, &next, &mut report);
+        // In fleet mode pools, backends and routes are the store's: the file has none.
+        if next.store.is_none() {
+            let before = self
+                .site
+                .replace(
+                    |before| self.arrive(before, &next, &mut report),
+                    next.routes.clone(),
+                )
+                .map_err(|e| ReloadError::Invalid(e.to_string()))?;
+            // Only now that no route sends requests the old way.
+            leave(&before, &next, &mut report);
+        } else if let Some(first) = self.site.first() {
+            report.strategy = first.strategy().name();
+        }
         if let (Some(tls), Some(certs)) = (&self.tls, certs) {
             tls.install(certs);
         }

@@ -817,18 +817,30 @@ fn launch(
         Arc::clone(&site),
         tls,
     ));
+    let fleet = settings.store.as_ref().map(|spec| {
+        Arc::new(crate::store::fleet::Fleet::new(
+            spec,
+            Arc::clone(&site),
+            Arc::clone(&reloader),
+            listen,
+        ))
+    });
     let admin_state = crate::admin::AdminCtx::new(
         Arc::clone(&site),
         settings.admin_token.clone(),
         Arc::clone(&spawner),
         Arc::clone(&traffic),
         Arc::clone(&reloader),
-    );
+    )
+    .in_fleet(listen, fleet.clone());
     let (workers_done, done_rx) = watch::channel(false);
     let admin_listener = listeners.admin;
     let (admin_thread, admin_rt) =
         spawn_admin(admin_listener, admin_state, &site, caps.admin, &rx, done_rx)?;
     threads.push(admin_thread);
+    if let Some(f) = fleet {
+        join_fleet(f, &admin_rt, &rx);
+    }
     let (upgraded_tx, upgraded) = watch::channel(false);
     tracing::info!("proxy listening on {listen}");
     if let Some(addr) = tls_listen {
@@ -851,6 +863,36 @@ fn launch(
     };
     Ok((running, rx, upgraded_tx))
 }
+
+/// Starts following the store and registering this instance, on the admin thread;
+/// waits a little for the first load, so that an instance that starts with etcd up
+/// serves the store's configuration from its first request. Without etcd it starts
+/// with the embedded default and keeps trying (`docs/fleet.md`, "Losing etcd").
+fn join_fleet(
+    fleet: Arc<crate::store::fleet::Fleet>,
+    rt: &tokio::runtime::Handle,
+    stop: &watch::Receiver<bool>,
+) {
+    let (loaded_tx, loaded) = std::sync::mpsc::channel();
+    rt.spawn(Arc::clone(&fleet).run(stop.clone(), loaded_tx));
+    rt.spawn(crate::store::registry::run(
+        Arc::clone(&fleet),
+        stop.clone(),
+    ));
+    match loaded.recv_timeout(FIRST_LOAD_WAIT) {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => tracing::warn!(
+            prefix = %fleet.prefix,
+            "store: {e}; serving the embedded default until it can be read"
+        ),
+        Err(_) => tracing::warn!(
+            "store: not read within {FIRST_LOAD_WAIT:?}; serving the embedded default until it can be"
+        ),
+    }
+}
+
+/// How long a start waits for the store's configuration.
+const FIRST_LOAD_WAIT: Duration = Duration::from_secs(5);
 
 /// A successor, serving already, tells the old process and takes the upgrade socket's
 /// path over. Without the old process's `ok` it must not serve beside it: the error

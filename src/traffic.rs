@@ -186,6 +186,11 @@ impl Traffic {
     }
 
     /// The URIs the plan asks for in turn.
+    /// The address it sends to.
+    pub(crate) fn target(&self) -> SocketAddr {
+        self.target
+    }
+
     fn targets(&self, plan: &Plan) -> Vec<http::Uri> {
         std::iter::once(&plan.path)
             .chain(&plan.more_paths)

@@ -3,6 +3,7 @@
 //! Every route here calls the same pool operations; none of them touches the request
 //! path beyond publishing a new routing table.
 
+mod fleet;
 mod listener;
 mod pools;
 
@@ -24,6 +25,7 @@ use crate::config::{backend_spec, MAX_WEIGHT};
 use crate::pool::{AdminState as BackendState, Backend, BackendView, Hub, Pool, PoolError};
 use crate::site::{Site, SiteError};
 use crate::spawn::{SpawnError, SpawnRequest, Spawner};
+use crate::store::fleet::Fleet;
 use crate::strategy::StrategyKind;
 use crate::traffic::{Plan, Progress, StartError, Traffic, MAX_RPS, MAX_SECONDS};
 
@@ -35,6 +37,10 @@ pub(crate) struct AdminCtx {
     spawner: Arc<Spawner>,
     traffic: Arc<Traffic>,
     reloader: Arc<crate::reload::Reloader>,
+    /// The proxy listener.
+    listen: std::net::SocketAddr,
+    /// Fleet mode: where writes go.
+    fleet: Option<Arc<Fleet>>,
 }
 
 impl AdminCtx {
@@ -50,25 +56,55 @@ impl AdminCtx {
             site,
             token: token.map(Into::into),
             spawner,
+            listen: traffic.target(),
             traffic,
             reloader,
+            fleet: None,
         }
+    }
+
+    /// The same, serving `listen`, in fleet mode when `fleet` is given.
+    pub(crate) fn in_fleet(
+        mut self,
+        listen: std::net::SocketAddr,
+        fleet: Option<Arc<Fleet>>,
+    ) -> Self {
+        self.listen = listen;
+        self.fleet = fleet;
+        self
     }
 }
 
 /// An error answer: status plus `{"error": message}`.
 #[derive(Debug)]
-pub(crate) struct ApiError(StatusCode, String);
+pub(crate) struct ApiError {
+    status: StatusCode,
+    message: String,
+    /// A stale write's object as it is now (fleet mode), sent as `current`.
+    current: Option<serde_json::Value>,
+}
 
 impl ApiError {
+    fn new(status: StatusCode, message: String) -> Self {
+        ApiError {
+            status,
+            message,
+            current: None,
+        }
+    }
+
     fn bad(msg: impl Into<String>) -> Self {
-        ApiError(StatusCode::BAD_REQUEST, msg.into())
+        ApiError::new(StatusCode::BAD_REQUEST, msg.into())
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.0, Json(json!({ "error": self.1 }))).into_response()
+        let body = match self.current {
+            Some(current) => json!({ "error": self.message, "current": current }),
+            None => json!({ "error": self.message }),
+        };
+        (self.status, Json(body)).into_response()
     }
 }
 
@@ -79,7 +115,7 @@ impl From<SpawnError> for ApiError {
             SpawnError::NotHealthy(_) => StatusCode::GATEWAY_TIMEOUT,
             SpawnError::Failed(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
-        ApiError(status, e.to_string())
+        ApiError::new(status, e.to_string())
     }
 }
 
@@ -88,7 +124,7 @@ impl AdminCtx {
     fn first(&self) -> ApiResult<Arc<Pool>> {
         self.site
             .first()
-            .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, "there is no pool".into()))
+            .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "there is no pool".into()))
     }
 
     /// The backend `raw` names (an id), in whichever pool.
@@ -106,7 +142,7 @@ impl From<SiteError> for ApiError {
             }
             SiteError::UnknownPool(..) | SiteError::TooManyRoutes(_) => StatusCode::BAD_REQUEST,
         };
-        ApiError(status, e.to_string())
+        ApiError::new(status, e.to_string())
     }
 }
 
@@ -118,7 +154,7 @@ impl From<PoolError> for ApiError {
                 StatusCode::CONFLICT
             }
         };
-        ApiError(status, e.to_string())
+        ApiError::new(status, e.to_string())
     }
 }
 
@@ -163,9 +199,12 @@ async fn status(State(ctx): State<AdminCtx>) -> ApiResult<Json<serde_json::Value
     let first = ctx.first()?;
     let backends = views(&first);
     let pools = pools::views(&ctx.site);
-    Ok(Json(
-        json!({ "strategy": first.strategy().name(), "backends": backends, "pools": pools }),
-    ))
+    let mut body =
+        json!({ "strategy": first.strategy().name(), "backends": backends, "pools": pools });
+    if let Some(f) = &ctx.fleet {
+        body["store"] = fleet::status(f);
+    }
+    Ok(Json(body))
 }
 
 /// The backends of `pool` as the API shows them, in pool order.
@@ -192,11 +231,15 @@ async fn set_strategy(
     State(ctx): State<AdminCtx>,
     body: Bytes,
 ) -> ApiResult<Json<serde_json::Value>> {
-    switch_strategy(&*ctx.first()?, &body)
+    switch_strategy(&ctx, &*ctx.first()?, &body).await
 }
 
 /// Switches the strategy of `pool` as `body` asks.
-fn switch_strategy(pool: &Pool, body: &Bytes) -> ApiResult<Json<serde_json::Value>> {
+async fn switch_strategy(
+    ctx: &AdminCtx,
+    pool: &Pool,
+    body: &Bytes,
+) -> ApiResult<Json<serde_json::Value>> {
     let b: StrategyBody = parse_body(body)?;
     let kind = StrategyKind::parse(&b.strategy).ok_or_else(|| {
         ApiError::bad(format!(
@@ -206,7 +249,10 @@ fn switch_strategy(pool: &Pool, body: &Bytes) -> ApiResult<Json<serde_json::Valu
         ))
     })?;
     let before = pool.strategy();
-    pool.set_strategy(kind);
+    match &ctx.fleet {
+        Some(f) => f.set_strategy(&pool.name, kind).await?,
+        None => pool.set_strategy(kind),
+    }
     tracing::info!(pool = %pool.name, from = before.name(), to = kind.name(), "strategy switched");
     Ok(Json(json!({ "strategy": kind.name() })))
 }
@@ -245,13 +291,19 @@ impl AddBody {
 }
 
 async fn add_backend(State(ctx): State<AdminCtx>, body: Bytes) -> ApiResult<Response> {
-    add_to(&*ctx.first()?, &body)
+    add_to(&ctx, &*ctx.first()?, &body).await
 }
 
 /// Adds the backend `body` describes to `pool`: 201 BACKEND.
-fn add_to(pool: &Pool, body: &Bytes) -> ApiResult<Response> {
+async fn add_to(ctx: &AdminCtx, pool: &Pool, body: &Bytes) -> ApiResult<Response> {
     let spec = parse_body::<AddBody>(body)?.spec()?;
-    let added = pool.add(spec)?;
+    let added = match &ctx.fleet {
+        Some(f) => {
+            let id = f.add_backend(&pool.name, &spec).await?;
+            ctx.site.backend(id)?.1
+        }
+        None => pool.add(spec)?,
+    };
     tracing::info!(pool = %pool.name, id = added.id, name = %added.name, url = %added.url, "backend added");
     Ok((StatusCode::CREATED, Json(BackendView::of(&added))).into_response())
 }
@@ -296,8 +348,14 @@ async fn patch_backend(
         })
         .transpose()?;
     let max_conns = p.max_conns.map(check_max_conns).transpose()?;
-    let (pool, _) = ctx.site.backend(id)?;
-    let b = pool.update(id, weight, state, max_conns)?;
+    let (pool, b) = ctx.site.backend(id)?;
+    let b = match &ctx.fleet {
+        Some(f) => {
+            f.update_backend(id, weight, state, max_conns).await?;
+            ctx.site.backend(id).map_or(b, |(_, now)| now)
+        }
+        None => pool.update(id, weight, state, max_conns)?,
+    };
     tracing::info!(id, name = %b.name, weight = b.weight(), state = ?b.state(), "backend updated");
     Ok(Json(BackendView::of(&b)))
 }
@@ -306,7 +364,15 @@ async fn delete_backend(
     State(ctx): State<AdminCtx>,
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
-    let b = ctx.spawner.remove(parse_id(&id)?).await?;
+    let id = parse_id(&id)?;
+    let b = match &ctx.fleet {
+        Some(f) => {
+            let b = ctx.site.backend(id)?.1;
+            f.remove_backend(id).await?;
+            b
+        }
+        None => ctx.spawner.remove(id).await?,
+    };
     tracing::info!(id = b.id, name = %b.name, "backend removed");
     Ok(StatusCode::NO_CONTENT)
 }
@@ -361,7 +427,7 @@ async fn recover_backend(
 /// `GET /metrics`.
 async fn metrics(State(ctx): State<AdminCtx>) -> ApiResult<Response> {
     let text = crate::metrics::render(&ctx.site).map_err(|_| {
-        ApiError(
+        ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "cannot encode metrics".into(),
         )
@@ -447,6 +513,12 @@ struct SpawnBody {
 }
 
 async fn spawn_backend(State(ctx): State<AdminCtx>, body: Bytes) -> ApiResult<Response> {
+    if ctx.fleet.is_some() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "spawned backends are processes of one instance: in fleet mode (--store), add backends with POST /admin/backends".into(),
+        ));
+    }
     // An empty body means all defaults.
     let b: SpawnBody = if body.iter().all(u8::is_ascii_whitespace) {
         SpawnBody {
@@ -551,7 +623,7 @@ async fn start_traffic(State(ctx): State<AdminCtx>, body: Bytes) -> ApiResult<Re
             );
             Ok((StatusCode::CREATED, Json(p)).into_response())
         }
-        Err(StartError::Busy) => Err(ApiError(
+        Err(StartError::Busy) => Err(ApiError::new(
             StatusCode::CONFLICT,
             "a traffic run is already going on (DELETE /admin/traffic stops it)".into(),
         )),
@@ -570,7 +642,7 @@ async fn stop_traffic(State(ctx): State<AdminCtx>) -> Json<Progress> {
 async fn reload(State(ctx): State<AdminCtx>) -> ApiResult<Json<crate::reload::Report>> {
     use crate::reload::ReloadError;
     ctx.reloader.reload().map(Json).map_err(|e| match e {
-        ReloadError::NoConfigFile => ApiError(StatusCode::CONFLICT, e.to_string()),
+        ReloadError::NoConfigFile => ApiError::new(StatusCode::CONFLICT, e.to_string()),
         ReloadError::Invalid(_) => ApiError::bad(e.to_string()),
     })
 }
@@ -599,7 +671,7 @@ async fn dashboard() -> Response {
 }
 
 async fn not_found() -> ApiError {
-    ApiError(StatusCode::NOT_FOUND, "no such route".into())
+    ApiError::new(StatusCode::NOT_FOUND, "no such route".into())
 }
 
 /// Gives every error answer a JSON body: axum's own ones (405 with `Allow`, a path that
@@ -645,7 +717,7 @@ async fn auth(State(ctx): State<AdminCtx>, req: Request, next: Next) -> Response
         use subtle::ConstantTimeEq;
         let ok: bool = given.as_bytes().ct_eq(token.as_bytes()).into();
         if !ok {
-            let mut r = ApiError(
+            let mut r = ApiError::new(
                 StatusCode::UNAUTHORIZED,
                 "missing or wrong bearer token".into(),
             )
@@ -658,14 +730,14 @@ async fn auth(State(ctx): State<AdminCtx>, req: Request, next: Next) -> Response
     if ctx.token.is_none() && !loopback_host(&req) {
         // Without a token the admin API trusts loopback only; a page that rebinds its own
         // domain name to 127.0.0.1 still sends that name as the Host.
-        return ApiError(
+        return ApiError::new(
             StatusCode::FORBIDDEN,
             "without an admin token only loopback host names are accepted (127.0.0.1, [::1], localhost)".into(),
         )
         .into_response();
     }
     if !same_origin(&req) {
-        return ApiError(
+        return ApiError::new(
             StatusCode::FORBIDDEN,
             "cross-origin requests may not change anything".into(),
         )
@@ -753,6 +825,7 @@ pub(crate) fn router(ctx: AdminCtx) -> Router {
             get(pools::list_backends).post(pools::add_backend),
         )
         .route("/admin/routes", get(pools::routes).put(pools::set_routes))
+        .route("/admin/fleet", get(fleet::list))
         .route("/", get(dashboard))
         .route("/admin/openapi.json", get(openapi))
         .route("/metrics", get(metrics))

@@ -9,12 +9,11 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::{add_to, strategy_of, switch_strategy, AdminCtx, ApiError, ApiResult};
-use crate::config::pools::{self, PoolDraft, RouteText};
-use crate::config::{options, RouteSpec};
+use crate::config::pools::{self, PoolDraft, RouteView};
 use crate::pool::{BackendView, Mode, Pool};
 use crate::site::{Routing, Site};
 
@@ -87,7 +86,13 @@ pub(crate) async fn create(State(ctx): State<AdminCtx>, body: Bytes) -> ApiResul
             o.base_ejection, o.max_ejection
         )));
     }
-    let pool = ctx.site.add_pool(&spec)?;
+    let pool = match &ctx.fleet {
+        Some(f) => {
+            f.add_pool(&draft).await?;
+            ctx.site.pool(&draft.name)?
+        }
+        None => ctx.site.add_pool(&spec)?,
+    };
     tracing::info!(pool = %pool.name, strategy = pool.strategy().name(), "pool added");
     Ok((StatusCode::CREATED, Json(view(&ctx.site.routing(), &pool))).into_response())
 }
@@ -100,50 +105,16 @@ fn draft_of(fields: &Map<String, Value>) -> ApiResult<PoolDraft> {
         None => return Err(ApiError::bad("missing field 'name'")),
     };
     pools::check_pool_name(&name).map_err(ApiError::bad)?;
-    let mut draft = PoolDraft {
+    let values = pools::values_of_json(fields, &["name", "backends"]).map_err(ApiError::bad)?;
+    let backends = match fields.get("backends") {
+        Some(v) => backends_of(v)?,
+        None => Vec::new(),
+    };
+    Ok(PoolDraft {
         name,
-        values: Vec::new(),
-        backends: Vec::new(),
-    };
-    for (key, v) in fields {
-        match key.as_str() {
-            "name" => {}
-            "backends" => draft.backends = backends_of(v)?,
-            table @ ("health" | "outlier" | "sticky") => {
-                let Value::Object(h) = v else {
-                    return Err(ApiError::bad(format!(
-                        "invalid {table}: expected an object"
-                    )));
-                };
-                for (k, hv) in h {
-                    let o = options::find_in(table, k).ok_or_else(|| {
-                        ApiError::bad(options::unknown_table_key(table, &format!("{table}.{k}")))
-                    })?;
-                    push_value(&mut draft, o.key, hv)?;
-                }
-            }
-            k => push_value(&mut draft, k, v)?,
-        }
-    }
-    Ok(draft)
-}
-
-/// One per-pool value, checked as the file's would be.
-fn push_value(draft: &mut PoolDraft, key: &str, v: &Value) -> ApiResult<()> {
-    let text = match v {
-        Value::String(s) => s.clone(),
-        Value::Number(n) => n.to_string(),
-        Value::Bool(b) => b.to_string(),
-        _ => {
-            return Err(ApiError::bad(format!(
-                "invalid {key}: expected a string or a number"
-            )))
-        }
-    };
-    let k =
-        pools::check_pool_value(key, &text).map_err(|e| ApiError::bad(format!("{key}: {e}")))?;
-    draft.values.push((k, text));
-    Ok(())
+        values,
+        backends,
+    })
 }
 
 /// A pool's `backends` list.
@@ -158,6 +129,11 @@ pub(crate) async fn remove(
     State(ctx): State<AdminCtx>,
     Path(name): Path<String>,
 ) -> ApiResult<StatusCode> {
+    if let Some(f) = &ctx.fleet {
+        f.remove_pool(&name).await?;
+        tracing::info!(pool = %name, "pool removed");
+        return Ok(StatusCode::NO_CONTENT);
+    }
     let pool = ctx.site.remove_pool(&name)?;
     for b in pool.backends() {
         crate::spawn::Spawner::stop_when_idle(&b);
@@ -180,7 +156,7 @@ pub(crate) async fn set_strategy(
     Path(name): Path<String>,
     body: Bytes,
 ) -> ApiResult<Json<Value>> {
-    switch_strategy(&*pool_named(&ctx, &name)?, &body)
+    switch_strategy(&ctx, &*pool_named(&ctx, &name)?, &body).await
 }
 
 /// `GET /admin/pools/{name}/backends`.
@@ -197,59 +173,7 @@ pub(crate) async fn add_backend(
     Path(name): Path<String>,
     body: Bytes,
 ) -> ApiResult<Response> {
-    add_to(&*pool_named(&ctx, &name)?, &body)
-}
-
-/// A route as the API shows and takes it.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct RouteView {
-    pool: String,
-    #[serde(default)]
-    host: Option<String>,
-    #[serde(default)]
-    path_prefix: Option<String>,
-    #[serde(default)]
-    methods: Vec<String>,
-    #[serde(default)]
-    headers: std::collections::BTreeMap<String, String>,
-    #[serde(default)]
-    strip_path_prefix: bool,
-    /// Requests it took (shown; ignored when given).
-    #[serde(default)]
-    requests: u64,
-}
-
-impl RouteView {
-    fn of(r: &RouteSpec, requests: u64) -> RouteView {
-        RouteView {
-            pool: r.pool.clone(),
-            host: r.host.as_ref().map(|h| h.to_text()),
-            path_prefix: r.path_prefix.as_ref().map(|p| p.as_str().to_string()),
-            methods: r.methods.iter().map(|m| m.as_str().to_string()).collect(),
-            headers: r
-                .headers
-                .iter()
-                .map(|(n, v)| {
-                    let value = String::from_utf8_lossy(v.as_bytes()).into_owned();
-                    (n.as_str().to_string(), value)
-                })
-                .collect(),
-            strip_path_prefix: r.strip_path_prefix,
-            requests,
-        }
-    }
-
-    fn spec(self) -> Result<RouteSpec, String> {
-        pools::route_spec(RouteText {
-            pool: self.pool,
-            host: self.host,
-            path_prefix: self.path_prefix,
-            methods: self.methods,
-            headers: self.headers.into_iter().collect(),
-            strip_path_prefix: self.strip_path_prefix,
-        })
-    }
+    add_to(&ctx, &*pool_named(&ctx, &name)?, &body).await
 }
 
 /// `GET /admin/routes`: the routes in order.
@@ -286,7 +210,10 @@ pub(crate) async fn set_routes(
                 .map_err(|e| ApiError::bad(format!("route {i}: {e}")))
         })
         .collect::<ApiResult<Vec<_>>>()?;
-    ctx.site.set_routes(specs)?;
+    match &ctx.fleet {
+        Some(f) => f.set_routes(&specs).await?,
+        None => ctx.site.set_routes(specs)?,
+    }
     tracing::info!(routes = ctx.site.routing().routes.len(), "routes replaced");
     Ok(routes(State(ctx)).await)
 }

@@ -243,6 +243,49 @@ pub(crate) struct Settings {
     pub(crate) tls: tls::TlsSettings,
     /// Connections on the listeners start with a PROXY protocol header.
     pub(crate) accept_proxy_protocol: bool,
+    /// Fleet mode: where pools, backends and routes live (`docs/fleet.md`).
+    pub(crate) store: Option<StoreSpec>,
+}
+
+/// `--store etcd://HOST:PORT[,HOST:PORT…]/PREFIX`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct StoreSpec {
+    /// `host:port` of each etcd endpoint, in the order to try them.
+    pub(crate) endpoints: Vec<String>,
+    /// Every key fulcrum reads or writes starts with it (`PREFIX/`).
+    pub(crate) prefix: String,
+}
+
+impl StoreSpec {
+    /// Parses the URL form; the error names what is wrong.
+    pub(crate) fn parse(v: &str) -> Result<StoreSpec, String> {
+        let expected = "expected etcd://HOST:PORT[,HOST:PORT…]/PREFIX";
+        let rest = v
+            .strip_prefix("etcd://")
+            .ok_or_else(|| format!("invalid store '{v}' ({expected})"))?;
+        let (hosts, prefix) = rest
+            .split_once('/')
+            .ok_or_else(|| format!("invalid store '{v}': no PREFIX ({expected})"))?;
+        let prefix = prefix.trim_end_matches('/');
+        if prefix.is_empty() || prefix.chars().any(|c| c.is_control() || c == ' ') {
+            return Err(format!(
+                "invalid store '{v}': the PREFIX must be non-empty, without spaces ({expected})"
+            ));
+        }
+        let endpoints = hosts
+            .split(',')
+            .map(|h| match h.parse::<http::uri::Authority>() {
+                Ok(a) if a.port_u16().is_some() && !a.host().is_empty() => Ok(h.to_string()),
+                _ => Err(format!(
+                    "invalid store '{v}': '{h}' is not HOST:PORT ({expected})"
+                )),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(StoreSpec {
+            endpoints,
+            prefix: format!("{prefix}/"),
+        })
+    }
 }
 
 impl Default for Settings {
@@ -297,6 +340,7 @@ impl Default for Settings {
             routes: Vec::new(),
             tls: tls::TlsSettings::default(),
             accept_proxy_protocol: false,
+            store: None,
         };
         for o in options::OPTIONS {
             if let Some(d) = o.default {
@@ -397,6 +441,7 @@ pub(crate) fn build(flags: &RawFlags) -> Result<Settings, Vec<ConfigError>> {
             Err("it needs --upgrade-socket PATH (or upgrade_socket in the file): the running process's socket".into()),
         );
     }
+    check_store(&s, flags, &mut errors);
     pools::materialize(&mut s, flags);
     tls::finish(&mut s, &mut errors);
     check_whole(&s, &mut errors);
@@ -404,6 +449,30 @@ pub(crate) fn build(flags: &RawFlags) -> Result<Settings, Vec<ConfigError>> {
         Ok(s)
     } else {
         Err(errors)
+    }
+}
+
+/// With a store, pools, backends and routes come from it alone.
+fn check_store(s: &Settings, flags: &RawFlags, errors: &mut Vec<ConfigError>) {
+    if s.store.is_none() {
+        return;
+    }
+    let given = [
+        (!flags.backend.is_empty(), "--backend"),
+        (
+            flags.backend.is_empty() && !s.backends.is_empty(),
+            "backends",
+        ),
+        (!s.pool_drafts.is_empty(), "[[pools]]"),
+        (!s.routes.is_empty(), "[[routes]]"),
+    ];
+    for (_, what) in given.iter().filter(|(on, _)| *on) {
+        errors.push(ConfigError {
+            origin: "--store".into(),
+            message: format!(
+                "pools, backends and routes live in the store: {what} cannot be used with it (add them through the admin API)"
+            ),
+        });
     }
 }
 

@@ -557,6 +557,17 @@ pub(crate) static OPTIONS: &[Opt] = &[
         reload: restart!("admin_token", admin_token),
     },
     Opt {
+        key: "store",
+        table_key: None,
+        value_name: "URL",
+        help: "Fleet mode: pools, backends and routes live in etcd at etcd://HOST:PORT[,HOST:PORT…]/PREFIX, shared by every instance",
+        default: None,
+        default_text: None,
+        file_type: FileType::Str,
+        set: |s, v| super::StoreSpec::parse(v).map(|x| s.store = Some(x)),
+        reload: restart!("store", store),
+    },
+    Opt {
         key: "upgrade_socket",
         table_key: None,
         value_name: "PATH",

@@ -12,6 +12,8 @@ use std::time::Duration;
 use http::header::{HeaderName, HeaderValue};
 use http::Method;
 
+use serde::{Deserialize, Serialize};
+
 use super::options;
 use super::{BackendSpec, HashKey, HealthSettings, RawFlags, Settings};
 use crate::route::{HostPattern, PathPrefix, Route};
@@ -322,6 +324,102 @@ pub(crate) fn check_pool_value(key: &str, value: &str) -> Result<&'static str, S
     let mut scratch = Settings::default();
     (o.set)(&mut scratch, value)?;
     Ok(o.key)
+}
+
+/// A route as the API shows and takes it.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RouteView {
+    pool: String,
+    #[serde(default)]
+    host: Option<String>,
+    #[serde(default)]
+    path_prefix: Option<String>,
+    #[serde(default)]
+    methods: Vec<String>,
+    #[serde(default)]
+    headers: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    strip_path_prefix: bool,
+    /// Requests it took (shown; ignored when given).
+    #[serde(default)]
+    requests: u64,
+}
+
+impl RouteView {
+    /// The view of `r`, which took `requests`.
+    pub(crate) fn of(r: &RouteSpec, requests: u64) -> RouteView {
+        RouteView {
+            pool: r.pool.clone(),
+            host: r.host.as_ref().map(|h| h.to_text()),
+            path_prefix: r.path_prefix.as_ref().map(|p| p.as_str().to_string()),
+            methods: r.methods.iter().map(|m| m.as_str().to_string()).collect(),
+            headers: r
+                .headers
+                .iter()
+                .map(|(n, v)| {
+                    let value = String::from_utf8_lossy(v.as_bytes()).into_owned();
+                    (n.as_str().to_string(), value)
+                })
+                .collect(),
+            strip_path_prefix: r.strip_path_prefix,
+            requests,
+        }
+    }
+
+    /// The route it describes, checked.
+    pub(crate) fn spec(self) -> Result<RouteSpec, String> {
+        route_spec(RouteText {
+            pool: self.pool,
+            host: self.host,
+            path_prefix: self.path_prefix,
+            methods: self.methods,
+            headers: self.headers.into_iter().collect(),
+            strip_path_prefix: self.strip_path_prefix,
+        })
+    }
+}
+
+/// A pool's own values from a JSON object (a `POST /admin/pools` body, a pool's value
+/// in the store), checked as the file's would be; the keys in `skip` are the caller's.
+/// The `health`, `outlier` and `sticky` tables may be nested objects, as in the file.
+pub(crate) fn values_of_json(
+    fields: &serde_json::Map<String, serde_json::Value>,
+    skip: &[&str],
+) -> Result<Vec<(&'static str, String)>, String> {
+    use serde_json::Value;
+    let mut values = Vec::new();
+    for (key, v) in fields {
+        match key.as_str() {
+            k if skip.contains(&k) => {}
+            table @ ("health" | "outlier" | "sticky") => {
+                let Value::Object(h) = v else {
+                    return Err(format!("invalid {table}: expected an object"));
+                };
+                for (k, hv) in h {
+                    let o = options::find_in(table, k).ok_or_else(|| {
+                        options::unknown_table_key(table, &format!("{table}.{k}"))
+                    })?;
+                    values.push(json_value(o.key, hv)?);
+                }
+            }
+            k => values.push(json_value(k, v)?),
+        }
+    }
+    Ok(values)
+}
+
+/// One per-pool value given in JSON, checked.
+fn json_value(key: &str, v: &serde_json::Value) -> Result<(&'static str, String), String> {
+    use serde_json::Value;
+    let text = match v {
+        Value::String(s) => s.clone(),
+        Value::Number(n) => n.to_string(),
+        Value::Bool(b) => b.to_string(),
+        _ => return Err(format!("invalid {key}: expected a string or a number")),
+    };
+    let k = check_pool_value(key, &text).map_err(|e| format!("{key}: {e}"))?;
+    Ok((k, text))
 }
 
 /// The pool `draft` over the top-level settings `top`.

@@ -87,6 +87,14 @@ pub(crate) enum Event {
         /// The backend after the change.
         backend: BackendView,
     },
+    /// A value in the store (fleet mode) could not be applied: it does not parse, or
+    /// names what does not exist; the last good version stays.
+    StoreSkipped {
+        /// The key, in full.
+        key: String,
+        /// Why.
+        error: String,
+    },
     /// A proxied request finished (sampled: at most a few hundred per second).
     Request {
         /// Backend id.

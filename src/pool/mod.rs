@@ -9,6 +9,7 @@ mod eligible;
 mod events;
 pub(crate) mod maintenance;
 mod queue;
+mod reconcile;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -556,14 +557,7 @@ impl Pool {
         if m.backends.iter().any(|b| b.name == spec.name) {
             return Err(PoolError::DuplicateName(spec.name));
         }
-        let st = &self.settings;
-        let b = Arc::new(
-            Backend::new(self.hub.next_id(), spec, st.ewma_alpha)
-                .in_pool(Arc::clone(&self.name), st)
-                .with_slow_start(st.slow_start)
-                .with_spawn(spawn),
-        );
-        b.attach_queue(&self.queue);
+        let b = self.member(self.hub.next_id(), spec, spawn);
         b.start_ramp(std::time::Instant::now());
         m.backends.push(Arc::clone(&b));
         self.publish(&mut m);
@@ -571,6 +565,19 @@ impl Pool {
             backend: BackendView::of(&b),
         });
         Ok(b)
+    }
+
+    /// A backend of this pool, not yet in it: its settings, its queue.
+    fn member(&self, id: u64, spec: BackendSpec, spawn: Option<SpawnInfo>) -> Arc<Backend> {
+        let st = &self.settings;
+        let b = Arc::new(
+            Backend::new(id, spec, st.ewma_alpha)
+                .in_pool(Arc::clone(&self.name), st)
+                .with_slow_start(st.slow_start)
+                .with_spawn(spawn),
+        );
+        b.attach_queue(&self.queue);
+        b
     }
 
     /// Removes a backend; its in-flight requests finish (their guards hold it).
@@ -616,16 +623,22 @@ impl Pool {
             b.set_max_conns(n);
         }
         self.publish(&mut m);
-        // Slots that came with a higher limit go to the waiters at once.
-        match old {
-            Some((o, 0)) if o != 0 => b.wake_waiters(None),
-            Some((o, n)) if o != 0 && n > o => b.wake_waiters(Some((n - o) as usize)),
-            _ => {}
+        if let Some((was, now)) = old {
+            wake_for_new_slots(&b, was, now);
         }
         self.emit(Event::BackendUpdated {
             backend: BackendView::of(&b),
         });
         Ok(b)
+    }
+}
+
+/// Slots that came with a higher `max_conns` (`was` → `now`) go to the waiters at once.
+fn wake_for_new_slots(b: &Backend, was: u32, now: u32) {
+    match (was, now) {
+        (o, 0) if o != 0 => b.wake_waiters(None),
+        (o, n) if o != 0 && n > o => b.wake_waiters(Some((n - o) as usize)),
+        _ => {}
     }
 }
 

@@ -42,6 +42,31 @@ pub(crate) struct Kv {
     pub(crate) value: Vec<u8>,
     /// The revision of its last change: what a write compares against.
     pub(crate) mod_revision: i64,
+    /// The revision it was created at: unique among the store's keys, and the same on
+    /// every client, so it serves as an id all instances agree on.
+    pub(crate) create_revision: i64,
+}
+
+/// One operation of a transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Op {
+    /// Writes the value at the key.
+    Put(String, Vec<u8>),
+    /// Deletes the key.
+    Delete(String),
+    /// Deletes every key under the prefix.
+    DeletePrefix(String),
+}
+
+impl Op {
+    fn json(&self) -> Value {
+        match self {
+            Op::Put(k, v) => json!({"request_put": {"key": b64(k.as_bytes()), "value": b64(v)}}),
+            Op::Delete(k) => json!({"request_delete_range": {"key": b64(k.as_bytes())}}),
+            Op::DeletePrefix(p) => json!({"request_delete_range": {
+                "key": b64(p.as_bytes()), "range_end": b64(&prefix_end(p))}}),
+        }
+    }
 }
 
 /// A change seen by a watch.
@@ -103,6 +128,8 @@ struct RawKv {
     value: String,
     #[serde(default)]
     mod_revision: Value,
+    #[serde(default)]
+    create_revision: Value,
 }
 
 impl RawKv {
@@ -113,6 +140,7 @@ impl RawKv {
             key: String::from_utf8_lossy(&key).into_owned(),
             value: B64.decode(self.value).map_err(bad)?,
             mod_revision: int(&self.mod_revision),
+            create_revision: int(&self.create_revision),
         })
     }
 }
@@ -178,48 +206,69 @@ impl Etcd {
 
     /// Writes `value` at `key` if its last change is `mod_revision` (0: only if it does
     /// not exist), in one transaction; on a conflict, the current value.
+    #[cfg(test)]
     pub(crate) async fn put_if(
         &self,
         key: &str,
         value: &[u8],
         mod_revision: i64,
     ) -> Result<Written, StoreError> {
-        let put = json!({"request_put": {"key": b64(key.as_bytes()), "value": b64(value)}});
-        self.txn(key, mod_revision, put).await
+        let put = Op::Put(key.to_string(), value.to_vec());
+        self.txn(&[(key, mod_revision)], &[put]).await
     }
 
     /// Deletes `key` if its last change is `mod_revision`.
+    #[cfg(test)]
     pub(crate) async fn delete_if(
         &self,
         key: &str,
         mod_revision: i64,
     ) -> Result<Written, StoreError> {
-        let del = json!({"request_delete_range": {"key": b64(key.as_bytes())}});
-        self.txn(key, mod_revision, del).await
+        self.txn(&[(key, mod_revision)], &[Op::Delete(key.to_string())])
+            .await
     }
 
-    async fn txn(&self, key: &str, mod_revision: i64, then: Value) -> Result<Written, StoreError> {
-        let k = b64(key.as_bytes());
+    /// Carries out `ops` in one transaction if every key of `compares` was last changed
+    /// at its revision (0: does not exist); otherwise changes nothing and returns the
+    /// current value of the first key that differs.
+    pub(crate) async fn txn(
+        &self,
+        compares: &[(&str, i64)],
+        ops: &[Op],
+    ) -> Result<Written, StoreError> {
         // etcd leaves a zero out of its JSON: compare "MOD = 0" is written explicitly,
         // and means the key does not exist.
-        let compare = json!({"key": k, "target": "MOD", "result": "EQUAL",
-                             "mod_revision": mod_revision.to_string()});
-        let body = json!({"compare": [compare], "success": [then],
-                          "failure": [{"request_range": {"key": k}}]});
+        let compare: Vec<Value> = compares
+            .iter()
+            .map(|(k, rev)| {
+                json!({"key": b64(k.as_bytes()), "target": "MOD", "result": "EQUAL",
+                       "mod_revision": rev.to_string()})
+            })
+            .collect();
+        let failure: Vec<Value> = compares
+            .iter()
+            .map(|(k, _)| json!({"request_range": {"key": b64(k.as_bytes())}}))
+            .collect();
+        let success: Vec<Value> = ops.iter().map(Op::json).collect();
+        let body = json!({"compare": compare, "success": success, "failure": failure});
         let v = self.call("/v3/kv/txn", body).await?;
         if v["succeeded"].as_bool().unwrap_or(false) {
             return Ok(Written::Done(int(&v["header"]["revision"])));
         }
-        let current = v["responses"][0]["response_range"]["kvs"][0].clone();
-        let current = match current {
-            Value::Null => None,
-            raw => Some(
-                serde_json::from_value::<RawKv>(raw)
-                    .map_err(|x| StoreError::Protocol(x.to_string()))?
-                    .decode()?,
-            ),
-        };
-        Ok(Written::Conflict(current))
+        for (i, (_, rev)) in compares.iter().enumerate() {
+            let current = match v["responses"][i]["response_range"]["kvs"][0].clone() {
+                Value::Null => None,
+                raw => Some(
+                    serde_json::from_value::<RawKv>(raw)
+                        .map_err(|x| StoreError::Protocol(x.to_string()))?
+                        .decode()?,
+                ),
+            };
+            if current.as_ref().map_or(0, |kv| kv.mod_revision) != *rev {
+                return Ok(Written::Conflict(current));
+            }
+        }
+        Ok(Written::Conflict(None))
     }
 
     /// A lease of `ttl`; its id.
@@ -235,7 +284,19 @@ impl Etcd {
 
     /// Renews lease `id` once.
     pub(crate) async fn keep_alive(&self, id: i64) -> Result<(), StoreError> {
-        self.call("/v3/lease/keepalive", json!({"ID": id.to_string()}))
+        let v = self
+            .call("/v3/lease/keepalive", json!({"ID": id.to_string()}))
+            .await?;
+        // An expired (or unknown) lease is renewed to nothing: no TTL in the answer.
+        match int(&v["result"]["TTL"]) {
+            0 => Err(StoreError::Protocol(format!("lease {id} has expired"))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Ends lease `id` now: its keys go at once.
+    pub(crate) async fn revoke_lease(&self, id: i64) -> Result<(), StoreError> {
+        self.call("/v3/lease/revoke", json!({"ID": id.to_string()}))
             .await?;
         Ok(())
     }
@@ -253,6 +314,26 @@ impl Etcd {
         Ok(())
     }
 
+    /// Opens a watch stream on the first endpoint that answers.
+    async fn open_watch(
+        &self,
+        create: &Value,
+    ) -> Result<http::Response<hyper::body::Incoming>, StoreError> {
+        let mut last = String::from("no endpoint");
+        for e in &self.endpoints {
+            let req = http::Request::post(format!("{e}/v3/watch"))
+                .body(Full::new(Bytes::from(create.to_string())))
+                .map_err(|x| StoreError::Protocol(x.to_string()))?;
+            match tokio::time::timeout(CALL_TIMEOUT, self.client.request(req)).await {
+                Ok(Ok(resp)) if resp.status().is_success() => return Ok(resp),
+                Ok(Ok(resp)) => last = format!("{e}: watch answered {}", resp.status()),
+                Ok(Err(x)) => last = format!("{e}: {x}"),
+                Err(_) => last = format!("{e}: no answer within {CALL_TIMEOUT:?}"),
+            }
+        }
+        Err(StoreError::Unreachable(last))
+    }
+
     /// Watches every key under `prefix` from `revision` on: calls `each` with the changes
     /// of every event batch and the revision they bring the store to, until the stream
     /// ends (an error) or `each` returns false.
@@ -264,18 +345,7 @@ impl Etcd {
     ) -> Result<(), StoreError> {
         let create = json!({"create_request": {"key": b64(prefix.as_bytes()),
             "range_end": b64(&prefix_end(prefix)), "start_revision": revision.to_string()}});
-        let endpoint = self
-            .endpoints
-            .first()
-            .ok_or(StoreError::Unreachable("no endpoint".into()))?;
-        let req = http::Request::post(format!("{endpoint}/v3/watch"))
-            .body(Full::new(Bytes::from(create.to_string())))
-            .map_err(|x| StoreError::Protocol(x.to_string()))?;
-        let resp = self
-            .client
-            .request(req)
-            .await
-            .map_err(|x| StoreError::Unreachable(x.to_string()))?;
+        let resp = self.open_watch(&create).await?;
         let mut body = resp.into_body();
         let mut pending = Vec::new();
         while let Some(frame) = body.frame().await {

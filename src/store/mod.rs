@@ -1,4 +1,9 @@
-//! Where pools, backends and routes will live in fleet mode: etcd, reached through its
-//! JSON gateway. Not yet wired to the admin API or the pools.
+//! Fleet mode (`docs/fleet.md`): pools, backends and routes in etcd, shared by every
+//! instance.
 
+pub(crate) mod apply;
 pub(crate) mod etcd;
+pub(crate) mod fleet;
+pub(crate) mod model;
+pub(crate) mod registry;
+pub(crate) mod writes;

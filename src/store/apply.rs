@@ -1,0 +1,109 @@
+//! The store's pools, backends and routes applied to the site in one change
+//! (`Site::replace`), keeping what each instance measured: a pool that stays keeps its
+//! backends' live numbers, health and ejections; only what the store changed moves.
+
+use std::sync::Arc;
+
+use super::model::Desired;
+use crate::pool::Pool;
+use crate::site::{Site, SiteError};
+
+/// Something of the store that could not be applied, with why.
+pub(crate) type Refusal = (String, String);
+
+/// Applies `desired` to `site`. `first` is the load at start: backends present then
+/// take their full weight at once, as at any start. Returns what was left out.
+pub(crate) fn apply(site: &Site, desired: Desired, first: bool) -> Result<Vec<Refusal>, SiteError> {
+    let mut refused = desired.left_out;
+    let pools = &desired.pools;
+    site.replace(
+        |before| {
+            pools
+                .iter()
+                .map(|want| {
+                    let kept = before.iter().find(|p| {
+                        *p.name == *want.spec.name
+                            && p.settings.fixed_changes(&want.spec.settings).is_empty()
+                    });
+                    let pool = match kept {
+                        Some(p) => {
+                            if p.strategy() != want.spec.settings.strategy {
+                                p.set_strategy(want.spec.settings.strategy);
+                            }
+                            p.set_hash_balance_factor(want.spec.settings.hash_balance_factor);
+                            Arc::clone(p)
+                        }
+                        // New, or settings fixed for a pool's life changed: a new pool
+                        // (the old one finishes its requests in flight).
+                        None => Arc::new(Pool::new(&want.spec, Arc::clone(&site.hub))),
+                    };
+                    let ramp = !first && kept.is_some();
+                    for (id, why) in pool.reconcile(&want.backends, ramp) {
+                        refused.push((format!("backend {id} of pool '{}'", pool.name), why));
+                    }
+                    pool
+                })
+                .collect()
+        },
+        desired.routes,
+    )?;
+    Ok(refused)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{backend_spec, RouteSpec, Settings};
+    use crate::pool::AdminState;
+    use crate::store::model::{DesiredPool, Mirror};
+    use std::time::Instant;
+
+    fn desired(n: u16, weight_of_first: u32) -> Desired {
+        let top = Settings::default();
+        let mut d = Mirror::default().desired(&top);
+        d.pools[0].backends = (0..n)
+            .map(|i| {
+                let w = if i == 0 { weight_of_first } else { 1 };
+                let spec = backend_spec(&format!("http://127.0.0.1:{}", 10_000 + i), Some(w), None)
+                    .unwrap();
+                (u64::from(i) + 1, spec, AdminState::Active)
+            })
+            .collect();
+        d
+    }
+
+    #[test]
+    fn a_change_keeps_the_pool_and_its_backends() {
+        let site = Site::new(&[], &[]).unwrap();
+        apply(&site, desired(3, 1), true).unwrap();
+        let pool = site.first().unwrap();
+        let b1 = pool.get(1).unwrap();
+        apply(&site, desired(3, 7), false).unwrap();
+        let same = site.first().unwrap();
+        assert!(Arc::ptr_eq(&pool, &same), "the pool stays");
+        assert!(Arc::ptr_eq(&b1, &same.get(1).unwrap()), "the backend stays");
+        assert_eq!(b1.weight(), 7);
+        assert_eq!(site.routing().routes, vec![RouteSpec::catch_all("default")]);
+        let gone: DesiredPool = desired(0, 1).pools.remove(0);
+        let mut d = desired(0, 1);
+        d.pools = vec![gone];
+        apply(&site, d, false).unwrap();
+        assert!(site.first().unwrap().backends().is_empty());
+    }
+
+    /// `docs/performance.md`, "Fleet mode": one backend changed in a pool of 1 000.
+    #[test]
+    fn one_backend_changed_in_a_pool_of_a_thousand() {
+        let site = Site::new(&[], &[]).unwrap();
+        apply(&site, desired(1000, 1), true).unwrap();
+        let mut best = std::time::Duration::MAX;
+        for w in 2..12 {
+            let d = desired(1000, w);
+            let t = Instant::now();
+            apply(&site, d, false).unwrap();
+            best = best.min(t.elapsed());
+        }
+        assert_eq!(site.first().unwrap().get(1).unwrap().weight(), 11);
+        println!("one backend changed in a pool of 1000: applied in {best:?} (best of 10)");
+    }
+}

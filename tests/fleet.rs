@@ -1,0 +1,436 @@
+//! Fleet mode (`docs/fleet.md`): three fulcrum instances on one real etcd share pools,
+//! backends and routes; a change through one is in force on the others within a
+//! second; stale writes get 409; etcd lost, they serve on and refuse writes; back, they
+//! resynchronise; the registry follows the instances' leases.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::etcd::{Etcd, Relay};
+use common::*;
+use serde_json::Value;
+
+/// Starts `n` instances on `store`.
+fn fleet(n: usize, store: &str) -> Vec<Fulcrum> {
+    (0..n)
+        .map(|_| Fulcrum::start(&["--store", store, "--health-interval", "200ms"]))
+        .collect()
+}
+
+async fn backends(c: &HttpClient, f: &Fulcrum) -> Vec<Value> {
+    let v = get(c, &f.admin_url("/admin/backends")).await.json();
+    v.as_array().cloned().unwrap_or_default()
+}
+
+/// The backend named `name` on `f`, if it has one.
+async fn backend_named(c: &HttpClient, f: &Fulcrum, name: &str) -> Option<Value> {
+    backends(c, f).await.into_iter().find(|b| b["name"] == name)
+}
+
+/// How long until every instance of `others` shows what `cond` wants.
+async fn lag<F>(c: &HttpClient, others: &[&Fulcrum], since: Instant, cond: F) -> Duration
+where
+    F: Fn(Option<Value>) -> bool,
+{
+    let cond = &cond;
+    for f in others {
+        let ok = eventually(Duration::from_secs(5), || async move {
+            cond(backend_named(c, f, "A").await)
+        })
+        .await;
+        assert!(
+            ok,
+            "instance {} never caught up; log:\n{}",
+            f.admin,
+            f.log()
+        );
+    }
+    since.elapsed()
+}
+
+async fn store_status(c: &HttpClient, f: &Fulcrum) -> Value {
+    status(c, f).await["store"].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_share_one_configuration() {
+    let etcd = Etcd::start("share");
+    let fs = fleet(3, &etcd.store("shared"));
+    let (a, b) = (TestBackend::start("A"), TestBackend::start("B"));
+    let c = client();
+    for f in &fs {
+        let s = store_status(&c, f).await;
+        assert_eq!(s["connected"], true, "{s}");
+    }
+    let [f0, f1, f2] = [&fs[0], &fs[1], &fs[2]];
+
+    let t = Instant::now();
+    let body = format!(r#"{{"url": "{}", "name": "A"}}"#, a.url());
+    let r = admin(&c, "POST", &f0.admin_url("/admin/backends"), &body).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let id = r.json()["id"].as_u64().unwrap();
+    let added = lag(&c, &[f1, f2], t, |b| b.is_some()).await;
+    let body = format!(r#"{{"url": "{}", "name": "B"}}"#, b.url());
+    let r = admin(&c, "POST", &f2.admin_url("/admin/backends"), &body).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    // The same id everywhere: the store gives it.
+    for f in [f1, f2] {
+        assert_eq!(backend_named(&c, f, "A").await.unwrap()["id"], id);
+    }
+
+    let t = Instant::now();
+    let patch = |body: &'static str, f: &Fulcrum| {
+        let url = f.admin_url(&format!("/admin/backends/{id}"));
+        let c = c.clone();
+        async move { admin(&c, "PATCH", &url, body).await }
+    };
+    let r = patch(r#"{"state": "draining"}"#, f1).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["state"], "draining", "answered once applied here");
+    let drained = lag(&c, &[f0, f2], t, |b| {
+        b.is_some_and(|b| b["state"] == "draining")
+    })
+    .await;
+    let t = Instant::now();
+    let r = patch(r#"{"weight": 7, "state": "active"}"#, f2).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let weighted = lag(&c, &[f0, f1], t, |b| b.is_some_and(|b| b["weight"] == 7)).await;
+    println!("in force on the other two instances after: added {added:?}, drained {drained:?}, re-weighted {weighted:?}");
+    for d in [added, drained, weighted] {
+        assert!(d < Duration::from_secs(1), "{d:?}");
+    }
+
+    concurrent_patches_one_wins(&c, &fs, id).await;
+    hashing_and_sticky_agree_everywhere(&c, &fs, &a, &b).await;
+    malformed_values_are_skipped(&c, &etcd, f2).await;
+    the_registry_follows_the_leases(&c, fs).await;
+}
+
+/// Two PATCHes of one backend through two instances at once: one is written, the
+/// other was based on the revision the first replaced, and gets 409 with the value
+/// now. (Should the second arrive after the first was applied there, both are
+/// sequential writes and succeed: a few tries find the race.)
+async fn concurrent_patches_one_wins(c: &HttpClient, fs: &[Fulcrum], id: u64) {
+    let mut raced = false;
+    for round in 0..10u32 {
+        // Both instances at the same revision first.
+        let same = eventually(Duration::from_secs(3), || async {
+            store_status(c, &fs[0]).await["revision"] == store_status(c, &fs[1]).await["revision"]
+        })
+        .await;
+        assert!(same);
+        let u0 = fs[0].admin_url(&format!("/admin/backends/{id}"));
+        let u1 = fs[1].admin_url(&format!("/admin/backends/{id}"));
+        let (w0, w1) = (
+            format!(r#"{{"weight": {}}}"#, 10 + round),
+            format!(r#"{{"weight": {}}}"#, 50 + round),
+        );
+        let (r0, r1) = tokio::join!(admin(c, "PATCH", &u0, &w0), admin(c, "PATCH", &u1, &w1));
+        let mut codes = [r0.status.as_u16(), r1.status.as_u16()];
+        codes.sort_unstable();
+        assert!(codes[0] == 200, "one of them is written: {codes:?}");
+        if codes == [200, 409] {
+            let lost = if r0.status == 409 { &r0 } else { &r1 };
+            let v = lost.json();
+            assert!(
+                v["error"].as_str().unwrap().contains("changed meanwhile"),
+                "{v}"
+            );
+            let winner = if r0.status == 200 {
+                10 + round
+            } else {
+                50 + round
+            };
+            assert_eq!(v["current"]["weight"], winner, "{v}");
+            raced = true;
+            break;
+        }
+    }
+    assert!(raced, "no two concurrent PATCHes ever met");
+}
+
+/// A pool hashing on a header and one with sticky cookies, routed by path: the same
+/// key and the same cookie reach the same backend through every instance.
+async fn hashing_and_sticky_agree_everywhere(
+    c: &HttpClient,
+    fs: &[Fulcrum],
+    a: &TestBackend,
+    b: &TestBackend,
+) {
+    let list = format!(
+        r#"[{{"url": "{}", "name": "A"}}, {{"url": "{}", "name": "B"}}]"#,
+        a.url(),
+        b.url()
+    );
+    let pools = [
+        format!(
+            r#"{{"name": "api", "strategy": "maglev", "hash_key": "header:x-user", "backends": {list}}}"#
+        ),
+        format!(r#"{{"name": "web", "sticky": {{"cookie": "srv"}}, "backends": {list}}}"#),
+    ];
+    for (i, p) in pools.iter().enumerate() {
+        let r = admin(c, "POST", &fs[i].admin_url("/admin/pools"), p).await;
+        assert_eq!(r.status, 201, "{}", r.text());
+    }
+    let routes = r#"[{"pool": "api", "path_prefix": "/api"}, {"pool": "web", "path_prefix": "/web"}, {"pool": "default"}]"#;
+    let r = admin(c, "PUT", &fs[2].admin_url("/admin/routes"), routes).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    for f in fs {
+        let ok = eventually(Duration::from_secs(2), || async {
+            let v = get(c, &f.admin_url("/admin/routes")).await.json();
+            v.as_array().is_some_and(|r| r.len() == 3)
+        })
+        .await;
+        assert!(ok, "{}", f.log());
+    }
+    let mut spread = std::collections::HashSet::new();
+    for user in 0..24 {
+        let key = format!("user-{user}");
+        let mut seen = Vec::new();
+        for f in fs {
+            let r = send(
+                c,
+                "GET",
+                &f.url("/api/x"),
+                &[("x-user", &key)],
+                Bytes::new(),
+            )
+            .await;
+            assert_eq!(r.status, 200);
+            seen.push(r.backend());
+        }
+        assert!(seen.iter().all(|s| *s == seen[0]), "{key}: {seen:?}");
+        spread.insert(seen[0].clone());
+    }
+    let api = get(c, &fs[0].admin_url("/admin/pools/api")).await.text();
+    assert_eq!(spread.len(), 2, "the keys use both backends: {api}");
+    for _ in 0..4 {
+        let first = get(c, &fs[0].url("/web/x")).await;
+        let cookie = first
+            .header("set-cookie")
+            .expect("a sticky cookie")
+            .to_string();
+        let pair = cookie.split(';').next().unwrap().to_string();
+        for f in &fs[1..] {
+            for _ in 0..3 {
+                let r = send(
+                    c,
+                    "GET",
+                    &f.url("/web/x"),
+                    &[("cookie", &pair)],
+                    Bytes::new(),
+                )
+                .await;
+                assert_eq!(r.backend(), first.backend(), "{pair} through {}", f.proxy);
+            }
+        }
+    }
+}
+
+/// A value written into etcd by hand that does not parse: skipped with an event that
+/// names its key; the backend keeps its last good version.
+async fn malformed_values_are_skipped(c: &HttpClient, etcd: &Etcd, f: &Fulcrum) {
+    let before = backend_named(c, f, "B").await.unwrap();
+    let mut events = EventStream::open(f);
+    etcd.put("shared/backends/default/B", r#"{"url": 7"#);
+    let e = events
+        .find(Duration::from_secs(3), |e| e["type"] == "store_skipped")
+        .expect("an event for the bad value");
+    assert_eq!(e["key"], "shared/backends/default/B", "{e}");
+    assert!(e["error"].as_str().unwrap().contains("JSON"), "{e}");
+    etcd.put(
+        "shared/backends/default/B",
+        r#"{"url": "http://127.0.0.1:1", "name": "other"}"#,
+    );
+    let e = events
+        .find(Duration::from_secs(3), |e| e["type"] == "store_skipped")
+        .expect("an event for the mismatched name");
+    assert!(e["error"].as_str().unwrap().contains("other"), "{e}");
+    let after = backend_named(c, f, "B").await.unwrap();
+    assert_eq!(
+        (&after["url"], &after["weight"]),
+        (&before["url"], &before["weight"])
+    );
+    assert_eq!(get(c, &f.url("/")).await.status, 200);
+}
+
+/// Every instance is listed once, itself marked; one killed leaves with its lease, one
+/// stopped leaves at once.
+async fn the_registry_follows_the_leases(c: &HttpClient, mut fs: Vec<Fulcrum>) {
+    let fleet_of = |f: &Fulcrum| {
+        let url = f.admin_url("/admin/fleet");
+        let c = c.clone();
+        async move {
+            get(&c, &url)
+                .await
+                .json()
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        }
+    };
+    let all = fleet_of(&fs[0]).await;
+    assert_eq!(all.len(), 3, "{all:?}");
+    assert_eq!(all.iter().filter(|m| m["self"] == true).count(), 1);
+    let listens: Vec<String> = fs.iter().map(|f| f.proxy.to_string()).collect();
+    for m in &all {
+        assert!(
+            listens.contains(&m["listen"].as_str().unwrap().to_string()),
+            "{m}"
+        );
+    }
+    let same_revision = eventually(Duration::from_secs(3), || async {
+        let v = fleet_of(&fs[1]).await;
+        v.iter()
+            .all(|m| m["revision"] == v[0]["revision"] && m["revision"].as_i64() > Some(0))
+    })
+    .await;
+    assert!(same_revision, "{:?}", fleet_of(&fs[1]).await);
+    let mut killed = fs.pop().unwrap();
+    let _ = killed.child.kill();
+    let t = Instant::now();
+    let gone = eventually(Duration::from_secs(10), || async {
+        fleet_of(&fs[0]).await.len() == 2
+    })
+    .await;
+    assert!(gone, "{:?}", fleet_of(&fs[0]).await);
+    println!(
+        "a killed instance left the registry after {:?}",
+        t.elapsed()
+    );
+    let mut stopped = fs.pop().unwrap();
+    stopped.signal("TERM");
+    assert!(stopped.wait_exit(Duration::from_secs(10)).is_some());
+    let left = eventually(Duration::from_secs(1), || async {
+        fleet_of(&fs[0]).await.len() == 1
+    })
+    .await;
+    assert!(left, "a stopped instance takes its entry out");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_etcd_keeps_the_last_configuration_and_resynchronises() {
+    let mut etcd = Etcd::start("loss");
+    let relay = Relay::start(&etcd.client);
+    let store = etcd.store("loss");
+    let mut fs = fleet(2, &store);
+    // The third reaches etcd through a relay that the test can cut.
+    fs.push(Fulcrum::start(&[
+        "--store",
+        &relay.store("loss"),
+        "--health-interval",
+        "200ms",
+    ]));
+    let a = TestBackend::start("A");
+    let c = client();
+    let body = format!(r#"{{"url": "{}", "name": "A"}}"#, a.url());
+    let r = admin(&c, "POST", &fs[0].admin_url("/admin/backends"), &body).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let id = r.json()["id"].as_u64().unwrap();
+    lag(&c, &[&fs[1], &fs[2]], Instant::now(), |b| b.is_some()).await;
+
+    // One instance cut off: it says so, serves, refuses writes; a change meanwhile…
+    relay.close();
+    let cut = eventually(Duration::from_secs(8), || async {
+        store_status(&c, &fs[2]).await["connected"] == false
+    })
+    .await;
+    assert!(cut, "{}", fs[2].log());
+    let r = admin(
+        &c,
+        "PATCH",
+        &fs[2].admin_url(&format!("/admin/backends/{id}")),
+        r#"{"weight": 4}"#,
+    )
+    .await;
+    assert_eq!(r.status, 503, "{}", r.text());
+    let r = admin(
+        &c,
+        "PATCH",
+        &fs[0].admin_url(&format!("/admin/backends/{id}")),
+        r#"{"weight": 9}"#,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(backend_named(&c, &fs[2], "A").await.unwrap()["weight"], 1);
+    assert_eq!(get(&c, &fs[2].url("/")).await.backend(), "A");
+    // …reaches it once it is back.
+    relay.open();
+    let t = Instant::now();
+    lag(&c, &[&fs[2]], t, |b| b.is_some_and(|b| b["weight"] == 9)).await;
+    assert_eq!(store_status(&c, &fs[2]).await["connected"], true);
+
+    // etcd itself killed: everybody serves the last configuration, refuses writes.
+    etcd.kill();
+    for f in &fs {
+        let down = eventually(Duration::from_secs(8), || async {
+            store_status(&c, f).await["connected"] == false
+        })
+        .await;
+        assert!(down, "{}", f.log());
+        let r = get(&c, &f.url("/")).await;
+        assert_eq!((r.status.as_u16(), r.backend()), (200, "A".to_string()));
+        let r = admin(
+            &c,
+            "POST",
+            &f.admin_url("/admin/strategy"),
+            r#"{"strategy": "least_connections"}"#,
+        )
+        .await;
+        assert_eq!(r.status, 503, "{}", r.text());
+        assert!(r.json()["error"].as_str().unwrap().contains("unreachable"));
+    }
+    etcd.restart();
+    for f in &fs {
+        let up = eventually(Duration::from_secs(8), || async {
+            store_status(&c, f).await["connected"] == true
+        })
+        .await;
+        assert!(up, "{}", f.log());
+    }
+    let r = admin(
+        &c,
+        "PATCH",
+        &fs[2].admin_url(&format!("/admin/backends/{id}")),
+        r#"{"state": "maintenance"}"#,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    lag(&c, &[&fs[0], &fs[1]], Instant::now(), |b| {
+        b.is_some_and(|b| b["state"] == "maintenance")
+    })
+    .await;
+}
+
+#[test]
+fn a_store_refuses_pools_of_its_own_and_bad_urls() {
+    let b = TestBackend::start("X");
+    let cases: [(&[&str], &str); 3] = [
+        (&["--backend", &b.url()], "--backend cannot be used with it"),
+        (&[], "invalid store"),
+        (&[], "not HOST:PORT"),
+    ];
+    let stores = [
+        "etcd://127.0.0.1:2379/p",
+        "http://127.0.0.1:2379/p",
+        "etcd://127.0.0.1/p",
+    ];
+    for ((extra, want), store) in cases.iter().zip(stores) {
+        let mut args = vec!["serve", "--store", store];
+        args.extend_from_slice(extra);
+        let (status, _, err) = run_fulcrum(&args);
+        assert_eq!(status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+    let cfg = config_file(
+        "fleet",
+        "pools",
+        "store = \"etcd://127.0.0.1:2379/p\"\n[[pools]]\nname = \"api\"\n",
+    );
+    let (status, _, err) = run_fulcrum(&["serve", "--config", cfg.to_str().unwrap()]);
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(err.contains("[[pools]] cannot be used with it"), "{err}");
+}
