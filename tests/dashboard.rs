@@ -138,6 +138,11 @@ fn run_browser_script(admin: SocketAddr, token: Option<&str>) {
 
 /// Runs the browser script's tour `which` (`tour`, or `pools`).
 fn run_tour(admin: SocketAddr, token: Option<&str>, which: &str) {
+    run_tour_with(admin, token, which, &[]);
+}
+
+/// The same, with `env` set for the script.
+fn run_tour_with(admin: SocketAddr, token: Option<&str>, which: &str, env: &[(&str, String)]) {
     let shots = screenshot_dir();
     std::fs::create_dir_all(&shots).unwrap();
     let mut cmd = Command::new("node");
@@ -148,6 +153,7 @@ fn run_tour(admin: SocketAddr, token: Option<&str>, which: &str) {
         .env("DASHBOARD_SCREENSHOTS", &shots)
         .env("DASHBOARD_DOWN_WITHIN_MS", DOWN_WITHIN_MS.to_string())
         .env("DASHBOARD_TOUR", which)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -310,4 +316,22 @@ fn dashboard_shows_routes_pools_and_backends() {
     });
     run_tour(f.admin, None, "pools");
     publish_screenshots(&["dashboard-pools.png"]);
+}
+
+#[test]
+fn dashboard_shows_the_fleet() {
+    require_browser_tools();
+    let _one = BROWSER.lock().unwrap_or_else(|e| e.into_inner());
+    let etcd = common::etcd::Etcd::start("dashboard");
+    let store = etcd.store("dash");
+    let f = Fulcrum::start(&["--store", &store]);
+    let peer = Fulcrum::start(&["--store", &store]);
+    let peer_url = format!("http://{}", peer.admin);
+    run_tour_with(
+        f.admin,
+        None,
+        "fleet",
+        &[("DASHBOARD_FLEET_PEER", peer_url)],
+    );
+    publish_screenshots(&["dashboard-fleet.png"]);
 }

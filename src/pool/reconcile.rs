@@ -1,6 +1,7 @@
 //! A pool made to match a list of backends in one change (fleet mode: the backends the
 //! store holds), published as one new routing table.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use super::{wake_for_new_slots, AdminState, Backend, BackendView, Event, Pool};
@@ -24,9 +25,11 @@ impl Pool {
         }
         let mut events = Vec::new();
         let mut wakes = Vec::new();
+        // Sets and maps by id: a pool of a thousand is matched in linear time.
+        let wanted: HashSet<u64> = want.iter().map(|(id, ..)| *id).collect();
         let before = m.backends.len();
         m.backends.retain(|b| {
-            let keep = want.iter().any(|(id, ..)| *id == b.id);
+            let keep = wanted.contains(&b.id);
             if !keep {
                 events.push(Event::BackendRemoved {
                     id: b.id,
@@ -36,8 +39,14 @@ impl Pool {
             keep
         });
         let mut changed = m.backends.len() != before;
+        let mut at_of: HashMap<u64, usize> = m
+            .backends
+            .iter()
+            .enumerate()
+            .map(|(i, b)| (b.id, i))
+            .collect();
         for (id, spec, state) in want {
-            match m.backends.iter().position(|b| b.id == *id) {
+            match at_of.get(id).copied() {
                 Some(at) => {
                     let b = Arc::clone(&m.backends[at]);
                     if b.url != spec.url || b.name != spec.name || b.backup != spec.backup {
@@ -62,6 +71,7 @@ impl Pool {
                     }
                 }
                 None => {
+                    // Rare (a backend joins): a scan is fine.
                     let clash = m
                         .backends
                         .iter()
@@ -78,6 +88,7 @@ impl Pool {
                     events.push(Event::BackendAdded {
                         backend: BackendView::of(&b),
                     });
+                    at_of.insert(*id, m.backends.len());
                     m.backends.push(b);
                     changed = true;
                 }

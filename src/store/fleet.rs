@@ -185,7 +185,16 @@ impl Fleet {
             (revision, kvs) = self.etcd.range_prefix(&self.prefix).await?;
         }
         self.resync(&kvs);
-        self.apply_mirror(revision, *first);
+        let newest = kvs
+            .iter()
+            .filter(|kv| {
+                self.relative(&kv.key)
+                    .is_some_and(|k| !k.starts_with(INSTANCES))
+            })
+            .map(|kv| kv.mod_revision)
+            .max()
+            .unwrap_or(0);
+        self.apply_mirror(newest, *first);
         if *first {
             tracing::info!(revision, prefix = %self.prefix, "store: configuration loaded");
         } else {
@@ -297,18 +306,23 @@ impl Fleet {
     /// Takes a burst of watched changes into the mirror and applies them.
     fn take_in(&self, bursts: Vec<(i64, Vec<Change>)>) {
         let revision = bursts.iter().map(|(r, _)| *r).max().unwrap_or(0);
-        let mut config = false;
+        let mut config = 0usize;
+        // The newest configuration change: the registry's own writes do not count.
+        let mut newest = 0;
         {
             let mut m = self.mirror();
             for change in bursts.into_iter().flat_map(|(_, c)| c) {
-                let (key, kv) = match &change {
-                    Change::Put(kv) => (kv.key.as_str(), Some(kv)),
-                    Change::Delete { key, .. } => (key.as_str(), None),
+                let (key, kv, rev) = match &change {
+                    Change::Put(kv) => (kv.key.as_str(), Some(kv), kv.mod_revision),
+                    Change::Delete { key, revision } => (key.as_str(), None, *revision),
                 };
                 let Some(key) = self.relative(key) else {
                     continue;
                 };
-                config |= !key.starts_with(INSTANCES);
+                if !key.starts_with(INSTANCES) {
+                    config += 1;
+                    newest = newest.max(rev);
+                }
                 match kv {
                     Some(kv) => {
                         if let Err(e) = m.put(key, kv) {
@@ -319,13 +333,20 @@ impl Fleet {
                 }
             }
         }
-        if config {
-            self.apply_mirror(revision, false);
+        if config > 0 {
+            self.apply_mirror(newest, false);
+            tracing::info!(
+                revision = newest,
+                changes = config,
+                "store: changes applied"
+            );
         }
         self.seen.send_replace(revision);
     }
 
-    /// Applies the mirror to the site as revision `revision`.
+    /// Applies the mirror to the site as revision `revision` (that of the newest
+    /// configuration change in it: instances with the same configuration show the same
+    /// revision, whatever else they read).
     fn apply_mirror(&self, revision: i64, first: bool) {
         let started = std::time::Instant::now();
         let desired = self.mirror().desired(&self.reloader.settings());
@@ -337,7 +358,7 @@ impl Fleet {
                 return;
             }
         }
-        self.applied.store(revision, Ordering::Relaxed);
+        self.applied.fetch_max(revision, Ordering::Relaxed);
         tracing::debug!(
             revision,
             micros = started.elapsed().as_micros() as u64,

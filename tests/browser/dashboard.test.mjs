@@ -7,13 +7,16 @@
 // spawn/remove, an API error shown). With a token: the page asks for it, refuses a wrong
 // one, and works once given the right one. With DASHBOARD_TOUR=pools: a fulcrum with the
 // pools web and api (routes → pools → backends, a strategy per pool, kill and spawn in
-// one pool while the other carries on).
+// one pool while the other carries on). With DASHBOARD_TOUR=fleet: an instance in fleet
+// mode, DASHBOARD_FLEET_PEER the admin URL of another one on the same store (the etcd
+// pill, the fleet list, a switch made on the page in force on the peer).
 //
 // Environment:
 //   FULCRUM_CHROMIUM            browser executable (default /usr/bin/chromium)
 //   DASHBOARD_SCREENSHOTS       folder for screenshots (default ../../target/dashboard-screenshots)
 //   DASHBOARD_DOWN_WITHIN_MS    how soon a killed backend must show as down (default 6000)
-//   DASHBOARD_TOUR              `pools` for the pools tour
+//   DASHBOARD_TOUR              `pools` for the pools tour, `fleet` for the fleet tour
+//   DASHBOARD_FLEET_PEER        the fleet tour's second instance (its admin URL)
 //
 // Exit status 0 when every check passed.
 
@@ -385,6 +388,35 @@ async function tokenTour(page) {
 
 // ------------------------------------------------------------------ the pools tour
 
+async function fleetTour(page) {
+  const peer = (process.env.DASHBOARD_FLEET_PEER || '').replace(/\/+$/, '');
+  if (!peer) throw new Error('DASHBOARD_FLEET_PEER is not set');
+  const peerGet = async p => (await fetch(peer + p)).json();
+
+  await step('the etcd pill and both instances, this one marked, in step', async () => {
+    const res = await page.goto(ADMIN + '/', { waitUntil: 'load' });
+    if (!res || res.status() !== 200) throw new Error(`GET / answered ${res && res.status()}`);
+    await waitFor('etcd pill live', async () => (await attr(page, '[data-testid="store-status"]', 'data-state')) === 'live');
+    const pill = await text(page, '[data-testid="store-status"]');
+    if (!/etcd · revision \d+/.test(pill)) throw new Error('pill says ' + pill);
+    await waitFor('two members listed', async () => (await page.$$('[data-testid="fleet-member"]')).length === 2);
+    const members = await page.$$eval('[data-testid="fleet-member"]', ls => ls.map(l => ({ self: l.dataset.self, step: l.dataset.inStep, text: l.textContent })));
+    if (members.filter(m => m.self === 'true').length !== 1) throw new Error('self marked ' + JSON.stringify(members));
+    await waitFor('both in step', async () => (await page.$$eval('[data-testid="fleet-member"]', ls => ls.every(l => l.dataset.inStep === 'true'))));
+    assertNoConsoleErrors();
+  });
+
+  await step('a strategy switched on the page is in force on the other instance', async () => {
+    await page.selectOption('[data-testid="strategy-select"]', 'peak_ewma');
+    await waitFor('peer switched', async () => (await peerGet('/admin/strategy')).strategy === 'peak_ewma', 5000);
+    await waitFor('page shows it', async () => (await attr(page, '[data-testid="strategy-select"]', 'data-current')) === 'peak_ewma', 5000);
+    const rev = (await api('GET', '/admin/status')).store.revision;
+    await waitFor('pill follows the revision', async () => (await text(page, '[data-testid="store-status"]')).includes(String(rev)), 5000);
+    await shot(page, 'dashboard-fleet.png');
+    assertNoConsoleErrors();
+  });
+}
+
 async function poolsTour(page) {
   const pools = async () => new Map((await api('GET', '/admin/pools')).map(p => [p.name, p]));
 
@@ -502,10 +534,12 @@ try {
   page = await context.newPage();
   page.setDefaultTimeout(15_000);
   watchConsole(page);
-  const which = token ? 'token' : process.env.DASHBOARD_TOUR === 'pools' ? 'pools' : 'tour';
+  const named = ['pools', 'fleet'].includes(process.env.DASHBOARD_TOUR) ? process.env.DASHBOARD_TOUR : 'tour';
+  const which = token ? 'token' : named;
   console.log(`# ${which} against ${ADMIN} with Chromium ${browser.version()}`);
   if (which === 'token') await tokenTour(page);
   else if (which === 'pools') await poolsTour(page);
+  else if (which === 'fleet') await fleetTour(page);
   else await tour(page);
 } catch (e) {
   code = 1;
