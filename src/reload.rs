@@ -99,6 +99,17 @@ impl Reloader {
             .clone()
     }
 
+    /// The per-pool values given on the command line (`--health-interval 1s`, …), as
+    /// option keys and texts: what seeds an empty store's first pool.
+    pub(crate) fn pool_flags(&self) -> Vec<(&'static str, String)> {
+        self.flags
+            .values
+            .iter()
+            .filter(|(k, _)| crate::config::pools::POOL_OPTIONS.contains(k))
+            .cloned()
+            .collect()
+    }
+
     /// Reloads; on error nothing has changed.
     pub(crate) fn reload(&self) -> Result<Report, ReloadError> {
         if self.flags.config.is_none() {
@@ -134,7 +145,9 @@ impl Reloader {
             _ => None,
         };
         // In fleet mode pools, backends and routes are the store's: the file has none.
-        if next.store.is_none() {
+        // A store given or taken away by the file only counts after a restart
+        // (`restart_required`); until then, the running mode holds.
+        if current.store.is_none() && next.store.is_none() {
             let before = self
                 .site
                 .replace(

@@ -695,6 +695,7 @@ fn spawn_admin(
     max_connections: usize,
     rx: &watch::Receiver<bool>,
     mut done_rx: watch::Receiver<bool>,
+    fleet: Option<FleetStart>,
 ) -> Result<(std::thread::JoinHandle<()>, tokio::runtime::Handle), String> {
     let site = Arc::clone(site);
     let tasks_stop = rx.clone();
@@ -707,6 +708,7 @@ fn spawn_admin(
                 rt.block_on(async move {
                     // The health checkers share this thread with the admin API: neither
                     // belongs on the request path's workers.
+                    let registry = fleet.map(|f| f.spawn(&tasks_stop));
                     site.start_tasks(tokio::runtime::Handle::current(), tasks_stop);
                     let mut arx2 = arx.clone();
                     let stop = async move {
@@ -729,6 +731,10 @@ fn spawn_admin(
                         done_rx.wait_for(|d| *d),
                     )
                     .await;
+                    // The registry takes this instance's entry out before the end.
+                    if let Some(r) = registry {
+                        let _ = tokio::time::timeout(Duration::from_secs(2), r).await;
+                    }
                 })
             })
             .map_err(|e| format!("cannot start the admin API: {e}"))?;
@@ -835,11 +841,20 @@ fn launch(
     .in_fleet(listen, fleet.clone());
     let (workers_done, done_rx) = watch::channel(false);
     let admin_listener = listeners.admin;
-    let (admin_thread, admin_rt) =
-        spawn_admin(admin_listener, admin_state, &site, caps.admin, &rx, done_rx)?;
+    let (loaded_tx, loaded) = std::sync::mpsc::channel();
+    let start = fleet.clone().map(|fleet| FleetStart { fleet, loaded_tx });
+    let (admin_thread, admin_rt) = spawn_admin(
+        admin_listener,
+        admin_state,
+        &site,
+        caps.admin,
+        &rx,
+        done_rx,
+        start,
+    )?;
     threads.push(admin_thread);
     if let Some(f) = fleet {
-        join_fleet(f, &admin_rt, &rx);
+        wait_for_store(&f, &loaded);
     }
     let (upgraded_tx, upgraded) = watch::channel(false);
     tracing::info!("proxy listening on {listen}");
@@ -864,21 +879,29 @@ fn launch(
     Ok((running, rx, upgraded_tx))
 }
 
-/// Starts following the store and registering this instance, on the admin thread;
-/// waits a little for the first load, so that an instance that starts with etcd up
+/// Fleet mode's tasks, for the admin thread to start.
+struct FleetStart {
+    fleet: Arc<crate::store::fleet::Fleet>,
+    /// Hears once, after the first load.
+    loaded_tx: std::sync::mpsc::Sender<Result<i64, String>>,
+}
+
+impl FleetStart {
+    /// Starts following the store and registering this instance; the registry's task,
+    /// to wait for at the end (it takes the entry out).
+    fn spawn(self, stop: &watch::Receiver<bool>) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(Arc::clone(&self.fleet).run(stop.clone(), self.loaded_tx));
+        tokio::spawn(crate::store::registry::run(self.fleet, stop.clone()))
+    }
+}
+
+/// Waits a little for the first load, so that an instance that starts with etcd up
 /// serves the store's configuration from its first request. Without etcd it starts
 /// with the embedded default and keeps trying (`docs/fleet.md`, "Losing etcd").
-fn join_fleet(
-    fleet: Arc<crate::store::fleet::Fleet>,
-    rt: &tokio::runtime::Handle,
-    stop: &watch::Receiver<bool>,
+fn wait_for_store(
+    fleet: &crate::store::fleet::Fleet,
+    loaded: &std::sync::mpsc::Receiver<Result<i64, String>>,
 ) {
-    let (loaded_tx, loaded) = std::sync::mpsc::channel();
-    rt.spawn(Arc::clone(&fleet).run(stop.clone(), loaded_tx));
-    rt.spawn(crate::store::registry::run(
-        Arc::clone(&fleet),
-        stop.clone(),
-    ));
     match loaded.recv_timeout(FIRST_LOAD_WAIT) {
         Ok(Ok(_)) => {}
         Ok(Err(e)) => tracing::warn!(

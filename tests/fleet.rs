@@ -54,6 +54,15 @@ async fn store_status(c: &HttpClient, f: &Fulcrum) -> Value {
     status(c, f).await["store"].clone()
 }
 
+/// Waits until `f` says it is connected to etcd (or not).
+async fn connected(c: &HttpClient, f: &Fulcrum, want: bool) {
+    let ok = eventually(Duration::from_secs(10), || async {
+        store_status(c, f).await["connected"] == want
+    })
+    .await;
+    assert!(ok, "connected never became {want}; log:\n{}", f.log());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_instances_share_one_configuration() {
     let etcd = Etcd::start("share");
@@ -61,13 +70,14 @@ async fn three_instances_share_one_configuration() {
     let (a, b) = (TestBackend::start("A"), TestBackend::start("B"));
     let c = client();
     for f in &fs {
-        let s = store_status(&c, f).await;
-        assert_eq!(s["connected"], true, "{s}");
+        connected(&c, f, true).await;
     }
     let [f0, f1, f2] = [&fs[0], &fs[1], &fs[2]];
 
-    let t = Instant::now();
+    // Each lag runs from the moment the write is sent (its answer comes once it is in
+    // force on the instance that took it).
     let body = format!(r#"{{"url": "{}", "name": "A"}}"#, a.url());
+    let t = Instant::now();
     let r = admin(&c, "POST", &f0.admin_url("/admin/backends"), &body).await;
     assert_eq!(r.status, 201, "{}", r.text());
     let id = r.json()["id"].as_u64().unwrap();
@@ -80,12 +90,12 @@ async fn three_instances_share_one_configuration() {
         assert_eq!(backend_named(&c, f, "A").await.unwrap()["id"], id);
     }
 
-    let t = Instant::now();
     let patch = |body: &'static str, f: &Fulcrum| {
         let url = f.admin_url(&format!("/admin/backends/{id}"));
         let c = c.clone();
         async move { admin(&c, "PATCH", &url, body).await }
     };
+    let t = Instant::now();
     let r = patch(r#"{"state": "draining"}"#, f1).await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["state"], "draining", "answered once applied here");
@@ -303,7 +313,7 @@ async fn the_registry_follows_the_leases(c: &HttpClient, mut fs: Vec<Fulcrum>) {
     let mut stopped = fs.pop().unwrap();
     stopped.signal("TERM");
     assert!(stopped.wait_exit(Duration::from_secs(10)).is_some());
-    let left = eventually(Duration::from_secs(1), || async {
+    let left = eventually(Duration::from_secs(2), || async {
         fleet_of(&fs[0]).await.len() == 1
     })
     .await;
@@ -314,8 +324,7 @@ async fn the_registry_follows_the_leases(c: &HttpClient, mut fs: Vec<Fulcrum>) {
 async fn losing_etcd_keeps_the_last_configuration_and_resynchronises() {
     let mut etcd = Etcd::start("loss");
     let relay = Relay::start(&etcd.client);
-    let store = etcd.store("loss");
-    let mut fs = fleet(2, &store);
+    let mut fs = fleet(2, &etcd.store("loss"));
     // The third reaches etcd through a relay that the test can cut.
     fs.push(Fulcrum::start(&[
         "--store",
@@ -325,80 +334,58 @@ async fn losing_etcd_keeps_the_last_configuration_and_resynchronises() {
     ]));
     let a = TestBackend::start("A");
     let c = client();
+    for f in &fs {
+        connected(&c, f, true).await;
+    }
     let body = format!(r#"{{"url": "{}", "name": "A"}}"#, a.url());
     let r = admin(&c, "POST", &fs[0].admin_url("/admin/backends"), &body).await;
     assert_eq!(r.status, 201, "{}", r.text());
     let id = r.json()["id"].as_u64().unwrap();
     lag(&c, &[&fs[1], &fs[2]], Instant::now(), |b| b.is_some()).await;
+    one_cut_off_catches_up(&c, &fs, &relay, id).await;
+    etcd_killed_and_restarted(&c, &fs, &mut etcd, id).await;
+}
 
-    // One instance cut off: it says so, serves, refuses writes; a change meanwhile…
+/// One instance cut off: it says so, serves, refuses writes; a change made meanwhile
+/// through another reaches it once it is back.
+async fn one_cut_off_catches_up(c: &HttpClient, fs: &[Fulcrum], relay: &Relay, id: u64) {
+    let backend = |f: &Fulcrum| f.admin_url(&format!("/admin/backends/{id}"));
     relay.close();
-    let cut = eventually(Duration::from_secs(8), || async {
-        store_status(&c, &fs[2]).await["connected"] == false
-    })
-    .await;
-    assert!(cut, "{}", fs[2].log());
-    let r = admin(
-        &c,
-        "PATCH",
-        &fs[2].admin_url(&format!("/admin/backends/{id}")),
-        r#"{"weight": 4}"#,
-    )
-    .await;
+    connected(c, &fs[2], false).await;
+    let r = admin(c, "PATCH", &backend(&fs[2]), r#"{"weight": 4}"#).await;
     assert_eq!(r.status, 503, "{}", r.text());
-    let r = admin(
-        &c,
-        "PATCH",
-        &fs[0].admin_url(&format!("/admin/backends/{id}")),
-        r#"{"weight": 9}"#,
-    )
-    .await;
+    let r = admin(c, "PATCH", &backend(&fs[0]), r#"{"weight": 9}"#).await;
     assert_eq!(r.status, 200, "{}", r.text());
-    assert_eq!(backend_named(&c, &fs[2], "A").await.unwrap()["weight"], 1);
-    assert_eq!(get(&c, &fs[2].url("/")).await.backend(), "A");
-    // …reaches it once it is back.
+    assert_eq!(backend_named(c, &fs[2], "A").await.unwrap()["weight"], 1);
+    assert_eq!(get(c, &fs[2].url("/")).await.backend(), "A");
     relay.open();
     let t = Instant::now();
-    lag(&c, &[&fs[2]], t, |b| b.is_some_and(|b| b["weight"] == 9)).await;
-    assert_eq!(store_status(&c, &fs[2]).await["connected"], true);
+    lag(c, &[&fs[2]], t, |b| b.is_some_and(|b| b["weight"] == 9)).await;
+    connected(c, &fs[2], true).await;
+}
 
-    // etcd itself killed: everybody serves the last configuration, refuses writes.
+/// etcd itself killed: every instance serves the last configuration and refuses
+/// writes; restarted, they all take writes again.
+async fn etcd_killed_and_restarted(c: &HttpClient, fs: &[Fulcrum], etcd: &mut Etcd, id: u64) {
     etcd.kill();
-    for f in &fs {
-        let down = eventually(Duration::from_secs(8), || async {
-            store_status(&c, f).await["connected"] == false
-        })
-        .await;
-        assert!(down, "{}", f.log());
-        let r = get(&c, &f.url("/")).await;
+    for f in fs {
+        connected(c, f, false).await;
+        let r = get(c, &f.url("/")).await;
         assert_eq!((r.status.as_u16(), r.backend()), (200, "A".to_string()));
-        let r = admin(
-            &c,
-            "POST",
-            &f.admin_url("/admin/strategy"),
-            r#"{"strategy": "least_connections"}"#,
-        )
-        .await;
+        let body = r#"{"strategy": "least_connections"}"#;
+        let r = admin(c, "POST", &f.admin_url("/admin/strategy"), body).await;
         assert_eq!(r.status, 503, "{}", r.text());
         assert!(r.json()["error"].as_str().unwrap().contains("unreachable"));
     }
     etcd.restart();
-    for f in &fs {
-        let up = eventually(Duration::from_secs(8), || async {
-            store_status(&c, f).await["connected"] == true
-        })
-        .await;
-        assert!(up, "{}", f.log());
+    for f in fs {
+        connected(c, f, true).await;
     }
-    let r = admin(
-        &c,
-        "PATCH",
-        &fs[2].admin_url(&format!("/admin/backends/{id}")),
-        r#"{"state": "maintenance"}"#,
-    )
-    .await;
+    let url = fs[2].admin_url(&format!("/admin/backends/{id}"));
+    let r = admin(c, "PATCH", &url, r#"{"state": "maintenance"}"#).await;
     assert_eq!(r.status, 200, "{}", r.text());
-    lag(&c, &[&fs[0], &fs[1]], Instant::now(), |b| {
+    let t = Instant::now();
+    lag(c, &[&fs[0], &fs[1]], t, |b| {
         b.is_some_and(|b| b["state"] == "maintenance")
     })
     .await;

@@ -348,13 +348,16 @@ async fn patch_backend(
         })
         .transpose()?;
     let max_conns = p.max_conns.map(check_max_conns).transpose()?;
-    let (pool, b) = ctx.site.backend(id)?;
     let b = match &ctx.fleet {
         Some(f) => {
+            // The store's object, whether or not this instance took it in.
             f.update_backend(id, weight, state, max_conns).await?;
-            ctx.site.backend(id).map_or(b, |(_, now)| now)
+            ctx.site.backend(id)?.1
         }
-        None => pool.update(id, weight, state, max_conns)?,
+        None => {
+            let (pool, _) = ctx.site.backend(id)?;
+            pool.update(id, weight, state, max_conns)?
+        }
     };
     tracing::info!(id, name = %b.name, weight = b.weight(), state = ?b.state(), "backend updated");
     Ok(Json(BackendView::of(&b)))
@@ -365,15 +368,11 @@ async fn delete_backend(
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
     let id = parse_id(&id)?;
-    let b = match &ctx.fleet {
-        Some(f) => {
-            let b = ctx.site.backend(id)?.1;
-            f.remove_backend(id).await?;
-            b
-        }
-        None => ctx.spawner.remove(id).await?,
+    let name = match &ctx.fleet {
+        Some(f) => f.remove_backend(id).await?,
+        None => ctx.spawner.remove(id).await?.name.clone(),
     };
-    tracing::info!(id = b.id, name = %b.name, "backend removed");
+    tracing::info!(id, name = %name, "backend removed");
     Ok(StatusCode::NO_CONTENT)
 }
 

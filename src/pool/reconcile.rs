@@ -11,6 +11,16 @@ use crate::config::BackendSpec;
 /// its admin state.
 pub(crate) type Wanted = (u64, BackendSpec, AdminState);
 
+/// What a reconciliation did, gathered under the members lock and told after it.
+#[derive(Default)]
+struct Outcome {
+    changed: bool,
+    events: Vec<Event>,
+    /// Backends whose `max_conns` changed: (backend, was, now).
+    wakes: Vec<(Arc<Backend>, u32, u32)>,
+    refused: Vec<(u64, String)>,
+}
+
 impl Pool {
     /// Makes the pool's backends those of `want`: backends whose id is not listed
     /// leave, listed ones are re-weighted, re-stated or (if their URL, name or backup
@@ -19,93 +29,113 @@ impl Pool {
     /// name another one has is left out; what was left out is returned, with why.
     pub(crate) fn reconcile(&self, want: &[Wanted], ramp: bool) -> Vec<(u64, String)> {
         let mut m = self.lock();
-        let mut refused = Vec::new();
+        let mut out = Outcome::default();
         if *self.retired.borrow() {
-            return refused;
+            return out.refused;
         }
-        let mut events = Vec::new();
-        let mut wakes = Vec::new();
-        // Sets and maps by id: a pool of a thousand is matched in linear time.
-        let wanted: HashSet<u64> = want.iter().map(|(id, ..)| *id).collect();
-        let before = m.backends.len();
-        m.backends.retain(|b| {
-            let keep = wanted.contains(&b.id);
-            if !keep {
-                events.push(Event::BackendRemoved {
-                    id: b.id,
-                    backend: b.name.clone(),
-                });
-            }
-            keep
-        });
-        let mut changed = m.backends.len() != before;
+        drop_unwanted(&mut m.backends, want, &mut out);
+        // Positions by id: a pool of a thousand is matched in linear time.
         let mut at_of: HashMap<u64, usize> = m
             .backends
             .iter()
             .enumerate()
             .map(|(i, b)| (b.id, i))
             .collect();
-        for (id, spec, state) in want {
-            match at_of.get(id).copied() {
-                Some(at) => {
-                    let b = Arc::clone(&m.backends[at]);
-                    if b.url != spec.url || b.name != spec.name || b.backup != spec.backup {
-                        // The same rule as a reload: a name labels metrics, and being a
-                        // backup is fixed for a backend's life.
-                        let fresh = self.member(*id, spec.clone(), None);
-                        fresh.set_state(*state);
-                        m.backends[at] = Arc::clone(&fresh);
-                        events.push(Event::BackendRemoved {
-                            id: *id,
-                            backend: b.name.clone(),
-                        });
-                        events.push(Event::BackendAdded {
-                            backend: BackendView::of(&fresh),
-                        });
-                        changed = true;
-                    } else if update(&b, spec, *state, &mut wakes) {
-                        events.push(Event::BackendUpdated {
-                            backend: BackendView::of(&b),
-                        });
-                        changed = true;
-                    }
-                }
+        for w in want {
+            match at_of.get(&w.0).copied() {
+                Some(at) => self.match_member(&mut m.backends[at], w, &mut out),
                 None => {
-                    // Rare (a backend joins): a scan is fine.
-                    let clash = m
-                        .backends
-                        .iter()
-                        .find(|b| b.url == spec.url || b.name == spec.name);
-                    if let Some(c) = clash {
-                        refused.push((*id, format!("its URL or name is backend {}'s", c.id)));
-                        continue;
+                    if let Some(b) = self.join(&m.backends, w, ramp, &mut out) {
+                        at_of.insert(w.0, m.backends.len());
+                        m.backends.push(b);
                     }
-                    let b = self.member(*id, spec.clone(), None);
-                    b.set_state(*state);
-                    if ramp {
-                        b.start_ramp(std::time::Instant::now());
-                    }
-                    events.push(Event::BackendAdded {
-                        backend: BackendView::of(&b),
-                    });
-                    at_of.insert(*id, m.backends.len());
-                    m.backends.push(b);
-                    changed = true;
                 }
             }
         }
-        if changed {
+        if out.changed {
             self.publish(&mut m);
         }
         drop(m);
-        for (b, was, now) in wakes {
+        for (b, was, now) in out.wakes {
             wake_for_new_slots(&b, was, now);
         }
-        for e in events {
+        for e in out.events {
             self.emit(e);
         }
-        refused
+        out.refused
     }
+
+    /// Brings the member in `slot` to `want`: updated in place, or replaced when what
+    /// identifies it changed (the same rule as a reload: a name labels metrics, and
+    /// being a backup is fixed for a backend's life).
+    fn match_member(&self, slot: &mut Arc<Backend>, want: &Wanted, out: &mut Outcome) {
+        let (id, spec, state) = want;
+        let b = Arc::clone(slot);
+        if b.url != spec.url || b.name != spec.name || b.backup != spec.backup {
+            let fresh = self.member(*id, spec.clone(), None);
+            fresh.set_state(*state);
+            *slot = Arc::clone(&fresh);
+            out.events.push(Event::BackendRemoved {
+                id: *id,
+                backend: b.name.clone(),
+            });
+            out.events.push(Event::BackendAdded {
+                backend: BackendView::of(&fresh),
+            });
+            out.changed = true;
+        } else if update(&b, spec, *state, &mut out.wakes) {
+            out.events.push(Event::BackendUpdated {
+                backend: BackendView::of(&b),
+            });
+            out.changed = true;
+        }
+    }
+
+    /// A new member for `want`, unless its URL or name is taken in `members`.
+    fn join(
+        &self,
+        members: &[Arc<Backend>],
+        want: &Wanted,
+        ramp: bool,
+        out: &mut Outcome,
+    ) -> Option<Arc<Backend>> {
+        let (id, spec, state) = want;
+        // Rare (a backend joins): a scan is fine.
+        if let Some(c) = members
+            .iter()
+            .find(|b| b.url == spec.url || b.name == spec.name)
+        {
+            out.refused
+                .push((*id, format!("its URL or name is backend {}'s", c.id)));
+            return None;
+        }
+        let b = self.member(*id, spec.clone(), None);
+        b.set_state(*state);
+        if ramp {
+            b.start_ramp(std::time::Instant::now());
+        }
+        out.events.push(Event::BackendAdded {
+            backend: BackendView::of(&b),
+        });
+        out.changed = true;
+        Some(b)
+    }
+}
+
+/// Takes the members whose id `want` does not list out of `members`.
+fn drop_unwanted(members: &mut Vec<Arc<Backend>>, want: &[Wanted], out: &mut Outcome) {
+    let wanted: HashSet<u64> = want.iter().map(|(id, ..)| *id).collect();
+    members.retain(|b| {
+        let keep = wanted.contains(&b.id);
+        if !keep {
+            out.events.push(Event::BackendRemoved {
+                id: b.id,
+                backend: b.name.clone(),
+            });
+            out.changed = true;
+        }
+        keep
+    });
 }
 
 /// Sets what changed of `b`'s weight, state and `max_conns`; whether anything did.

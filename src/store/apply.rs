@@ -14,7 +14,7 @@ pub(crate) type Refusal = (String, String);
 /// Applies `desired` to `site`. `first` is the load at start: backends present then
 /// take their full weight at once, as at any start. Returns what was left out.
 pub(crate) fn apply(site: &Site, desired: Desired, first: bool) -> Result<Vec<Refusal>, SiteError> {
-    let mut refused = desired.left_out;
+    let mut refused = desired.left_out.clone();
     let pools = &desired.pools;
     site.replace(
         |before| {
@@ -39,13 +39,18 @@ pub(crate) fn apply(site: &Site, desired: Desired, first: bool) -> Result<Vec<Re
                     };
                     let ramp = !first && kept.is_some();
                     for (id, why) in pool.reconcile(&want.backends, ramp) {
-                        refused.push((format!("backend {id} of pool '{}'", pool.name), why));
+                        let key = desired
+                            .keys
+                            .get(&id)
+                            .cloned()
+                            .unwrap_or_else(|| format!("backend {id}"));
+                        refused.push((key, why));
                     }
                     pool
                 })
                 .collect()
         },
-        desired.routes,
+        desired.routes.clone(),
     )?;
     Ok(refused)
 }

@@ -19,8 +19,11 @@ use serde_json::{json, Value};
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 
-/// How long one call to etcd may take (a watch excepted).
-const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one call to etcd may take (a watch excepted): well under the registry's
+/// lease, so that a member that does not answer leaves time to renew it through another.
+const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long connecting to one member may take before the next is tried.
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// What went wrong talking to etcd.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,6 +81,29 @@ pub(crate) enum Change {
     Delete { key: String, revision: i64 },
 }
 
+impl Change {
+    /// The revision of the change.
+    pub(crate) fn revision(&self) -> i64 {
+        match self {
+            Change::Put(kv) => kv.mod_revision,
+            Change::Delete { revision, .. } => *revision,
+        }
+    }
+}
+
+/// The HTTP connector: a member that does not accept soon is passed over, and a watch
+/// connection that dies silently (a dropped NAT entry) is noticed by TCP keep-alive
+/// within about 11 s.
+fn connector() -> HttpConnector {
+    let mut c = HttpConnector::new();
+    c.set_connect_timeout(Some(CONNECT_TIMEOUT));
+    c.set_keepalive(Some(Duration::from_secs(5)));
+    c.set_keepalive_interval(Some(Duration::from_secs(2)));
+    c.set_keepalive_retries(Some(3));
+    c.set_nodelay(true);
+    c
+}
+
 /// A compare-and-set's outcome.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Written {
@@ -92,7 +118,33 @@ pub(crate) enum Written {
 pub(crate) struct Etcd {
     /// `http://host:port`, in the order to try them.
     endpoints: Vec<String>,
+    /// The member that answered last: tried first.
+    preferred: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     client: Client<HttpConnector, Full<Bytes>>,
+}
+
+/// A condition of a transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Compare<'a> {
+    /// The key was last changed at this revision (0: it does not exist).
+    Mod(&'a str, i64),
+    /// No key under the prefix changed after this revision (none was written since
+    /// a read at it).
+    UnchangedSince(&'a str, i64),
+}
+
+impl Compare<'_> {
+    fn json(&self) -> Value {
+        // etcd leaves a zero out of its JSON: compare "MOD = 0" is written explicitly,
+        // and means the key does not exist.
+        match self {
+            Compare::Mod(k, rev) => json!({"key": b64(k.as_bytes()), "target": "MOD",
+                "result": "EQUAL", "mod_revision": rev.to_string()}),
+            Compare::UnchangedSince(p, rev) => json!({"key": b64(p.as_bytes()),
+                "range_end": b64(&prefix_end(p)), "target": "MOD", "result": "LESS",
+                "mod_revision": (rev + 1).to_string()}),
+        }
+    }
 }
 
 /// The gateway writes 64-bit integers as strings (proto3 JSON); absent means 0.
@@ -150,14 +202,28 @@ impl Etcd {
     pub(crate) fn new(endpoints: &[String]) -> Etcd {
         Etcd {
             endpoints: endpoints.iter().map(|e| format!("http://{e}")).collect(),
-            client: Client::builder(TokioExecutor::new()).build_http(),
+            preferred: Default::default(),
+            client: Client::builder(TokioExecutor::new()).build(connector()),
         }
     }
 
-    /// POSTs `body` to `path` on the first endpoint that answers; its JSON answer.
+    /// The endpoints in the order to try them: the one that answered last first.
+    fn in_order(&self) -> impl Iterator<Item = (usize, &String)> {
+        let first = self.preferred.load(std::sync::atomic::Ordering::Relaxed);
+        let n = self.endpoints.len();
+        (0..n).map(move |i| ((first + i) % n, &self.endpoints[(first + i) % n]))
+    }
+
+    fn prefer(&self, i: usize) {
+        self.preferred
+            .store(i, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// POSTs `body` to `path` on the first endpoint that answers well; its JSON answer.
+    /// A member that answers with a server error (no leader, say) is passed over too.
     async fn call(&self, path: &str, body: Value) -> Result<Value, StoreError> {
         let mut last = String::from("no endpoint");
-        for e in &self.endpoints {
+        for (i, e) in self.in_order() {
             let req = http::Request::post(format!("{e}{path}"))
                 .header(http::header::CONTENT_TYPE, "application/json")
                 .body(Full::new(Bytes::from(body.to_string())))
@@ -174,8 +240,12 @@ impl Etcd {
             };
             match tokio::time::timeout(CALL_TIMEOUT, answer).await {
                 Ok(Ok((status, bytes))) if status.is_success() => {
+                    self.prefer(i);
                     return serde_json::from_slice(&bytes)
                         .map_err(|x| StoreError::Protocol(format!("{path}: {x}")));
+                }
+                Ok(Ok((status, bytes))) if status.is_server_error() => {
+                    last = format!("{e}: {status} {}", String::from_utf8_lossy(&bytes));
                 }
                 Ok(Ok((status, bytes))) => {
                     let text = String::from_utf8_lossy(&bytes);
@@ -214,7 +284,7 @@ impl Etcd {
         mod_revision: i64,
     ) -> Result<Written, StoreError> {
         let put = Op::Put(key.to_string(), value.to_vec());
-        self.txn(&[(key, mod_revision)], &[put]).await
+        self.txn(&[Compare::Mod(key, mod_revision)], &[put]).await
     }
 
     /// Deletes `key` if its last change is `mod_revision`.
@@ -224,38 +294,36 @@ impl Etcd {
         key: &str,
         mod_revision: i64,
     ) -> Result<Written, StoreError> {
-        self.txn(&[(key, mod_revision)], &[Op::Delete(key.to_string())])
-            .await
+        let del = Op::Delete(key.to_string());
+        self.txn(&[Compare::Mod(key, mod_revision)], &[del]).await
     }
 
-    /// Carries out `ops` in one transaction if every key of `compares` was last changed
-    /// at its revision (0: does not exist); otherwise changes nothing and returns the
-    /// current value of the first key that differs.
+    /// Carries out `ops` in one transaction if every condition holds; otherwise changes
+    /// nothing and returns the current value of the first key compared with
+    /// [`Compare::Mod`] that differs (none if it is a prefix's condition that failed).
     pub(crate) async fn txn(
         &self,
-        compares: &[(&str, i64)],
+        compares: &[Compare<'_>],
         ops: &[Op],
     ) -> Result<Written, StoreError> {
-        // etcd leaves a zero out of its JSON: compare "MOD = 0" is written explicitly,
-        // and means the key does not exist.
-        let compare: Vec<Value> = compares
-            .iter()
-            .map(|(k, rev)| {
-                json!({"key": b64(k.as_bytes()), "target": "MOD", "result": "EQUAL",
-                       "mod_revision": rev.to_string()})
-            })
-            .collect();
         let failure: Vec<Value> = compares
             .iter()
-            .map(|(k, _)| json!({"request_range": {"key": b64(k.as_bytes())}}))
+            .map(|c| match c {
+                Compare::Mod(k, _) | Compare::UnchangedSince(k, _) => {
+                    json!({"request_range": {"key": b64(k.as_bytes())}})
+                }
+            })
             .collect();
-        let success: Vec<Value> = ops.iter().map(Op::json).collect();
-        let body = json!({"compare": compare, "success": success, "failure": failure});
+        let body = json!({"compare": compares.iter().map(Compare::json).collect::<Vec<_>>(),
+            "success": ops.iter().map(Op::json).collect::<Vec<_>>(), "failure": failure});
         let v = self.call("/v3/kv/txn", body).await?;
         if v["succeeded"].as_bool().unwrap_or(false) {
             return Ok(Written::Done(int(&v["header"]["revision"])));
         }
-        for (i, (_, rev)) in compares.iter().enumerate() {
+        for (i, c) in compares.iter().enumerate() {
+            let Compare::Mod(_, rev) = c else {
+                continue;
+            };
             let current = match v["responses"][i]["response_range"]["kvs"][0].clone() {
                 Value::Null => None,
                 raw => Some(
@@ -320,12 +388,15 @@ impl Etcd {
         create: &Value,
     ) -> Result<http::Response<hyper::body::Incoming>, StoreError> {
         let mut last = String::from("no endpoint");
-        for e in &self.endpoints {
+        for (i, e) in self.in_order() {
             let req = http::Request::post(format!("{e}/v3/watch"))
                 .body(Full::new(Bytes::from(create.to_string())))
                 .map_err(|x| StoreError::Protocol(x.to_string()))?;
             match tokio::time::timeout(CALL_TIMEOUT, self.client.request(req)).await {
-                Ok(Ok(resp)) if resp.status().is_success() => return Ok(resp),
+                Ok(Ok(resp)) if resp.status().is_success() => {
+                    self.prefer(i);
+                    return Ok(resp);
+                }
                 Ok(Ok(resp)) => last = format!("{e}: watch answered {}", resp.status()),
                 Ok(Err(x)) => last = format!("{e}: {x}"),
                 Err(_) => last = format!("{e}: no answer within {CALL_TIMEOUT:?}"),
@@ -335,7 +406,7 @@ impl Etcd {
     }
 
     /// Watches every key under `prefix` from `revision` on: calls `each` with the changes
-    /// of every event batch and the revision they bring the store to, until the stream
+    /// of every event batch and the revision of its last change, until the stream
     /// ends (an error) or `each` returns false.
     pub(crate) async fn watch(
         &self,
@@ -367,8 +438,17 @@ impl Etcd {
                 if compacted > 0 {
                     return Err(StoreError::Compacted(compacted));
                 }
+                if r["canceled"].as_bool() == Some(true) {
+                    return Err(StoreError::Protocol(format!(
+                        "watch canceled: {}",
+                        r["cancel_reason"]
+                    )));
+                }
                 let changes = changes_of(&r["events"])?;
-                if !changes.is_empty() && !each(int(&r["header"]["revision"]), changes) {
+                // The revision the batch brings this watcher to is its last event's: the
+                // header's may be ahead while a long catch-up comes in parts.
+                let upto = changes.iter().map(Change::revision).max().unwrap_or(0);
+                if !changes.is_empty() && !each(upto, changes) {
                     return Ok(());
                 }
             }

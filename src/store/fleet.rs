@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
 
-use super::etcd::{Change, Etcd, Kv, Op, StoreError};
-use super::model::{self, Mirror, INSTANCES, ROUTES_KEY};
+use super::etcd::{Change, Compare, Etcd, Kv, Op, StoreError};
+use super::model::{self, Mirror, GENERATION, INSTANCES, ROUTES_KEY};
 use crate::config::StoreSpec;
 use crate::pool::{Event, Tagged};
 use crate::reload::Reloader;
@@ -68,15 +68,16 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// This instance's id: host name and process id, unique while it runs (a successor
-/// started by an upgrade has its own).
+/// This instance's id: host name, process id and a random part, unique while it runs
+/// (a successor started by an upgrade has its own).
 fn instance_id() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .ok()
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "fulcrum".into());
-    format!("{host}-{}", std::process::id())
+    // The process id alone may repeat: containers on one host name all run as pid 1.
+    format!("{host}-{}-{:04x}", std::process::id(), fastrand::u16(..))
 }
 
 impl Fleet {
@@ -226,6 +227,12 @@ impl Fleet {
         draft
             .values
             .push(("strategy", top.strategy.name().to_string()));
+        // The per-pool values of the command line go with it (`--health-interval`, …).
+        for (k, v) in self.reloader.pool_flags() {
+            if k != "strategy" {
+                draft.values.push((k, v));
+            }
+        }
         let pool_key = self.key(&model::pool_key(&draft.name));
         let routes_key = self.key(ROUTES_KEY);
         let routes = model::routes_value(&[crate::config::RouteSpec::catch_all(&draft.name)]);
@@ -235,10 +242,10 @@ impl Fleet {
                 model::pool_value(&draft).to_string().into(),
             ),
             Op::Put(routes_key.clone(), routes.to_string().into()),
+            Op::Put(self.key(GENERATION), self.id.clone().into_bytes()),
         ];
-        self.etcd
-            .txn(&[(&pool_key, 0), (&routes_key, 0)], &ops)
-            .await?;
+        let compares = [Compare::Mod(&pool_key, 0), Compare::Mod(&routes_key, 0)];
+        self.etcd.txn(&compares, &ops).await?;
         Ok(())
     }
 
@@ -349,7 +356,9 @@ impl Fleet {
     /// revision, whatever else they read).
     fn apply_mirror(&self, revision: i64, first: bool) {
         let started = std::time::Instant::now();
-        let desired = self.mirror().desired(&self.reloader.settings());
+        // Pools take the built-in defaults for what the store leaves out, never this
+        // instance's top-level settings: every instance runs the same pools.
+        let desired = self.mirror().desired(&crate::config::Settings::default());
         match super::apply::apply(&self.site, desired, first) {
             Ok(left_out) => self.report_left_out(left_out),
             Err(e) => {
@@ -358,12 +367,21 @@ impl Fleet {
                 return;
             }
         }
-        self.applied.fetch_max(revision, Ordering::Relaxed);
+        self.applied.store(revision, Ordering::Relaxed);
         tracing::debug!(
             revision,
             micros = started.elapsed().as_micros() as u64,
             "store: configuration applied"
         );
+    }
+
+    /// Why the object at `key` (in full) was left out at the last apply, if it was.
+    pub(crate) fn left_out_reason(&self, key: &str) -> Option<String> {
+        let key = self.relative(key)?;
+        let list = self.left_out.lock().unwrap_or_else(|e| e.into_inner());
+        list.iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, why)| why.clone())
     }
 
     /// Says once what is left out of the configuration.

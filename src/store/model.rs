@@ -42,6 +42,12 @@ pub(crate) const ROUTES_KEY: &str = "routes";
 /// Where the instances register, below the prefix.
 pub(crate) const INSTANCES: &str = "instances/";
 
+/// A key every admin write moves (its value names the instance that wrote): its
+/// revision is that of the newest change, deletes included, where a read of the prefix
+/// could not otherwise tell a delete; and a write that must not race any other (the
+/// removal of a pool) compares on it.
+pub(crate) const GENERATION: &str = "generation";
+
 /// A backend's value.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -127,6 +133,10 @@ pub(crate) enum Object {
     },
     /// The route list.
     Routes(Vec<RouteSpec>),
+    /// The generation key.
+    Generation,
+    /// A value that never parsed: only its revisions are kept, for writes to compare on.
+    Malformed,
 }
 
 /// One object of the mirror: its last good version and the store's revisions of it.
@@ -177,7 +187,16 @@ pub(crate) fn parse(key: &str, value: &[u8]) -> Result<(Object, Value), String> 
             .enumerate()
             .map(|(i, r)| r.spec().map_err(|e| format!("route {i}: {e}")))
             .collect::<Result<Vec<_>, _>>()?;
+        if specs.len() > crate::site::MAX_ROUTES {
+            return Err(format!(
+                "{} routes: at most {} are allowed",
+                specs.len(),
+                crate::site::MAX_ROUTES
+            ));
+        }
         Object::Routes(specs)
+    } else if key == GENERATION {
+        Object::Generation
     } else {
         return Err("not a key fulcrum knows".into());
     };
@@ -226,6 +245,8 @@ pub(crate) struct Desired {
     /// Objects left out, with why (a backend of a pool that does not exist, a route to
     /// one, a URL or name twice in a pool).
     pub(crate) left_out: Vec<(String, String)>,
+    /// The key of each backend, by id.
+    pub(crate) keys: std::collections::HashMap<u64, String>,
 }
 
 /// The last good version of every object under the prefix, by key below it, and the
@@ -260,8 +281,19 @@ impl Mirror {
                 Ok(())
             }
             Err(e) => {
-                if let Some(old) = self.entries.get_mut(key) {
-                    old.mod_revision = kv.mod_revision;
+                match self.entries.get_mut(key) {
+                    Some(old) => old.mod_revision = kv.mod_revision,
+                    None => {
+                        self.entries.insert(
+                            key.to_string(),
+                            Entry {
+                                object: Object::Malformed,
+                                raw: Value::Null,
+                                mod_revision: kv.mod_revision,
+                                create_revision: kv.create_revision,
+                            },
+                        );
+                    }
                 }
                 Err(e)
             }
@@ -298,7 +330,7 @@ impl Mirror {
             match &e.object {
                 Object::Pool(d) => drafts.push((d, e.create_revision)),
                 Object::Routes(r) => routes = Some(r),
-                Object::Backend { .. } => {}
+                Object::Backend { .. } | Object::Generation | Object::Malformed => {}
             }
         }
         drafts.sort_by_key(|(_, rev)| *rev);
@@ -315,7 +347,8 @@ impl Mirror {
                 backends: Vec::new(),
             });
         }
-        self.place_backends(&mut pools, &mut left_out);
+        let mut keys = std::collections::HashMap::new();
+        self.place_backends(&mut pools, &mut left_out, &mut keys);
         let routes = match routes {
             Some(list) => list
                 .iter()
@@ -338,11 +371,17 @@ impl Mirror {
             pools,
             routes,
             left_out,
+            keys,
         }
     }
 
     /// Puts each backend in its pool, in the order they were created.
-    fn place_backends(&self, pools: &mut [DesiredPool], left_out: &mut Vec<(String, String)>) {
+    fn place_backends(
+        &self,
+        pools: &mut [DesiredPool],
+        left_out: &mut Vec<(String, String)>,
+        keys: &mut std::collections::HashMap<u64, String>,
+    ) {
         let mut list: Vec<(&String, &Entry)> = self
             .entries
             .iter()
@@ -372,6 +411,7 @@ impl Mirror {
                 continue;
             }
             p.backends.push((id, spec.clone(), *state));
+            keys.insert(id, key.clone());
         }
     }
 }
@@ -382,5 +422,82 @@ pub(crate) fn empty_draft(name: &str) -> PoolDraft {
         name: name.to_string(),
         values: Vec::new(),
         backends: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kv(key: &str, value: &str, rev: i64) -> Kv {
+        Kv {
+            key: key.to_string(),
+            value: value.as_bytes().to_vec(),
+            mod_revision: rev,
+            create_revision: rev,
+        }
+    }
+
+    fn put(m: &mut Mirror, k: &str, v: &str, rev: i64) -> Result<(), String> {
+        m.put(k, &kv(k, v, rev))
+    }
+
+    #[test]
+    fn a_bad_value_keeps_the_last_good_version_and_its_revision_moves() {
+        let mut m = Mirror::default();
+        put(&mut m, "pools/web", r#"{"strategy": "maglev"}"#, 2).unwrap();
+        let ok = r#"{"url": "http://127.0.0.1:9001", "name": "a", "weight": 3}"#;
+        put(&mut m, "backends/web/a", ok, 3).unwrap();
+        let e = put(&mut m, "backends/web/a", r#"{"url": 1}"#, 4).unwrap_err();
+        assert!(e.contains("invalid backend"), "{e}");
+        let entry = &m.entries["backends/web/a"];
+        assert_eq!(entry.mod_revision, 4, "a write compares on the newest");
+        assert!(matches!(&entry.object, Object::Backend { spec, .. } if spec.weight == 3));
+        // A key that never parsed is kept for its revisions alone.
+        assert!(put(&mut m, "routes", "[", 5).is_err());
+        assert!(matches!(m.entries["routes"].object, Object::Malformed));
+        let d = m.desired(&Settings::default());
+        assert_eq!(d.pools.len(), 1);
+        assert_eq!(d.pools[0].backends.len(), 1);
+        assert!(d.routes.is_empty() || d.routes[0].pool == "web");
+    }
+
+    #[test]
+    fn backends_are_placed_and_what_cannot_be_is_left_out() {
+        let mut m = Mirror::default();
+        put(&mut m, "pools/web", "{}", 2).unwrap();
+        let b = |name: &str, port: u16| {
+            format!(r#"{{"url": "http://127.0.0.1:{port}", "name": "{name}"}}"#)
+        };
+        put(&mut m, "backends/web/a", &b("a", 9001), 3).unwrap();
+        put(&mut m, "backends/web/dup", &b("dup", 9001), 4).unwrap();
+        put(&mut m, "backends/gone/x", &b("x", 9002), 5).unwrap();
+        // Two created by one transaction share a revision, so an id.
+        let twin = kv("backends/web/twin", &b("twin", 9003), 3);
+        m.put("backends/web/twin", &twin).unwrap();
+        assert!(put(&mut m, "backends/web/other", &b("else", 9004), 6).is_err());
+        put(
+            &mut m,
+            "routes",
+            r#"[{"pool": "web"}, {"pool": "nope"}]"#,
+            7,
+        )
+        .unwrap();
+        let d = m.desired(&Settings::default());
+        let ids: Vec<u64> = d.pools[0].backends.iter().map(|(id, ..)| *id).collect();
+        assert_eq!(ids, [3]);
+        let mut why: Vec<&str> = d.left_out.iter().map(|(k, _)| k.as_str()).collect();
+        why.sort_unstable();
+        assert_eq!(
+            why,
+            [
+                "backends/gone/x",
+                "backends/web/dup",
+                "backends/web/twin",
+                "routes"
+            ]
+        );
+        assert_eq!(d.routes.len(), 1);
+        assert_eq!(d.keys[&3], "backends/web/a");
     }
 }

@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::etcd::{Op, Written};
+use super::etcd::{Compare, Kv, Op, Written};
 use super::fleet::Fleet;
-use super::model::{self, BackendObject, Object, ROUTES_KEY};
+use super::model::{self, BackendObject, Object, GENERATION, ROUTES_KEY};
 use crate::config::pools::PoolDraft;
 use crate::config::{BackendSpec, RouteSpec};
 use crate::pool::AdminState;
@@ -18,6 +18,10 @@ use crate::strategy::StrategyKind;
 
 /// How long a write waits to see itself applied here.
 const APPLY_WAIT: Duration = Duration::from_secs(5);
+
+/// How many times a backend's addition is tried when other backends of its pool
+/// changed between its read and its transaction.
+const ADD_TRIES: usize = 3;
 
 /// Why a write did not happen.
 #[derive(Debug, Clone, PartialEq)]
@@ -64,97 +68,137 @@ impl Fleet {
         }
     }
 
-    /// Runs a transaction, then waits until it is applied here; its revision.
+    /// Runs a transaction (which also moves the generation key: see
+    /// [`model::GENERATION`]), then waits until it is applied here; its revision. On a
+    /// conflict, the current value of the first key that differs.
     async fn commit(
         &self,
-        what: &str,
-        compares: &[(&str, i64)],
+        compares: &[Compare<'_>],
         ops: &[Op],
-    ) -> Result<i64, WriteError> {
-        match self.etcd.txn(compares, ops).await? {
-            Written::Done(rev) => {
+    ) -> Result<i64, Result<Option<Kv>, WriteError>> {
+        let mut all = ops.to_vec();
+        all.push(Op::Put(self.key(GENERATION), self.id.clone().into_bytes()));
+        match self.etcd.txn(compares, &all).await {
+            Err(e) => Err(Err(e.into())),
+            Ok(Written::Conflict(current)) => Err(Ok(current)),
+            Ok(Written::Done(rev)) => {
                 if self.applied_up_to(rev, APPLY_WAIT).await {
                     Ok(rev)
                 } else {
-                    Err(WriteError::NotApplied(rev))
+                    Err(Err(WriteError::NotApplied(rev)))
                 }
-            }
-            Written::Conflict(current) => {
-                let value = current.and_then(|kv| serde_json::from_slice(&kv.value).ok());
-                Err(WriteError::Stale(what.to_string(), value))
             }
         }
     }
 
-    /// The entry of pool `name`: its key and revision.
+    /// [`Self::commit`] for a write whose conflict is a stale read of `what`.
+    async fn commit_on(
+        &self,
+        what: &str,
+        compares: &[Compare<'_>],
+        ops: &[Op],
+    ) -> Result<i64, WriteError> {
+        self.commit(compares, ops).await.map_err(|e| match e {
+            Ok(current) => {
+                let value = current.and_then(|kv| serde_json::from_slice(&kv.value).ok());
+                WriteError::Stale(what.to_string(), value)
+            }
+            Err(e) => e,
+        })
+    }
+
+    /// The entry of pool `name`: its full key, revision and value.
     fn pool_entry(&self, name: &str) -> Result<(String, i64, Value), WriteError> {
         let m = self.mirror();
         let key = model::pool_key(name);
-        let e = m
-            .entries
-            .get(&key)
-            .ok_or_else(|| WriteError::NotFound(format!("no pool named '{name}'")))?;
-        Ok((self.key(&key), e.mod_revision, e.raw.clone()))
+        match m.entries.get(&key) {
+            Some(e) if matches!(e.object, Object::Pool(_)) => {
+                Ok((self.key(&key), e.mod_revision, e.raw.clone()))
+            }
+            _ => Err(WriteError::NotFound(format!("no pool named '{name}'"))),
+        }
     }
 
-    /// Adds a backend to pool `pool`; its id.
+    /// Adds a backend to pool `pool`; its id. Its name and URL must be new in the pool
+    /// as etcd has it, which the transaction checks: no backend of the pool written
+    /// since the read. One that is left out when applied is taken out again.
     pub(crate) async fn add_backend(
         &self,
         pool: &str,
         spec: &BackendSpec,
     ) -> Result<u64, WriteError> {
         self.check_connected()?;
-        let pool_rev = self.pools_now().await?.into_iter().find(|(n, _)| n == pool);
-        let Some((_, pool_rev)) = pool_rev else {
-            return Err(WriteError::NotFound(format!("no pool named '{pool}'")));
-        };
-        if let Some(b) = self.backends_in(pool).iter().find(|b| b.url == spec.url) {
-            return Err(WriteError::Conflict(format!(
-                "backend URL '{}' is in pool '{pool}' already (as '{}')",
-                b.url, b.name
-            )));
-        }
         let key = self.key(&model::backend_key(pool, &spec.name));
         let value =
             serde_json::to_vec(&BackendObject::of(spec, AdminState::Active)).unwrap_or_default();
-        let what = format!("backend '{}' of pool '{pool}'", spec.name);
-        let pool_key = self.key(&model::pool_key(pool));
-        let compares = [(key.as_str(), 0), (pool_key.as_str(), pool_rev)];
-        match self
-            .commit(&what, &compares, &[Op::Put(key.clone(), value)])
-            .await
-        {
-            Ok(rev) => Ok(rev as u64),
-            Err(WriteError::Stale(..)) => Err(WriteError::Conflict(format!(
-                "duplicate backend name '{}' in pool '{pool}'",
-                spec.name
-            ))),
-            Err(e) => Err(e),
+        for _ in 0..ADD_TRIES {
+            let pool_rev = self.pool_revision(pool).await?;
+            let siblings = self.key(&model::backends_of(pool));
+            let (read_at, kvs) = self.etcd.range_prefix(&siblings).await?;
+            if let Some(b) = kvs
+                .iter()
+                .filter_map(|kv| serde_json::from_slice::<BackendObject>(&kv.value).ok())
+                .find(|b| b.url == spec.url)
+            {
+                return Err(WriteError::Conflict(format!(
+                    "backend URL '{}' is in pool '{pool}' already (as '{}')",
+                    b.url, b.name
+                )));
+            }
+            let pool_key = self.key(&model::pool_key(pool));
+            let compares = [
+                Compare::Mod(&key, 0),
+                Compare::Mod(&pool_key, pool_rev),
+                Compare::UnchangedSince(&siblings, read_at),
+            ];
+            match self
+                .commit(&compares, &[Op::Put(key.clone(), value.clone())])
+                .await
+            {
+                Ok(rev) => return self.check_applied(&key, rev).await,
+                Err(Ok(Some(kv))) if kv.key == key => {
+                    return Err(WriteError::Conflict(format!(
+                        "duplicate backend name '{}' in pool '{pool}'",
+                        spec.name
+                    )))
+                }
+                // The pool or another of its backends changed meanwhile: read again.
+                Err(Ok(_)) => continue,
+                Err(Err(e)) => return Err(e),
+            }
         }
+        Err(WriteError::Conflict(format!(
+            "pool '{pool}' kept changing while the backend was added: try again"
+        )))
     }
 
-    /// Every pool's name and revision, read from etcd now.
-    async fn pools_now(&self) -> Result<Vec<(String, i64)>, WriteError> {
-        let (_, kvs) = self.etcd.range_prefix(&self.key("pools/")).await?;
-        Ok(kvs
+    /// Pool `name`'s revision as etcd has it now: one just added through another
+    /// instance may not have reached this one yet.
+    async fn pool_revision(&self, name: &str) -> Result<i64, WriteError> {
+        self.pools_now()
+            .await?
             .into_iter()
-            .filter_map(|kv| {
-                let name = self.relative(&kv.key)?.strip_prefix("pools/")?.to_string();
-                Some((name, kv.mod_revision))
-            })
-            .collect())
+            .find(|(n, _)| n == name)
+            .map(|(_, rev)| rev)
+            .ok_or_else(|| WriteError::NotFound(format!("no pool named '{name}'")))
     }
 
-    /// The backends of pool `pool` in the mirror.
-    fn backends_in(&self, pool: &str) -> Vec<BackendSpec> {
-        self.mirror()
-            .entries
-            .values()
-            .filter_map(|e| match &e.object {
-                Object::Backend { pool: p, spec, .. } if p == pool => Some(spec.clone()),
-                _ => None,
-            })
-            .collect()
+    /// A backend just written at `rev` is in the site as id `rev`; if applying left it
+    /// out (another backend of the pool has its URL), it is taken out of etcd again.
+    async fn check_applied(&self, key: &str, rev: i64) -> Result<u64, WriteError> {
+        let id = rev as u64;
+        if self.site.backend(id).is_ok() {
+            return Ok(id);
+        }
+        let why = self
+            .left_out_reason(key)
+            .unwrap_or_else(|| "it was not applied".into());
+        // Only if nobody changed it since.
+        let _ = self
+            .etcd
+            .txn(&[Compare::Mod(key, rev)], &[Op::Delete(key.to_string())])
+            .await;
+        Err(WriteError::Conflict(format!("backend not added: {why}")))
     }
 
     /// Changes weight, state and/or `max_conns` of backend `id`.
@@ -178,22 +222,31 @@ impl Fleet {
         }
         let value = serde_json::to_vec(&b).unwrap_or_default();
         let what = format!("backend {id}");
-        self.commit(&what, &[(&key, rev)], &[Op::Put(key.clone(), value)])
-            .await
-            .map(|_| ())
+        self.commit_on(
+            &what,
+            &[Compare::Mod(&key, rev)],
+            &[Op::Put(key.clone(), value)],
+        )
+        .await
+        .map(|_| ())
     }
 
-    /// Removes backend `id`.
-    pub(crate) async fn remove_backend(&self, id: u64) -> Result<(), WriteError> {
+    /// Removes backend `id`; its name.
+    pub(crate) async fn remove_backend(&self, id: u64) -> Result<String, WriteError> {
         self.check_connected()?;
-        let (key, rev, _) = self.backend_entry(id)?;
+        let (key, rev, b) = self.backend_entry(id)?;
         let what = format!("backend {id}");
-        self.commit(&what, &[(&key, rev)], &[Op::Delete(key.clone())])
-            .await
-            .map(|_| ())
+        self.commit_on(
+            &what,
+            &[Compare::Mod(&key, rev)],
+            &[Op::Delete(key.clone())],
+        )
+        .await
+        .map(|_| b.name)
     }
 
-    /// Backend `id`'s full key, revision and value.
+    /// Backend `id`'s full key, revision and value, from the mirror (whether or not
+    /// applying took it in).
     fn backend_entry(&self, id: u64) -> Result<(String, i64, BackendObject), WriteError> {
         let m = self.mirror();
         let (key, e) = m
@@ -216,18 +269,15 @@ impl Fleet {
             m.insert("strategy".into(), Value::String(kind.name().into()));
         }
         let what = format!("pool '{pool}'");
-        self.commit(
-            &what,
-            &[(&key, rev)],
-            &[Op::Put(key.clone(), raw.to_string().into())],
-        )
-        .await
-        .map(|_| ())
+        let put = [Op::Put(key.clone(), raw.to_string().into())];
+        self.commit_on(&what, &[Compare::Mod(&key, rev)], &put)
+            .await
+            .map(|_| ())
     }
 
-    /// Adds the pool `draft`, then each of its backends in a transaction of its own:
-    /// a backend's id is the revision that created it, so two created at once would
-    /// share one.
+    /// Adds the pool `draft`, then each of its backends in a transaction of its own (a
+    /// backend's id is the revision that created it, so two created at once would
+    /// share one). If a backend cannot be added, the pool goes again: all or nothing.
     pub(crate) async fn add_pool(&self, draft: &PoolDraft) -> Result<(), WriteError> {
         self.check_connected()?;
         let key = self.key(&model::pool_key(&draft.name));
@@ -235,28 +285,36 @@ impl Fleet {
             key.clone(),
             model::pool_value(draft).to_string().into(),
         )];
-        let what = format!("pool '{}'", draft.name);
-        match self.commit(&what, &[(&key, 0)], &put).await {
-            Err(WriteError::Stale(..)) => {
+        match self.commit(&[Compare::Mod(&key, 0)], &put).await {
+            Ok(_) => {}
+            Err(Ok(_)) => {
                 return Err(WriteError::Conflict(format!(
                     "a pool named '{}' exists already",
                     draft.name
                 )))
             }
-            r => r?,
-        };
+            Err(Err(e)) => return Err(e),
+        }
         for b in &draft.backends {
-            self.add_backend(&draft.name, b).await?;
+            if let Err(e) = self.add_backend(&draft.name, b).await {
+                let gone = [
+                    Op::Delete(key.clone()),
+                    Op::DeletePrefix(self.key(&model::backends_of(&draft.name))),
+                ];
+                let _ = self.commit(&[], &gone).await;
+                return Err(e);
+            }
         }
         Ok(())
     }
 
     /// Removes pool `name` and its backends; refused while a route names it, or if it
-    /// is the last one.
+    /// is the last one. Compared on the generation key, so that two instances cannot
+    /// each remove one of the last two pools.
     pub(crate) async fn remove_pool(&self, name: &str) -> Result<(), WriteError> {
         self.check_connected()?;
         let (key, rev, _) = self.pool_entry(name)?;
-        let (routes_rev, naming, pools) = {
+        let (routes_rev, naming, generation) = {
             let m = self.mirror();
             let routes = m.entries.get(ROUTES_KEY);
             let naming: Vec<usize> = match routes.map(|e| &e.object) {
@@ -265,36 +323,44 @@ impl Fleet {
                 }
                 _ => Vec::new(),
             };
-            let pools = m.entries.keys().filter(|k| k.starts_with("pools/")).count();
-            (routes.map_or(0, |e| e.mod_revision), naming, pools)
+            let generation = m.entries.get(GENERATION).map_or(0, |e| e.mod_revision);
+            (routes.map_or(0, |e| e.mod_revision), naming, generation)
         };
         if !naming.is_empty() {
             return Err(WriteError::Conflict(format!(
                 "pool '{name}' is named by routes {naming:?}: change the routes first (PUT /admin/routes)"
             )));
         }
-        if pools == 1 {
+        if self.pools_now().await?.len() <= 1 {
             return Err(WriteError::Conflict(
                 "the last pool cannot be removed".into(),
             ));
         }
-        let routes_key = self.key(ROUTES_KEY);
+        let (routes_key, generation_key) = (self.key(ROUTES_KEY), self.key(GENERATION));
         let ops = [
             Op::Delete(key.clone()),
             Op::DeletePrefix(self.key(&model::backends_of(name))),
         ];
-        let what = format!("pool '{name}' (or the routes)");
-        self.commit(&what, &[(&key, rev), (&routes_key, routes_rev)], &ops)
-            .await
-            .map(|_| ())
+        let compares = [
+            Compare::Mod(&key, rev),
+            Compare::Mod(&routes_key, routes_rev),
+            Compare::Mod(&generation_key, generation),
+        ];
+        let what = format!("the configuration (pool '{name}', the routes, or another write)");
+        self.commit_on(&what, &compares, &ops).await.map(|_| ())
     }
 
-    /// Replaces the route list; every route must name a pool of the store.
+    /// Replaces the route list; every route must name a pool etcd has, and each of
+    /// them is compared too, so that none goes meanwhile.
     pub(crate) async fn set_routes(&self, routes: &[RouteSpec]) -> Result<(), WriteError> {
         self.check_connected()?;
-        // The pools as etcd has them now: one just added through another instance
-        // may not have reached this one yet. Each pool named is compared too, so that
-        // none goes meanwhile.
+        if routes.len() > crate::site::MAX_ROUTES {
+            return Err(WriteError::Invalid(format!(
+                "{} routes: at most {} are allowed",
+                routes.len(),
+                crate::site::MAX_ROUTES
+            )));
+        }
         let pools = self.pools_now().await?;
         let mut named: Vec<(String, i64)> = Vec::new();
         for (i, r) in routes.iter().enumerate() {
@@ -314,20 +380,25 @@ impl Fleet {
             .entries
             .get(ROUTES_KEY)
             .map_or(0, |e| e.mod_revision);
-        if routes.len() > crate::site::MAX_ROUTES {
-            return Err(WriteError::Invalid(format!(
-                "{} routes: at most {} are allowed",
-                routes.len(),
-                crate::site::MAX_ROUTES
-            )));
-        }
         let key = self.key(ROUTES_KEY);
         let value = model::routes_value(routes).to_string();
-        let mut compares = vec![(key.as_str(), rev)];
-        compares.extend(named.iter().map(|(k, r)| (k.as_str(), *r)));
+        let mut compares = vec![Compare::Mod(&key, rev)];
+        compares.extend(named.iter().map(|(k, r)| Compare::Mod(k, *r)));
         let put = [Op::Put(key.clone(), value.into())];
-        self.commit("the route list (or a pool it names)", &compares, &put)
+        self.commit_on("the route list (or a pool it names)", &compares, &put)
             .await
             .map(|_| ())
+    }
+
+    /// Every pool's name and revision, read from etcd now.
+    async fn pools_now(&self) -> Result<Vec<(String, i64)>, WriteError> {
+        let (_, kvs) = self.etcd.range_prefix(&self.key("pools/")).await?;
+        Ok(kvs
+            .into_iter()
+            .filter_map(|kv| {
+                let name = self.relative(&kv.key)?.strip_prefix("pools/")?.to_string();
+                Some((name, kv.mod_revision))
+            })
+            .collect())
     }
 }
