@@ -32,6 +32,33 @@ enum Command {
     Backend(BackendArgs),
     /// Validate a config file and exit 0 (valid) or 2 (invalid).
     Check(CheckArgs),
+    /// Compare the strategies on one scripted workload (docs/lab.md).
+    Lab(LabArgs),
+}
+
+#[derive(Args, Debug)]
+struct LabArgs {
+    /// slow-backend, flapping, heterogeneous, warmup, hot-key or overload.
+    #[arg(long, value_name = "NAME")]
+    scenario: String,
+    /// `all`, or strategy names separated by commas.
+    #[arg(long, value_name = "all|NAME,…", default_value = "all")]
+    strategies: String,
+    /// Seconds of load per strategy (at most 120).
+    #[arg(long, value_name = "N", default_value_t = crate::lab::DEFAULT_SECONDS)]
+    seconds: u32,
+    /// Requests per second offered [default: the scenario's].
+    #[arg(long, value_name = "N")]
+    rps: Option<u32>,
+    /// Seed of the schedule: the same seed sends the same requests at the same times.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    seed: u64,
+    /// Also write the report as JSON here.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Also write the chart as SVG here.
+    #[arg(long, value_name = "FILE")]
+    svg: Option<PathBuf>,
 }
 
 /// `fulcrum serve`'s flags: `--config`, the repeatable `--backend`, and one flag per
@@ -148,6 +175,21 @@ struct BackendArgs {
     /// Share of requests answered with 500, 0..=1.
     #[arg(long, value_name = "F", default_value_t = 0.0)]
     error_rate: f64,
+    /// At most N requests served at once; the others wait inside the backend.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    max_concurrency: Option<u32>,
+    /// From this long after start on, every answer is --slow-factor times slower.
+    #[arg(long, value_name = "DUR", value_parser = backend_duration)]
+    slow_after: Option<std::time::Duration>,
+    /// How much slower after --slow-after.
+    #[arg(long, value_name = "F", default_value_t = 10.0)]
+    slow_factor: f64,
+    /// Failure bursts: the first half of every period this long is answered 500.
+    #[arg(long, value_name = "DUR", value_parser = backend_duration)]
+    fail_bursts: Option<std::time::Duration>,
+    /// A cold start: ten times slower at start, back to normal over this long.
+    #[arg(long, value_name = "DUR", value_parser = backend_duration)]
+    cold_for: Option<std::time::Duration>,
     /// Serve on this already-bound listening socket instead of binding --listen (used
     /// by fulcrum for the backends it spawns).
     #[arg(long, value_name = "FD", hide = true)]
@@ -159,6 +201,11 @@ struct CheckArgs {
     /// The config file to validate.
     #[arg(long, value_name = "FILE")]
     config: PathBuf,
+}
+
+/// A duration of `fulcrum backend`'s script (`500ms`, `5s`), greater than zero.
+fn backend_duration(s: &str) -> Result<std::time::Duration, String> {
+    config::parse_positive_duration(s)
 }
 
 fn usage_error(msg: impl std::fmt::Display) -> i32 {
@@ -189,10 +236,17 @@ pub fn main() -> i32 {
                     0
                 };
             }
-            // One line: clap's first line names the flag and the value.
+            // One line: clap's first line names the flag and the value; for a missing
+            // argument, the argument is on the next line.
             let text = e.render().to_string();
-            let first = text.lines().next().unwrap_or("invalid command line");
-            eprintln!("{first}");
+            let mut lines = text.lines();
+            let first = lines.next().unwrap_or("invalid command line");
+            match (e.kind(), lines.next()) {
+                (ErrorKind::MissingRequiredArgument, Some(arg)) => {
+                    eprintln!("{first} {}", arg.trim())
+                }
+                _ => eprintln!("{first}"),
+            }
             return EXIT_USAGE;
         }
     };
@@ -201,7 +255,64 @@ pub fn main() -> i32 {
         Command::Check(args) => check(&args.config),
         Command::Backend(args) => backend(args),
         Command::Demo(args) => demo(args),
+        Command::Lab(args) => lab(args),
     }
+}
+
+fn lab(args: LabArgs) -> i32 {
+    use std::io::Write as _;
+    let plan = match crate::lab::Plan::new(
+        &args.scenario,
+        &args.strategies,
+        args.seconds,
+        args.rps,
+        args.seed,
+    ) {
+        Ok(p) => p,
+        Err(e) => return usage_error(e),
+    };
+    eprintln!(
+        "lab: {} at {} requests/s for {} s per strategy, {} strategies, seed {}",
+        plan.scenario.name(),
+        plan.rps,
+        plan.seconds,
+        plan.variants.len(),
+        plan.seed
+    );
+    let mut progress = |p: &crate::lab::Progress| {
+        eprint!(
+            "\r[{}/{}] {:<26} {:>5.1} / {} s ",
+            p.index + 1,
+            p.of,
+            p.strategy,
+            p.elapsed,
+            plan.seconds
+        );
+        let _ = std::io::stderr().flush();
+    };
+    let report = match crate::lab::run(&plan, &mut progress) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("\nerror: {e}");
+            return 1;
+        }
+    };
+    eprintln!();
+    print!("{}", crate::lab::report::table(&report));
+    let json = serde_json::to_string_pretty(&report).unwrap_or_default();
+    let outputs = [
+        (args.json.as_deref(), json),
+        (args.svg.as_deref(), crate::lab::report::svg(&report)),
+    ];
+    for (path, text) in outputs {
+        if let Some(p) = path {
+            if let Err(e) = crate::lab::write_file(p, &text) {
+                eprintln!("error: {e}");
+                return 1;
+            }
+        }
+    }
+    0
 }
 
 fn serve(flags: RawFlags) -> i32 {
@@ -283,12 +394,25 @@ fn backend(args: BackendArgs) -> i32 {
             args.error_rate
         ));
     }
+    if !(1.0..=1000.0).contains(&args.slow_factor) {
+        return usage_error(format!(
+            "--slow-factor: invalid value '{}' (expected a number from 1 to 1000)",
+            args.slow_factor
+        ));
+    }
     init_logging(LogFormat::Text);
     let opts = crate::demo::backend::BackendOptions {
         name: args.name.unwrap_or_else(|| addr.to_string()),
         latency_ms: args.latency_ms,
         jitter_ms: args.jitter_ms,
         error_rate: args.error_rate,
+        script: crate::demo::backend::Script {
+            max_concurrency: args.max_concurrency.map(|n| n as usize),
+            slow_after: args.slow_after,
+            slow_factor: args.slow_factor,
+            fail_bursts: args.fail_bursts,
+            cold_for: args.cold_for,
+        },
     };
     let listener = match args.listen_fd {
         Some(fd) if fd > 2 => {

@@ -22,6 +22,7 @@ pub mod fuzzing;
 #[cfg(all(test, not(fuzzing)))]
 mod fuzzing;
 pub(crate) mod health;
+pub(crate) mod lab;
 pub(crate) mod logging;
 pub(crate) mod metrics;
 pub mod pool;

@@ -68,7 +68,7 @@ pub(crate) struct Spawner {
 
 /// Binds `port` on 127.0.0.1 (0 = the kernel picks) without `SO_REUSEPORT`, so a port
 /// another process listens on is refused.
-fn bind_loopback(port: u16) -> std::io::Result<std::net::TcpListener> {
+pub(crate) fn bind_loopback(port: u16) -> std::io::Result<std::net::TcpListener> {
     use socket2::{Domain, Protocol, Socket, Type};
     let addr: SocketAddr = ([127, 0, 0, 1], port).into();
     let s = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))?;
@@ -78,8 +78,54 @@ fn bind_loopback(port: u16) -> std::io::Result<std::net::TcpListener> {
     Ok(s.into())
 }
 
+/// Starts `fulcrum backend` (the executable `exe`) serving on `listener` as `name`,
+/// with `args` on its command line; it dies with this process.
+pub(crate) fn backend_process(
+    exe: &std::path::Path,
+    listener: std::net::TcpListener,
+    name: &str,
+    args: &[String],
+) -> std::io::Result<tokio::process::Child> {
+    let addr = listener.local_addr()?;
+    let fd: OwnedFd = listener.into();
+    let raw = fd.as_raw_fd();
+    let mut cmd = tokio::process::Command::new(exe);
+    // `--name=…` in one argument: a name starting with '-' stays a value.
+    cmd.args([
+        "backend",
+        "--listen",
+        &addr.to_string(),
+        &format!("--name={name}"),
+    ])
+    .args(args)
+    .args(["--listen-fd", &CHILD_LISTEN_FD.to_string()])
+    .stdin(std::process::Stdio::null())
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::null())
+    .process_group(0)
+    .kill_on_drop(true);
+    // SAFETY: between fork and exec only async-signal-safe calls: dup2, fcntl, prctl.
+    unsafe {
+        cmd.pre_exec(move || {
+            if raw == CHILD_LISTEN_FD {
+                // dup2 onto itself keeps close-on-exec; clear it instead.
+                let flags = libc::fcntl(raw, libc::F_GETFD);
+                libc::fcntl(raw, libc::F_SETFD, flags & !libc::FD_CLOEXEC);
+            } else if libc::dup2(raw, CHILD_LISTEN_FD) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            #[cfg(target_os = "linux")]
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            Ok(())
+        });
+    }
+    let child = cmd.spawn()?;
+    drop(fd);
+    Ok(child)
+}
+
 /// Whether `addr` answers `GET /health` with a 2xx before `deadline`.
-async fn answers_health(addr: SocketAddr, deadline: Instant) -> bool {
+pub(crate) async fn answers_health(addr: SocketAddr, deadline: Instant) -> bool {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     while Instant::now() < deadline {
         let attempt = async {
@@ -135,43 +181,14 @@ impl Spawner {
         let addr = listener
             .local_addr()
             .map_err(|e| SpawnError::Failed(format!("listener: {e}")))?;
-        let fd: OwnedFd = listener.into();
-        let raw = fd.as_raw_fd();
-        let mut cmd = tokio::process::Command::new(exe);
-        // `--name=…` in one argument: a name starting with '-' stays a value.
-        cmd.args([
-            "backend",
-            "--listen",
-            &addr.to_string(),
-            &format!("--name={name}"),
-        ])
-        .args(["--latency-ms", &latency_ms.to_string()])
-        .args(["--jitter-ms", &(latency_ms / 5).to_string()])
-        .args(["--listen-fd", &CHILD_LISTEN_FD.to_string()])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .process_group(0)
-        .kill_on_drop(true);
-        // SAFETY: between fork and exec only async-signal-safe calls: dup2, fcntl, prctl.
-        unsafe {
-            cmd.pre_exec(move || {
-                if raw == CHILD_LISTEN_FD {
-                    // dup2 onto itself keeps close-on-exec; clear it instead.
-                    let flags = libc::fcntl(raw, libc::F_GETFD);
-                    libc::fcntl(raw, libc::F_SETFD, flags & !libc::FD_CLOEXEC);
-                } else if libc::dup2(raw, CHILD_LISTEN_FD) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                #[cfg(target_os = "linux")]
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
-                Ok(())
-            });
-        }
-        let mut child = cmd
-            .spawn()
+        let args = [
+            "--latency-ms".to_string(),
+            latency_ms.to_string(),
+            "--jitter-ms".to_string(),
+            (latency_ms / 5).to_string(),
+        ];
+        let mut child = backend_process(exe, listener, name, &args)
             .map_err(|e| SpawnError::Failed(format!("cannot start a backend: {e}")))?;
-        drop(fd);
         if answers_health(addr, Instant::now() + HEALTH_DEADLINE).await {
             Ok(child)
         } else {

@@ -24,8 +24,8 @@ use crate::strategy::StrategyKind;
 pub(crate) use file::apply_file;
 pub(crate) use pools::{PoolSettings, PoolSpec, RouteSpec, DEFAULT_POOL};
 pub use values::backend_spec;
-use values::parse_backend_spec;
-pub(crate) use values::{parse_addr, parse_max_conns};
+pub(crate) use values::parse_backend_spec;
+pub(crate) use values::{parse_addr, parse_max_conns, parse_positive_duration};
 
 /// Default proxy listener.
 pub(crate) const DEFAULT_LISTEN: &str = "127.0.0.1:8080";

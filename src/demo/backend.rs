@@ -22,6 +22,58 @@ pub(crate) struct BackendOptions {
     pub(crate) jitter_ms: u64,
     /// Share of requests answered with 500.
     pub(crate) error_rate: f64,
+    /// How its behaviour changes over its life (the strategy lab's scenarios).
+    pub(crate) script: Script,
+}
+
+/// A behaviour scripted over the backend's life, timed from its start, for the strategy
+/// lab (`docs/lab.md`).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Script {
+    /// At most this many requests served at once; the others wait inside the backend,
+    /// as in a server with a fixed pool of workers.
+    pub(crate) max_concurrency: Option<usize>,
+    /// From this long after start on, every latency is `slow_factor` times longer.
+    pub(crate) slow_after: Option<Duration>,
+    /// How much slower after `slow_after`.
+    pub(crate) slow_factor: f64,
+    /// Failure bursts: in each period this long, the requests of its first half are
+    /// answered 500 (half of them in all).
+    pub(crate) fail_bursts: Option<Duration>,
+    /// A cold start: latency ten times longer at start, back to normal linearly over
+    /// this long.
+    pub(crate) cold_for: Option<Duration>,
+}
+
+impl Script {
+    /// How many times longer than its base a latency is at `age`.
+    fn slowdown(&self, age: Duration) -> f64 {
+        let mut f = 1.0;
+        if let Some(cold) = self.cold_for {
+            if age < cold {
+                f *= 1.0 + 9.0 * (1.0 - age.as_secs_f64() / cold.as_secs_f64());
+            }
+        }
+        if self.slow_after.is_some_and(|t| age >= t) {
+            f *= self.slow_factor;
+        }
+        f
+    }
+
+    /// Whether a request arriving at `age` falls in a failure burst.
+    fn failing(&self, age: Duration) -> bool {
+        self.fail_bursts.is_some_and(|period| {
+            let p = period.as_secs_f64();
+            p > 0.0 && age.as_secs_f64() % p < p / 2.0
+        })
+    }
+}
+
+/// The backend while it runs: its options, when it started, its worker slots.
+struct Live {
+    opts: BackendOptions,
+    started: std::time::Instant,
+    slots: Option<tokio::sync::Semaphore>,
 }
 
 fn query_param<'a>(query: Option<&'a str>, key: &str) -> Option<&'a str> {
@@ -36,7 +88,8 @@ fn json_escape(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
 }
 
-async fn answer(opts: &BackendOptions, req: Request<Incoming>) -> Response<Full<Bytes>> {
+async fn answer(live: &Live, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    let opts = &live.opts;
     let path = req.uri().path();
     if path == "/health" {
         let mut r = Response::new(Full::new(Bytes::from_static(b"ok\n")));
@@ -44,8 +97,14 @@ async fn answer(opts: &BackendOptions, req: Request<Incoming>) -> Response<Full<
             .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
         return r;
     }
+    // A request waits for a worker slot first: that wait is the backend's queue.
+    let _slot = match &live.slots {
+        Some(s) => s.acquire().await.ok(),
+        None => None,
+    };
+    let age = live.started.elapsed();
     let query = req.uri().query();
-    let latency = match query_param(query, "sleep_ms").and_then(|v| v.parse::<u64>().ok()) {
+    let base = match query_param(query, "sleep_ms").and_then(|v| v.parse::<u64>().ok()) {
         Some(ms) => ms,
         None if opts.jitter_ms > 0 => {
             let lo = opts.latency_ms.saturating_sub(opts.jitter_ms);
@@ -53,8 +112,10 @@ async fn answer(opts: &BackendOptions, req: Request<Incoming>) -> Response<Full<
         }
         None => opts.latency_ms,
     };
+    let latency = (base as f64 * opts.script.slowdown(age)).round() as u64;
     let status = match query_param(query, "status").and_then(|v| v.parse::<u16>().ok()) {
         Some(s) => StatusCode::from_u16(s).unwrap_or(StatusCode::OK),
+        None if opts.script.failing(age) => StatusCode::INTERNAL_SERVER_ERROR,
         None if opts.error_rate > 0.0 && fastrand::f64() < opts.error_rate => {
             StatusCode::INTERNAL_SERVER_ERROR
         }
@@ -85,7 +146,15 @@ pub(crate) async fn run(
     opts: BackendOptions,
 ) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::from_std(listener)?;
-    let opts: &'static BackendOptions = Box::leak(Box::new(opts));
+    let slots = opts
+        .script
+        .max_concurrency
+        .map(|n| tokio::sync::Semaphore::new(n.max(1)));
+    let live: &'static Live = Box::leak(Box::new(Live {
+        opts,
+        started: std::time::Instant::now(),
+        slots,
+    }));
     let builder = auto::Builder::new(TokioExecutor::new());
     loop {
         let (stream, _) = match listener.accept().await {
@@ -97,7 +166,7 @@ pub(crate) async fn run(
         };
         let _ = stream.set_nodelay(true);
         let svc =
-            service_fn(move |req| async move { Ok::<_, Infallible>(answer(opts, req).await) });
+            service_fn(move |req| async move { Ok::<_, Infallible>(answer(live, req).await) });
         let conn = builder
             .serve_connection(TokioIo::new(stream), svc)
             .into_owned();
@@ -120,4 +189,27 @@ pub(crate) fn serve_blocking(
         .map_err(|e| e.to_string())?;
     tracing::info!("backend {} listening on {}", opts.name, addr);
     rt.block_on(run(listener, opts)).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_script_slows_fails_and_warms_up_on_time() {
+        let s = Script {
+            slow_after: Some(Duration::from_secs(5)),
+            slow_factor: 10.0,
+            fail_bursts: Some(Duration::from_secs(2)),
+            cold_for: Some(Duration::from_secs(2)),
+            ..Default::default()
+        };
+        let at = Duration::from_millis;
+        assert!((s.slowdown(at(0)) - 10.0).abs() < 1e-9);
+        assert!((s.slowdown(at(1000)) - 5.5).abs() < 1e-9);
+        assert!((s.slowdown(at(3000)) - 1.0).abs() < 1e-9);
+        assert!((s.slowdown(at(6000)) - 10.0).abs() < 1e-9);
+        assert!(s.failing(at(500)) && !s.failing(at(1500)) && s.failing(at(2100)));
+        assert!(!Script::default().failing(at(500)));
+    }
 }

@@ -1,0 +1,181 @@
+//! The lab's load (`docs/lab.md`, "How a run works"): an open-loop schedule made from
+//! the seed, the same for every strategy, and the driver that sends each request at
+//! its time whatever the answers before it, timing each from that time. A closed loop
+//! (send the next when the last is answered) slows down with the server and hides the
+//! queueing a slow backend causes; an open loop shows it.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tokio::time::Instant;
+
+/// A request's longest wait for its answer: beyond it, it counts as an error.
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// When each request is sent, from the start, and its key.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Schedule {
+    pub(crate) sends: Vec<(Duration, u32)>,
+}
+
+impl Schedule {
+    /// Poisson arrivals at `rps` for `seconds`, from `seed`; with `keys` (how many,
+    /// Zipf exponent), each request's key drawn from that popularity.
+    pub(crate) fn new(rps: u32, seconds: u32, seed: u64, keys: Option<(u32, f64)>) -> Schedule {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let zipf = keys.map(|(n, s)| zipf_cdf(n, s));
+        let end = f64::from(seconds);
+        let mut t = 0.0;
+        let mut sends = Vec::with_capacity((rps * seconds) as usize);
+        loop {
+            // Exponential gaps: 1 - u is in (0, 1], so its logarithm is finite.
+            t += -(1.0 - rng.f64()).ln() / f64::from(rps);
+            if t >= end {
+                break;
+            }
+            let key = zipf.as_ref().map_or(0, |cdf| {
+                let u = rng.f64();
+                cdf.partition_point(|&c| c < u) as u32
+            });
+            sends.push((Duration::from_secs_f64(t), key));
+        }
+        Schedule { sends }
+    }
+}
+
+/// The cumulative distribution of `n` keys whose popularity falls as `1 / rank^s`.
+fn zipf_cdf(n: u32, s: f64) -> Vec<f64> {
+    let weights: Vec<f64> = (1..=n).map(|k| 1.0 / f64::from(k).powf(s)).collect();
+    let total: f64 = weights.iter().sum();
+    let mut acc = 0.0;
+    weights
+        .iter()
+        .map(|w| {
+            acc += w / total;
+            acc
+        })
+        .collect()
+}
+
+/// One request's outcome.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Sample {
+    /// When it was scheduled, from the start.
+    pub(crate) at: Duration,
+    /// From its scheduled time to the end of its answer (or the timeout).
+    pub(crate) latency: Duration,
+    /// Answered 2xx.
+    pub(crate) ok: bool,
+    /// The backend that answered, from the demo backend's JSON.
+    pub(crate) backend: Option<String>,
+    /// Its key.
+    pub(crate) key: u32,
+}
+
+/// Sends `schedule` to the proxy at `target` (loopback only) and returns every
+/// request's outcome; `tick` hears the elapsed time as the run goes.
+pub(crate) async fn drive(
+    target: SocketAddr,
+    schedule: &Schedule,
+    keyed: bool,
+    mut tick: impl FnMut(Duration),
+) -> Result<Vec<Sample>, String> {
+    if !target.ip().is_loopback() {
+        return Err(format!(
+            "the lab sends traffic to 127.0.0.1 only, not {target}"
+        ));
+    }
+    let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(4096)
+        .build_http();
+    let uri: http::Uri = format!("http://{target}/lab")
+        .parse()
+        .map_err(|e| format!("{e}"))?;
+    let start = Instant::now();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut last_tick = Duration::ZERO;
+    for &(at, key) in &schedule.sends {
+        tokio::time::sleep_until(start + at).await;
+        if at - last_tick >= Duration::from_millis(250) {
+            last_tick = at;
+            tick(at);
+        }
+        let (client, uri, tx) = (client.clone(), uri.clone(), tx.clone());
+        tokio::spawn(async move {
+            let sent = start + at;
+            let (ok, backend) = one(&client, uri, keyed.then_some(key)).await;
+            let _ = tx.send(Sample {
+                at,
+                latency: sent.elapsed(),
+                ok,
+                backend,
+                key,
+            });
+        });
+    }
+    drop(tx);
+    let mut out = Vec::with_capacity(schedule.sends.len());
+    while let Some(s) = rx.recv().await {
+        out.push(s);
+    }
+    out.sort_by_key(|s| s.at);
+    Ok(out)
+}
+
+/// One request: whether it was answered 2xx, and by which backend.
+async fn one(
+    client: &Client<hyper_util::client::legacy::connect::HttpConnector, Empty<Bytes>>,
+    uri: http::Uri,
+    key: Option<u32>,
+) -> (bool, Option<String>) {
+    let mut req = http::Request::get(uri);
+    if let Some(k) = key {
+        req = req.header("x-lab-key", k.to_string());
+    }
+    let Ok(req) = req.body(Empty::new()) else {
+        return (false, None);
+    };
+    let exchange = async {
+        let resp = client.request(req).await.ok()?;
+        let ok = resp.status().is_success();
+        let body = resp.into_body().collect().await.ok()?.to_bytes();
+        Some((ok, backend_of(&body)))
+    };
+    match tokio::time::timeout(REQUEST_TIMEOUT, exchange).await {
+        Ok(Some(r)) => r,
+        _ => (false, None),
+    }
+}
+
+/// The `backend` field of the demo backend's answer, `{"backend":"b1",…}`.
+fn backend_of(body: &[u8]) -> Option<String> {
+    let text = std::str::from_utf8(body).ok()?;
+    let rest = text.split_once("\"backend\":\"")?.1;
+    Some(rest.split('"').next()?.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_seed_makes_the_same_schedule_and_keys_follow_zipf() {
+        let a = Schedule::new(200, 5, 7, Some((100, 1.1)));
+        assert_eq!(a, Schedule::new(200, 5, 7, Some((100, 1.1))));
+        assert_ne!(a, Schedule::new(200, 5, 8, Some((100, 1.1))));
+        let n = a.sends.len() as f64;
+        assert!((900.0..1100.0).contains(&n), "{n}");
+        assert!(a.sends.windows(2).all(|w| w[0].0 <= w[1].0));
+        let first = a.sends.iter().filter(|(_, k)| *k == 0).count() as f64;
+        // Rank 1 of 100 with s = 1.1 is about 19 % of the draws.
+        assert!((0.14..0.25).contains(&(first / n)), "{}", first / n);
+        assert_eq!(
+            backend_of(br#"{"backend":"b2","method":"GET"}"#),
+            Some("b2".into())
+        );
+    }
+}

@@ -1,0 +1,343 @@
+//! What a lab run reports (`docs/lab.md`, "Reading the results"): one row per strategy
+//! (requests, errors, latency percentiles of the requests served, each backend's share),
+//! as a table, as JSON and as an SVG chart.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::load::Sample;
+
+/// One strategy's results.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub(crate) struct StrategyResult {
+    /// The strategy (`maglev+bounded` with a balance factor).
+    pub(crate) strategy: String,
+    pub(crate) requests: u64,
+    /// Answers other than 2xx, and requests not answered within the timeout.
+    pub(crate) errors: u64,
+    /// Latency percentiles of the requests answered 2xx, in ms, from their scheduled
+    /// send time.
+    pub(crate) p50_ms: f64,
+    pub(crate) p90_ms: f64,
+    pub(crate) p99_ms: f64,
+    pub(crate) p999_ms: f64,
+    /// Each backend's share of the requests answered.
+    pub(crate) share: BTreeMap<String, f64>,
+    /// warmup: the joining backend's share in each of its first seconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) joiner_share_per_second: Option<Vec<f64>>,
+    /// hot-key: the busiest backend's share over its fair share.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) max_share_over_fair: Option<f64>,
+    /// hot-key: the share of requests that went to their key's usual backend (the one
+    /// that took most of that key's requests): 1 when every key sticks to one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) key_affinity: Option<f64>,
+}
+
+/// A whole run.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub(crate) struct Report {
+    pub(crate) scenario: &'static str,
+    pub(crate) seed: u64,
+    pub(crate) rps: u32,
+    pub(crate) seconds: u32,
+    pub(crate) results: Vec<StrategyResult>,
+}
+
+/// The value at quantile `q` of sorted `v` (nearest rank).
+fn quantile(v: &[f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    let rank = (q * v.len() as f64).ceil() as usize;
+    v[rank.clamp(1, v.len()) - 1]
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+/// The row of `strategy` from its samples; `backends` are every backend's name.
+pub(crate) fn summarize(
+    strategy: String,
+    samples: &[Sample],
+    backends: &[String],
+) -> StrategyResult {
+    let mut served: Vec<f64> = samples
+        .iter()
+        .filter(|s| s.ok)
+        .map(|s| s.latency.as_secs_f64() * 1000.0)
+        .collect();
+    served.sort_by(f64::total_cmp);
+    let answered = samples
+        .iter()
+        .filter(|s| s.backend.is_some())
+        .count()
+        .max(1) as f64;
+    let share = backends
+        .iter()
+        .map(|b| {
+            let n = samples
+                .iter()
+                .filter(|s| s.backend.as_deref() == Some(b))
+                .count();
+            (b.clone(), round3(n as f64 / answered))
+        })
+        .collect();
+    StrategyResult {
+        strategy,
+        requests: samples.len() as u64,
+        errors: samples.iter().filter(|s| !s.ok).count() as u64,
+        p50_ms: round3(quantile(&served, 0.5)),
+        p90_ms: round3(quantile(&served, 0.9)),
+        p99_ms: round3(quantile(&served, 0.99)),
+        p999_ms: round3(quantile(&served, 0.999)),
+        share,
+        joiner_share_per_second: None,
+        max_share_over_fair: None,
+        key_affinity: None,
+    }
+}
+
+/// `joiner`'s share of the answers in each second from `from` on, for `n` seconds.
+pub(crate) fn share_per_second(
+    samples: &[Sample],
+    joiner: &str,
+    from: Duration,
+    n: u32,
+) -> Vec<f64> {
+    (0..n)
+        .map(|i| {
+            let lo = from + Duration::from_secs(u64::from(i));
+            let hi = lo + Duration::from_secs(1);
+            let second: Vec<&Sample> = samples
+                .iter()
+                .filter(|s| s.at >= lo && s.at < hi && s.backend.is_some())
+                .collect();
+            let mine = second
+                .iter()
+                .filter(|s| s.backend.as_deref() == Some(joiner))
+                .count();
+            round3(mine as f64 / second.len().max(1) as f64)
+        })
+        .collect()
+}
+
+/// The busiest backend's share over the fair share, and the share of requests that
+/// went to their key's usual backend.
+pub(crate) fn balance_and_affinity(r: &StrategyResult, samples: &[Sample]) -> (f64, f64) {
+    let fair = 1.0 / r.share.len().max(1) as f64;
+    let busiest = r.share.values().copied().fold(0.0, f64::max);
+    let mut by_key: BTreeMap<u32, BTreeMap<&str, u64>> = BTreeMap::new();
+    for s in samples {
+        if let Some(b) = &s.backend {
+            *by_key.entry(s.key).or_default().entry(b).or_default() += 1;
+        }
+    }
+    let usual: u64 = by_key
+        .values()
+        .map(|c| c.values().max().copied().unwrap_or(0))
+        .sum();
+    let all: u64 = by_key.values().flat_map(|c| c.values()).sum();
+    (
+        round3(busiest / fair),
+        round3(usual as f64 / all.max(1) as f64),
+    )
+}
+
+/// A column of the table: its value for a row.
+type Column = Box<dyn Fn(&StrategyResult) -> f64>;
+
+/// The table: one row per strategy, `*` after the best value of each column (the
+/// fewest errors, the lowest latency).
+pub(crate) fn table(report: &Report) -> String {
+    let rs = &report.results;
+    let backends: Vec<&String> = rs
+        .first()
+        .map(|r| r.share.keys().collect())
+        .unwrap_or_default();
+    let err = |r: &StrategyResult| r.errors as f64 * 100.0 / r.requests.max(1) as f64;
+    let cols: [(&str, Column); 5] = [
+        ("errors %", Box::new(err)),
+        ("p50 ms", Box::new(|r| r.p50_ms)),
+        ("p90 ms", Box::new(|r| r.p90_ms)),
+        ("p99 ms", Box::new(|r| r.p99_ms)),
+        ("p999 ms", Box::new(|r| r.p999_ms)),
+    ];
+    let best: Vec<f64> = cols
+        .iter()
+        .map(|(_, f)| rs.iter().map(f).fold(f64::INFINITY, f64::min))
+        .collect();
+    let mut out = format!("{:<26} {:>8}", "strategy", "requests");
+    for (name, _) in &cols {
+        let _ = write!(out, " {name:>10}");
+    }
+    for b in &backends {
+        let _ = write!(out, " {:>7}", format!("{b} %"));
+    }
+    out.push('\n');
+    for r in rs {
+        let _ = write!(out, "{:<26} {:>8}", r.strategy, r.requests);
+        for ((_, f), b) in cols.iter().zip(&best) {
+            let v = f(r);
+            let mark = if rs.len() > 1 && v <= *b { "*" } else { " " };
+            let _ = write!(out, " {:>9}{mark}", format!("{v:.2}"));
+        }
+        for b in &backends {
+            let _ = write!(
+                out,
+                " {:>7.1}",
+                r.share.get(*b).copied().unwrap_or(0.0) * 100.0
+            );
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// The chart: latency percentiles per strategy on a log axis (left), each backend's
+/// share per strategy (right).
+pub(crate) fn svg(report: &Report) -> String {
+    let rs = &report.results;
+    let row = 26.0;
+    let top = 50.0;
+    let height = top + row * rs.len() as f64 + 50.0;
+    let (lx, lw) = (190.0, 460.0);
+    let (sx, sw) = (700.0, 260.0);
+    let max = rs.iter().map(|r| r.p999_ms).fold(1.0, f64::max);
+    let lo = rs
+        .iter()
+        .map(|r| r.p50_ms)
+        .filter(|v| *v > 0.0)
+        .fold(max, f64::min)
+        .max(0.1);
+    let (llo, lhi) = (
+        lo.log10().floor(),
+        max.log10().ceil().max(lo.log10().floor() + 1.0),
+    );
+    let x = |v: f64| lx + (v.max(lo).log10() - llo) / (lhi - llo) * lw;
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"980\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"#fff\"/>\n\
+         <text x=\"10\" y=\"20\" font-size=\"15\" font-weight=\"bold\">fulcrum lab: {} ({} req/s for {} s, seed {})</text>\n\
+         <text x=\"{lx}\" y=\"40\">latency, ms (log): p50 ● p90 ◆ p99 ▲ p999 ■</text>\n\
+         <text x=\"{sx}\" y=\"40\">share per backend</text>\n",
+        report.scenario, report.rps, report.seconds, report.seed
+    );
+    let mut decade = llo;
+    while decade <= lhi {
+        let v = 10f64.powf(decade);
+        let px = x(v);
+        let _ = writeln!(
+            s,
+            "<line x1=\"{px:.1}\" y1=\"{top}\" x2=\"{px:.1}\" y2=\"{:.1}\" stroke=\"#ddd\"/><text x=\"{px:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{v}</text>",
+            height - 40.0,
+            height - 26.0
+        );
+        decade += 1.0;
+    }
+    let colours = [
+        "#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2",
+    ];
+    for (i, r) in rs.iter().enumerate() {
+        let y = top + row * i as f64 + row / 2.0;
+        let _ = writeln!(
+            s,
+            "<text x=\"10\" y=\"{:.1}\">{}</text>",
+            y + 4.0,
+            r.strategy
+        );
+        let _ = writeln!(
+            s,
+            "<line x1=\"{:.1}\" y1=\"{y:.1}\" x2=\"{:.1}\" y2=\"{y:.1}\" stroke=\"#888\"/>",
+            x(r.p50_ms),
+            x(r.p999_ms)
+        );
+        for (v, shape) in [
+            (r.p50_ms, "●"),
+            (r.p90_ms, "◆"),
+            (r.p99_ms, "▲"),
+            (r.p999_ms, "■"),
+        ] {
+            let _ = writeln!(
+                s,
+                "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\"><title>{v} ms</title>{shape}</text>",
+                x(v),
+                y + 4.0
+            );
+        }
+        let mut at = sx;
+        for (j, (b, share)) in r.share.iter().enumerate() {
+            let w = share * sw;
+            let _ = writeln!(
+                s,
+                "<rect x=\"{at:.1}\" y=\"{:.1}\" width=\"{w:.1}\" height=\"{:.1}\" fill=\"{}\"><title>{b}: {:.1} %</title></rect>",
+                y - 8.0,
+                16.0,
+                colours[j % colours.len()],
+                share * 100.0
+            );
+            at += w;
+        }
+    }
+    if let Some(first) = rs.first() {
+        for (j, b) in first.share.keys().enumerate() {
+            let lx2 = sx + 60.0 * j as f64;
+            let _ = writeln!(
+                s,
+                "<rect x=\"{lx2}\" y=\"{:.1}\" width=\"10\" height=\"10\" fill=\"{}\"/><text x=\"{:.1}\" y=\"{:.1}\">{b}</text>",
+                height - 36.0,
+                colours[j % colours.len()],
+                lx2 + 14.0,
+                height - 27.0
+            );
+        }
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(ms: u64, backend: &str, ok: bool) -> Sample {
+        Sample {
+            at: Duration::ZERO,
+            latency: Duration::from_millis(ms),
+            ok,
+            backend: Some(backend.into()),
+            key: 0,
+        }
+    }
+
+    #[test]
+    fn percentiles_shares_and_the_marked_best() {
+        let mut a: Vec<Sample> = (1..=100).map(|i| sample(i, "b1", true)).collect();
+        a.push(sample(5, "b2", false));
+        let names = vec!["b1".to_string(), "b2".to_string()];
+        let ra = summarize("round_robin".into(), &a, &names);
+        assert_eq!((ra.requests, ra.errors), (101, 1));
+        assert_eq!((ra.p50_ms, ra.p99_ms, ra.p999_ms), (50.0, 99.0, 100.0));
+        assert!((ra.share["b1"] - 0.990).abs() < 1e-9);
+        let b: Vec<Sample> = (1..=100).map(|i| sample(i / 2 + 1, "b2", true)).collect();
+        let rb = summarize("peak_ewma".into(), &b, &names);
+        let report = Report {
+            scenario: "slow-backend",
+            seed: 1,
+            rps: 10,
+            seconds: 10,
+            results: vec![ra, rb],
+        };
+        let t = table(&report);
+        let peak = t.lines().find(|l| l.starts_with("peak_ewma")).unwrap();
+        assert!(peak.contains("0.00*"), "{t}");
+        assert!(peak.contains("50.00*"), "{t}");
+        let svg = svg(&report);
+        assert!(svg.starts_with("<svg") && svg.contains("peak_ewma") && svg.ends_with("</svg>\n"));
+    }
+}

@@ -1,0 +1,212 @@
+//! The lab's six scenarios (`docs/lab.md`, "Scenarios"): which demo backends, scripted
+//! how, what fulcrum is told, and the load.
+
+use std::time::Duration;
+
+use crate::strategy::StrategyKind;
+
+/// One of the scenarios.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Scenario {
+    /// One of three backends turns ten times slower halfway.
+    SlowBackend,
+    /// One backend fails half its requests, in bursts.
+    Flapping,
+    /// Backends of capacity 1 : 2 : 4.
+    Heterogeneous,
+    /// A cold backend joins halfway and is slow for its first seconds.
+    Warmup,
+    /// Hashing with a skewed key popularity, with and without bounded load.
+    HotKey,
+    /// More load than the pool can serve, with a per-backend limit and a queue.
+    Overload,
+}
+
+/// Every scenario, by name.
+pub(crate) const SCENARIOS: [(Scenario, &str); 6] = [
+    (Scenario::SlowBackend, "slow-backend"),
+    (Scenario::Flapping, "flapping"),
+    (Scenario::Heterogeneous, "heterogeneous"),
+    (Scenario::Warmup, "warmup"),
+    (Scenario::HotKey, "hot-key"),
+    (Scenario::Overload, "overload"),
+];
+
+/// A demo backend as a scenario starts it.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct BackendPlan {
+    pub(crate) name: String,
+    /// Its weight in the pool (the weighted strategies read it).
+    pub(crate) weight: u32,
+    /// fulcrum's `max_conns` for it; 0 = none.
+    pub(crate) max_conns: u32,
+    /// `fulcrum backend`'s flags: its latency and script.
+    pub(crate) args: Vec<String>,
+    /// When it joins the pool, if not from the start.
+    pub(crate) joins_at: Option<Duration>,
+}
+
+fn backend(name: &str, latency_ms: u64, extra: &[&str]) -> BackendPlan {
+    let mut args = vec![
+        "--latency-ms".to_string(),
+        latency_ms.to_string(),
+        "--jitter-ms".to_string(),
+        (latency_ms / 5).to_string(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    BackendPlan {
+        name: name.to_string(),
+        weight: 1,
+        max_conns: 0,
+        args,
+        joins_at: None,
+    }
+}
+
+/// How the keys of the hot-key scenario are drawn: this many, Zipf with this exponent.
+pub(crate) const HOT_KEYS: (u32, f64) = (1000, 1.1);
+
+/// The balance factor the hot-key scenario compares against none.
+pub(crate) const HOT_KEY_FACTOR: f64 = 1.25;
+
+impl Scenario {
+    /// The scenario named `name`.
+    pub(crate) fn parse(name: &str) -> Option<Scenario> {
+        SCENARIOS.iter().find(|(_, n)| *n == name).map(|(s, _)| *s)
+    }
+
+    /// Its name.
+    pub(crate) fn name(self) -> &'static str {
+        SCENARIOS
+            .iter()
+            .find(|(s, _)| *s == self)
+            .map_or("?", |(_, n)| n)
+    }
+
+    /// Every name, for error messages.
+    pub(crate) fn names() -> Vec<&'static str> {
+        SCENARIOS.iter().map(|(_, n)| *n).collect()
+    }
+
+    /// Requests per second offered unless `--rps` says otherwise.
+    pub(crate) fn default_rps(self) -> u32 {
+        match self {
+            // Capacity 100 + 200 + 400 = 700 requests/s: 64 % of it.
+            Scenario::Heterogeneous => 450,
+            // Capacity 3 × 4 slots / 20 ms = 600 requests/s: 1.5 times it.
+            Scenario::Overload => 900,
+            // About 20 requests in flight: enough for bounded load's caps (on requests
+            // in flight) to be fine-grained.
+            Scenario::HotKey => 1000,
+            _ => 300,
+        }
+    }
+
+    /// The strategies run unless `--strategies` says otherwise; the hashing ones
+    /// alone for hot-key, each without and with bounded load.
+    pub(crate) fn default_strategies(self) -> Vec<(StrategyKind, Option<f64>)> {
+        match self {
+            Scenario::HotKey => [StrategyKind::ConsistentHash, StrategyKind::Maglev]
+                .into_iter()
+                .flat_map(|k| [(k, None), (k, Some(HOT_KEY_FACTOR))])
+                .collect(),
+            _ => crate::strategy::StrategyKind::canonical_names()
+                .into_iter()
+                .filter_map(StrategyKind::parse)
+                .map(|k| (k, None))
+                .collect(),
+        }
+    }
+
+    /// The backends, for a run of `seconds`.
+    pub(crate) fn backends(self, seconds: u32) -> Vec<BackendPlan> {
+        let half = Duration::from_secs(u64::from(seconds)) / 2;
+        let half_text = format!("{}ms", half.as_millis().max(1));
+        match self {
+            Scenario::SlowBackend => vec![
+                backend("b1", 10, &["--max-concurrency", "16"]),
+                backend("b2", 10, &["--max-concurrency", "16"]),
+                backend(
+                    "b3",
+                    10,
+                    &[
+                        "--max-concurrency",
+                        "16",
+                        "--slow-after",
+                        &half_text,
+                        "--slow-factor",
+                        "10",
+                    ],
+                ),
+            ],
+            Scenario::Flapping => vec![
+                backend("b1", 10, &[]),
+                backend("b2", 10, &["--fail-bursts", "2s"]),
+                backend("b3", 10, &[]),
+            ],
+            Scenario::Heterogeneous => [("b1", 1, "2"), ("b2", 2, "4"), ("b3", 4, "8")]
+                .into_iter()
+                .map(|(name, weight, slots)| BackendPlan {
+                    weight,
+                    ..backend(name, 20, &["--max-concurrency", slots])
+                })
+                .collect(),
+            Scenario::Warmup => vec![
+                backend("b1", 10, &["--max-concurrency", "16"]),
+                backend("b2", 10, &["--max-concurrency", "16"]),
+                BackendPlan {
+                    joins_at: Some(half),
+                    ..backend("b3", 10, &["--max-concurrency", "16", "--cold-for", "3s"])
+                },
+            ],
+            Scenario::HotKey => (1..=4)
+                .map(|i| backend(&format!("b{i}"), 20, &["--max-concurrency", "64"]))
+                .collect(),
+            Scenario::Overload => (1..=3)
+                .map(|i| BackendPlan {
+                    max_conns: 4,
+                    ..backend(&format!("b{i}"), 20, &["--max-concurrency", "4"])
+                })
+                .collect(),
+        }
+    }
+
+    /// What fulcrum is told besides the strategy (option keys and values).
+    pub(crate) fn fulcrum_options(self) -> Vec<(&'static str, String)> {
+        let mut o = vec![("health_interval", "1s".to_string())];
+        match self {
+            Scenario::Warmup => o.push(("slow_start", "5s".into())),
+            Scenario::HotKey => o.push(("hash_key", "header:x-lab-key".into())),
+            Scenario::Overload => {
+                o.push(("max_queue", "64".into()));
+                o.push(("queue_timeout", "500ms".into()));
+            }
+            _ => {}
+        }
+        o
+    }
+
+    /// Whether requests carry a key (`x-lab-key`), drawn from [`HOT_KEYS`].
+    pub(crate) fn keyed(self) -> bool {
+        self == Scenario::HotKey
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_scenario_has_a_name_backends_and_strategies() {
+        for (s, name) in SCENARIOS {
+            assert_eq!(Scenario::parse(name), Some(s));
+            assert_eq!(s.name(), name);
+            assert!(s.backends(10).len() >= 3, "{name}");
+            assert!(!s.default_strategies().is_empty(), "{name}");
+        }
+        assert_eq!(Scenario::parse("nope"), None);
+        assert_eq!(Scenario::SlowBackend.default_strategies().len(), 10);
+        let w = Scenario::Warmup.backends(10);
+        assert_eq!(w[2].joins_at, Some(Duration::from_secs(5)));
+    }
+}

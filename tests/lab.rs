@@ -1,0 +1,221 @@
+//! The strategy lab (`docs/lab.md`): `fulcrum lab` runs each scenario's scripted demo
+//! backends through a fresh fulcrum per strategy and reports who wins; bad input exits
+//! 2 naming the valid values. Short runs here; docs/lab.md has the full ones.
+
+mod common;
+
+use common::run_fulcrum;
+use serde_json::Value;
+
+/// One measuring run at a time: two at once on two cores would measure each other.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Runs `fulcrum lab` with `args` and a JSON report; the report and the table.
+fn lab(tag: &str, args: &[&str]) -> (Value, String) {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = std::env::temp_dir().join(format!("fulcrum-lab-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (json, svg) = (dir.join("report.json"), dir.join("chart.svg"));
+    let mut all = vec!["lab"];
+    all.extend_from_slice(args);
+    all.extend([
+        "--json",
+        json.to_str().unwrap(),
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    let (status, out, err) = run_fulcrum(&all);
+    assert_eq!(status.code(), Some(0), "{all:?}: {err}");
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let chart = std::fs::read_to_string(&svg).unwrap();
+    assert!(chart.starts_with("<svg") && chart.trim_end().ends_with("</svg>"));
+    let _ = std::fs::remove_dir_all(&dir);
+    (report, out)
+}
+
+/// The result row of `strategy`.
+fn row<'a>(report: &'a Value, strategy: &str) -> &'a Value {
+    report["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["strategy"] == strategy)
+        .unwrap_or_else(|| panic!("no row {strategy}: {report}"))
+}
+
+fn p99(report: &Value, strategy: &str) -> f64 {
+    row(report, strategy)["p99_ms"].as_f64().unwrap()
+}
+
+#[test]
+fn bad_input_exits_2_naming_the_valid_values() {
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &["--scenario", "nope"],
+            "valid: slow-backend, flapping, heterogeneous, warmup, hot-key, overload",
+        ),
+        (
+            &[
+                "--scenario",
+                "warmup",
+                "--strategies",
+                "round_robin,fastest",
+            ],
+            "valid: all, round_robin",
+        ),
+        (
+            &["--scenario", "warmup", "--rps", "0"],
+            "expected an integer from 1 to 5000",
+        ),
+        (
+            &["--scenario", "warmup", "--seconds", "121"],
+            "expected an integer from 1 to 120",
+        ),
+        (&["--strategies", "all"], "--scenario <NAME>"),
+    ];
+    for (args, want) in cases {
+        let mut all = vec!["lab"];
+        all.extend_from_slice(args);
+        let (status, _, err) = run_fulcrum(&all);
+        assert_eq!(status.code(), Some(2), "{all:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.contains(want), "{all:?}: {err}");
+    }
+}
+
+#[test]
+fn a_slow_backend_costs_round_robin_its_tail_and_not_the_latency_aware() {
+    let (r, table) = lab(
+        "slow",
+        &[
+            "--scenario",
+            "slow-backend",
+            "--strategies",
+            "round_robin,least_response_time,peak_ewma",
+            "--seconds",
+            "6",
+        ],
+    );
+    println!("{table}");
+    assert_eq!(r["scenario"], "slow-backend");
+    assert_eq!(r["seed"], 1);
+    let rr = p99(&r, "round_robin");
+    for s in ["least_response_time", "peak_ewma"] {
+        assert!(
+            p99(&r, s) * 4.0 <= rr,
+            "{s}: p99 {} against round robin's {rr}",
+            p99(&r, s)
+        );
+        assert!(
+            row(&r, s)["share"]["b3"].as_f64().unwrap() < 0.25,
+            "{}",
+            row(&r, s)
+        );
+    }
+    // The same seed, the same requests for every strategy.
+    let n = row(&r, "round_robin")["requests"].clone();
+    assert!(r["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|x| x["requests"] == n));
+    let marked = table.lines().filter(|l| l.contains('*')).count();
+    assert!(marked >= 2, "{table}");
+}
+
+#[test]
+fn heterogeneous_capacity_is_found_by_weights_and_latency() {
+    let (r, table) = lab(
+        "hetero",
+        &[
+            "--scenario",
+            "heterogeneous",
+            "--strategies",
+            "round_robin,weighted_least_connections,least_response_time",
+            "--seconds",
+            "5",
+        ],
+    );
+    println!("{table}");
+    let rr = p99(&r, "round_robin");
+    for s in ["weighted_least_connections", "least_response_time"] {
+        assert!(p99(&r, s) < rr, "{s}: {} against {rr}", p99(&r, s));
+    }
+}
+
+#[test]
+fn a_cold_backend_ramps_up_and_a_hot_key_is_bounded() {
+    let (w, table) = lab(
+        "warm",
+        &[
+            "--scenario",
+            "warmup",
+            "--strategies",
+            "round_robin",
+            "--seconds",
+            "8",
+        ],
+    );
+    println!("{table}");
+    let ramp: Vec<f64> = row(&w, "round_robin")["joiner_share_per_second"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    println!("joining backend's share per second: {ramp:?}");
+    assert!(ramp.len() >= 3, "{ramp:?}");
+    assert!(ramp[0] < 0.2, "a ramp, not a flood: {ramp:?}");
+    assert!(ramp[ramp.len() - 1] > ramp[0], "{ramp:?}");
+
+    let (h, table) = lab(
+        "hot",
+        &[
+            "--scenario",
+            "hot-key",
+            "--strategies",
+            "maglev",
+            "--seconds",
+            "5",
+        ],
+    );
+    println!("{table}");
+    let plain = row(&h, "maglev");
+    let bounded = row(&h, "maglev+bounded");
+    let over = |r: &Value| r["max_share_over_fair"].as_f64().unwrap();
+    assert!(
+        over(plain) > 1.25,
+        "the hot key overloads one backend: {plain}"
+    );
+    assert!(over(bounded) <= 1.25, "{bounded}");
+    assert!(
+        bounded["key_affinity"].as_f64().unwrap() >= 0.8,
+        "{bounded}"
+    );
+}
+
+#[test]
+fn overload_sheds_what_it_cannot_serve_and_nothing_hangs() {
+    let started = std::time::Instant::now();
+    let (r, table) = lab(
+        "over",
+        &[
+            "--scenario",
+            "overload",
+            "--strategies",
+            "least_connections",
+            "--seconds",
+            "4",
+        ],
+    );
+    println!("{table}");
+    let lc = row(&r, "least_connections");
+    let (errors, requests) = (
+        lc["errors"].as_u64().unwrap(),
+        lc["requests"].as_u64().unwrap(),
+    );
+    assert!(errors > 0 && errors < requests, "{lc}");
+    // Served requests wait at most the queue's 500 ms, plus their own service.
+    assert!(lc["p99_ms"].as_f64().unwrap() < 1000.0, "{lc}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(30));
+}
