@@ -145,28 +145,29 @@ fn heterogeneous_capacity_is_found_by_weights_and_latency() {
 
 #[test]
 fn a_cold_backend_ramps_up_and_a_hot_key_is_bounded() {
-    let (w, table) = lab(
-        "warm",
-        &[
-            "--scenario",
-            "warmup",
-            "--strategies",
-            "round_robin",
-            "--seconds",
-            "8",
-        ],
-    );
+    let strategies = "round_robin,weighted_round_robin";
+    let args = [
+        "--scenario",
+        "warmup",
+        "--strategies",
+        strategies,
+        "--seconds",
+        "8",
+    ];
+    let (w, table) = lab("warm", &args);
     println!("{table}");
-    let ramp: Vec<f64> = row(&w, "round_robin")["joiner_share_per_second"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_f64().unwrap())
-        .collect();
-    println!("joining backend's share per second: {ramp:?}");
-    assert!(ramp.len() >= 3, "{ramp:?}");
-    assert!(ramp[0] < 0.2, "a ramp, not a flood: {ramp:?}");
-    assert!(ramp[ramp.len() - 1] > ramp[0], "{ramp:?}");
+    for s in strategies.split(',') {
+        let ramp: Vec<f64> = row(&w, s)["joiner_share_per_second"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        println!("{s}: the joining backend's share per second: {ramp:?}");
+        assert!(ramp.len() >= 3, "{ramp:?}");
+        assert!(ramp[0] < 0.2, "{s}: a ramp, not a flood: {ramp:?}");
+        assert!(ramp[ramp.len() - 1] > ramp[0], "{s}: {ramp:?}");
+    }
 
     let (h, table) = lab(
         "hot",

@@ -219,9 +219,15 @@ impl Picker {
                 None => Picker::RoundRobin(RoundRobin::new()),
             },
             StrategyKind::WeightedRoundRobin => {
+                // While a backend ramps, whole weights on a finer scale: a weight of 1
+                // ramping up from 10 % would otherwise round to 1 all along.
+                let scale = match ramp::Ramp::of(eligible) {
+                    Some(_) => ramp::ROTATION_SCALE,
+                    None => 1.0,
+                };
                 let weights: Vec<u32> = eligible
                     .iter()
-                    .map(|b| b.effective_weight_whole())
+                    .map(|b| ((b.effective_weight() * scale).round() as u32).max(1))
                     .collect();
                 Picker::WeightedRoundRobin(SmoothWeightedRoundRobin::new(&weights))
             }
