@@ -390,10 +390,6 @@ impl Backend {
         }
     }
 
-    /// [`Self::effective_weight`] as a whole weight of at least 1, for smooth WRR.
-    pub(crate) fn effective_weight_whole(&self) -> u32 {
-        (self.effective_weight().round() as u32).max(1)
-    }
 
     /// Configured weight.
     pub(crate) fn weight(&self) -> u32 {
