@@ -390,7 +390,6 @@ impl Backend {
         }
     }
 
-
     /// Configured weight.
     pub(crate) fn weight(&self) -> u32 {
         self.weight.load(Ordering::Relaxed)
