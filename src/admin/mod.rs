@@ -519,7 +519,7 @@ async fn spawn_backend(State(ctx): State<AdminCtx>, body: Bytes) -> ApiResult<Re
         ));
     }
     // An empty body means all defaults.
-    let b: SpawnBody = if body.iter().all(u8::is_ascii_whitespace) {
+    let b: SpawnBody = if body.is_empty() {
         SpawnBody {
             weight: None,
             latency_ms: None,
