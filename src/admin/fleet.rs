@@ -61,7 +61,7 @@ pub(crate) async fn list(State(ctx): State<AdminCtx>) -> Json<Vec<Member>> {
         me: true,
     }];
     let m = f.mirror();
-    for (id, (i, _)) in &m.instances {
+    for (id, i) in &m.instances {
         if *id != f.id {
             out.push(Member {
                 id: i.id.clone(),

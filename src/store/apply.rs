@@ -14,8 +14,12 @@ pub(crate) type Refusal = (String, String);
 /// Applies `desired` to `site`. `first` is the load at start: backends present then
 /// take their full weight at once, as at any start. Returns what was left out.
 pub(crate) fn apply(site: &Site, desired: Desired, first: bool) -> Result<Vec<Refusal>, SiteError> {
-    let mut refused = desired.left_out.clone();
-    let pools = &desired.pools;
+    let Desired {
+        pools,
+        routes,
+        left_out: mut refused,
+        keys,
+    } = desired;
     site.replace(
         |before| {
             pools
@@ -39,8 +43,7 @@ pub(crate) fn apply(site: &Site, desired: Desired, first: bool) -> Result<Vec<Re
                     };
                     let ramp = !first && kept.is_some();
                     for (id, why) in pool.reconcile(&want.backends, ramp) {
-                        let key = desired
-                            .keys
+                        let key = keys
                             .get(&id)
                             .cloned()
                             .unwrap_or_else(|| format!("backend {id}"));
@@ -50,7 +53,7 @@ pub(crate) fn apply(site: &Site, desired: Desired, first: bool) -> Result<Vec<Re
                 })
                 .collect()
         },
-        desired.routes.clone(),
+        routes,
     )?;
     Ok(refused)
 }

@@ -254,7 +254,7 @@ pub(crate) struct Desired {
 #[derive(Debug, Default)]
 pub(crate) struct Mirror {
     pub(crate) entries: BTreeMap<String, Entry>,
-    pub(crate) instances: BTreeMap<String, (Instance, i64)>,
+    pub(crate) instances: BTreeMap<String, Instance>,
 }
 
 impl Mirror {
@@ -264,7 +264,7 @@ impl Mirror {
         if let Some(id) = key.strip_prefix(INSTANCES) {
             let i: Instance =
                 serde_json::from_slice(&kv.value).map_err(|e| format!("invalid instance: {e}"))?;
-            self.instances.insert(id.to_string(), (i, kv.mod_revision));
+            self.instances.insert(id.to_string(), i);
             return Ok(());
         }
         match parse(key, &kv.value) {
