@@ -51,11 +51,14 @@ struct LabArgs {
     #[arg(long, value_name = "N")]
     rps: Option<u32>,
     /// Seed of the schedule: the same seed sends the same requests at the same times.
-    #[arg(long, value_name = "N", default_value_t = 1)]
+    #[arg(long, value_name = "N", default_value_t = crate::lab::DEFAULT_SEED)]
     seed: u64,
     /// Also write the report as JSON here.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+    /// Progress as one JSON object per line on stderr, for programs.
+    #[arg(long)]
+    progress_json: bool,
     /// Also write the chart as SVG here.
     #[arg(long, value_name = "FILE")]
     svg: Option<PathBuf>,
@@ -190,6 +193,10 @@ struct BackendArgs {
     /// A cold start: ten times slower at start, back to normal over this long.
     #[arg(long, value_name = "DUR", value_parser = backend_duration)]
     cold_for: Option<std::time::Duration>,
+    /// Start the script's clock (--slow-after, --fail-bursts, --cold-for) when a line
+    /// arrives on stdin instead of at start.
+    #[arg(long)]
+    clock_on_stdin: bool,
     /// Serve on this already-bound listening socket instead of binding --listen (used
     /// by fulcrum for the backends it spawns).
     #[arg(long, value_name = "FD", hide = true)]
@@ -280,8 +287,17 @@ fn lab(args: LabArgs) -> i32 {
         plan.seed
     );
     let mut progress = |p: &crate::lab::Progress| {
+        if args.progress_json {
+            eprintln!("{}", serde_json::to_string(p).unwrap_or_default());
+            return;
+        }
+        let phase = match p.phase {
+            crate::lab::Phase::Starting => "starting",
+            crate::lab::Phase::Load => "load",
+            crate::lab::Phase::Draining => "draining",
+        };
         eprint!(
-            "\r[{}/{}] {:<26} {:>5.1} / {} s ",
+            "\r[{}/{}] {:<26} {phase:<8} {:>5.1} / {} s ",
             p.index + 1,
             p.of,
             p.strategy,
@@ -290,6 +306,10 @@ fn lab(args: LabArgs) -> i32 {
         );
         let _ = std::io::stderr().flush();
     };
+    if let Err(e) = crate::lab::stop_on_signals() {
+        eprintln!("error: {e}");
+        return 1;
+    }
     let report = match crate::lab::run(&plan, &mut progress) {
         Ok(r) => r,
         Err(e) => {
@@ -299,6 +319,11 @@ fn lab(args: LabArgs) -> i32 {
     };
     eprintln!();
     print!("{}", crate::lab::report::table(&report));
+    let failed: Vec<String> = report
+        .results
+        .iter()
+        .filter_map(|r| Some(format!("{}: {}", r.strategy, r.error.as_ref()?)))
+        .collect();
     let json = serde_json::to_string_pretty(&report).unwrap_or_default();
     let outputs = [
         (args.json.as_deref(), json),
@@ -312,7 +337,19 @@ fn lab(args: LabArgs) -> i32 {
             }
         }
     }
-    0
+    if crate::lab::stopping() {
+        eprintln!(
+            "error: stopped after {} of {} strategies",
+            report.results.len(),
+            plan.variants.len()
+        );
+        1
+    } else if failed.is_empty() {
+        0
+    } else {
+        eprintln!("error: a strategy's run failed: {}", failed.join("; "));
+        1
+    }
 }
 
 fn serve(flags: RawFlags) -> i32 {
@@ -412,6 +449,7 @@ fn backend(args: BackendArgs) -> i32 {
             slow_factor: args.slow_factor,
             fail_bursts: args.fail_bursts,
             cold_for: args.cold_for,
+            clock_on_stdin: args.clock_on_stdin,
         },
     };
     let listener = match args.listen_fd {

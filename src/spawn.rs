@@ -79,12 +79,13 @@ pub(crate) fn bind_loopback(port: u16) -> std::io::Result<std::net::TcpListener>
 }
 
 /// Starts `fulcrum backend` (the executable `exe`) serving on `listener` as `name`,
-/// with `args` on its command line; it dies with this process.
+/// with `args` on its command line and `stdin`; it dies with this process.
 pub(crate) fn backend_process(
     exe: &std::path::Path,
     listener: std::net::TcpListener,
     name: &str,
     args: &[String],
+    stdin: std::process::Stdio,
 ) -> std::io::Result<tokio::process::Child> {
     let addr = listener.local_addr()?;
     let fd: OwnedFd = listener.into();
@@ -99,12 +100,13 @@ pub(crate) fn backend_process(
     ])
     .args(args)
     .args(["--listen-fd", &CHILD_LISTEN_FD.to_string()])
-    .stdin(std::process::Stdio::null())
+    .stdin(stdin)
     .stdout(std::process::Stdio::null())
     .stderr(std::process::Stdio::null())
     .process_group(0)
     .kill_on_drop(true);
-    // SAFETY: between fork and exec only async-signal-safe calls: dup2, fcntl, prctl.
+    dies_with_this_thread(&mut cmd);
+    // SAFETY: between fork and exec only async-signal-safe calls: dup2, fcntl.
     unsafe {
         cmd.pre_exec(move || {
             if raw == CHILD_LISTEN_FD {
@@ -114,14 +116,25 @@ pub(crate) fn backend_process(
             } else if libc::dup2(raw, CHILD_LISTEN_FD) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            #[cfg(target_os = "linux")]
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
             Ok(())
         });
     }
     let child = cmd.spawn()?;
     drop(fd);
     Ok(child)
+}
+
+/// Has the child of `cmd` get `SIGTERM` when the thread that starts it ends
+/// (`PR_SET_PDEATHSIG`), so even a killed fulcrum leaves no child behind.
+pub(crate) fn dies_with_this_thread(cmd: &mut tokio::process::Command) {
+    // SAFETY: between fork and exec only an async-signal-safe call: prctl.
+    unsafe {
+        cmd.pre_exec(|| {
+            #[cfg(target_os = "linux")]
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            Ok(())
+        });
+    }
 }
 
 /// Whether `addr` answers `GET /health` with a 2xx before `deadline`.
@@ -187,7 +200,7 @@ impl Spawner {
             "--jitter-ms".to_string(),
             (latency_ms / 5).to_string(),
         ];
-        let mut child = backend_process(exe, listener, name, &args)
+        let mut child = backend_process(exe, listener, name, &args, std::process::Stdio::null())
             .map_err(|e| SpawnError::Failed(format!("cannot start a backend: {e}")))?;
         if answers_health(addr, Instant::now() + HEALTH_DEADLINE).await {
             Ok(child)

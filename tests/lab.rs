@@ -4,7 +4,9 @@
 
 mod common;
 
-use common::run_fulcrum;
+use std::time::{Duration, Instant};
+
+use common::{admin, client, get, run_fulcrum, Fulcrum, TestBackend};
 use serde_json::Value;
 
 /// One measuring run at a time: two at once on two cores would measure each other.
@@ -233,4 +235,84 @@ fn overload_sheds_what_it_cannot_serve_and_nothing_hangs() {
     // Served requests wait at most the queue's 500 ms, plus their own service.
     assert!(lc["p99_ms"].as_f64().unwrap() < 1000.0, "{lc}");
     assert!(started.elapsed() < std::time::Duration::from_secs(30));
+}
+
+/// The lab's backend processes alive now (a zombie has no command line).
+fn lab_backends() -> usize {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
+        .filter(|c| String::from_utf8_lossy(c).contains("--clock-on-stdin"))
+        .count()
+}
+
+#[test]
+fn the_admin_api_runs_the_lab_reports_it_and_stops_it() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let backend = TestBackend::start("live");
+    let f = Fulcrum::over(&[&backend], &[]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let c = client();
+        let url = f.admin_url("/admin/lab");
+        assert_eq!(get(&c, &url).await.json()["state"], "idle");
+        for (body, want) in [
+            (r#"{"scenario":"nope"}"#, "valid: slow-backend, flapping"),
+            (
+                r#"{"scenario":"warmup","strategies":["fastest"]}"#,
+                "valid: all, round_robin",
+            ),
+            (r#"{"scenario":"warmup","rps":0}"#, "from 1 to 5000"),
+            (r#"{"scenario":"warmup","seconds":121}"#, "from 1 to 120"),
+            (r#"{"scenario":"warmup","speed":1}"#, "unknown field"),
+        ] {
+            let got = admin(&c, "POST", &url, body).await;
+            assert_eq!(got.status, 400, "{body}: {}", got.text());
+            assert!(got.json()["error"].as_str().unwrap().contains(want), "{}", got.text());
+        }
+        assert_eq!(get(&c, &url).await.json()["state"], "idle");
+
+        let body = r#"{"scenario":"slow-backend","strategies":"round_robin,peak_ewma","seconds":2,"seed":7}"#;
+        let started = admin(&c, "POST", &url, body).await;
+        assert_eq!(started.status, 202, "{}", started.text());
+        assert_eq!(started.json()["strategies"], serde_json::json!(["round_robin", "peak_ewma"]));
+        assert_eq!(admin(&c, "POST", &url, body).await.status, 409);
+        // The instance's own traffic goes on while the lab runs.
+        assert_eq!(get(&c, &f.url("/")).await.status, 200);
+        let mut saw_progress = false;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let done = loop {
+            let s = get(&c, &url).await.json();
+            saw_progress |= s["progress"]["strategy"].is_string();
+            if s["state"] != "running" || Instant::now() > deadline {
+                break s;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert_eq!(done["state"], "done", "{done}");
+        assert!(saw_progress, "{done}");
+        let rows = done["report"]["results"].as_array().unwrap();
+        assert_eq!(rows.len(), 2, "{done}");
+        assert_eq!(done["report"]["seed"], 7);
+        assert_eq!(rows[0]["requests"], rows[1]["requests"]);
+        assert!(rows.iter().all(|r| r["p99_ms"].as_f64().unwrap() > 0.0), "{done}");
+        assert!(done["table"].as_str().unwrap().contains("peak_ewma"));
+        assert!(done["svg"].as_str().unwrap().starts_with("<svg"));
+        assert!(backend.requests() > 0);
+
+        let long = r#"{"scenario":"warmup","strategies":"round_robin","seconds":60}"#;
+        assert_eq!(admin(&c, "POST", &url, long).await.status, 202);
+        assert!(common::eventually(Duration::from_secs(10), || async {
+            get(&c, &url).await.json()["progress"]["phase"] == "load"
+        })
+        .await);
+        assert!(lab_backends() >= 2);
+        let t = Instant::now();
+        let stopped = admin(&c, "DELETE", &url, "").await.json();
+        assert_eq!(stopped["state"], "stopped", "{stopped}");
+        assert!(t.elapsed() < Duration::from_secs(6), "{:?}", t.elapsed());
+        // The lab stopped and reaped its backends before it exited.
+        assert!(common::eventually(Duration::from_secs(3), || async { lab_backends() == 0 }).await);
+        assert_eq!(get(&c, &url).await.json()["state"], "stopped");
+    });
 }

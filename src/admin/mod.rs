@@ -4,6 +4,7 @@
 //! path beyond publishing a new routing table.
 
 mod fleet;
+mod lab;
 mod listener;
 mod pools;
 
@@ -41,6 +42,8 @@ pub(crate) struct AdminCtx {
     listen: std::net::SocketAddr,
     /// Fleet mode: where writes go.
     fleet: Option<Arc<Fleet>>,
+    /// The strategy lab's runs.
+    lab: Arc<crate::lab::runner::LabRunner>,
 }
 
 impl AdminCtx {
@@ -60,6 +63,7 @@ impl AdminCtx {
             traffic,
             reloader,
             fleet: None,
+            lab: Arc::new(crate::lab::runner::LabRunner::new()),
         }
     }
 
@@ -825,6 +829,10 @@ pub(crate) fn router(ctx: AdminCtx) -> Router {
         )
         .route("/admin/routes", get(pools::routes).put(pools::set_routes))
         .route("/admin/fleet", get(fleet::list))
+        .route(
+            "/admin/lab",
+            get(lab::status).post(lab::start).delete(lab::stop),
+        )
         .route("/", get(dashboard))
         .route("/admin/openapi.json", get(openapi))
         .route("/metrics", get(metrics))

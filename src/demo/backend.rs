@@ -43,6 +43,9 @@ pub(crate) struct Script {
     /// A cold start: latency ten times longer at start, back to normal linearly over
     /// this long.
     pub(crate) cold_for: Option<Duration>,
+    /// The script's clock starts when a line arrives on stdin, not at start: the lab
+    /// starts every backend's clock at the same instant as its schedule.
+    pub(crate) clock_on_stdin: bool,
 }
 
 impl Script {
@@ -69,11 +72,34 @@ impl Script {
     }
 }
 
-/// The backend while it runs: its options, when it started, its worker slots.
+/// The backend while it runs: its options, when its script's clock started, its
+/// worker slots.
 struct Live {
     opts: BackendOptions,
-    started: std::time::Instant,
+    started: std::sync::OnceLock<std::time::Instant>,
     slots: Option<tokio::sync::Semaphore>,
+}
+
+impl Live {
+    /// How far into its script the backend is: zero until the clock starts.
+    fn age(&self) -> Duration {
+        self.started.get().map_or(Duration::ZERO, |t| t.elapsed())
+    }
+}
+
+/// Starts `live`'s clock when stdin gives a line (or closes). A thread of its own: a
+/// blocking read, once.
+fn start_clock_on_stdin(live: &'static Live) {
+    let spawned = std::thread::Builder::new()
+        .name("backend-clock".into())
+        .spawn(move || {
+            let mut line = String::new();
+            let _ = std::io::stdin().read_line(&mut line);
+            let _ = live.started.set(std::time::Instant::now());
+        });
+    if spawned.is_err() {
+        let _ = live.started.set(std::time::Instant::now());
+    }
 }
 
 fn query_param<'a>(query: Option<&'a str>, key: &str) -> Option<&'a str> {
@@ -102,7 +128,7 @@ async fn answer(live: &Live, req: Request<Incoming>) -> Response<Full<Bytes>> {
         Some(s) => s.acquire().await.ok(),
         None => None,
     };
-    let age = live.started.elapsed();
+    let age = live.age();
     let query = req.uri().query();
     let base = match query_param(query, "sleep_ms").and_then(|v| v.parse::<u64>().ok()) {
         Some(ms) => ms,
@@ -150,11 +176,17 @@ pub(crate) async fn run(
         .script
         .max_concurrency
         .map(|n| tokio::sync::Semaphore::new(n.max(1)));
+    let on_stdin = opts.script.clock_on_stdin;
     let live: &'static Live = Box::leak(Box::new(Live {
         opts,
-        started: std::time::Instant::now(),
+        started: std::sync::OnceLock::new(),
         slots,
     }));
+    if on_stdin {
+        start_clock_on_stdin(live);
+    } else {
+        let _ = live.started.set(std::time::Instant::now());
+    }
     let builder = auto::Builder::new(TokioExecutor::new());
     loop {
         let (stream, _) = match listener.accept().await {

@@ -13,6 +13,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tokio::time::Instant;
 
+use super::Phase;
+
 /// A request's longest wait for its answer: beyond it, it counts as an error.
 pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -52,13 +54,18 @@ fn zipf_cdf(n: u32, s: f64) -> Vec<f64> {
     let weights: Vec<f64> = (1..=n).map(|k| 1.0 / f64::from(k).powf(s)).collect();
     let total: f64 = weights.iter().sum();
     let mut acc = 0.0;
-    weights
+    let mut cdf: Vec<f64> = weights
         .iter()
         .map(|w| {
             acc += w / total;
             acc
         })
-        .collect()
+        .collect();
+    // Rounding can leave the sum a hair under 1: a draw above it would find no key.
+    if let Some(last) = cdf.last_mut() {
+        *last = 1.0;
+    }
+    cdf
 }
 
 /// One request's outcome.
@@ -76,15 +83,20 @@ pub(crate) struct Sample {
     pub(crate) key: u32,
 }
 
-/// Sends `schedule` to the proxy at `target` (loopback only) and returns every
-/// request's outcome; `tick` hears the elapsed time as the run goes.
+/// How often the driver reports its progress.
+const TICK: Duration = Duration::from_millis(250);
+
+/// Sends `schedule`, from `start` on, to the proxy at `target` (127.0.0.1 only) and
+/// returns every request's outcome; `tick` hears the phase and the elapsed time as the
+/// run goes, the last answers' wait included.
 pub(crate) async fn drive(
     target: SocketAddr,
     schedule: &Schedule,
+    start: Instant,
     keyed: bool,
-    mut tick: impl FnMut(Duration),
+    tick: &mut dyn FnMut(Phase, Duration),
 ) -> Result<Vec<Sample>, String> {
-    if !target.ip().is_loopback() {
+    if target.ip() != std::net::IpAddr::from(std::net::Ipv4Addr::LOCALHOST) {
         return Err(format!(
             "the lab sends traffic to 127.0.0.1 only, not {target}"
         ));
@@ -95,14 +107,17 @@ pub(crate) async fn drive(
     let uri: http::Uri = format!("http://{target}/lab")
         .parse()
         .map_err(|e| format!("{e}"))?;
-    let start = Instant::now();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let mut last_tick = Duration::ZERO;
     for &(at, key) in &schedule.sends {
         tokio::time::sleep_until(start + at).await;
-        if at - last_tick >= Duration::from_millis(250) {
+        if super::stopping() {
+            // The requests in flight end with the runtime.
+            return Ok(Vec::new());
+        }
+        if at - last_tick >= TICK {
             last_tick = at;
-            tick(at);
+            tick(Phase::Load, at);
         }
         let (client, uri, tx) = (client.clone(), uri.clone(), tx.clone());
         tokio::spawn(async move {
@@ -119,8 +134,15 @@ pub(crate) async fn drive(
     }
     drop(tx);
     let mut out = Vec::with_capacity(schedule.sends.len());
-    while let Some(s) = rx.recv().await {
-        out.push(s);
+    let mut every = tokio::time::interval(TICK);
+    loop {
+        tokio::select! {
+            s = rx.recv() => match s {
+                Some(s) => out.push(s),
+                None => break,
+            },
+            _ = every.tick() => tick(Phase::Draining, start.elapsed()),
+        }
     }
     out.sort_by_key(|s| s.at);
     Ok(out)

@@ -9,6 +9,7 @@
 
 pub(crate) mod load;
 pub(crate) mod report;
+pub(crate) mod runner;
 pub(crate) mod scenario;
 
 use std::net::SocketAddr;
@@ -28,6 +29,48 @@ pub(crate) const MAX_RPS: u32 = 5000;
 /// Seconds per strategy unless `--seconds` says otherwise: ten strategies finish
 /// within two minutes.
 pub(crate) const DEFAULT_SECONDS: u32 = 8;
+/// The schedule's seed unless `--seed` says otherwise.
+pub(crate) const DEFAULT_SEED: u64 = 1;
+
+/// Set when the lab is asked to stop (`SIGINT`, `SIGTERM`): the strategy running ends
+/// at once, its backends are stopped and reaped, and the rows finished are reported.
+static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether the lab has been asked to stop.
+pub(crate) fn stopping() -> bool {
+    STOP.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Has `SIGINT` and `SIGTERM` stop the lab (see [`stopping`]) instead of killing it
+/// with its backends' clean-up undone.
+pub(crate) fn stop_on_signals() -> Result<(), String> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot watch for signals: {e}"))?;
+    let (mut int, mut term) = rt
+        .block_on(async {
+            Ok::<_, std::io::Error>((
+                signal(SignalKind::interrupt())?,
+                signal(SignalKind::terminate())?,
+            ))
+        })
+        .map_err(|e| format!("cannot watch for signals: {e}"))?;
+    std::thread::Builder::new()
+        .name("lab-signals".into())
+        .spawn(move || {
+            rt.block_on(async {
+                tokio::select! {
+                    _ = int.recv() => {}
+                    _ = term.recv() => {}
+                }
+            });
+            STOP.store(true, std::sync::atomic::Ordering::Relaxed);
+        })
+        .map(|_| ())
+        .map_err(|e| format!("cannot watch for signals: {e}"))
+}
 
 /// A run to make, checked.
 #[derive(Debug, Clone, PartialEq)]
@@ -76,7 +119,7 @@ impl Plan {
                     )
                 })?;
                 v.push((kind, None));
-                if sc.keyed() {
+                if sc.keyed() && kind.key_source().is_some() {
                     v.push((kind, Some(scenario::HOT_KEY_FACTOR)));
                 }
             }
@@ -103,36 +146,67 @@ impl Plan {
     }
 }
 
+/// What a strategy's run is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Phase {
+    /// Its backends and its fulcrum are starting.
+    Starting,
+    /// The schedule is being sent.
+    Load,
+    /// Every request is sent; the last answers are awaited.
+    Draining,
+}
+
 /// Where a run stands, for a progress line.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Progress {
     /// The strategy running (0-based) and how many there are.
     pub(crate) index: usize,
     pub(crate) of: usize,
     pub(crate) strategy: String,
-    /// Seconds into its run.
+    pub(crate) phase: Phase,
+    /// Seconds into its schedule.
     pub(crate) elapsed: f64,
 }
 
 /// Runs `plan`: every strategy in turn on the same schedule; `progress` hears how far
-/// it is.
+/// it is. A strategy whose run fails gets a row with its error, and the others go on.
 pub(crate) fn run(plan: &Plan, progress: &mut dyn FnMut(&Progress)) -> Result<Report, String> {
     let exe = std::env::current_exe()
         .map_err(|e| format!("cannot find fulcrum's own executable: {e}"))?;
     let keys = plan.scenario.keyed().then_some(scenario::HOT_KEYS);
     let schedule = Schedule::new(plan.rps, plan.seconds, plan.seed, keys);
+    let sockets = Sockets::bind(&plan.scenario.backends(plan.seconds))?;
     let mut results = Vec::new();
     for (index, &(kind, factor)) in plan.variants.iter().enumerate() {
+        if stopping() {
+            break;
+        }
         let strategy = label(kind, factor);
-        let mut tick = |elapsed: Duration| {
+        let mut tick = |phase: Phase, elapsed: Duration| {
             progress(&Progress {
                 index,
                 of: plan.variants.len(),
                 strategy: strategy.clone(),
+                phase,
                 elapsed: elapsed.as_secs_f64(),
             })
         };
-        results.push(run_one(plan, (kind, factor), &schedule, &exe, &mut tick)?);
+        let run = Run {
+            plan,
+            schedule: &schedule,
+            exe: &exe,
+            sockets: &sockets,
+        };
+        let row = match run.one((kind, factor), &mut tick) {
+            Ok(r) => r,
+            Err(e) => StrategyResult::failed(strategy.clone(), e),
+        };
+        // A run cut short by a stop measured nothing worth a row.
+        if !stopping() {
+            results.push(row);
+        }
     }
     Ok(Report {
         scenario: plan.scenario.name(),
@@ -143,71 +217,161 @@ pub(crate) fn run(plan: &Plan, progress: &mut dyn FnMut(&Progress)) -> Result<Re
     })
 }
 
+/// Every backend's listening socket, bound once for the whole run: each strategy's
+/// fresh backend processes serve on the same ports, so the hashing strategies (which
+/// hash a backend's address) place keys the same way in every row.
+struct Sockets(Vec<(String, std::net::TcpListener)>);
+
+impl Sockets {
+    fn bind(plans: &[BackendPlan]) -> Result<Sockets, String> {
+        plans
+            .iter()
+            .map(|p| {
+                crate::spawn::bind_loopback(0)
+                    .map(|l| (p.name.clone(), l))
+                    .map_err(|e| format!("cannot bind a backend: {e}"))
+            })
+            .collect::<Result<_, _>>()
+            .map(Sockets)
+    }
+
+    /// A second descriptor of `name`'s socket, for its process.
+    fn of(&self, name: &str) -> Result<std::net::TcpListener, String> {
+        let (_, l) = self
+            .0
+            .iter()
+            .find(|(n, _)| n == name)
+            .ok_or_else(|| format!("no socket for backend {name}"))?;
+        l.try_clone()
+            .map_err(|e| format!("cannot hand backend {name} its socket: {e}"))
+    }
+}
+
+/// How often a wait looks whether the lab has been asked to stop.
+const STOP_POLL: Duration = Duration::from_millis(50);
+
 /// A demo backend of the run: its plan, its address, its process.
 struct Started {
     plan: BackendPlan,
     addr: SocketAddr,
-    _child: tokio::process::Child,
+    child: tokio::process::Child,
 }
 
-/// One strategy's run: fresh backends, a fresh fulcrum, the schedule, the results.
-fn run_one(
-    plan: &Plan,
-    (kind, factor): (StrategyKind, Option<f64>),
-    schedule: &Schedule,
-    exe: &Path,
-    tick: &mut dyn FnMut(Duration),
-) -> Result<StrategyResult, String> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .map_err(|e| format!("cannot start the lab's runtime: {e}"))?;
-    let plans = plan.scenario.backends(plan.seconds);
-    let names: Vec<String> = plans.iter().map(|p| p.name.clone()).collect();
-    let mut started = Vec::new();
-    for p in plans.iter().filter(|p| p.joins_at.is_none()) {
-        started.push(rt.block_on(start_backend(exe, p.clone()))?);
+impl Started {
+    /// Starts its script's clock (`--clock-on-stdin`): now.
+    async fn start_clock(&mut self) {
+        use tokio::io::AsyncWriteExt as _;
+        if let Some(stdin) = self.child.stdin.as_mut() {
+            let _ = stdin.write_all(b"\n").await;
+        }
     }
-    let flags = fulcrum_flags(plan, kind, factor, &started);
-    let settings = crate::config::build(&flags).map_err(|e| {
-        e.first()
-            .map_or_else(|| "invalid settings".to_string(), |e| e.to_string())
-    })?;
-    let running = crate::server::start(&settings, &flags)?;
-    let joiners: Vec<BackendPlan> = plans.into_iter().filter(|p| p.joins_at.is_some()).collect();
-    let joined = rt.spawn(join_later(
-        exe.to_path_buf(),
-        joiners.clone(),
-        running.site.first(),
-    ));
-    let samples = rt.block_on(load::drive(
-        running.listen,
-        schedule,
-        plan.scenario.keyed(),
-        tick,
-    ));
-    running.stop();
-    let late = rt.block_on(joined).map_err(|e| e.to_string())??;
-    drop((started, late));
-    let samples = samples?;
-    let mut r = report::summarize(label(kind, factor), &samples, &names);
-    if let Some(j) = joiners.first() {
-        let from = j.joins_at.unwrap_or_default();
-        let left = plan.seconds.saturating_sub(from.as_secs() as u32).max(1);
-        r.joiner_share_per_second = Some(report::share_per_second(
-            &samples,
-            &j.name,
-            from,
-            left.min(5),
-        ));
+}
+
+/// What every strategy's run shares.
+struct Run<'a> {
+    plan: &'a Plan,
+    schedule: &'a Schedule,
+    exe: &'a Path,
+    sockets: &'a Sockets,
+}
+
+impl Run<'_> {
+    /// One strategy's run: fresh backends, a fresh fulcrum, the schedule, the results.
+    fn one(
+        &self,
+        (kind, factor): (StrategyKind, Option<f64>),
+        tick: &mut dyn FnMut(Phase, Duration),
+    ) -> Result<StrategyResult, String> {
+        tick(Phase::Starting, Duration::ZERO);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .map_err(|e| format!("cannot start the lab's runtime: {e}"))?;
+        let plans = self.plan.scenario.backends(self.plan.seconds);
+        let names: Vec<String> = plans.iter().map(|p| p.name.clone()).collect();
+        let (joiners, first): (Vec<BackendPlan>, Vec<BackendPlan>) =
+            plans.into_iter().partition(|p| p.joins_at.is_some());
+        let mut started = Vec::new();
+        let outcome = rt.block_on(async {
+            for p in first {
+                started.push(start_backend(self.exe, self.sockets, p).await?);
+            }
+            Ok::<_, String>(())
+        });
+        let samples = match outcome {
+            Ok(()) => self.load(&rt, (kind, factor), &mut started, joiners.clone(), tick),
+            Err(e) => Err(e),
+        };
+        rt.block_on(reap(started));
+        let (samples, joined_at) = samples?;
+        let mut r = report::summarize(label(kind, factor), &samples, &names);
+        if let (Some(j), Some(from)) = (joiners.first(), joined_at) {
+            let left = Duration::from_secs(u64::from(self.plan.seconds)).saturating_sub(from);
+            let n = (left.as_secs() as u32).clamp(1, 5);
+            r.joiner_share_per_second = Some(report::share_per_second(&samples, &j.name, from, n));
+        }
+        if self.plan.scenario.keyed() {
+            let (over, affinity) = report::balance_and_affinity(&r, &samples);
+            r.max_share_over_fair = Some(over);
+            r.key_affinity = Some(affinity);
+        }
+        Ok(r)
     }
-    if plan.scenario.keyed() {
-        let (over, affinity) = report::balance_and_affinity(&r, &samples);
-        r.max_share_over_fair = Some(over);
-        r.key_affinity = Some(affinity);
+
+    /// Starts fulcrum over `started`, starts the scripts' clocks and the schedule at
+    /// the same instant, adds `joiners` on time, and sends the schedule. The samples,
+    /// and when (from the start) the first joiner entered the pool.
+    fn load(
+        &self,
+        rt: &tokio::runtime::Runtime,
+        (kind, factor): (StrategyKind, Option<f64>),
+        started: &mut Vec<Started>,
+        joiners: Vec<BackendPlan>,
+        tick: &mut dyn FnMut(Phase, Duration),
+    ) -> Result<(Vec<load::Sample>, Option<Duration>), String> {
+        let flags = fulcrum_flags(self.plan, kind, factor, started);
+        let settings = crate::config::build(&flags).map_err(|e| {
+            e.first()
+                .map_or_else(|| "invalid settings".to_string(), |e| e.to_string())
+        })?;
+        let running = crate::server::start(&settings, &flags)?;
+        let pool = running.site.first();
+        let start = rt.block_on(async {
+            for b in started.iter_mut() {
+                b.start_clock().await;
+            }
+            tokio::time::Instant::now()
+        });
+        let late = Joiners {
+            exe: self.exe.to_path_buf(),
+            sockets: self.sockets,
+            plans: joiners,
+            pool,
+            start,
+        };
+        let (samples, late) = rt.block_on(async {
+            let drive = load::drive(
+                running.listen,
+                self.schedule,
+                start,
+                self.plan.scenario.keyed(),
+                tick,
+            );
+            tokio::join!(drive, late.join())
+        });
+        running.stop();
+        let (joined, joined_at) = late?;
+        started.extend(joined);
+        Ok((samples?, joined_at))
     }
-    Ok(r)
+}
+
+/// Stops every backend and waits for each to be gone.
+async fn reap(started: Vec<Started>) {
+    for mut b in started {
+        let _ = b.child.kill().await;
+    }
 }
 
 /// fulcrum's settings for one strategy's run, over `backends`.
@@ -245,44 +409,63 @@ fn backend_flag(p: &BackendPlan, addr: SocketAddr) -> String {
     s
 }
 
-/// Starts the demo backend `p` on a loopback port and waits for its health.
-async fn start_backend(exe: &Path, p: BackendPlan) -> Result<Started, String> {
-    let listener =
-        crate::spawn::bind_loopback(0).map_err(|e| format!("cannot bind a backend: {e}"))?;
+/// Starts the demo backend `p` on its socket and waits for its health; its script's
+/// clock waits for [`Started::start_clock`].
+async fn start_backend(exe: &Path, sockets: &Sockets, p: BackendPlan) -> Result<Started, String> {
+    let listener = sockets.of(&p.name)?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    let child = crate::spawn::backend_process(exe, listener, &p.name, &p.args)
-        .map_err(|e| format!("cannot start backend {}: {e}", p.name))?;
+    let mut args = p.args.clone();
+    args.push("--clock-on-stdin".into());
+    let mut child =
+        crate::spawn::backend_process(exe, listener, &p.name, &args, std::process::Stdio::piped())
+            .map_err(|e| format!("cannot start backend {}: {e}", p.name))?;
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     if !crate::spawn::answers_health(addr, deadline).await {
+        let _ = child.kill().await;
         return Err(format!("backend {} did not start on {addr}", p.name));
     }
     Ok(Started {
         plan: p,
         addr,
-        _child: child,
+        child,
     })
 }
 
-/// Starts each of `joiners` at its time and adds it to `pool` (its cold start begins
-/// then).
-async fn join_later(
+/// The backends that join the pool during the run.
+struct Joiners<'a> {
     exe: PathBuf,
-    joiners: Vec<BackendPlan>,
+    sockets: &'a Sockets,
+    plans: Vec<BackendPlan>,
     pool: Option<std::sync::Arc<crate::pool::Pool>>,
-) -> Result<Vec<Started>, String> {
-    let start = tokio::time::Instant::now();
-    let mut out = Vec::new();
-    for p in joiners {
-        tokio::time::sleep_until(start + p.joins_at.unwrap_or_default()).await;
-        let b = start_backend(&exe, p).await?;
-        let flag = backend_flag(&b.plan, b.addr);
-        let spec = crate::config::parse_backend_spec(&flag)?;
-        if let Some(pool) = &pool {
-            pool.add(spec).map_err(|e| e.to_string())?;
+    /// The schedule's start.
+    start: tokio::time::Instant,
+}
+
+impl Joiners<'_> {
+    /// Starts each at its time and adds it to the pool, its cold start beginning then;
+    /// they, and when (from the start) the first was added.
+    async fn join(self) -> Result<(Vec<Started>, Option<Duration>), String> {
+        let mut out = Vec::new();
+        let mut first_at = None;
+        for p in self.plans {
+            let at = self.start + p.joins_at.unwrap_or_default();
+            while tokio::time::Instant::now() < at {
+                if stopping() {
+                    return Ok((out, first_at));
+                }
+                tokio::time::sleep_until(at.min(tokio::time::Instant::now() + STOP_POLL)).await;
+            }
+            let mut b = start_backend(&self.exe, self.sockets, p).await?;
+            let spec = crate::config::parse_backend_spec(&backend_flag(&b.plan, b.addr))?;
+            if let Some(pool) = &self.pool {
+                pool.add(spec).map_err(|e| e.to_string())?;
+            }
+            b.start_clock().await;
+            first_at.get_or_insert(self.start.elapsed());
+            out.push(b);
         }
-        out.push(b);
+        Ok((out, first_at))
     }
-    Ok(out)
 }
 
 /// Writes `text` to `path`, naming it on failure.

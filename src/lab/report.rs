@@ -19,11 +19,11 @@ pub(crate) struct StrategyResult {
     /// Answers other than 2xx, and requests not answered within the timeout.
     pub(crate) errors: u64,
     /// Latency percentiles of the requests answered 2xx, in ms, from their scheduled
-    /// send time.
-    pub(crate) p50_ms: f64,
-    pub(crate) p90_ms: f64,
-    pub(crate) p99_ms: f64,
-    pub(crate) p999_ms: f64,
+    /// send time; `null` when none was.
+    pub(crate) p50_ms: Option<f64>,
+    pub(crate) p90_ms: Option<f64>,
+    pub(crate) p99_ms: Option<f64>,
+    pub(crate) p999_ms: Option<f64>,
     /// Each backend's share of the requests answered.
     pub(crate) share: BTreeMap<String, f64>,
     /// warmup: the joining backend's share in each of its first seconds.
@@ -36,6 +36,45 @@ pub(crate) struct StrategyResult {
     /// that took most of that key's requests): 1 when every key sticks to one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) key_affinity: Option<f64>,
+    /// Why this strategy's run failed (its other fields are then empty).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) error: Option<String>,
+}
+
+impl StrategyResult {
+    /// The row of a strategy whose run failed with `error`.
+    pub(crate) fn failed(strategy: String, error: String) -> StrategyResult {
+        StrategyResult {
+            strategy,
+            requests: 0,
+            errors: 0,
+            p50_ms: None,
+            p90_ms: None,
+            p99_ms: None,
+            p999_ms: None,
+            share: BTreeMap::new(),
+            joiner_share_per_second: None,
+            max_share_over_fair: None,
+            key_affinity: None,
+            error: Some(error),
+        }
+    }
+
+    /// The share of requests not answered 2xx, in %; `None` for a failed run.
+    fn error_percent(&self) -> Option<f64> {
+        (self.error.is_none() && self.requests > 0)
+            .then(|| self.errors as f64 * 100.0 / self.requests as f64)
+    }
+
+    /// The four percentiles, lowest first, with their chart marks.
+    fn percentiles(&self) -> [(Option<f64>, &'static str); 4] {
+        [
+            (self.p50_ms, "●"),
+            (self.p90_ms, "◆"),
+            (self.p99_ms, "▲"),
+            (self.p999_ms, "■"),
+        ]
+    }
 }
 
 /// A whole run.
@@ -48,13 +87,14 @@ pub(crate) struct Report {
     pub(crate) results: Vec<StrategyResult>,
 }
 
-/// The value at quantile `q` of sorted `v` (nearest rank).
-fn quantile(v: &[f64], q: f64) -> f64 {
+/// The value at quantile `q` of sorted `v` (nearest rank), rounded to the µs; `None`
+/// for no values.
+fn quantile(v: &[f64], q: f64) -> Option<f64> {
     if v.is_empty() {
-        return 0.0;
+        return None;
     }
     let rank = (q * v.len() as f64).ceil() as usize;
-    v[rank.clamp(1, v.len()) - 1]
+    Some(round3(v[rank.clamp(1, v.len()) - 1]))
 }
 
 fn round3(x: f64) -> f64 {
@@ -92,14 +132,15 @@ pub(crate) fn summarize(
         strategy,
         requests: samples.len() as u64,
         errors: samples.iter().filter(|s| !s.ok).count() as u64,
-        p50_ms: round3(quantile(&served, 0.5)),
-        p90_ms: round3(quantile(&served, 0.9)),
-        p99_ms: round3(quantile(&served, 0.99)),
-        p999_ms: round3(quantile(&served, 0.999)),
+        p50_ms: quantile(&served, 0.5),
+        p90_ms: quantile(&served, 0.9),
+        p99_ms: quantile(&served, 0.99),
+        p999_ms: quantile(&served, 0.999),
         share,
         joiner_share_per_second: None,
         max_share_over_fair: None,
         key_affinity: None,
+        error: None,
     }
 }
 
@@ -149,20 +190,21 @@ pub(crate) fn balance_and_affinity(r: &StrategyResult, samples: &[Sample]) -> (f
     )
 }
 
-/// A column of the table: its value for a row.
-type Column = Box<dyn Fn(&StrategyResult) -> f64>;
+/// A column of the table: its value for a row, if it has one.
+type Column = Box<dyn Fn(&StrategyResult) -> Option<f64>>;
 
 /// The table: one row per strategy, `*` after the best value of each column (the
-/// fewest errors, the lowest latency).
+/// fewest errors, the lowest latency); `-` where a row has no value (no request
+/// answered 2xx, or the run failed), left out of the marking.
 pub(crate) fn table(report: &Report) -> String {
     let rs = &report.results;
     let backends: Vec<&String> = rs
-        .first()
+        .iter()
+        .find(|r| !r.share.is_empty())
         .map(|r| r.share.keys().collect())
         .unwrap_or_default();
-    let err = |r: &StrategyResult| r.errors as f64 * 100.0 / r.requests.max(1) as f64;
     let cols: [(&str, Column); 5] = [
-        ("errors %", Box::new(err)),
+        ("errors %", Box::new(StrategyResult::error_percent)),
         ("p50 ms", Box::new(|r| r.p50_ms)),
         ("p90 ms", Box::new(|r| r.p90_ms)),
         ("p99 ms", Box::new(|r| r.p99_ms)),
@@ -170,7 +212,7 @@ pub(crate) fn table(report: &Report) -> String {
     ];
     let best: Vec<f64> = cols
         .iter()
-        .map(|(_, f)| rs.iter().map(f).fold(f64::INFINITY, f64::min))
+        .map(|(_, f)| rs.iter().filter_map(f).fold(f64::INFINITY, f64::min))
         .collect();
     let mut out = format!("{:<26} {:>8}", "strategy", "requests");
     for (name, _) in &cols {
@@ -183,9 +225,13 @@ pub(crate) fn table(report: &Report) -> String {
     for r in rs {
         let _ = write!(out, "{:<26} {:>8}", r.strategy, r.requests);
         for ((_, f), b) in cols.iter().zip(&best) {
-            let v = f(r);
-            let mark = if rs.len() > 1 && v <= *b { "*" } else { " " };
-            let _ = write!(out, " {:>9}{mark}", format!("{v:.2}"));
+            let _ = match f(r) {
+                Some(v) => {
+                    let mark = if rs.len() > 1 && v <= *b { "*" } else { " " };
+                    write!(out, " {:>9}{mark}", format!("{v:.2}"))
+                }
+                None => write!(out, " {:>9} ", "-"),
+            };
         }
         for b in &backends {
             let _ = write!(
@@ -208,10 +254,10 @@ pub(crate) fn svg(report: &Report) -> String {
     let height = top + row * rs.len() as f64 + 50.0;
     let (lx, lw) = (190.0, 460.0);
     let (sx, sw) = (700.0, 260.0);
-    let max = rs.iter().map(|r| r.p999_ms).fold(1.0, f64::max);
+    let max = rs.iter().filter_map(|r| r.p999_ms).fold(1.0, f64::max);
     let lo = rs
         .iter()
-        .map(|r| r.p50_ms)
+        .filter_map(|r| r.p50_ms)
         .filter(|v| *v > 0.0)
         .fold(max, f64::min)
         .max(0.1);
@@ -251,18 +297,24 @@ pub(crate) fn svg(report: &Report) -> String {
             y + 4.0,
             r.strategy
         );
-        let _ = writeln!(
-            s,
-            "<line x1=\"{:.1}\" y1=\"{y:.1}\" x2=\"{:.1}\" y2=\"{y:.1}\" stroke=\"#888\"/>",
-            x(r.p50_ms),
-            x(r.p999_ms)
-        );
-        for (v, shape) in [
-            (r.p50_ms, "●"),
-            (r.p90_ms, "◆"),
-            (r.p99_ms, "▲"),
-            (r.p999_ms, "■"),
-        ] {
+        if let Some(e) = &r.error {
+            let _ = writeln!(
+                s,
+                "<text x=\"{lx}\" y=\"{:.1}\" fill=\"#c00\">run failed: {}</text>",
+                y + 4.0,
+                xml_escape(e)
+            );
+        }
+        if let (Some(a), Some(b)) = (r.p50_ms, r.p999_ms) {
+            let _ = writeln!(
+                s,
+                "<line x1=\"{:.1}\" y1=\"{y:.1}\" x2=\"{:.1}\" y2=\"{y:.1}\" stroke=\"#888\"/>",
+                x(a),
+                x(b)
+            );
+        }
+        for (v, shape) in r.percentiles() {
+            let Some(v) = v else { continue };
             let _ = writeln!(
                 s,
                 "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\"><title>{v} ms</title>{shape}</text>",
@@ -284,7 +336,7 @@ pub(crate) fn svg(report: &Report) -> String {
             at += w;
         }
     }
-    if let Some(first) = rs.first() {
+    if let Some(first) = rs.iter().find(|r| !r.share.is_empty()) {
         for (j, b) in first.share.keys().enumerate() {
             let lx2 = sx + 60.0 * j as f64;
             let _ = writeln!(
@@ -299,6 +351,14 @@ pub(crate) fn svg(report: &Report) -> String {
     }
     s.push_str("</svg>\n");
     s
+}
+
+/// `text` with XML's special characters escaped.
+fn xml_escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
 }
 
 #[cfg(test)]
@@ -322,7 +382,10 @@ mod tests {
         let names = vec!["b1".to_string(), "b2".to_string()];
         let ra = summarize("round_robin".into(), &a, &names);
         assert_eq!((ra.requests, ra.errors), (101, 1));
-        assert_eq!((ra.p50_ms, ra.p99_ms, ra.p999_ms), (50.0, 99.0, 100.0));
+        assert_eq!(
+            (ra.p50_ms, ra.p99_ms, ra.p999_ms),
+            (Some(50.0), Some(99.0), Some(100.0))
+        );
         assert!((ra.share["b1"] - 0.990).abs() < 1e-9);
         let b: Vec<Sample> = (1..=100).map(|i| sample(i / 2 + 1, "b2", true)).collect();
         let rb = summarize("peak_ewma".into(), &b, &names);
@@ -339,5 +402,35 @@ mod tests {
         assert!(peak.contains("50.00*"), "{t}");
         let svg = svg(&report);
         assert!(svg.starts_with("<svg") && svg.contains("peak_ewma") && svg.ends_with("</svg>\n"));
+    }
+
+    #[test]
+    fn a_row_without_answers_or_a_failed_run_has_no_values_and_is_never_best() {
+        let names = vec!["b1".to_string()];
+        let served: Vec<Sample> = (1..=10).map(|i| sample(i, "b1", true)).collect();
+        let refused: Vec<Sample> = (1..=10).map(|i| sample(i, "b1", false)).collect();
+        let empty = summarize("least_connections".into(), &refused, &names);
+        assert_eq!((empty.p50_ms, empty.p999_ms), (None, None));
+        let report = Report {
+            scenario: "overload",
+            seed: 1,
+            rps: 10,
+            seconds: 1,
+            results: vec![
+                summarize("round_robin".into(), &served, &names),
+                empty,
+                StrategyResult::failed("maglev".into(), "backend <b1> did not start".into()),
+            ],
+        };
+        let t = table(&report);
+        let line = |name: &str| t.lines().find(|l| l.starts_with(name)).unwrap().to_string();
+        assert!(line("round_robin").contains("5.00*"), "{t}");
+        assert!(!line("least_connections").contains('*'), "{t}");
+        assert!(line("least_connections").contains(" - "), "{t}");
+        assert!(!line("maglev").contains('*'), "{t}");
+        let json = serde_json::to_value(&report).unwrap();
+        assert!(json["results"][1]["p99_ms"].is_null());
+        assert_eq!(json["results"][2]["error"], "backend <b1> did not start");
+        assert!(svg(&report).contains("run failed: backend &lt;b1&gt; did not start"));
     }
 }

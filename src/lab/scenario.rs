@@ -103,13 +103,19 @@ impl Scenario {
     }
 
     /// The strategies run unless `--strategies` says otherwise; the hashing ones
-    /// alone for hot-key, each without and with bounded load.
+    /// alone for hot-key, each without and with bounded load (`ip_hash` too: every
+    /// request comes from 127.0.0.1, which shows what hashing the client address does
+    /// behind one client).
     pub(crate) fn default_strategies(self) -> Vec<(StrategyKind, Option<f64>)> {
         match self {
-            Scenario::HotKey => [StrategyKind::ConsistentHash, StrategyKind::Maglev]
-                .into_iter()
-                .flat_map(|k| [(k, None), (k, Some(HOT_KEY_FACTOR))])
-                .collect(),
+            Scenario::HotKey => [
+                StrategyKind::ConsistentHash,
+                StrategyKind::Maglev,
+                StrategyKind::IpHash,
+            ]
+            .into_iter()
+            .flat_map(|k| [(k, None), (k, Some(HOT_KEY_FACTOR))])
+            .collect(),
             _ => crate::strategy::StrategyKind::canonical_names()
                 .into_iter()
                 .filter_map(StrategyKind::parse)
@@ -206,6 +212,7 @@ mod tests {
         }
         assert_eq!(Scenario::parse("nope"), None);
         assert_eq!(Scenario::SlowBackend.default_strategies().len(), 10);
+        assert_eq!(Scenario::HotKey.default_strategies().len(), 6);
         let w = Scenario::Warmup.backends(10);
         assert_eq!(w[2].joins_at, Some(Duration::from_secs(5)));
     }
