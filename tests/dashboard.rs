@@ -335,3 +335,12 @@ fn dashboard_shows_the_fleet() {
     );
     publish_screenshots(&["dashboard-fleet.png"]);
 }
+
+#[test]
+fn dashboard_runs_the_strategy_lab() {
+    require_browser_tools();
+    let _one = BROWSER.lock().unwrap_or_else(|e| e.into_inner());
+    let f = Fulcrum::start(&[]);
+    run_tour(f.admin, None, "lab");
+    publish_screenshots(&["dashboard-lab.png"]);
+}

@@ -816,6 +816,8 @@ async fn admin_safety_tokens_origins_and_documents() {
         "/admin/backends/{id}/revive",
         "/admin/reload",
         "/admin/traffic",
+        "/admin/lab",
+        "/admin/fleet",
         "/admin/events",
         "/metrics",
     ] {

@@ -9,13 +9,15 @@
 // pools web and api (routes → pools → backends, a strategy per pool, kill and spawn in
 // one pool while the other carries on). With DASHBOARD_TOUR=fleet: an instance in fleet
 // mode, DASHBOARD_FLEET_PEER the admin URL of another one on the same store (the etcd
-// pill, the fleet list, a switch made on the page in force on the peer).
+// pill, the fleet list, a switch made on the page in force on the peer). With
+// DASHBOARD_TOUR=lab: the strategy lab started from the page, its progress, its chart and
+// table matching GET /admin/lab's report, a bad strategy refused, and Stop.
 //
 // Environment:
 //   FULCRUM_CHROMIUM            browser executable (default /usr/bin/chromium)
 //   DASHBOARD_SCREENSHOTS       folder for screenshots (default ../../target/dashboard-screenshots)
 //   DASHBOARD_DOWN_WITHIN_MS    how soon a killed backend must show as down (default 6000)
-//   DASHBOARD_TOUR              `pools` for the pools tour, `fleet` for the fleet tour
+//   DASHBOARD_TOUR              `pools`, `fleet` or `lab` for those tours
 //   DASHBOARD_FLEET_PEER        the fleet tour's second instance (its admin URL)
 //
 // Exit status 0 when every check passed.
@@ -417,6 +419,56 @@ async function fleetTour(page) {
   });
 }
 
+async function labTour(page) {
+  const labState = () => attr(page, '[data-testid="lab-state"]', 'data-state');
+  await step('a lab run started on the page shows its progress, then its chart and table', async () => {
+    const res = await page.goto(ADMIN + '/', { waitUntil: 'load' });
+    if (!res || res.status() !== 200) throw new Error(`GET / answered ${res && res.status()}`);
+    await waitFor('lab idle', async () => (await labState()) === 'idle');
+    await page.selectOption('[data-testid="lab-scenario"]', 'slow-backend');
+    await page.fill('[data-testid="lab-strategies"]', 'round_robin,peak_ewma');
+    await page.fill('[data-testid="lab-seconds"]', '2');
+    await page.click('[data-testid="lab-start"]');
+    await waitFor('lab running', async () => (await labState()) === 'running', 5000);
+    await waitFor('progress shown', async () => /^\[[12]\/2\] (round_robin|peak_ewma) · /.test(await text(page, '[data-testid="lab-progress-text"]')), 10_000);
+    await waitFor('lab done', async () => (await labState()) === 'done', 60_000, 250);
+    const rows = await page.$$eval('[data-testid="lab-row"]', gs => gs.map(g => g.dataset.strategy));
+    if (JSON.stringify(rows) !== '["round_robin","peak_ewma"]') throw new Error('chart rows ' + JSON.stringify(rows));
+    const drawn = await page.$eval('[data-testid="lab-chart"]', el => el.getBoundingClientRect().height);
+    if (!(drawn > 50)) throw new Error(`the chart is ${drawn} px high`);
+    const marks = (await page.$$('[data-testid="lab-mark"]')).length;
+    if (marks !== 8) throw new Error(`${marks} percentile marks, not 8`);
+    const shares = (await page.$$('[data-testid="lab-share"]')).length;
+    if (shares !== 6) throw new Error(`${shares} share bars, not 6`);
+    const report = (await api('GET', '/admin/lab')).report;
+    const ewma = report.results.find(r => r.strategy === 'peak_ewma');
+    const cell = await text(page, '[data-testid="lab-table"] tr[data-strategy="peak_ewma"] td[data-col="p99 ms"]');
+    if (cell !== ewma.p99_ms.toFixed(2)) throw new Error(`table p99 ${cell}, report ${ewma.p99_ms}`);
+    const best = await page.$$eval('[data-testid="lab-table"] td[data-best="true"]', tds => [...new Set(tds.map(td => td.dataset.col))]);
+    if (best.length !== 5) throw new Error('columns with a best value: ' + JSON.stringify(best));
+    await page.$eval('#lab-panel', el => el.scrollIntoView());
+    await shot(page, 'dashboard-lab.png');
+    assertNoConsoleErrors();
+  });
+
+  await step('a bad strategy is refused naming the valid ones, and Stop stops a run', async () => {
+    allowedConsole = [/status of 400/];
+    await page.fill('[data-testid="lab-strategies"]', 'fastest');
+    await page.click('[data-testid="lab-start"]');
+    await waitFor('error shown', async () => (await page.$$eval('[data-testid="api-error"]', els => els.map(e => e.textContent))).some(t => t.includes('valid: all, round_robin')), 5000);
+    if ((await labState()) !== 'done') throw new Error('state changed by a refused run: ' + await labState());
+    allowedConsole = [];
+    await page.fill('[data-testid="lab-strategies"]', 'round_robin');
+    await page.fill('[data-testid="lab-seconds"]', '60');
+    await page.click('[data-testid="lab-start"]');
+    await waitFor('lab running', async () => (await labState()) === 'running', 5000);
+    await page.click('[data-testid="lab-stop"]');
+    await waitFor('lab stopped', async () => (await labState()) === 'stopped', 10_000);
+    if ((await api('GET', '/admin/lab')).state !== 'stopped') throw new Error('the API does not say stopped');
+    assertNoConsoleErrors();
+  });
+}
+
 async function poolsTour(page) {
   const pools = async () => new Map((await api('GET', '/admin/pools')).map(p => [p.name, p]));
 
@@ -534,12 +586,13 @@ try {
   page = await context.newPage();
   page.setDefaultTimeout(15_000);
   watchConsole(page);
-  const named = ['pools', 'fleet'].includes(process.env.DASHBOARD_TOUR) ? process.env.DASHBOARD_TOUR : 'tour';
+  const named = ['pools', 'fleet', 'lab'].includes(process.env.DASHBOARD_TOUR) ? process.env.DASHBOARD_TOUR : 'tour';
   const which = token ? 'token' : named;
   console.log(`# ${which} against ${ADMIN} with Chromium ${browser.version()}`);
   if (which === 'token') await tokenTour(page);
   else if (which === 'pools') await poolsTour(page);
   else if (which === 'fleet') await fleetTour(page);
+  else if (which === 'lab') await labTour(page);
   else await tour(page);
 } catch (e) {
   code = 1;
