@@ -335,6 +335,12 @@ def _int_in(v, lo, hi):
     return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
 
 
+_STRATEGIES = {
+    "round_robin", "weighted_round_robin", "least_connections", "weighted_least_connections",
+    "least_response_time", "peak_ewma", "power_of_two", "consistent_hash", "ip_hash", "maglev",
+}
+
+
 @schemathesis.hook
 def before_call(context, case, kwargs):
     op = case.operation
@@ -350,10 +356,14 @@ def before_call(context, case, kwargs):
         if _int_in(body.get("seconds"), 1, 600):
             body["seconds"] = min(body["seconds"], 2)
     elif op.method.upper() == "POST" and op.path == "/admin/lab":
-        # A valid run stays valid, just short: one strategy for one second.
-        if _int_in(body.get("seconds"), 1, 120):
+        # A valid run stays valid, just short: one strategy for one second. Invalid
+        # values are sent as generated.
+        if body.get("seconds") is None or _int_in(body.get("seconds"), 1, 120):
             body["seconds"] = 1
-        if "strategies" not in body or body.get("strategies") == "all":
+        st = body.get("strategies")
+        if st is None or isinstance(st, str) and "," in st or st == "all" or (
+            isinstance(st, list) and st and all(s in _STRATEGIES for s in st)
+        ):
             body["strategies"] = "round_robin"
         if _int_in(body.get("rps"), 1, 5000):
             body["rps"] = min(body["rps"], 100)

@@ -37,6 +37,11 @@ pub(super) async fn start(State(ctx): State<AdminCtx>, body: Bytes) -> ApiResult
     let strategies = match b.strategies {
         None => "all".to_string(),
         Some(Strategies::Text(t)) => t,
+        Some(Strategies::List(l)) if l.is_empty() => {
+            return Err(ApiError::bad(
+                "strategies: expected \"all\" or at least one strategy name",
+            ))
+        }
         Some(Strategies::List(l)) => l.join(","),
     };
     let plan = crate::lab::Plan::new(

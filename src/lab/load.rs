@@ -88,14 +88,15 @@ const TICK: Duration = Duration::from_millis(250);
 
 /// Sends `schedule`, from `start` on, to the proxy at `target` (127.0.0.1 only) and
 /// returns every request's outcome; `tick` hears the phase and the elapsed time as the
-/// run goes, the last answers' wait included.
+/// run goes, the last answers' wait included. `None` when the lab was asked to stop:
+/// the requests in flight are abandoned.
 pub(crate) async fn drive(
     target: SocketAddr,
     schedule: &Schedule,
     start: Instant,
     keyed: bool,
     tick: &mut dyn FnMut(Phase, Duration),
-) -> Result<Vec<Sample>, String> {
+) -> Result<Option<Vec<Sample>>, String> {
     if target.ip() != std::net::IpAddr::from(std::net::Ipv4Addr::LOCALHOST) {
         return Err(format!(
             "the lab sends traffic to 127.0.0.1 only, not {target}"
@@ -108,19 +109,21 @@ pub(crate) async fn drive(
         .parse()
         .map_err(|e| format!("{e}"))?;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    // Dropping the set (on a stop) aborts the requests still in flight.
+    let mut in_flight = tokio::task::JoinSet::new();
     let mut last_tick = Duration::ZERO;
     for &(at, key) in &schedule.sends {
         tokio::time::sleep_until(start + at).await;
         if super::stopping() {
-            // The requests in flight end with the runtime.
-            return Ok(Vec::new());
+            return Ok(None);
         }
         if at - last_tick >= TICK {
             last_tick = at;
             tick(Phase::Load, at);
         }
+        while in_flight.try_join_next().is_some() {}
         let (client, uri, tx) = (client.clone(), uri.clone(), tx.clone());
-        tokio::spawn(async move {
+        in_flight.spawn(async move {
             let sent = start + at;
             let (ok, backend) = one(&client, uri, keyed.then_some(key)).await;
             let _ = tx.send(Sample {
@@ -141,11 +144,16 @@ pub(crate) async fn drive(
                 Some(s) => out.push(s),
                 None => break,
             },
-            _ = every.tick() => tick(Phase::Draining, start.elapsed()),
+            _ = every.tick() => {
+                if super::stopping() {
+                    return Ok(None);
+                }
+                tick(Phase::Draining, start.elapsed());
+            }
         }
     }
     out.sort_by_key(|s| s.at);
-    Ok(out)
+    Ok(Some(out))
 }
 
 /// One request: whether it was answered 2xx, and by which backend.

@@ -42,7 +42,7 @@ pub(crate) fn stopping() -> bool {
 }
 
 /// Has `SIGINT` and `SIGTERM` stop the lab (see [`stopping`]) instead of killing it
-/// with its backends' clean-up undone.
+/// with its backends' clean-up undone; a second signal exits at once.
 pub(crate) fn stop_on_signals() -> Result<(), String> {
     use tokio::signal::unix::{signal, SignalKind};
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -61,12 +61,18 @@ pub(crate) fn stop_on_signals() -> Result<(), String> {
         .name("lab-signals".into())
         .spawn(move || {
             rt.block_on(async {
-                tokio::select! {
-                    _ = int.recv() => {}
-                    _ = term.recv() => {}
+                for second in [false, true] {
+                    tokio::select! {
+                        _ = int.recv() => {}
+                        _ = term.recv() => {}
+                    }
+                    if second {
+                        // Asked twice: no more waiting for the clean-up.
+                        std::process::exit(130);
+                    }
+                    STOP.store(true, std::sync::atomic::Ordering::Relaxed);
                 }
             });
-            STOP.store(true, std::sync::atomic::Ordering::Relaxed);
         })
         .map(|_| ())
         .map_err(|e| format!("cannot watch for signals: {e}"))
@@ -199,13 +205,11 @@ pub(crate) fn run(plan: &Plan, progress: &mut dyn FnMut(&Progress)) -> Result<Re
             exe: &exe,
             sockets: &sockets,
         };
-        let row = match run.one((kind, factor), &mut tick) {
-            Ok(r) => r,
-            Err(e) => StrategyResult::failed(strategy.clone(), e),
-        };
-        // A run cut short by a stop measured nothing worth a row.
-        if !stopping() {
-            results.push(row);
+        match run.one((kind, factor), &mut tick) {
+            Ok(Some(r)) => results.push(r),
+            // Cut short by a stop: nothing measured is worth a row.
+            Ok(None) => break,
+            Err(e) => results.push(StrategyResult::failed(strategy.clone(), e)),
         }
     }
     Ok(Report {
@@ -276,12 +280,13 @@ struct Run<'a> {
 }
 
 impl Run<'_> {
-    /// One strategy's run: fresh backends, a fresh fulcrum, the schedule, the results.
+    /// One strategy's run: fresh backends, a fresh fulcrum, the schedule, the results;
+    /// `None` when a stop cut it short.
     fn one(
         &self,
         (kind, factor): (StrategyKind, Option<f64>),
         tick: &mut dyn FnMut(Phase, Duration),
-    ) -> Result<StrategyResult, String> {
+    ) -> Result<Option<StrategyResult>, String> {
         tick(Phase::Starting, Duration::ZERO);
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -304,11 +309,15 @@ impl Run<'_> {
             Err(e) => Err(e),
         };
         rt.block_on(reap(started));
-        let (samples, joined_at) = samples?;
+        let Some((samples, joined_at)) = samples? else {
+            return Ok(None);
+        };
         let mut r = report::summarize(label(kind, factor), &samples, &names);
         if let (Some(j), Some(from)) = (joiners.first(), joined_at) {
+            // The seconds left after the join, rounded: a join a little late still gets
+            // its last, nearly whole, second.
             let left = Duration::from_secs(u64::from(self.plan.seconds)).saturating_sub(from);
-            let n = (left.as_secs() as u32).clamp(1, 5);
+            let n = (left.as_secs_f64().round() as u32).clamp(1, 5);
             r.joiner_share_per_second = Some(report::share_per_second(&samples, &j.name, from, n));
         }
         if self.plan.scenario.keyed() {
@@ -316,12 +325,13 @@ impl Run<'_> {
             r.max_share_over_fair = Some(over);
             r.key_affinity = Some(affinity);
         }
-        Ok(r)
+        Ok(Some(r))
     }
 
     /// Starts fulcrum over `started`, starts the scripts' clocks and the schedule at
-    /// the same instant, adds `joiners` on time, and sends the schedule. The samples,
-    /// and when (from the start) the first joiner entered the pool.
+    /// the same instant, adds `joiners` on time (into `started` too), and sends the
+    /// schedule. The samples, and when (from the start) the first joiner entered the
+    /// pool; `None` when a stop cut the run short.
     fn load(
         &self,
         rt: &tokio::runtime::Runtime,
@@ -329,7 +339,7 @@ impl Run<'_> {
         started: &mut Vec<Started>,
         joiners: Vec<BackendPlan>,
         tick: &mut dyn FnMut(Phase, Duration),
-    ) -> Result<(Vec<load::Sample>, Option<Duration>), String> {
+    ) -> Result<Option<Measured>, String> {
         let flags = fulcrum_flags(self.plan, kind, factor, started);
         let settings = crate::config::build(&flags).map_err(|e| {
             e.first()
@@ -350,7 +360,8 @@ impl Run<'_> {
             pool,
             start,
         };
-        let (samples, late) = rt.block_on(async {
+        let mut joined = Vec::new();
+        let (samples, joined_at) = rt.block_on(async {
             let drive = load::drive(
                 running.listen,
                 self.schedule,
@@ -358,14 +369,23 @@ impl Run<'_> {
                 self.plan.scenario.keyed(),
                 tick,
             );
-            tokio::join!(drive, late.join())
+            tokio::join!(drive, late.join(&mut joined))
         });
-        running.stop();
-        let (joined, joined_at) = late?;
         started.extend(joined);
-        Ok((samples?, joined_at))
+        if stopping() {
+            // Requests still waiting on a backend would hold fulcrum's drain.
+            for b in started.iter_mut() {
+                let _ = b.child.start_kill();
+            }
+        }
+        running.stop();
+        let joined_at = joined_at?;
+        Ok(samples?.map(|s| (s, joined_at)))
     }
 }
+
+/// A strategy's samples, and when (from the start) the first joiner entered the pool.
+type Measured = (Vec<load::Sample>, Option<Duration>);
 
 /// Stops every backend and waits for each to be gone.
 async fn reap(started: Vec<Started>) {
@@ -442,29 +462,29 @@ struct Joiners<'a> {
 }
 
 impl Joiners<'_> {
-    /// Starts each at its time and adds it to the pool, its cold start beginning then;
-    /// they, and when (from the start) the first was added.
-    async fn join(self) -> Result<(Vec<Started>, Option<Duration>), String> {
-        let mut out = Vec::new();
+    /// Starts each at its time (into `out`, to be reaped whatever happens next) and
+    /// adds it to the pool, its cold start beginning then; when (from the start) the
+    /// first was added.
+    async fn join(self, out: &mut Vec<Started>) -> Result<Option<Duration>, String> {
         let mut first_at = None;
         for p in self.plans {
             let at = self.start + p.joins_at.unwrap_or_default();
             while tokio::time::Instant::now() < at {
                 if stopping() {
-                    return Ok((out, first_at));
+                    return Ok(first_at);
                 }
                 tokio::time::sleep_until(at.min(tokio::time::Instant::now() + STOP_POLL)).await;
             }
-            let mut b = start_backend(&self.exe, self.sockets, p).await?;
+            out.push(start_backend(&self.exe, self.sockets, p).await?);
+            let Some(b) = out.last_mut() else { break };
             let spec = crate::config::parse_backend_spec(&backend_flag(&b.plan, b.addr))?;
             if let Some(pool) = &self.pool {
                 pool.add(spec).map_err(|e| e.to_string())?;
             }
             b.start_clock().await;
             first_at.get_or_insert(self.start.elapsed());
-            out.push(b);
         }
-        Ok((out, first_at))
+        Ok(first_at)
     }
 }
 

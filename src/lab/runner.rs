@@ -98,13 +98,16 @@ impl LabRunner {
         plan: &Plan,
         strategies: &str,
     ) -> Result<LabStatus, LabStartError> {
+        if self.lock().as_ref().is_some_and(|c| c.ended.is_none()) {
+            return Err(LabStartError::Busy);
+        }
+        let dir = OutputDir::create().map_err(LabStartError::Failed)?;
         let mut slot = self.lock();
         if slot.as_ref().is_some_and(|c| c.ended.is_none()) {
             return Err(LabStartError::Busy);
         }
         let id = 1 + self.runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("fulcrum-lab-{}-{id}", std::process::id()));
-        let child = spawn_child(plan, strategies, &dir).map_err(LabStartError::Failed)?;
+        let child = spawn_child(plan, strategies, &dir.0).map_err(LabStartError::Failed)?;
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
         *slot = Some(Current {
             status: LabStatus {
@@ -133,12 +136,20 @@ impl LabRunner {
 
     /// Stops the running run, if any; the status after.
     pub(crate) async fn stop(&self) -> LabStatus {
-        let stop = self.lock().as_mut().and_then(|c| c.stop.take());
-        if let Some(stop) = stop {
+        let stop = self
+            .lock()
+            .as_mut()
+            .and_then(|c| Some((c.id, c.stop.take()?)));
+        if let Some((id, stop)) = stop {
             let _ = stop.send(());
             // The run's task marks it stopped once the child is gone.
-            for _ in 0..300 {
-                if self.lock().as_ref().is_some_and(|c| c.ended.is_some()) {
+            let deadline = Instant::now() + STOP_GRACE + PIPE_GRACE;
+            while Instant::now() < deadline {
+                let over = self
+                    .lock()
+                    .as_ref()
+                    .is_none_or(|c| c.id != id || c.ended.is_some());
+                if over {
                     break;
                 }
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
@@ -174,39 +185,44 @@ impl LabRunner {
         self: Arc<Self>,
         id: u64,
         mut child: tokio::process::Child,
-        dir: PathBuf,
+        dir: OutputDir,
         stop: tokio::sync::oneshot::Receiver<()>,
     ) {
         let stdout = child.stdout.take();
         let stderr = child.stderr.take();
         let me = Arc::clone(&self);
-        let errors = tokio::spawn(async move { me.read_progress(id, stderr).await });
+        let said = tokio::spawn(async move { me.read_progress(id, stderr).await });
         let table = tokio::spawn(read_all(stdout));
-        let outcome = tokio::select! {
-            st = child.wait() => Some(st),
-            _ = stop => None,
+        let (exit, stopped) = tokio::select! {
+            biased;
+            st = child.wait() => (st, false),
+            _ = stop => (stop_child(&mut child).await, true),
         };
-        if outcome.is_none() {
-            stop_child(&mut child).await;
-        }
-        let last_error = errors.await.unwrap_or_default();
-        let table = table.await.unwrap_or_default();
-        let report = std::fs::read_to_string(dir.join("report.json"))
+        // Once the child is gone its pipes close; a grandchild holding one must not
+        // keep the run "running".
+        let said = tokio::time::timeout(PIPE_GRACE, said)
+            .await
             .ok()
-            .and_then(|t| serde_json::from_str(&t).ok());
-        let svg = std::fs::read_to_string(dir.join("chart.svg")).ok();
-        let _ = std::fs::remove_dir_all(&dir);
+            .and_then(Result::ok)
+            .unwrap_or_default();
+        let table = tokio::time::timeout(PIPE_GRACE, table)
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .unwrap_or_default();
+        // Files, off the admin API's thread.
+        let (report, svg) = tokio::task::spawn_blocking(move || dir.take())
+            .await
+            .unwrap_or_default();
         self.update(id, |c| {
             let s = &mut c.status;
-            s.state = match &outcome {
-                None => "stopped",
-                Some(Ok(st)) if st.success() => "done",
-                Some(_) => "failed",
+            s.state = match &exit {
+                Ok(st) if st.success() => "done",
+                _ if stopped => "stopped",
+                _ => "failed",
             };
-            if let Some(Err(e)) = &outcome {
-                s.error = Some(format!("cannot wait for the lab: {e}"));
-            } else if s.state == "failed" {
-                s.error = Some(last_error.unwrap_or_else(|| "the lab ended with an error".into()));
+            if s.state == "failed" {
+                s.error = Some(failure(&exit, &said));
             }
             s.report = report;
             s.svg = svg;
@@ -216,23 +232,104 @@ impl LabRunner {
         });
     }
 
-    /// Reads the child's stderr: each progress line updates run `id`; the last error
-    /// line is returned.
+    /// Reads the child's stderr to its end: each progress line updates run `id`; the
+    /// last lines of anything else are returned.
     async fn read_progress(
         &self,
         id: u64,
         stderr: Option<tokio::process::ChildStderr>,
-    ) -> Option<String> {
-        let mut lines = BufReader::new(stderr?).lines();
-        let mut last_error = None;
-        while let Ok(Some(line)) = lines.next_line().await {
-            if let Ok(p) = serde_json::from_str::<Progress>(&line) {
+    ) -> Vec<String> {
+        let Some(stderr) = stderr else {
+            return Vec::new();
+        };
+        let mut said = std::collections::VecDeque::new();
+        let mut reader = BufReader::new(stderr);
+        let mut buf = Vec::new();
+        loop {
+            buf.clear();
+            match reader.read_until(b'\n', &mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+            let text = String::from_utf8_lossy(&buf);
+            let line = text.trim();
+            if let Ok(p) = serde_json::from_str::<Progress>(line) {
                 self.update(id, |c| c.status.progress = Some(p));
-            } else if let Some(e) = line.trim().strip_prefix("error: ") {
-                last_error = Some(e.to_string());
+            } else if !line.is_empty() {
+                said.push_back(line.to_string());
+                if said.len() > KEPT_LINES {
+                    said.pop_front();
+                }
             }
         }
-        last_error
+        said.into()
+    }
+}
+
+/// Lines of the lab's stderr kept to explain a failure.
+const KEPT_LINES: usize = 5;
+/// How long the lab's pipes may stay open once it has exited.
+const PIPE_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Why the lab failed: its last `error:` line, or else its last words and how it
+/// ended.
+fn failure(exit: &std::io::Result<std::process::ExitStatus>, said: &[String]) -> String {
+    if let Some(e) = said.iter().rev().find_map(|l| l.strip_prefix("error: ")) {
+        return e.to_string();
+    }
+    let status = match exit {
+        Ok(st) => st.to_string(),
+        Err(e) => format!("cannot wait for the lab: {e}"),
+    };
+    match said.last() {
+        Some(last) => format!("the lab ended ({status}): {last}"),
+        None => format!("the lab ended ({status})"),
+    }
+}
+
+/// A private directory for one run's report and chart, removed when dropped.
+struct OutputDir(PathBuf);
+
+impl OutputDir {
+    /// Creates a new directory of this user's alone, under a name no one can have
+    /// prepared in advance.
+    fn create() -> Result<OutputDir, String> {
+        use std::os::unix::fs::DirBuilderExt as _;
+        let base = std::env::temp_dir();
+        let mut last = None;
+        for _ in 0..8 {
+            let dir = base.join(format!(
+                "fulcrum-lab-{}-{:016x}",
+                std::process::id(),
+                fastrand::u64(..)
+            ));
+            match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+                Ok(()) => return Ok(OutputDir(dir)),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(format!(
+            "cannot create a directory in '{}': {}",
+            base.display(),
+            last.map_or_else(|| "no attempt".to_string(), |e| e.to_string())
+        ))
+    }
+}
+
+impl OutputDir {
+    /// The report and the chart the lab wrote, if it did; the directory goes.
+    fn take(self) -> (Option<serde_json::Value>, Option<String>) {
+        let report = std::fs::read_to_string(self.0.join("report.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok());
+        let svg = std::fs::read_to_string(self.0.join("chart.svg")).ok();
+        (report, svg)
+    }
+}
+
+impl Drop for OutputDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -262,7 +359,6 @@ fn spawn_child(
 ) -> Result<tokio::process::Child, String> {
     let exe = std::env::current_exe()
         .map_err(|e| format!("cannot find fulcrum's own executable: {e}"))?;
-    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create '{}': {e}", dir.display()))?;
     let mut cmd = tokio::process::Command::new(exe);
     cmd.arg("lab")
         .args(["--scenario", plan.scenario.name()])
@@ -288,8 +384,10 @@ fn spawn_child(
 const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Asks the lab to stop (`SIGTERM`: it stops and reaps its backends), and kills it if
-/// it has not exited within [`STOP_GRACE`].
-async fn stop_child(child: &mut tokio::process::Child) {
+/// it has not exited within [`STOP_GRACE`]; how it ended.
+async fn stop_child(
+    child: &mut tokio::process::Child,
+) -> std::io::Result<std::process::ExitStatus> {
     if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
         // SAFETY: kill(2) on the pid of a child not yet reaped (so not reused); no
         // memory is involved.
@@ -297,11 +395,12 @@ async fn stop_child(child: &mut tokio::process::Child) {
             libc::kill(pid, libc::SIGTERM);
         }
     }
-    if tokio::time::timeout(STOP_GRACE, child.wait())
-        .await
-        .is_err()
-    {
-        let _ = child.kill().await;
+    match tokio::time::timeout(STOP_GRACE, child.wait()).await {
+        Ok(st) => st,
+        Err(_) => {
+            let _ = child.kill().await;
+            child.wait().await
+        }
     }
 }
 
