@@ -195,16 +195,22 @@ fn a_cold_backend_ramps_up_and_a_hot_key_is_bounded() {
     let plain = row(&h, "maglev");
     let bounded = row(&h, "maglev+bounded");
     let over = |r: &Value| r["max_share_over_fair"].as_f64().unwrap();
-    // The bound caps requests in flight (ceil(1.25 × (T + 1) / n)), not shares: with
-    // about 20 in flight the busiest backend may reach 1.3 times its fair share.
+    // Where the hot keys land depends on the backends' ports, which differ from run to
+    // run: unbounded, the busiest backend may take anything from its fair share to
+    // twice it (docs/lab.md). What holds in every run: without the bound every key
+    // sticks to one backend; with it the busiest backend stays near its fair share
+    // (the bound caps requests in flight, ceil(1.25 × (T + 1) / n), not shares: with
+    // about 20 in flight up to 1.3 times it), never above the unbounded one, and most
+    // requests still go to their key's usual backend.
+    assert_eq!(plain["key_affinity"].as_f64(), Some(1.0), "{plain}");
+    assert!(over(bounded) <= 1.4, "{bounded}");
     assert!(
-        over(plain) > 1.25,
-        "the hot key overloads one backend: {plain}"
+        over(bounded) <= over(plain) + 0.05,
+        "{bounded} against {plain}"
     );
-    assert!(
-        over(bounded) < over(plain) && over(bounded) <= 1.4,
-        "{bounded}"
-    );
+    if over(plain) > 1.4 {
+        assert!(over(bounded) < over(plain), "{bounded} against {plain}");
+    }
     assert!(
         bounded["key_affinity"].as_f64().unwrap() >= 0.6,
         "{bounded}"
