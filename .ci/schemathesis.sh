@@ -362,7 +362,7 @@ def before_call(context, case, kwargs):
             body["seconds"] = 1
         st = body.get("strategies")
         if st is None or isinstance(st, str) and "," in st or st == "all" or (
-            isinstance(st, list) and st and all(s in _STRATEGIES for s in st)
+            isinstance(st, list) and st and all(isinstance(s, str) and s in _STRATEGIES for s in st)
         ):
             body["strategies"] = "round_robin"
         if _int_in(body.get("rps"), 1, 5000):
