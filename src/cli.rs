@@ -267,7 +267,6 @@ pub fn main() -> i32 {
 }
 
 fn lab(args: LabArgs) -> i32 {
-    use std::io::Write as _;
     let plan = match crate::lab::Plan::new(
         &args.scenario,
         &args.strategies,
@@ -286,26 +285,7 @@ fn lab(args: LabArgs) -> i32 {
         plan.variants.len(),
         plan.seed
     );
-    let mut progress = |p: &crate::lab::Progress| {
-        if args.progress_json {
-            eprintln!("{}", serde_json::to_string(p).unwrap_or_default());
-            return;
-        }
-        let phase = match p.phase {
-            crate::lab::Phase::Starting => "starting",
-            crate::lab::Phase::Load => "load",
-            crate::lab::Phase::Draining => "draining",
-        };
-        eprint!(
-            "\r[{}/{}] {:<26} {phase:<8} {:>5.1} / {} s ",
-            p.index + 1,
-            p.of,
-            p.strategy,
-            p.elapsed,
-            plan.seconds
-        );
-        let _ = std::io::stderr().flush();
-    };
+    let mut progress = |p: &crate::lab::Progress| lab_progress(p, args.progress_json, plan.seconds);
     if let Err(e) = crate::lab::stop_on_signals() {
         eprintln!("error: {e}");
         return 1;
@@ -319,24 +299,50 @@ fn lab(args: LabArgs) -> i32 {
     };
     eprintln!();
     print!("{}", crate::lab::report::table(&report));
+    if let Err(e) = lab_outputs(&args, &report) {
+        eprintln!("error: {e}");
+        return 1;
+    }
+    lab_status(&plan, &report)
+}
+
+/// One progress report of the lab: a line redrawn in place, or a JSON line.
+fn lab_progress(p: &crate::lab::Progress, json: bool, seconds: u32) {
+    use std::io::Write as _;
+    if json {
+        eprintln!("{}", serde_json::to_string(p).unwrap_or_default());
+        return;
+    }
+    eprint!(
+        "\r[{}/{}] {:<26} {:<8} {:>5.1} / {seconds} s ",
+        p.index + 1,
+        p.of,
+        p.strategy,
+        p.phase.name(),
+        p.elapsed,
+    );
+    let _ = std::io::stderr().flush();
+}
+
+/// Writes the report to `--json` and the chart to `--svg`, where asked.
+fn lab_outputs(args: &LabArgs, report: &crate::lab::report::Report) -> Result<(), String> {
+    if let Some(p) = &args.json {
+        let json = serde_json::to_string_pretty(report).map_err(|e| e.to_string())?;
+        crate::lab::write_file(p, &json)?;
+    }
+    if let Some(p) = &args.svg {
+        crate::lab::write_file(p, &crate::lab::report::svg(report))?;
+    }
+    Ok(())
+}
+
+/// The lab's exit status: 1, saying why, when it was stopped or a strategy failed.
+fn lab_status(plan: &crate::lab::Plan, report: &crate::lab::report::Report) -> i32 {
     let failed: Vec<String> = report
         .results
         .iter()
         .filter_map(|r| Some(format!("{}: {}", r.strategy, r.error.as_ref()?)))
         .collect();
-    let json = serde_json::to_string_pretty(&report).unwrap_or_default();
-    let outputs = [
-        (args.json.as_deref(), json),
-        (args.svg.as_deref(), crate::lab::report::svg(&report)),
-    ];
-    for (path, text) in outputs {
-        if let Some(p) = path {
-            if let Err(e) = crate::lab::write_file(p, &text) {
-                eprintln!("error: {e}");
-                return 1;
-            }
-        }
-    }
     if crate::lab::stopping() {
         eprintln!(
             "error: stopped after {} of {} strategies",

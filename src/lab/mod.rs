@@ -164,6 +164,17 @@ pub(crate) enum Phase {
     Draining,
 }
 
+impl Phase {
+    /// Its name, as the JSON progress spells it.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Phase::Starting => "starting",
+            Phase::Load => "load",
+            Phase::Draining => "draining",
+        }
+    }
+}
+
 /// Where a run stands, for a progress line.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Progress {

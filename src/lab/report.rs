@@ -245,62 +245,81 @@ pub(crate) fn table(report: &Report) -> String {
     out
 }
 
-/// The chart: latency percentiles per strategy on a log axis (left), each backend's
-/// share per strategy (right).
-pub(crate) fn svg(report: &Report) -> String {
-    let rs = &report.results;
-    let row = 26.0;
-    let top = 50.0;
-    let height = top + row * rs.len() as f64 + 50.0;
-    let (lx, lw) = (190.0, 460.0);
-    let (sx, sw) = (700.0, 260.0);
-    let max = rs.iter().filter_map(|r| r.p999_ms).fold(1.0, f64::max);
-    let lo = rs
-        .iter()
-        .filter_map(|r| r.p50_ms)
-        .filter(|v| *v > 0.0)
-        .fold(max, f64::min)
-        .max(0.1);
-    let (llo, lhi) = (
-        lo.log10().floor(),
-        max.log10().ceil().max(lo.log10().floor() + 1.0),
-    );
-    let x = |v: f64| lx + (v.max(lo).log10() - llo) / (lhi - llo) * lw;
-    let mut s = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"980\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"12\">\n\
-         <rect width=\"100%\" height=\"100%\" fill=\"#fff\"/>\n\
-         <text x=\"10\" y=\"20\" font-size=\"15\" font-weight=\"bold\">fulcrum lab: {} ({} req/s for {} s, seed {})</text>\n\
-         <text x=\"{lx}\" y=\"40\">latency, ms (log): p50 ● p90 ◆ p99 ▲ p999 ■</text>\n\
-         <text x=\"{sx}\" y=\"40\">share per backend</text>\n",
-        report.scenario, report.rps, report.seconds, report.seed
-    );
-    let mut decade = llo;
-    while decade <= lhi {
-        let v = 10f64.powf(decade);
-        let px = x(v);
-        let _ = writeln!(
-            s,
-            "<line x1=\"{px:.1}\" y1=\"{top}\" x2=\"{px:.1}\" y2=\"{:.1}\" stroke=\"#ddd\"/><text x=\"{px:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{v}</text>",
-            height - 40.0,
-            height - 26.0
-        );
-        decade += 1.0;
+/// Each backend's colour in the chart, in name order.
+const COLOURS: [&str; 6] = [
+    "#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2",
+];
+
+/// The chart's geometry: a latency axis (log) on the left, share bars on the right,
+/// one row per strategy.
+struct Chart {
+    height: f64,
+    /// The lowest latency drawn, and the axis's first and last decades (log10).
+    lo: f64,
+    decades: (f64, f64),
+}
+
+impl Chart {
+    const ROW: f64 = 26.0;
+    const TOP: f64 = 50.0;
+    const LATENCY: (f64, f64) = (190.0, 460.0);
+    const SHARE: (f64, f64) = (700.0, 260.0);
+
+    /// Fits the latency axis to the percentiles of `rs`.
+    fn new(rs: &[StrategyResult]) -> Chart {
+        let max = rs.iter().filter_map(|r| r.p999_ms).fold(1.0, f64::max);
+        let lo = rs
+            .iter()
+            .filter_map(|r| r.p50_ms)
+            .filter(|v| *v > 0.0)
+            .fold(max, f64::min)
+            .max(0.1);
+        let first = lo.log10().floor();
+        Chart {
+            height: Self::TOP + Self::ROW * rs.len() as f64 + 50.0,
+            lo,
+            decades: (first, max.log10().ceil().max(first + 1.0)),
+        }
     }
-    let colours = [
-        "#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2",
-    ];
-    for (i, r) in rs.iter().enumerate() {
-        let y = top + row * i as f64 + row / 2.0;
+
+    /// Where latency `v` (ms) is on the axis.
+    fn x(&self, v: f64) -> f64 {
+        let (lx, lw) = Self::LATENCY;
+        let (a, b) = self.decades;
+        lx + (v.max(self.lo).log10() - a) / (b - a) * lw
+    }
+
+    /// A grid line and its label at every decade.
+    fn axis(&self, s: &mut String) {
+        let mut decade = self.decades.0;
+        while decade <= self.decades.1 {
+            let v = 10f64.powf(decade);
+            let px = self.x(v);
+            let _ = writeln!(
+                s,
+                "<line x1=\"{px:.1}\" y1=\"{}\" x2=\"{px:.1}\" y2=\"{:.1}\" stroke=\"#ddd\"/><text x=\"{px:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{v}</text>",
+                Self::TOP,
+                self.height - 40.0,
+                self.height - 26.0
+            );
+            decade += 1.0;
+        }
+    }
+
+    /// Row `i`: the strategy, its percentiles (or its error), its share bar.
+    fn row(&self, s: &mut String, i: usize, r: &StrategyResult) {
+        let y = Self::TOP + Self::ROW * i as f64 + Self::ROW / 2.0;
         let _ = writeln!(
             s,
             "<text x=\"10\" y=\"{:.1}\">{}</text>",
             y + 4.0,
-            r.strategy
+            xml_escape(&r.strategy)
         );
         if let Some(e) = &r.error {
             let _ = writeln!(
                 s,
-                "<text x=\"{lx}\" y=\"{:.1}\" fill=\"#c00\">run failed: {}</text>",
+                "<text x=\"{}\" y=\"{:.1}\" fill=\"#c00\">run failed: {}</text>",
+                Self::LATENCY.0,
                 y + 4.0,
                 xml_escape(e)
             );
@@ -309,8 +328,8 @@ pub(crate) fn svg(report: &Report) -> String {
             let _ = writeln!(
                 s,
                 "<line x1=\"{:.1}\" y1=\"{y:.1}\" x2=\"{:.1}\" y2=\"{y:.1}\" stroke=\"#888\"/>",
-                x(a),
-                x(b)
+                self.x(a),
+                self.x(b)
             );
         }
         for (v, shape) in r.percentiles() {
@@ -318,36 +337,60 @@ pub(crate) fn svg(report: &Report) -> String {
             let _ = writeln!(
                 s,
                 "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\"><title>{v} ms</title>{shape}</text>",
-                x(v),
+                self.x(v),
                 y + 4.0
             );
         }
-        let mut at = sx;
+        let (mut at, sw) = Self::SHARE;
         for (j, (b, share)) in r.share.iter().enumerate() {
             let w = share * sw;
             let _ = writeln!(
                 s,
-                "<rect x=\"{at:.1}\" y=\"{:.1}\" width=\"{w:.1}\" height=\"{:.1}\" fill=\"{}\"><title>{b}: {:.1} %</title></rect>",
+                "<rect x=\"{at:.1}\" y=\"{:.1}\" width=\"{w:.1}\" height=\"16\" fill=\"{}\"><title>{b}: {:.1} %</title></rect>",
                 y - 8.0,
-                16.0,
-                colours[j % colours.len()],
+                COLOURS[j % COLOURS.len()],
                 share * 100.0
             );
             at += w;
         }
     }
-    if let Some(first) = rs.iter().find(|r| !r.share.is_empty()) {
-        for (j, b) in first.share.keys().enumerate() {
-            let lx2 = sx + 60.0 * j as f64;
+
+    /// Each backend's colour, under the share bars.
+    fn legend(&self, s: &mut String, backends: impl Iterator<Item = String>) {
+        for (j, b) in backends.enumerate() {
+            let lx = Self::SHARE.0 + 60.0 * j as f64;
             let _ = writeln!(
                 s,
-                "<rect x=\"{lx2}\" y=\"{:.1}\" width=\"10\" height=\"10\" fill=\"{}\"/><text x=\"{:.1}\" y=\"{:.1}\">{b}</text>",
-                height - 36.0,
-                colours[j % colours.len()],
-                lx2 + 14.0,
-                height - 27.0
+                "<rect x=\"{lx}\" y=\"{:.1}\" width=\"10\" height=\"10\" fill=\"{}\"/><text x=\"{:.1}\" y=\"{:.1}\">{b}</text>",
+                self.height - 36.0,
+                COLOURS[j % COLOURS.len()],
+                lx + 14.0,
+                self.height - 27.0
             );
         }
+    }
+}
+
+/// The chart: latency percentiles per strategy on a log axis (left), each backend's
+/// share per strategy (right).
+pub(crate) fn svg(report: &Report) -> String {
+    let rs = &report.results;
+    let chart = Chart::new(rs);
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"980\" height=\"{}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"#fff\"/>\n\
+         <text x=\"10\" y=\"20\" font-size=\"15\" font-weight=\"bold\">fulcrum lab: {} ({} req/s for {} s, seed {})</text>\n\
+         <text x=\"{}\" y=\"40\">latency, ms (log): p50 ● p90 ◆ p99 ▲ p999 ■</text>\n\
+         <text x=\"{}\" y=\"40\">share per backend</text>\n",
+        chart.height, report.scenario, report.rps, report.seconds, report.seed,
+        Chart::LATENCY.0, Chart::SHARE.0
+    );
+    chart.axis(&mut s);
+    for (i, r) in rs.iter().enumerate() {
+        chart.row(&mut s, i, r);
+    }
+    if let Some(first) = rs.iter().find(|r| !r.share.is_empty()) {
+        chart.legend(&mut s, first.share.keys().cloned());
     }
     s.push_str("</svg>\n");
     s
