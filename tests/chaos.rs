@@ -431,3 +431,309 @@ fn a_thousand_slowloris_and_a_thousand_slow_bodies_neither_stop_clients_nor_ejec
     drop((lorises, bodies));
     assert!(one_request(f.proxy, true).is_ok());
 }
+
+// ------------------------------------------------------------------ §11a floods
+
+/// `n` HTTP/2 connections by prior knowledge, each on its own task (aborting it closes
+/// the connection); with `path`, each sends that many requests at once (`streams`) and
+/// never reads their bodies. A task ends when fulcrum ends its connection.
+async fn h2_clients(
+    addr: SocketAddr,
+    n: usize,
+    path: Option<(&'static str, usize)>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    let mut tasks = Vec::new();
+    for _ in 0..n {
+        let Ok(tcp) = tokio::net::TcpStream::connect(addr).await else {
+            continue;
+        };
+        tasks.push(tokio::spawn(async move {
+            let Ok((mut h2, conn)) =
+                hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+                    .await
+            else {
+                return;
+            };
+            let requests = async move {
+                let mut held = Vec::new();
+                for _ in 0..path.map_or(0, |(_, n)| n) {
+                    let path = path.map_or("/", |(p, _)| p);
+                    let req = http::Request::get(format!("http://h.test{path}"))
+                        .body(http_body_util::Empty::<bytes::Bytes>::new())
+                        .unwrap();
+                    if h2.ready().await.is_err() {
+                        break;
+                    }
+                    held.push(h2.send_request(req));
+                }
+                let answers = futures_util::future::join_all(held).await;
+                // The sender and the unread answers stay alive with the connection.
+                std::future::pending::<()>().await;
+                drop((answers, h2));
+            };
+            tokio::select! {
+                _ = conn => {}
+                _ = requests => {}
+            }
+        }));
+    }
+    tasks
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_h2_connections_cannot_hold_the_connection_cap() {
+    let _turn = one_at_a_time();
+    let ports = [free_port()];
+    let _b = DemoBackend::start("b0", ports[0], 1);
+    let f = start_over(&ports, &["--max-connections", "100"]);
+    // A hundred connections that send their preface and SETTINGS, and nothing more.
+    let idle = h2_clients(f.proxy, 100, None).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let t = Instant::now();
+    let proxy = f.proxy;
+    let answer = tokio::task::spawn_blocking(move || {
+        raw_exchange(
+            proxy,
+            b"GET /late HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+            Duration::from_secs(20),
+        )
+    })
+    .await
+    .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(
+        t.elapsed() < Duration::from_secs(12),
+        "served once the idle ones were closed: {:?}",
+        t.elapsed()
+    );
+    // Every idle connection was ended by fulcrum.
+    for task in idle {
+        assert!(
+            tokio::time::timeout(Duration::from_secs(5), task).await.is_ok(),
+            "an idle h2 connection still open"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2_descriptor_flood_leaves_the_admin_api_and_health_checks_alone() {
+    let _turn = one_at_a_time();
+    raise_own_file_limit();
+    let a = TestBackend::start("A");
+    let spec = a.spec();
+    // 1024 descriptors: the proxy's share is about 450 connections.
+    let f = Fulcrum::start_with_file_limit(
+        1024,
+        &[
+            "--backend",
+            &spec,
+            "--health-interval",
+            "200ms",
+            "--health-timeout",
+            "1s",
+            "--access-log",
+            "off",
+        ],
+    );
+    // 500 connections with one slow request each, and 20 with twenty each: far more
+    // upstream connections than descriptors.
+    let mut flood = h2_clients(f.proxy, 500, Some(("/sleep/6000", 1))).await;
+    flood.extend(h2_clients(f.proxy, 20, Some(("/sleep/6000", 20))).await);
+    let admin = f.admin;
+    let watched = tokio::task::spawn_blocking(move || {
+        let mut answers = Vec::new();
+        let end = Instant::now() + Duration::from_secs(4);
+        while Instant::now() < end {
+            let t = Instant::now();
+            let r = raw_exchange(
+                admin,
+                b"GET /admin/backends HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+                Duration::from_secs(2),
+            );
+            answers.push((t.elapsed(), r));
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        answers
+    })
+    .await
+    .unwrap();
+    assert!(watched.len() >= 10, "{}", watched.len());
+    for (took, r) in &watched {
+        assert!(r.starts_with("HTTP/1.1 200"), "the admin API answers: {r}");
+        assert!(*took < Duration::from_secs(1), "promptly: {took:?}");
+        assert!(r.contains("\"healthy\":true"), "the backend stays healthy: {r}");
+    }
+    assert!(
+        !f.log().contains("Too many open files"),
+        "no listener ran out of descriptors:\n{}",
+        f.log()
+    );
+    for t in flood {
+        t.abort();
+    }
+}
+
+#[test]
+fn twenty_slow_readers_do_not_hold_the_connection_cap() {
+    let _turn = one_at_a_time();
+    let a = TestBackend::start("A");
+    let f = Fulcrum::over(
+        &[&a],
+        &["--max-connections", "20", "--send-timeout", "2s", "--access-log", "off"],
+    );
+    // Twenty clients ask for 64 MiB each and read none of it.
+    let readers: Vec<TcpStream> = (0..20)
+        .map(|_| {
+            let mut s = TcpStream::connect(f.proxy).unwrap();
+            s.write_all(b"GET /big/67108864 HTTP/1.1\r\nHost: t\r\n\r\n")
+                .unwrap();
+            s
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let t = Instant::now();
+    let r = raw_exchange(
+        f.proxy,
+        b"GET /x HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+        Duration::from_secs(15),
+    );
+    assert!(r.starts_with("HTTP/1.1 200"), "{}", &r[..r.len().min(200)]);
+    assert!(
+        t.elapsed() < Duration::from_secs(6),
+        "a slot freed by the send timeout: {:?}",
+        t.elapsed()
+    );
+    drop(readers);
+}
+
+/// wrk's summary of a run: requests and socket errors (connect, read, write, timeout).
+fn wrk_summary(out: &str) -> (u64, [u64; 4]) {
+    let requests = out
+        .lines()
+        .find(|l| l.contains("requests in"))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    let mut errors = [0u64; 4];
+    if let Some(l) = out.lines().find(|l| l.contains("Socket errors:")) {
+        let nums: Vec<u64> = l
+            .split(|c: char| !c.is_ascii_digit())
+            .filter_map(|n| n.parse().ok())
+            .collect();
+        for (e, n) in errors.iter_mut().zip(nums) {
+            *e = n;
+        }
+    }
+    (requests, errors)
+}
+
+#[test]
+fn five_upgrades_under_wrk_keep_alive_load_give_no_socket_error() {
+    let _turn = one_at_a_time();
+    let a = TestBackend::start("A");
+    let dir = std::env::temp_dir().join(format!("fulcrum-chaos-wrk-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let sock = dir.join("upgrade.sock");
+    let spec = a.spec();
+    let args = |upgrade: bool| {
+        let mut v = vec![
+            "--backend".to_string(),
+            spec.clone(),
+            "--upgrade-socket".into(),
+            sock.to_str().unwrap().into(),
+            "--access-log".into(),
+            "off".into(),
+            "--workers".into(),
+            "2".into(),
+        ];
+        if upgrade {
+            v.push("--upgrade".into());
+        }
+        v
+    };
+    let start = |upgrade: bool| {
+        let a = args(upgrade);
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        Fulcrum::start(&a)
+    };
+    let mut current = start(false);
+    // wrk never retries: a keep-alive connection closed under a request is an error.
+    let wrk = Command::new("wrk")
+        .args(["-t2", "-c50", "-d12s", &format!("http://{}/x", current.proxy)])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("wrk (Debian's package wrk) runs");
+    std::thread::sleep(Duration::from_secs(1));
+    for round in 0..5 {
+        let mut next = start(true);
+        let st = current.wait_exit(Duration::from_secs(15));
+        assert_eq!(
+            st.and_then(|s| s.code()),
+            Some(0),
+            "round {round}: the old process drains and exits; log:\n{}",
+            current.log()
+        );
+        std::mem::swap(&mut current, &mut next);
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let out = wrk.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let (requests, errors) = wrk_summary(&text);
+    assert!(requests > 1000, "{text}");
+    assert_eq!(errors, [0; 4], "socket errors (connect, read, write, timeout):\n{text}");
+}
+
+/// The resident set of process `pid`, in bytes.
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    kb * 1024
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_goes_back_after_a_flood_of_idle_connections() {
+    let _turn = one_at_a_time();
+    raise_own_file_limit();
+    let a = TestBackend::start("A");
+    let f = Fulcrum::over(&[&a], &["--access-log", "off", "--max-connections", "20000"]);
+    let pid = f.child.id();
+    for _ in 0..50 {
+        assert!(one_request(f.proxy, false).is_ok());
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let idle = rss(pid);
+    let bound = 2 * idle + 10 * 1024 * 1024;
+    // Twice: 6 000 idle HTTP/1.1 connections and 2 000 HTTP/2 ones, then all closed.
+    let mut peak = 0;
+    for _ in 0..2 {
+        let plain = open_idle(f.proxy, 6_000);
+        let h2 = h2_clients(f.proxy, 2_000, None).await;
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        peak = peak.max(rss(pid));
+        drop(plain);
+        for t in h2 {
+            t.abort();
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(peak > bound, "the flood must cost memory to show anything: {peak} vs {bound}");
+    let t = Instant::now();
+    let mut now = rss(pid);
+    while now > bound && t.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        now = rss(pid);
+    }
+    println!("RSS idle {idle}, peak {peak}, after {:?}: {now}", t.elapsed());
+    assert!(
+        now <= bound,
+        "RSS {now} after 60 s, above 2 × {idle} + 10 MiB (peak {peak})"
+    );
+}

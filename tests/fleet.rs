@@ -421,3 +421,119 @@ fn a_store_refuses_pools_of_its_own_and_bad_urls() {
     assert_eq!(status.code(), Some(2), "{err}");
     assert!(err.contains("[[pools]] cannot be used with it"), "{err}");
 }
+
+/// Connects to `addr` as soon as something listens there (up to 5 s), sends `request`
+/// and reads the answer to its end (up to `limit`).
+fn when_bound(addr: std::net::SocketAddr, request: &str, limit: Duration) -> String {
+    use std::io::{Read, Write};
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut s = loop {
+        match std::net::TcpStream::connect(addr) {
+            Ok(s) => break s,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "{addr}: {e}");
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+    };
+    s.set_read_timeout(Some(limit)).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_instance_answers_nothing_before_it_has_read_the_store() {
+    use std::io::BufRead;
+    let etcd = Etcd::start("ready");
+    let a = TestBackend::start("A");
+    let c = client();
+    let seed = Fulcrum::start(&["--store", &etcd.store("ready")]);
+    let body = format!(r#"{{"url": "{}", "name": "A"}}"#, a.url());
+    let r = admin(&c, "POST", &seed.admin_url("/admin/backends"), &body).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    // The new instance reaches etcd through a relay that opens a second after its start.
+    let relay = Relay::start(&etcd.client);
+    relay.close();
+    let (listen, admin_addr): (std::net::SocketAddr, std::net::SocketAddr) = (
+        format!("127.0.0.1:{}", free_port()).parse().unwrap(),
+        format!("127.0.0.1:{}", free_port()).parse().unwrap(),
+    );
+    let mut child = std::process::Command::new(BIN)
+        .env_remove("FULCRUM_ADMIN_TOKEN")
+        .args(["serve", "--store", &relay.store("ready")])
+        .args(["--listen", &listen.to_string(), "--admin", &admin_addr.to_string()])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let log2 = std::sync::Arc::clone(&log);
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            log2.lock().unwrap().push_str(&(line + "\n"));
+        }
+    });
+    let status = tokio::task::spawn_blocking(move || {
+        when_bound(
+            admin_addr,
+            "GET /admin/status HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+            Duration::from_secs(10),
+        )
+    });
+    let proxied = tokio::task::spawn_blocking(move || {
+        when_bound(
+            listen,
+            "GET /first HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+            Duration::from_secs(10),
+        )
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    relay.open();
+    let status = status.await.unwrap();
+    let proxied = proxied.await.unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let log = log.lock().unwrap().clone();
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}\n{log}");
+    assert!(status.contains("\"connected\":true"), "{status}\n{log}");
+    assert!(status.contains(&a.url()), "{status}\n{log}");
+    assert!(
+        proxied.starts_with("HTTP/1.1 200") && proxied.contains("x-backend: A"),
+        "{proxied}\n{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_never_reports_its_own_bookkeeping_as_skipped() {
+    let etcd = Etcd::start("own-keys");
+    let fs = fleet(2, &etcd.store("own"));
+    let c = client();
+    for f in &fs {
+        connected(&c, f, true).await;
+    }
+    let mut events = EventStream::open(&fs[1]);
+    for i in 0..5 {
+        let body = format!(r#"{{"url": "http://127.0.0.1:{}", "name": "n{i}"}}"#, 20000 + i);
+        let r = admin(&c, "POST", &fs[0].admin_url("/admin/backends"), &body).await;
+        assert_eq!(r.status, 201, "{}", r.text());
+    }
+    assert!(
+        eventually(Duration::from_secs(3), || async {
+            backends(&c, &fs[1]).await.len() == 5
+        })
+        .await
+    );
+    let skipped = events.find(Duration::from_millis(500), |e| e["type"] == "store_skipped");
+    assert!(skipped.is_none(), "{skipped:?}");
+    for f in &fs {
+        assert!(
+            !f.log().contains("value skipped"),
+            "{}",
+            f.log()
+        );
+    }
+}

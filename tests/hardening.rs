@@ -421,3 +421,170 @@ fn a_backend_that_stops_taking_an_upload_is_charged_not_the_client() {
     );
     assert!(r.contains("\"errors\":1"), "the backend is charged: {r}");
 }
+
+// ------------------------------------------------------------------ §11a, amended rules
+
+#[test]
+fn host_named_in_connection_is_still_forwarded() {
+    let a = TestBackend::start("A");
+    let f = Fulcrum::over(&[&a], &["--health-interval", "60s"]);
+    for request in [
+        // The fast path's span fields.
+        &b"GET /named HTTP/1.1\r\nHost: client.example\r\nConnection: close, Host\r\n\r\n"[..],
+        // hyper's map (a body), with Content-Length named as well.
+        b"POST /named HTTP/1.1\r\nHost: client.example\r\nContent-Length: 5\r\nConnection: close, Host, Content-Length\r\n\r\nhello",
+    ] {
+        let (r, _) = exchange(&f, request);
+        assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+        let h = a.stats.last_headers.lock().unwrap().clone().unwrap();
+        assert_eq!(h["host"], "client.example", "{h:?}");
+        assert_eq!(h["x-forwarded-host"], "client.example", "{h:?}");
+    }
+    assert_eq!(
+        a.stats
+            .last_body_len
+            .load(std::sync::atomic::Ordering::SeqCst),
+        5
+    );
+}
+
+/// An HTTP/2 connection by prior knowledge, written by hand: the preface, empty
+/// SETTINGS, then one HEADERS frame (stream 1, END_STREAM | END_HEADERS) whose block is
+/// `hpack`; the first byte of the answer's header block on stream 1 (`0x88` = 200,
+/// `0x8c` = 400: HPACK's static table).
+fn h2_by_hand(addr: std::net::SocketAddr, hpack: &[u8]) -> Option<u8> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend([0, 0, 0, 4, 0, 0, 0, 0, 0]);
+    out.extend_from_slice(&(hpack.len() as u32).to_be_bytes()[1..]);
+    out.extend([1, 0x5, 0, 0, 0, 1]);
+    out.extend_from_slice(hpack);
+    s.write_all(&out).unwrap();
+    loop {
+        let mut head = [0u8; 9];
+        s.read_exact(&mut head).ok()?;
+        let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+        let mut payload = vec![0u8; len];
+        s.read_exact(&mut payload).ok()?;
+        let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+        if head[3] == 1 && stream == 1 {
+            return payload.first().copied();
+        }
+        if head[3] == 3 || head[3] == 7 {
+            return None; // RST_STREAM, GOAWAY
+        }
+    }
+}
+
+#[test]
+fn an_h2_request_with_neither_authority_nor_host_gets_400() {
+    let a = TestBackend::start("A");
+    let f = Fulcrum::over(&[&a], &["--health-interval", "60s"]);
+    // :method GET, :scheme http, :path "/x": no :authority, no host.
+    let bare = [0x82, 0x86, 0x44, 0x02, b'/', b'x'];
+    assert_eq!(h2_by_hand(f.proxy, &bare), Some(0x8c), "400");
+    assert_eq!(a.requests(), 0, "nothing reached the backend");
+    // With a host field it goes through.
+    let mut with_host = bare.to_vec();
+    with_host.extend([0x40, 4]);
+    with_host.extend_from_slice(b"host");
+    with_host.push(6);
+    with_host.extend_from_slice(b"h.test");
+    assert_eq!(h2_by_hand(f.proxy, &with_host), Some(0x88), "200");
+    assert_eq!(a.requests(), 1);
+}
+
+#[test]
+fn only_websocket_is_tunnelled_and_an_h2c_upgrade_goes_on_as_plain_http() {
+    let a = TestBackend::start("A");
+    let f = Fulcrum::over(&[&a], &["--health-interval", "60s"]);
+    // h2c smuggling: the Upgrade and its Connection token never reach the backend.
+    let (r, _) = exchange(
+        &f,
+        b"GET /ws HTTP/1.1\r\nHost: h\r\nConnection: Upgrade, HTTP2-Settings, close\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n",
+    );
+    let h = a.stats.last_headers.lock().unwrap().clone().unwrap();
+    assert!(h.get("upgrade").is_none(), "{h:?}");
+    assert!(h.get("http2-settings").is_none(), "{h:?}");
+    assert!(
+        !r.starts_with("HTTP/1.1 101"),
+        "no tunnel: {}",
+        &r[..r.len().min(200)]
+    );
+    // A websocket upgrade still is one.
+    let (r, _) = exchange(
+        &f,
+        b"GET /ws HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+    );
+    assert!(r.starts_with("HTTP/1.1 101"), "{r}");
+    // upgrade_protocols names the list: without websocket, no tunnel either.
+    let g = Fulcrum::over(&[&a], &["--health-interval", "60s", "--upgrade-protocols", "x-custom"]);
+    let (r, _) = exchange(
+        &g,
+        b"GET /ws HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+    );
+    assert!(!r.starts_with("HTTP/1.1 101"), "{}", &r[..r.len().min(200)]);
+    let h = a.stats.last_headers.lock().unwrap().clone().unwrap();
+    assert!(h.get("upgrade").is_none(), "{h:?}");
+}
+
+/// A backend that answers every request with a head of `fields` header lines.
+fn many_fields_backend(fields: usize) -> std::net::SocketAddr {
+    use std::io::{Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { continue };
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf);
+                let mut head = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n".to_vec();
+                for i in 0..fields {
+                    head.extend_from_slice(format!("x-f{i}: v\r\n").as_bytes());
+                }
+                head.extend_from_slice(b"\r\nok");
+                let _ = s.write_all(&head);
+            });
+        }
+    });
+    addr
+}
+
+#[test]
+fn a_backend_answer_over_the_field_limit_is_a_502_with_a_reason() {
+    let addr = many_fields_backend(140);
+    let backend = format!("http://{addr},name=wide");
+    let f = Fulcrum::start(&["--backend", &backend, "--health-interval", "60s", "--retries", "0"]);
+    for request in [
+        &b"GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n"[..],
+        b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 1\r\nConnection: close\r\n\r\nx",
+    ] {
+        let (r, _) = exchange(&f, request);
+        assert!(r.starts_with("HTTP/1.1 502"), "{}", &r[..r.len().min(200)]);
+    }
+    let line = f.log_line(&["too many header fields"], Duration::from_secs(2));
+    assert!(line.is_some(), "a log line says why:\n{}", f.log());
+    let m = raw_exchange(
+        f.admin,
+        b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+        Duration::from_secs(3),
+    );
+    let counted = m
+        .lines()
+        .find(|l| {
+            l.starts_with("fulcrum_bad_responses_total")
+                && l.contains("reason=\"too_many_fields\"")
+                && l.contains("backend=\"wide\"")
+        })
+        .unwrap_or_else(|| panic!("{m}"));
+    assert!(counted.ends_with(" 2"), "{counted}");
+    // Within the limit (100 lines) the answer passes.
+    let addr = many_fields_backend(100);
+    let backend = format!("http://{addr}");
+    let g = Fulcrum::start(&["--backend", &backend, "--health-interval", "60s"]);
+    let (r, _) = exchange(&g, b"GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n");
+    assert!(r.starts_with("HTTP/1.1 200"), "{}", &r[..r.len().min(200)]);
+}

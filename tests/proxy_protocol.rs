@@ -36,7 +36,10 @@ fn v2_header(family: u8, addrs: &[u8]) -> Vec<u8> {
 #[test]
 fn headers_of_both_versions_name_the_client_and_bad_ones_close_the_connection() {
     let a = TestBackend::start("A");
-    let f = Fulcrum::over(&[&a], &["--accept-proxy-protocol", "on"]);
+    let f = Fulcrum::over(
+        &[&a],
+        &["--accept-proxy-protocol", "on", "--trusted-proxies", "127.0.0.1/32"],
+    );
     let seen = || {
         let h = a.stats.last_headers.lock().unwrap().clone().unwrap();
         h["x-forwarded-for"].to_str().unwrap().to_string()
@@ -92,6 +95,8 @@ async fn the_tls_listener_reads_the_header_before_the_handshake() {
         &[
             "--accept-proxy-protocol",
             "on",
+            "--trusted-proxies",
+            "127.0.0.0/8",
             "--tls-listen",
             "127.0.0.1:0",
             "--tls-cert",
@@ -117,6 +122,53 @@ async fn the_tls_listener_reads_the_header_before_the_handshake() {
     let h = a.stats.last_headers.lock().unwrap().clone().unwrap();
     assert_eq!(h["x-forwarded-for"], "198.51.100.4");
     assert_eq!(h["x-forwarded-proto"], "https");
+}
+
+#[test]
+fn a_header_from_a_peer_that_is_not_a_trusted_proxy_closes_the_connection() {
+    let a = TestBackend::start("A");
+    // 127.0.0.1, the test's own address, is not among the trusted proxies.
+    let f = Fulcrum::over(
+        &[&a],
+        &["--accept-proxy-protocol", "on", "--trusted-proxies", "10.0.0.0/8"],
+    );
+    let seen = || {
+        let h = a.stats.last_headers.lock().unwrap().clone().unwrap();
+        h["x-forwarded-for"].to_str().unwrap().to_string()
+    };
+    // It claims a trusted address, to have its own X-Forwarded-For believed.
+    let claim = [
+        &b"PROXY TCP4 10.1.1.1 10.0.0.1 5555 80\r\n"[..],
+        b"GET /pp HTTP/1.1\r\nHost: t\r\nX-Forwarded-For: 1.2.3.4\r\nConnection: close\r\n\r\n",
+    ]
+    .concat();
+    assert_eq!(exchange(f.proxy, &claim), "");
+    let mut v2 = v2_header(0x11, &[10, 1, 1, 1, 10, 0, 0, 1, 0x15, 0xb3, 0, 80]);
+    v2.extend_from_slice(REQUEST);
+    assert_eq!(exchange(f.proxy, &v2), "");
+    assert_eq!(a.requests(), 0, "neither reached the backend");
+    // Without a header it is an ordinary client: its own address, its XFF not believed.
+    let plain = b"GET /pp HTTP/1.1\r\nHost: t\r\nX-Forwarded-For: 1.2.3.4\r\nConnection: close\r\n\r\n";
+    assert!(exchange(f.proxy, plain).starts_with("HTTP/1.1 200"));
+    assert_eq!(seen(), "1.2.3.4, 127.0.0.1");
+    // A method that starts like the header's first bytes is still served.
+    let put = b"PUT /pp HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+    assert!(exchange(f.proxy, put).starts_with("HTTP/1.1 200"));
+    // Accepting headers without saying from whom is a configuration error.
+    let (status, _, err) = run_fulcrum(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin",
+        "127.0.0.1:0",
+        "--accept-proxy-protocol",
+        "on",
+    ]);
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("accept_proxy_protocol") && err.contains("trusted_proxies"),
+        "{err}"
+    );
 }
 
 /// A backend that records every connection's bytes up to the end of its first head and
