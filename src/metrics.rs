@@ -126,6 +126,24 @@ fn encode_backend_checks(
     }
 
     let mut m = enc.encode_descriptor(
+        "fulcrum_bad_responses",
+        "Backend answers refused with 502 as unsafe to forward, by reason.",
+        None,
+        MetricType::Counter,
+    )?;
+    for b in backends {
+        let counts = b.stats.bad_answers();
+        for (why, n) in crate::stats::BadAnswer::ALL.iter().zip(counts) {
+            let labels = [
+                ("backend", b.name.as_str()),
+                ("reason", why.label()),
+                ("pool", &*b.pool),
+            ];
+            ConstCounter::new(n).encode(m.encode_family(&labels)?)?;
+        }
+    }
+
+    let mut m = enc.encode_descriptor(
         "fulcrum_ejections",
         "Ejections by passive outlier detection.",
         None,

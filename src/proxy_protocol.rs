@@ -57,6 +57,43 @@ pub(crate) async fn read_header(
     }
 }
 
+/// Whether `stream` starts with a PROXY header (either version's signature), seen
+/// without taking anything from the socket: what a peer that may not send one is
+/// checked for. `Err` when it closes, or sends nothing that tells within `limit`.
+pub(crate) async fn starts_with_header(
+    stream: &TcpStream,
+    limit: Duration,
+) -> Result<bool, HeaderError> {
+    const V1_SIGNATURE: &[u8] = b"PROXY ";
+    let look = async {
+        let mut first = [0u8; V2_SIGNATURE.len()];
+        loop {
+            let n = stream
+                .peek(&mut first)
+                .await
+                .map_err(|_| HeaderError::Closed)?;
+            let seen = &first[..n];
+            if n == 0 {
+                return Err(HeaderError::Closed);
+            }
+            let is = |sig: &[u8]| seen.starts_with(sig);
+            let may_be = |sig: &[u8]| seen.len() < sig.len() && sig.starts_with(seen);
+            if is(V1_SIGNATURE) || is(&V2_SIGNATURE) {
+                return Ok(true);
+            }
+            if !may_be(V1_SIGNATURE) && !may_be(&V2_SIGNATURE) {
+                return Ok(false);
+            }
+            // A few bytes that could start either (a `P` of `PUT`, a bare CRLF): the
+            // socket stays readable with them, so wait a little for the rest.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(limit, look)
+        .await
+        .unwrap_or(Err(HeaderError::Timeout))
+}
+
 async fn read_any(stream: &mut TcpStream) -> Result<Option<Ends>, HeaderError> {
     let mut head = [0u8; MIN_HEADER];
     stream

@@ -395,9 +395,9 @@ impl Connections {
 }
 
 /// Who a new connection is from and what it reached: its own ends, or with
-/// `accept_proxy_protocol` those its PROXY header names (read before anything else, the
-/// TLS handshake included); `None` closes it: the header is missing, malformed, or
-/// late.
+/// `accept_proxy_protocol` and a peer in `trusted_proxies` those its PROXY header names
+/// (read before anything else, the TLS handshake included); `None` closes it: a trusted
+/// peer's header is missing, malformed or late, or another peer sent one.
 async fn client_of(
     stream: &mut tokio::net::TcpStream,
     peer: SocketAddr,
@@ -410,16 +410,27 @@ async fn client_of(
         true => stream.local_addr().unwrap_or(local),
         false => local,
     };
-    let (addr, local) = if proxy.accepts_proxy_protocol() {
-        match crate::proxy_protocol::read_header(stream, HEADER_TIMEOUT).await {
+    let (addr, local) = match proxy.proxy_protocol_from(peer.ip()) {
+        // A trusted proxy must send its header.
+        Some(true) => match crate::proxy_protocol::read_header(stream, HEADER_TIMEOUT).await {
             Ok(named) => named.unwrap_or((peer, local)),
             Err(e) => {
                 tracing::debug!(%peer, error = ?e, "connection closed: no valid PROXY protocol header");
                 return None;
             }
+        },
+        // Anyone else is its own client: one that claims another is closed.
+        Some(false) => {
+            match crate::proxy_protocol::starts_with_header(stream, HEADER_TIMEOUT).await {
+                Ok(false) => (peer, local),
+                Ok(true) => {
+                    tracing::debug!(%peer, "connection closed: a PROXY protocol header from a peer outside trusted_proxies");
+                    return None;
+                }
+                Err(_) => return None,
+            }
         }
-    } else {
-        (peer, local)
+        None => (peer, local),
     };
     Some(crate::proxy::Peer {
         addr,

@@ -61,6 +61,41 @@ pub(crate) struct BackendStats {
     pub(crate) duration: Histogram,
     health_ok: AtomicU64,
     health_failed: AtomicU64,
+    /// Answers refused as unsafe to forward, by [`BadAnswer`] (502 to the client).
+    bad_answers: [AtomicU64; 2],
+}
+
+/// Why a backend's answer was refused with 502 (`docs/operations.md`, "Limits").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BadAnswer {
+    /// The head is over the limits: more than 128 fields, or more than 64 KiB.
+    HeadTooLarge,
+    /// The head or its framing cannot be read safely (conflicting lengths, an
+    /// unrequested `101`, a malformed line).
+    Malformed,
+}
+
+impl BadAnswer {
+    /// Every reason, in the order the counters keep them.
+    pub(crate) const ALL: [BadAnswer; 2] = [BadAnswer::HeadTooLarge, BadAnswer::Malformed];
+
+    /// The metric's `reason` label.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            BadAnswer::HeadTooLarge => "head_too_large",
+            BadAnswer::Malformed => "malformed",
+        }
+    }
+
+    /// What the log line says.
+    pub(crate) fn text(self) -> &'static str {
+        match self {
+            BadAnswer::HeadTooLarge => {
+                "the answer's head is over the limits (128 header fields, 64 KiB)"
+            }
+            BadAnswer::Malformed => "the answer's head or framing is malformed",
+        }
+    }
 }
 
 /// Status class labels in `by_class` order.
@@ -88,6 +123,16 @@ impl BackendStats {
             &self.health_failed
         };
         c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts an answer refused for `why`.
+    pub(crate) fn bad_answer(&self, why: BadAnswer) {
+        self.bad_answers[why as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Answers refused, per reason in [`BadAnswer::ALL`] order.
+    pub(crate) fn bad_answers(&self) -> [u64; 2] {
+        std::array::from_fn(|i| self.bad_answers[i].load(Ordering::Relaxed))
     }
 
     /// `(successful, failed)` health probes.

@@ -510,7 +510,9 @@ async fn idle_h2_connections_cannot_hold_the_connection_cap() {
     // Every idle connection was ended by fulcrum.
     for task in idle {
         assert!(
-            tokio::time::timeout(Duration::from_secs(5), task).await.is_ok(),
+            tokio::time::timeout(Duration::from_secs(5), task)
+                .await
+                .is_ok(),
             "an idle h2 connection still open"
         );
     }
@@ -562,7 +564,10 @@ async fn an_h2_descriptor_flood_leaves_the_admin_api_and_health_checks_alone() {
     for (took, r) in &watched {
         assert!(r.starts_with("HTTP/1.1 200"), "the admin API answers: {r}");
         assert!(*took < Duration::from_secs(1), "promptly: {took:?}");
-        assert!(r.contains("\"healthy\":true"), "the backend stays healthy: {r}");
+        assert!(
+            r.contains("\"healthy\":true"),
+            "the backend stays healthy: {r}"
+        );
     }
     assert!(
         !f.log().contains("Too many open files"),
@@ -580,7 +585,14 @@ fn twenty_slow_readers_do_not_hold_the_connection_cap() {
     let a = TestBackend::start("A");
     let f = Fulcrum::over(
         &[&a],
-        &["--max-connections", "20", "--send-timeout", "2s", "--access-log", "off"],
+        &[
+            "--max-connections",
+            "20",
+            "--send-timeout",
+            "2s",
+            "--access-log",
+            "off",
+        ],
     );
     // Twenty clients ask for 64 MiB each and read none of it.
     let readers: Vec<TcpStream> = (0..20)
@@ -661,7 +673,12 @@ fn five_upgrades_under_wrk_keep_alive_load_give_no_socket_error() {
     let mut current = start(false);
     // wrk never retries: a keep-alive connection closed under a request is an error.
     let wrk = Command::new("wrk")
-        .args(["-t2", "-c50", "-d12s", &format!("http://{}/x", current.proxy)])
+        .args([
+            "-t2",
+            "-c50",
+            "-d12s",
+            &format!("http://{}/x", current.proxy),
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -683,7 +700,10 @@ fn five_upgrades_under_wrk_keep_alive_load_give_no_socket_error() {
     let text = String::from_utf8_lossy(&out.stdout);
     let (requests, errors) = wrk_summary(&text);
     assert!(requests > 1000, "{text}");
-    assert_eq!(errors, [0; 4], "socket errors (connect, read, write, timeout):\n{text}");
+    assert_eq!(
+        errors, [0; 4],
+        "socket errors (connect, read, write, timeout):\n{text}"
+    );
 }
 
 /// The resident set of process `pid`, in bytes.
@@ -703,7 +723,10 @@ async fn memory_goes_back_after_a_flood_of_idle_connections() {
     let _turn = one_at_a_time();
     raise_own_file_limit();
     let a = TestBackend::start("A");
-    let f = Fulcrum::over(&[&a], &["--access-log", "off", "--max-connections", "20000"]);
+    let f = Fulcrum::over(
+        &[&a],
+        &["--access-log", "off", "--max-connections", "20000"],
+    );
     let pid = f.child.id();
     for _ in 0..50 {
         assert!(one_request(f.proxy, false).is_ok());
@@ -724,14 +747,20 @@ async fn memory_goes_back_after_a_flood_of_idle_connections() {
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    assert!(peak > bound, "the flood must cost memory to show anything: {peak} vs {bound}");
+    assert!(
+        peak > bound,
+        "the flood must cost memory to show anything: {peak} vs {bound}"
+    );
     let t = Instant::now();
     let mut now = rss(pid);
     while now > bound && t.elapsed() < Duration::from_secs(60) {
         tokio::time::sleep(Duration::from_secs(1)).await;
         now = rss(pid);
     }
-    println!("RSS idle {idle}, peak {peak}, after {:?}: {now}", t.elapsed());
+    println!(
+        "RSS idle {idle}, peak {peak}, after {:?}: {now}",
+        t.elapsed()
+    );
     assert!(
         now <= bound,
         "RSS {now} after 60 s, above 2 × {idle} + 10 MiB (peak {peak})"

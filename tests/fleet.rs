@@ -463,7 +463,12 @@ async fn a_new_instance_answers_nothing_before_it_has_read_the_store() {
     let mut child = std::process::Command::new(BIN)
         .env_remove("FULCRUM_ADMIN_TOKEN")
         .args(["serve", "--store", &relay.store("ready")])
-        .args(["--listen", &listen.to_string(), "--admin", &admin_addr.to_string()])
+        .args([
+            "--listen",
+            &listen.to_string(),
+            "--admin",
+            &admin_addr.to_string(),
+        ])
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
@@ -473,7 +478,10 @@ async fn a_new_instance_answers_nothing_before_it_has_read_the_store() {
     let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
     let log2 = std::sync::Arc::clone(&log);
     std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
             log2.lock().unwrap().push_str(&(line + "\n"));
         }
     });
@@ -517,7 +525,10 @@ async fn an_instance_never_reports_its_own_bookkeeping_as_skipped() {
     }
     let mut events = EventStream::open(&fs[1]);
     for i in 0..5 {
-        let body = format!(r#"{{"url": "http://127.0.0.1:{}", "name": "n{i}"}}"#, 20000 + i);
+        let body = format!(
+            r#"{{"url": "http://127.0.0.1:{}", "name": "n{i}"}}"#,
+            20000 + i
+        );
         let r = admin(&c, "POST", &fs[0].admin_url("/admin/backends"), &body).await;
         assert_eq!(r.status, 201, "{}", r.text());
     }
@@ -530,10 +541,6 @@ async fn an_instance_never_reports_its_own_bookkeeping_as_skipped() {
     let skipped = events.find(Duration::from_millis(500), |e| e["type"] == "store_skipped");
     assert!(skipped.is_none(), "{skipped:?}");
     for f in &fs {
-        assert!(
-            !f.log().contains("value skipped"),
-            "{}",
-            f.log()
-        );
+        assert!(!f.log().contains("value skipped"), "{}", f.log());
     }
 }

@@ -33,7 +33,8 @@ async fn until_no_request_in_flight(f: &Fulcrum, limit: Duration) -> Option<Dura
 
 /// Reads `s` to its end (or an error), at most `limit`; whether it ended.
 fn ends_within(s: &mut TcpStream, limit: Duration) -> bool {
-    s.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
     let t = Instant::now();
     let mut buf = vec![0u8; 1 << 20];
     while t.elapsed() < limit {
@@ -65,16 +66,18 @@ async fn a_client_that_stops_reading_is_closed_after_the_send_timeout() {
             freed.is_some_and(|d| d >= Duration::from_millis(900)),
             "{request:?}: the backend's slot is freed after the send timeout ({freed:?})"
         );
-        let ended = tokio::task::spawn_blocking(move || ends_within(&mut s, Duration::from_secs(10)))
-            .await
-            .unwrap();
+        let ended =
+            tokio::task::spawn_blocking(move || ends_within(&mut s, Duration::from_secs(10)))
+                .await
+                .unwrap();
         assert!(ended, "{request:?}: the connection is closed");
     }
     // HTTP/2: a stream the client gives no window to.
     let tcp = tokio::net::TcpStream::connect(proxy).await.unwrap();
-    let (mut h2, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
-        .await
-        .unwrap();
+    let (mut h2, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+            .await
+            .unwrap();
     let conn = tokio::spawn(conn);
     let req = http::Request::get(format!("http://h.test{HUGE}"))
         .body(Empty::<Bytes>::new())
@@ -115,13 +118,17 @@ async fn a_request_body_over_the_limit_gets_413() {
     );
     let answer = |req: Vec<u8>| raw_exchange(f.proxy, &req, Duration::from_secs(5));
     // A stated length over the limit: refused before anything is forwarded.
-    let mut req = b"POST /up HTTP/1.1\r\nHost: h\r\nContent-Length: 2000\r\nConnection: close\r\n\r\n".to_vec();
+    let mut req =
+        b"POST /up HTTP/1.1\r\nHost: h\r\nContent-Length: 2000\r\nConnection: close\r\n\r\n"
+            .to_vec();
     req.extend(vec![b'x'; 2000]);
     let r = answer(req);
     assert!(r.starts_with("HTTP/1.1 413"), "{r}");
     assert_eq!(a.requests(), 0);
     // A chunked body that grows over it: cut, 413.
-    let mut req = b"POST /up HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n".to_vec();
+    let mut req =
+        b"POST /up HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+            .to_vec();
     for _ in 0..4 {
         req.extend(b"200\r\n");
         req.extend(vec![b'y'; 512]);
@@ -131,7 +138,9 @@ async fn a_request_body_over_the_limit_gets_413() {
     let r = answer(req);
     assert!(r.starts_with("HTTP/1.1 413"), "{r}");
     // At the limit it passes.
-    let mut req = b"POST /up HTTP/1.1\r\nHost: h\r\nContent-Length: 1024\r\nConnection: close\r\n\r\n".to_vec();
+    let mut req =
+        b"POST /up HTTP/1.1\r\nHost: h\r\nContent-Length: 1024\r\nConnection: close\r\n\r\n"
+            .to_vec();
     req.extend(vec![b'z'; 1024]);
     let r = answer(req);
     assert!(r.starts_with("HTTP/1.1 200"), "{r}");
@@ -146,7 +155,9 @@ async fn a_request_body_over_the_limit_gets_413() {
         ),
     );
     let g = Fulcrum::start(&["--config", cfg.to_str().unwrap()]);
-    let mut req = b"POST /up HTTP/1.1\r\nHost: h\r\nContent-Length: 101\r\nConnection: close\r\n\r\n".to_vec();
+    let mut req =
+        b"POST /up HTTP/1.1\r\nHost: h\r\nContent-Length: 101\r\nConnection: close\r\n\r\n"
+            .to_vec();
     req.extend(vec![b'x'; 101]);
     let r = raw_exchange(g.proxy, &req, Duration::from_secs(5));
     assert!(r.starts_with("HTTP/1.1 413"), "{r}");
@@ -158,7 +169,10 @@ fn bad_limits_are_refused_with_their_name() {
         (&["--send-timeout", "0s"][..], "send_timeout"),
         (&["--send-timeout", "5"][..], "send_timeout"),
         (&["--max-request-body", "lots"][..], "max_request_body"),
-        (&["--upgrade-protocols", "web socket"][..], "upgrade_protocols"),
+        (
+            &["--upgrade-protocols", "web socket"][..],
+            "upgrade_protocols",
+        ),
     ] {
         let mut all = vec!["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"];
         all.extend_from_slice(args);
@@ -167,10 +181,17 @@ fn bad_limits_are_refused_with_their_name() {
         assert!(err.contains(name), "{args:?}: {err}");
         assert_eq!(err.trim().lines().count(), 1, "{err}");
     }
-    let cfg = config_file("limits", "bad", "send_timeout = \"1s\"\nmax_request_body = \"1x\"\n");
+    let cfg = config_file(
+        "limits",
+        "bad",
+        "send_timeout = \"1s\"\nmax_request_body = \"1x\"\n",
+    );
     let (st, _, err) = run_fulcrum(&["check", "--config", cfg.to_str().unwrap()]);
     assert_eq!(st.code(), Some(2), "{err}");
-    assert!(err.contains("line 2") && err.contains("max_request_body"), "{err}");
+    assert!(
+        err.contains("line 2") && err.contains("max_request_body"),
+        "{err}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -178,9 +199,10 @@ async fn an_idle_h2_connection_is_closed_with_goaway_after_the_idle_timeout() {
     let a = TestBackend::start("A");
     let f = Fulcrum::over(&[&a], &["--health-interval", "60s"]);
     let tcp = tokio::net::TcpStream::connect(f.proxy).await.unwrap();
-    let (mut h2, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
-        .await
-        .unwrap();
+    let (mut h2, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+            .await
+            .unwrap();
     let t = Instant::now();
     let conn = tokio::spawn(conn);
     // One request, then nothing: the idle time counts from its end.

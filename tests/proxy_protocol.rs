@@ -38,7 +38,12 @@ fn headers_of_both_versions_name_the_client_and_bad_ones_close_the_connection() 
     let a = TestBackend::start("A");
     let f = Fulcrum::over(
         &[&a],
-        &["--accept-proxy-protocol", "on", "--trusted-proxies", "127.0.0.1/32"],
+        &[
+            "--accept-proxy-protocol",
+            "on",
+            "--trusted-proxies",
+            "127.0.0.1/32",
+        ],
     );
     let seen = || {
         let h = a.stats.last_headers.lock().unwrap().clone().unwrap();
@@ -130,7 +135,12 @@ fn a_header_from_a_peer_that_is_not_a_trusted_proxy_closes_the_connection() {
     // 127.0.0.1, the test's own address, is not among the trusted proxies.
     let f = Fulcrum::over(
         &[&a],
-        &["--accept-proxy-protocol", "on", "--trusted-proxies", "10.0.0.0/8"],
+        &[
+            "--accept-proxy-protocol",
+            "on",
+            "--trusted-proxies",
+            "10.0.0.0/8",
+        ],
     );
     let seen = || {
         let h = a.stats.last_headers.lock().unwrap().clone().unwrap();
@@ -148,7 +158,8 @@ fn a_header_from_a_peer_that_is_not_a_trusted_proxy_closes_the_connection() {
     assert_eq!(exchange(f.proxy, &v2), "");
     assert_eq!(a.requests(), 0, "neither reached the backend");
     // Without a header it is an ordinary client: its own address, its XFF not believed.
-    let plain = b"GET /pp HTTP/1.1\r\nHost: t\r\nX-Forwarded-For: 1.2.3.4\r\nConnection: close\r\n\r\n";
+    let plain =
+        b"GET /pp HTTP/1.1\r\nHost: t\r\nX-Forwarded-For: 1.2.3.4\r\nConnection: close\r\n\r\n";
     assert!(exchange(f.proxy, plain).starts_with("HTTP/1.1 200"));
     assert_eq!(seen(), "1.2.3.4, 127.0.0.1");
     // A method that starts like the header's first bytes is still served.

@@ -264,7 +264,7 @@ impl Collector<'_> {
             (_, DeValue::String(s)) if ty != FileType::Int && ty != FileType::Float => {
                 Some(s.to_string())
             }
-            (FileType::Int | FileType::Float, DeValue::Integer(i)) => {
+            (FileType::Int | FileType::Float | FileType::Size, DeValue::Integer(i)) => {
                 i64::from_str_radix(i.as_str(), i.radix())
                     .ok()
                     .map(|n| n.to_string())
@@ -285,6 +285,7 @@ impl Collector<'_> {
                 FileType::Float => "a number",
                 FileType::Switch => "on, off, true or false",
                 FileType::StrOrList => "a string or a list of strings",
+                FileType::Size => "a size: bytes, or a string such as \"1m\"",
             };
             self.push(v.span().start, Some(key), format!("expected {expected}"));
         }

@@ -214,6 +214,12 @@ pub(crate) struct Settings {
     pub(crate) max_inflight: usize,
     /// Client connections open at once; 0 = derived from the open-file limit.
     pub(crate) max_connections: usize,
+    /// A client that takes no byte of an answer for this long is closed.
+    pub(crate) send_timeout: Duration,
+    /// Largest request body; `None` = no limit (a default for every pool).
+    pub(crate) max_request_body: Option<u64>,
+    /// The protocols an `Upgrade` is tunnelled for, in lower case.
+    pub(crate) upgrade_protocols: Vec<String>,
     /// Weight ramp duration; zero = off.
     pub(crate) slow_start: Duration,
     /// EWMA smoothing factor.
@@ -324,6 +330,9 @@ impl Default for Settings {
             retries: 0,
             max_inflight: 0,
             max_connections: 0,
+            send_timeout: Duration::ZERO,
+            max_request_body: None,
+            upgrade_protocols: Vec::new(),
             slow_start: Duration::ZERO,
             ewma_alpha: 0.0,
             admin_token_file: None,
@@ -530,6 +539,12 @@ fn check_whole(s: &Settings, errors: &mut Vec<ConfigError>) {
                 ),
             });
         }
+    }
+    if s.accept_proxy_protocol && s.trusted_proxies.is_empty() {
+        errors.push(ConfigError {
+            origin: "accept_proxy_protocol".into(),
+            message: "PROXY headers are taken only from trusted_proxies, and none is set: name the load balancers that send them (e.g. trusted_proxies = [\"10.0.0.0/8\"])".into(),
+        });
     }
     if !s.admin.ip().is_loopback() && s.admin_token.is_none() {
         errors.push(ConfigError {

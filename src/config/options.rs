@@ -25,6 +25,8 @@ pub(crate) enum FileType {
     Switch,
     /// A string, or a list of strings (joined with commas).
     StrOrList,
+    /// A size: an integer (bytes) or a string with a unit (`"1m"`).
+    Size,
 }
 
 /// What a reload does with a changed value.
@@ -518,6 +520,39 @@ pub(crate) static OPTIONS: &[Opt] = &[
         file_type: FileType::Int,
         set: |s, v| parse_uint::<usize>(v, 0, 10_000_000).map(|x| s.max_connections = x),
         reload: restart!("max_connections", max_connections),
+    },
+    Opt {
+        key: "send_timeout",
+        table_key: None,
+        value_name: "DUR",
+        help: "A client that takes no byte of an answer for this long is closed, and its slot freed",
+        default: Some("60s"),
+        default_text: None,
+        file_type: FileType::Str,
+        set: |s, v| positive(v).map(|x| s.send_timeout = x),
+        reload: restart!("send_timeout", send_timeout),
+    },
+    Opt {
+        key: "max_request_body",
+        table_key: None,
+        value_name: "SIZE",
+        help: "Largest request body (512k, 1m, 2g); a larger one gets 413; 0 = no limit",
+        default: Some("0"),
+        default_text: None,
+        file_type: FileType::Size,
+        set: |s, v| parse_size(v).map(|x| s.max_request_body = x),
+        reload: restart!("max_request_body", max_request_body),
+    },
+    Opt {
+        key: "upgrade_protocols",
+        table_key: None,
+        value_name: "NAMES",
+        help: "Protocols an Upgrade request is tunnelled for, NAME[,NAME…]; any other Upgrade is removed and the request goes on as plain HTTP",
+        default: Some("websocket"),
+        default_text: None,
+        file_type: FileType::StrOrList,
+        set: |s, v| parse_upgrade_protocols(v).map(|x| s.upgrade_protocols = x),
+        reload: restart!("upgrade_protocols", upgrade_protocols),
     },
     Opt {
         key: "slow_start",

@@ -27,7 +27,7 @@ const MAX_POOL_NAME: usize = 64;
 
 /// The option keys a pool may set for itself, as the options table names them (the
 /// health ones also as the `health` table's short keys).
-pub(crate) const POOL_OPTIONS: [&str; 26] = [
+pub(crate) const POOL_OPTIONS: [&str; 27] = [
     "strategy",
     "hash_key",
     "hash_balance_factor",
@@ -54,6 +54,7 @@ pub(crate) const POOL_OPTIONS: [&str; 26] = [
     "tls_ca_file",
     "tls_verify",
     "send_proxy_protocol",
+    "max_request_body",
 ];
 
 /// The settings a pool has of its own.
@@ -89,6 +90,8 @@ pub(crate) struct PoolSettings {
     pub(crate) transport: super::BackendTransport,
     /// Request sent → response headers bound.
     pub(crate) upstream_timeout: Duration,
+    /// Largest request body; `None` = no limit.
+    pub(crate) max_request_body: Option<u64>,
 }
 
 impl PoolSettings {
@@ -113,6 +116,7 @@ impl PoolSettings {
             connect_timeout: s.connect_timeout,
             transport: s.backend_tls.clone(),
             upstream_timeout: s.upstream_timeout,
+            max_request_body: s.max_request_body,
         }
     }
 
@@ -145,6 +149,10 @@ impl PoolSettings {
         note(
             self.upstream_timeout != other.upstream_timeout,
             "upstream_timeout",
+        );
+        note(
+            self.max_request_body != other.max_request_body,
+            "max_request_body",
         );
         let (a, b) = (&self.transport, &other.transport);
         note(a.protocol != b.protocol, "protocol");

@@ -293,3 +293,84 @@ pub(crate) fn parse_strategy(s: &str) -> Result<StrategyKind, String> {
 pub(crate) fn parse_workers(s: &str) -> Result<usize, String> {
     parse_uint::<usize>(s, 1, 1024)
 }
+
+/// The largest `max_request_body`: 1 TiB.
+const MAX_SIZE: u64 = 1 << 40;
+
+/// Parses a size in bytes as nginx writes one: `1048576`, `512k`, `1m`, `2g` (binary
+/// multiples, any case, `KiB`/`MiB`/`GiB` too); `0` or `off` is `None` (no limit).
+pub(crate) fn parse_size(s: &str) -> Result<Option<u64>, String> {
+    let t = s.trim();
+    if t == "off" || t == "0" {
+        return Ok(None);
+    }
+    let bad = || {
+        format!("invalid size '{s}' (bytes, or with a unit: 512k, 1m, 2g; 0 or off for no limit)")
+    };
+    let digits = t.chars().take_while(|c| c.is_ascii_digit()).count();
+    if digits == 0 {
+        return Err(bad());
+    }
+    let n: u64 = t[..digits].parse().map_err(|_| bad())?;
+    let shift = match t[digits..].to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kib" => 10,
+        "m" | "mib" => 20,
+        "g" | "gib" => 30,
+        _ => return Err(bad()),
+    };
+    match n.checked_mul(1 << shift) {
+        Some(0) => Ok(None),
+        Some(v) if v <= MAX_SIZE => Ok(Some(v)),
+        _ => Err(format!("invalid size '{s}' (at most 1024g)")),
+    }
+}
+
+/// Parses the protocols an `Upgrade` may switch to, `NAME[,NAME…]` (RFC 9110 tokens,
+/// kept in lower case); an empty list tunnels nothing.
+pub(crate) fn parse_upgrade_protocols(s: &str) -> Result<Vec<String>, String> {
+    let token = |c: u8| c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&c);
+    s.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            if p.bytes().all(token) {
+                Ok(p.to_ascii_lowercase())
+            } else {
+                Err(format!(
+                    "invalid protocol '{}' (a token such as websocket; the list is comma-separated)",
+                    p.escape_default()
+                ))
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_are_bytes_or_binary_multiples() {
+        assert_eq!(parse_size("1048576"), Ok(Some(1 << 20)));
+        assert_eq!(parse_size("512k"), Ok(Some(512 << 10)));
+        assert_eq!(parse_size("1M"), Ok(Some(1 << 20)));
+        assert_eq!(parse_size("2GiB"), Ok(Some(2 << 30)));
+        assert_eq!(parse_size("off"), Ok(None));
+        assert_eq!(parse_size("0k"), Ok(None));
+        for bad in ["", "k", "1x", "1.5m", "-1", "2000g"] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn upgrade_protocols_are_tokens() {
+        assert_eq!(
+            parse_upgrade_protocols("websocket, X-Custom"),
+            Ok(vec!["websocket".to_string(), "x-custom".to_string()])
+        );
+        assert_eq!(parse_upgrade_protocols(""), Ok(Vec::new()));
+        assert!(parse_upgrade_protocols("web socket").is_err());
+        assert!(parse_upgrade_protocols("h2c/1\u{0}").is_err());
+    }
+}

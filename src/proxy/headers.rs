@@ -27,6 +27,43 @@ pub(crate) fn is_upgrade_request(headers: &HeaderMap) -> bool {
         })
 }
 
+/// Leaves in `Upgrade` only the protocols of `allowed` (lower-case names; a protocol's
+/// `/version` is not compared); whether any is left, so that the request is an upgrade.
+pub(crate) fn keep_upgrades(headers: &mut HeaderMap, allowed: &[String]) -> bool {
+    let is_allowed = |p: &str| {
+        let name = p.split('/').next().unwrap_or("").trim();
+        allowed.iter().any(|a| a.eq_ignore_ascii_case(name))
+    };
+    let offered: Vec<&str> = headers
+        .get_all(header::UPGRADE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .collect();
+    if !offered.is_empty() && offered.iter().all(|p| is_allowed(p)) {
+        return true;
+    }
+    let kept: Vec<&str> = offered.into_iter().filter(|p| is_allowed(p)).collect();
+    match HeaderValue::from_str(&kept.join(", ")) {
+        Ok(v) if !kept.is_empty() => {
+            headers.insert(header::UPGRADE, v);
+            true
+        }
+        _ => false,
+    }
+}
+
+/// Whether a `101` answer switches to a protocol of `allowed` (its `Upgrade` names one).
+pub(crate) fn switches_to_allowed(headers: &HeaderMap, allowed: &[String]) -> bool {
+    headers
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .map(|p| p.split('/').next().unwrap_or("").trim())
+        .is_some_and(|name| allowed.iter().any(|a| a.eq_ignore_ascii_case(name)))
+}
+
 /// Removes hop-by-hop headers ([`hop`]'s rules). With `upgrade`, `Connection: upgrade`
 /// and `Upgrade` stay, as the next hop needs them to switch protocols.
 ///
@@ -515,6 +552,27 @@ mod tests {
         strip_hop_by_hop(&mut h, false);
         let names: Vec<_> = h.keys().map(|k| k.as_str()).collect();
         assert_eq!(names, vec!["x-kept"]);
+    }
+
+    #[test]
+    fn only_the_allowed_protocols_are_upgraded_to() {
+        let ws = vec!["websocket".to_string()];
+        let mut h = map(&[("upgrade", "h2c")]);
+        assert!(!keep_upgrades(&mut h, &ws), "h2c is not tunnelled");
+        let mut h = map(&[("upgrade", "WebSocket")]);
+        assert!(keep_upgrades(&mut h, &ws));
+        assert_eq!(h["upgrade"], "WebSocket", "left as sent");
+        let mut h = map(&[("upgrade", "h2c, websocket/13")]);
+        assert!(keep_upgrades(&mut h, &ws));
+        assert_eq!(
+            h["upgrade"], "websocket/13",
+            "only what is allowed is offered"
+        );
+        let mut h = map(&[("upgrade", "websocket")]);
+        assert!(!keep_upgrades(&mut h, &[]), "an empty list tunnels nothing");
+        assert!(switches_to_allowed(&map(&[("upgrade", "websocket")]), &ws));
+        assert!(!switches_to_allowed(&map(&[("upgrade", "h2c")]), &ws));
+        assert!(!switches_to_allowed(&HeaderMap::new(), &ws));
     }
 
     #[test]

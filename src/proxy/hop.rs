@@ -22,6 +22,10 @@ const FIXED: [&[u8]; 8] = [
     b"upgrade",
 ];
 
+/// Fields a `Connection` field cannot make hop-by-hop (`docs/architecture.md`,
+/// "Headers"). `Transfer-Encoding` is hop-by-hop by itself all the same.
+const NEVER_NAMED: [&[u8]; 3] = [b"host", b"content-length", b"transfer-encoding"];
+
 /// Whether a field `name` (in any case) is hop-by-hop by itself.
 #[inline]
 pub(crate) fn is_hop_by_hop(name: &[u8]) -> bool {
@@ -79,11 +83,17 @@ pub(crate) fn tokens(value: &[u8]) -> impl Iterator<Item = Token<'_>> {
 pub(crate) struct Named<'a>(Vec<&'a [u8]>);
 
 impl<'a> Named<'a> {
-    /// Adds the names one `Connection` value names.
+    /// Adds the names one `Connection` value names. A nomination of a field that says
+    /// where the message goes or how it is framed ([`NEVER_NAMED`]) is ignored, as
+    /// HAProxy does: dropping `Host` would send the backend its own address instead of
+    /// the client's name, dropping a length would change the framing.
     pub(crate) fn add(&mut self, connection_value: &'a [u8]) {
         for t in tokens(connection_value) {
-            if let Token::Names(n) = t {
-                self.0.push(n);
+            match t {
+                Token::Names(n) if !NEVER_NAMED.iter().any(|f| f.eq_ignore_ascii_case(n)) => {
+                    self.0.push(n);
+                }
+                _ => {}
             }
         }
     }
@@ -245,6 +255,12 @@ mod tests {
             assert!(is_dropped(n, &named, false), "{n:?}");
         }
         assert!(!is_dropped(b"x-kept", &named, false));
+        // Where the message goes and how long it is stay, whatever Connection names.
+        let mut framing = Named::default();
+        framing.add(b"close, Host, content-length, Transfer-Encoding");
+        assert!(framing.is_empty());
+        assert!(!is_dropped(b"host", &framing, false));
+        assert!(!is_dropped(b"Content-Length", &framing, false));
         assert!(is_dropped(b"upgrade", &named, false));
         assert!(!is_dropped(b"Upgrade", &named, true));
     }

@@ -60,6 +60,10 @@ pub(crate) struct ProxySettings {
     pub(crate) redirect_https: Option<u16>,
     /// `accept_proxy_protocol`.
     pub(crate) accept_proxy_protocol: bool,
+    /// `send_timeout`: how long a client may take no byte of an answer.
+    pub(crate) send_timeout: Duration,
+    /// `upgrade_protocols`: what an `Upgrade` is tunnelled for, in lower case.
+    pub(crate) upgrade_protocols: Arc<[String]>,
 }
 
 impl ProxySettings {
@@ -71,6 +75,8 @@ impl ProxySettings {
             access_log: s.access_log.then_some(s.log_format),
             redirect_https: None,
             accept_proxy_protocol: s.accept_proxy_protocol,
+            send_timeout: s.send_timeout,
+            upgrade_protocols: s.upgrade_protocols.clone().into(),
         }
     }
 }
@@ -354,9 +360,13 @@ impl Proxy {
         self.upstreams.sweep(|id| live.contains(&id));
     }
 
-    /// Whether connections start with a PROXY protocol header.
-    pub(crate) fn accepts_proxy_protocol(&self) -> bool {
-        self.settings.accept_proxy_protocol
+    /// With `accept_proxy_protocol`, whether a connection from `peer` must start with a
+    /// PROXY protocol header (`true`: a trusted proxy) or must not (`false`); `None`
+    /// when headers are not accepted at all.
+    pub(crate) fn proxy_protocol_from(&self, peer: std::net::IpAddr) -> Option<bool> {
+        self.settings
+            .accept_proxy_protocol
+            .then(|| headers::is_trusted(&self.settings.trusted_proxies, peer))
     }
 
     /// Proxies one request hyper's server parsed; `peer` is the connection's client.
@@ -365,8 +375,12 @@ impl Proxy {
         mut req: Request<Incoming>,
         peer: Peer,
     ) -> Response<RespBody> {
-        let upgrade =
-            req.version() == Version::HTTP_11 && headers::is_upgrade_request(req.headers());
+        // Only the protocols `upgrade_protocols` names are tunnelled; any other
+        // `Upgrade` is dropped with the hop-by-hop fields, and the request goes on as
+        // plain HTTP (an `h2c` tunnel would carry requests past every rule of this hop).
+        let upgrade = req.version() == Version::HTTP_11
+            && headers::is_upgrade_request(req.headers())
+            && headers::keep_upgrades(req.headers_mut(), &self.settings.upgrade_protocols);
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
         let (parts, body) = req.into_parts();
         // An empty body is not forwarded as a stream: such a request can be replayed.
@@ -902,6 +916,15 @@ impl Proxy {
         if let (Answer::Hyper(resp, _), Some(client_upgrade)) =
             (&mut answer, req.client_upgrade.take())
         {
+            let allowed = &self.settings.upgrade_protocols;
+            if status == StatusCode::SWITCHING_PROTOCOLS
+                && !headers::switches_to_allowed(resp.headers(), allowed)
+            {
+                // A tunnel to another protocol than the one asked for is not opened.
+                tracing::warn!(backend = %guard.backend().name, "the backend switched to a protocol upgrade_protocols does not name; answered 502");
+                let r = ProxyResponse::own(StatusCode::BAD_GATEWAY, "bad gateway\n");
+                return self.own(fin, Some(guard.backend()), r);
+            }
             if status == StatusCode::SWITCHING_PROTOCOLS {
                 fin.finish(Some(guard.backend()));
                 let upstream_upgrade = hyper::upgrade::on(&mut *resp);

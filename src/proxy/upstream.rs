@@ -24,6 +24,7 @@ use tokio::net::TcpStream;
 use super::body::ReqBody;
 use super::wire::{Wire, WireBody, WireError};
 use crate::backend::Backend;
+use crate::stats::BadAnswer;
 
 /// Idle connections older than this are closed.
 pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -289,8 +290,9 @@ impl Upstreams {
         let stream = self.open(b, origin).await?;
         let (sender, conn) = http1::Builder::new()
             .writev(false)
-            // A response head over the limit is refused (502), as on the inline path.
+            // A response head over the limits is refused (502), as on the inline path.
             .max_header_size(super::wire::MAX_HEAD)
+            .max_headers(super::wire::MAX_HEADERS)
             .handshake(TokioIo::new(stream))
             .await
             .map_err(|_| Failure::Connect)?;
@@ -452,6 +454,15 @@ impl Upstreams {
                         // backend's fault.
                         return Err(Failure::ClientGone.into());
                     }
+                    None if e.error().is_parse() => {
+                        // hyper does not say which limit a head broke.
+                        let why = match e.error().is_parse_too_large() {
+                            true => BadAnswer::HeadTooLarge,
+                            false => BadAnswer::Malformed,
+                        };
+                        refused(b, why);
+                        return Err(Failure::Broken.into());
+                    }
                     None => {
                         tracing::debug!(backend = %b.name, error = %e.error(), "upstream exchange failed");
                         return Err(Failure::Broken.into());
@@ -496,6 +507,10 @@ impl Upstreams {
                 }
                 // Nothing reached the backend: as good as a failed connect.
                 Err(WireError::Unsent) => return Err(Failure::Connect),
+                Err(WireError::Refused(why)) => {
+                    refused(b, why);
+                    return Err(Failure::Broken);
+                }
                 Err(_) => {
                     tracing::debug!(backend = %b.name, "upstream exchange failed");
                     return Err(Failure::Broken);
@@ -573,4 +588,11 @@ impl Upstreams {
             live(*id) && !list.is_empty()
         });
     }
+}
+
+/// Says why a backend's answer was refused (a warning, and its counter): an operator
+/// sees the 502 explained without a debug log (`docs/operations.md`, "Limits").
+fn refused(b: &Backend, why: BadAnswer) {
+    b.stats.bad_answer(why);
+    tracing::warn!(backend = %b.name, pool = %b.pool, reason = why.label(), "{}; answered 502", why.text());
 }

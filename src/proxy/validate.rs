@@ -17,7 +17,8 @@ pub(crate) enum Invalid {
     /// `Content-Length` together with `Transfer-Encoding`: the framing is ambiguous, the
     /// shape request smuggling takes.
     LengthAndCoding,
-    /// An HTTP/1.1 request without `Host`.
+    /// An HTTP/1.1 request without `Host`, or an HTTP/2 one with neither `Host` nor
+    /// `:authority`.
     NoHost,
     /// More than one `Host` field.
     SeveralHosts,
@@ -134,6 +135,9 @@ impl<'a> Hosts<'a> {
         match self.count {
             // RFC 9112 §3.2: even with an absolute-form target.
             0 if version == Version::HTTP_11 => Err(Invalid::NoHost),
+            // RFC 9113 §8.3.1: an HTTP/2 request names its authority in `:authority` or
+            // `host`; without either, which host is asked for is anyone's guess.
+            0 if version == Version::HTTP_2 && self.authority.is_none() => Err(Invalid::NoHost),
             0 => Ok(()),
             1 if !self.valid => Err(Invalid::BadHost),
             1 if version == Version::HTTP_2 && !self.same_as_authority => {
@@ -245,6 +249,10 @@ mod tests {
         assert_eq!(check(&none), Ok(()), ":authority is enough");
         let other = map_head(h2, "http://a.example/x", &["b.example"]);
         assert_eq!(check(&other), Err(Invalid::HostNotAuthority));
+        let bare = map_head(h2, "/x", &[]);
+        assert_eq!(check(&bare), Err(Invalid::NoHost), "no authority at all");
+        let host_only = map_head(h2, "/x", &["a.example"]);
+        assert_eq!(check(&host_only), Ok(()), "host is enough");
         let port = map_head(h2, "http://a.example:80/x", &["a.example"]);
         assert_eq!(check(&port), Ok(()), "the default port is left out");
         let userinfo = map_head(Version::HTTP_11, "http://evil@a.example/x", &["ok"]);

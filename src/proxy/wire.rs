@@ -25,11 +25,12 @@ use super::headers::{put_field, Spans};
 use super::hop;
 use super::message::{ResponseFields, ResponseHead};
 use crate::deadline::Deadline;
+use crate::stats::BadAnswer;
 
 /// Largest response head accepted from a backend (hyper's client is held to it too).
 pub(crate) const MAX_HEAD: usize = 64 * 1024;
 /// Most header lines accepted in a response head.
-const MAX_HEADERS: usize = 128;
+pub(crate) const MAX_HEADERS: usize = 128;
 /// Interim (1xx) answers skipped before the final one; more is a broken backend.
 const MAX_INTERIM: usize = 8;
 /// Bytes asked of the kernel per read.
@@ -64,8 +65,10 @@ pub(crate) enum WireError {
     Unsent,
     /// The connection was closed or failed before a single byte of the answer came back.
     Silent,
-    /// The answer was malformed or broke off.
+    /// The answer broke off.
     Broken,
+    /// The answer's head was refused as unsafe to forward.
+    Refused(BadAnswer),
     /// No complete response head by the deadline.
     Timeout,
 }
@@ -134,10 +137,10 @@ impl Wire {
                     match parse_head(&mut self.buf, method) {
                         Ok(Some(p)) => break p,
                         Ok(None) => {}
-                        Err(()) => return Err(WireError::Broken),
+                        Err(why) => return Err(WireError::Refused(why)),
                     }
                     if self.buf.len() > MAX_HEAD {
-                        return Err(WireError::Broken);
+                        return Err(WireError::Refused(BadAnswer::HeadTooLarge));
                     }
                 }
                 let silent = self.buf.is_empty() && !answered;
@@ -160,7 +163,7 @@ impl Wire {
             if head.status.is_informational() {
                 interim += 1;
                 if head.status == StatusCode::SWITCHING_PROTOCOLS || interim > MAX_INTERIM {
-                    return Err(WireError::Broken);
+                    return Err(WireError::Refused(BadAnswer::Malformed));
                 }
                 answered = true;
                 continue;
@@ -235,7 +238,7 @@ impl Fields {
 /// Parses a response head at the start of `buf` and takes it out of `buf`; `Ok(None)`
 /// (and `buf` untouched) when it is incomplete. Its fields stay slices of the head's own
 /// bytes ([`Fields`]); hop-by-hop fields are dropped on the way.
-fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, ()> {
+fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, BadAnswer> {
     // Where each line's name and value lie in the head, as offsets.
     let mut spans = [(0u32, 0u32, 0u32, 0u32); MAX_HEADERS];
     let (len, code, http11, count, reason) = {
@@ -245,10 +248,13 @@ fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, ()> {
             .parse_response_with_uninit_headers(&mut resp, buf, &mut lines);
         let len = match parsed {
             // A head over the limit is refused however it arrived, whole or in pieces.
-            Ok(httparse::Status::Complete(n)) if n > MAX_HEAD => return Err(()),
+            Ok(httparse::Status::Complete(n)) if n > MAX_HEAD => {
+                return Err(BadAnswer::HeadTooLarge)
+            }
             Ok(httparse::Status::Complete(n)) => n,
             Ok(httparse::Status::Partial) => return Ok(None),
-            Err(_) => return Err(()),
+            Err(httparse::Error::TooManyHeaders) => return Err(BadAnswer::HeadTooLarge),
+            Err(_) => return Err(BadAnswer::Malformed),
         };
         let base = buf.as_ptr() as usize;
         // Where a slice of the head starts, checked to lie inside the head.
@@ -257,7 +263,7 @@ fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, ()> {
                 .checked_sub(base)
                 .filter(|&o| o + s.len() <= len)
                 .map(|o| o as u32)
-                .ok_or(())
+                .ok_or(BadAnswer::Malformed)
         };
         for (span, h) in spans.iter_mut().zip(resp.headers.iter()) {
             *span = (
@@ -284,10 +290,13 @@ fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, ()> {
             },
         )
     };
-    let status = code.and_then(|c| StatusCode::from_u16(c).ok()).ok_or(())?;
+    let malformed = |()| BadAnswer::Malformed;
+    let status = code
+        .and_then(|c| StatusCode::from_u16(c).ok())
+        .ok_or(BadAnswer::Malformed)?;
     let head = buf.split_to(len).freeze();
-    let facts = read_fields(&head, &spans[..count], http11)?;
-    let (framing, length, close) = framing(method, status, &facts, http11)?;
+    let facts = read_fields(&head, &spans[..count], http11).map_err(malformed)?;
+    let (framing, length, close) = framing(method, status, &facts, http11).map_err(malformed)?;
     let fields = Fields {
         spans: Spans::new(head, facts.kept),
         length,
@@ -864,13 +873,15 @@ mod tests {
     /// Parses `text`; also returns how many bytes the head took.
     fn head(text: &str, method: Method) -> Result<Option<(Parsed, usize, Framing, bool)>, ()> {
         let mut buf = BytesMut::from(text.as_bytes());
-        Ok(parse_head(&mut buf, &method)?.map(|(h, f, k)| {
-            let p = Parsed {
-                status: h.status,
-                headers: wire_fields(h).into_map(),
-            };
-            (p, text.len() - buf.len(), f, k)
-        }))
+        Ok(parse_head(&mut buf, &method)
+            .map_err(|_| ())?
+            .map(|(h, f, k)| {
+                let p = Parsed {
+                    status: h.status,
+                    headers: wire_fields(h).into_map(),
+                };
+                (p, text.len() - buf.len(), f, k)
+            }))
     }
 
     fn wire_fields(h: ResponseHead) -> Fields {

@@ -153,6 +153,11 @@ pub(crate) struct Entry {
 
 /// Parses the value of `key` (below the prefix).
 pub(crate) fn parse(key: &str, value: &[u8]) -> Result<(Object, Value), String> {
+    // The generation key's value is whatever instance id wrote it, not JSON: only its
+    // revisions matter, and a key fulcrum writes itself is never reported as bad.
+    if key == GENERATION {
+        return Ok((Object::Generation, Value::Null));
+    }
     let raw: Value = serde_json::from_slice(value).map_err(|e| format!("not a JSON value: {e}"))?;
     let object = if let Some(name) = key.strip_prefix("pools/") {
         pools::check_pool_name(name)?;
@@ -195,8 +200,6 @@ pub(crate) fn parse(key: &str, value: &[u8]) -> Result<(Object, Value), String> 
             ));
         }
         Object::Routes(specs)
-    } else if key == GENERATION {
-        Object::Generation
     } else {
         return Err("not a key fulcrum knows".into());
     };
@@ -440,6 +443,14 @@ mod tests {
 
     fn put(m: &mut Mirror, k: &str, v: &str, rev: i64) -> Result<(), String> {
         m.put(k, &kv(k, v, rev))
+    }
+
+    #[test]
+    fn the_generation_key_is_taken_whatever_instance_wrote_it() {
+        let mut m = Mirror::default();
+        put(&mut m, GENERATION, "f3a9-instance-7", 9).unwrap();
+        assert_eq!(m.entries[GENERATION].mod_revision, 9);
+        assert!(matches!(m.entries[GENERATION].object, Object::Generation));
     }
 
     #[test]
