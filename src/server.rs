@@ -701,9 +701,8 @@ fn spawn_workers(
 /// the workers have drained.
 fn spawn_admin(
     admin_listener: std::net::TcpListener,
-    admin_state: crate::admin::AdminCtx,
+    admin: AdminStart,
     site: &Arc<Site>,
-    max_connections: usize,
     rx: &watch::Receiver<bool>,
     mut done_rx: watch::Receiver<bool>,
     fleet: Option<FleetStart>,
@@ -731,8 +730,13 @@ fn spawn_admin(
                         let _ = arx2.changed().await;
                         tokio::time::sleep(DRAIN_TIMEOUT).await;
                     };
+                    let AdminStart { ctx, max_connections, mut ready } = admin;
+                    let serving = async move {
+                        let _ = ready.wait_for(|r| *r).await;
+                        crate::admin::serve(admin_listener, ctx, max_connections, stop).await
+                    };
                     tokio::select! {
-                        _ = crate::admin::serve(admin_listener, admin_state, max_connections, stop) => {}
+                        _ = serving => {}
                         _ = deadline => tracing::warn!("admin connections still open after the drain timeout; closing them"),
                     }
                     // Spawned children are supervised here: keep them until the workers
@@ -818,14 +822,6 @@ fn launch(
     if settings.tls.redirect_https {
         proxy_settings.redirect_https = tls_listen.map(|a| a.port());
     }
-    let mut threads = spawn_workers(
-        listeners.proxy,
-        https,
-        &site,
-        proxy_settings,
-        caps.proxy,
-        &rx,
-    )?;
     let spawner = Arc::new(crate::spawn::Spawner::new(Arc::clone(&site)));
     let traffic = Arc::new(crate::traffic::Traffic::new(listen));
     let reloader = Arc::new(crate::reload::Reloader::new(
@@ -854,19 +850,34 @@ fn launch(
     let admin_listener = listeners.admin;
     let (loaded_tx, loaded) = std::sync::mpsc::channel();
     let start = fleet.clone().map(|fleet| FleetStart { fleet, loaded_tx });
+    let (ready_tx, ready) = watch::channel(false);
     let (admin_thread, admin_rt) = spawn_admin(
         admin_listener,
-        admin_state,
+        AdminStart {
+            ctx: admin_state,
+            max_connections: caps.admin,
+            ready,
+        },
         &site,
-        caps.admin,
         &rx,
         done_rx,
         start,
     )?;
-    threads.push(admin_thread);
+    // Nothing is accepted, on any listener, before the real configuration is in force:
+    // connections wait in the kernel's queue meanwhile (docs/fleet.md, "Starting").
     if let Some(f) = fleet {
         wait_for_store(&f, &loaded);
     }
+    let mut threads = spawn_workers(
+        listeners.proxy,
+        https,
+        &site,
+        proxy_settings,
+        caps.proxy,
+        &rx,
+    )?;
+    threads.push(admin_thread);
+    ready_tx.send_replace(true);
     let (upgraded_tx, upgraded) = watch::channel(false);
     tracing::info!("proxy listening on {listen}");
     if let Some(addr) = tls_listen {
@@ -890,11 +901,21 @@ fn launch(
     Ok((running, rx, upgraded_tx))
 }
 
+/// The admin API as the admin thread starts it.
+struct AdminStart {
+    ctx: crate::admin::AdminCtx,
+    /// Its connection cap.
+    max_connections: usize,
+    /// Turns true once the process serves its real configuration: the admin listener
+    /// accepts nothing before.
+    ready: watch::Receiver<bool>,
+}
+
 /// Fleet mode's tasks, for the admin thread to start.
 struct FleetStart {
     fleet: Arc<crate::store::fleet::Fleet>,
     /// Hears once, after the first load.
-    loaded_tx: std::sync::mpsc::Sender<Result<i64, String>>,
+    loaded_tx: std::sync::mpsc::Sender<i64>,
 }
 
 impl FleetStart {
@@ -906,22 +927,16 @@ impl FleetStart {
     }
 }
 
-/// Waits a little for the first load, so that an instance that starts with etcd up
-/// serves the store's configuration from its first request. Without etcd it starts
-/// with the embedded default and keeps trying (`docs/fleet.md`, "Losing etcd").
-fn wait_for_store(
-    fleet: &crate::store::fleet::Fleet,
-    loaded: &std::sync::mpsc::Receiver<Result<i64, String>>,
-) {
-    match loaded.recv_timeout(FIRST_LOAD_WAIT) {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => tracing::warn!(
+/// Waits for the first load (at most [`FIRST_LOAD_WAIT`]), so that an instance serves
+/// the store's configuration from its first connection; nothing is accepted meanwhile.
+/// Without etcd it then starts with the embedded default and keeps trying
+/// (`docs/fleet.md`, "Starting" and "Losing etcd").
+fn wait_for_store(fleet: &crate::store::fleet::Fleet, loaded: &std::sync::mpsc::Receiver<i64>) {
+    if loaded.recv_timeout(FIRST_LOAD_WAIT).is_err() {
+        tracing::warn!(
             prefix = %fleet.prefix,
-            "store: {e}; serving the embedded default until it can be read"
-        ),
-        Err(_) => tracing::warn!(
             "store: not read within {FIRST_LOAD_WAIT:?}; serving the embedded default until it can be"
-        ),
+        );
     }
 }
 

@@ -133,11 +133,11 @@ impl Fleet {
     }
 
     /// Keeps the site in step with the store until `stop` flips; `loaded` hears once,
-    /// after the first load (or its failure).
+    /// after the first load (a start waits for it: `docs/fleet.md`, "Starting").
     pub(crate) async fn run(
         self: Arc<Self>,
         mut stop: watch::Receiver<bool>,
-        loaded: std::sync::mpsc::Sender<Result<i64, String>>,
+        loaded: std::sync::mpsc::Sender<i64>,
     ) {
         let mut loaded = Some(loaded);
         let mut backoff = Duration::from_millis(100);
@@ -160,11 +160,10 @@ impl Fleet {
                     tracing::warn!(error = ?e, "store: etcd lost; serving the last configuration, admin writes refused until it is back");
                     backoff = Duration::from_millis(100);
                 }
+                // Before the first load the start waits (and says so when it gives up).
+                Err(e) if first => tracing::debug!(error = ?e, "store: etcd not read yet; retrying"),
                 Err(e) => tracing::debug!(error = ?e, "store: etcd still unreachable"),
                 Ok(()) => {}
-            }
-            if let Some(tx) = loaded.take() {
-                let _ = tx.send(Err("etcd unreachable".into()));
             }
             tokio::select! {
                 _ = tokio::time::sleep(backoff) => {}
@@ -178,7 +177,7 @@ impl Fleet {
     async fn sync_and_follow(
         &self,
         first: &mut bool,
-        loaded: &mut Option<std::sync::mpsc::Sender<Result<i64, String>>>,
+        loaded: &mut Option<std::sync::mpsc::Sender<i64>>,
     ) -> Result<(), StoreError> {
         let (mut revision, mut kvs) = self.etcd.range_prefix(&self.prefix).await?;
         if *first && !self.has_config(&kvs) {
@@ -205,7 +204,7 @@ impl Fleet {
         self.connected.store(true, Ordering::Relaxed);
         self.seen.send_replace(revision);
         if let Some(tx) = loaded.take() {
-            let _ = tx.send(Ok(revision));
+            let _ = tx.send(revision);
         }
         self.follow(revision + 1).await
     }
