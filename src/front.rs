@@ -32,11 +32,11 @@ use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderName, HeaderValue};
 use http::{Method, StatusCode, Uri, Version};
 use http_body::Body;
-use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::sync::watch;
 
 use crate::deadline::Deadline;
+use crate::liveness::Stopping;
 use crate::proxy::headers::{put_field, put_field_lowercase, ClientFields, Spans};
 use crate::proxy::hop;
 use crate::proxy::MAX_HEADER_BYTES;
@@ -60,11 +60,20 @@ thread_local! {
 pub(crate) enum Outcome {
     /// Closed (by either side, a timeout, or a stop).
     Closed,
-    /// Its head timed out before any request was read: the caller answers 408.
-    HeadTimeout,
+    /// Refused before any request was read: the caller writes this answer (it closes
+    /// the connection) and closes.
+    Refused(&'static [u8]),
     /// hyper takes it from here, starting with these bytes.
     HandOff(Bytes),
 }
+
+/// The answer to a connection whose first request head is late (HAProxy's `timeout
+/// http-request`).
+const ANSWER_408: &[u8] = b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: 16\r\nconnection: close\r\n\r\nrequest timeout\n";
+
+/// The answer to a head over [`MAX_HEADER_BYTES`] (hyper's answer before: it reads no
+/// more than that either).
+const ANSWER_431: &[u8] = b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: 32\r\nconnection: close\r\n\r\nrequest header fields too large\n";
 
 /// What one read of the head found.
 enum Head {
@@ -85,27 +94,27 @@ struct Parsed {
     close: bool,
 }
 
-/// Serves `stream` until it closes or must go to hyper. `served` is set once a request
-/// head has been read.
+/// Serves `stream` until it closes or must go to hyper.
 pub(crate) async fn serve(
     stream: &mut TcpStream,
     proxy: &'static Proxy,
     peer: &Peer,
     header_timeout: Duration,
-    shutdown: &mut watch::Receiver<bool>,
-    served: &mut bool,
+    stop: &Stopping,
 ) -> Outcome {
     let mut buf = BytesMut::new();
     // The client half-closed after sending requests: answer the ones already read, then
     // close (as hyper's server does), but read no more.
     let mut eof = false;
+    // Set once a request head has been read.
+    let mut served = false;
     // One wait for the stop signal per connection, not one per request (each wait
-    // registers with the channel under its lock). `shutdown` itself still answers
-    // whether to keep the connection alive.
-    let mut stop_rx = shutdown.clone();
-    let stop = stop_rx.changed();
-    tokio::pin!(stop);
-    // The head timeout, one timer per connection (see `Deadline`).
+    // registers with the channel under its lock). `stop` itself still answers whether
+    // to keep the connection alive.
+    let mut stop_rx = stop.receiver();
+    let stopped = stop_rx.changed();
+    tokio::pin!(stopped);
+    // The head timeout and the send timeout, one timer per connection (see `Deadline`).
     let mut deadline = Deadline::new(tokio::time::Instant::now() + header_timeout);
     loop {
         // 1. A whole request head.
@@ -116,7 +125,7 @@ pub(crate) async fn serve(
                     Head::Ready(p) => break p,
                     Head::Other => return Outcome::HandOff(buf.freeze()),
                     Head::Partial if buf.len() > MAX_HEADER_BYTES => {
-                        return Outcome::HandOff(buf.freeze())
+                        return Outcome::Refused(ANSWER_431)
                     }
                     Head::Partial => {}
                 }
@@ -134,11 +143,13 @@ pub(crate) async fn serve(
                 // Late head: 408 if it was the first, else a silent close (an idle
                 // keep-alive connection), as nginx and HAProxy do.
                 () = deadline.expired() => {
-                    return if *served { Outcome::Closed } else { Outcome::HeadTimeout };
+                    return if served { Outcome::Closed } else { Outcome::Refused(ANSWER_408) };
                 }
-                // Idle keep-alive closes at a stop; a new connection's first request
-                // is still answered (docs/architecture.md, "Shutdown").
-                _ = &mut stop, if empty && *served => return Outcome::Closed,
+                // Idle keep-alive closes at a stop, unless the sockets were handed over
+                // (then the head timeout closes it, and a request on its way is still
+                // answered); a new connection's first request is answered either way
+                // (docs/architecture.md, "Shutdown").
+                _ = &mut stopped, if empty && served && !stop.is_handed_over() => return Outcome::Closed,
             }
         };
         let close = parsed.close;
@@ -146,7 +157,7 @@ pub(crate) async fn serve(
             Ok(r) => r,
             Err(handoff) => return handoff,
         };
-        *served = true;
+        served = true;
         let head_only = request.method == Method::HEAD;
 
         // 2. The answer, while watching the client: if it goes away the request is
@@ -173,8 +184,15 @@ pub(crate) async fn serve(
         resp.head.request_id = Some(id);
 
         // 3. Write it.
-        let keep = !close && !*shutdown.borrow() && !resp.closes();
-        match write_response(stream, &mut buf, &mut eof, resp, head_only, keep).await {
+        let keep = !close && !stop.is_stopping() && !resp.closes();
+        let mut client = Client {
+            stream: &mut *stream,
+            buf: &mut buf,
+            eof: &mut eof,
+            deadline: &mut deadline,
+            send_timeout: proxy.send_timeout(),
+        };
+        match client.write_response(resp, head_only, keep).await {
             Ok(true) => {}
             Ok(false) | Err(_) => return Outcome::Closed,
         }
@@ -386,29 +404,72 @@ enum Framing {
     Chunked,
 }
 
-/// Writes `resp`, keeping what the client sends meanwhile in `buf` (and noting its
-/// half-close in `eof`); returns whether the connection may carry another request.
-async fn write_response(
-    stream: &mut TcpStream,
-    buf: &mut BytesMut,
-    eof: &mut bool,
-    resp: ProxyResponse,
-    head_only: bool,
-    keep: bool,
-) -> std::io::Result<bool> {
-    let mut resp = resp;
-    let mut out: Vec<u8> = Vec::with_capacity(512);
-    let framing = write_head(&mut out, &resp.head, &resp.body, head_only, keep);
-    // Written out: the head's fields (and the backend's head they point into) go now,
-    // dropped in place rather than moved out.
-    resp.head.fields = ResponseFields::Map(http::HeaderMap::new());
-    if framing == Framing::None {
-        // No body to wait for: the request's hold is released before the write.
-        resp.body = RespBody::empty();
-        stream.write_all(&out).await?;
-        return Ok(true);
+/// The client of a fast-path connection while an answer goes out to it: its socket,
+/// the bytes it sends meanwhile (kept for the next request) and whether it half-closed,
+/// and the connection's timer, which bounds each write by the send timeout.
+struct Client<'a> {
+    stream: &'a mut TcpStream,
+    buf: &'a mut BytesMut,
+    eof: &'a mut bool,
+    deadline: &'a mut Deadline,
+    send_timeout: Duration,
+}
+
+impl Client<'_> {
+    /// Writes `resp`; returns whether the connection may carry another request.
+    async fn write_response(
+        &mut self,
+        resp: ProxyResponse,
+        head_only: bool,
+        keep: bool,
+    ) -> std::io::Result<bool> {
+        let mut resp = resp;
+        let mut out: Vec<u8> = Vec::with_capacity(512);
+        let framing = write_head(&mut out, &resp.head, &resp.body, head_only, keep);
+        // Written out: the head's fields (and the backend's head they point into) go
+        // now, dropped in place rather than moved out.
+        resp.head.fields = ResponseFields::Map(http::HeaderMap::new());
+        if framing == Framing::None {
+            // No body to wait for: the request's hold is released before the write.
+            resp.body = RespBody::empty();
+            self.send(&out).await?;
+            return Ok(true);
+        }
+        self.write_body(&mut resp.body, out, framing).await
     }
-    write_body(stream, buf, eof, &mut resp.body, out, framing).await
+
+    /// Writes all of `bytes`; fails when the client takes none of them for the send
+    /// timeout (nginx's `send_timeout`). A write the socket takes at once touches no
+    /// timer: the deadline moves only when a write has to wait.
+    async fn send(&mut self, mut bytes: &[u8]) -> std::io::Result<()> {
+        let mut waiting = false;
+        let (stream, deadline, limit) = (&mut *self.stream, &mut *self.deadline, self.send_timeout);
+        poll_fn(|cx| loop {
+            match Pin::new(&mut *stream).poll_write(cx, bytes) {
+                Poll::Ready(Ok(0)) => {
+                    return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into()))
+                }
+                Poll::Ready(Ok(n)) => {
+                    bytes = &bytes[n..];
+                    waiting = false;
+                    if bytes.is_empty() {
+                        return Poll::Ready(Ok(()));
+                    }
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => {
+                    if !waiting {
+                        waiting = true;
+                        deadline.set(tokio::time::Instant::now() + limit);
+                    }
+                    return deadline
+                        .poll_expired(cx)
+                        .map(|()| Err(std::io::ErrorKind::TimedOut.into()));
+                }
+            }
+        })
+        .await
+    }
 }
 
 /// Writes the answer's head into `out`: the status line (the backend's reason phrase
@@ -516,89 +577,96 @@ fn put_fields(out: &mut Vec<u8>, fields: &ResponseFields) -> bool {
     }
 }
 
-/// Streams the body behind the head already in `out`: frames up to [`COALESCE`] go out
-/// with what precedes them, a flush comes before every wait, and a client that goes
-/// away while the backend is slow ends it. Returns whether the connection may carry
-/// another request.
-async fn write_body(
-    stream: &mut TcpStream,
-    buf: &mut BytesMut,
-    eof: &mut bool,
-    body: &mut RespBody,
-    mut out: Vec<u8>,
-    framing: Framing,
-) -> std::io::Result<bool> {
-    let mut body = std::pin::Pin::new(body);
-    loop {
-        // Take what the body has ready without waiting; flush before waiting.
-        let ready = poll_fn(|cx| Poll::Ready(body.as_mut().poll_frame(cx))).await;
-        let frame = match ready {
-            Poll::Ready(f) => f,
-            Poll::Pending => {
-                if !out.is_empty() {
-                    stream.write_all(&out).await?;
-                    out.clear();
-                }
-                // Waiting for the backend: a client that goes away meanwhile ends it.
-                loop {
-                    tokio::select! {
-                        biased;
-                        f = poll_fn(|cx| body.as_mut().poll_frame(cx)) => break f,
-                        r = read_some(stream, buf), if !*eof && buf.len() <= MAX_HEADER_BYTES => {
-                            match r {
-                                ReadResult::Eof if !buf.is_empty() => *eof = true,
-                                ReadResult::Eof | ReadResult::Error => return Ok(false),
-                                ReadResult::Data => {}
-                            }
-                        }
+impl Client<'_> {
+    /// Streams the body behind the head already in `out`: frames up to [`COALESCE`] go
+    /// out with what precedes them, a flush comes before every wait, and a client that
+    /// goes away while the backend is slow ends it. Returns whether the connection may
+    /// carry another request.
+    async fn write_body(
+        &mut self,
+        body: &mut RespBody,
+        mut out: Vec<u8>,
+        framing: Framing,
+    ) -> std::io::Result<bool> {
+        let mut body = std::pin::Pin::new(body);
+        loop {
+            // Take what the body has ready without waiting; flush before waiting.
+            let ready = poll_fn(|cx| Poll::Ready(body.as_mut().poll_frame(cx))).await;
+            let frame = match ready {
+                Poll::Ready(f) => f,
+                Poll::Pending => {
+                    if !out.is_empty() {
+                        self.send(&out).await?;
+                        out.clear();
+                    }
+                    match self.next_frame(body.as_mut()).await {
+                        Some(f) => f,
+                        None => return Ok(false),
                     }
                 }
+            };
+            let data = match frame {
+                None => break,
+                Some(Err(_)) => {
+                    // The answer broke off mid-body: the client must see the cut.
+                    if !out.is_empty() {
+                        self.send(&out).await?;
+                    }
+                    return Ok(false);
+                }
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) if !data.is_empty() => data,
+                    _ => continue, // trailers: not forwarded
+                },
+            };
+            if framing == Framing::Chunked {
+                // Writing into a Vec cannot fail.
+                let _ = write!(out, "{:x}\r\n", data.len());
             }
-        };
-        match frame {
-            None => break,
-            Some(Err(_)) => {
-                // The answer broke off mid-body: the client must see the cut.
-                if !out.is_empty() {
-                    stream.write_all(&out).await?;
-                }
-                return Ok(false);
+            if data.len() <= COALESCE {
+                out.extend_from_slice(&data);
+            } else {
+                self.send(&out).await?;
+                out.clear();
+                self.send(&data).await?;
             }
-            Some(Ok(frame)) => {
-                let Ok(data) = frame.into_data() else {
-                    continue; // trailers: not forwarded
-                };
-                if data.is_empty() {
-                    continue;
-                }
-                if framing == Framing::Chunked {
-                    // Writing into a Vec cannot fail.
-                    let _ = write!(out, "{:x}\r\n", data.len());
-                }
-                if data.len() <= COALESCE {
-                    out.extend_from_slice(&data);
-                } else {
-                    stream.write_all(&out).await?;
-                    out.clear();
-                    stream.write_all(&data).await?;
-                }
-                if framing == Framing::Chunked {
-                    out.extend_from_slice(b"\r\n");
-                }
-                if out.len() >= COALESCE {
-                    stream.write_all(&out).await?;
-                    out.clear();
+            if framing == Framing::Chunked {
+                out.extend_from_slice(b"\r\n");
+            }
+            if out.len() >= COALESCE {
+                self.send(&out).await?;
+                out.clear();
+            }
+        }
+        if framing == Framing::Chunked {
+            out.extend_from_slice(b"0\r\n\r\n");
+        }
+        if !out.is_empty() {
+            self.send(&out).await?;
+        }
+        Ok(true)
+    }
+
+    /// Waits for the body's next frame while watching the client: `None` when it goes
+    /// away meanwhile (the request ends); bytes it sends are kept for the next request.
+    async fn next_frame(
+        &mut self,
+        mut body: Pin<&mut RespBody>,
+    ) -> Option<Option<Result<http_body::Frame<Bytes>, crate::proxy::BodyError>>> {
+        loop {
+            tokio::select! {
+                biased;
+                f = poll_fn(|cx| body.as_mut().poll_frame(cx)) => return Some(f),
+                r = read_some(self.stream, self.buf), if !*self.eof && self.buf.len() <= MAX_HEADER_BYTES => {
+                    match r {
+                        ReadResult::Eof if !self.buf.is_empty() => *self.eof = true,
+                        ReadResult::Eof | ReadResult::Error => return None,
+                        ReadResult::Data => {}
+                    }
                 }
             }
         }
     }
-    if framing == Framing::Chunked {
-        out.extend_from_slice(b"0\r\n\r\n");
-    }
-    if !out.is_empty() {
-        stream.write_all(&out).await?;
-    }
-    Ok(true)
 }
 
 /// A stream with bytes already read in front of it, for hyper after a hand-off.

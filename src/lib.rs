@@ -15,6 +15,7 @@ pub mod cli;
 pub mod config;
 pub(crate) mod deadline;
 pub(crate) mod demo;
+pub(crate) mod descriptors;
 pub(crate) mod front;
 #[cfg(fuzzing)]
 #[doc(hidden)]
@@ -23,6 +24,7 @@ pub mod fuzzing;
 mod fuzzing;
 pub(crate) mod health;
 pub(crate) mod lab;
+pub(crate) mod liveness;
 pub(crate) mod logging;
 pub(crate) mod metrics;
 pub mod pool;

@@ -7,17 +7,18 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+
+use crate::descriptors::{Descriptor, Descriptors};
+use crate::liveness::{Activity, Stopping, Timeouts, Tracked, Verdict, Watchdog, Watched};
 
 use crate::config::Settings;
 use crate::proxy::{Proxy, ProxySettings, MAX_HEADER_BYTES};
@@ -41,8 +42,6 @@ const ACCEPT_PAUSE: Duration = Duration::from_millis(20);
 const HEARTBEAT: Duration = Duration::from_millis(100);
 /// Idle upstream connections are swept every this many heartbeats (15 s).
 const SWEEP_EVERY_BEATS: u32 = 150;
-
-const ANSWER_408: &[u8] = b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: 16\r\nconnection: close\r\n\r\nrequest timeout\n";
 
 /// Binds a listener with `SO_REUSEADDR` and `SO_REUSEPORT`, so several workers can
 /// share one port and a restart does not wait for TIME_WAIT.
@@ -111,20 +110,19 @@ fn http_builder() -> HttpBuilder {
     b
 }
 
-fn is_header_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
-    e.downcast_ref::<hyper::Error>()
-        .is_some_and(|h| h.is_timeout())
-}
-
-/// How many connections each listener holds at most (`docs/operations.md`,
-/// "Hardening"). Both come out of the open-file limit, apart, so neither listener can
-/// take the descriptors the other needs.
+/// How many connections each listener holds at most, and the descriptors the proxy
+/// side may hold (`docs/operations.md`, "Connection caps"). All come out of the
+/// open-file limit, apart, so neither listener, nor the backend connections, can take
+/// the descriptors the admin API and the health checks need.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ConnectionCaps {
     /// Client connections on the proxy listener, all workers together.
     pub(crate) proxy: usize,
     /// Connections on the admin listener.
     pub(crate) admin: usize,
+    /// Descriptors for client connections and backend connections together
+    /// ([`crate::descriptors`]).
+    pub(crate) descriptors: usize,
 }
 
 impl ConnectionCaps {
@@ -135,13 +133,17 @@ impl ConnectionCaps {
     pub(crate) fn new(open_files: u64, max_connections: usize) -> ConnectionCaps {
         let files = usize::try_from(open_files).unwrap_or(usize::MAX);
         let admin = (files / 16).clamp(4, ADMIN_MAX_CONNECTIONS);
-        let derived = (files.saturating_sub(RESERVED_FDS + admin) / 2).max(1);
+        let descriptors = files.saturating_sub(RESERVED_FDS + admin).max(2);
         let proxy = if max_connections > 0 {
             max_connections
         } else {
-            derived
+            (descriptors / 2).max(1)
         };
-        ConnectionCaps { proxy, admin }
+        ConnectionCaps {
+            proxy,
+            admin,
+            descriptors,
+        }
     }
 }
 
@@ -172,14 +174,25 @@ impl AcceptBackoff {
     }
 }
 
-/// Runs one worker until `shutdown` flips, then drains its connections. `slots` caps
-/// the client connections of all workers together.
-pub(crate) async fn worker(
+/// What a worker's connections are allowed: how many at once (all workers together),
+/// and the descriptors they and their backend connections take.
+#[derive(Debug, Clone)]
+struct Allowance {
+    slots: Arc<Semaphore>,
+    descriptors: Descriptors,
+}
+
+/// What an accepted client connection holds until it ends: its place under the cap
+/// and its descriptor.
+type Held = (OwnedSemaphorePermit, Descriptor);
+
+/// Runs one worker until the stop, then drains its connections.
+async fn worker(
     listener: std::net::TcpListener,
     https: Option<HttpsListener>,
     proxy: &'static Proxy,
-    slots: Arc<Semaphore>,
-    mut shutdown: watch::Receiver<bool>,
+    allowance: Allowance,
+    stop: Stopping,
 ) {
     let listener = match TcpListener::from_std(listener) {
         Ok(l) => l,
@@ -195,7 +208,7 @@ pub(crate) async fn worker(
             return;
         }
     };
-    let conns = Connections::new(proxy);
+    let conns = Connections::new(proxy, stop.clone());
     // The addresses the listeners are bound to: what a PROXY header to a backend says
     // the client reached (without a syscall per connection).
     let unbound = SocketAddr::from(([0, 0, 0, 0], 0));
@@ -208,12 +221,14 @@ pub(crate) async fn worker(
     // driver through an eventfd whenever a timer is armed earlier than that wake-up;
     // connections re-arm their `Deadline`s now and then (and hyper's connections arm a
     // header timer per request): without the heartbeat each of those is one extra
-    // syscall and one extra loop turn. The heartbeat also flushes the access log and
-    // sweeps idle upstream connections now and then.
+    // syscall and one extra loop turn. The heartbeat also flushes the access log,
+    // sweeps idle upstream connections now and then, and gives memory back after a
+    // flood of connections.
     let mut heartbeat = tokio::time::interval(HEARTBEAT);
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut beats = 0u32;
     let mut backoff = AcceptBackoff::default();
+    let mut shutdown = stop.receiver();
     loop {
         tokio::select! {
             _ = heartbeat.tick() => {
@@ -222,6 +237,7 @@ pub(crate) async fn worker(
                 if beats % SWEEP_EVERY_BEATS == 0 {
                     proxy.sweep_idle();
                 }
+                conns.trim_after_flood();
             }
             accepted = listener.accept() => {
                 let (stream, peer) = match accepted {
@@ -231,10 +247,10 @@ pub(crate) async fn worker(
                         continue;
                     }
                 };
-                let Some(slot) = slot_for(&slots, &mut shutdown).await else {
+                let Some(held) = hold_for(&allowance, &mut shutdown).await else {
                     break;
                 };
-                conns.spawn(stream, (peer, plain_local), slot, &shutdown);
+                conns.spawn(stream, (peer, plain_local), held);
             }
             accepted = accept_https(&https) => {
                 let (stream, peer) = match accepted {
@@ -244,11 +260,11 @@ pub(crate) async fn worker(
                         continue;
                     }
                 };
-                let Some(slot) = slot_for(&slots, &mut shutdown).await else {
+                let Some(held) = hold_for(&allowance, &mut shutdown).await else {
                     break;
                 };
                 if let Some((_, tls)) = &https {
-                    conns.spawn_tls(stream, (peer, tls_local), slot, tls.acceptor(), &shutdown);
+                    conns.spawn_tls(stream, (peer, tls_local), held, tls.acceptor());
                 }
             }
             _ = shutdown.changed() => break,
@@ -283,107 +299,144 @@ async fn accept_https(
     }
 }
 
-/// A connection slot for a connection just accepted; `None` when the worker stops
-/// first. At the cap this worker holds the one connection it accepted and accepts no
-/// more until a slot frees; the rest wait in the kernel's queue. (Taking the slot
-/// before accepting would let an idle worker sit on a free slot while connections
+/// A connection slot and a descriptor for a connection just accepted; `None` when the
+/// worker stops first. At the cap this worker holds the one connection it accepted and
+/// accepts no more until a slot frees; the rest wait in the kernel's queue. (Taking the
+/// slot before accepting would let an idle worker sit on a free slot while connections
 /// queue on another worker's socket.)
-async fn slot_for(
-    slots: &Arc<Semaphore>,
-    shutdown: &mut watch::Receiver<bool>,
-) -> Option<OwnedSemaphorePermit> {
-    if let Ok(slot) = Arc::clone(slots).try_acquire_owned() {
-        return Some(slot);
-    }
-    tokio::select! {
-        s = Arc::clone(slots).acquire_owned() => s.ok(),
-        _ = shutdown.changed() => None,
-    }
+async fn hold_for(allowance: &Allowance, shutdown: &mut watch::Receiver<bool>) -> Option<Held> {
+    let slot = match Arc::clone(&allowance.slots).try_acquire_owned() {
+        Ok(slot) => slot,
+        Err(_) => tokio::select! {
+            s = Arc::clone(&allowance.slots).acquire_owned() => s.ok()?,
+            _ = shutdown.changed() => return None,
+        },
+    };
+    let fd = match allowance.descriptors.try_take() {
+        Some(fd) => fd,
+        None => tokio::select! {
+            fd = allowance.descriptors.take() => fd,
+            _ = shutdown.changed() => return None,
+        },
+    };
+    Some((slot, fd))
 }
 
 /// One worker's client connections: how they are served and how they drain.
 struct Connections {
     proxy: &'static Proxy,
     builder: Arc<HttpBuilder>,
-    graceful: GracefulShutdown,
-    /// One clone per connection on the fast path: the drain waits for them to go.
+    stop: Stopping,
+    timeouts: Timeouts,
+    /// One clone per connection: the drain waits for them to go.
     live: Arc<()>,
+    /// The most connections open at once since memory was last given back.
+    peak: std::cell::Cell<usize>,
 }
 
 impl Connections {
-    fn new(proxy: &'static Proxy) -> Connections {
+    fn new(proxy: &'static Proxy, stop: Stopping) -> Connections {
         Connections {
             proxy,
             builder: Arc::new(http_builder()),
-            graceful: GracefulShutdown::new(),
+            stop,
+            timeouts: Timeouts {
+                idle: HEADER_TIMEOUT,
+                send: proxy.send_timeout(),
+            },
             live: Arc::new(()),
+            peak: std::cell::Cell::new(0),
         }
     }
 
-    /// Serves `stream` on its own task, holding `slot` until it ends.
+    /// How many connections are open now.
+    fn open(&self) -> usize {
+        Arc::strong_count(&self.live) - 1
+    }
+
+    /// Serves `stream` on its own task, holding `held` until it ends.
     fn spawn(
         &self,
         mut stream: tokio::net::TcpStream,
         (peer, local): (SocketAddr, SocketAddr),
-        slot: OwnedSemaphorePermit,
-        shutdown: &watch::Receiver<bool>,
+        held: Held,
     ) {
+        self.note_open();
         let _ = stream.set_nodelay(true);
-        let watcher = self.graceful.watcher();
         let builder = Arc::clone(&self.builder);
-        let stop = shutdown.clone();
         let live = Arc::clone(&self.live);
-        let proxy = self.proxy;
+        let (proxy, stop, timeouts) = (self.proxy, self.stop.clone(), self.timeouts);
         tokio::spawn(async move {
-            let _held = (live, slot);
+            let _held = (live, held);
             let Some(client) = client_of(&mut stream, peer, local, false, proxy).await else {
                 return;
             };
-            serve_connection(stream, client, proxy, &builder, watcher, stop).await;
+            let conn = ClientConn {
+                proxy,
+                builder: &builder,
+                stop: &stop,
+                timeouts,
+            };
+            conn.serve_plain(stream, client).await;
         });
     }
 
-    /// Serves an HTTPS connection on its own task, holding `slot` until it ends: the
+    /// Serves an HTTPS connection on its own task, holding `held` until it ends: the
     /// handshake (bounded like a request head), then hyper, HTTP/2 or HTTP/1.1 as ALPN
     /// chose. The HTTP/1.1 fast path reads plain sockets only.
     fn spawn_tls(
         &self,
         mut stream: tokio::net::TcpStream,
         (peer, local): (SocketAddr, SocketAddr),
-        slot: OwnedSemaphorePermit,
+        held: Held,
         acceptor: tokio_rustls::TlsAcceptor,
-        shutdown: &watch::Receiver<bool>,
     ) {
+        self.note_open();
         let _ = stream.set_nodelay(true);
-        let watcher = self.graceful.watcher();
         let builder = Arc::clone(&self.builder);
         let live = Arc::clone(&self.live);
-        let proxy = self.proxy;
-        let stop = shutdown.clone();
+        let (proxy, stop, timeouts) = (self.proxy, self.stop.clone(), self.timeouts);
         tokio::spawn(async move {
-            let _held = (live, slot);
+            let _held = (live, held);
             let Some(client) = client_of(&mut stream, peer, local, true, proxy).await else {
                 return;
             };
             let Some(io) = tls_opening(acceptor, stream, peer).await else {
                 return;
             };
-            let svc = service_fn(move |req| {
-                let client = client.clone();
-                async move { Ok::<_, Infallible>(proxy.handle(req, client).await) }
-            });
-            let result = serve_hyper(TokioIo::new(io), svc, &builder, watcher, &stop).await;
-            if let Err(e) = result {
+            let conn = ClientConn {
+                proxy,
+                builder: &builder,
+                stop: &stop,
+                timeouts,
+            };
+            if let Err(e) = conn.serve_hyper(io, client).await {
                 tracing::debug!(error = %e, %peer, "client connection ended with an error");
             }
         });
     }
 
+    fn note_open(&self) {
+        self.peak.set(self.peak.get().max(self.open() + 1));
+    }
+
+    /// Gives the allocator's free memory back to the system once a flood of connections
+    /// has gone (`docs/performance.md`, "Memory"): each connection's buffers come from
+    /// the worker's arena, and glibc keeps freed arena memory in the process. Checked
+    /// every heartbeat; trims when at most a quarter of the peak is left, and the peak
+    /// was worth it.
+    fn trim_after_flood(&self) {
+        let (peak, now) = (self.peak.get(), self.open());
+        if peak >= TRIM_AFTER_CONNECTIONS && now <= peak / 4 {
+            self.peak.set(now);
+            give_memory_back();
+        }
+    }
+
     /// Lets the connections finish, up to the drain timeout.
     async fn drain(self) {
-        let Connections { graceful, live, .. } = self;
+        let live = self.live;
         let drained = async {
-            graceful.shutdown().await;
             while Arc::strong_count(&live) > 1 {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
@@ -391,6 +444,22 @@ impl Connections {
         if tokio::time::timeout(DRAIN_TIMEOUT, drained).await.is_err() {
             tracing::warn!("requests still in flight after the drain timeout; closing them");
         }
+    }
+}
+
+/// A peak of open connections after which memory is given back (a few hundred
+/// connections' buffers are not worth a trim).
+const TRIM_AFTER_CONNECTIONS: usize = 512;
+
+/// Returns free heap memory to the system (glibc's `malloc_trim`, which also releases
+/// free pages in the middle of each arena). Written against libc directly: no crate
+/// wraps it, and the system allocator is the one in use (`docs/architecture.md`).
+fn give_memory_back() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks the allocator's own free lists; it may be called
+    // from any thread at any time.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
@@ -472,105 +541,126 @@ async fn tls_opening(
     }
 }
 
-/// Serves one client connection: the fast path first, then hyper for what the fast path
-/// hands over, with the 408 rules of `docs/architecture.md`.
-async fn serve_connection(
-    mut stream: tokio::net::TcpStream,
-    client: crate::proxy::Peer,
+/// One client connection's serving: the proxy, hyper's builder, the stop, the timeouts.
+struct ClientConn<'a> {
     proxy: &'static Proxy,
-    builder: &HttpBuilder,
-    watcher: hyper_util::server::graceful::Watcher,
-    mut stop: watch::Receiver<bool>,
-) {
-    let peer = client.addr;
-    // Plain HTTP/1.1 GET and HEAD are served by the fast path; anything
-    // else, from the first request that is not, by hyper.
-    let mut served = false;
-    let outcome = crate::front::serve(
-        &mut stream,
-        proxy,
-        &client,
-        HEADER_TIMEOUT,
-        &mut stop,
-        &mut served,
-    )
-    .await;
-    let pre = match outcome {
-        crate::front::Outcome::Closed => return,
-        crate::front::Outcome::HeadTimeout => {
-            // 408 for a client that never completed a request head, as
-            // HAProxy's `timeout http-request` does.
-            let _ = tokio::io::AsyncWriteExt::write_all(&mut stream, ANSWER_408).await;
-            return;
-        }
-        crate::front::Outcome::HandOff(pre) => pre,
-    };
-    // hyper closes a connection whose request head is late but writes
-    // nothing; a second descriptor of the same socket lets this task still
-    // answer 408 afterwards (one dup per connection handed over).
-    let late_answer = stream
-        .as_fd()
-        .try_clone_to_owned()
-        .ok()
-        .map(std::net::TcpStream::from);
-    let io = TokioIo::new(crate::front::Rewind::new(pre, stream));
-    // Whether a request head ever arrived on this connection (see below).
-    let seen_any = Arc::new(AtomicBool::new(served));
-    let seen = Arc::clone(&seen_any);
-    let svc = service_fn(move |req| {
-        if !seen.load(Ordering::Relaxed) {
-            seen.store(true, Ordering::Relaxed);
-        }
-        let client = client.clone();
-        async move { Ok::<_, Infallible>(proxy.handle(req, client).await) }
-    });
-    let result = serve_hyper(io, svc, builder, watcher, &stop).await;
-    if let Err(e) = result {
-        // 408 for a client that never completed a request head; an idle
-        // keep-alive connection that served requests is closed silently,
-        // as nginx and HAProxy do.
-        if is_header_timeout(&*e) && !seen_any.load(Ordering::Relaxed) {
-            if let Some(mut s) = late_answer {
+    builder: &'a HttpBuilder,
+    stop: &'a Stopping,
+    timeouts: Timeouts,
+}
+
+impl ClientConn<'_> {
+    /// Serves a plain connection: the fast path first, then hyper for what the fast path
+    /// hands over (`docs/architecture.md`, "Server protocol").
+    async fn serve_plain(self, mut stream: tokio::net::TcpStream, client: crate::proxy::Peer) {
+        let peer = client.addr;
+        let outcome =
+            crate::front::serve(&mut stream, self.proxy, &client, HEADER_TIMEOUT, self.stop).await;
+        let pre = match outcome {
+            crate::front::Outcome::Closed => return,
+            crate::front::Outcome::Refused(answer) => {
                 // A short answer into an empty send buffer: it does not block.
-                let _ = std::io::Write::write_all(&mut s, ANSWER_408);
+                let _ = tokio::io::AsyncWriteExt::write_all(&mut stream, answer).await;
+                return;
             }
-        } else {
+            crate::front::Outcome::HandOff(pre) => pre,
+        };
+        let io = crate::front::Rewind::new(pre, stream);
+        if let Err(e) = self.serve_hyper(io, client).await {
             tracing::debug!(error = %e, %peer, "client connection ended with an error");
+        }
+    }
+
+    /// Serves a connection with hyper until it ends, under the [`Watchdog`]'s timeouts
+    /// and the stop: at a stop an HTTP/2 connection is closed gracefully (`GOAWAY`), and
+    /// so is an HTTP/1.1 one unless the sockets were handed over (its answers close it);
+    /// a graceful close that takes longer than [`GRACE`] is cut.
+    async fn serve_hyper<S>(
+        &self,
+        io: S,
+        client: crate::proxy::Peer,
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let activity = Arc::new(Activity::default());
+        let io = TokioIo::new(Tracked::new(io, Arc::clone(&activity)));
+        let (proxy, stop, seen) = (self.proxy, self.stop.clone(), Arc::clone(&activity));
+        let svc = service_fn(move |req: http::Request<hyper::body::Incoming>| {
+            let opened = seen.open(req.version() == http::Version::HTTP_2);
+            let (client, stop) = (client.clone(), stop.clone());
+            async move {
+                let mut r = proxy.handle(req, client).await;
+                if stop.is_stopping() && r.version() != http::Version::HTTP_2 {
+                    r.headers_mut().insert(
+                        http::header::CONNECTION,
+                        http::HeaderValue::from_static("close"),
+                    );
+                }
+                Ok::<_, Infallible>(r.map(|b| Watched::new(b, opened)))
+            }
+        });
+        let conn = self.builder.serve_connection_with_upgrades(io, svc);
+        tokio::pin!(conn);
+        let mut dog = Watchdog::new(Arc::clone(&activity), self.timeouts);
+        let mut stop_rx = self.stop.receiver();
+        let mut closing: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
+        loop {
+            tokio::select! {
+                r = conn.as_mut() => return r,
+                v = dog.verdict() => match v {
+                    Verdict::Stalled => return Err("send timeout: the client took nothing of an answer".into()),
+                    Verdict::Idle => begin_close(conn.as_mut(), &mut closing),
+                },
+                _ = stop_rx.changed(), if closing.is_none() => {
+                    if !self.stop.is_handed_over() || activity.is_h2() {
+                        begin_close(conn.as_mut(), &mut closing);
+                    }
+                }
+                _ = crate::liveness::maybe(closing.as_mut()) => {
+                    return Err("not closed within the grace after a graceful close".into());
+                }
+            }
         }
     }
 }
 
-/// Serves a connection with hyper until it ends, under the worker's graceful shutdown.
-/// One handed over after the stop signal is served its first request, then closed: a
-/// graceful watch would cancel it before that request is read (the drain's timeout
-/// still bounds it).
-async fn serve_hyper<I, S>(
-    io: I,
-    svc: S,
-    builder: &HttpBuilder,
-    watcher: hyper_util::server::graceful::Watcher,
-    stop: &watch::Receiver<bool>,
-) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
-where
-    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-    S: hyper::service::Service<
-            http::Request<hyper::body::Incoming>,
-            Response = http::Response<crate::proxy::RespBody>,
-            Error = Infallible,
-        > + Send
-        + 'static,
-    S::Future: Send + 'static,
-{
-    if *stop.borrow() {
-        drop(watcher);
-        let mut once = builder.clone();
-        once.http1().keep_alive(false);
-        once.serve_connection_with_upgrades(io, svc).await
-    } else {
-        let conn = builder.serve_connection_with_upgrades(io, svc).into_owned();
-        watcher.watch(conn).await
+/// Asks hyper to close `conn` gracefully (HTTP/2: `GOAWAY`, the streams open finish;
+/// HTTP/1.1: after the answer in flight, or at once when idle), once, with [`GRACE`]
+/// for it.
+fn begin_close<C: GracefulClose>(
+    conn: std::pin::Pin<&mut C>,
+    closing: &mut Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+) {
+    if closing.is_none() {
+        conn.close_gracefully();
+        *closing = Some(Box::pin(tokio::time::sleep(GRACE)));
     }
 }
+
+/// hyper's connection, closed gracefully (a trait so [`begin_close`] names no hyper
+/// type).
+trait GracefulClose {
+    fn close_gracefully(self: std::pin::Pin<&mut Self>);
+}
+
+impl<I, S, E> GracefulClose for auto::UpgradeableConnection<'_, I, S, E>
+where
+    S: hyper::service::HttpService<hyper::body::Incoming>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S::ResBody: http_body::Body + Send + 'static,
+    <S::ResBody as http_body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    E: hyper::rt::bounds::Http2ServerConnExec<S::Future, S::ResBody>,
+{
+    fn close_gracefully(self: std::pin::Pin<&mut Self>) {
+        self.graceful_shutdown();
+    }
+}
+
+/// How long a graceful close may take before the connection is cut: a client that
+/// never finishes its preface, or never opens the window of a last answer.
+const GRACE: Duration = Duration::from_secs(10);
 
 /// A running balancer: its addresses and the handle that stops it.
 pub(crate) struct Running {
@@ -591,6 +681,8 @@ pub(crate) struct Running {
     /// The admin thread's runtime, where spawned children are supervised.
     pub(crate) admin_rt: tokio::runtime::Handle,
     shutdown: watch::Sender<bool>,
+    /// What the workers' connections read of the stop.
+    stopping: Stopping,
     /// The workers, then the admin thread (last).
     threads: Vec<std::thread::JoinHandle<()>>,
     /// Tells the admin thread that the workers have drained.
@@ -605,7 +697,8 @@ impl Running {
     /// Spawned backends are stopped once the workers have drained, so requests in flight
     /// to them finish first; the admin thread, which supervises them, ends last.
     pub(crate) fn stop(mut self) {
-        let _ = self.shutdown.send(true);
+        let handed_over = *self.upgraded.borrow();
+        self.stopping.stop(&self.shutdown, handed_over);
         let admin = self.threads.pop();
         for t in self.threads {
             let _ = t.join();
@@ -661,10 +754,13 @@ fn spawn_workers(
     https: Vec<HttpsListener>,
     site: &Arc<Site>,
     proxy_settings: ProxySettings,
-    max_connections: usize,
-    rx: &watch::Receiver<bool>,
+    caps: ConnectionCaps,
+    stop: &Stopping,
 ) -> Result<Vec<std::thread::JoinHandle<()>>, String> {
-    let slots = Arc::new(Semaphore::new(max_connections.min(Semaphore::MAX_PERMITS)));
+    let allowance = Allowance {
+        slots: Arc::new(Semaphore::new(caps.proxy.min(Semaphore::MAX_PERMITS))),
+        descriptors: Descriptors::new(caps.descriptors),
+    };
     let in_flight = Arc::new(AtomicUsize::new(0));
     let mut threads = Vec::new();
     let mut https = https.into_iter();
@@ -674,17 +770,18 @@ fn spawn_workers(
         let site = Arc::clone(site);
         let ps = proxy_settings.clone();
         let inf = Arc::clone(&in_flight);
-        let rx = rx.clone();
-        let slots = Arc::clone(&slots);
+        let stop = stop.clone();
+        let allowance = allowance.clone();
         let t = std::thread::Builder::new()
             .name(format!("fulcrum-worker-{i}"))
             .spawn(move || {
                 // Each worker's proxy lives as long as the process: leaking it gives the
                 // connection tasks a `'static` reference without a refcount per request.
+                let fds = allowance.descriptors.clone();
                 let proxy: &'static Proxy =
-                    rt.block_on(async move { Box::leak(Box::new(Proxy::new(site, ps, inf))) });
+                    rt.block_on(async move { Box::leak(Box::new(Proxy::new(site, ps, inf, fds))) });
                 crate::logging::batch_this_thread();
-                rt.block_on(worker(l, h, proxy, slots, rx));
+                rt.block_on(worker(l, h, proxy, allowance, stop));
                 // Connections still open after the drain end with the runtime; their
                 // access log lines go into the batch, so flush after it.
                 drop(rt);
@@ -868,13 +965,14 @@ fn launch(
     if let Some(f) = fleet {
         wait_for_store(&f, &loaded);
     }
+    let stopping = Stopping::new(rx.clone());
     let mut threads = spawn_workers(
         listeners.proxy,
         https,
         &site,
         proxy_settings,
-        caps.proxy,
-        &rx,
+        caps,
+        &stopping,
     )?;
     threads.push(admin_thread);
     ready_tx.send_replace(true);
@@ -894,6 +992,7 @@ fn launch(
         reloader,
         admin_rt,
         shutdown,
+        stopping,
         threads,
         workers_done,
         upgraded,

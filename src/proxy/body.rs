@@ -27,6 +27,8 @@ impl Upload {
     const WAITING_ON_CLIENT: u8 = 1;
     /// The body was read whole.
     const DONE: u8 = 2;
+    /// The body grew over `max_request_body` and was cut.
+    const TOO_LARGE: u8 = 3;
 
     fn set(&self, state: u8) {
         self.0.store(state, Ordering::Relaxed);
@@ -41,7 +43,24 @@ impl Upload {
     pub(crate) fn stalled_on_client(&self) -> bool {
         self.0.load(Ordering::Relaxed) == Self::WAITING_ON_CLIENT
     }
+
+    /// Cut for growing over `max_request_body`.
+    pub(crate) fn too_large(&self) -> bool {
+        self.0.load(Ordering::Relaxed) == Self::TOO_LARGE
+    }
 }
+
+/// A request body grew over `max_request_body`: the error that cuts it.
+#[derive(Debug)]
+pub(crate) struct BodyTooLarge;
+
+impl std::fmt::Display for BodyTooLarge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the request body is over max_request_body")
+    }
+}
+
+impl std::error::Error for BodyTooLarge {}
 
 /// What keeps a request accounted for until its response has been received whole.
 #[derive(Debug)]
@@ -86,17 +105,21 @@ pub(crate) enum ReqBody {
         inner: Incoming,
         /// How far it has gone.
         upload: Arc<Upload>,
+        /// Bytes it may still carry (`max_request_body`); `u64::MAX` without a limit.
+        allowed: u64,
     },
     /// No body.
     Empty,
 }
 
 impl ReqBody {
-    /// Streams `inner` through, noting when it ends.
-    pub(crate) fn streaming(inner: Incoming) -> ReqBody {
+    /// Streams `inner` through, noting when it ends, and cutting it when it carries
+    /// more than `limit` bytes.
+    pub(crate) fn streaming(inner: Incoming, limit: Option<u64>) -> ReqBody {
         ReqBody::Stream {
             inner,
             upload: Arc::default(),
+            allowed: limit.unwrap_or(u64::MAX),
         }
     }
 
@@ -111,23 +134,37 @@ impl ReqBody {
 
 impl Body for ReqBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     #[inline]
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         match self.get_mut() {
-            ReqBody::Stream { inner, upload } => {
+            ReqBody::Stream {
+                inner,
+                upload,
+                allowed,
+            } => {
                 let r = Pin::new(&mut *inner).poll_frame(cx);
+                if let Poll::Ready(Some(Ok(f))) = &r {
+                    let n = f.data_ref().map_or(0, |d| d.len() as u64);
+                    match allowed.checked_sub(n) {
+                        Some(left) => *allowed = left,
+                        None => {
+                            upload.set(Upload::TOO_LARGE);
+                            return Poll::Ready(Some(Err(Box::new(BodyTooLarge))));
+                        }
+                    }
+                }
                 match &r {
                     Poll::Ready(None) => upload.set(Upload::DONE),
                     Poll::Ready(Some(Ok(_))) if inner.is_end_stream() => upload.set(Upload::DONE),
                     Poll::Ready(_) => upload.set(Upload::MOVING),
                     Poll::Pending => upload.set(Upload::WAITING_ON_CLIENT),
                 }
-                r
+                r.map(|o| o.map(|f| f.map_err(Into::into)))
             }
             ReqBody::Empty => Poll::Ready(None),
         }

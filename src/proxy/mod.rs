@@ -32,7 +32,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use ipnet::IpNet;
 
-pub(crate) use body::{Hold, ReqBody, RespBody};
+pub(crate) use body::{BodyError, Hold, ReqBody, RespBody};
 pub(crate) use budget::RetryBudget;
 pub(crate) use message::{ProxyResponse, RequestFields, RequestHead, ResponseFields, ResponseHead};
 pub(crate) use record::{Finish, Pending, Recorder};
@@ -133,6 +133,9 @@ impl Failure {
                 "request timeout: the request body stopped arriving\n",
             )
             .with_field(header::CONNECTION, HeaderValue::from_static("close")),
+            // As shedding answers (`--max-inflight`).
+            Failure::NoDescriptor => Refusal::Overloaded.answer(),
+            Failure::BodyTooLarge => Refusal::BodyTooLarge.answer(),
         }
     }
 }
@@ -298,6 +301,8 @@ enum Refusal {
     Overloaded,
     /// No route takes it.
     NoRoute,
+    /// Its body is over its pool's `max_request_body` (nginx's `client_max_body_size`).
+    BodyTooLarge,
     /// The head breaks a rule of [`validate`].
     Invalid(validate::Invalid),
 }
@@ -314,6 +319,11 @@ impl Refusal {
                     .with_field(header::RETRY_AFTER, HeaderValue::from_static("1"))
             }
             Refusal::NoRoute => ProxyResponse::own(StatusCode::NOT_FOUND, "no route\n"),
+            // The rest of the body may still come: the connection ends.
+            Refusal::BodyTooLarge => {
+                ProxyResponse::own(StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n")
+                    .with_field(header::CONNECTION, HeaderValue::from_static("close"))
+            }
             Refusal::Invalid(why) => why.answer(),
         }
     }
@@ -330,9 +340,10 @@ impl Proxy {
         site: Arc<Site>,
         settings: ProxySettings,
         in_flight: Arc<AtomicUsize>,
+        descriptors: crate::descriptors::Descriptors,
     ) -> Proxy {
         Proxy {
-            upstreams: Box::leak(Box::new(Upstreams::new())),
+            upstreams: Box::leak(Box::new(Upstreams::new(descriptors))),
             rec: Box::leak(Box::new(Recorder::new(
                 Arc::clone(&site),
                 settings.access_log,
@@ -358,6 +369,11 @@ impl Proxy {
             })
             .collect();
         self.upstreams.sweep(|id| live.contains(&id));
+    }
+
+    /// How long a client may take no byte of an answer (`send_timeout`).
+    pub(crate) fn send_timeout(&self) -> Duration {
+        self.settings.send_timeout
     }
 
     /// With `accept_proxy_protocol`, whether a connection from `peer` must start with a
@@ -452,7 +468,11 @@ impl Proxy {
         }
         let admitted = self
             .admit(&head)
-            .and_then(|permit| Ok((permit, self.route(&head)?)));
+            .and_then(|permit| Ok((permit, self.route(&head)?)))
+            .and_then(|(permit, (pool, target))| {
+                within_body_limit(&head, &pool)?;
+                Ok((permit, (pool, target)))
+            });
         match admitted {
             Err(refusal) => {
                 let r = self.own(&mut fin, None, refusal.answer());
@@ -633,7 +653,7 @@ impl Proxy {
             // left, or an idempotent one without a body, may go to another backend, while
             // the budget allows.
             let again = failure == Failure::Connect || resendable;
-            let retry = again && !failure.is_clients() && !last && req.pool.budget.withdraw();
+            let retry = again && !failure.spares_backend() && !last && req.pool.budget.withdraw();
             last_failure = Some(failure);
             if !retry {
                 break;
@@ -813,12 +833,14 @@ impl Proxy {
                 // backend cannot answer a request it has not been given whole. A
                 // backend that stopped taking the body is still charged.
                 let stalled = upload.as_ref().is_some_and(|u| u.stalled_on_client());
+                let too_large = upload.as_ref().is_some_and(|u| u.too_large());
                 let failure = match failure {
+                    _ if too_large => Failure::BodyTooLarge,
                     Failure::Timeout if stalled => Failure::ClientStalled,
                     f => f,
                 };
                 tracing::debug!(backend = %backend.name, ?failure, "attempt failed");
-                if !failure.is_clients() {
+                if !failure.spares_backend() {
                     guard.fail();
                     note_outcome(&req.pool, &mut guard, false);
                 }
@@ -929,10 +951,11 @@ impl Proxy {
                 fin.finish(Some(guard.backend()));
                 let upstream_upgrade = hyper::upgrade::on(&mut *resp);
                 let fields = std::mem::take(resp.headers_mut());
-                tokio::spawn(tunnel(client_upgrade, upstream_upgrade, guard));
-                if let Answer::Hyper(_, conn) = answer {
-                    conn.detach();
-                }
+                let fd = match answer {
+                    Answer::Hyper(_, conn) => conn.detach(),
+                    Answer::Wire(..) => None,
+                };
+                tokio::spawn(tunnel(client_upgrade, upstream_upgrade, (guard, fd)));
                 return ProxyResponse::new(status, fields, RespBody::empty());
             }
         }
@@ -990,6 +1013,23 @@ impl Proxy {
     }
 }
 
+/// A request whose stated length is over its pool's `max_request_body` is refused
+/// before anything of it is forwarded (a body without a stated length is counted as it
+/// streams: `ReqBody`).
+#[inline]
+fn within_body_limit(head: &RequestHead, pool: &Pool) -> Result<(), Refusal> {
+    let Some(limit) = pool.settings.max_request_body else {
+        return Ok(());
+    };
+    let stated = head
+        .field(&header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
+    match stated {
+        Some(n) if n > limit => Err(Refusal::BodyTooLarge),
+        _ => Ok(()),
+    }
+}
+
 /// Feeds passive outlier detection of `pool` and carries out what it asks for.
 fn note_outcome(pool: &Pool, guard: &mut RequestGuard, ok: bool) {
     match guard.outcome(ok) {
@@ -1037,7 +1077,7 @@ fn write_inline_head(out: &mut Vec<u8>, req: &Outgoing, authority: &str) {
 /// only attempt; the last attempt takes the fields, earlier ones copy them.
 fn build_upstream(req: &mut Outgoing, backend: &Backend, keep: bool) -> Request<ReqBody> {
     let req_body = match req.body.take() {
-        Some(inner) => ReqBody::streaming(inner),
+        Some(inner) => ReqBody::streaming(inner, req.pool.settings.max_request_body),
         None => ReqBody::Empty,
     };
     let mut r = Request::new(req_body);
@@ -1100,11 +1140,15 @@ fn to_h2(r: &mut Request<ReqBody>, backend: &Backend) {
 }
 
 /// Joins an upgraded client connection with the upgraded backend connection. The
-/// backend's in-flight slot is held for as long as the tunnel lives.
+/// backend's in-flight slot and its connection's descriptor are held for as long as the
+/// tunnel lives.
 async fn tunnel(
     client: hyper::upgrade::OnUpgrade,
     upstream: hyper::upgrade::OnUpgrade,
-    guard: crate::backend::RequestGuard,
+    held: (
+        crate::backend::RequestGuard,
+        Option<crate::descriptors::Descriptor>,
+    ),
 ) {
     let (c, u) = tokio::join!(client, upstream);
     match (c, u) {
@@ -1119,5 +1163,5 @@ async fn tunnel(
             "upgrade failed"
         ),
     }
-    drop(guard);
+    drop(held);
 }

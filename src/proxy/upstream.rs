@@ -24,6 +24,7 @@ use tokio::net::TcpStream;
 use super::body::ReqBody;
 use super::wire::{Wire, WireBody, WireError};
 use crate::backend::Backend;
+use crate::descriptors::{Descriptor, Descriptors};
 use crate::stats::BadAnswer;
 
 /// Idle connections older than this are closed.
@@ -48,13 +49,25 @@ pub(crate) enum Failure {
     /// The client's request body stopped arriving: the upstream timeout ran out before
     /// the upload was whole. The client's doing, not the backend's.
     ClientStalled,
+    /// The request body grew over `max_request_body` and was cut: 413, the client's
+    /// doing.
+    BodyTooLarge,
+    /// A new connection was needed and no descriptor was free
+    /// ([`crate::descriptors`]): this process is full, the backend is not at fault.
+    NoDescriptor,
 }
 
 impl Failure {
-    /// Whether the client caused it: it counts neither against the backend (passive
-    /// checks, errors) nor as a reason to retry.
-    pub(crate) fn is_clients(self) -> bool {
-        matches!(self, Failure::ClientGone | Failure::ClientStalled)
+    /// Whether the backend is not to blame: it counts neither against the backend
+    /// (passive checks, errors) nor as a reason to retry.
+    pub(crate) fn spares_backend(self) -> bool {
+        matches!(
+            self,
+            Failure::ClientGone
+                | Failure::ClientStalled
+                | Failure::BodyTooLarge
+                | Failure::NoDescriptor
+        )
     }
 }
 
@@ -98,13 +111,17 @@ pub(crate) struct Conn {
     /// The HTTP/1.1 connection's task; none for a handle on a shared HTTP/2 one, whose
     /// task lives with the pool.
     task: Task,
+    /// The HTTP/1.1 connection's descriptor; none for a shared HTTP/2 one (its task
+    /// holds it).
+    fd: Option<Descriptor>,
 }
 
 impl Conn {
     /// Lets the connection's task run on after this handle goes: an upgrade takes its
-    /// socket over when the task hands it out.
-    pub(crate) fn detach(mut self) {
+    /// socket over when the task hands it out. The socket's descriptor goes with it.
+    pub(crate) fn detach(mut self) -> Option<Descriptor> {
         self.task.0 = None;
+        self.fd.take()
     }
 }
 
@@ -127,6 +144,7 @@ impl Drop for Task {
 struct Idle {
     sender: http1::SendRequest<ReqBody>,
     task: Task,
+    fd: Option<Descriptor>,
     since: Instant,
 }
 
@@ -168,16 +186,19 @@ pub(crate) struct Upstreams {
     h2_connecting: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<()>>>>,
     /// Connections driven inline (requests without a body), by backend id.
     wires: Mutex<HashMap<u64, Vec<(Wire, Instant)>>>,
+    /// Every new connection takes one of these first.
+    descriptors: Descriptors,
 }
 
 impl Upstreams {
-    /// An empty pool.
-    pub(crate) fn new() -> Self {
+    /// An empty pool whose connections take their descriptors from `descriptors`.
+    pub(crate) fn new(descriptors: Descriptors) -> Self {
         Upstreams {
             idle: Mutex::new(HashMap::new()),
             h2: Mutex::new(HashMap::new()),
             h2_connecting: Mutex::new(HashMap::new()),
             wires: Mutex::new(HashMap::new()),
+            descriptors,
         }
     }
 
@@ -207,7 +228,10 @@ impl Upstreams {
             return self.connect(b, origin).await;
         }
         while let Some(Idle {
-            mut sender, task, ..
+            mut sender,
+            task,
+            fd,
+            ..
         }) = self.pop_idle(b.id)
         {
             // Checked in when its exchange had ended both ways, its connection task may
@@ -221,13 +245,19 @@ impl Upstreams {
                     private: false,
                     slot: None,
                     task,
+                    fd,
                 });
             }
         }
         self.connect(b, None).await
     }
 
-    async fn dial(&self, b: &Backend) -> Result<TcpStream, Failure> {
+    /// A TCP connection to `b`, with the descriptor it takes.
+    async fn dial(&self, b: &Backend) -> Result<(TcpStream, Descriptor), Failure> {
+        let Some(fd) = self.descriptors.try_take() else {
+            tracing::debug!(backend = %b.name, "no descriptor free for a new connection");
+            return Err(Failure::NoDescriptor);
+        };
         let connecting = async {
             match b.socket_addr {
                 Some(addr) => TcpStream::connect(addr).await,
@@ -246,7 +276,7 @@ impl Upstreams {
             }
         };
         let _ = stream.set_nodelay(true);
-        Ok(stream)
+        Ok((stream, fd))
     }
 
     /// A TCP connection to `b`, with the PROXY header naming `origin` (client, and the
@@ -257,8 +287,8 @@ impl Upstreams {
         &self,
         b: &Backend,
         origin: Option<(SocketAddr, SocketAddr)>,
-    ) -> Result<crate::transport::Stream, Failure> {
-        let mut tcp = self.dial(b).await?;
+    ) -> Result<(crate::transport::Stream, Descriptor), Failure> {
+        let (mut tcp, fd) = self.dial(b).await?;
         if let (Some(version), Some((client, reached))) = (b.transport.send_proxy, origin) {
             let header = crate::proxy_protocol::header(version, client, reached);
             if tokio::io::AsyncWriteExt::write_all(&mut tcp, &header)
@@ -269,7 +299,7 @@ impl Upstreams {
             }
         }
         match tokio::time::timeout(b.connect_timeout, b.transport.open(tcp)).await {
-            Ok(Ok(s)) => Ok(s),
+            Ok(Ok(s)) => Ok((s, fd)),
             Ok(Err(e)) => {
                 tracing::warn!(backend = %b.name, error = %e, "TLS handshake with the backend failed");
                 Err(Failure::Connect)
@@ -287,7 +317,7 @@ impl Upstreams {
         origin: Option<(SocketAddr, SocketAddr)>,
     ) -> Result<Conn, Failure> {
         let private = b.transport.send_proxy.is_some();
-        let stream = self.open(b, origin).await?;
+        let (stream, fd) = self.open(b, origin).await?;
         let (sender, conn) = http1::Builder::new()
             .writev(false)
             // A response head over the limits is refused (502), as on the inline path.
@@ -306,6 +336,7 @@ impl Upstreams {
             private,
             slot: None,
             task: Task(Some(task.abort_handle())),
+            fd: Some(fd),
         })
     }
 
@@ -338,6 +369,7 @@ impl Upstreams {
             private: false,
             slot: Some(slot),
             task: Task(None),
+            fd: None,
         })
     }
 
@@ -370,7 +402,7 @@ impl Upstreams {
         &self,
         b: &Backend,
     ) -> Result<(http2::SendRequest<ReqBody>, StreamSlot), Failure> {
-        let stream = self.open(b, None).await?;
+        let (stream, fd) = self.open(b, None).await?;
         let (sender, conn) = http2::Builder::new(TokioExecutor::new())
             .max_header_list_size(super::wire::MAX_HEAD as u32)
             // A backend that vanished without a word is found within 40 s.
@@ -387,6 +419,7 @@ impl Upstreams {
         // is left and its streams are over, so a long stream outlives the idle sweep.
         tokio::spawn(async move {
             let _ = conn.await;
+            drop(fd);
         });
         let streams = Arc::new(AtomicUsize::new(1));
         let slot = StreamSlot(Arc::clone(&streams));
@@ -494,7 +527,10 @@ impl Upstreams {
             };
             let wire = match pooled {
                 Some(w) => w,
-                None => Wire::new(self.dial(b).await?, b.id),
+                None => {
+                    let (stream, fd) = self.dial(b).await?;
+                    Wire::new(stream, b.id, fd)
+                }
             };
             let reused = wire.reused;
             let sent_at = Instant::now();
@@ -557,6 +593,7 @@ impl Upstreams {
             list.push(Idle {
                 sender,
                 task: conn.task,
+                fd: conn.fd,
                 since: Instant::now(),
             });
         }

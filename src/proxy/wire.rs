@@ -56,6 +56,8 @@ pub(crate) struct Wire {
     pub(crate) reused: bool,
     /// The current exchange's deadline; one timer for the connection's lifetime.
     deadline: Deadline,
+    /// The socket's descriptor, given back with it.
+    _fd: crate::descriptors::Descriptor,
 }
 
 /// Why an inline exchange produced no response.
@@ -99,7 +101,7 @@ enum Chunk {
 
 impl Wire {
     /// A fresh connection.
-    pub(crate) fn new(stream: TcpStream, backend: u64) -> Wire {
+    pub(crate) fn new(stream: TcpStream, backend: u64, fd: crate::descriptors::Descriptor) -> Wire {
         Wire {
             stream,
             buf: BytesMut::new(),
@@ -107,6 +109,7 @@ impl Wire {
             reused: false,
             // Moved to each exchange's own deadline before it waits on it.
             deadline: Deadline::new(Instant::now()),
+            _fd: fd,
         }
     }
 

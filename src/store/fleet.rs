@@ -161,7 +161,9 @@ impl Fleet {
                     backoff = Duration::from_millis(100);
                 }
                 // Before the first load the start waits (and says so when it gives up).
-                Err(e) if first => tracing::debug!(error = ?e, "store: etcd not read yet; retrying"),
+                Err(e) if first => {
+                    tracing::debug!(error = ?e, "store: etcd not read yet; retrying")
+                }
                 Err(e) => tracing::debug!(error = ?e, "store: etcd still unreachable"),
                 Ok(()) => {}
             }
