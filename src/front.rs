@@ -114,6 +114,7 @@ pub(crate) async fn serve(
     let mut stop_rx = stop.receiver();
     let stopped = stop_rx.changed();
     tokio::pin!(stopped);
+    let mut stop_seen = false;
     // The head timeout and the send timeout, one timer per connection (see `Deadline`).
     let mut deadline = Deadline::new(tokio::time::Instant::now() + header_timeout);
     loop {
@@ -148,8 +149,14 @@ pub(crate) async fn serve(
                 // Idle keep-alive closes at a stop, unless the sockets were handed over
                 // (then the head timeout closes it, and a request on its way is still
                 // answered); a new connection's first request is answered either way
-                // (docs/architecture.md, "Shutdown").
-                _ = &mut stopped, if empty && served && !stop.is_handed_over() => return Outcome::Closed,
+                // (docs/architecture.md, "Shutdown"). Which stop it is can only be read
+                // once it has come.
+                _ = &mut stopped, if empty && served && !stop_seen => {
+                    stop_seen = true;
+                    if !stop.is_handed_over() {
+                        return Outcome::Closed;
+                    }
+                }
             }
         };
         let close = parsed.close;
