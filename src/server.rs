@@ -604,6 +604,9 @@ impl ClientConn<'_> {
         tokio::pin!(conn);
         let mut dog = Watchdog::new(Arc::clone(&activity), self.timeouts);
         let mut stop_rx = self.stop.receiver();
+        // A connection handed to hyper after the stop has a request read already (the
+        // fast path or the TLS opening read it): it is served, and its answer closes it.
+        let mut stop_seen = self.stop.is_stopping();
         let mut closing: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
         loop {
             tokio::select! {
@@ -612,7 +615,8 @@ impl ClientConn<'_> {
                     Verdict::Stalled => return Err("send timeout: the client took nothing of an answer".into()),
                     Verdict::Idle => begin_close(conn.as_mut(), &mut closing),
                 },
-                _ = stop_rx.changed(), if closing.is_none() => {
+                _ = stop_rx.changed(), if !stop_seen => {
+                    stop_seen = true;
                     if !self.stop.is_handed_over() || activity.is_h2() {
                         begin_close(conn.as_mut(), &mut closing);
                     }
@@ -1222,7 +1226,8 @@ mod tests {
             ConnectionCaps::new(1024, 0),
             ConnectionCaps {
                 proxy: 448,
-                admin: 64
+                admin: 64,
+                descriptors: 896,
             }
         );
         assert_eq!(ConnectionCaps::new(20_000, 0).admin, 256);
@@ -1231,9 +1236,14 @@ mod tests {
         // A tiny limit still leaves each listener something.
         assert_eq!(
             ConnectionCaps::new(10, 0),
-            ConnectionCaps { proxy: 1, admin: 4 }
+            ConnectionCaps {
+                proxy: 1,
+                admin: 4,
+                descriptors: 2,
+            }
         );
-        // The setting wins for the proxy.
-        assert_eq!(ConnectionCaps::new(20_000, 50_000).proxy, 50_000);
+        // The setting wins for the proxy's connections, never for the descriptors.
+        let set = ConnectionCaps::new(20_000, 50_000);
+        assert_eq!((set.proxy, set.descriptors), (50_000, 19_680));
     }
 }
