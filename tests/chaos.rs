@@ -434,6 +434,17 @@ fn a_thousand_slowloris_and_a_thousand_slow_bodies_neither_stop_clients_nor_ejec
 
 // ------------------------------------------------------------------ §11a floods
 
+/// Runs `f` on a runtime of its own (the tests above take turns with a plain mutex,
+/// held outside any `await`).
+fn on_runtime<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
 /// `n` HTTP/2 connections by prior knowledge, each on its own task (aborting it closes
 /// the connection); with `path`, each sends that many requests at once (`streams`) and
 /// never reads their bodies. A task ends when fulcrum ends its connection.
@@ -481,102 +492,106 @@ async fn h2_clients(
     tasks
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn idle_h2_connections_cannot_hold_the_connection_cap() {
+#[test]
+fn idle_h2_connections_cannot_hold_the_connection_cap() {
     let _turn = one_at_a_time();
-    let ports = [free_port()];
-    let _b = DemoBackend::start("b0", ports[0], 1);
-    let f = start_over(&ports, &["--max-connections", "100"]);
-    // A hundred connections that send their preface and SETTINGS, and nothing more.
-    let idle = h2_clients(f.proxy, 100, None).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let t = Instant::now();
-    let proxy = f.proxy;
-    let answer = tokio::task::spawn_blocking(move || {
-        raw_exchange(
-            proxy,
-            b"GET /late HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
-            Duration::from_secs(20),
-        )
-    })
-    .await
-    .unwrap();
-    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-    assert!(
-        t.elapsed() < Duration::from_secs(12),
-        "served once the idle ones were closed: {:?}",
-        t.elapsed()
-    );
-    // Every idle connection was ended by fulcrum.
-    for task in idle {
+    on_runtime(async {
+        let ports = [free_port()];
+        let _b = DemoBackend::start("b0", ports[0], 1);
+        let f = start_over(&ports, &["--max-connections", "100"]);
+        // A hundred connections that send their preface and SETTINGS, and nothing more.
+        let idle = h2_clients(f.proxy, 100, None).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let t = Instant::now();
+        let proxy = f.proxy;
+        let answer = tokio::task::spawn_blocking(move || {
+            raw_exchange(
+                proxy,
+                b"GET /late HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+                Duration::from_secs(20),
+            )
+        })
+        .await
+        .unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
         assert!(
-            tokio::time::timeout(Duration::from_secs(5), task)
-                .await
-                .is_ok(),
-            "an idle h2 connection still open"
+            t.elapsed() < Duration::from_secs(12),
+            "served once the idle ones were closed: {:?}",
+            t.elapsed()
         );
-    }
+        // Every idle connection was ended by fulcrum.
+        for task in idle {
+            assert!(
+                tokio::time::timeout(Duration::from_secs(5), task)
+                    .await
+                    .is_ok(),
+                "an idle h2 connection still open"
+            );
+        }
+    });
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_h2_descriptor_flood_leaves_the_admin_api_and_health_checks_alone() {
+#[test]
+fn an_h2_descriptor_flood_leaves_the_admin_api_and_health_checks_alone() {
     let _turn = one_at_a_time();
-    raise_own_file_limit();
-    let a = TestBackend::start("A");
-    let spec = a.spec();
-    // 1024 descriptors: the proxy's share is about 450 connections.
-    let f = Fulcrum::start_with_file_limit(
-        1024,
-        &[
-            "--backend",
-            &spec,
-            "--health-interval",
-            "200ms",
-            "--health-timeout",
-            "1s",
-            "--access-log",
-            "off",
-        ],
-    );
-    // 500 connections with one slow request each, and 20 with twenty each: far more
-    // upstream connections than descriptors.
-    let mut flood = h2_clients(f.proxy, 500, Some(("/sleep/6000", 1))).await;
-    flood.extend(h2_clients(f.proxy, 20, Some(("/sleep/6000", 20))).await);
-    let admin = f.admin;
-    let watched = tokio::task::spawn_blocking(move || {
-        let mut answers = Vec::new();
-        let end = Instant::now() + Duration::from_secs(4);
-        while Instant::now() < end {
-            let t = Instant::now();
-            let r = raw_exchange(
-                admin,
-                b"GET /admin/backends HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
-                Duration::from_secs(2),
-            );
-            answers.push((t.elapsed(), r));
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        answers
-    })
-    .await
-    .unwrap();
-    assert!(watched.len() >= 10, "{}", watched.len());
-    for (took, r) in &watched {
-        assert!(r.starts_with("HTTP/1.1 200"), "the admin API answers: {r}");
-        assert!(*took < Duration::from_secs(1), "promptly: {took:?}");
-        assert!(
-            r.contains("\"healthy\":true"),
-            "the backend stays healthy: {r}"
+    on_runtime(async {
+        raise_own_file_limit();
+        let a = TestBackend::start("A");
+        let spec = a.spec();
+        // 1024 descriptors: the proxy's share is about 450 connections.
+        let f = Fulcrum::start_with_file_limit(
+            1024,
+            &[
+                "--backend",
+                &spec,
+                "--health-interval",
+                "200ms",
+                "--health-timeout",
+                "1s",
+                "--access-log",
+                "off",
+            ],
         );
-    }
-    assert!(
-        !f.log().contains("Too many open files"),
-        "no listener ran out of descriptors:\n{}",
-        f.log()
-    );
-    for t in flood {
-        t.abort();
-    }
+        // 500 connections with one slow request each, and 20 with twenty each: far more
+        // upstream connections than descriptors.
+        let mut flood = h2_clients(f.proxy, 500, Some(("/sleep/6000", 1))).await;
+        flood.extend(h2_clients(f.proxy, 20, Some(("/sleep/6000", 20))).await);
+        let admin = f.admin;
+        let watched = tokio::task::spawn_blocking(move || {
+            let mut answers = Vec::new();
+            let end = Instant::now() + Duration::from_secs(4);
+            while Instant::now() < end {
+                let t = Instant::now();
+                let r = raw_exchange(
+                    admin,
+                    b"GET /admin/backends HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+                    Duration::from_secs(2),
+                );
+                answers.push((t.elapsed(), r));
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            answers
+        })
+        .await
+        .unwrap();
+        assert!(watched.len() >= 10, "{}", watched.len());
+        for (took, r) in &watched {
+            assert!(r.starts_with("HTTP/1.1 200"), "the admin API answers: {r}");
+            assert!(*took < Duration::from_secs(1), "promptly: {took:?}");
+            assert!(
+                r.contains("\"healthy\":true"),
+                "the backend stays healthy: {r}"
+            );
+        }
+        assert!(
+            !f.log().contains("Too many open files"),
+            "no listener ran out of descriptors:\n{}",
+            f.log()
+        );
+        for t in flood {
+            t.abort();
+        }
+    });
 }
 
 #[test]
@@ -718,51 +733,53 @@ fn rss(pid: u32) -> u64 {
     kb * 1024
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn memory_goes_back_after_a_flood_of_idle_connections() {
+#[test]
+fn memory_goes_back_after_a_flood_of_idle_connections() {
     let _turn = one_at_a_time();
-    raise_own_file_limit();
-    let a = TestBackend::start("A");
-    let f = Fulcrum::over(
-        &[&a],
-        &["--access-log", "off", "--max-connections", "20000"],
-    );
-    let pid = f.child.id();
-    for _ in 0..50 {
-        assert!(one_request(f.proxy, false).is_ok());
-    }
-    std::thread::sleep(Duration::from_millis(300));
-    let idle = rss(pid);
-    let bound = 2 * idle + 10 * 1024 * 1024;
-    // Twice: 6 000 idle HTTP/1.1 connections and 2 000 HTTP/2 ones, then all closed.
-    let mut peak = 0;
-    for _ in 0..2 {
-        let plain = open_idle(f.proxy, 6_000);
-        let h2 = h2_clients(f.proxy, 2_000, None).await;
-        tokio::time::sleep(Duration::from_millis(1500)).await;
-        peak = peak.max(rss(pid));
-        drop(plain);
-        for t in h2 {
-            t.abort();
+    on_runtime(async {
+        raise_own_file_limit();
+        let a = TestBackend::start("A");
+        let f = Fulcrum::over(
+            &[&a],
+            &["--access-log", "off", "--max-connections", "20000"],
+        );
+        let pid = f.child.id();
+        for _ in 0..50 {
+            assert!(one_request(f.proxy, false).is_ok());
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    assert!(
-        peak > bound,
-        "the flood must cost memory to show anything: {peak} vs {bound}"
-    );
-    let t = Instant::now();
-    let mut now = rss(pid);
-    while now > bound && t.elapsed() < Duration::from_secs(60) {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        now = rss(pid);
-    }
-    println!(
-        "RSS idle {idle}, peak {peak}, after {:?}: {now}",
-        t.elapsed()
-    );
-    assert!(
-        now <= bound,
-        "RSS {now} after 60 s, above 2 × {idle} + 10 MiB (peak {peak})"
-    );
+        std::thread::sleep(Duration::from_millis(300));
+        let idle = rss(pid);
+        let bound = 2 * idle + 10 * 1024 * 1024;
+        // Twice: 6 000 idle HTTP/1.1 connections and 2 000 HTTP/2 ones, then all closed.
+        let mut peak = 0;
+        for _ in 0..2 {
+            let plain = open_idle(f.proxy, 6_000);
+            let h2 = h2_clients(f.proxy, 2_000, None).await;
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            peak = peak.max(rss(pid));
+            drop(plain);
+            for t in h2 {
+                t.abort();
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        assert!(
+            peak > bound,
+            "the flood must cost memory to show anything: {peak} vs {bound}"
+        );
+        let t = Instant::now();
+        let mut now = rss(pid);
+        while now > bound && t.elapsed() < Duration::from_secs(60) {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            now = rss(pid);
+        }
+        println!(
+            "RSS idle {idle}, peak {peak}, after {:?}: {now}",
+            t.elapsed()
+        );
+        assert!(
+            now <= bound,
+            "RSS {now} after 60 s, above 2 × {idle} + 10 MiB (peak {peak})"
+        );
+    });
 }
