@@ -135,6 +135,33 @@ fn a_slow_backend_costs_round_robin_its_tail_and_not_the_latency_aware() {
 }
 
 #[test]
+fn the_hashing_strategies_spread_many_clients_over_every_backend() {
+    let (r, table) = lab(
+        "clients",
+        &[
+            "--scenario",
+            "slow-backend",
+            "--strategies",
+            "consistent_hash,ip_hash,maglev,round_robin",
+            "--seconds",
+            "3",
+        ],
+    );
+    println!("{table}");
+    // A thousand clients, each with its own address: every hashing row reaches every
+    // backend, none with all of the traffic.
+    for s in ["consistent_hash", "ip_hash", "maglev"] {
+        let share = row(&r, s)["share"].as_object().unwrap().clone();
+        assert_eq!(share.len(), 3, "{s}: {share:?}");
+        for (b, v) in &share {
+            let v = v.as_f64().unwrap();
+            assert!((0.15..0.55).contains(&v), "{s}: {b} took {v}");
+        }
+        assert!(row(&r, s).get("single_backend").is_none(), "{}", row(&r, s));
+    }
+}
+
+#[test]
 fn heterogeneous_capacity_is_found_by_weights_and_latency() {
     let (r, table) = lab(
         "hetero",
@@ -324,4 +351,47 @@ fn the_admin_api_runs_the_lab_reports_it_and_stops_it() {
         assert!(common::eventually(Duration::from_secs(3), || async { lab_backends() == 0 }).await);
         assert_eq!(get(&c, &url).await.json()["state"], "stopped");
     });
+}
+
+/// Entries of the temporary directory whose name starts `fulcrum-lab-`.
+fn lab_leftovers() -> Vec<String> {
+    std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("fulcrum-lab-") && !n.contains(&std::process::id().to_string()))
+        .collect()
+}
+
+#[test]
+fn a_lab_run_leaves_nothing_behind_when_its_parent_is_killed() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let before = lab_leftovers();
+    let mut f = Fulcrum::start(&[]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let c = client();
+        let url = f.admin_url("/admin/lab");
+        let long = r#"{"scenario":"warmup","strategies":"round_robin","seconds":60}"#;
+        assert_eq!(admin(&c, "POST", &url, long).await.status, 202);
+        assert!(
+            common::eventually(Duration::from_secs(10), || async {
+                get(&c, &url).await.json()["progress"]["phase"] == "load"
+            })
+            .await
+        );
+    });
+    assert!(lab_backends() >= 2);
+    let _ = f.child.kill(); // SIGKILL: no drop, no handler runs.
+    let _ = f.child.wait();
+    // The lab hears its parent die, stops and reaps its backends.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while lab_backends() > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(lab_backends(), 0, "the lab's backends are gone");
+    assert_eq!(
+        lab_leftovers(),
+        before,
+        "nothing of the run stays in the temp directory"
+    );
 }

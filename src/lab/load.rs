@@ -13,23 +13,30 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tokio::time::Instant;
 
+use super::scenario::Clients;
 use super::Phase;
 
 /// A request's longest wait for its answer: beyond it, it counts as an error.
 pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// When each request is sent, from the start, and its key.
+/// When each request is sent, from the start, and its key (its client, or its hot
+/// key).
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Schedule {
     pub(crate) sends: Vec<(Duration, u32)>,
+    /// Who sends them.
+    pub(crate) clients: Clients,
 }
 
 impl Schedule {
-    /// Poisson arrivals at `rps` for `seconds`, from `seed`; with `keys` (how many,
-    /// Zipf exponent), each request's key drawn from that popularity.
-    pub(crate) fn new(rps: u32, seconds: u32, seed: u64, keys: Option<(u32, f64)>) -> Schedule {
+    /// Poisson arrivals at `rps` for `seconds`, from `seed`; each request's key drawn
+    /// as `clients` says: a hot key by its popularity, or one client of many.
+    pub(crate) fn new(rps: u32, seconds: u32, seed: u64, clients: Clients) -> Schedule {
         let mut rng = fastrand::Rng::with_seed(seed);
-        let zipf = keys.map(|(n, s)| zipf_cdf(n, s));
+        let zipf = match clients {
+            Clients::HotKeys(n, s) => Some(zipf_cdf(n, s)),
+            Clients::Many(_) => None,
+        };
         let end = f64::from(seconds);
         let mut t = 0.0;
         let mut sends = Vec::with_capacity((rps * seconds) as usize);
@@ -39,13 +46,17 @@ impl Schedule {
             if t >= end {
                 break;
             }
-            let key = zipf.as_ref().map_or(0, |cdf| {
-                let u = rng.f64();
-                cdf.partition_point(|&c| c < u) as u32
-            });
+            let key = match (&zipf, clients) {
+                (Some(cdf), _) => {
+                    let u = rng.f64();
+                    cdf.partition_point(|&c| c < u) as u32
+                }
+                (None, Clients::Many(n)) => rng.u32(0..n.max(1)),
+                (None, Clients::HotKeys(..)) => 0,
+            };
             sends.push((Duration::from_secs_f64(t), key));
         }
-        Schedule { sends }
+        Schedule { sends, clients }
     }
 }
 
@@ -94,7 +105,6 @@ pub(crate) async fn drive(
     target: SocketAddr,
     schedule: &Schedule,
     start: Instant,
-    keyed: bool,
     tick: &mut dyn FnMut(Phase, Duration),
 ) -> Result<Option<Vec<Sample>>, String> {
     if target.ip() != std::net::IpAddr::from(std::net::Ipv4Addr::LOCALHOST) {
@@ -123,9 +133,10 @@ pub(crate) async fn drive(
         }
         while in_flight.try_join_next().is_some() {}
         let (client, uri, tx) = (client.clone(), uri.clone(), tx.clone());
+        let who = From::from((schedule.clients, key));
         in_flight.spawn(async move {
             let sent = start + at;
-            let (ok, backend) = one(&client, uri, keyed.then_some(key)).await;
+            let (ok, backend) = one(&client, uri, who).await;
             let _ = tx.send(Sample {
                 at,
                 latency: sent.elapsed(),
@@ -156,16 +167,28 @@ pub(crate) async fn drive(
     Ok(Some(out))
 }
 
+/// The field that says who sends a request: its hot key, or its client's address.
+struct Sender(&'static str, String);
+
+impl From<(Clients, u32)> for Sender {
+    fn from((clients, key): (Clients, u32)) -> Sender {
+        match clients {
+            Clients::HotKeys(..) => Sender("x-lab-key", key.to_string()),
+            Clients::Many(_) => {
+                let [_, a, b, c] = key.to_be_bytes();
+                Sender("x-forwarded-for", format!("10.{a}.{b}.{c}"))
+            }
+        }
+    }
+}
+
 /// One request: whether it was answered 2xx, and by which backend.
 async fn one(
     client: &Client<hyper_util::client::legacy::connect::HttpConnector, Empty<Bytes>>,
     uri: http::Uri,
-    key: Option<u32>,
+    who: Sender,
 ) -> (bool, Option<String>) {
-    let mut req = http::Request::get(uri);
-    if let Some(k) = key {
-        req = req.header("x-lab-key", k.to_string());
-    }
+    let req = http::Request::get(uri).header(who.0, who.1);
     let Ok(req) = req.body(Empty::new()) else {
         return (false, None);
     };
@@ -194,9 +217,10 @@ mod tests {
 
     #[test]
     fn a_seed_makes_the_same_schedule_and_keys_follow_zipf() {
-        let a = Schedule::new(200, 5, 7, Some((100, 1.1)));
-        assert_eq!(a, Schedule::new(200, 5, 7, Some((100, 1.1))));
-        assert_ne!(a, Schedule::new(200, 5, 8, Some((100, 1.1))));
+        let hot = Clients::HotKeys(100, 1.1);
+        let a = Schedule::new(200, 5, 7, hot);
+        assert_eq!(a, Schedule::new(200, 5, 7, hot));
+        assert_ne!(a, Schedule::new(200, 5, 8, hot));
         let n = a.sends.len() as f64;
         assert!((900.0..1100.0).contains(&n), "{n}");
         assert!(a.sends.windows(2).all(|w| w[0].0 <= w[1].0));

@@ -192,8 +192,7 @@ pub(crate) struct Progress {
 pub(crate) fn run(plan: &Plan, progress: &mut dyn FnMut(&Progress)) -> Result<Report, String> {
     let exe = std::env::current_exe()
         .map_err(|e| format!("cannot find fulcrum's own executable: {e}"))?;
-    let keys = plan.scenario.keyed().then_some(scenario::HOT_KEYS);
-    let schedule = Schedule::new(plan.rps, plan.seconds, plan.seed, keys);
+    let schedule = Schedule::new(plan.rps, plan.seconds, plan.seed, plan.scenario.clients());
     let sockets = Sockets::bind(&plan.scenario.backends(plan.seconds))?;
     let mut results = Vec::new();
     for (index, &(kind, factor)) in plan.variants.iter().enumerate() {
@@ -373,13 +372,7 @@ impl Run<'_> {
         };
         let mut joined = Vec::new();
         let (samples, joined_at) = rt.block_on(async {
-            let drive = load::drive(
-                running.listen,
-                self.schedule,
-                start,
-                self.plan.scenario.keyed(),
-                tick,
-            );
+            let drive = load::drive(running.listen, self.schedule, start, tick);
             tokio::join!(drive, late.join(&mut joined))
         });
         started.extend(joined);

@@ -39,6 +39,10 @@ pub(crate) struct StrategyResult {
     /// Why this strategy's run failed (its other fields are then empty).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) error: Option<String>,
+    /// Every answer came from one backend while the run had others: such a row shows
+    /// where one key landed, not how the strategy balances, and is never marked best.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) single_backend: bool,
 }
 
 impl StrategyResult {
@@ -57,7 +61,13 @@ impl StrategyResult {
             max_share_over_fair: None,
             key_affinity: None,
             error: Some(error),
+            single_backend: false,
         }
+    }
+
+    /// Whether its values may be marked best: it ran, and spread its traffic.
+    fn ranked(&self) -> bool {
+        self.error.is_none() && !self.single_backend
     }
 
     /// The share of requests not answered 2xx, in %; `None` for a failed run.
@@ -127,7 +137,8 @@ pub(crate) fn summarize(
                 .count();
             (b.clone(), round3(n as f64 / answered))
         })
-        .collect();
+        .collect::<BTreeMap<String, f64>>();
+    let single_backend = share.len() > 1 && share.values().any(|&s| s >= SINGLE);
     StrategyResult {
         strategy,
         requests: samples.len() as u64,
@@ -141,8 +152,13 @@ pub(crate) fn summarize(
         max_share_over_fair: None,
         key_affinity: None,
         error: None,
+        single_backend,
     }
 }
+
+/// A backend that took this share of the answers took them all (shares are rounded to
+/// a thousandth).
+const SINGLE: f64 = 0.999;
 
 /// `joiner`'s share of the answers in each second from `from` on, for `n` seconds.
 pub(crate) fn share_per_second(
@@ -195,7 +211,8 @@ type Column = Box<dyn Fn(&StrategyResult) -> Option<f64>>;
 
 /// The table: one row per strategy, `*` after the best value of each column (the
 /// fewest errors, the lowest latency); `-` where a row has no value (no request
-/// answered 2xx, or the run failed), left out of the marking.
+/// answered 2xx, or the run failed), left out of the marking, as a row whose answers
+/// all came from one backend is.
 pub(crate) fn table(report: &Report) -> String {
     let rs = &report.results;
     let backends: Vec<&String> = rs
@@ -212,7 +229,12 @@ pub(crate) fn table(report: &Report) -> String {
     ];
     let best: Vec<f64> = cols
         .iter()
-        .map(|(_, f)| rs.iter().filter_map(f).fold(f64::INFINITY, f64::min))
+        .map(|(_, f)| {
+            rs.iter()
+                .filter(|r| r.ranked())
+                .filter_map(f)
+                .fold(f64::INFINITY, f64::min)
+        })
         .collect();
     let mut out = format!("{:<26} {:>8}", "strategy", "requests");
     for (name, _) in &cols {
@@ -227,7 +249,11 @@ pub(crate) fn table(report: &Report) -> String {
         for ((_, f), b) in cols.iter().zip(&best) {
             let _ = match f(r) {
                 Some(v) => {
-                    let mark = if rs.len() > 1 && v <= *b { "*" } else { " " };
+                    let mark = if rs.len() > 1 && r.ranked() && v <= *b {
+                        "*"
+                    } else {
+                        " "
+                    };
                     write!(out, " {:>9}{mark}", format!("{v:.2}"))
                 }
                 None => write!(out, " {:>9} ", "-"),
@@ -430,7 +456,9 @@ mod tests {
             (Some(50.0), Some(99.0), Some(100.0))
         );
         assert!((ra.share["b1"] - 0.990).abs() < 1e-9);
-        let b: Vec<Sample> = (1..=100).map(|i| sample(i / 2 + 1, "b2", true)).collect();
+        let b: Vec<Sample> = (1..=100)
+            .map(|i| sample(i / 2 + 1, ["b1", "b2"][i as usize % 2], true))
+            .collect();
         let rb = summarize("peak_ewma".into(), &b, &names);
         let report = Report {
             scenario: "slow-backend",
@@ -445,6 +473,37 @@ mod tests {
         assert!(peak.contains("50.00*"), "{t}");
         let svg = svg(&report);
         assert!(svg.starts_with("<svg") && svg.contains("peak_ewma") && svg.ends_with("</svg>\n"));
+    }
+
+    #[test]
+    fn a_row_whose_answers_all_came_from_one_backend_is_never_best() {
+        let names = vec!["b1".to_string(), "b2".to_string()];
+        // Fast, but every answer from b1: one key's luck.
+        let one: Vec<Sample> = (1..=100).map(|i| sample(i, "b1", true)).collect();
+        let two: Vec<Sample> = (1..=100)
+            .map(|i| sample(i + 10, if i % 2 == 0 { "b1" } else { "b2" }, true))
+            .collect();
+        let lucky = summarize("maglev".into(), &one, &names);
+        assert!(lucky.single_backend);
+        let spread = summarize("least_connections".into(), &two, &names);
+        assert!(!spread.single_backend);
+        let report = Report {
+            scenario: "slow-backend",
+            seed: 1,
+            rps: 10,
+            seconds: 10,
+            results: vec![lucky, spread],
+        };
+        let t = table(&report);
+        let line = |name: &str| t.lines().find(|l| l.starts_with(name)).unwrap().to_string();
+        assert!(!line("maglev").contains('*'), "{t}");
+        assert!(line("least_connections").contains("60.00*"), "{t}");
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["results"][0]["single_backend"], true);
+        assert!(json["results"][1].get("single_backend").is_none());
+        // One backend in the run: nothing else could take the traffic.
+        let alone = summarize("round_robin".into(), &one, &names[..1]);
+        assert!(!alone.single_backend);
     }
 
     #[test]

@@ -4,7 +4,6 @@
 //! and load apart from the instance serving traffic: what the lab leaks or breaks ends
 //! with the child, and the instance's own pools are never touched.
 
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -101,13 +100,13 @@ impl LabRunner {
         if self.lock().as_ref().is_some_and(|c| c.ended.is_none()) {
             return Err(LabStartError::Busy);
         }
-        let dir = OutputDir::create().map_err(LabStartError::Failed)?;
+        let output = Output::create().map_err(LabStartError::Failed)?;
         let mut slot = self.lock();
         if slot.as_ref().is_some_and(|c| c.ended.is_none()) {
             return Err(LabStartError::Busy);
         }
         let id = 1 + self.runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let child = spawn_child(plan, strategies, &dir.0).map_err(LabStartError::Failed)?;
+        let child = spawn_child(plan, strategies, &output).map_err(LabStartError::Failed)?;
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
         *slot = Some(Current {
             status: LabStatus {
@@ -130,7 +129,7 @@ impl LabRunner {
         });
         drop(slot);
         let me = Arc::clone(self);
-        tokio::spawn(async move { me.follow(id, child, dir, stop_rx).await });
+        tokio::spawn(async move { me.follow(id, child, output, stop_rx).await });
         Ok(self.status())
     }
 
@@ -185,7 +184,7 @@ impl LabRunner {
         self: Arc<Self>,
         id: u64,
         mut child: tokio::process::Child,
-        dir: OutputDir,
+        output: Output,
         stop: tokio::sync::oneshot::Receiver<()>,
     ) {
         let stdout = child.stdout.take();
@@ -211,7 +210,7 @@ impl LabRunner {
             .and_then(Result::ok)
             .unwrap_or_default();
         // Files, off the admin API's thread.
-        let (report, svg) = tokio::task::spawn_blocking(move || dir.take())
+        let (report, svg) = tokio::task::spawn_blocking(move || output.take())
             .await
             .unwrap_or_default();
         self.update(id, |c| {
@@ -287,50 +286,79 @@ fn failure(exit: &std::io::Result<std::process::ExitStatus>, said: &[String]) ->
     }
 }
 
-/// A private directory for one run's report and chart, removed when dropped.
-struct OutputDir(PathBuf);
+/// One run's report and chart: two files without a name, which the lab child writes
+/// through its descriptors 3 and 4 (`--json /dev/fd/3 --svg /dev/fd/4`). Nothing of a
+/// run is ever on disk under a name, so nothing stays behind whatever ends the parent
+/// (a `SIGKILL` included): the files go with their last descriptor.
+struct Output {
+    report: std::fs::File,
+    chart: std::fs::File,
+}
 
-impl OutputDir {
-    /// Creates a new directory of this user's alone, under a name no one can have
-    /// prepared in advance.
-    fn create() -> Result<OutputDir, String> {
-        use std::os::unix::fs::DirBuilderExt as _;
-        let base = std::env::temp_dir();
-        let mut last = None;
-        for _ in 0..8 {
-            let dir = base.join(format!(
-                "fulcrum-lab-{}-{:016x}",
-                std::process::id(),
-                fastrand::u64(..)
-            ));
-            match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
-                Ok(()) => return Ok(OutputDir(dir)),
-                Err(e) => last = Some(e),
-            }
+/// Where the child finds the report's file, and the chart's.
+const OUTPUT_FDS: [i32; 2] = [3, 4];
+
+impl Output {
+    fn create() -> Result<Output, String> {
+        Ok(Output {
+            report: unnamed_file()?,
+            chart: unnamed_file()?,
+        })
+    }
+
+    /// The report and the chart the lab wrote, if it did.
+    fn take(mut self) -> (Option<serde_json::Value>, Option<String>) {
+        let read = |f: &mut std::fs::File| {
+            use std::io::{Read, Seek};
+            let mut text = String::new();
+            f.rewind().ok()?;
+            f.read_to_string(&mut text).ok()?;
+            (!text.is_empty()).then_some(text)
+        };
+        let report = read(&mut self.report).and_then(|t| serde_json::from_str(&t).ok());
+        (report, read(&mut self.chart))
+    }
+
+    /// Has the child find the two files at [`OUTPUT_FDS`].
+    fn hand_to(&self, cmd: &mut tokio::process::Command) {
+        use std::os::fd::AsRawFd;
+        let fds = [self.report.as_raw_fd(), self.chart.as_raw_fd()];
+        // SAFETY: between fork and exec only async-signal-safe calls (fcntl, dup2,
+        // close), on descriptors this process owns.
+        unsafe {
+            cmd.pre_exec(move || {
+                for (from, to) in fds.into_iter().zip(OUTPUT_FDS) {
+                    // A copy above the targets first (without close-on-exec), so that
+                    // neither target overwrites the other's source.
+                    let high = libc::fcntl(from, libc::F_DUPFD, 10);
+                    if high < 0 || libc::dup2(high, to) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    libc::close(high);
+                }
+                Ok(())
+            });
         }
-        Err(format!(
-            "cannot create a directory in '{}': {}",
-            base.display(),
-            last.map_or_else(|| "no attempt".to_string(), |e| e.to_string())
-        ))
     }
 }
 
-impl OutputDir {
-    /// The report and the chart the lab wrote, if it did; the directory goes.
-    fn take(self) -> (Option<serde_json::Value>, Option<String>) {
-        let report = std::fs::read_to_string(self.0.join("report.json"))
-            .ok()
-            .and_then(|t| serde_json::from_str(&t).ok());
-        let svg = std::fs::read_to_string(self.0.join("chart.svg")).ok();
-        (report, svg)
+/// A file of this user's alone with no name: `O_TMPFILE` where the file system has it,
+/// else a random name removed at once.
+fn unnamed_file() -> Result<std::fs::File, String> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let base = std::env::temp_dir();
+    let mut open = std::fs::OpenOptions::new();
+    open.read(true).write(true).mode(0o600);
+    if let Ok(f) = open.clone().custom_flags(libc::O_TMPFILE).open(&base) {
+        return Ok(f);
     }
-}
-
-impl Drop for OutputDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+    let path = base.join(format!("fulcrum-lab-{:016x}", fastrand::u64(..)));
+    let f = open
+        .create_new(true)
+        .open(&path)
+        .map_err(|e| format!("cannot create a file in '{}': {e}", base.display()))?;
+    let _ = std::fs::remove_file(&path);
+    Ok(f)
 }
 
 /// The status before any run.
@@ -351,11 +379,11 @@ fn idle() -> LabStatus {
     }
 }
 
-/// Starts `fulcrum lab` for `plan`, writing its report and chart into `dir`.
+/// Starts `fulcrum lab` for `plan`, writing its report and chart into `output`.
 fn spawn_child(
     plan: &Plan,
     strategies: &str,
-    dir: &std::path::Path,
+    output: &Output,
 ) -> Result<tokio::process::Child, String> {
     let exe = std::env::current_exe()
         .map_err(|e| format!("cannot find fulcrum's own executable: {e}"))?;
@@ -367,15 +395,16 @@ fn spawn_child(
         .args(["--rps", &plan.rps.to_string()])
         .args(["--seed", &plan.seed.to_string()])
         .arg("--json")
-        .arg(dir.join("report.json"))
+        .arg(format!("/dev/fd/{}", OUTPUT_FDS[0]))
         .arg("--svg")
-        .arg(dir.join("chart.svg"))
+        .arg(format!("/dev/fd/{}", OUTPUT_FDS[1]))
         .arg("--progress-json")
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true);
     crate::spawn::dies_with_this_thread(&mut cmd);
+    output.hand_to(&mut cmd);
     cmd.spawn()
         .map_err(|e| format!("cannot start the lab: {e}"))
 }

@@ -66,6 +66,21 @@ fn backend(name: &str, latency_ms: u64, extra: &[&str]) -> BackendPlan {
 /// How the keys of the hot-key scenario are drawn: this many, Zipf with this exponent.
 pub(crate) const HOT_KEYS: (u32, f64) = (1000, 1.1);
 
+/// How many clients send the requests of every other scenario, each as likely.
+pub(crate) const CLIENTS: u32 = 1024;
+
+/// Who sends a scenario's requests, and what a hashing strategy hashes of them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Clients {
+    /// Keys drawn with a skewed popularity ([`HOT_KEYS`]), each request carrying its key
+    /// in `x-lab-key` (the scenario's `hash_key`), from one client address.
+    HotKeys(u32, f64),
+    /// That many clients, each as likely, each with an address of its own in
+    /// `X-Forwarded-For` (fulcrum trusts the lab's own address as a proxy): every
+    /// hashing strategy, `ip_hash` too, spreads real clients, not one key.
+    Many(u32),
+}
+
 /// The balance factor the hot-key scenario compares against none.
 pub(crate) const HOT_KEY_FACTOR: f64 = 1.25;
 
@@ -180,6 +195,9 @@ impl Scenario {
     /// What fulcrum is told besides the strategy (option keys and values).
     pub(crate) fn fulcrum_options(self) -> Vec<(&'static str, String)> {
         let mut o = vec![("health_interval", "1s".to_string())];
+        if let Clients::Many(_) = self.clients() {
+            o.push(("trusted_proxies", "127.0.0.1/32".into()));
+        }
         match self {
             Scenario::Warmup => o.push(("slow_start", "5s".into())),
             Scenario::HotKey => o.push(("hash_key", "header:x-lab-key".into())),
@@ -195,6 +213,14 @@ impl Scenario {
     /// Whether requests carry a key (`x-lab-key`), drawn from [`HOT_KEYS`].
     pub(crate) fn keyed(self) -> bool {
         self == Scenario::HotKey
+    }
+
+    /// Who sends the requests (`docs/lab.md`, "How a run works").
+    pub(crate) fn clients(self) -> Clients {
+        match self {
+            Scenario::HotKey => Clients::HotKeys(HOT_KEYS.0, HOT_KEYS.1),
+            _ => Clients::Many(CLIENTS),
+        }
     }
 }
 
