@@ -22,7 +22,7 @@
 //! rules applied.
 
 use std::cell::RefCell;
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
 use std::io::Write as _;
 use std::pin::Pin;
 use std::task::Poll;
@@ -32,7 +32,7 @@ use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderName, HeaderValue};
 use http::{Method, StatusCode, Uri, Version};
 use http_body::Body;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
 use crate::deadline::Deadline;
@@ -173,7 +173,7 @@ pub(crate) async fn serve(
         let who = proxy.identify(&request, peer);
         let id = who.1.clone();
         let fut = proxy.serve(request, None, None, peer.clone(), who);
-        let mut fut = Box::pin(fut);
+        let mut fut = crate::recycle::Recycled::new(fut);
         let mut resp = loop {
             tokio::select! {
                 biased;
@@ -445,37 +445,23 @@ impl Client<'_> {
         self.write_body(&mut resp.body, out, framing).await
     }
 
-    /// Writes all of `bytes`; fails when the client takes none of them for the send
-    /// timeout (nginx's `send_timeout`). A write the socket takes at once touches no
-    /// timer: the deadline moves only when a write has to wait.
-    async fn send(&mut self, mut bytes: &[u8]) -> std::io::Result<()> {
-        let mut waiting = false;
-        let (stream, deadline, limit) = (&mut *self.stream, &mut *self.deadline, self.send_timeout);
-        poll_fn(|cx| loop {
-            match Pin::new(&mut *stream).poll_write(cx, bytes) {
-                Poll::Ready(Ok(0)) => {
-                    return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into()))
-                }
-                Poll::Ready(Ok(n)) => {
-                    bytes = &bytes[n..];
-                    waiting = false;
-                    if bytes.is_empty() {
-                        return Poll::Ready(Ok(()));
-                    }
-                }
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                Poll::Pending => {
-                    if !waiting {
-                        waiting = true;
-                        deadline.set(tokio::time::Instant::now() + limit);
-                    }
-                    return deadline
-                        .poll_expired(cx)
-                        .map(|()| Err(std::io::ErrorKind::TimedOut.into()));
-                }
-            }
-        })
-        .await
+    /// Writes all of `bytes`; fails when the client has not taken them within the send
+    /// timeout (nginx's `send_timeout`, which also bounds each write, not the whole
+    /// answer). A write the socket takes at once touches no timer: the deadline moves
+    /// only when a write has to wait.
+    async fn send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        let write = self.stream.write_all(bytes);
+        tokio::pin!(write);
+        if let Poll::Ready(r) = poll_fn(|cx| Poll::Ready(write.as_mut().poll(cx))).await {
+            return r;
+        }
+        self.deadline
+            .set(tokio::time::Instant::now() + self.send_timeout);
+        tokio::select! {
+            biased;
+            r = &mut write => r,
+            () = self.deadline.expired() => Err(std::io::ErrorKind::TimedOut.into()),
+        }
     }
 }
 

@@ -17,7 +17,7 @@ use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
-use crate::descriptors::{Descriptor, Descriptors};
+use crate::descriptors::{self, Descriptor};
 use crate::liveness::{Activity, Stopping, Timeouts, Tracked, Verdict, Watchdog, Watched};
 
 use crate::config::Settings;
@@ -174,14 +174,6 @@ impl AcceptBackoff {
     }
 }
 
-/// What a worker's connections are allowed: how many at once (all workers together),
-/// and the descriptors they and their backend connections take.
-#[derive(Debug, Clone)]
-struct Allowance {
-    slots: Arc<Semaphore>,
-    descriptors: Descriptors,
-}
-
 /// What an accepted client connection holds until it ends: its place under the cap
 /// and its descriptor.
 type Held = (OwnedSemaphorePermit, Descriptor);
@@ -191,7 +183,7 @@ async fn worker(
     listener: std::net::TcpListener,
     https: Option<HttpsListener>,
     proxy: &'static Proxy,
-    allowance: Allowance,
+    slots: Arc<Semaphore>,
     stop: Stopping,
 ) {
     let listener = match TcpListener::from_std(listener) {
@@ -247,7 +239,7 @@ async fn worker(
                         continue;
                     }
                 };
-                let Some(held) = hold_for(&allowance, &mut shutdown).await else {
+                let Some(held) = hold_for(&slots, &mut shutdown).await else {
                     break;
                 };
                 conns.spawn(stream, (peer, plain_local), held);
@@ -260,7 +252,7 @@ async fn worker(
                         continue;
                     }
                 };
-                let Some(held) = hold_for(&allowance, &mut shutdown).await else {
+                let Some(held) = hold_for(&slots, &mut shutdown).await else {
                     break;
                 };
                 if let Some((_, tls)) = &https {
@@ -304,18 +296,18 @@ async fn accept_https(
 /// accepts no more until a slot frees; the rest wait in the kernel's queue. (Taking the
 /// slot before accepting would let an idle worker sit on a free slot while connections
 /// queue on another worker's socket.)
-async fn hold_for(allowance: &Allowance, shutdown: &mut watch::Receiver<bool>) -> Option<Held> {
-    let slot = match Arc::clone(&allowance.slots).try_acquire_owned() {
+async fn hold_for(slots: &Arc<Semaphore>, shutdown: &mut watch::Receiver<bool>) -> Option<Held> {
+    let slot = match Arc::clone(slots).try_acquire_owned() {
         Ok(slot) => slot,
         Err(_) => tokio::select! {
-            s = Arc::clone(&allowance.slots).acquire_owned() => s.ok()?,
+            s = Arc::clone(slots).acquire_owned() => s.ok()?,
             _ = shutdown.changed() => return None,
         },
     };
-    let fd = match allowance.descriptors.try_take() {
+    let fd = match descriptors::try_take() {
         Some(fd) => fd,
         None => tokio::select! {
-            fd = allowance.descriptors.take() => fd,
+            fd = descriptors::take() => fd,
             _ = shutdown.changed() => return None,
         },
     };
@@ -761,10 +753,8 @@ fn spawn_workers(
     caps: ConnectionCaps,
     stop: &Stopping,
 ) -> Result<Vec<std::thread::JoinHandle<()>>, String> {
-    let allowance = Allowance {
-        slots: Arc::new(Semaphore::new(caps.proxy.min(Semaphore::MAX_PERMITS))),
-        descriptors: Descriptors::new(caps.descriptors),
-    };
+    let slots = Arc::new(Semaphore::new(caps.proxy.min(Semaphore::MAX_PERMITS)));
+    descriptors::set_limit(caps.descriptors);
     let in_flight = Arc::new(AtomicUsize::new(0));
     let mut threads = Vec::new();
     let mut https = https.into_iter();
@@ -775,17 +765,16 @@ fn spawn_workers(
         let ps = proxy_settings.clone();
         let inf = Arc::clone(&in_flight);
         let stop = stop.clone();
-        let allowance = allowance.clone();
+        let slots = Arc::clone(&slots);
         let t = std::thread::Builder::new()
             .name(format!("fulcrum-worker-{i}"))
             .spawn(move || {
                 // Each worker's proxy lives as long as the process: leaking it gives the
                 // connection tasks a `'static` reference without a refcount per request.
-                let fds = allowance.descriptors.clone();
                 let proxy: &'static Proxy =
-                    rt.block_on(async move { Box::leak(Box::new(Proxy::new(site, ps, inf, fds))) });
+                    rt.block_on(async move { Box::leak(Box::new(Proxy::new(site, ps, inf))) });
                 crate::logging::batch_this_thread();
-                rt.block_on(worker(l, h, proxy, allowance, stop));
+                rt.block_on(worker(l, h, proxy, slots, stop));
                 // Connections still open after the drain end with the runtime; their
                 // access log lines go into the batch, so flush after it.
                 drop(rt);

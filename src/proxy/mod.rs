@@ -340,10 +340,9 @@ impl Proxy {
         site: Arc<Site>,
         settings: ProxySettings,
         in_flight: Arc<AtomicUsize>,
-        descriptors: crate::descriptors::Descriptors,
     ) -> Proxy {
         Proxy {
-            upstreams: Box::leak(Box::new(Upstreams::new(descriptors))),
+            upstreams: Box::leak(Box::new(Upstreams::new())),
             rec: Box::leak(Box::new(Recorder::new(
                 Arc::clone(&site),
                 settings.access_log,

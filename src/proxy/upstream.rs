@@ -24,7 +24,7 @@ use tokio::net::TcpStream;
 use super::body::ReqBody;
 use super::wire::{Wire, WireBody, WireError};
 use crate::backend::Backend;
-use crate::descriptors::{Descriptor, Descriptors};
+use crate::descriptors::{self, Descriptor};
 use crate::stats::BadAnswer;
 
 /// Idle connections older than this are closed.
@@ -186,19 +186,17 @@ pub(crate) struct Upstreams {
     h2_connecting: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<()>>>>,
     /// Connections driven inline (requests without a body), by backend id.
     wires: Mutex<HashMap<u64, Vec<(Wire, Instant)>>>,
-    /// Every new connection takes one of these first.
-    descriptors: Descriptors,
 }
 
 impl Upstreams {
-    /// An empty pool whose connections take their descriptors from `descriptors`.
-    pub(crate) fn new(descriptors: Descriptors) -> Self {
+    /// An empty pool; each connection it opens takes a descriptor of the process's
+    /// budget ([`crate::descriptors`]).
+    pub(crate) fn new() -> Self {
         Upstreams {
             idle: Mutex::new(HashMap::new()),
             h2: Mutex::new(HashMap::new()),
             h2_connecting: Mutex::new(HashMap::new()),
             wires: Mutex::new(HashMap::new()),
-            descriptors,
         }
     }
 
@@ -254,7 +252,7 @@ impl Upstreams {
 
     /// A TCP connection to `b`, with the descriptor it takes.
     async fn dial(&self, b: &Backend) -> Result<(TcpStream, Descriptor), Failure> {
-        let Some(fd) = self.descriptors.try_take() else {
+        let Some(fd) = descriptors::try_take() else {
             tracing::debug!(backend = %b.name, "no descriptor free for a new connection");
             return Err(Failure::NoDescriptor);
         };
