@@ -167,28 +167,10 @@ pub(crate) async fn serve(
         served = true;
         let head_only = request.method == Method::HEAD;
 
-        // 2. The answer, while watching the client: if it goes away the request is
-        // dropped, as hyper's server does. Bytes it sends meanwhile (a pipelined
-        // request) are kept, up to one head's worth.
-        let who = proxy.identify(&request, peer);
-        let id = who.1.clone();
-        let fut = proxy.serve(request, None, None, peer.clone(), who);
-        let mut fut = crate::recycle::Recycled::new(fut);
-        let mut resp = loop {
-            tokio::select! {
-                biased;
-                r = &mut fut => break r,
-                r = read_some(stream, &mut buf), if !eof && buf.len() <= MAX_HEADER_BYTES => {
-                    match r {
-                        ReadResult::Eof if !buf.is_empty() => eof = true,
-                        ReadResult::Eof | ReadResult::Error => return Outcome::Closed,
-                        ReadResult::Data => {}
-                    }
-                }
-            }
+        // 2. The answer.
+        let Some(resp) = answer(stream, &mut buf, &mut eof, proxy, peer, request).await else {
+            return Outcome::Closed;
         };
-        drop(fut);
-        resp.head.request_id = Some(id);
 
         // 3. Write it.
         let keep = !close && !stop.is_stopping() && !resp.closes();
@@ -209,6 +191,40 @@ pub(crate) async fn serve(
             return Outcome::Closed;
         }
     }
+}
+
+/// The answer to `request`, while watching the client: `None` if it goes away meanwhile
+/// (the request is dropped, as hyper's server does). Bytes it sends meanwhile (a
+/// pipelined request) are kept in `buf`, up to one head's worth, and a half-close is
+/// noted in `eof`.
+async fn answer(
+    stream: &mut TcpStream,
+    buf: &mut BytesMut,
+    eof: &mut bool,
+    proxy: &'static Proxy,
+    peer: &Peer,
+    request: RequestHead,
+) -> Option<ProxyResponse> {
+    let who = proxy.identify(&request, peer);
+    let id = who.1.clone();
+    let fut = proxy.serve(request, None, None, peer.clone(), who);
+    let mut fut = crate::recycle::Recycled::new(fut);
+    let mut resp = loop {
+        tokio::select! {
+            biased;
+            r = &mut fut => break r,
+            r = read_some(stream, buf), if !*eof && buf.len() <= MAX_HEADER_BYTES => {
+                match r {
+                    ReadResult::Eof if !buf.is_empty() => *eof = true,
+                    ReadResult::Eof | ReadResult::Error => return None,
+                    ReadResult::Data => {}
+                }
+            }
+        }
+    };
+    drop(fut);
+    resp.head.request_id = Some(id);
+    Some(resp)
 }
 
 /// Takes the parsed head out of `buf` as a request; one with a target `http` refuses

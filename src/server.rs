@@ -912,30 +912,13 @@ fn launch(
     if settings.tls.redirect_https {
         proxy_settings.redirect_https = tls_listen.map(|a| a.port());
     }
-    let spawner = Arc::new(crate::spawn::Spawner::new(Arc::clone(&site)));
-    let traffic = Arc::new(crate::traffic::Traffic::new(listen));
-    let reloader = Arc::new(crate::reload::Reloader::new(
-        flags.clone(),
-        settings.clone(),
-        Arc::clone(&site),
-        tls,
-    ));
-    let fleet = settings.store.as_ref().map(|spec| {
-        Arc::new(crate::store::fleet::Fleet::new(
-            spec,
-            Arc::clone(&site),
-            Arc::clone(&reloader),
-            listen,
-        ))
-    });
-    let admin_state = crate::admin::AdminCtx::new(
-        Arc::clone(&site),
-        settings.admin_token.clone(),
-        Arc::clone(&spawner),
-        Arc::clone(&traffic),
-        Arc::clone(&reloader),
-    )
-    .in_fleet(listen, fleet.clone());
+    let Control {
+        spawner,
+        traffic,
+        reloader,
+        fleet,
+        admin: admin_state,
+    } = Control::new(settings, flags, &site, listen, tls);
     let (workers_done, done_rx) = watch::channel(false);
     let admin_listener = listeners.admin;
     let (loaded_tx, loaded) = std::sync::mpsc::channel();
@@ -991,6 +974,59 @@ fn launch(
         upgraded,
     };
     Ok((running, rx, upgraded_tx))
+}
+
+/// What controls a running balancer from outside the request path.
+struct Control {
+    spawner: Arc<crate::spawn::Spawner>,
+    traffic: Arc<crate::traffic::Traffic>,
+    reloader: Arc<crate::reload::Reloader>,
+    /// Fleet mode's link to the store.
+    fleet: Option<Arc<crate::store::fleet::Fleet>>,
+    /// The admin API's state over all of the above.
+    admin: crate::admin::AdminCtx,
+}
+
+impl Control {
+    fn new(
+        settings: &Settings,
+        flags: &crate::config::RawFlags,
+        site: &Arc<Site>,
+        listen: SocketAddr,
+        tls: Option<Arc<crate::tls::Tls>>,
+    ) -> Control {
+        let spawner = Arc::new(crate::spawn::Spawner::new(Arc::clone(site)));
+        let traffic = Arc::new(crate::traffic::Traffic::new(listen));
+        let reloader = Arc::new(crate::reload::Reloader::new(
+            flags.clone(),
+            settings.clone(),
+            Arc::clone(site),
+            tls,
+        ));
+        let fleet = settings.store.as_ref().map(|spec| {
+            Arc::new(crate::store::fleet::Fleet::new(
+                spec,
+                Arc::clone(site),
+                Arc::clone(&reloader),
+                listen,
+            ))
+        });
+        let admin = crate::admin::AdminCtx::new(
+            Arc::clone(site),
+            settings.admin_token.clone(),
+            Arc::clone(&spawner),
+            Arc::clone(&traffic),
+            Arc::clone(&reloader),
+        )
+        .in_fleet(listen, fleet.clone());
+        Control {
+            spawner,
+            traffic,
+            reloader,
+            fleet,
+            admin,
+        }
+    }
 }
 
 /// The admin API as the admin thread starts it.
