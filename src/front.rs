@@ -102,83 +102,65 @@ pub(crate) async fn serve(
     header_timeout: Duration,
     stop: &Stopping,
 ) -> Outcome {
-    let mut buf = BytesMut::new();
-    // The client half-closed after sending requests: answer the ones already read, then
-    // close (as hyper's server does), but read no more.
-    let mut eof = false;
-    // Set once a request head has been read.
-    let mut served = false;
+    let mut conn = ConnState {
+        buf: BytesMut::new(),
+        eof: false,
+        served: false,
+        stop_seen: false,
+        deadline: Deadline::new(tokio::time::Instant::now() + header_timeout),
+        header_timeout,
+    };
     // One wait for the stop signal per connection, not one per request (each wait
     // registers with the channel under its lock). `stop` itself still answers whether
     // to keep the connection alive.
     let mut stop_rx = stop.receiver();
     let stopped = stop_rx.changed();
     tokio::pin!(stopped);
-    let mut stop_seen = false;
-    // The head timeout and the send timeout, one timer per connection (see `Deadline`).
-    let mut deadline = Deadline::new(tokio::time::Instant::now() + header_timeout);
     loop {
         // 1. A whole request head.
-        deadline.set(tokio::time::Instant::now() + header_timeout);
-        let parsed = loop {
-            if !buf.is_empty() {
-                match parse(&buf) {
-                    Head::Ready(p) => break p,
-                    Head::Other => return Outcome::HandOff(buf.freeze()),
-                    Head::Partial if buf.len() > MAX_HEADER_BYTES => {
-                        return Outcome::Refused(ANSWER_431)
-                    }
-                    Head::Partial => {}
-                }
-            }
-            if eof {
-                return Outcome::Closed;
-            }
-            let empty = buf.is_empty();
-            tokio::select! {
-                biased;
-                r = read_some(stream, &mut buf) => match r {
-                    ReadResult::Eof | ReadResult::Error => return Outcome::Closed,
-                    ReadResult::Data => {}
-                },
-                // Late head: 408 if it was the first, else a silent close (an idle
-                // keep-alive connection), as nginx and HAProxy do.
-                () = deadline.expired() => {
-                    return if served { Outcome::Closed } else { Outcome::Refused(ANSWER_408) };
-                }
-                // Idle keep-alive closes at a stop, unless the sockets were handed over
-                // (then the head timeout closes it, and a request on its way is still
-                // answered); a new connection's first request is answered either way
-                // (docs/architecture.md, "Shutdown"). Which stop it is can only be read
-                // once it has come.
-                _ = &mut stopped, if empty && served && !stop_seen => {
-                    stop_seen = true;
-                    if !stop.is_handed_over() {
-                        return Outcome::Closed;
-                    }
-                }
-            }
+        let parsed = match conn.read_head(stream, stopped.as_mut(), stop).await {
+            Ok(p) => p,
+            Err(outcome) => return outcome,
         };
         let close = parsed.close;
-        let request = match take_request(&mut buf, *parsed) {
+        let request = match take_request(&mut conn.buf, *parsed) {
             Ok(r) => r,
             Err(handoff) => return handoff,
         };
-        served = true;
+        conn.served = true;
         let head_only = request.method == Method::HEAD;
 
-        // 2. The answer.
-        let Some(resp) = answer(stream, &mut buf, &mut eof, proxy, peer, request).await else {
-            return Outcome::Closed;
+        // 2. The answer, while watching the client: if it goes away the request is
+        // dropped, as hyper's server does. Bytes it sends meanwhile (a pipelined
+        // request) are kept, up to one head's worth.
+        let who = proxy.identify(&request, peer);
+        let id = who.1.clone();
+        let fut = proxy.serve(request, None, None, peer.clone(), who);
+        let mut fut = crate::recycle::Recycled::new(fut);
+        let (buf, eof) = (&mut conn.buf, &mut conn.eof);
+        let mut resp = loop {
+            tokio::select! {
+                biased;
+                r = &mut fut => break r,
+                r = read_some(stream, buf), if !*eof && buf.len() <= MAX_HEADER_BYTES => {
+                    match r {
+                        ReadResult::Eof if !buf.is_empty() => *eof = true,
+                        ReadResult::Eof | ReadResult::Error => return Outcome::Closed,
+                        ReadResult::Data => {}
+                    }
+                }
+            }
         };
+        drop(fut);
+        resp.head.request_id = Some(id);
 
         // 3. Write it.
         let keep = !close && !stop.is_stopping() && !resp.closes();
         let mut client = Client {
             stream: &mut *stream,
-            buf: &mut buf,
-            eof: &mut eof,
-            deadline: &mut deadline,
+            buf: &mut conn.buf,
+            eof: &mut conn.eof,
+            deadline: &mut conn.deadline,
             send_timeout: proxy.send_timeout(),
         };
         match client.write_response(resp, head_only, keep).await {
@@ -193,38 +175,76 @@ pub(crate) async fn serve(
     }
 }
 
-/// The answer to `request`, while watching the client: `None` if it goes away meanwhile
-/// (the request is dropped, as hyper's server does). Bytes it sends meanwhile (a
-/// pipelined request) are kept in `buf`, up to one head's worth, and a half-close is
-/// noted in `eof`.
-async fn answer(
-    stream: &mut TcpStream,
-    buf: &mut BytesMut,
-    eof: &mut bool,
-    proxy: &'static Proxy,
-    peer: &Peer,
-    request: RequestHead,
-) -> Option<ProxyResponse> {
-    let who = proxy.identify(&request, peer);
-    let id = who.1.clone();
-    let fut = proxy.serve(request, None, None, peer.clone(), who);
-    let mut fut = crate::recycle::Recycled::new(fut);
-    let mut resp = loop {
-        tokio::select! {
-            biased;
-            r = &mut fut => break r,
-            r = read_some(stream, buf), if !*eof && buf.len() <= MAX_HEADER_BYTES => {
-                match r {
-                    ReadResult::Eof if !buf.is_empty() => *eof = true,
-                    ReadResult::Eof | ReadResult::Error => return None,
+/// What a fast-path connection keeps between its requests: the bytes read and not yet
+/// taken (usually none), whether the client half-closed, whether a request was read on
+/// it, whether a stop was seen, and its one timer (see `Deadline`) for the head timeout
+/// and the send timeout.
+struct ConnState {
+    buf: BytesMut,
+    /// The client half-closed after sending requests: the ones already read are
+    /// answered, then the connection closes (as hyper's server does), but nothing more
+    /// is read.
+    eof: bool,
+    served: bool,
+    stop_seen: bool,
+    deadline: Deadline,
+    header_timeout: Duration,
+}
+
+impl ConnState {
+    /// Reads until a whole request head the fast path serves is in `buf`; otherwise how
+    /// the connection leaves the fast path (a hand-off, a refusal, a close).
+    async fn read_head<S: Future>(
+        &mut self,
+        stream: &mut TcpStream,
+        mut stopped: Pin<&mut S>,
+        stop: &Stopping,
+    ) -> Result<Box<Parsed>, Outcome> {
+        self.deadline
+            .set(tokio::time::Instant::now() + self.header_timeout);
+        loop {
+            if !self.buf.is_empty() {
+                match parse(&self.buf) {
+                    Head::Ready(p) => return Ok(p),
+                    Head::Other => return Err(Outcome::HandOff(self.buf.split().freeze())),
+                    Head::Partial if self.buf.len() > MAX_HEADER_BYTES => {
+                        return Err(Outcome::Refused(ANSWER_431))
+                    }
+                    Head::Partial => {}
+                }
+            }
+            if self.eof {
+                return Err(Outcome::Closed);
+            }
+            let empty = self.buf.is_empty();
+            tokio::select! {
+                biased;
+                r = read_some(stream, &mut self.buf) => match r {
+                    ReadResult::Eof | ReadResult::Error => return Err(Outcome::Closed),
                     ReadResult::Data => {}
+                },
+                // Late head: 408 if it was the first, else a silent close (an idle
+                // keep-alive connection), as nginx and HAProxy do.
+                () = self.deadline.expired() => {
+                    return Err(match self.served {
+                        true => Outcome::Closed,
+                        false => Outcome::Refused(ANSWER_408),
+                    });
+                }
+                // Idle keep-alive closes at a stop, unless the sockets were handed over
+                // (then the head timeout closes it, and a request on its way is still
+                // answered); a new connection's first request is answered either way
+                // (docs/architecture.md, "Shutdown"). Which stop it is can only be read
+                // once it has come.
+                _ = stopped.as_mut(), if empty && self.served && !self.stop_seen => {
+                    self.stop_seen = true;
+                    if !stop.is_handed_over() {
+                        return Err(Outcome::Closed);
+                    }
                 }
             }
         }
-    };
-    drop(fut);
-    resp.head.request_id = Some(id);
-    Some(resp)
+    }
 }
 
 /// Takes the parsed head out of `buf` as a request; one with a target `http` refuses

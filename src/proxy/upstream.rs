@@ -9,7 +9,7 @@
 //! be told apart from a broken exchange so that only the former is retried elsewhere.
 //! The pool belongs to one worker thread, so its lock is never contended.
 
-use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -172,20 +172,49 @@ impl Drop for StreamSlot {
     }
 }
 
+/// A map by backend id. Ids are fulcrum's own (never a client's), so they need no
+/// keyed hash against flooding; the default SipHash cost two of them per request about
+/// 190 instructions (`docs/performance.md`). One multiplication spreads them over the
+/// table instead (Fibonacci hashing: the top bits, which the table reads, depend on
+/// every bit of the id).
+type ById<V> = std::collections::HashMap<u64, V, BuildHasherDefault<IdHasher>>;
+
+/// The hasher of [`ById`].
+#[derive(Debug, Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is used (the keys are `u64`); any other input still hashes.
+        for &b in bytes {
+            self.write_u64(u64::from(b) ^ self.0.rotate_left(8));
+        }
+    }
+
+    #[inline]
+    fn write_u64(&mut self, id: u64) {
+        self.0 = id.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
 /// One worker's keep-alive connections, by backend id.
 #[derive(Debug)]
 pub(crate) struct Upstreams {
-    idle: Mutex<HashMap<u64, Vec<Idle>>>,
+    idle: Mutex<ById<Vec<Idle>>>,
     /// HTTP/2 connections, by backend id; a new one is opened when every one open has
     /// as many streams as the backend allows.
-    h2: Mutex<HashMap<u64, Vec<Shared>>>,
+    h2: Mutex<ById<Vec<Shared>>>,
     /// One connect at a time per HTTP/2 backend: requests that find no connection with
     /// a stream free wait for the one being opened instead of each opening their own
     /// (a burst at start would open one connection per request). The only lock here
     /// held across an await, and only while no usable connection exists.
-    h2_connecting: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<()>>>>,
+    h2_connecting: Mutex<ById<Arc<tokio::sync::Mutex<()>>>>,
     /// Connections driven inline (requests without a body), by backend id.
-    wires: Mutex<HashMap<u64, Vec<(Wire, Instant)>>>,
+    wires: Mutex<ById<Vec<(Wire, Instant)>>>,
 }
 
 impl Upstreams {
@@ -193,10 +222,10 @@ impl Upstreams {
     /// budget ([`crate::descriptors`]).
     pub(crate) fn new() -> Self {
         Upstreams {
-            idle: Mutex::new(HashMap::new()),
-            h2: Mutex::new(HashMap::new()),
-            h2_connecting: Mutex::new(HashMap::new()),
-            wires: Mutex::new(HashMap::new()),
+            idle: Mutex::default(),
+            h2: Mutex::default(),
+            h2_connecting: Mutex::default(),
+            wires: Mutex::default(),
         }
     }
 
@@ -630,4 +659,24 @@ impl Upstreams {
 fn refused(b: &Backend, why: BadAnswer) {
     b.stats.bad_answer(why);
     tracing::warn!(backend = %b.name, pool = %b.pool, reason = why.label(), "{}; answered 502", why.text());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_hash_apart_in_the_bits_the_table_reads() {
+        use std::hash::BuildHasher;
+        let b = BuildHasherDefault::<IdHasher>::default();
+        // hashbrown keeps the top 7 bits as a tag: sixteen consecutive ids must not
+        // share one.
+        let tags: std::collections::HashSet<u64> = (0..16).map(|id| b.hash_one(id) >> 57).collect();
+        assert!(tags.len() >= 12, "{tags:?}");
+        let mut m: ById<u32> = ById::default();
+        for id in 0..1000 {
+            m.insert(id, id as u32);
+        }
+        assert_eq!(m.get(&777), Some(&777));
+    }
 }
