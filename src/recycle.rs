@@ -108,11 +108,9 @@ mod tests {
     use super::*;
 
     /// A future of about 3 KiB, of one type whatever `b` is.
-    fn sum_of(b: [u8; 3000]) -> impl Future<Output = u32> {
-        async move {
-            tokio::task::yield_now().await;
-            b.iter().map(|&x| u32::from(x)).sum::<u32>()
-        }
+    async fn sum_of(b: [u8; 3000]) -> u32 {
+        tokio::task::yield_now().await;
+        b.iter().map(|&x| u32::from(x)).sum::<u32>()
     }
 
     #[tokio::test]
