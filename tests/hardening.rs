@@ -106,26 +106,9 @@ fn an_absolute_target_names_the_authority() {
 
 #[test]
 fn a_response_head_over_64_kib_is_a_502_however_it_arrives() {
-    use std::io::{Read, Write};
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap();
-    std::thread::spawn(move || {
-        for s in l.incoming() {
-            let Ok(mut s) = s else { continue };
-            std::thread::spawn(move || {
-                let mut buf = [0u8; 4096];
-                let _ = s.read(&mut buf);
-                // A head just over 64 KiB (65.7 KB) in one write: the reads that bring it
-                // in leave it incomplete at 64 KiB and complete at the next one.
-                let mut head = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n".to_vec();
-                for i in 0..10 {
-                    head.extend_from_slice(format!("x-f{i}: {}\r\n", "v".repeat(6560)).as_bytes());
-                }
-                head.extend_from_slice(b"\r\nok");
-                let _ = s.write_all(&head);
-            });
-        }
-    });
+    // A head just over 64 KiB (65.7 KB) in one write: the reads that bring it in leave it
+    // incomplete at 64 KiB and complete at the next one.
+    let addr = answering_backend((0..10).map(|i| (format!("x-f{i}"), "v".repeat(6560))));
     let backend = format!("http://{addr}");
     let f = Fulcrum::start(&[
         "--backend",
@@ -538,27 +521,35 @@ fn only_websocket_is_tunnelled_and_an_h2c_upgrade_goes_on_as_plain_http() {
     assert!(h.get("upgrade").is_none(), "{h:?}");
 }
 
-/// A backend that answers every request with a head of `fields` header lines.
-fn many_fields_backend(fields: usize) -> std::net::SocketAddr {
+/// A backend that answers every request, written by hand: `200`, a length of 2, the
+/// header `fields` given, and `ok`.
+fn answering_backend(fields: impl Iterator<Item = (String, String)>) -> std::net::SocketAddr {
     use std::io::{Read, Write};
+    let mut head = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n".to_vec();
+    for (n, v) in fields {
+        head.extend_from_slice(format!("{n}: {v}\r\n").as_bytes());
+    }
+    head.extend_from_slice(b"\r\nok");
+    let head = std::sync::Arc::new(head);
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
     std::thread::spawn(move || {
         for s in l.incoming() {
             let Ok(mut s) = s else { continue };
+            let head = std::sync::Arc::clone(&head);
             std::thread::spawn(move || {
                 let mut buf = [0u8; 4096];
                 let _ = s.read(&mut buf);
-                let mut head = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n".to_vec();
-                for i in 0..fields {
-                    head.extend_from_slice(format!("x-f{i}: v\r\n").as_bytes());
-                }
-                head.extend_from_slice(b"\r\nok");
                 let _ = s.write_all(&head);
             });
         }
     });
     addr
+}
+
+/// A backend that answers every request with a head of `fields` header lines.
+fn many_fields_backend(fields: usize) -> std::net::SocketAddr {
+    answering_backend((0..fields).map(|i| (format!("x-f{i}"), "v".to_string())))
 }
 
 #[test]
