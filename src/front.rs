@@ -499,6 +499,96 @@ impl Client<'_> {
             () = self.deadline.expired() => Err(std::io::ErrorKind::TimedOut.into()),
         }
     }
+
+    /// Streams the body behind the head already in `out`: frames up to [`COALESCE`] go
+    /// out with what precedes them, a flush comes before every wait, and a client that
+    /// goes away while the backend is slow ends it. Returns whether the connection may
+    /// carry another request.
+    async fn write_body(
+        &mut self,
+        body: &mut RespBody,
+        mut out: Vec<u8>,
+        framing: Framing,
+    ) -> std::io::Result<bool> {
+        let mut body = std::pin::Pin::new(body);
+        loop {
+            // Take what the body has ready without waiting; flush before waiting.
+            let ready = poll_fn(|cx| Poll::Ready(body.as_mut().poll_frame(cx))).await;
+            let frame = match ready {
+                Poll::Ready(f) => f,
+                Poll::Pending => {
+                    if !out.is_empty() {
+                        self.send(&out).await?;
+                        out.clear();
+                    }
+                    match self.next_frame(body.as_mut()).await {
+                        Some(f) => f,
+                        None => return Ok(false),
+                    }
+                }
+            };
+            let data = match frame {
+                None => break,
+                Some(Err(_)) => {
+                    // The answer broke off mid-body: the client must see the cut.
+                    if !out.is_empty() {
+                        self.send(&out).await?;
+                    }
+                    return Ok(false);
+                }
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) if !data.is_empty() => data,
+                    _ => continue, // trailers: not forwarded
+                },
+            };
+            if framing == Framing::Chunked {
+                // Writing into a Vec cannot fail.
+                let _ = write!(out, "{:x}\r\n", data.len());
+            }
+            if data.len() <= COALESCE {
+                out.extend_from_slice(&data);
+            } else {
+                self.send(&out).await?;
+                out.clear();
+                self.send(&data).await?;
+            }
+            if framing == Framing::Chunked {
+                out.extend_from_slice(b"\r\n");
+            }
+            if out.len() >= COALESCE {
+                self.send(&out).await?;
+                out.clear();
+            }
+        }
+        if framing == Framing::Chunked {
+            out.extend_from_slice(b"0\r\n\r\n");
+        }
+        if !out.is_empty() {
+            self.send(&out).await?;
+        }
+        Ok(true)
+    }
+
+    /// Waits for the body's next frame while watching the client: `None` when it goes
+    /// away meanwhile (the request ends); bytes it sends are kept for the next request.
+    async fn next_frame(
+        &mut self,
+        mut body: Pin<&mut RespBody>,
+    ) -> Option<Option<Result<http_body::Frame<Bytes>, crate::proxy::BodyError>>> {
+        loop {
+            tokio::select! {
+                biased;
+                f = poll_fn(|cx| body.as_mut().poll_frame(cx)) => return Some(f),
+                r = read_some(self.stream, self.buf), if !*self.eof && self.buf.len() <= MAX_HEADER_BYTES => {
+                    match r {
+                        ReadResult::Eof if !self.buf.is_empty() => *self.eof = true,
+                        ReadResult::Eof | ReadResult::Error => return None,
+                        ReadResult::Data => {}
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Writes the answer's head into `out`: the status line (the backend's reason phrase
@@ -606,98 +696,6 @@ fn put_fields(out: &mut Vec<u8>, fields: &ResponseFields) -> bool {
     }
 }
 
-impl Client<'_> {
-    /// Streams the body behind the head already in `out`: frames up to [`COALESCE`] go
-    /// out with what precedes them, a flush comes before every wait, and a client that
-    /// goes away while the backend is slow ends it. Returns whether the connection may
-    /// carry another request.
-    async fn write_body(
-        &mut self,
-        body: &mut RespBody,
-        mut out: Vec<u8>,
-        framing: Framing,
-    ) -> std::io::Result<bool> {
-        let mut body = std::pin::Pin::new(body);
-        loop {
-            // Take what the body has ready without waiting; flush before waiting.
-            let ready = poll_fn(|cx| Poll::Ready(body.as_mut().poll_frame(cx))).await;
-            let frame = match ready {
-                Poll::Ready(f) => f,
-                Poll::Pending => {
-                    if !out.is_empty() {
-                        self.send(&out).await?;
-                        out.clear();
-                    }
-                    match self.next_frame(body.as_mut()).await {
-                        Some(f) => f,
-                        None => return Ok(false),
-                    }
-                }
-            };
-            let data = match frame {
-                None => break,
-                Some(Err(_)) => {
-                    // The answer broke off mid-body: the client must see the cut.
-                    if !out.is_empty() {
-                        self.send(&out).await?;
-                    }
-                    return Ok(false);
-                }
-                Some(Ok(frame)) => match frame.into_data() {
-                    Ok(data) if !data.is_empty() => data,
-                    _ => continue, // trailers: not forwarded
-                },
-            };
-            if framing == Framing::Chunked {
-                // Writing into a Vec cannot fail.
-                let _ = write!(out, "{:x}\r\n", data.len());
-            }
-            if data.len() <= COALESCE {
-                out.extend_from_slice(&data);
-            } else {
-                self.send(&out).await?;
-                out.clear();
-                self.send(&data).await?;
-            }
-            if framing == Framing::Chunked {
-                out.extend_from_slice(b"\r\n");
-            }
-            if out.len() >= COALESCE {
-                self.send(&out).await?;
-                out.clear();
-            }
-        }
-        if framing == Framing::Chunked {
-            out.extend_from_slice(b"0\r\n\r\n");
-        }
-        if !out.is_empty() {
-            self.send(&out).await?;
-        }
-        Ok(true)
-    }
-
-    /// Waits for the body's next frame while watching the client: `None` when it goes
-    /// away meanwhile (the request ends); bytes it sends are kept for the next request.
-    async fn next_frame(
-        &mut self,
-        mut body: Pin<&mut RespBody>,
-    ) -> Option<Option<Result<http_body::Frame<Bytes>, crate::proxy::BodyError>>> {
-        loop {
-            tokio::select! {
-                biased;
-                f = poll_fn(|cx| body.as_mut().poll_frame(cx)) => return Some(f),
-                r = read_some(self.stream, self.buf), if !*self.eof && self.buf.len() <= MAX_HEADER_BYTES => {
-                    match r {
-                        ReadResult::Eof if !self.buf.is_empty() => *self.eof = true,
-                        ReadResult::Eof | ReadResult::Error => return None,
-                        ReadResult::Data => {}
-                    }
-                }
-            }
-        }
-    }
-}
-
 /// A stream with bytes already read in front of it, for hyper after a hand-off.
 #[derive(Debug)]
 pub(crate) struct Rewind<S = TcpStream> {
@@ -709,6 +707,11 @@ impl<S> Rewind<S> {
     /// `inner`, whose next bytes are `pre`.
     pub(crate) fn new(pre: Bytes, inner: S) -> Rewind<S> {
         Rewind { pre, inner }
+    }
+
+    /// The stream behind the bytes.
+    pub(crate) fn inner(&self) -> &S {
+        &self.inner
     }
 }
 

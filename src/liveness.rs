@@ -33,27 +33,37 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::watch;
 
 /// What a client connection is doing, as its requests, answers and socket report it.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Activity {
     /// Requests open: from the service call until the answer's body is done with.
     open: AtomicUsize,
     /// Answers whose body waits on the client: a frame handed to hyper, not taken yet.
     waiting: AtomicUsize,
-    /// Moves with every byte written to the client and every frame hyper takes.
+    /// Moves with every request opened, every frame hyper takes, and (on HTTP/1.1)
+    /// every byte written to the client.
     progress: AtomicU64,
-    /// A request arrived over HTTP/2.
-    h2: AtomicBool,
+    /// The connection speaks HTTP/2: its writes are not progress, since hyper answers a
+    /// client's PINGs and SETTINGS by itself, and a client that only sends those must
+    /// still be idle, or stalled if it opens no window.
+    h2: bool,
 }
 
 impl Activity {
+    /// A connection's, speaking HTTP/2 or not (its preface, or ALPN, tells).
+    pub(crate) fn new(h2: bool) -> Activity {
+        Activity {
+            open: AtomicUsize::new(0),
+            waiting: AtomicUsize::new(0),
+            progress: AtomicU64::new(0),
+            h2,
+        }
+    }
+
     /// A request begins: it is open until the returned guard (moved into its answer's
     /// body, [`Watched`]) goes.
-    pub(crate) fn open(self: &Arc<Self>, h2: bool) -> Opened {
+    pub(crate) fn open(self: &Arc<Self>) -> Opened {
         self.open.fetch_add(1, Ordering::Relaxed);
         self.progress.fetch_add(1, Ordering::Relaxed);
-        if h2 {
-            self.h2.store(true, Ordering::Relaxed);
-        }
         Opened(Arc::clone(self))
     }
 
@@ -61,11 +71,6 @@ impl Activity {
     #[cfg(test)]
     pub(crate) fn requests_open(&self) -> usize {
         self.open.load(Ordering::Relaxed)
-    }
-
-    /// Whether the connection speaks HTTP/2 (as far as its requests tell).
-    pub(crate) fn is_h2(&self) -> bool {
-        self.h2.load(Ordering::Relaxed)
     }
 
     fn moved(&self) {
@@ -154,21 +159,34 @@ impl<B: Body<Data = Bytes> + Unpin> Body for Watched<B> {
     }
 }
 
-/// A client's stream, its writes counted as progress.
+/// A client's stream, its writes counted as progress on HTTP/1.1, and `held` (what the
+/// connection takes of the process's limits) kept as long as the socket lives: into a
+/// WebSocket tunnel too, where the socket goes once the upgrade is done.
 #[derive(Debug)]
-pub(crate) struct Tracked<S> {
+pub(crate) struct Tracked<S, H> {
     inner: S,
     activity: Arc<Activity>,
+    _held: H,
 }
 
-impl<S> Tracked<S> {
-    /// `inner`, reporting to `activity`.
-    pub(crate) fn new(inner: S, activity: Arc<Activity>) -> Tracked<S> {
-        Tracked { inner, activity }
+impl<S, H> Tracked<S, H> {
+    /// `inner`, reporting to `activity`, holding `held`.
+    pub(crate) fn new(inner: S, activity: Arc<Activity>, held: H) -> Tracked<S, H> {
+        Tracked {
+            inner,
+            activity,
+            _held: held,
+        }
+    }
+
+    fn wrote(&self, n: usize) {
+        if n > 0 && !self.activity.h2 {
+            self.activity.moved();
+        }
     }
 }
 
-impl<S: AsyncRead + Unpin> AsyncRead for Tracked<S> {
+impl<S: AsyncRead + Unpin, H: Unpin> AsyncRead for Tracked<S, H> {
     #[inline]
     fn poll_read(
         mut self: Pin<&mut Self>,
@@ -179,7 +197,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Tracked<S> {
     }
 }
 
-impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
+impl<S: AsyncWrite + Unpin, H: Unpin> AsyncWrite for Tracked<S, H> {
     #[inline]
     fn poll_write(
         mut self: Pin<&mut Self>,
@@ -188,11 +206,26 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
     ) -> Poll<std::io::Result<usize>> {
         let r = Pin::new(&mut self.inner).poll_write(cx, buf);
         if let Poll::Ready(Ok(n)) = &r {
-            if *n > 0 {
-                self.activity.moved();
-            }
+            self.wrote(*n);
         }
         r
+    }
+
+    #[inline]
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if let Poll::Ready(Ok(n)) = &r {
+            self.wrote(*n);
+        }
+        r
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
@@ -363,7 +396,7 @@ mod tests {
 
     #[test]
     fn a_connection_without_requests_is_idle_after_the_idle_timeout() {
-        let a = Arc::new(Activity::default());
+        let a = Arc::new(Activity::new(false));
         let mut d = dog(&a);
         // A period is a quarter of the send timeout: 1 s. Eight looks make 8 s.
         for _ in 0..7 {
@@ -375,7 +408,7 @@ mod tests {
         for _ in 0..5 {
             assert_eq!(d.look(), None);
         }
-        let opened = a.open(false);
+        let opened = a.open();
         drop(opened);
         // The look that sees the request starts the count again.
         for _ in 0..8 {
@@ -386,9 +419,9 @@ mod tests {
 
     #[test]
     fn an_answer_the_client_takes_nothing_of_is_stalled_after_the_send_timeout() {
-        let a = Arc::new(Activity::default());
-        let body = Watched::new(http_body_util::Empty::<Bytes>::new(), a.open(true));
-        assert!(a.is_h2() && a.requests_open() == 1);
+        let a = Arc::new(Activity::new(true));
+        let body = Watched::new(http_body_util::Empty::<Bytes>::new(), a.open());
+        assert_eq!(a.requests_open(), 1);
         let mut d = dog(&a);
         // Waiting on the client from the first look: four periods make 4 s.
         for _ in 0..3 {
@@ -418,9 +451,9 @@ mod tests {
     #[tokio::test]
     async fn a_body_polled_again_no_longer_waits() {
         use http_body_util::BodyExt;
-        let a = Arc::new(Activity::default());
+        let a = Arc::new(Activity::new(false));
         let inner = http_body_util::Full::new(Bytes::from_static(b"abc"));
-        let mut body = Watched::new(inner, a.open(false));
+        let mut body = Watched::new(inner, a.open());
         assert_eq!(a.reading().waiting, 1);
         let frame = body.frame().await.unwrap().unwrap();
         assert_eq!(frame.into_data().unwrap(), "abc");

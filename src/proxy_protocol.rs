@@ -12,6 +12,9 @@ use std::time::Duration;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
+/// How long a peer that sent only the first bytes of a signature is waited for.
+const AMBIGUOUS_FOR: Duration = Duration::from_millis(128);
+
 /// Version 2's signature.
 const V2_SIGNATURE: [u8; 12] = *b"\r\n\r\n\0\r\nQUIT\n";
 /// The longest version 1 header, CRLF included.
@@ -67,6 +70,7 @@ pub(crate) async fn starts_with_header(
     const V1_SIGNATURE: &[u8] = b"PROXY ";
     let look = async {
         let mut first = [0u8; V2_SIGNATURE.len()];
+        let mut pause = Duration::from_millis(2);
         loop {
             let n = stream
                 .peek(&mut first)
@@ -81,12 +85,15 @@ pub(crate) async fn starts_with_header(
             if is(V1_SIGNATURE) || is(&V2_SIGNATURE) {
                 return Ok(true);
             }
-            if !may_be(V1_SIGNATURE) && !may_be(&V2_SIGNATURE) {
+            // A few bytes that could start either (a `P` of `PUT`, a bare CRLF): the
+            // socket stays readable with them, so wait a little for the rest, longer each
+            // time. A peer still at a prefix after 0.25 s is taken as sending none (a
+            // header that follows is then a malformed request).
+            if (!may_be(V1_SIGNATURE) && !may_be(&V2_SIGNATURE)) || pause > AMBIGUOUS_FOR {
                 return Ok(false);
             }
-            // A few bytes that could start either (a `P` of `PUT`, a bare CRLF): the
-            // socket stays readable with them, so wait a little for the rest.
-            tokio::time::sleep(Duration::from_millis(5)).await;
+            tokio::time::sleep(pause).await;
+            pause *= 2;
         }
     };
     tokio::time::timeout(limit, look)

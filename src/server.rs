@@ -221,6 +221,9 @@ async fn worker(
     let mut beats = 0u32;
     let mut backoff = AcceptBackoff::default();
     let mut shutdown = stop.receiver();
+    // A connection accepted at the cap, waiting for a slot or a descriptor: the worker
+    // accepts no more meanwhile, but its heartbeat goes on.
+    let mut waiting: Option<Accepted> = None;
     loop {
         tokio::select! {
             _ = heartbeat.tick() => {
@@ -231,37 +234,31 @@ async fn worker(
                 }
                 conns.trim_after_flood();
             }
-            accepted = listener.accept() => {
-                let (stream, peer) = match accepted {
-                    Ok(a) => a,
-                    Err(e) => {
-                        backoff.failed(&e, "proxy").await;
-                        continue;
-                    }
-                };
-                let Some(held) = hold_for(&slots, &mut shutdown).await else {
-                    break;
-                };
-                conns.spawn(stream, (peer, plain_local), held);
-            }
-            accepted = accept_https(&https) => {
-                let (stream, peer) = match accepted {
-                    Ok(a) => a,
-                    Err(e) => {
-                        backoff.failed(&e, "https").await;
-                        continue;
-                    }
-                };
-                let Some(held) = hold_for(&slots, &mut shutdown).await else {
-                    break;
-                };
-                if let Some((_, tls)) = &https {
-                    conns.spawn_tls(stream, (peer, tls_local), held, tls.acceptor());
+            held = hold_for(&slots), if waiting.is_some() => {
+                if let Some(a) = waiting.take() {
+                    conns.spawn(a, held);
                 }
             }
+            accepted = listener.accept(), if waiting.is_none() => match accepted {
+                Ok((stream, peer)) => {
+                    let a = Accepted { stream, peer, local: plain_local, tls: None };
+                    waiting = conns.spawn_or_wait(a, &slots);
+                }
+                Err(e) => backoff.failed(&e, "proxy").await,
+            },
+            accepted = accept_https(&https), if waiting.is_none() => match (accepted, &https) {
+                (Ok((stream, peer)), Some((_, tls))) => {
+                    let a = Accepted { stream, peer, local: tls_local, tls: Some(tls.acceptor()) };
+                    waiting = conns.spawn_or_wait(a, &slots);
+                }
+                (Err(e), _) => backoff.failed(&e, "https").await,
+                (Ok(_), None) => {}
+            },
             _ = shutdown.changed() => break,
         }
     }
+    // A connection still waiting for its slot is closed: it was never served.
+    drop(waiting);
     drop(listener);
     drop(https);
     conns.drain().await;
@@ -291,27 +288,33 @@ async fn accept_https(
     }
 }
 
-/// A connection slot and a descriptor for a connection just accepted; `None` when the
-/// worker stops first. At the cap this worker holds the one connection it accepted and
-/// accepts no more until a slot frees; the rest wait in the kernel's queue. (Taking the
-/// slot before accepting would let an idle worker sit on a free slot while connections
-/// queue on another worker's socket.)
-async fn hold_for(slots: &Arc<Semaphore>, shutdown: &mut watch::Receiver<bool>) -> Option<Held> {
-    let slot = match Arc::clone(slots).try_acquire_owned() {
+/// A connection slot and a descriptor for a connection just accepted, once both are
+/// free. At the cap this worker holds the one connection it accepted and accepts no
+/// more until a slot frees; the rest wait in the kernel's queue. (Taking the slot
+/// before accepting would let an idle worker sit on a free slot while connections queue
+/// on another worker's socket.)
+async fn hold_for(slots: &Arc<Semaphore>) -> Held {
+    let slot = match Arc::clone(slots).acquire_owned().await {
         Ok(slot) => slot,
-        Err(_) => tokio::select! {
-            s = Arc::clone(slots).acquire_owned() => s.ok()?,
-            _ = shutdown.changed() => return None,
-        },
+        // The semaphore is never closed.
+        Err(_) => std::future::pending().await,
     };
-    let fd = match descriptors::try_take() {
-        Some(fd) => fd,
-        None => tokio::select! {
-            fd = descriptors::take() => fd,
-            _ = shutdown.changed() => return None,
-        },
-    };
-    Some((slot, fd))
+    (slot, descriptors::take().await)
+}
+
+/// The slot and the descriptor, if both are free now.
+fn try_hold(slots: &Arc<Semaphore>) -> Option<Held> {
+    let slot = Arc::clone(slots).try_acquire_owned().ok()?;
+    Some((slot, descriptors::try_take()?))
+}
+
+/// A client connection just accepted: its socket, its ends, and its TLS acceptor when
+/// it came on the HTTPS listener.
+struct Accepted {
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    local: SocketAddr,
+    tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
 /// One worker's client connections: how they are served and how they drain.
@@ -346,54 +349,37 @@ impl Connections {
         Arc::strong_count(&self.live) - 1
     }
 
-    /// Serves `stream` on its own task, holding `held` until it ends.
-    fn spawn(
-        &self,
-        mut stream: tokio::net::TcpStream,
-        (peer, local): (SocketAddr, SocketAddr),
-        held: Held,
-    ) {
-        self.note_open();
-        let _ = stream.set_nodelay(true);
-        let builder = Arc::clone(&self.builder);
-        let live = Arc::clone(&self.live);
-        let (proxy, stop, timeouts) = (self.proxy, self.stop.clone(), self.timeouts);
-        tokio::spawn(async move {
-            let _held = (live, held);
-            let Some(client) = client_of(&mut stream, peer, local, false, proxy).await else {
-                return;
-            };
-            let conn = ClientConn {
-                proxy,
-                builder: &builder,
-                stop: &stop,
-                timeouts,
-            };
-            conn.serve_plain(stream, client).await;
-        });
+    /// Serves `a` if a slot and a descriptor are free now; else gives it back to wait.
+    fn spawn_or_wait(&self, a: Accepted, slots: &Arc<Semaphore>) -> Option<Accepted> {
+        match try_hold(slots) {
+            Some(held) => {
+                self.spawn(a, held);
+                None
+            }
+            None => Some(a),
+        }
     }
 
-    /// Serves an HTTPS connection on its own task, holding `held` until it ends: the
-    /// handshake (bounded like a request head), then hyper, HTTP/2 or HTTP/1.1 as ALPN
-    /// chose. The HTTP/1.1 fast path reads plain sockets only.
-    fn spawn_tls(
-        &self,
-        mut stream: tokio::net::TcpStream,
-        (peer, local): (SocketAddr, SocketAddr),
-        held: Held,
-        acceptor: tokio_rustls::TlsAcceptor,
-    ) {
+    /// Serves a connection on its own task. It holds `held` as long as its socket lives
+    /// (into a WebSocket tunnel too): a plain one goes to the fast path, then to hyper
+    /// for what the fast path hands over; an HTTPS one makes its handshake (bounded
+    /// like a request head), then goes to hyper, HTTP/2 or HTTP/1.1 as ALPN chose.
+    fn spawn(&self, a: Accepted, held: Held) {
         self.note_open();
+        let Accepted {
+            mut stream,
+            peer,
+            local,
+            tls,
+        } = a;
         let _ = stream.set_nodelay(true);
         let builder = Arc::clone(&self.builder);
         let live = Arc::clone(&self.live);
         let (proxy, stop, timeouts) = (self.proxy, self.stop.clone(), self.timeouts);
         tokio::spawn(async move {
-            let _held = (live, held);
-            let Some(client) = client_of(&mut stream, peer, local, true, proxy).await else {
-                return;
-            };
-            let Some(io) = tls_opening(acceptor, stream, peer).await else {
+            let _live = live;
+            let over_tls = tls.is_some();
+            let Some(client) = client_of(&mut stream, peer, local, over_tls, proxy).await else {
                 return;
             };
             let conn = ClientConn {
@@ -402,8 +388,9 @@ impl Connections {
                 stop: &stop,
                 timeouts,
             };
-            if let Err(e) = conn.serve_hyper(io, client).await {
-                tracing::debug!(error = %e, %peer, "client connection ended with an error");
+            match tls {
+                None => conn.serve_plain(stream, client, held).await,
+                Some(acceptor) => conn.serve_tls(stream, acceptor, client, held).await,
             }
         });
     }
@@ -544,21 +531,46 @@ struct ClientConn<'a> {
 impl ClientConn<'_> {
     /// Serves a plain connection: the fast path first, then hyper for what the fast path
     /// hands over (`docs/architecture.md`, "Server protocol").
-    async fn serve_plain(self, mut stream: tokio::net::TcpStream, client: crate::proxy::Peer) {
+    async fn serve_plain(
+        self,
+        mut stream: tokio::net::TcpStream,
+        client: crate::proxy::Peer,
+        held: Held,
+    ) {
         let peer = client.addr;
         let outcome =
             crate::front::serve(&mut stream, self.proxy, &client, HEADER_TIMEOUT, self.stop).await;
         let pre = match outcome {
             crate::front::Outcome::Closed => return,
             crate::front::Outcome::Refused(answer) => {
-                // A short answer into an empty send buffer: it does not block.
-                let _ = tokio::io::AsyncWriteExt::write_all(&mut stream, answer).await;
+                // Short, but the client may have stopped reading after pipelined requests.
+                let write = tokio::io::AsyncWriteExt::write_all(&mut stream, answer);
+                let _ = tokio::time::timeout(self.timeouts.send, write).await;
                 return;
             }
             crate::front::Outcome::HandOff(pre) => pre,
         };
+        let h2 = pre.starts_with(H2_PREFACE);
         let io = crate::front::Rewind::new(pre, stream);
-        if let Err(e) = self.serve_hyper(io, client).await {
+        if let Err(e) = self.serve_hyper(io, client, held, h2).await {
+            tracing::debug!(error = %e, %peer, "client connection ended with an error");
+        }
+    }
+
+    /// Serves an HTTPS connection: its handshake and first bytes, then hyper.
+    async fn serve_tls(
+        self,
+        stream: tokio::net::TcpStream,
+        acceptor: tokio_rustls::TlsAcceptor,
+        client: crate::proxy::Peer,
+        held: Held,
+    ) {
+        let peer = client.addr;
+        let Some(io) = tls_opening(acceptor, stream, peer).await else {
+            return;
+        };
+        let h2 = io.inner().get_ref().1.alpn_protocol() == Some(b"h2");
+        if let Err(e) = self.serve_hyper(io, client, held, h2).await {
             tracing::debug!(error = %e, %peer, "client connection ended with an error");
         }
     }
@@ -566,24 +578,28 @@ impl ClientConn<'_> {
     /// Serves a connection with hyper until it ends, under the [`Watchdog`]'s timeouts
     /// and the stop: at a stop an HTTP/2 connection is closed gracefully (`GOAWAY`), and
     /// so is an HTTP/1.1 one unless the sockets were handed over (its answers close it);
-    /// a graceful close that takes longer than [`GRACE`] is cut.
+    /// a graceful close that takes longer than [`GRACE`] is cut. `held` goes with the
+    /// socket, into a WebSocket tunnel too; `h2` says what the connection speaks.
     async fn serve_hyper<S>(
         &self,
         io: S,
         client: crate::proxy::Peer,
+        held: Held,
+        h2: bool,
     ) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
     where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
-        let activity = Arc::new(Activity::default());
-        let io = TokioIo::new(Tracked::new(io, Arc::clone(&activity)));
+        let activity = Arc::new(Activity::new(h2));
+        let io = TokioIo::new(Tracked::new(io, Arc::clone(&activity), held));
         let (proxy, stop, seen) = (self.proxy, self.stop.clone(), Arc::clone(&activity));
         let svc = service_fn(move |req: http::Request<hyper::body::Incoming>| {
-            let opened = seen.open(req.version() == http::Version::HTTP_2);
+            let opened = seen.open();
+            let http1 = req.version() != http::Version::HTTP_2;
             let (client, stop) = (client.clone(), stop.clone());
             async move {
                 let mut r = proxy.handle(req, client).await;
-                if stop.is_stopping() && r.version() != http::Version::HTTP_2 {
+                if stop.is_stopping() && http1 {
                     r.headers_mut().insert(
                         http::header::CONNECTION,
                         http::HeaderValue::from_static("close"),
@@ -596,10 +612,14 @@ impl ClientConn<'_> {
         tokio::pin!(conn);
         let mut dog = Watchdog::new(Arc::clone(&activity), self.timeouts);
         let mut stop_rx = self.stop.receiver();
-        // A connection handed to hyper after the stop has a request read already (the
-        // fast path or the TLS opening read it): it is served, and its answer closes it.
-        let mut stop_seen = self.stop.is_stopping();
         let mut closing: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
+        // Handed to hyper after the stop, a connection has a request read already (the
+        // fast path or the TLS opening read it): on HTTP/1.1 it is served and its answer
+        // closes it; HTTP/2 gets its GOAWAY at once (the streams it names are served).
+        let mut stop_seen = self.stop.is_stopping();
+        if stop_seen && h2 {
+            begin_close(conn.as_mut(), &mut closing);
+        }
         loop {
             tokio::select! {
                 r = conn.as_mut() => return r,
@@ -609,7 +629,7 @@ impl ClientConn<'_> {
                 },
                 _ = stop_rx.changed(), if !stop_seen => {
                     stop_seen = true;
-                    if !self.stop.is_handed_over() || activity.is_h2() {
+                    if !self.stop.is_handed_over() || h2 {
                         begin_close(conn.as_mut(), &mut closing);
                     }
                 }
@@ -620,6 +640,9 @@ impl ClientConn<'_> {
         }
     }
 }
+
+/// The first bytes of an HTTP/2 connection by prior knowledge (RFC 9113 §3.4).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n";
 
 /// Asks hyper to close `conn` gracefully (HTTP/2: `GOAWAY`, the streams open finish;
 /// HTTP/1.1: after the answer in flight, or at once when idle), once, with [`GRACE`]
@@ -775,6 +798,7 @@ fn spawn_workers(
                     rt.block_on(async move { Box::leak(Box::new(Proxy::new(site, ps, inf))) });
                 crate::logging::batch_this_thread();
                 rt.block_on(worker(l, h, proxy, slots, stop));
+                proxy.close_idle();
                 // Connections still open after the drain end with the runtime; their
                 // access log lines go into the batch, so flush after it.
                 drop(rt);

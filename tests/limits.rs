@@ -18,6 +18,34 @@ use common::*;
 /// 64 MiB: more than the kernel buffers between a backend, fulcrum and a client can hold.
 const HUGE: &str = "/big/67108864";
 
+/// Waits until `n` requests are in flight to the backends of `f`.
+async fn until_requests_in_flight(f: &Fulcrum, n: u64, limit: Duration) -> bool {
+    let c = client();
+    eventually(limit, || async {
+        active_conns(&c, f).await.values().sum::<u64>() == n
+    })
+    .await
+}
+
+/// An HTTP/2 connection by prior knowledge to `f` whose client pings every second (so
+/// that its connection is never silent), driven on its own task.
+async fn pinging_h2(
+    f: &Fulcrum,
+) -> (
+    hyper::client::conn::http2::SendRequest<Empty<Bytes>>,
+    tokio::task::JoinHandle<Result<(), hyper::Error>>,
+) {
+    let tcp = tokio::net::TcpStream::connect(f.proxy).await.unwrap();
+    let (h2, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .timer(hyper_util::rt::TokioTimer::new())
+        .keep_alive_interval(Duration::from_secs(1))
+        .keep_alive_while_idle(true)
+        .handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    (h2, tokio::spawn(conn))
+}
+
 /// Waits until no request to any backend of `f` is in flight; how long it took.
 async fn until_no_request_in_flight(f: &Fulcrum, limit: Duration) -> Option<Duration> {
     let c = client();
@@ -61,6 +89,10 @@ async fn a_client_that_stops_reading_is_closed_after_the_send_timeout() {
     ] {
         let mut s = TcpStream::connect(proxy).unwrap();
         s.write_all(request.as_bytes()).unwrap();
+        assert!(
+            until_requests_in_flight(&f, 1, Duration::from_secs(5)).await,
+            "{request:?} reaches the backend"
+        );
         let freed = until_no_request_in_flight(&f, Duration::from_secs(10)).await;
         assert!(
             freed.is_some_and(|d| d >= Duration::from_millis(900)),
@@ -72,13 +104,8 @@ async fn a_client_that_stops_reading_is_closed_after_the_send_timeout() {
                 .unwrap();
         assert!(ended, "{request:?}: the connection is closed");
     }
-    // HTTP/2: a stream the client gives no window to.
-    let tcp = tokio::net::TcpStream::connect(proxy).await.unwrap();
-    let (mut h2, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
-            .await
-            .unwrap();
-    let conn = tokio::spawn(conn);
+    // HTTP/2: a stream the client gives no window to, while it pings.
+    let (mut h2, conn) = pinging_h2(&f).await;
     let req = http::Request::get(format!("http://h.test{HUGE}"))
         .body(Empty::<Bytes>::new())
         .unwrap();
@@ -199,13 +226,9 @@ fn bad_limits_are_refused_with_their_name() {
 async fn an_idle_h2_connection_is_closed_with_goaway_after_the_idle_timeout() {
     let a = TestBackend::start("A");
     let f = Fulcrum::over(&[&a], &["--health-interval", "60s"]);
-    let tcp = tokio::net::TcpStream::connect(f.proxy).await.unwrap();
-    let (mut h2, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
-            .await
-            .unwrap();
+    // Its client pings every second: a PING is not a request.
+    let (mut h2, conn) = pinging_h2(&f).await;
     let t = Instant::now();
-    let conn = tokio::spawn(conn);
     // One request, then nothing: the idle time counts from its end.
     let req = http::Request::get("http://h.test/one")
         .body(Empty::<Bytes>::new())
@@ -222,4 +245,51 @@ async fn an_idle_h2_connection_is_closed_with_goaway_after_the_idle_timeout() {
     );
     // The connection ended cleanly: a GOAWAY, not a reset.
     assert!(ended.unwrap().unwrap().is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_tunnel_holds_its_connection_slot() {
+    let a = TestBackend::start("A");
+    let f = Fulcrum::over(
+        &[&a],
+        &["--max-connections", "2", "--health-interval", "60s"],
+    );
+    let upgrade =
+        b"GET /ws HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n";
+    let tunnel = move |proxy| {
+        let mut s = TcpStream::connect(proxy).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(upgrade).unwrap();
+        let mut buf = [0u8; 512];
+        let n = s.read(&mut buf).unwrap();
+        assert!(
+            buf[..n].starts_with(b"HTTP/1.1 101"),
+            "{}",
+            String::from_utf8_lossy(&buf[..n])
+        );
+        s
+    };
+    let proxy = f.proxy;
+    let (first, second) = tokio::task::spawn_blocking(move || (tunnel(proxy), tunnel(proxy)))
+        .await
+        .unwrap();
+    // Both slots are held by the tunnels: a third client waits in the kernel's queue.
+    let third = tokio::task::spawn_blocking(move || {
+        let t = Instant::now();
+        let r = raw_exchange(
+            proxy,
+            b"GET /x HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n",
+            Duration::from_secs(10),
+        );
+        (r, t.elapsed())
+    });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    drop(first);
+    let (r, waited) = third.await.unwrap();
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    assert!(
+        waited >= Duration::from_millis(1400),
+        "served only once a tunnel closed: {waited:?}"
+    );
+    drop(second);
 }

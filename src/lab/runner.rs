@@ -327,14 +327,20 @@ impl Output {
         // close), on descriptors this process owns.
         unsafe {
             cmd.pre_exec(move || {
-                for (from, to) in fds.into_iter().zip(OUTPUT_FDS) {
-                    // A copy above the targets first (without close-on-exec), so that
-                    // neither target overwrites the other's source.
-                    let high = libc::fcntl(from, libc::F_DUPFD, 10);
-                    if high < 0 || libc::dup2(high, to) < 0 {
+                // Both copied above the targets first, so that neither target can
+                // overwrite the other's source (the chart's file may be fd 3).
+                let mut high = [0; 2];
+                for (h, from) in high.iter_mut().zip(fds) {
+                    *h = libc::fcntl(from, libc::F_DUPFD, 10);
+                    if *h < 0 {
                         return Err(std::io::Error::last_os_error());
                     }
-                    libc::close(high);
+                }
+                for (h, to) in high.into_iter().zip(OUTPUT_FDS) {
+                    if libc::dup2(h, to) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    libc::close(h);
                 }
                 Ok(())
             });

@@ -30,10 +30,7 @@ pub(crate) fn is_upgrade_request(headers: &HeaderMap) -> bool {
 /// Leaves in `Upgrade` only the protocols of `allowed` (lower-case names; a protocol's
 /// `/version` is not compared); whether any is left, so that the request is an upgrade.
 pub(crate) fn keep_upgrades(headers: &mut HeaderMap, allowed: &[String]) -> bool {
-    let is_allowed = |p: &str| {
-        let name = p.split('/').next().unwrap_or("").trim();
-        allowed.iter().any(|a| a.eq_ignore_ascii_case(name))
-    };
+    let is_allowed = |p: &str| protocol_allowed(p, allowed);
     let offered: Vec<&str> = headers
         .get_all(header::UPGRADE)
         .iter()
@@ -60,8 +57,14 @@ pub(crate) fn switches_to_allowed(headers: &HeaderMap, allowed: &[String]) -> bo
     headers
         .get(header::UPGRADE)
         .and_then(|v| v.to_str().ok())
-        .map(|p| p.split('/').next().unwrap_or("").trim())
-        .is_some_and(|name| allowed.iter().any(|a| a.eq_ignore_ascii_case(name)))
+        .is_some_and(|p| protocol_allowed(p, allowed))
+}
+
+/// Whether the protocol `p` of an `Upgrade` field (`name[/version]`) is one of `allowed`
+/// (lower-case names; the version is not compared).
+fn protocol_allowed(p: &str, allowed: &[String]) -> bool {
+    let name = p.split('/').next().unwrap_or("").trim();
+    allowed.iter().any(|a| a.eq_ignore_ascii_case(name))
 }
 
 /// Removes hop-by-hop headers ([`hop`]'s rules). With `upgrade`, `Connection: upgrade`

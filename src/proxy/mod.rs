@@ -353,6 +353,12 @@ impl Proxy {
         }
     }
 
+    /// Closes every idle upstream connection (the worker ends: their descriptors go back
+    /// to the process's budget).
+    pub(crate) fn close_idle(&self) {
+        self.upstreams.close_idle();
+    }
+
     /// Closes idle upstream connections past their time or to backends no longer pooled.
     pub(crate) fn sweep_idle(&self) {
         let routing = self.site.routing();

@@ -281,9 +281,17 @@ impl Upstreams {
 
     /// A TCP connection to `b`, with the descriptor it takes.
     async fn dial(&self, b: &Backend) -> Result<(TcpStream, Descriptor), Failure> {
-        let Some(fd) = descriptors::try_take() else {
-            tracing::debug!(backend = %b.name, "no descriptor free for a new connection");
-            return Err(Failure::NoDescriptor);
+        // Out of descriptors, this worker's idle connections go first: they hold
+        // descriptors nobody uses (a flood leaves many, some to backends long gone).
+        let fd = match descriptors::try_take() {
+            Some(fd) => fd,
+            None => {
+                self.close_idle();
+                descriptors::try_take().ok_or_else(|| {
+                    tracing::debug!(backend = %b.name, "no descriptor free for a new connection");
+                    Failure::NoDescriptor
+                })?
+            }
         };
         let connecting = async {
             match b.socket_addr {
@@ -624,6 +632,18 @@ impl Upstreams {
                 since: Instant::now(),
             });
         }
+    }
+
+    /// Closes every idle connection, of every backend: descriptors are short, or the
+    /// worker ends.
+    pub(crate) fn close_idle(&self) {
+        self.idle.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.wires.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        let mut h2 = self.h2.lock().unwrap_or_else(|e| e.into_inner());
+        h2.retain(|_, list| {
+            list.retain(|c| c.streams.load(Ordering::Relaxed) > 0);
+            !list.is_empty()
+        });
     }
 
     /// Closes idle connections past their time, and those of backends that are gone.
