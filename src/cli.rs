@@ -475,7 +475,7 @@ fn backend(args: BackendArgs) -> i32 {
                 "--listen-fd: invalid value '{fd}' (expected 3 or more)"
             ))
         }
-        None => match crate::server::bind(addr) {
+        None => match crate::listeners::bind(addr) {
             Ok(l) => l,
             Err(e) => {
                 eprintln!("error: cannot listen on {addr}: {e}");

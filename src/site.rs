@@ -17,9 +17,7 @@ use crate::config::{PoolSpec, RouteSpec};
 use crate::pool::{Backend, Hub, Pool, PoolError};
 use crate::route::{Route, RouteTable};
 
-/// The most routes a list may hold: building the table costs routes × host names, and
-/// it is built on the admin thread, beside the health checks.
-pub(crate) const MAX_ROUTES: usize = 4096;
+pub(crate) use crate::config::pools::MAX_ROUTES;
 
 /// Route counters are kept for at least this many routes, so a route list that grows a
 /// little does not move them.

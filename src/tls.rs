@@ -12,9 +12,8 @@ use arc_swap::ArcSwap;
 use rustls::server::{ClientHello, ProducesTickets, ResolvesServerCert, StoresServerSessions};
 use rustls::sign::CertifiedKey;
 use rustls::ServerConfig;
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
+use crate::config::pem::read_cert;
 use crate::config::tls::CertPaths;
 
 /// Sessions kept for resumption by id (TLS 1.2 clients without tickets), as nginx's
@@ -29,45 +28,6 @@ const ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
 struct Served {
     names: Vec<String>,
     key: Arc<CertifiedKey>,
-}
-
-/// Reads a chain and its key and checks they belong together; returns the key ready
-/// to sign and the leaf's DNS names. The error names the file and what is wrong.
-fn read(paths: &CertPaths) -> Result<Served, String> {
-    let show = |p: &std::path::Path| p.display().to_string();
-    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&paths.cert)
-        .and_then(|certs| certs.collect::<Result<_, _>>())
-        .map_err(|e| format!("cannot read the certificate '{}': {e}", show(&paths.cert)))?;
-    if chain.is_empty() {
-        return Err(format!("no certificate in '{}'", show(&paths.cert)));
-    }
-    let key = PrivateKeyDer::from_pem_file(&paths.key)
-        .map_err(|e| format!("cannot read the private key '{}': {e}", show(&paths.key)))?;
-    let signer = rustls::crypto::ring::sign::any_supported_type(&key)
-        .map_err(|e| format!("the private key '{}': {e}", show(&paths.key)))?;
-    let leaf = webpki::EndEntityCert::try_from(&chain[0])
-        .map_err(|e| format!("the certificate '{}': {e:?}", show(&paths.cert)))?;
-    let names = leaf
-        .valid_dns_names()
-        .map(str::to_ascii_lowercase)
-        .collect();
-    let certified = CertifiedKey::new(chain, signer);
-    certified.keys_match().map_err(|e| {
-        format!(
-            "the private key '{}' does not belong to the certificate '{}': {e}",
-            show(&paths.key),
-            show(&paths.cert)
-        )
-    })?;
-    Ok(Served {
-        names,
-        key: Arc::new(certified),
-    })
-}
-
-/// Checks one certificate and key as the listener would load them.
-pub(crate) fn load_cert(paths: &CertPaths) -> Result<(), String> {
-    read(paths).map(|_| ())
 }
 
 /// Chooses the certificate for a handshake: the first whose names hold the SNI name
@@ -151,7 +111,11 @@ fn server_config(
 ) -> Result<ServerConfig, String> {
     let served = certs
         .iter()
-        .map(|c| read(c).map_err(|e| format!("{}: {e}", c.origin)))
+        .map(|c| {
+            read_cert(c)
+                .map(|(names, key)| Served { names, key })
+                .map_err(|e| format!("{}: {e}", c.origin))
+        })
         .collect::<Result<Vec<_>, _>>()?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = ServerConfig::builder_with_provider(provider)
@@ -174,7 +138,8 @@ mod tests {
             names.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
         )
         .unwrap();
-        let key = PrivateKeyDer::try_from(cert.signing_key.serialize_der()).unwrap();
+        let key =
+            rustls_pki_types::PrivateKeyDer::try_from(cert.signing_key.serialize_der()).unwrap();
         let signer = rustls::crypto::ring::sign::any_supported_type(&key).unwrap();
         Served {
             names: names.iter().map(|s| s.to_string()).collect(),

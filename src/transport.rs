@@ -5,14 +5,13 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 
 use rustls::pki_types::{CertificateDer, ServerName};
 use rustls::ClientConfig;
-use rustls_pki_types::pem::PemObject;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
@@ -124,20 +123,6 @@ impl AsyncWrite for Stream {
     }
 }
 
-/// Reads the CA certificates of `tls_ca_file`; the error names the file.
-pub(crate) fn read_ca_file(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
-        .and_then(|c| c.collect::<Result<_, _>>())
-        .map_err(|e| format!("cannot read the CA file '{}': {e}", path.display()))?;
-    if certs.is_empty() {
-        return Err(format!(
-            "no certificate in the CA file '{}'",
-            path.display()
-        ));
-    }
-    Ok(certs)
-}
-
 /// The system's trusted roots, read once (`rustls-native-certs`: the OpenSSL store
 /// paths, `SSL_CERT_FILE`, `SSL_CERT_DIR`).
 fn system_roots() -> &'static [CertificateDer<'static>] {
@@ -176,7 +161,7 @@ fn build_client_config(settings: &BackendTransport) -> ClientConfig {
     let mut config = if settings.verify {
         let mut roots = rustls::RootCertStore::empty();
         let certs = match &settings.ca_file {
-            Some(path) => read_ca_file(path).unwrap_or_else(|e| {
+            Some(path) => crate::config::pem::read_ca_file(path).unwrap_or_else(|e| {
                 // Checked at start; gone since. Nothing verifies: every handshake fails.
                 tracing::error!("{e}");
                 Vec::new()

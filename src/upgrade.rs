@@ -37,9 +37,7 @@ const HELLO: &[u8] = b"fulcrum-upgrade/1 hello\n";
 const READY: &[u8] = b"ready\n";
 /// The old process's answer to `ready`: it stops accepting now.
 const OK: &[u8] = b"ok\n";
-/// The most sockets one hand-over carries: Linux passes at most 253 descriptors in one
-/// message (`SCM_MAX_FD`), so at most 252 workers plus the admin API's.
-pub(crate) const MAX_SOCKETS: usize = 253;
+pub(crate) use crate::config::MAX_SOCKETS;
 /// How long the old process waits for `hello`.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long either side waits for the other's next step. A new process binds nothing

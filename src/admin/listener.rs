@@ -33,7 +33,7 @@ pub(crate) async fn serve(
     http.timer(TokioTimer::new())
         .header_read_timeout(ADMIN_HEADER_TIMEOUT)
         .keep_alive(true);
-    let mut backoff = crate::server::AcceptBackoff::default();
+    let mut backoff = crate::listeners::AcceptBackoff::default();
     tokio::pin!(stop);
     loop {
         let slot = tokio::select! {

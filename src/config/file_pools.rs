@@ -7,10 +7,10 @@ use toml::Spanned;
 
 use super::file::{read_backends, Collector};
 use super::options::{self, FileType};
+use super::pools::MAX_ROUTES;
 use super::pools::{self, PoolDraft, RouteText, DEFAULT_POOL};
 use super::Settings;
 use crate::route::{HostPattern, PathPrefix};
-use crate::site::MAX_ROUTES;
 
 /// Keys of a `[[routes]]` entry.
 const ROUTE_KEYS: [&str; 6] = [

@@ -8,7 +8,9 @@
 mod file;
 mod file_pools;
 pub(crate) mod options;
+pub(crate) mod pem;
 pub(crate) mod pools;
+pub(crate) mod strategy_kind;
 pub(crate) mod tls;
 mod values;
 
@@ -19,7 +21,7 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 
-use crate::strategy::StrategyKind;
+pub use strategy_kind::StrategyKind;
 
 pub(crate) use file::apply_file;
 pub(crate) use pools::{PoolSettings, PoolSpec, RouteSpec, DEFAULT_POOL};
@@ -31,6 +33,10 @@ pub(crate) use values::{parse_addr, parse_max_conns, parse_positive_duration};
 pub(crate) const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 /// Default admin listener.
 pub(crate) const DEFAULT_ADMIN: &str = "127.0.0.1:9090";
+/// The most sockets one hand-over carries: Linux passes at most 253 descriptors in one
+/// message (`SCM_MAX_FD`), so at most 252 workers plus the admin API's.
+pub(crate) const MAX_SOCKETS: usize = 253;
+
 /// Largest accepted backend weight.
 pub(crate) const MAX_WEIGHT: u32 = 1000;
 
@@ -489,14 +495,14 @@ fn check_store(s: &Settings, flags: &RawFlags, errors: &mut Vec<ConfigError>) {
 fn check_whole(s: &Settings, errors: &mut Vec<ConfigError>) {
     // Each worker has a plain socket, and a TLS one with tls_listen.
     let per_worker = 1 + usize::from(s.tls.listen.is_some());
-    let most = (crate::upgrade::MAX_SOCKETS - 1) / per_worker;
+    let most = (MAX_SOCKETS - 1) / per_worker;
     if s.upgrade_socket.is_some() && s.workers > most {
         errors.push(ConfigError {
             origin: "workers".into(),
             message: format!(
                 "{} workers cannot be handed over through upgrade_socket (at most {most}: one message carries {} sockets, the admin API's included)",
                 s.workers,
-                crate::upgrade::MAX_SOCKETS
+                MAX_SOCKETS
             ),
         });
     }
@@ -511,7 +517,7 @@ fn check_whole(s: &Settings, errors: &mut Vec<ConfigError>) {
             });
         }
         if let Some(ca) = &p.settings.transport.ca_file {
-            if let Err(message) = crate::transport::read_ca_file(ca) {
+            if let Err(message) = pem::read_ca_file(ca) {
                 errors.push(ConfigError {
                     origin: format!("pool '{}': tls_ca_file", p.name),
                     message,

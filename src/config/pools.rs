@@ -15,12 +15,16 @@ use http::Method;
 use serde::{Deserialize, Serialize};
 
 use super::options;
+use super::StrategyKind;
 use super::{BackendSpec, HashKey, HealthSettings, RawFlags, Settings};
 use crate::route::{HostPattern, PathPrefix, Route};
-use crate::strategy::StrategyKind;
 
 /// The pool of the single-pool form.
 pub(crate) const DEFAULT_POOL: &str = "default";
+
+/// The most routes a list may hold: building the table costs routes × host names, and
+/// it is built on the admin thread, beside the health checks.
+pub(crate) const MAX_ROUTES: usize = 4096;
 
 /// Longest pool name.
 const MAX_POOL_NAME: usize = 64;

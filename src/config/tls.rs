@@ -78,7 +78,7 @@ pub(crate) fn finish(s: &mut Settings, errors: &mut Vec<ConfigError>) {
         ));
     }
     for c in &t.certs {
-        if let Err(e) = crate::tls::load_cert(c) {
+        if let Err(e) = super::pem::load_cert(c) {
             errors.push(err(&c.origin, e));
         }
     }

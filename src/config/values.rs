@@ -8,8 +8,8 @@ use std::time::Duration;
 use http::Uri;
 use ipnet::IpNet;
 
+use super::StrategyKind;
 use super::{BackendSpec, HashKey, LogFormat, MAX_WEIGHT};
-use crate::strategy::StrategyKind;
 
 /// The longest duration any setting takes: ten years. Anything longer is a mistake, and
 /// a deadline that far out could not be added to a clock reading.

@@ -387,7 +387,7 @@ impl Proxy {
     pub(crate) fn proxy_protocol_from(&self, peer: std::net::IpAddr) -> Option<bool> {
         self.settings
             .accept_proxy_protocol
-            .then(|| headers::is_trusted(&self.settings.trusted_proxies, peer))
+            .then(|| crate::trust::is_trusted(&self.settings.trusted_proxies, peer))
     }
 
     /// Proxies one request hyper's server parsed; `peer` is the connection's client.
@@ -420,7 +420,7 @@ impl Proxy {
     /// the answer's future, or wrapping that future, would move the whole request
     /// future once more).
     pub(crate) fn identify(&self, head: &RequestHead, peer: &Peer) -> (bool, RequestId) {
-        let trusted = headers::is_trusted(&self.settings.trusted_proxies, peer.addr.ip());
+        let trusted = crate::trust::is_trusted(&self.settings.trusted_proxies, peer.addr.ip());
         let theirs = trusted
             .then(|| head.field(&request_id::X_REQUEST_ID))
             .flatten()

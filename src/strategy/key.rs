@@ -26,7 +26,7 @@ use crate::config::HashKey;
 pub enum KeySource {
     /// `--hash-key` (`consistent_hash`, `maglev`), falling back to the client IP.
     Configured,
-    /// Always the client IP, `headers::client_ip` (`ip_hash`).
+    /// Always the client IP, `trust::client_ip` (`ip_hash`).
     ClientIp,
 }
 
@@ -74,7 +74,7 @@ pub fn request_key(
             return placement_hash(v);
         }
     }
-    ip_key(crate::proxy::headers::client_ip(headers, peer, trusted))
+    ip_key(crate::trust::client_ip(headers, peer, trusted))
 }
 
 /// The value of cookie `name` (case-sensitive, RFC 6265), across every `Cookie` line.

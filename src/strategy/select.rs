@@ -283,7 +283,8 @@ impl Picker {
 #[cfg(test)]
 mod tests {
     use super::super::test_util::backends;
-    use super::super::{Picker, StrategyKind, NAMES};
+    use super::super::{Picker, StrategyKind};
+    use crate::config::strategy_kind::NAMES;
     use std::collections::BTreeSet;
 
     #[test]
