@@ -151,7 +151,7 @@ fn encode_backend_checks(
     )?;
     for b in backends {
         let labels = [("backend", b.name.as_str()), ("pool", &*b.pool)];
-        ConstCounter::new(u64::from(b.ejection_count())).encode(m.encode_family(&labels)?)?;
+        ConstCounter::new(u64::from(b.outlier.count())).encode(m.encode_family(&labels)?)?;
     }
 
     Ok(())

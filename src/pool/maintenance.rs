@@ -1,7 +1,9 @@
-//! The pool's timed upkeep, apart from the health prober: ends ejections whose time is
-//! up (the backend turns half-open), advances slow-start ramps, and renews a
-//! least-response-time index that has grown old. Each of these changes what the request
-//! path may pick, so each publishes a new routing table when it changes anything.
+//! The pool's upkeep, apart from the health prober: acts on the outlier news the request
+//! path leaves on its backends (an ejection asked for, a trial passed) as soon as a
+//! backend rings, and on every tick ends ejections whose time is up (the backend turns
+//! half-open), advances slow-start ramps, and renews a least-response-time index that
+//! has grown old. Each of these changes what the request path may pick, so each
+//! publishes a new routing table when it changes anything.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,10 +18,12 @@ pub(crate) const TICK: Duration = Duration::from_millis(25);
 /// Runs the upkeep of `pool` every [`TICK`] until `stop` flips or the pool is removed.
 pub(crate) async fn run(pool: Arc<Pool>, mut stop: watch::Receiver<bool>) {
     let mut retired = pool.retired();
+    let news = pool.outlier_news();
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
+            _ = news.notified() => pool.settle_outliers(),
             _ = tick.tick() => {
                 pool.end_due_ejections();
                 pool.refresh_ramps();

@@ -8,7 +8,6 @@
 mod eligible;
 mod events;
 pub(crate) mod maintenance;
-mod queue;
 mod reconcile;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,12 +17,11 @@ use arc_swap::ArcSwap;
 use serde::Serialize;
 use tokio::sync::{broadcast, watch};
 
-pub(crate) use crate::backend::{clock_ns, AdminState, OutlierAction, SpawnInfo};
+pub(crate) use crate::backend::{clock_ns, AdminState, PoolLink, Queue, QueueError, SpawnInfo};
 pub use crate::backend::{Backend, RequestGuard};
 use crate::stats;
 pub(crate) use eligible::Mode;
 pub(crate) use events::{Event, Tagged, EVENT_CAPACITY};
-pub(crate) use queue::{Queue, QueueError};
 
 use crate::config::{BackendSpec, PoolSpec};
 use crate::proxy::RetryBudget;
@@ -165,6 +163,9 @@ pub(crate) struct Pool {
     pub(crate) panic_requests: AtomicU64,
     /// Requests waiting for a backend under its `max_conns`.
     pub(crate) queue: Arc<Queue>,
+    /// What its backends share with it: the queue, and the doorbell their outlier news
+    /// rings for the upkeep task.
+    link: PoolLink,
     /// What all pools share.
     pub(crate) hub: Arc<Hub>,
     /// Flips when the pool is removed: its health checks and upkeep stop.
@@ -223,7 +224,7 @@ impl BackendView {
             pool: Arc::clone(&b.pool),
             backup: b.backup,
             max_conns: b.max_conns(),
-            queued: b.queued.load(Ordering::Relaxed),
+            queued: b.queued().load(Ordering::Relaxed),
             pid: b.spawn.as_ref().map(|s| s.pid()),
             port: b.spawn.as_ref().map(|s| s.port),
         }
@@ -256,16 +257,13 @@ impl Pool {
         if !st.transport.verify {
             tracing::warn!(pool = %name, "tls_verify = false: the certificates of this pool's https backends are not verified");
         }
-        let queue = Arc::new(Queue::default());
+        let link = PoolLink::new();
         let backends: Vec<Arc<Backend>> = spec
             .backends
             .iter()
             .map(|s| {
-                let b = Backend::new(hub.next_id(), s.clone(), st.ewma_alpha)
-                    .in_pool(Arc::clone(&name), st)
-                    .with_slow_start(st.slow_start);
-                b.attach_queue(&queue);
-                Arc::new(b)
+                let b = Backend::new(hub.next_id(), s.clone(), st.ewma_alpha);
+                Arc::new(b.in_pool(Arc::clone(&name), st, &link))
             })
             .collect();
         let members = Members {
@@ -285,7 +283,8 @@ impl Pool {
             settings: st.clone(),
             budget: RetryBudget::new(),
             panic_requests: AtomicU64::new(0),
-            queue,
+            queue: Arc::clone(&link.queue),
+            link,
             hub,
             retired: watch::channel(false).0,
         }
@@ -419,31 +418,57 @@ impl Pool {
         true
     }
 
-    /// Ejects a backend after failures on live traffic, unless that would put more than
-    /// `max_ejected_percent` of the pool (rounded down; half by default) out at once.
-    /// Returns the ejection's length.
-    pub(crate) fn eject(&self, id: u64) -> Option<std::time::Duration> {
+    /// Acts on the outlier news its backends left since the last call (the request
+    /// path records outcomes; this is the control side of `backend::outlier`): a
+    /// passed trial is announced, and an ejection asked for is carried out within the
+    /// pool's cap of ejected backends. Called by the pool's upkeep task when a backend
+    /// rings its doorbell.
+    pub(crate) fn settle_outliers(&self) {
         let mut m = self.lock();
-        let b = m.backends.iter().find(|b| b.id == id).cloned()?;
+        let mut changed = false;
+        for b in m.backends.clone() {
+            let news = b.outlier.take_news();
+            if news.restored {
+                tracing::info!(backend = %b.name, "half-open trial succeeded: full traffic again");
+                self.emit(Event::Restored {
+                    id: b.id,
+                    backend: b.name.clone(),
+                });
+            }
+            if news.eject {
+                changed |= self.eject(&m, &b);
+            }
+        }
+        if changed {
+            self.publish(&mut m);
+        }
+    }
+
+    /// Ejects `b` unless it is out already or the pool's cap forbids it; returns whether
+    /// it did (the caller publishes).
+    fn eject(&self, m: &Members, b: &Arc<Backend>) -> bool {
         if b.ejected() {
-            return None;
+            return false;
         }
         let out = m.backends.iter().filter(|b| b.ejected()).count();
-        let most = m.backends.len() * self.settings.outlier.max_ejected_percent as usize / 100;
-        if out + 1 > most {
+        if !b.outlier.cap_allows(out, m.backends.len()) {
             tracing::debug!(backend = %b.name, ejected = out, pool = m.backends.len(), "not ejecting: the pool's share of ejected backends is at its limit");
-            return None;
+            return false;
         }
-        let d = b.eject(std::time::Instant::now());
+        let d = b.outlier.eject(std::time::Instant::now());
         tracing::warn!(backend = %b.name, seconds = d.as_secs(), "backend ejected after failures on live traffic");
         self.emit(Event::Ejection {
-            id,
+            id: b.id,
             backend: b.name.clone(),
             ejected: true,
             seconds: Some(d.as_secs()),
         });
-        self.publish(&mut m);
-        Some(d)
+        true
+    }
+
+    /// Rung when a backend has outlier news ([`Self::settle_outliers`]).
+    pub(crate) fn outlier_news(&self) -> Arc<tokio::sync::Notify> {
+        Arc::clone(&self.link.news)
     }
 
     /// Ends the ejections whose time is up (each backend turns half-open: one request
@@ -570,14 +595,11 @@ impl Pool {
     /// A backend of this pool, not yet in it: its settings, its queue.
     fn member(&self, id: u64, spec: BackendSpec, spawn: Option<SpawnInfo>) -> Arc<Backend> {
         let st = &self.settings;
-        let b = Arc::new(
+        Arc::new(
             Backend::new(id, spec, st.ewma_alpha)
-                .in_pool(Arc::clone(&self.name), st)
-                .with_slow_start(st.slow_start)
+                .in_pool(Arc::clone(&self.name), st, &self.link)
                 .with_spawn(spawn),
-        );
-        b.attach_queue(&self.queue);
-        b
+        )
     }
 
     /// Removes a backend; its in-flight requests finish (their guards hold it).

@@ -37,11 +37,10 @@ pub(crate) use budget::RetryBudget;
 pub(crate) use message::{ProxyResponse, RequestFields, RequestHead, ResponseFields, ResponseHead};
 pub(crate) use record::{Finish, Pending, Recorder};
 use request_id::RequestId;
-pub(crate) use sticky::backend_value as sticky_value;
 pub(crate) use upstream::{Failure, Upstreams};
 
 use crate::config::Settings;
-use crate::pool::{Backend, OutlierAction, Pool, QueueError, RequestGuard};
+use crate::pool::{Backend, Pool, QueueError, RequestGuard};
 use crate::site::Site;
 use crate::stats::bump;
 
@@ -819,7 +818,7 @@ impl Proxy {
             Ok(delay) => delay,
             Err(()) => {
                 guard.fail();
-                note_outcome(&req.pool, &mut guard, false);
+                guard.outcome(false);
                 drop(guard);
                 let r = ProxyResponse::own(StatusCode::SERVICE_UNAVAILABLE, "injected failure\n");
                 return Ok(self.own(fin, Some(&backend), r));
@@ -847,7 +846,7 @@ impl Proxy {
                 tracing::debug!(backend = %backend.name, ?failure, "attempt failed");
                 if !failure.spares_backend() {
                     guard.fail();
-                    note_outcome(&req.pool, &mut guard, false);
+                    guard.outcome(false);
                 }
                 Err(failure)
             }
@@ -939,7 +938,7 @@ impl Proxy {
         if failed {
             guard.fail();
         }
-        note_outcome(&req.pool, &mut guard, !failed);
+        guard.outcome(!failed);
         if let (Answer::Hyper(resp, _), Some(client_upgrade)) =
             (&mut answer, req.client_upgrade.take())
         {
@@ -1032,24 +1031,6 @@ fn within_body_limit(head: &RequestHead, pool: &Pool) -> Result<(), Refusal> {
     match stated {
         Some(n) if n > limit => Err(Refusal::BodyTooLarge),
         _ => Ok(()),
-    }
-}
-
-/// Feeds passive outlier detection of `pool` and carries out what it asks for.
-fn note_outcome(pool: &Pool, guard: &mut RequestGuard, ok: bool) {
-    match guard.outcome(ok) {
-        OutlierAction::None => {}
-        OutlierAction::Eject | OutlierAction::TrialFailed => {
-            pool.eject(guard.backend().id);
-        }
-        OutlierAction::Restored => {
-            let b = guard.backend();
-            tracing::info!(backend = %b.name, "half-open trial succeeded: full traffic again");
-            pool.emit(crate::pool::Event::Restored {
-                id: b.id,
-                backend: b.name.clone(),
-            });
-        }
     }
 }
 

@@ -3,21 +3,14 @@
 //! one naming the backend that served it; a request with one goes back to that backend
 //! while it is eligible or draining; the cookie itself never reaches a backend.
 //!
-//! The value is a keyed hash (XXH3-64 of the backend's URL, seeded with the hash of the
-//! pool's name), 16 hex digits: it tells nothing of the address, and every fulcrum with
-//! the same pool gives the same backend the same value.
+//! The value is the backend's own ([`crate::backend::sticky_value`]), written as 16 hex
+//! digits.
 
 use http::header::{self, HeaderMap, HeaderValue};
-use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 use crate::backend::{AdminState, Backend};
 use crate::config::StickySettings;
 use crate::pool::Mode;
-
-/// The cookie value of the backend at `url` in the pool `pool`.
-pub(crate) fn backend_value(pool: &str, url: &str) -> u64 {
-    xxh3_64_with_seed(url.as_bytes(), xxh3_64(pool.as_bytes()))
-}
 
 /// Whether a sticky request may still go to `b`: healthy, not ejected, and active or
 /// draining (draining takes no new sessions but keeps its sticky ones). A backup keeps
@@ -84,7 +77,7 @@ mod tests {
 
     #[test]
     fn our_cookie_is_taken_out_and_the_others_stay() {
-        let v = backend_value("web", "http://127.0.0.1:3001");
+        let v = crate::backend::sticky_value("web", "http://127.0.0.1:3001");
         let mut h = HeaderMap::new();
         let line = format!("a=1; FULCRUM={v:016x}; b=2");
         h.insert(header::COOKIE, HeaderValue::from_str(&line).unwrap());
@@ -108,10 +101,10 @@ mod tests {
 
     #[test]
     fn values_depend_on_pool_and_url_only() {
-        let a = backend_value("web", "http://10.0.0.1:80");
-        assert_eq!(a, backend_value("web", "http://10.0.0.1:80"));
-        assert_ne!(a, backend_value("api", "http://10.0.0.1:80"));
-        assert_ne!(a, backend_value("web", "http://10.0.0.2:80"));
+        let a = crate::backend::sticky_value("web", "http://10.0.0.1:80");
+        assert_eq!(a, crate::backend::sticky_value("web", "http://10.0.0.1:80"));
+        assert_ne!(a, crate::backend::sticky_value("api", "http://10.0.0.1:80"));
+        assert_ne!(a, crate::backend::sticky_value("web", "http://10.0.0.2:80"));
         let s = StickySettings {
             cookie: "SRV".into(),
             max_age: Some(std::time::Duration::from_secs(3600)),

@@ -21,7 +21,7 @@ pub(crate) const FADE: Duration = Duration::from_secs(1);
 pub(crate) fn fold(b: &Backend, x: f64, elapsed: Option<u64>) {
     let quiet = elapsed.is_none_or(|e| e >= QUIET.as_nanos() as u64);
     let alpha = b.alpha();
-    b.estimates.update(ROUTE_EWMA, |prev| match prev {
+    b.estimates().update(ROUTE_EWMA, |prev| match prev {
         Some(prev) if !quiet => prev + alpha * (x - prev),
         _ => x,
     });
@@ -34,7 +34,7 @@ pub(crate) fn fold(b: &Backend, x: f64, elapsed: Option<u64>) {
 /// request goes to it, and that request's sample decides.
 #[inline]
 pub(crate) fn estimate(b: &Backend, now: u64, in_flight: u64) -> Option<f64> {
-    let avg = b.estimates.get(ROUTE_EWMA)?;
+    let avg = b.estimates().get(ROUTE_EWMA)?;
     Some(fade(avg, idle_ns(b, now, in_flight), FADE))
 }
 
@@ -42,7 +42,7 @@ pub(crate) fn estimate(b: &Backend, now: u64, in_flight: u64) -> Option<f64> {
 /// last sampled; `None` when unsampled.
 #[inline]
 pub(crate) fn sample(b: &Backend) -> Option<(f64, u64)> {
-    let avg = b.estimates.get(ROUTE_EWMA)?;
+    let avg = b.estimates().get(ROUTE_EWMA)?;
     Some((avg, b.sampled_at().unwrap_or(0)))
 }
 

@@ -19,7 +19,7 @@ pub(crate) const PEAK_UNSAMPLED_PENALTY: Duration = Duration::from_secs(1);
 /// pulls it down with a weight that grows with the time since the last sample.
 pub(crate) fn fold_peak(b: &Backend, x: f64, elapsed: Option<u64>) {
     let keep = (-(elapsed.unwrap_or(0) as f64) / PEAK_DECAY.as_nanos() as f64).exp();
-    b.estimates.update(PEAK, |prev| match prev {
+    b.estimates().update(PEAK, |prev| match prev {
         Some(c) if x <= c => c * keep + x * (1.0 - keep),
         _ => x,
     });
@@ -31,7 +31,7 @@ pub(crate) fn fold_peak(b: &Backend, x: f64, elapsed: Option<u64>) {
 /// is awaited.
 #[inline]
 pub(crate) fn peak_cost(b: &Backend, now: u64, in_flight: u64) -> f64 {
-    let estimate = match b.estimates.get(PEAK) {
+    let estimate = match b.estimates().get(PEAK) {
         None if in_flight == 0 => 0.0,
         None => PEAK_UNSAMPLED_PENALTY.as_nanos() as f64,
         Some(c) => fade(c, idle_ns(b, now, in_flight), PEAK_DECAY),
@@ -42,7 +42,7 @@ pub(crate) fn peak_cost(b: &Backend, now: u64, in_flight: u64) -> f64 {
 /// The raw peak-EWMA estimate, `None` until the first sample.
 #[cfg(test)]
 fn peak_latency(b: &Backend) -> Option<Duration> {
-    b.estimates
+    b.estimates()
         .get(PEAK)
         .map(|c| Duration::from_nanos(c as u64))
 }

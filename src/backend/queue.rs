@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::oneshot;
 
-use crate::backend::Backend;
+use super::Backend;
 
 /// Why a request could not wait for a slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,7 +77,7 @@ impl Drop for Leave<'_> {
 
 fn unqueue(w: &Waiter) {
     if let Some(b) = &w.preferred {
-        b.queued.fetch_sub(1, Ordering::Relaxed);
+        b.queued().fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -127,7 +127,7 @@ impl Queue {
                 return Err(QueueError::Full);
             }
             if let Some(b) = &preferred {
-                b.queued.fetch_add(1, Ordering::Relaxed);
+                b.queued().fetch_add(1, Ordering::Relaxed);
             }
             let waiter = Waiter {
                 ticket,
