@@ -290,7 +290,7 @@ fn lab(args: LabArgs) -> i32 {
         eprintln!("error: {e}");
         return 1;
     }
-    let report = match crate::lab::run(&plan, &mut progress) {
+    let report = match crate::lab_run::run(&plan, &mut progress) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("\nerror: {e}");

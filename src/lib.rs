@@ -24,6 +24,7 @@ pub mod fuzzing;
 mod fuzzing;
 pub(crate) mod health;
 pub(crate) mod lab;
+pub(crate) mod lab_run;
 pub(crate) mod listeners;
 pub(crate) mod liveness;
 pub(crate) mod logging;

@@ -5,6 +5,7 @@
 //! a freshly built [`Picker`] — through `arc-swap`. The request path does one lock-free
 //! load and one pick; it never takes the control mutex.
 
+mod budget;
 mod eligible;
 mod events;
 pub(crate) mod maintenance;
@@ -24,10 +25,10 @@ pub(crate) use eligible::Mode;
 pub(crate) use events::{Event, Tagged, EVENT_CAPACITY};
 
 use crate::config::{BackendSpec, PoolSpec};
-use crate::proxy::RetryBudget;
 #[cfg(test)]
 use crate::strategy::PickCtx;
 use crate::strategy::{Picker, PickerOptions, StrategyKind};
+pub(crate) use budget::RetryBudget;
 
 /// How often a running slow-start ramp republishes the routing table.
 pub(crate) const RAMP_REPUBLISH: std::time::Duration = std::time::Duration::from_millis(250);

@@ -2,7 +2,6 @@
 //! (`docs/architecture.md`, "The request path").
 
 mod body;
-pub(crate) mod budget;
 pub(crate) mod headers;
 pub(crate) mod hop;
 pub(crate) mod message;
@@ -33,7 +32,6 @@ use hyper_util::rt::TokioIo;
 use ipnet::IpNet;
 
 pub(crate) use body::{BodyError, Hold, ReqBody, RespBody};
-pub(crate) use budget::RetryBudget;
 pub(crate) use message::{ProxyResponse, RequestFields, RequestHead, ResponseFields, ResponseHead};
 pub(crate) use record::{Finish, Pending, Recorder};
 use request_id::RequestId;
