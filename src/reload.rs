@@ -105,7 +105,7 @@ impl Reloader {
         self.flags
             .values
             .iter()
-            .filter(|(k, _)| crate::config::pools::POOL_OPTIONS.contains(k))
+            .filter(|(k, _)| crate::config::pools::pool_option(k).is_some())
             .cloned()
             .collect()
     }
@@ -130,7 +130,7 @@ impl Reloader {
             strategy: next
                 .pools
                 .first()
-                .map_or(next.strategy.name(), |p| p.settings.strategy.name()),
+                .map_or(next.pool.strategy.name(), |p| p.settings.strategy.name()),
             pools_added: Vec::new(),
             pools_removed: Vec::new(),
             restart_required: config::options::restart_required(&current, &next)
@@ -206,7 +206,7 @@ impl Reloader {
         if next.pool_drafts.is_empty() {
             return;
         }
-        for key in p.settings.fixed_changes(&spec.settings) {
+        for key in config::options::pool_restart_required(&p.settings, &spec.settings) {
             report
                 .restart_required
                 .push(format!("pools.{}.{key}", spec.name));

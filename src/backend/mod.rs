@@ -658,7 +658,7 @@ mod tests {
 
     #[test]
     fn an_outcome_that_asks_for_something_rings_the_pools_doorbell() {
-        let mut settings = crate::config::PoolSettings::of(&Default::default());
+        let mut settings = crate::config::Settings::default().pool;
         settings.outlier = outlier::DEFAULTS;
         settings.outlier.consecutive_failures = 2;
         let link = PoolLink::new();

@@ -135,7 +135,7 @@ fn read_pool_table(
     ok
 }
 
-/// One of a pool's own values (a key of [`POOL_OPTIONS`]).
+/// One of a pool's own values (a per-pool key of the options table).
 fn read_pool_value(
     c: &mut Collector<'_>,
     key_at: usize,

@@ -169,12 +169,12 @@ impl Default for BackendTransport {
 }
 
 /// Cookie-insert stickiness (`docs/operations.md`, "Sticky sessions").
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct StickySettings {
-    /// The cookie's name.
-    pub(crate) cookie: String,
-    /// Its `Max-Age`; `None` for a session cookie.
-    pub(crate) max_age: Option<Duration>,
+    /// The cookie's name; `None` = no stickiness.
+    pub(crate) cookie: Option<String>,
+    /// Its `Max-Age`; zero for a session cookie.
+    pub(crate) max_age: Duration,
 }
 
 /// Every setting of `fulcrum serve`, validated.
@@ -186,50 +186,18 @@ pub(crate) struct Settings {
     pub(crate) admin: SocketAddr,
     /// The initial pool, in order.
     pub(crate) backends: Vec<BackendSpec>,
-    /// Balancing strategy.
-    pub(crate) strategy: StrategyKind,
-    /// Key of the hashing strategies.
-    pub(crate) hash_key: HashKey,
+    /// The per-pool settings at the top level: every pool's unless it sets its own.
+    pub(crate) pool: PoolSettings,
     /// Peers whose forwarding headers are believed.
     pub(crate) trusted_proxies: Vec<IpNet>,
-    /// Bounded load for the hashing strategies; `None` = off.
-    pub(crate) hash_balance_factor: Option<f64>,
-    /// Active health checks.
-    pub(crate) health: HealthSettings,
-    /// Passive outlier detection.
-    pub(crate) outlier: OutlierSettings,
-    /// Panic mode below this share of eligible primary backends (percent); 0 = off.
-    pub(crate) panic_threshold: u32,
-    /// Longest wait in a pool's queue for a backend under its `max_conns`.
-    pub(crate) queue_timeout: Duration,
-    /// Most requests waiting in a pool's queue.
-    pub(crate) max_queue: usize,
-    /// The sticky cookie's name; `None` = no stickiness.
-    pub(crate) sticky_cookie: Option<String>,
-    /// The sticky cookie's `Max-Age`; zero = a session cookie.
-    pub(crate) sticky_max_age: Duration,
-    /// TCP connect bound.
-    pub(crate) connect_timeout: Duration,
-    /// How the backends are spoken to: HTTP version and TLS verification.
-    pub(crate) backend_tls: BackendTransport,
-    /// Request sent → response headers bound.
-    pub(crate) upstream_timeout: Duration,
-    /// Extra attempts for a failed idempotent request.
-    pub(crate) retries: u32,
     /// Shed above this many requests in flight; 0 = off.
     pub(crate) max_inflight: usize,
     /// Client connections open at once; 0 = derived from the open-file limit.
     pub(crate) max_connections: usize,
     /// A client that takes no byte of an answer for this long is closed.
     pub(crate) send_timeout: Duration,
-    /// Largest request body; `None` = no limit (a default for every pool).
-    pub(crate) max_request_body: Option<u64>,
     /// The protocols an `Upgrade` is tunnelled for, in lower case.
     pub(crate) upgrade_protocols: Vec<String>,
-    /// Weight ramp duration; zero = off.
-    pub(crate) slow_start: Duration,
-    /// EWMA smoothing factor.
-    pub(crate) ewma_alpha: f64,
     /// File holding the admin bearer token.
     pub(crate) admin_token_file: Option<PathBuf>,
     /// The admin token itself (from the file or `FULCRUM_ADMIN_TOKEN`).
@@ -308,39 +276,40 @@ impl Default for Settings {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             admin: SocketAddr::from(([127, 0, 0, 1], 9090)),
             backends: Vec::new(),
-            strategy: StrategyKind::RoundRobin,
-            hash_key: HashKey::ClientIp,
+            pool: PoolSettings {
+                strategy: StrategyKind::RoundRobin,
+                hash_key: HashKey::ClientIp,
+                hash_balance_factor: None,
+                health: HealthSettings {
+                    path: String::new(),
+                    interval: Duration::ZERO,
+                    timeout: Duration::ZERO,
+                    healthy_threshold: 0,
+                    unhealthy_threshold: 0,
+                },
+                outlier: OutlierSettings {
+                    consecutive_failures: 0,
+                    base_ejection: Duration::ZERO,
+                    max_ejection: Duration::ZERO,
+                    max_ejected_percent: 0,
+                },
+                panic_threshold: 0,
+                sticky: StickySettings::default(),
+                queue_timeout: Duration::ZERO,
+                max_queue: 0,
+                retries: 0,
+                slow_start: Duration::ZERO,
+                ewma_alpha: 0.0,
+                connect_timeout: Duration::ZERO,
+                transport: BackendTransport::default(),
+                upstream_timeout: Duration::ZERO,
+                max_request_body: None,
+            },
             trusted_proxies: Vec::new(),
-            hash_balance_factor: None,
-            health: HealthSettings {
-                path: String::new(),
-                interval: Duration::ZERO,
-                timeout: Duration::ZERO,
-                healthy_threshold: 0,
-                unhealthy_threshold: 0,
-            },
-            outlier: OutlierSettings {
-                consecutive_failures: 0,
-                base_ejection: Duration::ZERO,
-                max_ejection: Duration::ZERO,
-                max_ejected_percent: 0,
-            },
-            panic_threshold: 0,
-            queue_timeout: Duration::ZERO,
-            max_queue: 0,
-            sticky_cookie: None,
-            sticky_max_age: Duration::ZERO,
-            connect_timeout: Duration::ZERO,
-            backend_tls: BackendTransport::default(),
-            upstream_timeout: Duration::ZERO,
-            retries: 0,
             max_inflight: 0,
             max_connections: 0,
             send_timeout: Duration::ZERO,
-            max_request_body: None,
             upgrade_protocols: Vec::new(),
-            slow_start: Duration::ZERO,
-            ewma_alpha: 0.0,
             admin_token_file: None,
             admin_token: None,
             workers: std::thread::available_parallelism()
@@ -524,13 +493,12 @@ fn check_whole(s: &Settings, errors: &mut Vec<ConfigError>) {
                 });
             }
         }
-        if let Some(st) = &p.settings.sticky {
-            if let Some(other) = cookies.insert(st.cookie.as_str(), p.name.as_str()) {
+        if let Some(cookie) = &p.settings.sticky.cookie {
+            if let Some(other) = cookies.insert(cookie.as_str(), p.name.as_str()) {
                 errors.push(ConfigError {
                     origin: format!("pool '{}': sticky", p.name),
                     message: format!(
-                        "the cookie '{}' is pool '{other}''s too: a client of both would lose its backend in one as the other sets it; give each pool its own (sticky = {{ cookie = \"…\" }})",
-                        st.cookie
+                        "the cookie '{cookie}' is pool '{other}''s too: a client of both would lose its backend in one as the other sets it; give each pool its own (sticky = {{ cookie = \"…\" }})",
                     ),
                 });
             }
@@ -740,8 +708,8 @@ mod tests {
             assert!(e.contains(line) && e.contains(what), "{e}");
         }
         assert_eq!(
-            s.retries,
-            Settings::default().retries,
+            s.pool.retries,
+            Settings::default().pool.retries,
             "a bad value changes nothing"
         );
     }
@@ -762,9 +730,9 @@ mod tests {
         }
         .with("retries", "0");
         let s = build(&flags).unwrap();
-        assert_eq!(s.strategy, StrategyKind::WeightedRoundRobin);
-        assert_eq!(s.retries, 0);
-        assert_eq!(s.health.interval, Duration::from_secs(2));
+        assert_eq!(s.pool.strategy, StrategyKind::WeightedRoundRobin);
+        assert_eq!(s.pool.retries, 0);
+        assert_eq!(s.pool.health.interval, Duration::from_secs(2));
         assert_eq!(s.backends[0].weight, 5);
     }
 
@@ -783,8 +751,8 @@ mod tests {
             "hash_key = \"cookie:sid\"\nhash_balance_factor = 1.5\n",
         );
         assert!(errs.is_empty(), "{errs:?}");
-        assert_eq!(s.hash_key, HashKey::Cookie("sid".into()));
-        assert_eq!(s.hash_balance_factor, Some(1.5));
+        assert_eq!(s.pool.hash_key, HashKey::Cookie("sid".into()));
+        assert_eq!(s.pool.hash_balance_factor, Some(1.5));
         let errs = apply_file(&mut s, Path::new("f.toml"), "\nhash_balance_factor = 125\n");
         assert!(errs[0].to_string().contains("line 2"), "{}", errs[0]);
         let flags = RawFlags::default()
@@ -792,7 +760,7 @@ mod tests {
             .with("strategy", "maglev");
         let s = build(&flags).unwrap();
         assert_eq!(
-            (s.hash_balance_factor, s.strategy),
+            (s.pool.hash_balance_factor, s.pool.strategy),
             (Some(2.0), StrategyKind::Maglev)
         );
         let flags = RawFlags::default().with("hash_balance_factor", "1.0");

@@ -1,15 +1,18 @@
 //! Every setting of `fulcrum serve`, declared once.
 //!
 //! One row per option holds its name, its value's form, its help, its default, how a
-//! value is parsed into [`Settings`] and whether a running fulcrum can take a new value
-//! on reload. The command-line flags (`--` + the key in kebab-case), the config file's
-//! keys, the defaults of [`Settings::default`], validation and the reload report are all
-//! made from this table: a new option is one new row (and its field in [`Settings`]).
-//! `--config` and the repeatable `--backend` are structured and handled beside it.
+//! value is parsed into [`Settings`], whether a pool may set it for itself and whether
+//! a running fulcrum can take a new value on reload. The command-line flags (`--` + the
+//! key in kebab-case), the config file's keys (top level and `[[pools]]`), the defaults
+//! of [`Settings::default`], validation and the reload report are all made from this
+//! table: a new option is one new row and its field, in [`Settings`] or, for a
+//! per-pool option, in [`PoolSettings`]. `--config` and the repeatable `--backend` are
+//! structured and handled beside it.
 
 use std::path::PathBuf;
 
 use super::values::*;
+use super::pools::PoolSettings;
 use super::Settings;
 
 /// How a value is written in the config file (on the command line every value is text).
@@ -29,13 +32,19 @@ pub(crate) enum FileType {
     Size,
 }
 
-/// What a reload does with a changed value.
+/// What a reload does with a changed value, and whether a pool may set it for itself.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Reload {
-    /// Applied to the running pool (see `reload.rs`).
+    /// Applied to the running process (see `reload.rs`).
     Live,
     /// Kept until a restart; a change is listed in `restart_required` under this name.
     Restart(&'static str, fn(&Settings, &Settings) -> bool),
+    /// A pool's own setting ([`PoolSettings`]), applied to the running pool.
+    PoolLive,
+    /// A pool's own setting, kept while the pool runs; a change is listed in
+    /// `restart_required` under this name (`pools.NAME.` before it for a `[[pools]]`
+    /// entry's own value).
+    PoolRestart(&'static str, fn(&PoolSettings, &PoolSettings) -> bool),
 }
 
 /// One option.
@@ -64,6 +73,12 @@ pub(crate) struct Opt {
 }
 
 impl Opt {
+    /// Whether a pool may set it for itself (a key of `[[pools]]` and of a pool made
+    /// through the admin API or the store).
+    pub(crate) fn per_pool(&self) -> bool {
+        matches!(self.reload, Reload::PoolLive | Reload::PoolRestart(..))
+    }
+
     /// The flag's name, without the leading `--`.
     pub(crate) fn flag(&self) -> String {
         self.key.replace('_', "-")
@@ -81,6 +96,11 @@ impl Opt {
 /// Looks up an option by its file key.
 pub(crate) fn find(key: &str) -> Option<&'static Opt> {
     OPTIONS.iter().find(|o| o.key == key)
+}
+
+/// The options a pool may set for itself, in the order of the table.
+pub(crate) fn pool_options() -> impl Iterator<Item = &'static Opt> {
+    OPTIONS.iter().filter(|o| o.per_pool())
 }
 
 /// Looks up an option by its key inside the table `table` (`health`, `outlier`).
@@ -102,6 +122,12 @@ pub(crate) fn unknown_table_key(table: &str, shown: &str) -> String {
 macro_rules! restart {
     ($name:literal, $($field:ident).+) => {
         Reload::Restart($name, |a, b| a.$($field).+ != b.$($field).+)
+    };
+}
+
+macro_rules! pool_restart {
+    ($name:literal, $($field:ident).+) => {
+        Reload::PoolRestart($name, |a, b| a.$($field).+ != b.$($field).+)
     };
 }
 
@@ -232,8 +258,8 @@ pub(crate) static OPTIONS: &[Opt] = &[
         default: Some("round_robin"),
         default_text: None,
         file_type: FileType::Str,
-        set: |s, v| parse_strategy(v).map(|x| s.strategy = x),
-        reload: Reload::Live,
+        set: |s, v| parse_strategy(v).map(|x| s.pool.strategy = x),
+        reload: Reload::PoolLive,
     },
     Opt {
         key: "hash_key",
@@ -243,8 +269,8 @@ pub(crate) static OPTIONS: &[Opt] = &[
         default: Some("client_ip"),
         default_text: None,
         file_type: FileType::Str,
-        set: |s, v| parse_hash_key(v).map(|x| s.hash_key = x),
-        reload: restart!("hash_key", hash_key),
+        set: |s, v| parse_hash_key(v).map(|x| s.pool.hash_key = x),
+        reload: pool_restart!("hash_key", hash_key),
     },
     Opt {
         key: "trusted_proxies",
@@ -265,8 +291,8 @@ pub(crate) static OPTIONS: &[Opt] = &[
         default: Some("0"),
         default_text: None,
         file_type: FileType::Float,
-        set: |s, v| parse_balance_factor(v).map(|x| s.hash_balance_factor = x),
-        reload: Reload::Live,
+        set: |s, v| parse_balance_factor(v).map(|x| s.pool.hash_balance_factor = x),
+        reload: Reload::PoolLive,
     },
     Opt {
         key: "health_path",
@@ -276,8 +302,8 @@ pub(crate) static OPTIONS: &[Opt] = &[
         default: Some("/health"),
         default_text: None,
         file_type: FileType::Str,
-        set: |s, v| parse_health_path(v).map(|x| s.health.path = x),
-        reload: restart!("health.path", health.path),
+        set: |s, v| parse_health_path(v).map(|x| s.pool.health.path = x),
+        reload: pool_restart!("health.path", health.path),
     },
     Opt {
         key: "health_interval",
@@ -287,8 +313,8 @@ pub(crate) static OPTIONS: &[Opt] = &[
         default: Some("5s"),
         default_text: None,
         file_type: FileType::Str,
-        set: |s, v| positive(v).map(|x| s.health.interval = x),
-        reload: restart!("health.interval", health.interval),
+        set: |s, v| positive(v).map(|x| s.pool.health.interval = x),
+        reload: pool_restart!("health.interval", health.interval),
     },
     Opt {
         key: "health_timeout",
@@ -298,8 +324,8 @@ pub(crate) static OPTIONS: &[Opt] = &[
         default: Some("2s"),
         default_text: None,
         file_type: FileType::Str,
-        set: |s, v| positive(v).map(|x| s.health.timeout = x),
-        reload: restart!("health.timeout", health.timeout),
+        set: |s, v| positive(v).map(|x| s.pool.health.timeout = x),
+        reload: pool_restart!("health.timeout", health.timeout),
     },
     Opt {
         key: "healthy_threshold",
@@ -309,8 +335,8 @@ pub(crate) static OPTIONS: &[Opt] = &[
         default: Some("2"),
         default_text: None,
         file_type: FileType::Int,
-        set: |s, v| threshold(v).map(|x| s.health.healthy_threshold = x),
-        reload: restart!("health.healthy_threshold", health.healthy_threshold),
+        set: |s, v| threshold(v).map(|x| s.pool.health.healthy_threshold = x),
+        reload: pool_restart!("health.healthy_threshold", health.healthy_threshold),
     },
     Opt {
         key: "unhealthy_threshold",
@@ -320,8 +346,8 @@ pub(crate) static OPTIONS: &[Opt] = &[
         default: Some("3"),
         default_text: None,
         file_type: FileType::Int,
-        set: |s, v| threshold(v).map(|x| s.health.unhealthy_threshold = x),
-        reload: restart!("health.unhealthy_threshold", health.unhealthy_threshold),
+        set: |s, v| threshold(v).map(|x| s.pool.health.unhealthy_threshold = x),
+        reload: pool_restart!("health.unhealthy_threshold", health.unhealthy_threshold),
     },
     Opt {
         key: "outlier_consecutive_failures",
@@ -331,8 +357,8 @@ pub(crate) static OPTIONS: &[Opt] = &[
         default: Some("5"),
         default_text: None,
         file_type: FileType::Int,
-        set: |s, v| parse_uint::<u32>(v, 0, 1000).map(|x| s.outlier.consecutive_failures = x),
-        reload: restart!("outlier.consecutive_failures", outlier.consecutive_failures),
+        set: |s, v| parse_uint::<u32>(v, 0, 1000).map(|x| s.pool.outlier.consecutive_failures = x),
+        reload: pool_restart!("outlier.consecutive_failures", outlier.consecutive_failures),
     },
     Opt {
         key: "outlier_base_ejection",
@@ -342,8 +368,8 @@ pub(crate) static OPTIONS: &[Opt] = &[
         default: Some("30s"),
         default_text: None,
         file_type: FileType::Str,
-        set: |s, v| positive(v).map(|x| s.outlier.base_ejection = x),
-        reload: restart!("outlier.base_ejection", outlier.base_ejection),
+        set: |s, v| positive(v).map(|x| s.pool.outlier.base_ejection = x),
+        reload: pool_restart!("outlier.base_ejection", outlier.base_ejection),
     },
     Opt {
         key: "outlier_max_ejection",
@@ -353,8 +379,8 @@ pub(crate) static OPTIONS: &[Opt] = &[
         default: Some("300s"),
         default_text: None,
         file_type: FileType::Str,
-        set: |s, v| positive(v).map(|x| s.outlier.max_ejection = x),
-        reload: restart!("outlier.max_ejection", outlier.max_ejection),
+        set: |s, v| positive(v).map(|x| s.pool.outlier.max_ejection = x),
+        reload: pool_restart!("outlier.max_ejection", outlier.max_ejection),
     },
     Opt {
         key: "outlier_max_ejected_percent",
@@ -364,8 +390,8 @@ pub(crate) static OPTIONS: &[Opt] = &[
         default: Some("50"),
         default_text: None,
         file_type: FileType::Int,
-        set: |s, v| parse_uint::<u32>(v, 0, 100).map(|x| s.outlier.max_ejected_percent = x),
-        reload: restart!("outlier.max_ejected_percent", outlier.max_ejected_percent),
+        set: |s, v| parse_uint::<u32>(v, 0, 100).map(|x| s.pool.outlier.max_ejected_percent = x),
+        reload: pool_restart!("outlier.max_ejected_percent", outlier.max_ejected_percent),
     },
     Opt {
         key: "queue_timeout",
@@ -375,8 +401,8 @@ pub(crate) static OPTIONS: &[Opt] = &[
         default: Some("5s"),
         default_text: None,
         file_type: FileType::Str,
-        set: |s, v| positive(v).map(|x| s.queue_timeout = x),
-        reload: restart!("queue_timeout", queue_timeout),
+        set: |s, v| positive(v).map(|x| s.pool.queue_timeout = x),
+        reload: pool_restart!("queue_timeout", queue_timeout),
     },
     Opt {
         key: "max_queue",
@@ -386,8 +412,8 @@ pub(crate) static OPTIONS: &[Opt] = &[
         default: Some("1024"),
         default_text: None,
         file_type: FileType::Int,
-        set: |s, v| parse_uint::<usize>(v, 0, 1_000_000).map(|x| s.max_queue = x),
-        reload: restart!("max_queue", max_queue),
+        set: |s, v| parse_uint::<usize>(v, 0, 1_000_000).map(|x| s.pool.max_queue = x),
+        reload: pool_restart!("max_queue", max_queue),
     },
     Opt {
         key: "sticky_cookie",
@@ -397,8 +423,8 @@ pub(crate) static OPTIONS: &[Opt] = &[
         default: None,
         default_text: Some("off"),
         file_type: FileType::Str,
-        set: |s, v| parse_cookie_name(v).map(|x| s.sticky_cookie = Some(x)),
-        reload: restart!("sticky.cookie", sticky_cookie),
+        set: |s, v| parse_cookie_name(v).map(|x| s.pool.sticky.cookie = Some(x)),
+        reload: pool_restart!("sticky.cookie", sticky.cookie),
     },
     Opt {
         key: "sticky_max_age",
@@ -408,8 +434,8 @@ pub(crate) static OPTIONS: &[Opt] = &[
         default: Some("0s"),
         default_text: None,
         file_type: FileType::Str,
-        set: |s, v| parse_duration(v).map(|x| s.sticky_max_age = x),
-        reload: restart!("sticky.max_age", sticky_max_age),
+        set: |s, v| parse_duration(v).map(|x| s.pool.sticky.max_age = x),
+        reload: pool_restart!("sticky.max_age", sticky.max_age),
     },
     Opt {
         key: "panic_threshold",
@@ -419,8 +445,8 @@ pub(crate) static OPTIONS: &[Opt] = &[
         default: Some("0"),
         default_text: None,
         file_type: FileType::Int,
-        set: |s, v| parse_uint::<u32>(v, 0, 100).map(|x| s.panic_threshold = x),
-        reload: restart!("panic_threshold", panic_threshold),
+        set: |s, v| parse_uint::<u32>(v, 0, 100).map(|x| s.pool.panic_threshold = x),
+        reload: pool_restart!("panic_threshold", panic_threshold),
     },
     Opt {
         key: "connect_timeout",
@@ -430,8 +456,8 @@ pub(crate) static OPTIONS: &[Opt] = &[
         default: Some("3s"),
         default_text: None,
         file_type: FileType::Str,
-        set: |s, v| positive(v).map(|x| s.connect_timeout = x),
-        reload: restart!("connect_timeout", connect_timeout),
+        set: |s, v| positive(v).map(|x| s.pool.connect_timeout = x),
+        reload: pool_restart!("connect_timeout", connect_timeout),
     },
     Opt {
         key: "protocol",
@@ -441,8 +467,8 @@ pub(crate) static OPTIONS: &[Opt] = &[
         default: Some("http1"),
         default_text: None,
         file_type: FileType::Str,
-        set: |s, v| parse_protocol(v).map(|x| s.backend_tls.protocol = x),
-        reload: restart!("protocol", backend_tls.protocol),
+        set: |s, v| parse_protocol(v).map(|x| s.pool.transport.protocol = x),
+        reload: pool_restart!("protocol", transport.protocol),
     },
     Opt {
         key: "send_proxy_protocol",
@@ -452,8 +478,8 @@ pub(crate) static OPTIONS: &[Opt] = &[
         default: Some("off"),
         default_text: None,
         file_type: FileType::Str,
-        set: |s, v| parse_send_proxy(v).map(|x| s.backend_tls.send_proxy = x),
-        reload: restart!("send_proxy_protocol", backend_tls.send_proxy),
+        set: |s, v| parse_send_proxy(v).map(|x| s.pool.transport.send_proxy = x),
+        reload: pool_restart!("send_proxy_protocol", transport.send_proxy),
     },
     Opt {
         key: "tls_ca_file",
@@ -463,8 +489,8 @@ pub(crate) static OPTIONS: &[Opt] = &[
         default: None,
         default_text: None,
         file_type: FileType::Str,
-        set: |s, v| non_empty_path(v).map(|p| s.backend_tls.ca_file = Some(p)),
-        reload: restart!("tls_ca_file", backend_tls.ca_file),
+        set: |s, v| non_empty_path(v).map(|p| s.pool.transport.ca_file = Some(p)),
+        reload: pool_restart!("tls_ca_file", transport.ca_file),
     },
     Opt {
         key: "tls_verify",
@@ -474,8 +500,8 @@ pub(crate) static OPTIONS: &[Opt] = &[
         default: Some("on"),
         default_text: None,
         file_type: FileType::Switch,
-        set: |s, v| parse_on_off(v).map(|x| s.backend_tls.verify = x),
-        reload: restart!("tls_verify", backend_tls.verify),
+        set: |s, v| parse_on_off(v).map(|x| s.pool.transport.verify = x),
+        reload: pool_restart!("tls_verify", transport.verify),
     },
     Opt {
         key: "upstream_timeout",
@@ -485,8 +511,8 @@ pub(crate) static OPTIONS: &[Opt] = &[
         default: Some("30s"),
         default_text: None,
         file_type: FileType::Str,
-        set: |s, v| positive(v).map(|x| s.upstream_timeout = x),
-        reload: restart!("upstream_timeout", upstream_timeout),
+        set: |s, v| positive(v).map(|x| s.pool.upstream_timeout = x),
+        reload: pool_restart!("upstream_timeout", upstream_timeout),
     },
     Opt {
         key: "retries",
@@ -496,8 +522,8 @@ pub(crate) static OPTIONS: &[Opt] = &[
         default: Some("2"),
         default_text: None,
         file_type: FileType::Int,
-        set: |s, v| parse_uint::<u32>(v, 0, 10).map(|x| s.retries = x),
-        reload: restart!("retries", retries),
+        set: |s, v| parse_uint::<u32>(v, 0, 10).map(|x| s.pool.retries = x),
+        reload: pool_restart!("retries", retries),
     },
     Opt {
         key: "max_inflight",
@@ -540,8 +566,8 @@ pub(crate) static OPTIONS: &[Opt] = &[
         default: Some("0"),
         default_text: None,
         file_type: FileType::Size,
-        set: |s, v| parse_size(v).map(|x| s.max_request_body = x),
-        reload: restart!("max_request_body", max_request_body),
+        set: |s, v| parse_size(v).map(|x| s.pool.max_request_body = x),
+        reload: pool_restart!("max_request_body", max_request_body),
     },
     Opt {
         key: "upgrade_protocols",
@@ -562,8 +588,8 @@ pub(crate) static OPTIONS: &[Opt] = &[
         default: Some("0s"),
         default_text: None,
         file_type: FileType::Str,
-        set: |s, v| parse_duration(v).map(|x| s.slow_start = x),
-        reload: restart!("slow_start", slow_start),
+        set: |s, v| parse_duration(v).map(|x| s.pool.slow_start = x),
+        reload: pool_restart!("slow_start", slow_start),
     },
     Opt {
         key: "ewma_alpha",
@@ -573,8 +599,8 @@ pub(crate) static OPTIONS: &[Opt] = &[
         default: Some("0.1"),
         default_text: None,
         file_type: FileType::Float,
-        set: |s, v| parse_alpha(v).map(|x| s.ewma_alpha = x),
-        reload: restart!("ewma_alpha", ewma_alpha),
+        set: |s, v| parse_alpha(v).map(|x| s.pool.ewma_alpha = x),
+        reload: pool_restart!("ewma_alpha", ewma_alpha),
     },
     Opt {
         key: "admin_token_file",
@@ -655,12 +681,26 @@ pub(crate) static OPTIONS: &[Opt] = &[
 ];
 
 /// The settings that differ between `a` and `b` and are fixed while running, by the
-/// names the reload report gives them, in the order of the table.
+/// names the reload report gives them, in the order of the table. The per-pool ones are
+/// the top-level values here (those of the single-pool form).
 pub(crate) fn restart_required(a: &Settings, b: &Settings) -> Vec<&'static str> {
     OPTIONS
         .iter()
         .filter_map(|o| match o.reload {
             Reload::Restart(name, changed) if changed(a, b) => Some(name),
+            Reload::PoolRestart(name, changed) if changed(&a.pool, &b.pool) => Some(name),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A pool's own settings that differ between `a` and `b` and that a running pool keeps
+/// until a restart, in the order of the table.
+pub(crate) fn pool_restart_required(a: &PoolSettings, b: &PoolSettings) -> Vec<&'static str> {
+    OPTIONS
+        .iter()
+        .filter_map(|o| match o.reload {
+            Reload::PoolRestart(name, changed) if changed(a, b) => Some(name),
             _ => None,
         })
         .collect()
@@ -694,5 +734,24 @@ mod tests {
         (find("strategy").unwrap().set)(&mut b, "lc").unwrap();
         b.admin_token = Some("t".into());
         assert_eq!(restart_required(&a, &b), ["health.interval", "admin_token"]);
+    }
+
+    #[test]
+    fn a_pools_own_settings_are_the_per_pool_rows() {
+        let mut s = Settings::default();
+        let before = s.pool.clone();
+        for (key, value) in [("health_interval", "1s"), ("retries", "3"), ("strategy", "lc")] {
+            let o = find(key).unwrap();
+            assert!(o.per_pool(), "{key}");
+            (o.set)(&mut s, value).unwrap();
+        }
+        assert_eq!(
+            pool_restart_required(&before, &s.pool),
+            ["health.interval", "retries"],
+            "the strategy is applied live"
+        );
+        assert!(!find("listen").unwrap().per_pool());
+        assert!(pool_options().all(|o| o.per_pool()));
+        assert_eq!(pool_options().count(), 27);
     }
 }

@@ -29,39 +29,9 @@ pub(crate) const MAX_ROUTES: usize = 4096;
 /// Longest pool name.
 const MAX_POOL_NAME: usize = 64;
 
-/// The option keys a pool may set for itself, as the options table names them (the
-/// health ones also as the `health` table's short keys).
-pub(crate) const POOL_OPTIONS: [&str; 27] = [
-    "strategy",
-    "hash_key",
-    "hash_balance_factor",
-    "health_path",
-    "health_interval",
-    "health_timeout",
-    "healthy_threshold",
-    "unhealthy_threshold",
-    "retries",
-    "slow_start",
-    "ewma_alpha",
-    "connect_timeout",
-    "upstream_timeout",
-    "outlier_consecutive_failures",
-    "outlier_base_ejection",
-    "outlier_max_ejection",
-    "outlier_max_ejected_percent",
-    "panic_threshold",
-    "sticky_cookie",
-    "sticky_max_age",
-    "queue_timeout",
-    "max_queue",
-    "protocol",
-    "tls_ca_file",
-    "tls_verify",
-    "send_proxy_protocol",
-    "max_request_body",
-];
-
-/// The settings a pool has of its own.
+/// The settings a pool has of its own: the values of the per-pool rows of the options
+/// table (`config/options.rs`). `Settings::pool` holds the top-level ones, which every
+/// pool takes unless it sets its own.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct PoolSettings {
     /// Balancing strategy.
@@ -76,8 +46,8 @@ pub(crate) struct PoolSettings {
     pub(crate) outlier: super::OutlierSettings,
     /// Panic mode below this share of eligible primary backends (percent); 0 = off.
     pub(crate) panic_threshold: u32,
-    /// Cookie-insert stickiness, when on.
-    pub(crate) sticky: Option<super::StickySettings>,
+    /// Cookie-insert stickiness.
+    pub(crate) sticky: super::StickySettings,
     /// Longest wait in the queue.
     pub(crate) queue_timeout: Duration,
     /// Most requests waiting in the queue.
@@ -96,75 +66,6 @@ pub(crate) struct PoolSettings {
     pub(crate) upstream_timeout: Duration,
     /// Largest request body; `None` = no limit.
     pub(crate) max_request_body: Option<u64>,
-}
-
-impl PoolSettings {
-    /// The per-pool part of `s`.
-    pub(crate) fn of(s: &Settings) -> PoolSettings {
-        PoolSettings {
-            strategy: s.strategy,
-            hash_key: s.hash_key.clone(),
-            hash_balance_factor: s.hash_balance_factor,
-            health: s.health.clone(),
-            outlier: s.outlier,
-            panic_threshold: s.panic_threshold,
-            sticky: s.sticky_cookie.clone().map(|cookie| super::StickySettings {
-                cookie,
-                max_age: (!s.sticky_max_age.is_zero()).then_some(s.sticky_max_age),
-            }),
-            queue_timeout: s.queue_timeout,
-            max_queue: s.max_queue,
-            retries: s.retries,
-            slow_start: s.slow_start,
-            ewma_alpha: s.ewma_alpha,
-            connect_timeout: s.connect_timeout,
-            transport: s.backend_tls.clone(),
-            upstream_timeout: s.upstream_timeout,
-            max_request_body: s.max_request_body,
-        }
-    }
-
-    /// The keys whose values differ from `other`'s and that a running pool keeps until a
-    /// restart (the strategy and the balance factor are applied live).
-    pub(crate) fn fixed_changes(&self, other: &PoolSettings) -> Vec<&'static str> {
-        let mut out = Vec::new();
-        let mut note = |changed: bool, key: &'static str| {
-            if changed {
-                out.push(key);
-            }
-        };
-        note(self.hash_key != other.hash_key, "hash_key");
-        note(self.health != other.health, "health");
-        note(self.outlier != other.outlier, "outlier");
-        note(
-            self.panic_threshold != other.panic_threshold,
-            "panic_threshold",
-        );
-        note(self.sticky != other.sticky, "sticky");
-        note(self.queue_timeout != other.queue_timeout, "queue_timeout");
-        note(self.max_queue != other.max_queue, "max_queue");
-        note(self.retries != other.retries, "retries");
-        note(self.slow_start != other.slow_start, "slow_start");
-        note(self.ewma_alpha != other.ewma_alpha, "ewma_alpha");
-        note(
-            self.connect_timeout != other.connect_timeout,
-            "connect_timeout",
-        );
-        note(
-            self.upstream_timeout != other.upstream_timeout,
-            "upstream_timeout",
-        );
-        note(
-            self.max_request_body != other.max_request_body,
-            "max_request_body",
-        );
-        let (a, b) = (&self.transport, &other.transport);
-        note(a.protocol != b.protocol, "protocol");
-        note(a.ca_file != b.ca_file, "tls_ca_file");
-        note(a.verify != b.verify, "tls_verify");
-        note(a.send_proxy != b.send_proxy, "send_proxy_protocol");
-        out
-    }
 }
 
 /// A pool: its name, its settings, its backends in order.
@@ -318,18 +219,19 @@ pub(crate) fn check_pool_name(name: &str) -> Result<(), String> {
 
 /// The option `key` names, when a pool may set it.
 pub(crate) fn pool_option(key: &str) -> Option<&'static options::Opt> {
-    options::find(key).filter(|o| POOL_OPTIONS.contains(&o.key))
+    options::find(key).filter(|o| o.per_pool())
 }
 
 /// The message for a key, written `shown`, that a pool may not set.
 pub(crate) fn not_per_pool(shown: &str) -> String {
+    let keys: Vec<&str> = options::pool_options().map(|o| o.key).collect();
     format!(
         "'{shown}' is not a per-pool key (valid: name, {}, health, outlier, sticky, backends)",
-        POOL_OPTIONS.join(", ")
+        keys.join(", ")
     )
 }
 
-/// Checks a pool's own values (keys of [`POOL_OPTIONS`]) as a `[[pools]]` entry or
+/// Checks a pool's own values (per-pool keys of the options table) as a `[[pools]]` entry or
 /// `POST /admin/pools` gives them; returns the first problem, naming the key.
 pub(crate) fn check_pool_value(key: &str, value: &str) -> Result<&'static str, String> {
     let o = pool_option(key).ok_or_else(|| not_per_pool(key))?;
@@ -445,7 +347,7 @@ pub(crate) fn pool_spec(top: &Settings, draft: &PoolDraft) -> PoolSpec {
     }
     PoolSpec {
         name: draft.name.clone(),
-        settings: PoolSettings::of(&s),
+        settings: s.pool,
         backends: draft.backends.clone(),
     }
 }
@@ -457,7 +359,7 @@ pub(crate) fn materialize(s: &mut Settings, flags: &RawFlags) {
     if s.pool_drafts.is_empty() {
         s.pools = vec![PoolSpec {
             name: DEFAULT_POOL.into(),
-            settings: PoolSettings::of(s),
+            settings: s.pool.clone(),
             backends: s.backends.clone(),
         }];
     } else {
@@ -467,7 +369,7 @@ pub(crate) fn materialize(s: &mut Settings, flags: &RawFlags) {
                 first.backends = s.backends.clone();
             }
             if flags.values.iter().any(|(k, _)| *k == "strategy") {
-                first.settings.strategy = s.strategy;
+                first.settings.strategy = s.pool.strategy;
             }
         }
     }
@@ -517,11 +419,9 @@ mod tests {
 
     #[test]
     fn a_pool_takes_the_top_level_values_it_does_not_set() {
-        let mut top = Settings {
-            retries: 5,
-            ..Default::default()
-        };
-        top.strategy = StrategyKind::LeastConnections;
+        let mut top = Settings::default();
+        top.pool.retries = 5;
+        top.pool.strategy = StrategyKind::LeastConnections;
         let d = PoolDraft {
             name: "api".into(),
             values: vec![("retries", "1".into())],

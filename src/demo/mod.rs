@@ -8,7 +8,7 @@
 
 pub(crate) mod backend;
 
-use crate::config::{PoolSettings, PoolSpec, RouteSpec, Settings};
+use crate::config::{PoolSpec, RouteSpec, Settings};
 use crate::route::PathPrefix;
 use crate::server::Running;
 use crate::spawn::SpawnRequest;
@@ -40,7 +40,7 @@ pub(crate) fn backend_plan(i: usize) -> (String, u64) {
 /// both with the demo's strategy (round robin unless told otherwise; the dashboard
 /// switches each on its own), `/api` to `api` and the rest to `web`.
 pub(crate) fn lay_out(s: &mut Settings) {
-    let web = PoolSettings::of(s);
+    let web = s.pool.clone();
     let api = web.clone();
     s.pools = vec![
         PoolSpec {

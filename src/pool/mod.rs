@@ -294,13 +294,11 @@ impl Pool {
     /// A pool `default` of `specs` with the built-in settings and its own hub, for tests.
     #[cfg(test)]
     pub(crate) fn of_backends(specs: Vec<BackendSpec>, strategy: StrategyKind) -> Pool {
-        let s = crate::config::Settings {
-            strategy,
-            ..Default::default()
-        };
+        let mut s = crate::config::Settings::default();
+        s.pool.strategy = strategy;
         let spec = PoolSpec {
             name: crate::config::DEFAULT_POOL.into(),
-            settings: crate::config::PoolSettings::of(&s),
+            settings: s.pool,
             backends: specs,
         };
         Pool::new(&spec, Arc::new(Hub::new()))

@@ -568,7 +568,7 @@ impl Proxy {
         req.inline =
             req.body.is_none() && req.client_upgrade.is_none() && is_idempotent(&head.method);
         // A sticky pool reads and removes its cookie, from a map.
-        let sticky = req.pool.settings.sticky.as_ref();
+        let sticky = req.pool.settings.sticky.cookie.as_deref();
         if !req.inline || sticky.is_some() {
             head.make_map();
         }
@@ -582,9 +582,9 @@ impl Proxy {
             if head.version == Version::HTTP_2 {
                 headers::merge_cookies(map);
             }
-            if let Some(s) = sticky {
+            if let Some(cookie) = sticky {
                 headers::merge_cookies(map);
-                req.sticky = sticky::take(map, &s.cookie);
+                req.sticky = sticky::take(map, cookie);
             }
             headers::strip_hop_by_hop(map, req.client_upgrade.is_some());
             let (peer, trusted, host) = (&req.peer.forwarded, req.peer_trusted, req.host.as_ref());
@@ -961,9 +961,9 @@ impl Proxy {
                 return ProxyResponse::new(status, fields, RespBody::empty());
             }
         }
-        let set_cookie = match (&req.pool.settings.sticky, req.stuck) {
-            (Some(s), false) => sticky::set_cookie(s, guard.backend().sticky_value),
-            _ => None,
+        let set_cookie = match req.stuck {
+            false => sticky::set_cookie(&req.pool.settings.sticky, guard.backend().sticky_value),
+            true => None,
         };
         let hold = Hold {
             guard,

@@ -60,10 +60,13 @@ fn parse_value(v: &[u8]) -> Option<u64> {
     u64::from_str_radix(std::str::from_utf8(v).ok()?, 16).ok()
 }
 
-/// The `Set-Cookie` value that sends the client back to the backend with `value`.
+/// The `Set-Cookie` value that sends the client back to the backend with `value`
+/// (none when the pool is not sticky).
 pub(crate) fn set_cookie(s: &StickySettings, value: u64) -> Option<HeaderValue> {
-    let mut text = format!("{}={value:016x}; Path=/; HttpOnly; SameSite=Lax", s.cookie);
-    if let Some(age) = s.max_age {
+    let cookie = s.cookie.as_deref()?;
+    let mut text = format!("{cookie}={value:016x}; Path=/; HttpOnly; SameSite=Lax");
+    let age = s.max_age;
+    if !age.is_zero() {
         // Rounded up: `Max-Age=0` would delete the cookie.
         let secs = age.as_secs() + u64::from(age.subsec_nanos() > 0);
         text.push_str(&format!("; Max-Age={secs}"));
@@ -106,8 +109,8 @@ mod tests {
         assert_ne!(a, crate::backend::sticky_value("api", "http://10.0.0.1:80"));
         assert_ne!(a, crate::backend::sticky_value("web", "http://10.0.0.2:80"));
         let s = StickySettings {
-            cookie: "SRV".into(),
-            max_age: Some(std::time::Duration::from_secs(3600)),
+            cookie: Some("SRV".into()),
+            max_age: std::time::Duration::from_secs(3600),
         };
         let c = set_cookie(&s, 0xab).unwrap();
         assert_eq!(

@@ -27,7 +27,7 @@ pub(crate) fn apply(site: &Site, desired: Desired, first: bool) -> Result<Vec<Re
                 .map(|want| {
                     let kept = before.iter().find(|p| {
                         *p.name == *want.spec.name
-                            && p.settings.fixed_changes(&want.spec.settings).is_empty()
+                            && crate::config::options::pool_restart_required(&p.settings, &want.spec.settings).is_empty()
                     });
                     let pool = match kept {
                         Some(p) => {

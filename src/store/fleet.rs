@@ -227,7 +227,7 @@ impl Fleet {
         let mut draft = model::empty_draft(crate::config::DEFAULT_POOL);
         draft
             .values
-            .push(("strategy", top.strategy.name().to_string()));
+            .push(("strategy", top.pool.strategy.name().to_string()));
         // The per-pool values of the command line go with it (`--health-interval`, …).
         for (k, v) in self.reloader.pool_flags() {
             if k != "strategy" {
