@@ -15,13 +15,12 @@
 //! listeners, threads or a pool's fixed parts are reported in `restart_required` and
 //! keep their running value until a restart.
 
-use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 
 use crate::config::{self, PoolSpec, RawFlags, Settings};
-use crate::pool::Pool;
+use crate::pool::{Apply, Changes, Pool, Source, Wanted};
 use crate::site::Site;
 
 /// What a reload changed.
@@ -193,7 +192,11 @@ impl Reloader {
                     report
                         .added
                         .extend(spec.backends.iter().map(|b| b.name.clone()));
-                    pools.push(Arc::new(Pool::new(spec, Arc::clone(&self.site.hub))));
+                    pools.push(Arc::new(Pool::new(
+                        spec,
+                        Arc::clone(&self.site.hub),
+                        Source::Config,
+                    )));
                 }
             }
         }
@@ -214,41 +217,33 @@ impl Reloader {
     }
 }
 
-/// Adds the backends of `spec` that `pool` lacks, re-weights or replaces those that
-/// changed, and sets the strategy and the balance factor.
+/// Applies the file's backends of `spec` to `pool` (the backends that leave go once the
+/// new routes are in force, [`leave`]), and sets the strategy and the balance factor.
 fn add_and_update(pool: &Pool, spec: &PoolSpec, report: &mut Report) {
-    for b in &spec.backends {
-        let existing = pool.backends().into_iter().find(|x| x.url == b.url);
-        match existing {
-            // Spawned backends are runtime objects; the file does not manage them.
-            Some(x) if x.spawn.is_some() => {}
-            None => {
-                if pool.add(b.clone()).is_ok() {
-                    report.added.push(b.name.clone());
-                }
-            }
-            Some(x) if x.name != b.name || x.backup != b.backup => {
-                // A name is part of every label and log line, and whether it is a backup
-                // is fixed for a backend's life: replace it.
-                if pool.remove(x.id).is_ok() && pool.add(b.clone()).is_ok() {
-                    report.updated.push(b.name.clone());
-                }
-            }
-            Some(x) if x.weight() != b.weight || x.max_conns() != b.max_conns => {
-                if pool
-                    .update(x.id, Some(b.weight), None, Some(b.max_conns))
-                    .is_ok()
-                {
-                    report.updated.push(b.name.clone());
-                }
-            }
-            Some(_) => {}
-        }
-    }
+    let how = Apply {
+        ramp: true,
+        remove_unlisted: false,
+    };
+    let changes = pool.set_members(Source::Config, file_list(spec), how);
+    note(changes, report);
     if pool.strategy() != spec.settings.strategy {
         pool.set_strategy(spec.settings.strategy);
     }
     pool.set_hash_balance_factor(spec.settings.hash_balance_factor);
+}
+
+/// The backends the file gives `spec`, as the config source's list.
+fn file_list(spec: &PoolSpec) -> Vec<Wanted> {
+    spec.backends.iter().cloned().map(Wanted::spec).collect()
+}
+
+/// Adds what joined or changed to the report; what was left out is logged.
+fn note(changes: Changes, report: &mut Report) {
+    report.added.extend(changes.added);
+    report.updated.extend(changes.updated);
+    for (url, _, why) in changes.refused {
+        tracing::warn!(url, why, "a backend of the file was left out");
+    }
 }
 
 /// Once the new routes are in force: the backends the file no longer lists leave the
@@ -269,12 +264,16 @@ fn leave(before: &[Arc<Pool>], next: &Settings, report: &mut Report) {
     }
 }
 
-/// Removes the backends of `pool` that `spec` no longer lists (spawned ones stay).
+/// Removes the file's backends of `pool` that `spec` no longer lists; the admin API's
+/// and the spawned ones stay.
 fn remove_unwanted(pool: &Pool, spec: &PoolSpec, report: &mut Report) {
-    let wanted: HashSet<&str> = spec.backends.iter().map(|b| b.url.as_str()).collect();
-    for b in pool.backends() {
-        if b.spawn.is_none() && !wanted.contains(b.url.as_str()) && pool.remove(b.id).is_ok() {
-            report.removed.push(b.name.clone());
-        }
-    }
+    let how = Apply {
+        ramp: true,
+        remove_unlisted: true,
+    };
+    let changes = pool.set_members(Source::Config, file_list(spec), how);
+    // Nothing is added or refused now that `add_and_update` did not add or refuse.
+    report
+        .removed
+        .extend(changes.removed.iter().map(|b| b.name.clone()));
 }

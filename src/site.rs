@@ -14,7 +14,7 @@ use arc_swap::ArcSwap;
 use tokio::sync::watch;
 
 use crate::config::{PoolSpec, RouteSpec};
-use crate::pool::{Backend, Hub, Pool, PoolError};
+use crate::pool::{Backend, Hub, Pool, PoolError, Source};
 use crate::route::{Route, RouteTable};
 
 pub(crate) use crate::config::pools::MAX_ROUTES;
@@ -136,7 +136,7 @@ impl Site {
         let hub = Arc::new(Hub::new());
         let pools: Vec<Arc<Pool>> = pools
             .iter()
-            .map(|p| Arc::new(Pool::new(p, Arc::clone(&hub))))
+            .map(|p| Arc::new(Pool::new(p, Arc::clone(&hub), Source::Config)))
             .collect();
         let hits = counters(routes.len(), None);
         let routing = build(pools, routes.to_vec(), Arc::clone(&hits))?;
@@ -210,14 +210,15 @@ impl Site {
         c.tasks = Some(tasks);
     }
 
-    /// Adds the pool `spec` at the end; no route reaches it until the routes say so.
-    pub(crate) fn add_pool(&self, spec: &PoolSpec) -> Result<Arc<Pool>, SiteError> {
+    /// Adds the pool `spec` at the end, its backends owned by `source`; no route reaches
+    /// it until the routes say so.
+    pub(crate) fn add_pool(&self, spec: &PoolSpec, source: Source) -> Result<Arc<Pool>, SiteError> {
         let mut c = self.lock();
         let current = self.routing.load();
         if current.pools.iter().any(|p| *p.name == *spec.name) {
             return Err(SiteError::PoolExists(spec.name.clone()));
         }
-        let pool = Arc::new(Pool::new(spec, Arc::clone(&self.hub)));
+        let pool = Arc::new(Pool::new(spec, Arc::clone(&self.hub), source));
         let mut pools = current.pools.clone();
         pools.push(Arc::clone(&pool));
         self.publish(&mut c, pools, current.routes.clone())?;

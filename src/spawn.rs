@@ -259,7 +259,8 @@ impl Spawner {
         let url = format!("http://127.0.0.1:{port}");
         let spec = backend_spec(&url, req.weight, Some(&name)).map_err(SpawnError::Failed)?;
         let child = self.start_child(listener, &name, req.latency_ms).await?;
-        match pool.add_with(
+        match pool.add_from(
+            crate::pool::Source::Spawn,
             spec,
             Some(SpawnInfo::new(
                 port,

@@ -576,6 +576,13 @@ async fn reload_under_load_changes_the_pool_without_failing_a_request() {
     assert!(f.log().contains("the running configuration stays"));
     assert_eq!(status(&c, &f).await["strategy"], "weighted_round_robin");
 
+    // A backend added through the admin API is the API's: a reload leaves it.
+    let d = TestBackend::start("D");
+    let body = format!(r#"{{"url": "{}", "name": "D"}}"#, d.url());
+    let r = admin(&c, "POST", &f.admin_url("/admin/backends"), &body).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    assert_eq!(r.json()["source"], "admin");
+
     // POST /admin/reload applies a good file and says what changed.
     write_config(
         &cfg,
@@ -586,6 +593,22 @@ async fn reload_under_load_changes_the_pool_without_failing_a_request() {
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["added"], serde_json::json!(["B"]));
     assert_eq!(r.json()["removed"], serde_json::json!([]));
+    let s = status(&c, &f).await;
+    let owned: Vec<(&str, &str)> = s["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| (b["name"].as_str().unwrap(), b["source"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        owned,
+        [
+            ("A", "config"),
+            ("C", "config"),
+            ("D", "admin"),
+            ("B", "config")
+        ]
+    );
 
     tokio::time::sleep(Duration::from_millis(300)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);

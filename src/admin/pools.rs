@@ -91,7 +91,7 @@ pub(crate) async fn create(State(ctx): State<AdminCtx>, body: Bytes) -> ApiResul
             f.add_pool(&draft).await?;
             ctx.site.pool(&draft.name)?
         }
-        None => ctx.site.add_pool(&spec)?,
+        None => ctx.site.add_pool(&spec, crate::pool::Source::Admin)?,
     };
     tracing::info!(pool = %pool.name, strategy = pool.strategy().name(), "pool added");
     Ok((StatusCode::CREATED, Json(view(&ctx.site.routing(), &pool))).into_response())

@@ -68,6 +68,33 @@ impl AdminState {
     }
 }
 
+/// Who put a backend in its pool (`docs/architecture.md`, "Membership"). A source
+/// changes only the backends it owns: a reload touches the config file's, never those
+/// the admin API added or fulcrum spawned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Source {
+    /// The config file or the command line (`--backend`).
+    Config,
+    /// `POST /admin/backends`, a pool made through the admin API, the lab's joiners.
+    Admin,
+    /// Fleet mode's store.
+    Store,
+    /// `POST /admin/backends/spawn`: a process fulcrum started.
+    Spawn,
+}
+
+impl Source {
+    fn from_u8(v: u8) -> Source {
+        match v {
+            1 => Source::Admin,
+            2 => Source::Store,
+            3 => Source::Spawn,
+            _ => Source::Config,
+        }
+    }
+}
+
 /// The value of the sticky cookie (`docs/operations.md`, "Sticky sessions") of the
 /// backend at `url` in the pool `pool`: XXH3-64 of the URL seeded with the hash of the
 /// pool's name. It tells nothing of the address, and every fulcrum with the same pool
@@ -132,6 +159,8 @@ pub struct Backend {
     weight: AtomicU32,
     state: AtomicU8,
     healthy: AtomicBool,
+    /// Its [`Source`] (control side only).
+    source: AtomicU8,
     /// Its limit and requests in flight.
     capacity: Capacity,
     /// What it shares with its pool (set once, before it serves).
@@ -218,6 +247,7 @@ impl Backend {
             weight: AtomicU32::new(spec.weight),
             state: AtomicU8::new(0),
             healthy: AtomicBool::new(true),
+            source: AtomicU8::new(Source::Config as u8),
             capacity: Capacity::new(spec.max_conns),
             link: OnceLock::new(),
             indexed: AtomicBool::new(false),
@@ -310,6 +340,17 @@ impl Backend {
 
     pub(crate) fn set_state(&self, s: AdminState) {
         self.state.store(s as u8, Ordering::Relaxed);
+    }
+
+    /// Who put it in its pool.
+    pub(crate) fn source(&self) -> Source {
+        Source::from_u8(self.source.load(Ordering::Relaxed))
+    }
+
+    /// Hands it to another source (control side: a source that lists a backend the
+    /// admin API added takes it over).
+    pub(crate) fn set_source(&self, s: Source) {
+        self.source.store(s as u8, Ordering::Relaxed);
     }
 
     /// Result of the active health checks.

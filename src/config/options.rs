@@ -11,8 +11,8 @@
 
 use std::path::PathBuf;
 
-use super::values::*;
 use super::pools::PoolSettings;
+use super::values::*;
 use super::Settings;
 
 /// How a value is written in the config file (on the command line every value is text).
@@ -740,7 +740,11 @@ mod tests {
     fn a_pools_own_settings_are_the_per_pool_rows() {
         let mut s = Settings::default();
         let before = s.pool.clone();
-        for (key, value) in [("health_interval", "1s"), ("retries", "3"), ("strategy", "lc")] {
+        for (key, value) in [
+            ("health_interval", "1s"),
+            ("retries", "3"),
+            ("strategy", "lc"),
+        ] {
             let o = find(key).unwrap();
             assert!(o.per_pool(), "{key}");
             (o.set)(&mut s, value).unwrap();

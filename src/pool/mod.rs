@@ -9,7 +9,7 @@ mod budget;
 mod eligible;
 mod events;
 pub(crate) mod maintenance;
-mod reconcile;
+mod membership;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -18,16 +18,19 @@ use arc_swap::ArcSwap;
 use serde::Serialize;
 use tokio::sync::{broadcast, watch};
 
-pub(crate) use crate::backend::{clock_ns, AdminState, PoolLink, Queue, QueueError, SpawnInfo};
+pub(crate) use crate::backend::{
+    clock_ns, AdminState, PoolLink, Queue, QueueError, Source, SpawnInfo,
+};
 pub use crate::backend::{Backend, RequestGuard};
 use crate::stats;
 pub(crate) use eligible::Mode;
 pub(crate) use events::{Event, Tagged, EVENT_CAPACITY};
+pub(crate) use membership::{Apply, Changes, Wanted};
 
-use crate::config::{BackendSpec, PoolSpec};
-#[cfg(test)]
-use crate::strategy::PickCtx;
+use crate::config::PoolSpec;
 use crate::strategy::{Picker, PickerOptions, StrategyKind};
+#[cfg(test)]
+use crate::{config::BackendSpec, strategy::PickCtx};
 pub(crate) use budget::RetryBudget;
 
 /// How often a running slow-start ramp republishes the routing table.
@@ -197,6 +200,8 @@ pub(crate) struct BackendView {
     pub(crate) max_conns: u32,
     /// Requests waiting in the pool's queue that the strategy would send here.
     pub(crate) queued: u64,
+    /// Who put it in the pool.
+    pub(crate) source: Source,
     /// A spawned backend's process id (`null` while it is not running).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) pid: Option<Option<u32>>,
@@ -226,6 +231,7 @@ impl BackendView {
             backup: b.backup,
             max_conns: b.max_conns(),
             queued: b.queued().load(Ordering::Relaxed),
+            source: b.source(),
             pid: b.spawn.as_ref().map(|s| s.pid()),
             port: b.spawn.as_ref().map(|s| s.port),
         }
@@ -248,11 +254,11 @@ fn build_snapshot(m: &Members, previous: Option<&Picker>) -> Snapshot {
 }
 
 impl Pool {
-    /// The pool `spec`, its backends in order with ids from `hub`.
+    /// The pool `spec`, its backends in order with ids from `hub`, owned by `source`.
     ///
     /// Backends present at start-up take their full weight at once (as in HAProxy);
     /// slow start applies to those that join or recover later.
-    pub(crate) fn new(spec: &PoolSpec, hub: Arc<Hub>) -> Pool {
+    pub(crate) fn new(spec: &PoolSpec, hub: Arc<Hub>, source: Source) -> Pool {
         let name: Arc<str> = Arc::from(spec.name.as_str());
         let st = &spec.settings;
         if !st.transport.verify {
@@ -264,7 +270,9 @@ impl Pool {
             .iter()
             .map(|s| {
                 let b = Backend::new(hub.next_id(), s.clone(), st.ewma_alpha);
-                Arc::new(b.in_pool(Arc::clone(&name), st, &link))
+                let b = b.in_pool(Arc::clone(&name), st, &link);
+                b.set_source(source);
+                Arc::new(b)
             })
             .collect();
         let members = Members {
@@ -301,7 +309,7 @@ impl Pool {
             settings: s.pool,
             backends: specs,
         };
-        Pool::new(&spec, Arc::new(Hub::new()))
+        Pool::new(&spec, Arc::new(Hub::new()), Source::Config)
     }
 
     /// Marks the pool removed: its health checks and upkeep end; requests in flight on
@@ -558,64 +566,6 @@ impl Pool {
             .find(|b| b.id == id)
             .cloned()
             .ok_or(PoolError::NotFound(id))
-    }
-
-    /// Adds a backend at the end of the pool.
-    pub(crate) fn add(&self, spec: BackendSpec) -> Result<Arc<Backend>, PoolError> {
-        self.add_with(spec, None)
-    }
-
-    /// Adds a backend whose process fulcrum started and supervises.
-    pub(crate) fn add_with(
-        &self,
-        spec: BackendSpec,
-        spawn: Option<SpawnInfo>,
-    ) -> Result<Arc<Backend>, PoolError> {
-        let mut m = self.lock();
-        if *self.retired.borrow() {
-            return Err(PoolError::Retired(self.name.to_string()));
-        }
-        if m.backends.iter().any(|b| b.url == spec.url) {
-            return Err(PoolError::DuplicateUrl(spec.url));
-        }
-        if m.backends.iter().any(|b| b.name == spec.name) {
-            return Err(PoolError::DuplicateName(spec.name));
-        }
-        let b = self.member(self.hub.next_id(), spec, spawn);
-        b.start_ramp(std::time::Instant::now());
-        m.backends.push(Arc::clone(&b));
-        self.publish(&mut m);
-        self.emit(Event::BackendAdded {
-            backend: BackendView::of(&b),
-        });
-        Ok(b)
-    }
-
-    /// A backend of this pool, not yet in it: its settings, its queue.
-    fn member(&self, id: u64, spec: BackendSpec, spawn: Option<SpawnInfo>) -> Arc<Backend> {
-        let st = &self.settings;
-        Arc::new(
-            Backend::new(id, spec, st.ewma_alpha)
-                .in_pool(Arc::clone(&self.name), st, &self.link)
-                .with_spawn(spawn),
-        )
-    }
-
-    /// Removes a backend; its in-flight requests finish (their guards hold it).
-    pub(crate) fn remove(&self, id: u64) -> Result<Arc<Backend>, PoolError> {
-        let mut m = self.lock();
-        let pos = m
-            .backends
-            .iter()
-            .position(|b| b.id == id)
-            .ok_or(PoolError::NotFound(id))?;
-        let b = m.backends.remove(pos);
-        self.publish(&mut m);
-        self.emit(Event::BackendRemoved {
-            id,
-            backend: b.name.clone(),
-        });
-        Ok(b)
     }
 
     /// Changes weight and/or state; applies to the next pick.

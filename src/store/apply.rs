@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use super::model::Desired;
-use crate::pool::Pool;
+use crate::pool::{Apply, Pool, Source, Wanted};
 use crate::site::{Site, SiteError};
 
 /// Something of the store that could not be applied, with why.
@@ -27,7 +27,11 @@ pub(crate) fn apply(site: &Site, desired: Desired, first: bool) -> Result<Vec<Re
                 .map(|want| {
                     let kept = before.iter().find(|p| {
                         *p.name == *want.spec.name
-                            && crate::config::options::pool_restart_required(&p.settings, &want.spec.settings).is_empty()
+                            && crate::config::options::pool_restart_required(
+                                &p.settings,
+                                &want.spec.settings,
+                            )
+                            .is_empty()
                     });
                     let pool = match kept {
                         Some(p) => {
@@ -39,15 +43,24 @@ pub(crate) fn apply(site: &Site, desired: Desired, first: bool) -> Result<Vec<Re
                         }
                         // New, or settings fixed for a pool's life changed: a new pool
                         // (the old one finishes its requests in flight).
-                        None => Arc::new(Pool::new(&want.spec, Arc::clone(&site.hub))),
+                        None => {
+                            Arc::new(Pool::new(&want.spec, Arc::clone(&site.hub), Source::Store))
+                        }
                     };
                     let ramp = !first && kept.is_some();
-                    for (id, why) in pool.reconcile(&want.backends, ramp) {
-                        let key = keys
-                            .get(&id)
-                            .cloned()
-                            .unwrap_or_else(|| format!("backend {id}"));
-                        refused.push((key, why));
+                    let list = want.backends.iter().map(|(id, spec, state)| Wanted {
+                        spec: spec.clone(),
+                        id: Some(*id),
+                        state: Some(*state),
+                    });
+                    let how = Apply {
+                        ramp,
+                        remove_unlisted: true,
+                    };
+                    let changes = pool.set_members(Source::Store, list.collect(), how);
+                    for (url, id, why) in changes.refused {
+                        let key = id.and_then(|id| keys.get(&id).cloned());
+                        refused.push((key.unwrap_or(url), why));
                     }
                     pool
                 })
