@@ -1,4 +1,4 @@
-//! The process's file descriptors as a budget (`docs/operations.md`, "Connection caps").
+//! The process's file descriptors as a budget (`docs/operations.md`, "Limits").
 //!
 //! A client connection takes one descriptor, and each connection to a backend takes
 //! another; an HTTP/2 client with many requests in flight to HTTP/1.1 backends holds

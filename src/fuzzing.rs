@@ -1,4 +1,4 @@
-//! The fuzz targets' entry points (`fuzz/`, see `docs/testing.md`): each takes arbitrary
+//! The fuzz targets' entry points (`fuzz/`, see `docs/architecture.md`, "Tests and benchmarks"): each takes arbitrary
 //! bytes and checks what must hold whatever they are. A panic is a finding. Compiled
 //! for `cargo fuzz` (`--cfg fuzzing`) and for the unit test below, which replays every
 //! committed input, so an input that once failed stays a test case.

@@ -64,7 +64,7 @@ pub(crate) fn bind_workers(
 }
 
 /// How many connections each listener holds at most, and the descriptors the proxy
-/// side may hold (`docs/operations.md`, "Connection caps"). All come out of the
+/// side may hold (`docs/operations.md`, "Limits"). All come out of the
 /// open-file limit, apart, so neither listener, nor the backend connections, can take
 /// the descriptors the admin API and the health checks need.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

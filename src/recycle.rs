@@ -1,5 +1,5 @@
 //! A boxed future whose memory a worker thread keeps for the next one
-//! (`docs/performance.md`, "The request future's memory").
+//! (`docs/performance.md`, "The review's fixes").
 //!
 //! The fast path boxes each request's future (about 2.4 KiB): a connection must not hold
 //! that memory while it waits for its next request. But glibc serves blocks over 1 KiB

@@ -1,4 +1,4 @@
-//! What a lab run reports (`docs/lab.md`, "Reading the results"): one row per strategy
+//! What a lab run reports (`docs/lab.md`, "The runs"): one row per strategy
 //! (requests, errors, latency percentiles of the requests served, each backend's share),
 //! as a table, as JSON and as an SVG chart.
 

@@ -1,4 +1,4 @@
-//! Admin writes in fleet mode (`docs/fleet.md`, "Writes"): each one is an etcd
+//! Admin writes in fleet mode (`docs/fleet.md`, "How changes travel"): each one is an etcd
 //! transaction compared on the `mod_revision` of the objects it is based on, as this
 //! instance knows them. A write based on a stale revision changes nothing and gets the
 //! current value back; one that succeeds is answered once this instance has applied
