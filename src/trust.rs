@@ -25,15 +25,24 @@ pub(crate) fn canonical(ip: IpAddr) -> IpAddr {
     }
 }
 
-/// Every `X-Forwarded-For` entry, left to right, across all header lines.
+/// Every entry of the `X-Forwarded-For` lines `values`, left to right across them; a
+/// line that is not visible text (a `HeaderValue::to_str` would refuse it) counts for
+/// none.
+pub(crate) fn entries<'a>(
+    values: impl Iterator<Item = &'a [u8]>,
+) -> impl Iterator<Item = &'a [u8]> {
+    values
+        .filter(|v| v.iter().all(|&c| c == b'\t' || (0x20..0x7f).contains(&c)))
+        .flat_map(|v| v.split(|&c| c == b','))
+        .map(<[u8]>::trim_ascii)
+        .filter(|e| !e.is_empty())
+}
+
+/// Every `X-Forwarded-For` entry of `headers`, left to right across its lines.
 pub(crate) fn forwarded_entries(headers: &HeaderMap) -> impl Iterator<Item = &str> {
-    headers
-        .get_all(&X_FORWARDED_FOR)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|s| s.split(','))
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
+    let lines = headers.get_all(&X_FORWARDED_FOR).into_iter();
+    // `entries` only yields visible ASCII.
+    entries(lines.map(|v| v.as_bytes())).filter_map(|e| std::str::from_utf8(e).ok())
 }
 
 /// The client IP: the peer, unless the peer is trusted; then the right-most

@@ -7,8 +7,8 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 use super::hop;
 
+use crate::trust::canonical;
 pub(crate) use crate::trust::X_FORWARDED_FOR;
-use crate::trust::{canonical, forwarded_entries};
 /// `X-Forwarded-Proto`.
 pub(crate) const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 /// `X-Forwarded-Host`.
@@ -120,44 +120,222 @@ pub(crate) fn forwarded_value(peer: IpAddr) -> HeaderValue {
         .unwrap_or_else(|_| HeaderValue::from_static("unknown"))
 }
 
-/// Sets the forwarding headers of this hop: appends `peer` (see [`forwarded_value`]) to
-/// `X-Forwarded-For` (merging several incoming lines into one), and sets
-/// `X-Forwarded-Proto` (`https` for a request that came over TLS) and
-/// `X-Forwarded-Host` unless a trusted peer already did.
-pub(crate) fn set_forwarded(
-    headers: &mut HeaderMap,
-    peer: &HeaderValue,
-    peer_trusted: bool,
-    host: Option<&HeaderValue>,
-    https: bool,
-) {
-    if headers.contains_key(&X_FORWARDED_FOR) {
-        let mut xff = String::with_capacity(64);
-        for e in forwarded_entries(headers) {
-            xff.push_str(e);
-            xff.push_str(", ");
-        }
-        xff.push_str(peer.to_str().unwrap_or("unknown"));
-        if let Ok(v) = HeaderValue::from_str(&xff) {
-            headers.insert(X_FORWARDED_FOR, v);
-        }
-    } else {
-        headers.insert(X_FORWARDED_FOR, peer.clone());
+/// This hop, as a request's forwarding fields speak of it.
+#[derive(Clone, Copy)]
+pub(crate) struct Hop<'a> {
+    /// The peer as `X-Forwarded-For` appends it ([`forwarded_value`]).
+    pub(crate) peer: &'a HeaderValue,
+    /// The peer is a trusted proxy: its `X-Forwarded-Proto` and `X-Forwarded-Host`
+    /// stand.
+    pub(crate) peer_trusted: bool,
+    /// The authority the request is for: `X-Forwarded-Host` unless a trusted peer set
+    /// one (none when it has none).
+    pub(crate) host: Option<&'a HeaderValue>,
+    /// It came over TLS: `X-Forwarded-Proto: https`.
+    pub(crate) https: bool,
+    /// Its `X-Request-Id`, in place of any the client sent.
+    pub(crate) request_id: &'a [u8],
+}
+
+/// What this hop does to a request's fields (`docs/architecture.md`, "Headers"),
+/// decided once from the fields as they came, whatever form they are in, and carried out
+/// either on a header map ([`Forwarding::apply`]) or while the fields are written out
+/// ([`Forwarding::write`]), so that no rule exists twice:
+///
+/// - hop-by-hop fields go, and those `Connection` names ([`hop`]); an upgrade keeps
+///   `Connection: upgrade` and `Upgrade`;
+/// - `X-Forwarded-For` becomes one line: every entry received, then the peer;
+/// - `X-Forwarded-Proto` and `X-Forwarded-Host` are this hop's unless a trusted peer
+///   set them;
+/// - `X-Request-Id` is the request's.
+pub(crate) struct Forwarding<'a, 'f> {
+    sets: Sets<'a>,
+    /// What `Connection` names.
+    named: hop::Named<'f>,
+    upgrade: bool,
+}
+
+/// The fields this hop sets.
+#[derive(Clone, Copy)]
+struct Sets<'a> {
+    hop: Hop<'a>,
+    /// The trusted peer's `X-Forwarded-Proto` stays.
+    proto_kept: bool,
+    /// The trusted peer's `X-Forwarded-Host` stays.
+    host_kept: bool,
+}
+
+/// A request's header fields, in whatever form: each name as spelled, and its value, in
+/// order, as often as asked.
+pub(crate) trait FieldList<'f>: Copy {
+    /// The fields, in order.
+    fn fields(self) -> impl Iterator<Item = (&'f [u8], &'f [u8])>;
+}
+
+impl<'f> FieldList<'f> for &'f HeaderMap {
+    fn fields(self) -> impl Iterator<Item = (&'f [u8], &'f [u8])> {
+        self.iter()
+            .map(|(k, v)| (k.as_str().as_bytes(), v.as_bytes()))
     }
-    if !(peer_trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
-        let proto = if https { "https" } else { "http" };
-        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
+}
+
+impl<'f> FieldList<'f> for &'f ClientFields {
+    fn fields(self) -> impl Iterator<Item = (&'f [u8], &'f [u8])> {
+        self.iter()
     }
-    if !(peer_trusted && headers.contains_key(&X_FORWARDED_HOST)) {
-        match host {
-            Some(h) => {
-                headers.insert(X_FORWARDED_HOST, h.clone());
+}
+
+/// Whether `name` is `known`, in any case.
+#[inline]
+fn is(name: &[u8], known: &HeaderName) -> bool {
+    name.eq_ignore_ascii_case(known.as_str().as_bytes())
+}
+
+impl<'a, 'f> Forwarding<'a, 'f> {
+    /// Decides from `fields` (each name as spelled, and its value) as they came;
+    /// `upgrade` when the request switches protocols.
+    pub(crate) fn decide(
+        fields: impl FieldList<'f>,
+        hop: Hop<'a>,
+        upgrade: bool,
+    ) -> Forwarding<'a, 'f> {
+        let mut named = hop::Named::default();
+        for (name, value) in fields.fields() {
+            if hop::is_connection(name) {
+                named.add(value);
             }
-            None => {
-                headers.remove(&X_FORWARDED_HOST);
+        }
+        let mut f = Forwarding {
+            sets: Sets {
+                hop,
+                proto_kept: false,
+                host_kept: false,
+            },
+            named,
+            upgrade,
+        };
+        if hop.peer_trusted {
+            for (name, _) in fields.fields() {
+                if !f.is_hop_by_hop(name) {
+                    f.sets.proto_kept |= is(name, &X_FORWARDED_PROTO);
+                    f.sets.host_kept |= is(name, &X_FORWARDED_HOST);
+                }
             }
         }
+        f
     }
+
+    fn is_hop_by_hop(&self, name: &[u8]) -> bool {
+        hop::is_dropped(name, &self.named, self.upgrade)
+    }
+
+    /// Whether the field `name` goes on as it came.
+    #[inline]
+    pub(crate) fn keeps(&self, name: &[u8]) -> bool {
+        !(self.is_hop_by_hop(name)
+            || super::request_id::is_request_id(name)
+            || is(name, &X_FORWARDED_FOR)
+            || (is(name, &X_FORWARDED_PROTO) && !self.sets.proto_kept)
+            || (is(name, &X_FORWARDED_HOST) && !self.sets.host_kept))
+    }
+
+    /// Writes `fields` as this hop forwards them, one `name: value` line each (names in
+    /// lower case, as a header map writes them), then the fields it sets.
+    pub(crate) fn write(&self, fields: impl FieldList<'f>, out: &mut Vec<u8>) {
+        for (name, value) in fields.fields().filter(|(n, _)| self.keeps(n)) {
+            put_field_lowercase(out, name, value);
+        }
+        let sets = self.sets;
+        sets.each(|name, v| {
+            out.extend_from_slice(name.as_str().as_bytes());
+            out.extend_from_slice(b": ");
+            match v {
+                Added::ForwardedFor => sets.write_xff(fields, out),
+                Added::Value(v) => out.extend_from_slice(v.as_bytes()),
+                Added::RequestId => out.extend_from_slice(sets.hop.request_id),
+            }
+            out.extend_from_slice(b"\r\n");
+        });
+    }
+}
+
+impl<'a> Forwarding<'a, '_> {
+    /// Carries the rules out on `map`, the request's fields as they came.
+    pub(crate) fn apply(map: &mut HeaderMap, hop: Hop<'a>, upgrade: bool) {
+        let (sets, doomed, xff) = {
+            let fields: &HeaderMap = map;
+            let f = Forwarding::decide(fields, hop, upgrade);
+            let doomed: Vec<HeaderName> = (map.keys())
+                .filter(|k| !f.keeps(k.as_str().as_bytes()))
+                .cloned()
+                .collect();
+            let mut xff = Vec::with_capacity(64);
+            f.sets.write_xff(fields, &mut xff);
+            (f.sets, doomed, xff)
+        };
+        for name in doomed {
+            map.remove(&name);
+        }
+        if upgrade {
+            map.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        }
+        let xff = HeaderValue::from_maybe_shared(bytes::Bytes::from(xff));
+        sets.each(|name, v| {
+            let value = match (v, &xff) {
+                (Added::ForwardedFor, Ok(x)) => x.clone(),
+                (Added::ForwardedFor, Err(_)) => hop.peer.clone(),
+                (Added::Value(v), _) => v.clone(),
+                // Its characters are all valid in a field value (`RequestId`).
+                (Added::RequestId, _) => {
+                    HeaderValue::from_bytes(hop.request_id).unwrap_or(HeaderValue::from_static("-"))
+                }
+            };
+            map.insert(name.clone(), value);
+        });
+    }
+}
+
+impl Sets<'_> {
+    /// The value of `X-Forwarded-For` into `out`: every entry the request's lines hold,
+    /// left to right across them (as the client-IP rule reads them), then the peer.
+    fn write_xff<'f>(self, fields: impl FieldList<'f>, out: &mut Vec<u8>) {
+        let lines = fields
+            .fields()
+            .filter(|(n, _)| is(n, &X_FORWARDED_FOR))
+            .map(|(_, v)| v);
+        for e in crate::trust::entries(lines) {
+            out.extend_from_slice(e);
+            out.extend_from_slice(b", ");
+        }
+        out.extend_from_slice(self.hop.peer.as_bytes());
+    }
+
+    /// Each field this hop sets, after those that go on: `X-Forwarded-For`,
+    /// `X-Forwarded-Proto` and `X-Forwarded-Host` unless kept, `X-Request-Id`.
+    fn each(self, mut put: impl FnMut(&HeaderName, Added<'_>)) {
+        put(&X_FORWARDED_FOR, Added::ForwardedFor);
+        if !self.proto_kept {
+            let proto = if self.hop.https { "https" } else { "http" };
+            put(
+                &X_FORWARDED_PROTO,
+                Added::Value(&HeaderValue::from_static(proto)),
+            );
+        }
+        if let (false, Some(h)) = (self.host_kept, self.hop.host) {
+            put(&X_FORWARDED_HOST, Added::Value(h));
+        }
+        put(&super::request_id::X_REQUEST_ID, Added::RequestId);
+    }
+}
+
+/// A field [`Forwarding`] sets.
+enum Added<'v> {
+    /// `X-Forwarded-For`, made from the request's lines.
+    ForwardedFor,
+    /// This value.
+    Value(&'v HeaderValue),
+    /// The request's id.
+    RequestId,
 }
 
 /// Appends one `name: value` header line.
@@ -200,7 +378,7 @@ impl Spans {
 
     /// Name (as spelled in the head) and value of each field, in order.
     #[inline]
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> + Clone {
         self.spans.iter().map(|&(ns, nl, vs, vl)| {
             let (ns, nl, vs, vl) = (ns as usize, nl as usize, vs as usize, vl as usize);
             (&self.head[ns..ns + nl], &self.head[vs..vs + vl])
@@ -252,7 +430,7 @@ impl ClientFields {
     }
 
     /// Name (as spelled) and value of each field, in order.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> + Clone {
         self.0.iter()
     }
 
@@ -276,126 +454,43 @@ impl ClientFields {
         self.0.to_map(3)
     }
 
-    /// The fields as forwarded, as a header map: [`strip_hop_by_hop`] and
-    /// [`set_forwarded`] applied to [`Self::to_map`].
-    pub(crate) fn forwarded_map(
-        &self,
-        peer: &HeaderValue,
-        peer_trusted: bool,
-        host: Option<&HeaderValue>,
-    ) -> HeaderMap {
+    /// The fields as forwarded, as a header map (a hashing strategy reads its key from
+    /// it): [`Forwarding`] carried out on [`Self::to_map`].
+    pub(crate) fn forwarded_map(&self, hop: Hop<'_>) -> HeaderMap {
         let mut map = self.to_map();
-        strip_hop_by_hop(&mut map, false);
-        // Span fields are read from plain connections only (the fast path).
-        set_forwarded(&mut map, peer, peer_trusted, host, false);
+        Forwarding::apply(&mut map, hop, false);
         map
     }
 
-    /// Writes the fields as this hop forwards them, one `name: value` line each (names
-    /// in lower case, as a header map writes them): without hop-by-hop fields and those
-    /// `Connection` names, with `X-Forwarded-*` set as [`set_forwarded`] sets them, and
-    /// `host: default_host` when no `Host` field is left (HTTP/1.1 requires one), and
-    /// `x-request-id: request_id` in place of any the client sent. The fields of
-    /// [`Self::forwarded_map`] plus that `Host` and that id, in another order.
-    pub(crate) fn write_forwarded(
-        &self,
-        out: &mut Vec<u8>,
-        peer: &HeaderValue,
-        peer_trusted: bool,
-        host: Option<&HeaderValue>,
-        default_host: &str,
-        request_id: &[u8],
-    ) {
-        let mut named = hop::Named::default();
-        for (name, value) in self.iter() {
-            if hop::is_connection(name) {
-                named.add(value);
-            }
-        }
-        let mut has_xff = false;
-        let mut proto_kept = false;
-        let mut host_kept = false;
-        let mut has_host = false;
-        for (name, value) in self.iter() {
-            if hop::is_dropped(name, &named, false) || super::request_id::is_request_id(name) {
-                continue;
-            }
-            has_host |= name.eq_ignore_ascii_case(b"host");
-            if name.eq_ignore_ascii_case(X_FORWARDED_FOR.as_str().as_bytes()) {
-                has_xff = true;
-                continue; // merged into one line below
-            }
-            if name.eq_ignore_ascii_case(X_FORWARDED_PROTO.as_str().as_bytes()) {
-                if !peer_trusted {
-                    continue;
-                }
-                proto_kept = true;
-            } else if name.eq_ignore_ascii_case(X_FORWARDED_HOST.as_str().as_bytes()) {
-                if !peer_trusted {
-                    continue;
-                }
-                host_kept = true;
-            }
-            put_field_lowercase(out, name, value);
-        }
-        out.extend_from_slice(b"x-forwarded-for: ");
-        if has_xff {
-            // Every entry received, left to right across the lines, as
-            // `forwarded_entries` reads them (values that are not visible ASCII skipped).
-            for (name, value) in self.iter() {
-                if !name.eq_ignore_ascii_case(X_FORWARDED_FOR.as_str().as_bytes())
-                    || !value
-                        .iter()
-                        .all(|&c| c == b'\t' || (0x20..0x7f).contains(&c))
-                {
-                    continue;
-                }
-                for e in value.split(|&c| c == b',').map(<[u8]>::trim_ascii) {
-                    if !e.is_empty() {
-                        out.extend_from_slice(e);
-                        out.extend_from_slice(b", ");
-                    }
-                }
-            }
-        }
-        out.extend_from_slice(peer.as_bytes());
-        out.extend_from_slice(b"\r\n");
-        if !proto_kept {
-            put_field(out, b"x-forwarded-proto", b"http");
-        }
-        if let (false, Some(h)) = (host_kept, host) {
-            put_field(out, b"x-forwarded-host", h.as_bytes());
-        }
-        put_field(out, b"x-request-id", request_id);
-        if !has_host {
+    /// Writes the fields as this hop forwards them ([`Forwarding::write`]), and
+    /// `host: default_host` when the request has no `Host` (HTTP/1.1 requires one).
+    pub(crate) fn write_forwarded(&self, out: &mut Vec<u8>, hop: Hop<'_>, default_host: &str) {
+        Forwarding::decide(self, hop, false).write(self, out);
+        if hop.host.is_none() {
             put_field(out, b"host", default_host.as_bytes());
         }
     }
 }
 
-/// The fields a backend gets from the fast path's writer and from the map path, each as
-/// sorted `(name, value)` lines: the two must agree (the property test and the
-/// `header_rewrite` fuzz target check it).
+/// The fields a backend gets when [`Forwarding`] writes span fields out and when it is
+/// carried out on their header map, each as sorted `(name, value)` lines: the two must
+/// agree (the property test and the `header_rewrite` fuzz target check it).
 #[cfg(any(fuzzing, test))]
-pub(crate) fn both_rewrites(f: &ClientFields, trusted: bool) -> (Lines, Lines) {
+pub(crate) fn both_rewrites(f: &ClientFields, trusted: bool, https: bool) -> (Lines, Lines) {
     let peer = HeaderValue::from_static("127.0.0.1");
     let host = f.host();
+    let hop = Hop {
+        peer: &peer,
+        peer_trusted: trusted,
+        host: host.as_ref(),
+        https,
+        request_id: b"id-1",
+    };
     let mut out = Vec::new();
-    f.write_forwarded(
-        &mut out,
-        &peer,
-        trusted,
-        host.as_ref(),
-        "backend:80",
-        b"id-1",
-    );
-    // The map path: the same rules, then the backend's authority as Host when no Host
-    // is left (what `wire::write_head` is given), and the id as `Proxy::prepare` sets it.
-    let mut map = f.forwarded_map(&peer, trusted, host.as_ref());
-    map.insert(
-        super::request_id::X_REQUEST_ID,
-        HeaderValue::from_static("id-1"),
-    );
+    f.write_forwarded(&mut out, hop, "backend:80");
+    // The map path, then the backend's authority as Host when there is none (what
+    // `wire::write_head` is given).
+    let mut map = f.forwarded_map(hop);
     if !map.contains_key(header::HOST) {
         map.insert(header::HOST, HeaderValue::from_static("backend:80"));
     }
@@ -490,8 +585,10 @@ mod tests {
             let lines: Vec<(String, String)> =
                 lines.into_iter().map(|(n, v)| (n.to_string(), v.to_string())).collect();
             let f = client_fields(&lines);
-            let (written, mapped) = both_rewrites(&f, trusted);
-            proptest::prop_assert_eq!(written, mapped);
+            for https in [false, true] {
+                let (written, mapped) = both_rewrites(&f, trusted, https);
+                proptest::prop_assert_eq!(written, mapped);
+            }
         }
     }
 
@@ -556,14 +653,37 @@ mod tests {
         let mut h = map(&[
             ("x-forwarded-for", "1.1.1.1"),
             ("x-forwarded-for", "2.2.2.2, 3.3.3.3"),
+            ("x-forwarded-proto", "https"),
+            ("x-request-id", "theirs"),
         ]);
         let peer = forwarded_value("127.0.0.1".parse().unwrap());
-        set_forwarded(&mut h, &peer, false, None, false);
+        let hop = Hop {
+            peer: &peer,
+            peer_trusted: false,
+            host: None,
+            https: false,
+            request_id: b"ours",
+        };
+        Forwarding::apply(&mut h, hop, false);
         assert_eq!(h["x-forwarded-for"], "1.1.1.1, 2.2.2.2, 3.3.3.3, 127.0.0.1");
         assert_eq!(h.get_all("x-forwarded-for").iter().count(), 1);
-        assert_eq!(h["x-forwarded-proto"], "http");
-        set_forwarded(&mut h, &peer, false, None, true);
+        assert_eq!(
+            h["x-forwarded-proto"], "http",
+            "an untrusted peer's is replaced"
+        );
+        assert_eq!(h["x-request-id"], "ours");
+        let mut h = map(&[("x-forwarded-proto", "http")]);
+        let trusted = Hop {
+            peer_trusted: true,
+            ..hop
+        };
+        Forwarding::apply(&mut h, trusted, false);
+        assert_eq!(h["x-forwarded-proto"], "http", "a trusted peer's stands");
+        let mut h = HeaderMap::new();
+        let tls = Hop { https: true, ..hop };
+        Forwarding::apply(&mut h, tls, false);
         assert_eq!(h["x-forwarded-proto"], "https");
+        assert_eq!(h["x-forwarded-for"], "127.0.0.1");
     }
 
     #[test]

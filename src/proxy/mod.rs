@@ -181,6 +181,17 @@ struct Outgoing {
 }
 
 impl Outgoing {
+    /// This hop, as the request's forwarding fields speak of it.
+    fn hop(&self) -> headers::Hop<'_> {
+        headers::Hop {
+            peer: &self.peer.forwarded,
+            peer_trusted: self.peer_trusted,
+            host: self.host.as_ref(),
+            https: self.peer.tls,
+            request_id: self.id.as_bytes(),
+        }
+    }
+
     /// Whether the request may be sent again after its bytes have left: idempotent,
     /// without a body. Any request may be sent again when none of it left (a failed
     /// connect), as nginx and Envoy retry it.
@@ -236,8 +247,7 @@ struct Turn {
 /// fast path, prepared for the inline exchange) get the rules [`Proxy::prepare`] gives a
 /// map, and `Host` the authority the request is for.
 fn forwarded_fields(f: &headers::ClientFields, req: &Outgoing) -> http::HeaderMap {
-    let mut map = f.forwarded_map(&req.peer.forwarded, req.peer_trusted, req.host.as_ref());
-    map.insert(request_id::X_REQUEST_ID, req.id.header_value());
+    let mut map = f.forwarded_map(req.hop());
     if let Some(h) = &req.host {
         map.insert(header::HOST, h.clone());
     }
@@ -586,10 +596,15 @@ impl Proxy {
                 headers::merge_cookies(map);
                 req.sticky = sticky::take(map, cookie);
             }
-            headers::strip_hop_by_hop(map, req.client_upgrade.is_some());
-            let (peer, trusted, host) = (&req.peer.forwarded, req.peer_trusted, req.host.as_ref());
-            headers::set_forwarded(map, peer, trusted, host, req.peer.tls);
-            map.insert(request_id::X_REQUEST_ID, req.id.header_value());
+            let hop = headers::Hop {
+                peer: &req.peer.forwarded,
+                peer_trusted: req.peer_trusted,
+                host: req.host.as_ref(),
+                https: req.peer.tls,
+                request_id: req.id.as_bytes(),
+            };
+            let upgrade = req.client_upgrade.is_some();
+            headers::Forwarding::apply(map, hop, upgrade);
         }
         // The backend pool speaks HTTP/1.1 whatever the client spoke.
         head.version = Version::HTTP_11;
@@ -785,8 +800,7 @@ impl Proxy {
         let fields = match &req.head.fields {
             RequestFields::Map(m) => m,
             RequestFields::Spans(f) => {
-                forwarded =
-                    f.forwarded_map(&req.peer.forwarded, req.peer_trusted, req.host.as_ref());
+                forwarded = f.forwarded_map(req.hop());
                 &forwarded
             }
         };
@@ -1040,14 +1054,7 @@ fn write_inline_head(out: &mut Vec<u8>, req: &Outgoing, authority: &str) {
     let target = req.target.as_str();
     match &req.head.fields {
         RequestFields::Spans(f) => wire::write_head_with(out, method, target, |out| {
-            f.write_forwarded(
-                out,
-                &req.peer.forwarded,
-                req.peer_trusted,
-                req.host.as_ref(),
-                authority,
-                req.id.as_bytes(),
-            )
+            f.write_forwarded(out, req.hop(), authority)
         }),
         RequestFields::Map(map) => {
             let default_host = (!map.contains_key(header::HOST)).then_some(authority);
