@@ -32,7 +32,7 @@ use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderName, HeaderValue};
 use http::{Method, StatusCode, Uri, Version};
 use http_body::Body;
-use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
 use crate::deadline::Deadline;
@@ -94,9 +94,15 @@ struct Parsed {
     close: bool,
 }
 
-/// Serves `stream` until it closes or must go to hyper.
-pub(crate) async fn serve(
-    stream: &mut TcpStream,
+/// A client connection's byte stream: a TCP socket, or TLS over one.
+pub(crate) trait ClientIo: AsyncRead + AsyncWrite + Unpin {}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> ClientIo for S {}
+
+/// Serves `stream` (plain, or TLS once its handshake is done) until it closes or must go
+/// to hyper.
+pub(crate) async fn serve<S: ClientIo>(
+    stream: &mut S,
     proxy: &'static Proxy,
     peer: &Peer,
     header_timeout: Duration,
@@ -194,10 +200,10 @@ struct ConnState {
 impl ConnState {
     /// Reads until a whole request head the fast path serves is in `buf`; otherwise how
     /// the connection leaves the fast path (a hand-off, a refusal, a close).
-    async fn read_head<S: Future>(
+    async fn read_head<S: ClientIo, F: Future>(
         &mut self,
-        stream: &mut TcpStream,
-        mut stopped: Pin<&mut S>,
+        stream: &mut S,
+        mut stopped: Pin<&mut F>,
         stop: &Stopping,
     ) -> Result<Box<Parsed>, Outcome> {
         self.deadline
@@ -275,7 +281,7 @@ enum ReadResult {
 /// A read through `AsyncRead` (unlike `try_read`) lets tokio drop the socket's
 /// readiness after a short read, so the next wait costs no `recv` that can only fail
 /// with `EAGAIN`. The scratch buffer is borrowed within one poll, never across a wait.
-async fn read_some(stream: &mut TcpStream, buf: &mut BytesMut) -> ReadResult {
+async fn read_some<S: ClientIo>(stream: &mut S, buf: &mut BytesMut) -> ReadResult {
     poll_fn(|cx| {
         SCRATCH_BUF.with(|s| {
             let mut s = s.borrow_mut();
@@ -404,8 +410,8 @@ pub(crate) fn fuzz_client_head(data: &[u8], check_rewrite: bool) {
     let _ = (rh.host(), rh.size());
     if check_rewrite && !refused {
         if let RequestFields::Spans(f) = &rh.fields {
-            for trusted in [false, true] {
-                let (written, mapped) = crate::proxy::headers::both_rewrites(f, trusted);
+            for (trusted, https) in [(false, false), (true, false), (false, true)] {
+                let (written, mapped) = crate::proxy::headers::both_rewrites(f, trusted, https);
                 assert_eq!(
                     written, mapped,
                     "the fast path and the map path forward alike"
@@ -450,15 +456,15 @@ enum Framing {
 /// The client of a fast-path connection while an answer goes out to it: its socket,
 /// the bytes it sends meanwhile (kept for the next request) and whether it half-closed,
 /// and the connection's timer, which bounds each write by the send timeout.
-struct Client<'a> {
-    stream: &'a mut TcpStream,
+struct Client<'a, S> {
+    stream: &'a mut S,
     buf: &'a mut BytesMut,
     eof: &'a mut bool,
     deadline: &'a mut Deadline,
     send_timeout: Duration,
 }
 
-impl Client<'_> {
+impl<S: ClientIo> Client<'_, S> {
     /// Writes `resp`; returns whether the connection may carry another request.
     async fn write_response(
         &mut self,
@@ -486,7 +492,12 @@ impl Client<'_> {
     /// answer). A write the socket takes at once touches no timer: the deadline moves
     /// only when a write has to wait.
     async fn send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
-        let write = self.stream.write_all(bytes);
+        // Flushed: TLS keeps records its socket could not take yet (a no-op on TCP).
+        let stream = &mut *self.stream;
+        let write = async move {
+            stream.write_all(bytes).await?;
+            stream.flush().await
+        };
         tokio::pin!(write);
         if let Poll::Ready(r) = poll_fn(|cx| Poll::Ready(write.as_mut().poll(cx))).await {
             return r;
@@ -707,11 +718,6 @@ impl<S> Rewind<S> {
     /// `inner`, whose next bytes are `pre`.
     pub(crate) fn new(pre: Bytes, inner: S) -> Rewind<S> {
         Rewind { pre, inner }
-    }
-
-    /// The stream behind the bytes.
-    pub(crate) fn inner(&self) -> &S {
-        &self.inner
     }
 }
 

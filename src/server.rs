@@ -271,7 +271,7 @@ impl Connections {
                 timeouts,
             };
             match tls {
-                None => conn.serve_plain(stream, client, held).await,
+                None => conn.serve_h1(stream, client, held).await,
                 Some(acceptor) => conn.serve_tls(stream, acceptor, client, held).await,
             }
         });
@@ -370,33 +370,42 @@ async fn client_of(
     })
 }
 
-/// A TLS connection's opening: the handshake, then its first bytes (the first request
-/// on HTTP/1.1, the preface on HTTP/2), read here so that a stop signal arriving before
-/// hyper has read them does not close a connection whose client already sent a request
-/// (a graceful close ends only connections with nothing read). Both are bounded by the
-/// request-head timeout; `None` when the client fails or leaves.
-async fn tls_opening(
+/// The TLS handshake of a client connection, bounded by [`HEADER_TIMEOUT`]; `None` when
+/// it fails or is late (logged).
+async fn tls_handshake(
     acceptor: tokio_rustls::TlsAcceptor,
     stream: tokio::net::TcpStream,
     peer: SocketAddr,
-) -> Option<crate::front::Rewind<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>> {
-    use tokio::io::AsyncReadExt;
-    let opening = async {
-        let mut tls = acceptor.accept(stream).await?;
-        let mut first = vec![0u8; 4096];
-        let n = tls.read(&mut first).await?;
-        first.truncate(n);
-        Ok::<_, std::io::Error>((tls, first))
-    };
-    match tokio::time::timeout(HEADER_TIMEOUT, opening).await {
-        Ok(Ok((_, first))) if first.is_empty() => None,
-        Ok(Ok((tls, first))) => Some(crate::front::Rewind::new(first.into(), tls)),
+) -> Option<tokio_rustls::server::TlsStream<tokio::net::TcpStream>> {
+    match tokio::time::timeout(HEADER_TIMEOUT, acceptor.accept(stream)).await {
+        Ok(Ok(tls)) => Some(tls),
         Ok(Err(e)) => {
-            tracing::debug!(error = %e, %peer, "TLS connection failed before its first request");
+            tracing::debug!(error = %e, %peer, "TLS handshake failed");
             None
         }
         Err(_) => {
-            tracing::debug!(%peer, "TLS handshake or first request timed out");
+            tracing::debug!(%peer, "TLS handshake timed out");
+            None
+        }
+    }
+}
+
+/// The first bytes of a TLS connection, read within [`HEADER_TIMEOUT`] and put back in
+/// front of it; `None` when the client leaves or is late.
+async fn first_bytes<S: crate::front::ClientIo>(
+    mut tls: S,
+    peer: SocketAddr,
+) -> Option<crate::front::Rewind<S>> {
+    use tokio::io::AsyncReadExt as _;
+    let mut first = vec![0u8; 4096];
+    match tokio::time::timeout(HEADER_TIMEOUT, tls.read(&mut first)).await {
+        Ok(Ok(n)) if n > 0 => {
+            first.truncate(n);
+            Some(crate::front::Rewind::new(first.into(), tls))
+        }
+        Ok(_) => None,
+        Err(_) => {
+            tracing::debug!(%peer, "no HTTP/2 preface in time");
             None
         }
     }
@@ -411,14 +420,12 @@ struct ClientConn<'a> {
 }
 
 impl ClientConn<'_> {
-    /// Serves a plain connection: the fast path first, then hyper for what the fast path
-    /// hands over (`docs/architecture.md`, "Server protocol").
-    async fn serve_plain(
-        self,
-        mut stream: tokio::net::TcpStream,
-        client: crate::proxy::Peer,
-        held: Held,
-    ) {
+    /// Serves an HTTP/1 connection, plain or TLS: the fast path first, then hyper for
+    /// what the fast path hands over (`docs/architecture.md`, "Server protocol").
+    async fn serve_h1<S>(self, mut stream: S, client: crate::proxy::Peer, held: Held)
+    where
+        S: crate::front::ClientIo + Send + 'static,
+    {
         let peer = client.addr;
         let outcome =
             crate::front::serve(&mut stream, self.proxy, &client, HEADER_TIMEOUT, self.stop).await;
@@ -426,7 +433,11 @@ impl ClientConn<'_> {
             crate::front::Outcome::Closed => return,
             crate::front::Outcome::Refused(answer) => {
                 // Short, but the client may have stopped reading after pipelined requests.
-                let write = tokio::io::AsyncWriteExt::write_all(&mut stream, answer);
+                use tokio::io::AsyncWriteExt as _;
+                let write = async {
+                    stream.write_all(answer).await?;
+                    stream.shutdown().await
+                };
                 let _ = tokio::time::timeout(self.timeouts.send, write).await;
                 return;
             }
@@ -439,7 +450,8 @@ impl ClientConn<'_> {
         }
     }
 
-    /// Serves an HTTPS connection: its handshake and first bytes, then hyper.
+    /// Serves an HTTPS connection: its handshake, then HTTP/2 (by ALPN) through hyper,
+    /// or HTTP/1 as a plain connection is served.
     async fn serve_tls(
         self,
         stream: tokio::net::TcpStream,
@@ -448,11 +460,18 @@ impl ClientConn<'_> {
         held: Held,
     ) {
         let peer = client.addr;
-        let Some(io) = tls_opening(acceptor, stream, peer).await else {
+        let Some(tls) = tls_handshake(acceptor, stream, peer).await else {
             return;
         };
-        let h2 = io.inner().get_ref().1.alpn_protocol() == Some(b"h2");
-        if let Err(e) = self.serve_hyper(io, client, held, h2).await {
+        if tls.get_ref().1.alpn_protocol() != Some(b"h2") {
+            return self.serve_h1(tls, client, held).await;
+        }
+        // The preface is read here, so that a stop arriving before hyper has read it
+        // does not close a connection whose client already sent it.
+        let Some(io) = first_bytes(tls, peer).await else {
+            return;
+        };
+        if let Err(e) = self.serve_hyper(io, client, held, true).await {
             tracing::debug!(error = %e, %peer, "client connection ended with an error");
         }
     }
