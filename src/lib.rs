@@ -23,6 +23,7 @@ pub mod fuzzing;
 #[cfg(all(test, not(fuzzing)))]
 mod fuzzing;
 pub(crate) mod health;
+pub(crate) mod hyper_front;
 pub(crate) mod lab;
 pub(crate) mod lab_run;
 pub(crate) mod listeners;

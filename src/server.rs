@@ -499,7 +499,7 @@ impl ClientConn<'_> {
             let http1 = req.version() != http::Version::HTTP_2;
             let (client, stop) = (client.clone(), stop.clone());
             async move {
-                let mut r = proxy.handle(req, client).await;
+                let mut r = crate::hyper_front::handle(proxy, req, client).await;
                 if stop.is_stopping() && http1 {
                     r.headers_mut().insert(
                         http::header::CONNECTION,

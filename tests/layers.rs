@@ -1,15 +1,18 @@
 //! Layers that only point down (`docs/architecture.md`, "Layers"): every `crate::` path
-//! in `src/` names a module of a lower layer than its own.
+//! in `src/` names a module of a lower layer than its own, and inside the request core
+//! (`src/proxy/`) every `super::` path names a module below its own.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-/// The layer of each top-level module, read from the `layers` block of the document.
-fn layers(doc: &str) -> BTreeMap<String, u32> {
+/// The layer of each module, read from the block of the document fenced as `tag`
+/// (`layers` for the top-level modules, `proxy-layers` for the request core's).
+fn layers_of(doc: &str, tag: &str) -> BTreeMap<String, u32> {
+    let fence = format!("```{tag}\n");
     let start = doc
-        .find("```layers\n")
-        .expect("docs/architecture.md has a layers block")
-        + 10;
+        .find(&fence)
+        .unwrap_or_else(|| panic!("docs/architecture.md has a {tag} block"))
+        + fence.len();
     let end = start + doc[start..].find("```").expect("the layers block ends");
     let mut out = BTreeMap::new();
     for line in doc[start..end].lines() {
@@ -39,7 +42,11 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 
 /// The code of a file that counts: comments and the tests beside the code left out.
 fn code(text: &str) -> String {
-    let text = match text.find("#[cfg(test)]\nmod ") {
+    let test_mod = ["#[cfg(test)]\nmod ", "#[cfg(test)]\npub(crate) mod "]
+        .iter()
+        .filter_map(|m| text.find(m))
+        .min();
+    let text = match test_mod {
         Some(i) => &text[..i],
         None => text,
     };
@@ -49,9 +56,19 @@ fn code(text: &str) -> String {
         .join("\n")
 }
 
+/// The layer of each top-level module.
+fn layers(doc: &str) -> BTreeMap<String, u32> {
+    layers_of(doc, "layers")
+}
+
 /// Every module named after `crate::` in `code`.
 fn imports(code: &str) -> Vec<&str> {
-    code.match_indices("crate::")
+    after(code, "crate::")
+}
+
+/// Every path segment named after `prefix` in `code`.
+fn after<'c>(code: &'c str, prefix: &str) -> Vec<&'c str> {
+    code.match_indices(prefix)
         .filter(|(i, _)| {
             // Not a suffix of a longer path segment (`my_crate::`).
             !code[..*i]
@@ -60,7 +77,7 @@ fn imports(code: &str) -> Vec<&str> {
                 .is_some_and(|c| c.is_alphanumeric() || c == '_')
         })
         .map(|(i, _)| {
-            let rest = &code[i + 7..];
+            let rest = &code[i + prefix.len()..];
             let end = rest
                 .find(|c: char| !(c.is_alphanumeric() || c == '_'))
                 .unwrap_or(rest.len());
@@ -110,6 +127,53 @@ fn violations(src: &Path, layers: &BTreeMap<String, u32>) -> Vec<String> {
     bad.sort();
     bad.dedup();
     bad
+}
+
+/// The violations inside the request core at `dir` (`src/proxy`) against `layers`: a
+/// module's `super::` and `crate::proxy::` paths must name modules of a lower layer;
+/// `mod.rs`, the core itself, may import them all.
+fn core_violations(dir: &Path, layers: &BTreeMap<String, u32>) -> Vec<String> {
+    let mut bad = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let f = e.unwrap().path();
+        let name = f.file_stem().unwrap().to_string_lossy().to_string();
+        if name == "mod" || f.extension().is_none_or(|x| x != "rs") {
+            continue;
+        }
+        let Some(&own) = layers.get(&name) else {
+            bad.push(format!("proxy/{name}.rs: module `{name}` has no layer"));
+            continue;
+        };
+        let code = code(&std::fs::read_to_string(&f).unwrap());
+        let mut named = after(&code, "super::");
+        named.extend(after(&code, "crate::proxy::"));
+        for m in named {
+            match layers.get(m) {
+                Some(&theirs) if theirs < own => {}
+                Some(&theirs) => bad.push(format!(
+                    "proxy/{name}.rs: `{name}` (layer {own}) imports `{m}` (layer {theirs})"
+                )),
+                None => bad.push(format!(
+                    "proxy/{name}.rs: `{m}` is not a module below `{name}` (the core's own items stay in mod.rs)"
+                )),
+            }
+        }
+    }
+    bad.sort();
+    bad.dedup();
+    bad
+}
+
+#[test]
+fn the_request_core_imports_point_down() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(root.join("docs/architecture.md")).unwrap();
+    let bad = core_violations(&root.join("src/proxy"), &layers_of(&doc, "proxy-layers"));
+    assert!(
+        bad.is_empty(),
+        "imports inside src/proxy against its layers:\n{}",
+        bad.join("\n")
+    );
 }
 
 #[test]

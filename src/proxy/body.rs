@@ -1,4 +1,5 @@
-//! Body types of the request path: no boxing, no buffering.
+//! The request body on its way upstream: the client's stream, whichever front end
+//! read it, counted and cut at `max_request_body`. No boxing, no buffering.
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -8,10 +9,6 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
-
-use super::upstream::{Conn, Upstreams};
-use super::wire::WireBody;
-use crate::backend::RequestGuard;
 
 /// How far a client's upload has gone, as the upstream exchange saw it at its last
 /// read of the client's body. A timeout with the upload unfinished is the client's
@@ -62,39 +59,44 @@ impl std::fmt::Display for BodyTooLarge {
 
 impl std::error::Error for BodyTooLarge {}
 
-/// What keeps a request accounted for until its response has been received whole.
+/// A client's request body, whichever front end read it: the request path streams it
+/// upstream without knowing the protocol it came in. hyper's server (HTTP/1 requests
+/// with a body, HTTP/2) is the one front end that reads bodies today; another front end
+/// adds its own stream inside this type, and nothing above it changes.
 #[derive(Debug)]
-pub(crate) struct Hold {
-    /// The backend's in-flight slot.
-    pub(crate) guard: RequestGuard,
-    /// The proxy-wide shedding slot, when shedding is on; held for its drop.
-    pub(crate) _permit: Option<crate::proxy::ShedPermit>,
-    /// The upstream connection, returned to its pool once the body has been read whole.
-    pub(crate) conn: Option<(Conn, &'static Upstreams)>,
-    /// How far the request body has gone (`None`: there was none).
-    pub(crate) upload: Option<Arc<Upload>>,
-    /// The request's record, written when the hold is released.
-    pub(crate) finish: Option<(super::Finish, &'static super::Recorder)>,
-}
+pub(crate) struct ClientBody(Incoming);
 
-impl Drop for Hold {
-    fn drop(&mut self) {
-        if let Some((fin, rec)) = self.finish.take() {
-            rec.finish(&fin, Some(self.guard.backend()));
-        }
+impl ClientBody {
+    /// The body of a request hyper's server read.
+    pub(crate) fn hyper(inner: Incoming) -> ClientBody {
+        ClientBody(inner)
     }
 }
 
-impl Hold {
-    /// The response was received whole. The connection can serve another request unless
-    /// the backend answered before the upload ended; that connection is closed instead.
-    fn complete(mut self) {
-        let uploaded = self.upload.as_ref().is_none_or(|u| u.is_done());
-        if let (Some((conn, pool)), true) = (self.conn.take(), uploaded) {
-            pool.checkin(conn);
-        }
+impl Body for ClientBody {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    #[inline]
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let r = Pin::new(&mut self.get_mut().0).poll_frame(cx);
+        r.map(|o| o.map(|f| f.map_err(Into::into)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.0.size_hint()
     }
 }
+
+/// The error of a body on the request path: a stream broke off, or grew too large.
+pub(crate) type BodyError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The body sent upstream: the client's stream, or nothing (a replayable request).
 #[derive(Debug)]
@@ -102,7 +104,7 @@ pub(crate) enum ReqBody {
     /// The client's body, streamed through; `upload` follows its progress.
     Stream {
         /// The client's body.
-        inner: Incoming,
+        inner: ClientBody,
         /// How far it has gone.
         upload: Arc<Upload>,
         /// Bytes it may still carry (`max_request_body`); `u64::MAX` without a limit.
@@ -115,7 +117,7 @@ pub(crate) enum ReqBody {
 impl ReqBody {
     /// Streams `inner` through, noting when it ends, and cutting it when it carries
     /// more than `limit` bytes.
-    pub(crate) fn streaming(inner: Incoming, limit: Option<u64>) -> ReqBody {
+    pub(crate) fn streaming(inner: ClientBody, limit: Option<u64>) -> ReqBody {
         ReqBody::Stream {
             inner,
             upload: Arc::default(),
@@ -164,7 +166,7 @@ impl Body for ReqBody {
                     Poll::Ready(_) => upload.set(Upload::MOVING),
                     Poll::Pending => upload.set(Upload::WAITING_ON_CLIENT),
                 }
-                r.map(|o| o.map(|f| f.map_err(Into::into)))
+                r
             }
             ReqBody::Empty => Poll::Ready(None),
         }
@@ -181,150 +183,6 @@ impl Body for ReqBody {
         match self {
             ReqBody::Stream { inner, .. } => inner.size_hint(),
             ReqBody::Empty => SizeHint::with_exact(0),
-        }
-    }
-}
-
-/// The body sent to the client: the backend's stream, or a short answer of our own.
-#[derive(Debug)]
-pub(crate) enum RespBody {
-    /// The backend's body; `hold` is released the moment it has been read whole, fails,
-    /// or the body is dropped (client gone).
-    Upstream {
-        /// The backend's body.
-        inner: Incoming,
-        /// Released at the end of the stream.
-        /// Boxed: it is large, and a response body is moved around by value.
-        hold: Option<Box<Hold>>,
-    },
-    /// The backend's body, read from its socket as it is polled (see `wire`).
-    Wire {
-        /// The body and its connection.
-        inner: WireBody,
-        /// Released at the end of the stream.
-        hold: Option<Box<Hold>>,
-        /// Where the connection goes back when the body has been read whole.
-        pool: &'static Upstreams,
-    },
-    /// A short answer of fulcrum's own.
-    Full(Option<Bytes>),
-}
-
-/// The error of a response body: the backend's stream broke off.
-pub(crate) type BodyError = Box<dyn std::error::Error + Send + Sync>;
-
-impl RespBody {
-    /// Wraps a backend body; an already-finished one releases its hold at once.
-    pub(crate) fn upstream(inner: Incoming, hold: Hold) -> RespBody {
-        let hold = if inner.is_end_stream() {
-            hold.complete();
-            None
-        } else {
-            Some(Box::new(hold))
-        };
-        RespBody::Upstream { inner, hold }
-    }
-
-    /// Wraps a body read inline; an already-finished one releases its hold and its
-    /// connection at once.
-    pub(crate) fn wire(mut inner: WireBody, hold: Hold, pool: &'static Upstreams) -> RespBody {
-        let hold = if inner.is_end_stream() {
-            if let Some(w) = inner.take_reusable() {
-                pool.checkin_wire(w);
-            }
-            hold.complete();
-            None
-        } else {
-            Some(Box::new(hold))
-        };
-        RespBody::Wire { inner, hold, pool }
-    }
-
-    /// A fixed body.
-    pub(crate) fn full(b: impl Into<Bytes>) -> RespBody {
-        RespBody::Full(Some(b.into()))
-    }
-
-    /// No body.
-    pub(crate) fn empty() -> RespBody {
-        RespBody::Full(None)
-    }
-}
-
-impl Body for RespBody {
-    type Data = Bytes;
-    type Error = BodyError;
-
-    #[inline]
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
-        match self.get_mut() {
-            RespBody::Wire { inner, hold, pool } => {
-                let r = inner.poll_frame(cx);
-                match &r {
-                    Poll::Ready(Some(Ok(_))) if !inner.is_end_stream() => {}
-                    Poll::Ready(Some(Ok(_)) | None) => {
-                        if let Some(w) = inner.take_reusable() {
-                            pool.checkin_wire(w);
-                        }
-                        if let Some(h) = hold.take() {
-                            h.complete();
-                        }
-                    }
-                    Poll::Ready(Some(Err(_))) => {
-                        if let Some(mut h) = hold.take() {
-                            h.guard.fail();
-                        }
-                    }
-                    Poll::Pending => {}
-                }
-                r.map_err(Into::into)
-            }
-            RespBody::Upstream { inner, hold } => {
-                let r = Pin::new(&mut *inner).poll_frame(cx);
-                match &r {
-                    Poll::Ready(Some(Ok(_))) => {
-                        if inner.is_end_stream() {
-                            if let Some(h) = hold.take() {
-                                h.complete();
-                            }
-                        }
-                    }
-                    Poll::Ready(Some(Err(_))) => {
-                        // A broken body: the connection is dropped, not pooled.
-                        if let Some(mut h) = hold.take() {
-                            h.guard.fail();
-                        }
-                    }
-                    Poll::Ready(None) => {
-                        if let Some(h) = hold.take() {
-                            h.complete();
-                        }
-                    }
-                    Poll::Pending => {}
-                }
-                r.map_err(Into::into)
-            }
-            RespBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match self {
-            RespBody::Wire { inner, .. } => inner.is_end_stream(),
-            RespBody::Upstream { inner, .. } => inner.is_end_stream(),
-            RespBody::Full(b) => b.is_none(),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self {
-            RespBody::Wire { inner, .. } => inner.size_hint(),
-            RespBody::Upstream { inner, .. } => inner.size_hint(),
-            RespBody::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
-            RespBody::Full(None) => SizeHint::with_exact(0),
         }
     }
 }

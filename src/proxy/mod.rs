@@ -1,6 +1,7 @@
 //! The request path: admit, prepare, pick, forward, stream back
 //! (`docs/architecture.md`, "The request path").
 
+mod answer;
 mod body;
 pub(crate) mod headers;
 pub(crate) mod hop;
@@ -8,6 +9,7 @@ pub(crate) mod message;
 pub(crate) mod record;
 pub(crate) mod request_id;
 mod sticky;
+mod tunnel;
 mod upstream;
 mod validate;
 mod wire;
@@ -18,23 +20,23 @@ pub(crate) use validate::check as validate_head;
 pub(crate) use wire::{fuzz_chunked, fuzz_response};
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::Either;
 use http::header::{self, HeaderValue};
 use http::uri::{PathAndQuery, Uri};
-use http::{Method, Request, Response, StatusCode, Version};
-use http_body::Body as _;
-use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
+use http::{Method, Request, StatusCode, Version};
 use ipnet::IpNet;
 
-pub(crate) use body::{BodyError, Hold, ReqBody, RespBody};
-pub(crate) use message::{ProxyResponse, RequestFields, RequestHead, ResponseFields, ResponseHead};
+use answer::Answer;
+pub(crate) use answer::{Hold, ProxyResponse, RespBody, ShedPermit};
+pub(crate) use body::{BodyError, ClientBody, ReqBody};
+pub(crate) use message::{RequestFields, RequestHead, ResponseFields, ResponseHead};
 pub(crate) use record::{Finish, Pending, Recorder};
 use request_id::RequestId;
+pub(crate) use tunnel::ClientUpgrade;
 pub(crate) use upstream::{Failure, Upstreams};
 
 use crate::config::Settings;
@@ -75,16 +77,6 @@ impl ProxySettings {
             send_timeout: s.send_timeout,
             upgrade_protocols: s.upgrade_protocols.clone().into(),
         }
-    }
-}
-
-/// A slot in the proxy-wide in-flight count used for shedding.
-#[derive(Debug)]
-pub(crate) struct ShedPermit(Arc<AtomicUsize>);
-
-impl Drop for ShedPermit {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -157,9 +149,9 @@ struct Outgoing {
     /// The pool its route sends it to, held until the request ends.
     pool: Arc<Pool>,
     head: RequestHead,
-    body: Option<Incoming>,
+    body: Option<ClientBody>,
     /// The client side's half of an upgrade, when one is asked for.
-    client_upgrade: Option<hyper::upgrade::OnUpgrade>,
+    client_upgrade: Option<ClientUpgrade>,
     /// The target as forwarded (origin form).
     target: PathAndQuery,
     /// The authority the request is for ([`RequestHead::host`]): what the backend gets
@@ -213,21 +205,6 @@ impl Outgoing {
                 }
                 *map = parts.headers;
             }
-        }
-    }
-}
-
-/// A backend's answer, from hyper's client or from an inline exchange.
-enum Answer {
-    Hyper(Response<Incoming>, upstream::Conn),
-    Wire(ResponseHead, wire::WireBody),
-}
-
-impl Answer {
-    fn status(&self) -> StatusCode {
-        match self {
-            Answer::Hyper(r, _) => r.status(),
-            Answer::Wire(h, _) => h.status,
         }
     }
 }
@@ -397,28 +374,9 @@ impl Proxy {
             .then(|| crate::trust::is_trusted(&self.settings.trusted_proxies, peer))
     }
 
-    /// Proxies one request hyper's server parsed; `peer` is the connection's client.
-    pub(crate) async fn handle(
-        &self,
-        mut req: Request<Incoming>,
-        peer: Peer,
-    ) -> Response<RespBody> {
-        // Only the protocols `upgrade_protocols` names are tunnelled; any other
-        // `Upgrade` is dropped with the hop-by-hop fields, and the request goes on as
-        // plain HTTP (an `h2c` tunnel would carry requests past every rule of this hop).
-        let upgrade = req.version() == Version::HTTP_11
-            && headers::is_upgrade_request(req.headers())
-            && headers::keep_upgrades(req.headers_mut(), &self.settings.upgrade_protocols);
-        let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
-        let (parts, body) = req.into_parts();
-        // An empty body is not forwarded as a stream: such a request can be replayed.
-        let body = (!body.is_end_stream()).then_some(body);
-        let head = RequestHead::from_parts(parts);
-        let who = self.identify(&head, &peer);
-        let id = who.1.clone();
-        let mut r = self.serve(head, body, client_upgrade, peer, who).await;
-        r.head.request_id = Some(id);
-        r.into_http()
+    /// `upgrade_protocols`: the protocols an `Upgrade` is tunnelled for, in lower case.
+    pub(crate) fn upgrade_protocols(&self) -> &[String] {
+        &self.settings.upgrade_protocols
     }
 
     /// The peer's trust (its forwarding fields are believed) and the request's id: a
@@ -452,8 +410,8 @@ impl Proxy {
     pub(crate) fn serve(
         &self,
         head: RequestHead,
-        body: Option<Incoming>,
-        client_upgrade: Option<hyper::upgrade::OnUpgrade>,
+        body: Option<ClientBody>,
+        client_upgrade: Option<ClientUpgrade>,
         peer: Peer,
         (trusted, id): (bool, RequestId),
     ) -> impl std::future::Future<Output = ProxyResponse> + '_ {
@@ -559,12 +517,7 @@ impl Proxy {
         if max == 0 {
             return Ok(None);
         }
-        let now = self.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
-        let permit = ShedPermit(Arc::clone(&self.in_flight));
-        if now > max {
-            return Err(());
-        }
-        Ok(Some(permit))
+        ShedPermit::take(&self.in_flight, max).map(Some).ok_or(())
     }
 
     /// Applies this hop's rules to the head (see `docs/architecture.md`, "Headers"):
@@ -951,12 +904,10 @@ impl Proxy {
             guard.fail();
         }
         guard.outcome(!failed);
-        if let (Answer::Hyper(resp, _), Some(client_upgrade)) =
-            (&mut answer, req.client_upgrade.take())
-        {
+        if let (Some(fields), Some(client_upgrade)) = (answer.map(), req.client_upgrade.take()) {
             let allowed = &self.settings.upgrade_protocols;
             if status == StatusCode::SWITCHING_PROTOCOLS
-                && !headers::switches_to_allowed(resp.headers(), allowed)
+                && !headers::switches_to_allowed(fields, allowed)
             {
                 // A tunnel to another protocol than the one asked for is not opened.
                 tracing::warn!(backend = %guard.backend().name, "the backend switched to a protocol upgrade_protocols does not name; answered 502");
@@ -964,15 +915,15 @@ impl Proxy {
                 return self.own(fin, Some(guard.backend()), r);
             }
             if status == StatusCode::SWITCHING_PROTOCOLS {
-                fin.finish(Some(guard.backend()));
-                let upstream_upgrade = hyper::upgrade::on(&mut *resp);
-                let fields = std::mem::take(resp.headers_mut());
-                let fd = match answer {
-                    Answer::Hyper(_, conn) => conn.detach(),
-                    Answer::Wire(..) => None,
+                answer = match answer.into_upgrade() {
+                    Ok((upstream_upgrade, fields, fd)) => {
+                        fin.finish(Some(guard.backend()));
+                        let held = (guard, fd);
+                        tokio::spawn(tunnel::tunnel(client_upgrade, upstream_upgrade, held));
+                        return ProxyResponse::new(status, fields, RespBody::empty());
+                    }
+                    Err(inline) => *inline,
                 };
-                tokio::spawn(tunnel(client_upgrade, upstream_upgrade, (guard, fd)));
-                return ProxyResponse::new(status, fields, RespBody::empty());
             }
         }
         let set_cookie = match req.stuck {
@@ -986,39 +937,11 @@ impl Proxy {
             upload,
             finish: Some(fin.hand_off()),
         };
-        let mut r = self.with_body(answer, hold);
+        let mut r = answer.into_response(hold, self.upstreams);
         if let Some(c) = set_cookie {
             r.head.append_field(header::SET_COOKIE, c);
         }
         r
-    }
-
-    /// The client's answer: the backend's head, and its body wrapped with `hold`.
-    fn with_body(&self, answer: Answer, mut hold: Hold) -> ProxyResponse {
-        let status = answer.status();
-        match answer {
-            Answer::Hyper(resp, conn) => {
-                let (mut parts, body) = resp.into_parts();
-                headers::strip_hop_by_hop(&mut parts.headers, false);
-                hold.conn = Some((conn, self.upstreams));
-                let head = ResponseHead {
-                    request_id: None,
-                    status,
-                    version: parts.version,
-                    reason: parts.extensions.remove(),
-                    fields: ResponseFields::Map(parts.headers),
-                };
-                ProxyResponse {
-                    head,
-                    body: RespBody::upstream(body, hold),
-                }
-            }
-            // Its hop-by-hop fields were left out as it was parsed.
-            Answer::Wire(head, body) => ProxyResponse {
-                head,
-                body: RespBody::wire(body, hold, self.upstreams),
-            },
-        }
     }
 
     /// Records an answer of fulcrum's own and returns it.
@@ -1128,31 +1051,4 @@ fn to_h2(r: &mut Request<ReqBody>, backend: &Backend) {
         r.headers_mut()
             .insert(header::TE, HeaderValue::from_static("trailers"));
     }
-}
-
-/// Joins an upgraded client connection with the upgraded backend connection. The
-/// backend's in-flight slot and its connection's descriptor are held for as long as the
-/// tunnel lives.
-async fn tunnel(
-    client: hyper::upgrade::OnUpgrade,
-    upstream: hyper::upgrade::OnUpgrade,
-    held: (
-        crate::backend::RequestGuard,
-        Option<crate::descriptors::Descriptor>,
-    ),
-) {
-    let (c, u) = tokio::join!(client, upstream);
-    match (c, u) {
-        (Ok(c), Ok(u)) => {
-            let mut c = TokioIo::new(c);
-            let mut u = TokioIo::new(u);
-            let _ = tokio::io::copy_bidirectional(&mut c, &mut u).await;
-        }
-        (c, u) => tracing::debug!(
-            client_ok = c.is_ok(),
-            upstream_ok = u.is_ok(),
-            "upgrade failed"
-        ),
-    }
-    drop(held);
 }

@@ -7,7 +7,8 @@
 use http::header;
 use http::{Method, StatusCode, Version};
 
-use super::message::{ProxyResponse, RequestFields, RequestHead};
+use super::answer::ProxyResponse;
+use super::message::{RequestFields, RequestHead};
 
 /// Why a request head is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -14,7 +14,7 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use http::header::{self, HeaderMap, HeaderValue};
+use http::header::HeaderMap;
 use http::{Method, StatusCode, Version};
 use http_body::{Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
@@ -23,7 +23,7 @@ use tokio::time::Instant;
 
 use super::headers::{put_field, Spans};
 use super::hop;
-use super::message::{ResponseFields, ResponseHead};
+use super::message::{Fields, ResponseFields, ResponseHead};
 use crate::deadline::Deadline;
 use crate::stats::BadAnswer;
 
@@ -199,45 +199,6 @@ impl Wire {
 
 type Head = (ResponseHead, Framing, bool);
 
-/// The header fields of a response head read inline, as spans of the head's own bytes,
-/// without its hop-by-hop fields and without `Content-Length` (kept parsed in
-/// [`Fields::length`]). The client-side fast path writes them straight out; hyper's
-/// server gets a header map made from them ([`Fields::into_map`]). Building that map for
-/// every answer (a `HeaderName` lookup, a shared `Bytes` slice and a hashed insert per
-/// field, then tearing it down) was a sixth of a proxied request's instructions.
-#[derive(Debug, Default)]
-pub(crate) struct Fields {
-    spans: Spans,
-    /// The length the backend stated (one value however many lines carried it), unless
-    /// `Transfer-Encoding` overrides it.
-    pub(crate) length: Option<u64>,
-    /// Whether the backend sent a `Date`.
-    pub(crate) has_date: bool,
-}
-
-impl Fields {
-    /// Name (as the backend spelled it) and value of each field, in order.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
-        self.spans.iter()
-    }
-
-    /// The value of the first field named `name` (lower case); `Content-Length` is
-    /// [`Self::length`].
-    pub(crate) fn value(&self, name: &[u8]) -> Option<HeaderValue> {
-        self.spans.value(name)
-    }
-
-    /// The fields as a header map (values still slices of the head), with one
-    /// `Content-Length` line when there is a length.
-    pub(crate) fn into_map(self) -> HeaderMap {
-        let mut map = self.spans.to_map(1);
-        if let Some(n) = self.length {
-            map.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
-        }
-        map
-    }
-}
-
 /// Parses a response head at the start of `buf` and takes it out of `buf`; `Ok(None)`
 /// (and `buf` untouched) when it is incomplete. Its fields stay slices of the head's own
 /// bytes ([`Fields`]); hop-by-hop fields are dropped on the way.
@@ -300,11 +261,7 @@ fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, BadAn
     let head = buf.split_to(len).freeze();
     let facts = read_fields(&head, &spans[..count], http11).map_err(malformed)?;
     let (framing, length, close) = framing(method, status, &facts, http11).map_err(malformed)?;
-    let fields = Fields {
-        spans: Spans::new(head, facts.kept),
-        length,
-        has_date: facts.has_date,
-    };
+    let fields = Fields::new(Spans::new(head, facts.kept), length, facts.has_date);
     let head = ResponseHead {
         request_id: None,
         status,
@@ -826,6 +783,7 @@ fn decode_chunked(input: &[u8], cuts: &[usize]) -> Result<Vec<u8>, ()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::header::{self, HeaderValue};
     use proptest::prelude::*;
 
     fn encode(pieces: &[Vec<u8>]) -> Vec<u8> {
