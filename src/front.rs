@@ -82,7 +82,7 @@ enum Head {
     /// Not for the fast path: hand the connection to hyper.
     Other,
     /// A request the fast path serves.
-    Ready(Box<Parsed>),
+    Ready(Parsed),
 }
 
 struct Parsed {
@@ -129,7 +129,7 @@ pub(crate) async fn serve<S: ClientIo>(
             Err(outcome) => return outcome,
         };
         let close = parsed.close;
-        let request = match take_request(&mut conn.buf, *parsed) {
+        let request = match take_request(&mut conn.buf, parsed) {
             Ok(r) => r,
             Err(handoff) => return handoff,
         };
@@ -141,7 +141,7 @@ pub(crate) async fn serve<S: ClientIo>(
         // request) are kept, up to one head's worth.
         let who = proxy.identify(&request, peer);
         let id = who.1.clone();
-        let fut = proxy.serve(request, None, None, peer.clone(), who);
+        let fut = proxy.serve(request, None, None, peer, who);
         let mut fut = crate::recycle::Recycled::new(fut);
         let (buf, eof) = (&mut conn.buf, &mut conn.eof);
         let mut resp = loop {
@@ -169,7 +169,9 @@ pub(crate) async fn serve<S: ClientIo>(
             deadline: &mut conn.deadline,
             send_timeout: proxy.send_timeout(),
         };
-        match client.write_response(resp, head_only, keep).await {
+        let written = client.write_response(&mut resp, head_only, keep).await;
+        drop(resp);
+        match written {
             Ok(true) => {}
             Ok(false) | Err(_) => return Outcome::Closed,
         }
@@ -205,7 +207,7 @@ impl ConnState {
         stream: &mut S,
         mut stopped: Pin<&mut F>,
         stop: &Stopping,
-    ) -> Result<Box<Parsed>, Outcome> {
+    ) -> Result<Parsed, Outcome> {
         self.deadline
             .set(tokio::time::Instant::now() + self.header_timeout);
         loop {
@@ -372,13 +374,13 @@ fn parse(buf: &[u8]) -> Head {
         },
         _ => return Head::Other,
     };
-    Head::Ready(Box::new(Parsed {
+    Head::Ready(Parsed {
         len,
         method,
         target: span(path.as_bytes()),
         fields: out,
         close,
-    }))
+    })
 }
 
 /// The request's head, its target and fields slices of `head` (no copies).
@@ -403,7 +405,7 @@ pub(crate) fn fuzz_client_head(data: &[u8], check_rewrite: bool) {
     };
     assert!(p.len <= data.len(), "a head longer than its input");
     let head = Bytes::copy_from_slice(&data[..p.len]);
-    let Some(rh) = request_head(head, *p) else {
+    let Some(rh) = request_head(head, p) else {
         return;
     };
     let refused = crate::proxy::validate_head(&rh).is_err();
@@ -465,14 +467,15 @@ struct Client<'a, S> {
 }
 
 impl<S: ClientIo> Client<'_, S> {
-    /// Writes `resp`; returns whether the connection may carry another request.
+    /// Writes `resp`; returns whether the connection may carry another request. By
+    /// reference: the answer stays where the caller has it rather than being copied
+    /// into this future.
     async fn write_response(
         &mut self,
-        resp: ProxyResponse,
+        resp: &mut ProxyResponse,
         head_only: bool,
         keep: bool,
     ) -> std::io::Result<bool> {
-        let mut resp = resp;
         let mut out: Vec<u8> = Vec::with_capacity(512);
         let framing = write_head(&mut out, &resp.head, &resp.body, head_only, keep);
         // Written out: the head's fields (and the backend's head they point into) go
@@ -803,7 +806,7 @@ mod tests {
         }
     }
 
-    fn ready(buf: &[u8]) -> Option<Box<Parsed>> {
+    fn ready(buf: &[u8]) -> Option<Parsed> {
         match parse(buf) {
             Head::Ready(p) => Some(p),
             _ => None,
@@ -817,7 +820,7 @@ mod tests {
         assert_eq!(p.method, Method::GET);
         assert!(!p.close);
         let head = Bytes::from_static(b"GET /a?b=1 HTTP/1.1\r\nHost: x\r\nX-A: 1\r\n\r\n");
-        let mut request = request_head(head, *p).unwrap();
+        let mut request = request_head(head, p).unwrap();
         assert_eq!(request.uri, "/a?b=1");
         assert!(matches!(request.fields, RequestFields::Spans(_)));
         assert_eq!(request.host().unwrap(), "x");

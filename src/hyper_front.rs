@@ -30,7 +30,7 @@ pub(crate) async fn handle(
     let head = RequestHead::from_parts(parts);
     let who = proxy.identify(&head, &peer);
     let id = who.1.clone();
-    let mut r = proxy.serve(head, body, client_upgrade, peer, who).await;
+    let mut r = proxy.serve(head, body, client_upgrade, &peer, who).await;
     r.head.request_id = Some(id);
     r.into_http()
 }

@@ -118,7 +118,9 @@ async fn h2_over_tls_to_a_backend_is_chosen_by_alpn() {
             backend.addr.port()
         ),
     );
-    let f = Fulcrum::start(&["--config", cfg.to_str().unwrap()]);
+    // One worker: each worker keeps its own upstream connections, and the client's
+    // connection could otherwise land on either.
+    let f = Fulcrum::start(&["--config", cfg.to_str().unwrap(), "--workers", "1"]);
     let c = client();
     for _ in 0..5 {
         let r = get(&c, &f.url("/")).await;

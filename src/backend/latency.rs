@@ -15,8 +15,15 @@ const NEVER: u64 = u64::MAX;
 /// estimates. One `Instant::now()`.
 #[inline]
 pub fn clock_ns() -> u64 {
+    clock_ns_at(Instant::now())
+}
+
+/// [`clock_ns`] at `now`, for a caller that has read the clock already.
+#[inline]
+pub fn clock_ns_at(now: Instant) -> u64 {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
-    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+    let epoch = *EPOCH.get_or_init(|| now);
+    now.saturating_duration_since(epoch).as_nanos() as u64
 }
 
 /// How many estimate cells a backend has for the strategies ([`Estimates`]).

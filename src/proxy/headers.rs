@@ -155,6 +155,13 @@ pub(crate) struct Forwarding<'a, 'f> {
     upgrade: bool,
 }
 
+/// The lengths of the names of every field a [`Forwarding`] may leave out by itself:
+/// the hop-by-hop ones (`te`; `trailer`, `upgrade`; `connection`, `keep-alive`;
+/// `proxy-connection`; `transfer-encoding`; `proxy-authorization`) and those this hop
+/// sets (`x-request-id`, `x-forwarded-for`, `x-forwarded-host`, `x-forwarded-proto`).
+/// A test holds it to the names.
+const DROPPED_LENGTHS: [usize; 8] = [2, 7, 10, 12, 15, 16, 17, 19];
+
 /// The fields this hop sets.
 #[derive(Clone, Copy)]
 struct Sets<'a> {
@@ -232,6 +239,11 @@ impl<'a, 'f> Forwarding<'a, 'f> {
     /// Whether the field `name` goes on as it came.
     #[inline]
     pub(crate) fn keeps(&self, name: &[u8]) -> bool {
+        // Most fields are kept, and most are known to be by their length alone: no
+        // field this hop drops or sets has it (unless `Connection` names it).
+        if self.named.is_empty() && !DROPPED_LENGTHS.contains(&name.len()) {
+            return true;
+        }
         !(self.is_hop_by_hop(name)
             || super::request_id::is_request_id(name)
             || is(name, &X_FORWARDED_FOR)
@@ -532,6 +544,22 @@ fn sorted_map(map: &HeaderMap) -> Lines {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_field_left_out_has_a_length_the_quick_check_looks_at() {
+        let set = [
+            X_FORWARDED_FOR,
+            X_FORWARDED_PROTO,
+            X_FORWARDED_HOST,
+            super::super::request_id::X_REQUEST_ID,
+        ];
+        let names = hop::FIXED
+            .iter()
+            .map(|n| String::from_utf8_lossy(n).into_owned());
+        for name in names.chain(set.iter().map(|n| n.as_str().to_string())) {
+            assert!(DROPPED_LENGTHS.contains(&name.len()), "{name}");
+        }
+    }
 
     fn map(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();

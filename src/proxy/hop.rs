@@ -11,7 +11,7 @@
 
 /// Fields that are hop-by-hop by themselves, in lower case. The fields a `Connection`
 /// field names are hop-by-hop too. `Upgrade` is kept only on an upgrade.
-const FIXED: [&[u8]; 8] = [
+pub(crate) const FIXED: [&[u8]; 8] = [
     b"connection",
     b"keep-alive",
     b"proxy-connection",

@@ -145,7 +145,7 @@ pub(crate) struct Peer {
 /// A request on its way to a backend, as [`Proxy::prepare`] leaves it: its head with
 /// this hop's rules applied (to the map at once; to span fields as they are written
 /// out), its body, and what the attempts need to know about it.
-struct Outgoing {
+struct Outgoing<'p> {
     /// The pool its route sends it to, held until the request ends.
     pool: Arc<Pool>,
     head: RequestHead,
@@ -157,7 +157,8 @@ struct Outgoing {
     /// The authority the request is for ([`RequestHead::host`]): what the backend gets
     /// as `Host` and `X-Forwarded-Host`.
     host: Option<HeaderValue>,
-    peer: Peer,
+    /// The client, as its connection knows it (borrowed: a request does not copy it).
+    peer: &'p Peer,
     peer_trusted: bool,
     /// Exchanged inline: no body, no upgrade, idempotent (so that a pooled connection
     /// found closed can be replaced by a new one).
@@ -172,7 +173,7 @@ struct Outgoing {
     id: RequestId,
 }
 
-impl Outgoing {
+impl Outgoing<'_> {
     /// This hop, as the request's forwarding fields speak of it.
     fn hop(&self) -> headers::Hop<'_> {
         headers::Hop {
@@ -223,7 +224,7 @@ struct Turn {
 /// A request's fields as forwarded, as a map: span fields (a bodiless request from the
 /// fast path, prepared for the inline exchange) get the rules [`Proxy::prepare`] gives a
 /// map, and `Host` the authority the request is for.
-fn forwarded_fields(f: &headers::ClientFields, req: &Outgoing) -> http::HeaderMap {
+fn forwarded_fields(f: &headers::ClientFields, req: &Outgoing<'_>) -> http::HeaderMap {
     let mut map = f.forwarded_map(req.hop());
     if let Some(h) = &req.host {
         map.insert(header::HOST, h.clone());
@@ -407,14 +408,14 @@ impl Proxy {
     /// Not an `async fn`: a refusal is answered at once, and a request that is admitted
     /// is the [`Self::forward`] future itself, one level of future less to move the
     /// answer through.
-    pub(crate) fn serve(
-        &self,
+    pub(crate) fn serve<'a>(
+        &'a self,
         head: RequestHead,
         body: Option<ClientBody>,
         client_upgrade: Option<ClientUpgrade>,
-        peer: Peer,
+        peer: &'a Peer,
         (trusted, id): (bool, RequestId),
-    ) -> impl std::future::Future<Output = ProxyResponse> + '_ {
+    ) -> impl std::future::Future<Output = ProxyResponse> + 'a {
         let mut fin = Pending::new(
             Finish {
                 started: Instant::now(),
@@ -526,7 +527,7 @@ impl Proxy {
     /// hop-by-hop fields removed, `X-Forwarded-*` set, HTTP/1.1 towards the backend.
     /// Span fields are only ever exchanged inline and get the same rules as they are
     /// written out; any other request gets its fields as a map first.
-    fn prepare(&self, req: &mut Outgoing) {
+    fn prepare(&self, req: &mut Outgoing<'_>) {
         let head = &mut req.head;
         req.inline =
             req.body.is_none() && req.client_upgrade.is_none() && is_idempotent(&head.method);
@@ -568,7 +569,7 @@ impl Proxy {
     /// failure.
     async fn forward(
         &self,
-        mut req: Outgoing,
+        mut req: Outgoing<'_>,
         mut fin: Pending,
         mut permit: Option<ShedPermit>,
     ) -> ProxyResponse {
@@ -652,7 +653,7 @@ impl Proxy {
     /// queue is full, or the wait ran out.
     async fn wait_turn(
         &self,
-        req: &Outgoing,
+        req: &Outgoing<'_>,
         fin: &mut Pending,
         turn: Turn,
         deadline: &mut Option<tokio::time::Instant>,
@@ -685,7 +686,7 @@ impl Proxy {
     /// the one the panic counter counts.
     fn pick(
         &self,
-        req: &mut Outgoing,
+        req: &mut Outgoing<'_>,
         tried: &mut Vec<u64>,
         fresh: bool,
     ) -> Result<RequestGuard, NoPick> {
@@ -748,7 +749,7 @@ impl Proxy {
     /// The request key of a hashing strategy, read from the fields as forwarded: the
     /// client IP rule sees the same right-most untrusted entry either way, and HTTP/2
     /// cookies are joined by then. Span fields are made into a map for it.
-    fn request_key(&self, req: &Outgoing, source: crate::strategy::KeySource) -> u64 {
+    fn request_key(&self, req: &Outgoing<'_>, source: crate::strategy::KeySource) -> u64 {
         let forwarded;
         let fields = match &req.head.fields {
             RequestFields::Map(m) => m,
@@ -772,7 +773,7 @@ impl Proxy {
     /// fields can be moved rather than copied).
     async fn attempt(
         &self,
-        req: &mut Outgoing,
+        req: &mut Outgoing<'_>,
         mut guard: RequestGuard,
         fin: &mut Pending,
         permit: &mut Option<ShedPermit>,
@@ -792,8 +793,11 @@ impl Proxy {
         let (result, upload) = self.exchange(req, &backend, keep).await;
         match result {
             Ok((answer, sent_at)) => {
-                let upstream_time = sent_at.elapsed() + injected_delay;
-                crate::strategy::record_latency(&backend, upstream_time);
+                // One clock read for the sample and its time stamp.
+                let now = Instant::now();
+                let upstream_time = now.saturating_duration_since(sent_at) + injected_delay;
+                let at = crate::backend::clock_ns_at(now);
+                crate::strategy::record_latency_at(&backend, upstream_time, at);
                 fin.upstream = Some(upstream_time);
                 Ok(self.respond(req, answer, guard, fin, permit.take(), upload))
             }
@@ -839,7 +843,7 @@ impl Proxy {
     /// that tells when an upload has been sent whole.
     async fn exchange(
         &self,
-        req: &mut Outgoing,
+        req: &mut Outgoing<'_>,
         backend: &Backend,
         keep: bool,
     ) -> (
@@ -890,7 +894,7 @@ impl Proxy {
     /// until it has been read whole.
     fn respond(
         &self,
-        req: &mut Outgoing,
+        req: &mut Outgoing<'_>,
         mut answer: Answer,
         mut guard: RequestGuard,
         fin: &mut Pending,
@@ -972,7 +976,7 @@ fn within_body_limit(head: &RequestHead, pool: &Pool) -> Result<(), Refusal> {
 /// Writes the head of an inline request: the request line and the fields as this hop
 /// forwards them. HTTP/1.1 needs a Host; a request that has none (HTTP/1.0) gets the
 /// backend's `authority`.
-fn write_inline_head(out: &mut Vec<u8>, req: &Outgoing, authority: &str) {
+fn write_inline_head(out: &mut Vec<u8>, req: &Outgoing<'_>, authority: &str) {
     let method = &req.head.method;
     let target = req.target.as_str();
     match &req.head.fields {
@@ -989,7 +993,7 @@ fn write_inline_head(out: &mut Vec<u8>, req: &Outgoing, authority: &str) {
 /// The request for one attempt through hyper's client. Only a request without a body
 /// can have several attempts, so the body (when there is one) goes with the first and
 /// only attempt; the last attempt takes the fields, earlier ones copy them.
-fn build_upstream(req: &mut Outgoing, backend: &Backend, keep: bool) -> Request<ReqBody> {
+fn build_upstream(req: &mut Outgoing<'_>, backend: &Backend, keep: bool) -> Request<ReqBody> {
     let req_body = match req.body.take() {
         Some(inner) => ReqBody::streaming(inner, req.pool.settings.max_request_body),
         None => ReqBody::Empty,

@@ -197,19 +197,28 @@ impl Recorder {
 // about 10 % of a worker's throughput in its generic formatter (timestamp, field
 // visitors, float formatting); this costs a few hundred nanoseconds.
 
-/// Appends `n` in decimal.
-fn push_u64(buf: &mut Vec<u8>, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
+/// Appends `n` in decimal. Most numbers of a log line (a status, an address's octets,
+/// milliseconds, retries) have one to three digits: those are written as arrays of a
+/// known length, which the compiler stores in place, where a copy of a run of unknown
+/// length is a `memcpy` call.
+fn push_u64(buf: &mut Vec<u8>, n: u64) {
+    let digit = |d: u64| b'0' + (d % 10) as u8;
+    match n {
+        0..=9 => buf.push(digit(n)),
+        10..=99 => buf.extend_from_slice(&[digit(n / 10), digit(n)]),
+        100..=999 => buf.extend_from_slice(&[digit(n / 100), digit(n / 10), digit(n)]),
+        _ => {
+            let mut digits = [0u8; 20];
+            let mut i = digits.len();
+            let mut n = n;
+            while n > 0 {
+                i -= 1;
+                digits[i] = digit(n);
+                n /= 10;
+            }
+            buf.extend_from_slice(&digits[i..]);
         }
     }
-    buf.extend_from_slice(&digits[i..]);
 }
 
 /// Appends `d` as milliseconds with three decimals (`1.018`).
@@ -404,6 +413,11 @@ mod tests {
         push_ms(&mut b, Duration::from_micros(2_005));
         push_u64(&mut b, 0);
         assert_eq!(b, b"2.0050");
+        for n in [9, 10, 99, 100, 999, 1000, 65_535, u64::MAX] {
+            let mut b = Vec::new();
+            push_u64(&mut b, n);
+            assert_eq!(b, n.to_string().as_bytes());
+        }
     }
 
     #[test]

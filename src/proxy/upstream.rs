@@ -555,20 +555,21 @@ impl Upstreams {
         loop {
             // After a stale pooled connection, a new one: others pooled as long may be
             // just as stale.
+            // One clock read serves the pooled connection's age and the send time.
+            let now = Instant::now();
             let pooled = if replaced_stale {
                 None
             } else {
-                self.pop_wire(b.id)
+                self.pop_wire(b.id, now)
             };
-            let wire = match pooled {
-                Some(w) => w,
+            let (wire, sent_at) = match pooled {
+                Some(w) => (w, now),
                 None => {
                     let (stream, fd) = self.dial(b).await?;
-                    Wire::new(stream, b.id, fd)
+                    (Wire::new(stream, b.id, fd), Instant::now())
                 }
             };
             let reused = wire.reused;
-            let sent_at = Instant::now();
             let by = tokio::time::Instant::from_std(sent_at + timeout);
             match wire.exchange(head, method, by).await {
                 Err(WireError::Timeout) => return Err(Failure::Timeout),
@@ -590,11 +591,13 @@ impl Upstreams {
         }
     }
 
-    fn pop_wire(&self, backend: u64) -> Option<Wire> {
+    /// The most recently pooled inline connection to `backend` that is idle and has
+    /// not been idle longer than [`IDLE_TIMEOUT`] at `now`.
+    fn pop_wire(&self, backend: u64, now: Instant) -> Option<Wire> {
         let mut wires = self.wires.lock().unwrap_or_else(|e| e.into_inner());
         let list = wires.get_mut(&backend)?;
         while let Some((w, since)) = list.pop() {
-            if since.elapsed() < IDLE_TIMEOUT && w.is_idle() {
+            if now.saturating_duration_since(since) < IDLE_TIMEOUT && w.is_idle() {
                 return Some(w);
             }
         }

@@ -30,6 +30,7 @@ use std::sync::Arc;
 use crate::backend::Backend;
 
 pub use estimate::record_latency;
+pub(crate) use estimate::record_latency_at;
 pub use key::{request_key, KeySource};
 pub(crate) use least_conn::LeastConnections;
 pub(crate) use least_time::LeastResponseTime;
