@@ -562,7 +562,7 @@ impl Upstreams {
             } else {
                 self.pop_wire(b.id, now)
             };
-            let (wire, sent_at) = match pooled {
+            let (mut wire, sent_at) = match pooled {
                 Some(w) => (w, now),
                 None => {
                     let (stream, fd) = self.dial(b).await?;
@@ -573,7 +573,10 @@ impl Upstreams {
             let by = tokio::time::Instant::from_std(sent_at + timeout);
             match wire.exchange(head, method, by).await {
                 Err(WireError::Timeout) => return Err(Failure::Timeout),
-                Ok((head, body)) => return Ok((head, body, sent_at)),
+                Ok(answered) => {
+                    let (head, body) = wire.into_body(answered);
+                    return Ok((head, body, sent_at));
+                }
                 Err(WireError::Silent | WireError::Unsent) if reused && !replaced_stale => {
                     replaced_stale = true
                 }

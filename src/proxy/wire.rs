@@ -115,13 +115,15 @@ impl Wire {
 
     /// Sends a request head (the request has no body) and reads the response head, both
     /// by `by` ([`WireError::Timeout`] after). `head` is the serialised request;
-    /// `method` decides whether a body follows.
+    /// `method` decides whether a body follows. The body is still to be read:
+    /// [`Wire::into_body`]. By reference: the connection stays in the caller's future
+    /// instead of being moved into this one and back.
     pub(crate) async fn exchange(
-        mut self,
+        &mut self,
         head: &[u8],
         method: &Method,
         by: Instant,
-    ) -> Result<(ResponseHead, WireBody), WireError> {
+    ) -> Result<Answered, WireError> {
         self.deadline.set(by);
         tokio::select! {
             biased;
@@ -148,7 +150,7 @@ impl Wire {
                 }
                 let silent = self.buf.is_empty() && !answered;
                 let filled = std::future::poll_fn(|cx| {
-                    if let Poll::Ready(r) = poll_fill(&mut self, cx) {
+                    if let Poll::Ready(r) = poll_fill(self, cx) {
                         return Poll::Ready(Some(r));
                     }
                     self.deadline.poll_expired(cx).map(|()| None)
@@ -171,13 +173,22 @@ impl Wire {
                 answered = true;
                 continue;
             }
-            let body = WireBody {
-                wire: Some(self),
+            return Ok(Answered {
+                head,
                 framing,
                 keep,
-            };
-            return Ok((head, body));
+            });
         }
+    }
+
+    /// The body of the answer `exchange` read the head of, read from this connection.
+    pub(crate) fn into_body(self, a: Answered) -> (ResponseHead, WireBody) {
+        let body = WireBody {
+            wire: Some(self),
+            framing: a.framing,
+            keep: a.keep,
+        };
+        (a.head, body)
     }
 
     /// Whether this pooled connection can take a request: the backend has neither closed
@@ -198,6 +209,13 @@ impl Wire {
 }
 
 type Head = (ResponseHead, Framing, bool);
+
+/// A response head an exchange read, with what its body's reading needs.
+pub(crate) struct Answered {
+    head: ResponseHead,
+    framing: Framing,
+    keep: bool,
+}
 
 /// Parses a response head at the start of `buf` and takes it out of `buf`; `Ok(None)`
 /// (and `buf` untouched) when it is incomplete. Its fields stay slices of the head's own
