@@ -100,12 +100,14 @@ pub(crate) trait ClientIo: AsyncRead + AsyncWrite + Unpin {}
 impl<S: AsyncRead + AsyncWrite + Unpin> ClientIo for S {}
 
 /// Serves `stream` (plain, or TLS once its handshake is done) until it closes or must go
-/// to hyper.
+/// to hyper. The first head must be whole by `first_by` (the connection's opening, a TLS
+/// handshake included, shares one head timeout); each later one within `header_timeout`
+/// of the answer before it.
 pub(crate) async fn serve<S: ClientIo>(
     stream: &mut S,
     proxy: &'static Proxy,
     peer: &Peer,
-    header_timeout: Duration,
+    (first_by, header_timeout): (tokio::time::Instant, Duration),
     stop: &Stopping,
 ) -> Outcome {
     let mut conn = ConnState {
@@ -113,7 +115,7 @@ pub(crate) async fn serve<S: ClientIo>(
         eof: false,
         served: false,
         stop_seen: false,
-        deadline: Deadline::new(tokio::time::Instant::now() + header_timeout),
+        deadline: Deadline::new(first_by),
         header_timeout,
     };
     // One wait for the stop signal per connection, not one per request (each wait
@@ -176,8 +178,10 @@ pub(crate) async fn serve<S: ClientIo>(
             Ok(false) | Err(_) => return Outcome::Closed,
         }
         if !keep {
-            // Half-close first, as hyper does, so the answer is not cut by a reset.
-            let _ = stream.shutdown().await;
+            // Half-close first, as hyper does, so the answer is not cut by a reset. Over
+            // TLS that writes a close_notify, which a client that stopped reading could
+            // hold up for ever: bounded like any write.
+            let _ = tokio::time::timeout(proxy.send_timeout(), stream.shutdown()).await;
             return Outcome::Closed;
         }
     }
@@ -208,8 +212,11 @@ impl ConnState {
         mut stopped: Pin<&mut F>,
         stop: &Stopping,
     ) -> Result<Parsed, Outcome> {
-        self.deadline
-            .set(tokio::time::Instant::now() + self.header_timeout);
+        // The first head keeps the connection's own deadline.
+        if self.served {
+            self.deadline
+                .set(tokio::time::Instant::now() + self.header_timeout);
+        }
         loop {
             if !self.buf.is_empty() {
                 match parse(&self.buf) {

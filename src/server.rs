@@ -244,8 +244,9 @@ impl Connections {
 
     /// Serves a connection on its own task. It holds `held` as long as its socket lives
     /// (into a WebSocket tunnel too): a plain one goes to the fast path, then to hyper
-    /// for what the fast path hands over; an HTTPS one makes its handshake (bounded
-    /// like a request head), then goes to hyper, HTTP/2 or HTTP/1.1 as ALPN chose.
+    /// for what the fast path hands over; an HTTPS one makes its handshake (within its
+    /// first head's timeout), then goes the same way for HTTP/1, or to hyper for HTTP/2
+    /// (ALPN `h2`).
     fn spawn(&self, a: Accepted, held: Held) {
         self.note_open();
         let Accepted {
@@ -271,7 +272,10 @@ impl Connections {
                 timeouts,
             };
             match tls {
-                None => conn.serve_h1(stream, client, held).await,
+                None => {
+                    let by = tokio::time::Instant::now() + HEADER_TIMEOUT;
+                    conn.serve_h1(stream, client, held, by).await
+                }
                 Some(acceptor) => conn.serve_tls(stream, acceptor, client, held).await,
             }
         });
@@ -370,14 +374,15 @@ async fn client_of(
     })
 }
 
-/// The TLS handshake of a client connection, bounded by [`HEADER_TIMEOUT`]; `None` when
-/// it fails or is late (logged).
+/// The TLS handshake of a client connection, done by `by` (the connection's head
+/// deadline); `None` when it fails or is late (logged).
 async fn tls_handshake(
     acceptor: tokio_rustls::TlsAcceptor,
     stream: tokio::net::TcpStream,
     peer: SocketAddr,
+    by: tokio::time::Instant,
 ) -> Option<tokio_rustls::server::TlsStream<tokio::net::TcpStream>> {
-    match tokio::time::timeout(HEADER_TIMEOUT, acceptor.accept(stream)).await {
+    match tokio::time::timeout_at(by, acceptor.accept(stream)).await {
         Ok(Ok(tls)) => Some(tls),
         Ok(Err(e)) => {
             tracing::debug!(error = %e, %peer, "TLS handshake failed");
@@ -390,15 +395,16 @@ async fn tls_handshake(
     }
 }
 
-/// The first bytes of a TLS connection, read within [`HEADER_TIMEOUT`] and put back in
-/// front of it; `None` when the client leaves or is late.
+/// The first bytes of a TLS connection, read by `by` (the connection's head deadline)
+/// and put back in front of it; `None` when the client leaves or is late.
 async fn first_bytes<S: crate::front::ClientIo>(
     mut tls: S,
     peer: SocketAddr,
+    by: tokio::time::Instant,
 ) -> Option<crate::front::Rewind<S>> {
     use tokio::io::AsyncReadExt as _;
     let mut first = vec![0u8; 4096];
-    match tokio::time::timeout(HEADER_TIMEOUT, tls.read(&mut first)).await {
+    match tokio::time::timeout_at(by, tls.read(&mut first)).await {
         Ok(Ok(n)) if n > 0 => {
             first.truncate(n);
             Some(crate::front::Rewind::new(first.into(), tls))
@@ -422,13 +428,20 @@ struct ClientConn<'a> {
 impl ClientConn<'_> {
     /// Serves an HTTP/1 connection, plain or TLS: the fast path first, then hyper for
     /// what the fast path hands over (`docs/architecture.md`, "Server protocol").
-    async fn serve_h1<S>(self, mut stream: S, client: crate::proxy::Peer, held: Held)
-    where
+    /// The first head must be whole by `first_by`.
+    async fn serve_h1<S>(
+        self,
+        mut stream: S,
+        client: crate::proxy::Peer,
+        held: Held,
+        first_by: tokio::time::Instant,
+    ) where
         S: crate::front::ClientIo + Send + 'static,
     {
         let peer = client.addr;
+        let timeouts = (first_by, HEADER_TIMEOUT);
         let outcome =
-            crate::front::serve(&mut stream, self.proxy, &client, HEADER_TIMEOUT, self.stop).await;
+            crate::front::serve(&mut stream, self.proxy, &client, timeouts, self.stop).await;
         let pre = match outcome {
             crate::front::Outcome::Closed => return,
             crate::front::Outcome::Refused(answer) => {
@@ -460,15 +473,18 @@ impl ClientConn<'_> {
         held: Held,
     ) {
         let peer = client.addr;
-        let Some(tls) = tls_handshake(acceptor, stream, peer).await else {
+        // The handshake and the first head (or HTTP/2 preface) share one head timeout,
+        // as a plain connection's first head has it.
+        let by = tokio::time::Instant::now() + HEADER_TIMEOUT;
+        let Some(tls) = tls_handshake(acceptor, stream, peer, by).await else {
             return;
         };
         if tls.get_ref().1.alpn_protocol() != Some(b"h2") {
-            return self.serve_h1(tls, client, held).await;
+            return self.serve_h1(tls, client, held, by).await;
         }
         // The preface is read here, so that a stop arriving before hyper has read it
         // does not close a connection whose client already sent it.
-        let Some(io) = first_bytes(tls, peer).await else {
+        let Some(io) = first_bytes(tls, peer, by).await else {
             return;
         };
         if let Err(e) = self.serve_hyper(io, client, held, true).await {
@@ -515,7 +531,7 @@ impl ClientConn<'_> {
         let mut stop_rx = self.stop.receiver();
         let mut closing: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
         // Handed to hyper after the stop, a connection has a request read already (the
-        // fast path or the TLS opening read it): on HTTP/1.1 it is served and its answer
+        // fast path or, for HTTP/2 over TLS, `first_bytes` read it): on HTTP/1.1 it is served and its answer
         // closes it; HTTP/2 gets its GOAWAY at once (the streams it names are served).
         let mut stop_seen = self.stop.is_stopping();
         if stop_seen && h2 {

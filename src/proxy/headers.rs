@@ -262,7 +262,7 @@ impl<'a, 'f> Forwarding<'a, 'f> {
             out.extend_from_slice(name.as_str().as_bytes());
             out.extend_from_slice(b": ");
             match v {
-                Added::ForwardedFor => sets.write_xff(fields, out),
+                Added::ForwardedFor => self.write_xff(fields, out),
                 Added::Value(v) => out.extend_from_slice(v.as_bytes()),
                 Added::RequestId => out.extend_from_slice(sets.hop.request_id),
             }
@@ -282,7 +282,7 @@ impl<'a> Forwarding<'a, '_> {
                 .cloned()
                 .collect();
             let mut xff = Vec::with_capacity(64);
-            f.sets.write_xff(fields, &mut xff);
+            f.write_xff(fields, &mut xff);
             (f.sets, doomed, xff)
         };
         for name in doomed {
@@ -307,21 +307,24 @@ impl<'a> Forwarding<'a, '_> {
     }
 }
 
-impl Sets<'_> {
+impl<'f> Forwarding<'_, 'f> {
     /// The value of `X-Forwarded-For` into `out`: every entry the request's lines hold,
-    /// left to right across them (as the client-IP rule reads them), then the peer.
-    fn write_xff<'f>(self, fields: impl FieldList<'f>, out: &mut Vec<u8>) {
+    /// left to right across them (as the client-IP rule reads them), then the peer. Lines
+    /// `Connection` names are hop-by-hop and count for nothing.
+    fn write_xff(&self, fields: impl FieldList<'f>, out: &mut Vec<u8>) {
         let lines = fields
             .fields()
-            .filter(|(n, _)| is(n, &X_FORWARDED_FOR))
+            .filter(|(n, _)| is(n, &X_FORWARDED_FOR) && !self.is_hop_by_hop(n))
             .map(|(_, v)| v);
         for e in crate::trust::entries(lines) {
             out.extend_from_slice(e);
             out.extend_from_slice(b", ");
         }
-        out.extend_from_slice(self.hop.peer.as_bytes());
+        out.extend_from_slice(self.sets.hop.peer.as_bytes());
     }
+}
 
+impl Sets<'_> {
     /// Each field this hop sets, after those that go on: `X-Forwarded-For`,
     /// `X-Forwarded-Proto` and `X-Forwarded-Host` unless kept, `X-Request-Id`.
     fn each(self, mut put: impl FnMut(&HeaderName, Added<'_>)) {
@@ -711,6 +714,13 @@ mod tests {
         let tls = Hop { https: true, ..hop };
         Forwarding::apply(&mut h, tls, false);
         assert_eq!(h["x-forwarded-proto"], "https");
+        assert_eq!(h["x-forwarded-for"], "127.0.0.1");
+        // Lines `Connection` names are hop-by-hop: their entries go nowhere.
+        let mut h = map(&[
+            ("connection", "x-forwarded-for"),
+            ("x-forwarded-for", "1.2.3.4"),
+        ]);
+        Forwarding::apply(&mut h, trusted, false);
         assert_eq!(h["x-forwarded-for"], "127.0.0.1");
     }
 

@@ -147,6 +147,9 @@ pub(crate) mod props {
                     "cookie",
                     "Proxy-Authorization",
                     "accept",
+                    "X-Forwarded-Proto",
+                    "x-forwarded-host",
+                    "X-Request-Id",
                 ]),
                 proptest::sample::select(vec![
                     "a",
@@ -161,6 +164,7 @@ pub(crate) mod props {
                     "",
                     "keep-alive, host",
                     "te, date",
+                    "x-forwarded-for, x-forwarded-proto",
                     "1.1.1.1",
                     "\u{e9}, close",
                 ]),
