@@ -73,16 +73,15 @@ impl ClientBody {
     }
 }
 
-impl Body for ClientBody {
-    type Data = Bytes;
-    type Error = BodyError;
-
+impl ClientBody {
+    /// The next frame of the client's body (`http_body::Body::poll_frame` of the stream
+    /// inside; only [`ReqBody`] polls it, so it is not a `Body` itself).
     #[inline]
     fn poll_frame(
-        self: Pin<&mut Self>,
+        &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
-        let r = Pin::new(&mut self.get_mut().0).poll_frame(cx);
+        let r = Pin::new(&mut self.0).poll_frame(cx);
         r.map(|o| o.map(|f| f.map_err(Into::into)))
     }
 
@@ -149,7 +148,7 @@ impl Body for ReqBody {
                 upload,
                 allowed,
             } => {
-                let r = Pin::new(&mut *inner).poll_frame(cx);
+                let r = inner.poll_frame(cx);
                 if let Poll::Ready(Some(Ok(f))) = &r {
                     let n = f.data_ref().map_or(0, |d| d.len() as u64);
                     match allowed.checked_sub(n) {
