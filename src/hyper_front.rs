@@ -30,7 +30,11 @@ pub(crate) async fn handle(
     let head = RequestHead::from_parts(parts);
     let who = proxy.identify(&head, &peer);
     let id = who.1.clone();
-    let mut r = proxy.serve(head, body, client_upgrade, &peer, who).await;
+    // Boxed: hyper spawns a task per HTTP/2 stream, and the future it spawns is moved
+    // (copied whole) several times on the way into the task; the request path's own
+    // future is kilobytes, so it goes in once, behind a pointer
+    // (`docs/performance.md`, "HTTP/2 from clients").
+    let mut r = Box::pin(proxy.serve(head, body, client_upgrade, &peer, who)).await;
     r.head.request_id = Some(id);
     r.into_http()
 }

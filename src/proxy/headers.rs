@@ -297,10 +297,7 @@ impl<'a> Forwarding<'a, '_> {
                 (Added::ForwardedFor, Ok(x)) => x.clone(),
                 (Added::ForwardedFor, Err(_)) => hop.peer.clone(),
                 (Added::Value(v), _) => v.clone(),
-                // Its characters are all valid in a field value (`RequestId`).
-                (Added::RequestId, _) => {
-                    HeaderValue::from_bytes(hop.request_id).unwrap_or(HeaderValue::from_static("-"))
-                }
+                (Added::RequestId, _) => super::request_id::field_value(hop.request_id),
             };
             map.insert(name.clone(), value);
         });

@@ -58,11 +58,22 @@ impl RequestId {
         }
     }
 
-    /// The id as a field value.
+    /// The id as a field value (see [`field_value`]).
     pub(crate) fn header_value(&self) -> HeaderValue {
-        // Its characters are all valid in a field value.
-        HeaderValue::from_bytes(self.as_bytes()).unwrap_or(HeaderValue::from_static("-"))
+        field_value(self.as_bytes())
     }
+}
+
+/// An id as a field value, marked never to be indexed by HPACK (and QPACK): an id is
+/// new on every request, so entering it in a connection's dynamic table only pushes out
+/// fields that do repeat, and makes each later lookup of the name walk every id still
+/// there (`docs/performance.md`, "HTTP/2 from clients"). nginx and HAProxy index no
+/// field they send.
+pub(crate) fn field_value(id: &[u8]) -> HeaderValue {
+    // An id's characters are all valid in a field value (`from_peer`, `random`).
+    let mut v = HeaderValue::from_bytes(id).unwrap_or(HeaderValue::from_static("-"));
+    v.set_sensitive(true);
+    v
 }
 
 /// `x` as 16 lowercase hex digits into `out` (16 bytes), most significant first: each
@@ -127,5 +138,13 @@ mod tests {
         assert!(RequestId::from_peer(b"x\"y").is_none());
         assert!(RequestId::from_peer(&[b'a'; 65]).is_none());
         assert!(is_request_id(b"X-Request-ID") && !is_request_id(b"x-request-i"));
+    }
+
+    #[test]
+    fn an_id_is_never_indexed() {
+        let v = RequestId::random().header_value();
+        assert!(v.is_sensitive());
+        assert_eq!(v.len(), 32);
+        assert_eq!(field_value(b"a\nb"), "-");
     }
 }

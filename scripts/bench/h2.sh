@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# HTTP/2 from clients side by side: fulcrum, nginx and HAProxy answer h2 (over TLS, ALPN
+# `h2`, and cleartext by prior knowledge, h2c) in front of the same HTTP/1.1 backend,
+# each with one worker (thread) pinned to CPU 1; h2load and the backend run on CPU 0.
+#
+#   cargo build --release && scripts/bench/h2.sh [--quick] [tls|h2c]
+#
+# For each mode the three proxies are started fresh, and each is measured three times
+# (medians printed; figures land in docs/performance.md, "HTTP/2 from clients"):
+#   saturated  h2load -c 20 -m 10 -n 200000: requests/s, and the proxy's CPU-µs per
+#              request;
+#   rate       a fixed 5 000 requests/s (h2load -c 50 -m 1 --rps 100 -D 8): the proxy's
+#              CPU-µs per request at equal load;
+#   rss        peak RSS (VmHWM) of the proxy's processes after the runs (nginx: master
+#              and worker).
+# CPU time is read from /proc/PID/stat (utime + stime) before and after each run.
+# Tools: Debian's nginx, haproxy, nghttp2-client (h2load) and openssl.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+bin=${FULCRUM_BIN:-target/release/fulcrum}
+runs=3 total=200000 seconds=8
+if [ "${1:-}" = "--quick" ]; then runs=1 total=50000 seconds=3; shift; fi
+modes=${1:-tls h2c}
+for tool in nginx haproxy h2load openssl taskset; do
+  command -v "$tool" >/dev/null || { echo "h2.sh: $tool is needed (apt-get install nginx haproxy nghttp2-client openssl util-linux)" >&2; exit 1; }
+done
+ulimit -n 65536 2>/dev/null || true
+work=$(mktemp -d)
+mkdir -p "$work/tmp"
+pids=()
+stop_all() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; pids=(); }
+trap 'stop_all; rm -rf "$work"' EXIT
+
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
+  -subj /CN=localhost -addext subjectAltName=DNS:localhost \
+  -keyout "$work/key.pem" -out "$work/cert.pem" 2>/dev/null
+cat "$work/cert.pem" "$work/key.pem" >"$work/both.pem"
+
+backend=29501 fulcrum=29511 nginx=29521 haproxy=29531
+temp="client_body_temp_path $work/tmp; proxy_temp_path $work/tmp; fastcgi_temp_path $work/tmp;
+  uwsgi_temp_path $work/tmp; scgi_temp_path $work/tmp;"
+cat >"$work/backend.conf" <<CONF
+daemon off; worker_processes 1; pid $work/backend.pid; error_log $work/backend.log;
+worker_rlimit_nofile 65536;
+events { worker_connections 16384; }
+http { access_log off; $temp keepalive_requests 10000000;
+  server { listen $backend backlog=4096; location / { return 200 "backend ........................................................\n"; } } }
+CONF
+taskset -c 0 nginx -c "$work/backend.conf" -p "$work" &
+backend_pid=$!; pids+=($!)
+
+# The proxies' configurations for a mode: `tls` or `h2c`.
+configure() {
+  local listen bind
+  if [ "$1" = tls ]; then
+    listen="listen $nginx ssl http2 backlog=4096;
+    ssl_certificate $work/cert.pem; ssl_certificate_key $work/key.pem;
+    ssl_protocols TLSv1.2 TLSv1.3;"
+    bind="bind 127.0.0.1:$haproxy ssl crt $work/both.pem alpn h2,http/1.1"
+  else
+    listen="listen $nginx http2 backlog=4096;"
+    bind="bind 127.0.0.1:$haproxy proto h2"
+  fi
+  cat >"$work/nginx.conf" <<CONF
+daemon off; worker_processes 1; pid $work/nginx.pid; error_log $work/nginx.log;
+worker_rlimit_nofile 65536;
+events { worker_connections 16384; }
+http { access_log off; $temp keepalive_requests 10000000;
+  upstream b { server 127.0.0.1:$backend; keepalive 64; }
+  server { $listen
+    location / { proxy_pass http://b; proxy_http_version 1.1; proxy_set_header Connection ""; } } }
+CONF
+  cat >"$work/haproxy.cfg" <<CONF
+global
+  nbthread 1
+  maxconn 4000
+  tune.ssl.default-dh-param 2048
+defaults
+  mode http
+  timeout connect 5s
+  timeout client 60s
+  timeout server 60s
+  http-reuse always
+frontend f
+  $bind
+  default_backend b
+backend b
+  server s1 127.0.0.1:$backend
+CONF
+}
+
+# Starts the three proxies for a mode; sets fulcrum_pid, nginx_pid, haproxy_pid.
+start() {
+  local tls=()
+  if [ "$1" = tls ]; then
+    tls=(--tls-listen "127.0.0.1:$fulcrum" --tls-cert "$work/cert.pem" --tls-key "$work/key.pem")
+    listen=127.0.0.1:29510
+  else
+    listen=127.0.0.1:$fulcrum
+  fi
+  taskset -c 1 "$bin" serve --listen "$listen" --admin 127.0.0.1:29512 --workers 1 "${tls[@]}" \
+    --backend "http://127.0.0.1:$backend" --access-log off --health-interval 60s 2>"$work/fulcrum.log" &
+  fulcrum_pid=$!; pids+=($!)
+  taskset -c 1 nginx -c "$work/nginx.conf" -p "$work" & nginx_pid=$!; pids+=($!)
+  taskset -c 1 haproxy -f "$work/haproxy.cfg" -db & haproxy_pid=$!; pids+=($!)
+  sleep 1
+}
+
+# The processes of a proxy: its main process and, for nginx, its worker.
+procs() { echo "$1 $(pgrep -P "$1" | tr '\n' ' ')"; }
+# CPU time of a proxy's processes, in clock ticks.
+cpu() { local t=0; for p in $(procs "$1"); do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo $t; }
+# Peak RSS of a proxy's processes, KiB.
+rss() { local t=0; for p in $(procs "$1"); do t=$((t + $(awk '/VmHWM/ {print $2}' "/proc/$p/status"))); done; echo $t; }
+hz=$(getconf CLK_TCK)
+# Runs h2load on CPU 0; prints "succeeded req/s".
+load() {
+  taskset -c 0 h2load "$@" >"$work/h2load.out" 2>&1 || true
+  local ok rps
+  ok=$(awk '/^requests:/ {print $8}' "$work/h2load.out")
+  rps=$(awk '/^finished in/ {print $4}' "$work/h2load.out")
+  echo "${ok:-0} ${rps:-0}"
+}
+# CPU-µs per request of `pid` over one h2load run; prints "µs/req req/s".
+measure() {
+  local pid=$1; shift
+  local before ticks ok rps
+  before=$(cpu "$pid")
+  read -r ok rps < <(load "$@")
+  ticks=$(( $(cpu "$pid") - before ))
+  awk -v t="$ticks" -v hz="$hz" -v n="$ok" -v r="$rps" \
+    'BEGIN { if (n == 0) { print "nan", 0 } else { printf "%.1f %.0f\n", t / hz * 1e6 / n, r } }'
+}
+median() { sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+
+for mode in $modes; do
+  configure "$mode"
+  start "$mode"
+  scheme=http; [ "$mode" = tls ] && scheme=https
+  echo "== h2 $mode: median of $runs (saturated: -c 20 -m 10 -n $total; rate: 5000 req/s for ${seconds}s)"
+  printf '%-8s %12s %12s %12s %10s\n' proxy "sat req/s" "sat µs/req" "rate µs/req" "rss MiB"
+  for name in fulcrum nginx haproxy; do
+    port=${!name} pid_var=${name}_pid; pid=${!pid_var}
+    url="$scheme://127.0.0.1:$port/"
+    load -c 20 -m 10 -n 20000 "$url" >/dev/null # warm up
+    : >"$work/sat_rps" ; : >"$work/sat_us"; : >"$work/rate_us"
+    for _ in $(seq "$runs"); do
+      read -r us rps < <(measure "$pid" -c 20 -m 10 -n "$total" "$url")
+      echo "$rps" >>"$work/sat_rps"; echo "$us" >>"$work/sat_us"
+      read -r us _ < <(measure "$pid" -c 50 -m 1 --rps 100 -D "$seconds" "$url")
+      echo "$us" >>"$work/rate_us"
+    done
+    mib=$(awk -v k="$(rss "$pid")" 'BEGIN { printf "%.1f", k / 1024 }')
+    printf '%-8s %12s %12s %12s %10s   (runs: %s | %s | %s)\n' "$name" \
+      "$(median <"$work/sat_rps")" "$(median <"$work/sat_us")" "$(median <"$work/rate_us")" "$mib" \
+      "$(paste -sd, "$work/sat_rps")" "$(paste -sd, "$work/sat_us")" "$(paste -sd, "$work/rate_us")"
+  done
+  kill "$fulcrum_pid" "$nginx_pid" "$haproxy_pid" 2>/dev/null || true
+  wait "$fulcrum_pid" "$nginx_pid" "$haproxy_pid" 2>/dev/null || true
+  pids=("$backend_pid")
+done
