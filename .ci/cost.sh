@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Cost guard: user-space instructions per proxied request, counted by valgrind's
-# callgrind, against the budget in .ci/cost-budget; and socket system calls per request
+# callgrind, against the budgets in .ci/cost-budget; and socket system calls per request
 # (recv + send, from valgrind's syscall trace), which must stay at the 4 a proxied
 # request needs (one read and one write on each side). Neither count depends on how
 # busy the machine is, so this cannot flake the way a timed test would; a change that
@@ -9,23 +9,25 @@
 #
 #   .ci/cost.sh [BIN]      (BIN defaults to target/release/fulcrum)
 #
-# Workload: one client connection (curl), N sequential GETs through `fulcrum serve
-# --workers 1` (round robin, health checks, EWMA, retries, metrics and the access log
-# on) to three `fulcrum backend` processes. Two runs (N = 200 and N = 1200) are
-# subtracted, so start-up and shutdown cancel out.
+# Workload: one client connection, N sequential GETs through `fulcrum serve --workers 1`
+# (round robin, health checks, EWMA, retries, metrics and the access log on) to three
+# `fulcrum backend` processes; twice: HTTP/1.1 from curl (the plain path), and HTTP/2
+# by prior knowledge from h2load (`-c 1 -m 1`, the h2 front end). Two runs of each
+# (N = 200 and N = 1200) are subtracted, so start-up and shutdown cancel out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${1:-target/release/fulcrum}
-budget=$(grep -v '^#' .ci/cost-budget | head -1)
+budget=$(grep -v '^#' .ci/cost-budget | sed -n 1p)
+budget_h2=$(grep -v '^#' .ci/cost-budget | sed -n 2p)
 # Socket calls per request allowed, in hundredths: 4.00 measured; one more per request
 # anywhere would read 5.00.
 sys_budget=430
 
-if ! command -v valgrind >/dev/null || ! command -v curl >/dev/null; then
+if ! command -v valgrind >/dev/null || ! command -v curl >/dev/null || ! command -v h2load >/dev/null; then
   if [ "$(id -u)" = 0 ]; then
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind curl >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind curl nghttp2-client >/dev/null
   else
-    echo "cost guard: valgrind and curl are needed" >&2
+    echo "cost guard: valgrind, curl and h2load (nghttp2-client) are needed" >&2
     exit 1
   fi
 fi
@@ -54,39 +56,54 @@ for i in 1 2 3; do
 done
 
 out=$(mktemp -d)
-# Instructions of one `fulcrum serve` under callgrind serving $1 requests.
+# Instructions of one `fulcrum serve` under callgrind serving $1 requests from client $2
+# (h1: curl; h2: h2load over h2c).
 count() {
-  local n=$1 port admin
+  local n=$1 kind=$2 port admin
   port=$(free_port)
   admin=$(free_port)
-  valgrind --tool=callgrind --callgrind-out-file="$out/cg.$n" --trace-syscalls=yes \
+  valgrind --tool=callgrind --callgrind-out-file="$out/cg.$kind.$n" --trace-syscalls=yes \
     "$bin" serve --listen "127.0.0.1:$port" --admin "127.0.0.1:$admin" --workers 1 \
-    --health-interval 60s "${backends[@]}" 2>"$out/sys.$n" &
+    --health-interval 60s "${backends[@]}" 2>"$out/sys.$kind.$n" &
   local vg=$!
   wait_port "$port"
-  curl -s -o /dev/null "http://127.0.0.1:$port/cost?[1-$n]"
+  case $kind in
+    h1) curl -s -o /dev/null "http://127.0.0.1:$port/cost?[1-$n]" ;;
+    h2) h2load -c 1 -m 1 -n "$n" "http://127.0.0.1:$port/cost" >"$out/h2load.$n" 2>&1 || true ;;
+  esac
   kill -INT "$vg"
   wait "$vg" || true
-  grep '^summary:' "$out/cg.$n" | awk '{print $2}'
+  if [ "$kind" = h2 ] && ! grep -qE "^requests: .* $n succeeded" "$out/h2load.$n"; then
+    echo "cost guard: h2load did not get $n answers:" >&2
+    cat "$out/h2load.$n" >&2
+    exit 1
+  fi
+  grep '^summary:' "$out/cg.$kind.$n" | awk '{print $2}'
 }
 
-# Socket calls (recvfrom/sendto) in the syscall trace of the run serving $1 requests.
+# Socket calls (recvfrom/sendto) in the syscall trace of run $1 ($kind.$n).
 socket_calls() { grep -cE '\) sys_(recvfrom|sendto) \(' "$out/sys.$1" || true; }
 
-small=$(count 200)
-large=$(count 1200)
-per=$(( (large - small) / 1000 ))
-sys_per=$(( ($(socket_calls 1200) - $(socket_calls 200)) / 10 ))
-echo "cost guard: $per instructions per request (budget $budget)"
-printf 'cost guard: %d.%02d socket calls per request (budget %d.%02d)\n' \
-  $((sys_per / 100)) $((sys_per % 100)) $((sys_budget / 100)) $((sys_budget % 100))
 status=0
-if [ "$per" -gt "$budget" ]; then
-  echo "cost guard: over budget: the request path got more expensive" >&2
-  status=1
-fi
-if [ "$sys_per" -gt "$sys_budget" ] || [ "$sys_per" -lt 300 ]; then
-  echo "cost guard: socket calls per request out of bounds: a system call was added (or the trace is not counting)" >&2
-  status=1
-fi
+# Checks client $1 against instruction budget $2.
+guard() {
+  local kind=$1 limit=$2 small large per sys_per
+  small=$(count 200 "$kind")
+  large=$(count 1200 "$kind")
+  per=$(( (large - small) / 1000 ))
+  sys_per=$(( ($(socket_calls "$kind.1200") - $(socket_calls "$kind.200")) / 10 ))
+  echo "cost guard ($kind): $per instructions per request (budget $limit)"
+  printf 'cost guard (%s): %d.%02d socket calls per request (budget %d.%02d)\n' "$kind" \
+    $((sys_per / 100)) $((sys_per % 100)) $((sys_budget / 100)) $((sys_budget % 100))
+  if [ "$per" -gt "$limit" ]; then
+    echo "cost guard ($kind): over budget: the request path got more expensive" >&2
+    status=1
+  fi
+  if [ "$sys_per" -gt "$sys_budget" ] || [ "$sys_per" -lt 300 ]; then
+    echo "cost guard ($kind): socket calls per request out of bounds: a system call was added (or the trace is not counting)" >&2
+    status=1
+  fi
+}
+guard h1 "$budget"
+guard h2 "$budget_h2"
 exit $status

@@ -51,8 +51,6 @@ const SCRATCH: usize = 16 * 1024;
 
 thread_local! {
     static SCRATCH_BUF: RefCell<Box<[u8]>> = RefCell::new(vec![0u8; SCRATCH].into_boxed_slice());
-    static DATE: RefCell<(u64, HeaderValue)> =
-        const { RefCell::new((u64::MAX, HeaderValue::from_static(""))) };
 }
 
 /// How a connection left the fast path.
@@ -430,24 +428,6 @@ pub(crate) fn fuzz_client_head(data: &[u8], check_rewrite: bool) {
     }
 }
 
-/// The current `Date` value, formatted once per second per thread.
-fn date() -> HeaderValue {
-    let now = std::time::SystemTime::now();
-    let secs = now
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    DATE.with(|d| {
-        let mut d = d.borrow_mut();
-        if d.0 != secs {
-            let text = httpdate::fmt_http_date(now);
-            if let Ok(v) = HeaderValue::from_str(&text) {
-                *d = (secs, v);
-            }
-        }
-        d.1.clone()
-    })
-}
-
 /// A `Content-Length` to state: a number, or a backend's value as it came.
 enum Length {
     Number(u64),
@@ -653,7 +633,7 @@ fn write_head(
         Framing::Chunked
     };
     if !put_fields(out, &head.fields) {
-        put_field(out, b"date", date().as_bytes());
+        put_field(out, b"date", crate::proxy::date().as_bytes());
     }
     if let Some(id) = &head.request_id {
         put_field(out, b"x-request-id", id.as_bytes());

@@ -1,7 +1,7 @@
 //! hyper's server as a front end of the request path: the HTTP/1 connections the fast
-//! path ([`crate::front`]) hands over (requests with a body, upgrades) and HTTP/2 (h2c,
-//! and ALPN `h2` over TLS). A request hyper parsed becomes the request path's own head,
-//! body and upgrade half; the answer goes back as an `http::Response`. See
+//! path ([`crate::front`]) hands over (requests with a body, upgrades). A request hyper
+//! parsed becomes the request path's own head, body and upgrade half; the answer goes
+//! back as an `http::Response`. HTTP/2 has its own front end ([`crate::h2_front`]). See
 //! `docs/architecture.md`, "A request's walk".
 
 use http::{Request, Response, Version};
@@ -30,11 +30,7 @@ pub(crate) async fn handle(
     let head = RequestHead::from_parts(parts);
     let who = proxy.identify(&head, &peer);
     let id = who.1.clone();
-    // Boxed: hyper spawns a task per HTTP/2 stream, and the future it spawns is moved
-    // (copied whole) several times on the way into the task; the request path's own
-    // future is kilobytes, so it goes in once, behind a pointer
-    // (`docs/performance.md`, "HTTP/2 from clients").
-    let mut r = Box::pin(proxy.serve(head, body, client_upgrade, &peer, who)).await;
+    let mut r = proxy.serve(head, body, client_upgrade, &peer, who).await;
     r.head.request_id = Some(id);
     r.into_http()
 }

@@ -22,6 +22,7 @@ pub(crate) mod front;
 pub mod fuzzing;
 #[cfg(all(test, not(fuzzing)))]
 mod fuzzing;
+pub(crate) mod h2_front;
 pub(crate) mod health;
 pub(crate) mod hyper_front;
 pub(crate) mod lab;

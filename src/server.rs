@@ -36,11 +36,12 @@ const HEARTBEAT: Duration = Duration::from_millis(100);
 /// Idle upstream connections are swept every this many heartbeats (15 s).
 const SWEEP_EVERY_BEATS: u32 = 150;
 
-/// hyper's server connection builder, HTTP/1.1 and HTTP/2 cleartext.
+/// hyper's server connection builder, for the HTTP/1.1 connections the fast path hands
+/// over (HTTP/2 has its own front end, `h2_front`).
 type HttpBuilder = auto::Builder<TokioExecutor>;
 
 fn http_builder() -> HttpBuilder {
-    let mut b = auto::Builder::new(TokioExecutor::new());
+    let mut b = auto::Builder::new(TokioExecutor::new()).http1_only();
     b.http1()
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_TIMEOUT)
@@ -50,9 +51,6 @@ fn http_builder() -> HttpBuilder {
         // file-position lock, no iovec walk), and responses through a proxy are small.
         .writev(false)
         .keep_alive(true);
-    b.http2()
-        .timer(TokioTimer::new())
-        .max_header_list_size(MAX_HEADER_BYTES as u32);
     b
 }
 
@@ -245,8 +243,8 @@ impl Connections {
     /// Serves a connection on its own task. It holds `held` as long as its socket lives
     /// (into a WebSocket tunnel too): a plain one goes to the fast path, then to hyper
     /// for what the fast path hands over; an HTTPS one makes its handshake (within its
-    /// first head's timeout), then goes the same way for HTTP/1, or to hyper for HTTP/2
-    /// (ALPN `h2`).
+    /// first head's timeout), then goes the same way for HTTP/1, or to the HTTP/2 front
+    /// end (ALPN `h2`); so does a plain connection that opens with HTTP/2's preface.
     fn spawn(&self, a: Accepted, held: Held) {
         self.note_open();
         let Accepted {
@@ -458,7 +456,11 @@ impl ClientConn<'_> {
         };
         let h2 = pre.starts_with(H2_PREFACE);
         let io = crate::front::Rewind::new(pre, stream);
-        if let Err(e) = self.serve_hyper(io, client, held, h2).await {
+        let served = match h2 {
+            true => self.serve_h2(io, client, held).await,
+            false => self.serve_hyper(io, client, held).await,
+        };
+        if let Err(e) = served {
             tracing::debug!(error = %e, %peer, "client connection ended with an error");
         }
     }
@@ -487,36 +489,33 @@ impl ClientConn<'_> {
         let Some(io) = first_bytes(tls, peer, by).await else {
             return;
         };
-        if let Err(e) = self.serve_hyper(io, client, held, true).await {
+        if let Err(e) = self.serve_h2(io, client, held).await {
             tracing::debug!(error = %e, %peer, "client connection ended with an error");
         }
     }
 
-    /// Serves a connection with hyper until it ends, under the [`Watchdog`]'s timeouts
-    /// and the stop: at a stop an HTTP/2 connection is closed gracefully (`GOAWAY`), and
-    /// so is an HTTP/1.1 one unless the sockets were handed over (its answers close it);
-    /// a graceful close that takes longer than [`GRACE`] is cut. `held` goes with the
-    /// socket, into a WebSocket tunnel too; `h2` says what the connection speaks.
+    /// Serves an HTTP/1 connection with hyper until it ends, under the [`Watchdog`]'s
+    /// timeouts and the stop: at a stop it is closed gracefully unless the sockets were
+    /// handed over (then its answers close it); a graceful close that takes longer than
+    /// [`GRACE`] is cut. `held` goes with the socket, into a WebSocket tunnel too.
     async fn serve_hyper<S>(
         &self,
         io: S,
         client: crate::proxy::Peer,
         held: Held,
-        h2: bool,
     ) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
     where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
-        let activity = Arc::new(Activity::new(h2));
+        let activity = Arc::new(Activity::new(false));
         let io = TokioIo::new(Tracked::new(io, Arc::clone(&activity), held));
         let (proxy, stop, seen) = (self.proxy, self.stop.clone(), Arc::clone(&activity));
         let svc = service_fn(move |req: http::Request<hyper::body::Incoming>| {
             let opened = seen.open();
-            let http1 = req.version() != http::Version::HTTP_2;
             let (client, stop) = (client.clone(), stop.clone());
             async move {
                 let mut r = crate::hyper_front::handle(proxy, req, client).await;
-                if stop.is_stopping() && http1 {
+                if stop.is_stopping() {
                     r.headers_mut().insert(
                         http::header::CONNECTION,
                         http::HeaderValue::from_static("close"),
@@ -531,12 +530,8 @@ impl ClientConn<'_> {
         let mut stop_rx = self.stop.receiver();
         let mut closing: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
         // Handed to hyper after the stop, a connection has a request read already (the
-        // fast path or, for HTTP/2 over TLS, `first_bytes` read it): on HTTP/1.1 it is served and its answer
-        // closes it; HTTP/2 gets its GOAWAY at once (the streams it names are served).
+        // fast path read it): it is served, and its answer closes it.
         let mut stop_seen = self.stop.is_stopping();
-        if stop_seen && h2 {
-            begin_close(conn.as_mut(), &mut closing);
-        }
         loop {
             tokio::select! {
                 r = conn.as_mut() => return r,
@@ -546,9 +541,66 @@ impl ClientConn<'_> {
                 },
                 _ = stop_rx.changed(), if !stop_seen => {
                     stop_seen = true;
-                    if !self.stop.is_handed_over() || h2 {
+                    if !self.stop.is_handed_over() {
                         begin_close(conn.as_mut(), &mut closing);
                     }
+                }
+                _ = crate::liveness::maybe(closing.as_mut()) => {
+                    return Err("not closed within the grace after a graceful close".into());
+                }
+            }
+        }
+    }
+}
+
+impl ClientConn<'_> {
+    /// Serves an HTTP/2 connection ([`crate::h2_front`]) until it ends: its streams are
+    /// futures polled here, beside the connection, under the [`Watchdog`]'s timeouts
+    /// and the stop, which close it gracefully (`GOAWAY`: the streams open finish); a
+    /// graceful close that takes longer than [`GRACE`] is cut.
+    async fn serve_h2<S>(
+        &self,
+        io: S,
+        client: crate::proxy::Peer,
+        held: Held,
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let activity = Arc::new(Activity::new(true));
+        let io = Tracked::new(io, Arc::clone(&activity), held);
+        let mut dog = Watchdog::new(Arc::clone(&activity), self.timeouts);
+        // The preface was read before (the fast path or `first_bytes`); the handshake
+        // waits on nothing else from the client but its SETTINGS.
+        let conn = tokio::select! {
+            c = crate::h2_front::handshake(io) => c?,
+            _ = dog.verdict() => return Err("no HTTP/2 handshake in time".into()),
+        };
+        let mut stop_rx = self.stop.receiver();
+        let mut stop_seen = self.stop.is_stopping();
+        let close = std::sync::atomic::AtomicBool::new(stop_seen);
+        let mut closing: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
+        if stop_seen {
+            closing = Some(Box::pin(tokio::time::sleep(GRACE)));
+        }
+        let served = crate::h2_front::serve(conn, self.proxy, &client, &activity, &close);
+        tokio::pin!(served);
+        let close_now = |closing: &mut Option<_>| {
+            close.store(true, std::sync::atomic::Ordering::Relaxed);
+            if closing.is_none() {
+                *closing = Some(Box::pin(tokio::time::sleep(GRACE)));
+            }
+        };
+        loop {
+            tokio::select! {
+                r = served.as_mut() => return r.map_err(Into::into),
+                v = dog.verdict() => match v {
+                    Verdict::Stalled => return Err("send timeout: the client took nothing of an answer".into()),
+                    Verdict::Idle => close_now(&mut closing),
+                },
+                _ = stop_rx.changed(), if !stop_seen => {
+                    stop_seen = true;
+                    close_now(&mut closing);
                 }
                 _ = crate::liveness::maybe(closing.as_mut()) => {
                     return Err("not closed within the grace after a graceful close".into());

@@ -602,3 +602,138 @@ fn a_backend_answer_over_the_field_limit_is_a_502_with_a_reason() {
         assert!(r.starts_with("HTTP/1.1 200"), "{}", &r[..r.len().min(200)]);
     }
 }
+
+/// A raw HTTP/2 frame: length, type, flags, stream, payload.
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let mut f = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+    f.extend([kind, flags]);
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// Reads frames until the connection ends; the error code of its GOAWAY, if one came.
+fn goaway_code(s: &mut std::net::TcpStream) -> Option<u32> {
+    use std::io::Read;
+    let mut code = None;
+    loop {
+        let mut head = [0u8; 9];
+        if s.read_exact(&mut head).is_err() {
+            return code;
+        }
+        let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+        let mut payload = vec![0u8; len];
+        if s.read_exact(&mut payload).is_err() {
+            return code;
+        }
+        if head[3] == 7 && len >= 8 {
+            code = Some(u32::from_be_bytes([
+                payload[4], payload[5], payload[6], payload[7],
+            ]));
+        }
+    }
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// HTTP/2 rapid reset (CVE-2023-44487): a client that opens streams and cancels each
+/// at once makes the backend do nothing for most of them, and its connection is
+/// closed with `ENHANCE_YOUR_CALM`; other clients go on being served.
+#[test]
+fn an_h2_rapid_reset_flood_is_cut_off_and_costs_the_backend_nothing() {
+    use std::io::Write;
+    let a = TestBackend::start("A");
+    let f = Fulcrum::over(&[&a], &["--health-interval", "60s"]);
+    let mut s = std::net::TcpStream::connect(f.proxy).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend(h2_frame(4, 0, 0, &[]));
+    // :method GET, :scheme http, :path "/", :authority "a".
+    let block = [0x82, 0x86, 0x84, 0x41, 0x01, b'a'];
+    let cancel = 8u32.to_be_bytes();
+    let streams = 10_000u32;
+    for i in 0..streams {
+        let id = 1 + 2 * i;
+        out.extend(h2_frame(1, 0x5, id, &block));
+        out.extend(h2_frame(3, 0, id, &cancel));
+    }
+    let before = rss_kib(f.child.id());
+    // The server may close before it has read it all.
+    let _ = s.write_all(&out);
+    assert_eq!(
+        goaway_code(&mut s),
+        Some(0xb),
+        "GOAWAY with ENHANCE_YOUR_CALM"
+    );
+    assert!(
+        a.requests() < 200,
+        "{} of {streams} cancelled streams reached the backend",
+        a.requests()
+    );
+    let grown = rss_kib(f.child.id()).saturating_sub(before);
+    assert!(grown < 16 * 1024, "RSS grew by {grown} KiB");
+    let ok = client_get(&f, "/after");
+    assert_eq!(ok, 200);
+}
+
+/// A header block that never ends (CONTINUATION frames without END_HEADERS) is cut off
+/// once it is over the header limit: the connection is closed, memory does not follow
+/// what the client sends, and other clients go on being served.
+#[test]
+fn an_endless_continuation_flood_closes_its_connection() {
+    use std::io::Write;
+    let a = TestBackend::start("A");
+    let f = Fulcrum::over(&[&a], &["--health-interval", "60s"]);
+    let mut s = std::net::TcpStream::connect(f.proxy).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend(h2_frame(4, 0, 0, &[]));
+    out.extend(h2_frame(1, 0x1, 1, &[0x82, 0x86, 0x84, 0x41, 0x01, b'a']));
+    s.write_all(&out).unwrap();
+    // 16 KiB per frame, up to 32 MiB.
+    // Each a literal field without indexing, a new name: 100 bytes of name, 100 of value.
+    let mut field = vec![0x00, 100];
+    field.extend(std::iter::repeat_n(b'x', 100));
+    field.push(100);
+    field.extend(std::iter::repeat_n(b'y', 100));
+    let mut block = Vec::new();
+    while block.len() + field.len() <= 16 * 1024 {
+        block.extend_from_slice(&field);
+    }
+    let frame = h2_frame(9, 0, 1, &block);
+    let before = rss_kib(f.child.id());
+    let mut sent = 0usize;
+    while sent < 32 << 20 && s.write_all(&frame).is_ok() {
+        sent += frame.len();
+    }
+    assert!(sent < 32 << 20, "the whole flood was taken");
+    let _ = goaway_code(&mut s);
+    let grown = rss_kib(f.child.id()).saturating_sub(before);
+    assert!(
+        grown < 16 * 1024,
+        "RSS grew by {grown} KiB after {sent} bytes"
+    );
+    assert_eq!(a.requests(), 0);
+    assert_eq!(client_get(&f, "/after"), 200);
+}
+
+/// The status of a plain GET through `f`.
+fn client_get(f: &Fulcrum, path: &str) -> u16 {
+    let text = common::raw_exchange(
+        f.proxy,
+        format!("GET {path} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n").as_bytes(),
+        Duration::from_secs(5),
+    );
+    text.split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}

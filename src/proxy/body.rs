@@ -60,20 +60,34 @@ impl std::fmt::Display for BodyTooLarge {
 impl std::error::Error for BodyTooLarge {}
 
 /// A client's request body, whichever front end read it: the request path streams it
-/// upstream without knowing the protocol it came in. hyper's server (HTTP/1 requests
-/// with a body, HTTP/2) is the one front end that reads bodies today; another front end
-/// adds its own stream inside this type, and nothing above it changes.
+/// upstream without knowing the protocol it came in. hyper's server reads HTTP/1
+/// requests with a body; the HTTP/2 front end ([`crate::h2_front`]) hands over its
+/// stream; another front end adds its own stream here, and nothing above it changes.
 #[derive(Debug)]
-pub(crate) struct ClientBody(Incoming);
+pub(crate) struct ClientBody(Inner);
+
+#[derive(Debug)]
+enum Inner {
+    Hyper(Incoming),
+    H2(H2Body),
+}
 
 impl ClientBody {
     /// The body of a request hyper's server read.
     pub(crate) fn hyper(inner: Incoming) -> ClientBody {
-        ClientBody(inner)
+        ClientBody(Inner::Hyper(inner))
     }
-}
 
-impl ClientBody {
+    /// An HTTP/2 request's body: its DATA frames, then its trailers; `length` is the
+    /// request's `Content-Length`, when it states one (h2 holds the stream to it).
+    pub(crate) fn h2(recv: h2::RecvStream, length: Option<u64>) -> ClientBody {
+        ClientBody(Inner::H2(H2Body {
+            recv,
+            left: length,
+            data_done: false,
+        }))
+    }
+
     /// The next frame of the client's body (`http_body::Body::poll_frame` of the stream
     /// inside; only [`ReqBody`] polls it, so it is not a `Body` itself).
     #[inline]
@@ -81,16 +95,65 @@ impl ClientBody {
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
-        let r = Pin::new(&mut self.0).poll_frame(cx);
-        r.map(|o| o.map(|f| f.map_err(Into::into)))
+        match &mut self.0 {
+            Inner::Hyper(b) => {
+                let r = Pin::new(b).poll_frame(cx);
+                r.map(|o| o.map(|f| f.map_err(Into::into)))
+            }
+            Inner::H2(b) => b.poll_frame(cx),
+        }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.0.is_end_stream()
+        match &self.0 {
+            Inner::Hyper(b) => b.is_end_stream(),
+            Inner::H2(b) => b.recv.is_end_stream(),
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.0.size_hint()
+        match &self.0 {
+            Inner::Hyper(b) => b.size_hint(),
+            Inner::H2(b) => b.left.map_or_else(SizeHint::default, SizeHint::with_exact),
+        }
+    }
+}
+
+/// An HTTP/2 request body: each DATA frame's bytes are given back to the client's
+/// window as they are taken (as hyper's `Incoming` does), so the client sends on as
+/// fast as the backend reads.
+#[derive(Debug)]
+struct H2Body {
+    recv: h2::RecvStream,
+    /// What `Content-Length` says is left to come.
+    left: Option<u64>,
+    /// The DATA frames are over; the trailers (if any) are next.
+    data_done: bool,
+}
+
+impl H2Body {
+    fn poll_frame(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        if !self.data_done {
+            match std::task::ready!(self.recv.poll_data(cx)) {
+                Some(Ok(data)) => {
+                    let _ = self.recv.flow_control().release_capacity(data.len());
+                    if let Some(left) = &mut self.left {
+                        *left = left.saturating_sub(data.len() as u64);
+                    }
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Some(Err(e)) => return Poll::Ready(Some(Err(e.into()))),
+                None => self.data_done = true,
+            }
+        }
+        match std::task::ready!(self.recv.poll_trailers(cx)) {
+            Ok(Some(t)) => Poll::Ready(Some(Ok(Frame::trailers(t)))),
+            Ok(None) => Poll::Ready(None),
+            Err(e) => Poll::Ready(Some(Err(e.into()))),
+        }
     }
 }
 

@@ -14,6 +14,30 @@ use http::{Method, StatusCode, Uri, Version};
 
 use super::headers::{ClientFields, Spans};
 
+thread_local! {
+    static DATE: std::cell::RefCell<(u64, HeaderValue)> =
+        const { std::cell::RefCell::new((u64::MAX, HeaderValue::from_static(""))) };
+}
+
+/// The current `Date` value, formatted once per second per thread, for the answers a
+/// front end writes without one.
+pub(crate) fn date() -> HeaderValue {
+    let now = std::time::SystemTime::now();
+    let secs = now
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    DATE.with(|d| {
+        let mut d = d.borrow_mut();
+        if d.0 != secs {
+            let text = httpdate::fmt_http_date(now);
+            if let Ok(v) = HeaderValue::from_str(&text) {
+                *d = (secs, v);
+            }
+        }
+        d.1.clone()
+    })
+}
+
 /// A request's header fields.
 #[derive(Debug)]
 pub(crate) enum RequestFields {
@@ -206,9 +230,10 @@ impl Fields {
     }
 
     /// The fields as a header map (values still slices of the head), with one
-    /// `Content-Length` line when there is a length.
+    /// `Content-Length` line when there is a length, and room for the two fields a
+    /// front end may add (`X-Request-Id`, `Date`) without the map growing.
     pub(crate) fn into_map(self) -> HeaderMap {
-        let mut map = self.spans.to_map(1);
+        let mut map = self.spans.to_map(3);
         if let Some(n) = self.length {
             map.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
         }

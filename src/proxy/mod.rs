@@ -33,7 +33,7 @@ use ipnet::IpNet;
 use answer::Answer;
 pub(crate) use answer::{Hold, ProxyResponse, RespBody, ShedPermit};
 pub(crate) use body::{BodyError, ClientBody, ReqBody};
-pub(crate) use message::{RequestFields, RequestHead, ResponseFields, ResponseHead};
+pub(crate) use message::{date, RequestFields, RequestHead, ResponseFields, ResponseHead};
 pub(crate) use record::{Finish, Pending, Recorder};
 use request_id::RequestId;
 pub(crate) use tunnel::ClientUpgrade;
