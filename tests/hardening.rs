@@ -643,25 +643,33 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// An HPACK block: `:method GET`, `:scheme http`, `:path /`, `:authority a`.
+const GET_A: [u8; 6] = [0x82, 0x86, 0x84, 0x41, 0x01, b'a'];
+
+/// A backend, fulcrum in front of it, and a connection to fulcrum with the start of an
+/// HTTP/2 conversation to send (the preface and empty SETTINGS).
+fn h2_flood_target() -> (TestBackend, Fulcrum, std::net::TcpStream, Vec<u8>) {
+    let a = TestBackend::start("A");
+    let f = Fulcrum::over(&[&a], &["--health-interval", "60s"]);
+    let s = std::net::TcpStream::connect(f.proxy).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend(h2_frame(4, 0, 0, &[]));
+    (a, f, s, out)
+}
+
 /// HTTP/2 rapid reset (CVE-2023-44487): a client that opens streams and cancels each
 /// at once makes the backend do nothing for most of them, and its connection is
 /// closed with `ENHANCE_YOUR_CALM`; other clients go on being served.
 #[test]
 fn an_h2_rapid_reset_flood_is_cut_off_and_costs_the_backend_nothing() {
     use std::io::Write;
-    let a = TestBackend::start("A");
-    let f = Fulcrum::over(&[&a], &["--health-interval", "60s"]);
-    let mut s = std::net::TcpStream::connect(f.proxy).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
-    out.extend(h2_frame(4, 0, 0, &[]));
-    // :method GET, :scheme http, :path "/", :authority "a".
-    let block = [0x82, 0x86, 0x84, 0x41, 0x01, b'a'];
+    let (a, f, mut s, mut out) = h2_flood_target();
     let cancel = 8u32.to_be_bytes();
     let streams = 10_000u32;
     for i in 0..streams {
         let id = 1 + 2 * i;
-        out.extend(h2_frame(1, 0x5, id, &block));
+        out.extend(h2_frame(1, 0x5, id, &GET_A));
         out.extend(h2_frame(3, 0, id, &cancel));
     }
     let before = rss_kib(f.child.id());
@@ -689,14 +697,9 @@ fn an_h2_rapid_reset_flood_is_cut_off_and_costs_the_backend_nothing() {
 #[test]
 fn an_endless_continuation_flood_closes_its_connection() {
     use std::io::Write;
-    let a = TestBackend::start("A");
-    let f = Fulcrum::over(&[&a], &["--health-interval", "60s"]);
-    let mut s = std::net::TcpStream::connect(f.proxy).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let (a, f, mut s, mut out) = h2_flood_target();
     s.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
-    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
-    out.extend(h2_frame(4, 0, 0, &[]));
-    out.extend(h2_frame(1, 0x1, 1, &[0x82, 0x86, 0x84, 0x41, 0x01, b'a']));
+    out.extend(h2_frame(1, 0x1, 1, &GET_A));
     s.write_all(&out).unwrap();
     // 16 KiB per frame, up to 32 MiB.
     // Each a literal field without indexing, a new name: 100 bytes of name, 100 of value.

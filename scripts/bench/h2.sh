@@ -31,10 +31,8 @@ pids=()
 stop_all() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; pids=(); }
 trap 'stop_all; rm -rf "$work"' EXIT
 
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
-  -subj /CN=localhost -addext subjectAltName=DNS:localhost \
-  -keyout "$work/key.pem" -out "$work/cert.pem" 2>/dev/null
-cat "$work/cert.pem" "$work/key.pem" >"$work/both.pem"
+source scripts/bench/lib.sh
+make_cert "$work"
 
 backend=29501 fulcrum=29511 nginx=29521 haproxy=29531
 temp="client_body_temp_path $work/tmp; proxy_temp_path $work/tmp; fastcgi_temp_path $work/tmp;
@@ -106,13 +104,6 @@ start() {
   sleep 1
 }
 
-# The processes of a proxy: its main process and, for nginx, its worker.
-procs() { echo "$1 $(pgrep -P "$1" | tr '\n' ' ')"; }
-# CPU time of a proxy's processes, in clock ticks.
-cpu() { local t=0; for p in $(procs "$1"); do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo $t; }
-# Peak RSS of a proxy's processes, KiB.
-rss() { local t=0; for p in $(procs "$1"); do t=$((t + $(awk '/VmHWM/ {print $2}' "/proc/$p/status"))); done; echo $t; }
-hz=$(getconf CLK_TCK)
 # Runs h2load on CPU 0; prints "succeeded req/s".
 load() {
   taskset -c 0 h2load "$@" >"$work/h2load.out" 2>&1 || true

@@ -29,10 +29,8 @@ mkdir -p "$work/tmp"
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"' EXIT
 
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
-  -subj /CN=localhost -addext subjectAltName=DNS:localhost \
-  -keyout "$work/key.pem" -out "$work/cert.pem" 2>/dev/null
-cat "$work/cert.pem" "$work/key.pem" >"$work/both.pem"
+source scripts/bench/lib.sh
+make_cert "$work"
 
 backend=29401 fulcrum=29411 nginx=29421 haproxy=29431
 cat >"$work/backend.conf" <<CONF
@@ -84,13 +82,6 @@ taskset -c 1 nginx -c "$work/nginx.conf" -p "$work" & nginx_pid=$!; pids+=($!)
 taskset -c 1 haproxy -f "$work/haproxy.cfg" -db & haproxy_pid=$!; pids+=($!)
 sleep 1
 
-# The processes of a proxy: its main process and, for nginx, its worker.
-procs() { echo "$1 $(pgrep -P "$1" | tr '\n' ' ')"; }
-# CPU time of a proxy's processes, in clock ticks.
-cpu() { local t=0; for p in $(procs "$1"); do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo $t; }
-# Peak RSS of a proxy's processes, KiB.
-rss() { local t=0; for p in $(procs "$1"); do t=$((t + $(awk '/VmHWM/ {print $2}' "/proc/$p/status"))); done; echo $t; }
-hz=$(getconf CLK_TCK)
 
 h2() { taskset -c 0 h2load --h1 "$@" >"$work/h2load.out" 2>&1; grep -E '^requests:' "$work/h2load.out" | awk '{print $8}'; }
 
