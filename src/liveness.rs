@@ -1,5 +1,5 @@
-//! What keeps a client connection that hyper serves (HTTP/2, TLS, HTTP/1.1 after the
-//! fast path hands it over) from holding its slot for nothing (`docs/operations.md`,
+//! What keeps a client connection that hyper or the HTTP/2 front end serves (HTTP/2,
+//! HTTP/1.1 after the fast path hands it over) from holding its slot for nothing (`docs/operations.md`,
 //! "Limits"):
 //!
 //! - the **idle timeout**: a connection with no request open for that long is closed
@@ -10,14 +10,14 @@
 //! - a **grace** for a graceful close: a connection still open that long after one was
 //!   asked for is closed at once.
 //!
-//! hyper offers none of these: its HTTP/2 keep-alive pings find a dead peer, not an idle
-//! or a stalled one, and a response body hyper has stopped polling (the client's flow
+//! Neither hyper nor `h2` offers these: HTTP/2 keep-alive pings find a dead peer, not an
+//! idle or a stalled one, and a response body no longer polled (the client's flow
 //! control window is shut) looks like any other. So the connection keeps an
 //! [`Activity`]: the requests open, the answers waiting on the client, and a count of
 //! progress (bytes written, frames taken). A [`Watchdog`] beside the connection reads it
 //! a few times per timeout; nothing on the request path reads a clock.
 //!
-//! [`Stopping`] is how every client connection, on the fast path or hyper's, learns
+//! [`Stopping`] is how every client connection, whichever front end serves it, learns
 //! that the process stops, and whether the stop is a hand-over to a new process.
 
 use std::future::Future;
@@ -37,12 +37,13 @@ use tokio::sync::watch;
 pub(crate) struct Activity {
     /// Requests open: from the service call until the answer's body is done with.
     open: AtomicUsize,
-    /// Answers whose body waits on the client: a frame handed to hyper, not taken yet.
+    /// Answers whose body waits on the client: a frame handed to the front end (hyper,
+    /// or the HTTP/2 front end), not taken yet.
     waiting: AtomicUsize,
-    /// Moves with every request opened, every frame hyper takes, and (on HTTP/1.1)
+    /// Moves with every request opened, every frame the front end takes, and (on HTTP/1.1)
     /// every byte written to the client.
     progress: AtomicU64,
-    /// The connection speaks HTTP/2: its writes are not progress, since hyper answers a
+    /// The connection speaks HTTP/2: its writes are not progress, since `h2` answers a
     /// client's PINGs and SETTINGS by itself, and a client that only sends those must
     /// still be idle, or stalled if it opens no window.
     h2: bool,
@@ -98,7 +99,7 @@ impl Drop for Opened {
 }
 
 /// An answer's body, watched: it waits on the client from the moment it is handed to
-/// hyper until hyper polls it, and again after each frame until the next poll.
+/// the front end until it is polled, and again after each frame until the next poll.
 #[derive(Debug)]
 pub(crate) struct Watched<B> {
     inner: B,

@@ -12,8 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
@@ -38,12 +37,11 @@ const SWEEP_EVERY_BEATS: u32 = 150;
 
 /// hyper's server connection builder, for the HTTP/1.1 connections the fast path hands
 /// over (HTTP/2 has its own front end, `h2_front`).
-type HttpBuilder = auto::Builder<TokioExecutor>;
+type HttpBuilder = hyper::server::conn::http1::Builder;
 
 fn http_builder() -> HttpBuilder {
-    let mut b = auto::Builder::new(TokioExecutor::new()).http1_only();
-    b.http1()
-        .timer(TokioTimer::new())
+    let mut b = hyper::server::conn::http1::Builder::new();
+    b.timer(TokioTimer::new())
         .header_read_timeout(HEADER_TIMEOUT)
         .max_buf_size(MAX_HEADER_BYTES + 1024)
         .max_headers(256)
@@ -465,8 +463,8 @@ impl ClientConn<'_> {
         }
     }
 
-    /// Serves an HTTPS connection: its handshake, then HTTP/2 (by ALPN) through hyper,
-    /// or HTTP/1 as a plain connection is served.
+    /// Serves an HTTPS connection: its handshake, then HTTP/2 (by ALPN) through the
+    /// HTTP/2 front end, or HTTP/1 as a plain connection is served.
     async fn serve_tls(
         self,
         stream: tokio::net::TcpStream,
@@ -484,8 +482,8 @@ impl ClientConn<'_> {
         if tls.get_ref().1.alpn_protocol() != Some(b"h2") {
             return self.serve_h1(tls, client, held, by).await;
         }
-        // The preface is read here, so that a stop arriving before hyper has read it
-        // does not close a connection whose client already sent it.
+        // The preface is read here, so that a stop arriving before the HTTP/2 front end
+        // has read it does not close a connection whose client already sent it.
         let Some(io) = first_bytes(tls, peer, by).await else {
             return;
         };
@@ -524,7 +522,7 @@ impl ClientConn<'_> {
                 Ok::<_, Infallible>(r.map(|b| Watched::new(b, opened)))
             }
         });
-        let conn = self.builder.serve_connection_with_upgrades(io, svc);
+        let conn = self.builder.serve_connection(io, svc).with_upgrades();
         tokio::pin!(conn);
         let mut dog = Watchdog::new(Arc::clone(&activity), self.timeouts);
         let mut stop_rx = self.stop.receiver();
@@ -534,7 +532,7 @@ impl ClientConn<'_> {
         let mut stop_seen = self.stop.is_stopping();
         loop {
             tokio::select! {
-                r = conn.as_mut() => return r,
+                r = conn.as_mut() => return r.map_err(Into::into),
                 v = dog.verdict() => match v {
                     Verdict::Stalled => return Err("send timeout: the client took nothing of an answer".into()),
                     Verdict::Idle => begin_close(conn.as_mut(), &mut closing),
@@ -570,8 +568,10 @@ impl ClientConn<'_> {
         let activity = Arc::new(Activity::new(true));
         let io = Tracked::new(io, Arc::clone(&activity), held);
         let mut dog = Watchdog::new(Arc::clone(&activity), self.timeouts);
-        // The preface was read before (the fast path or `first_bytes`); the handshake
-        // waits on nothing else from the client but its SETTINGS.
+        // The start of the preface was read before (the fast path or `first_bytes`); the
+        // handshake waits at most for its rest, under the watchdog: a client that never
+        // sends it is closed at the idle timeout, without a GOAWAY (there is no HTTP/2
+        // connection yet to send one on).
         let conn = tokio::select! {
             c = crate::h2_front::handshake(io) => c?,
             _ = dog.verdict() => return Err("no HTTP/2 handshake in time".into()),
@@ -593,6 +593,8 @@ impl ClientConn<'_> {
         };
         loop {
             tokio::select! {
+                // Each pass is a new `select!`, which polls `served` again: that is how
+                // it sees `close` set by the branches below.
                 r = served.as_mut() => return r.map_err(Into::into),
                 v = dog.verdict() => match v {
                     Verdict::Stalled => return Err("send timeout: the client took nothing of an answer".into()),
@@ -610,39 +612,26 @@ impl ClientConn<'_> {
     }
 }
 
-/// The first bytes of an HTTP/2 connection by prior knowledge (RFC 9113 §3.4).
-const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n";
+/// The start of HTTP/2's connection preface (RFC 9113 §3.4): the fast path hands a
+/// connection over as soon as this much of it shows the request line is no HTTP/1.x
+/// one, which may be before the whole preface has come.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2";
 
-/// Asks hyper to close `conn` gracefully (HTTP/2: `GOAWAY`, the streams open finish;
-/// HTTP/1.1: after the answer in flight, or at once when idle), once, with [`GRACE`]
-/// for it.
-fn begin_close<C: GracefulClose>(
-    conn: std::pin::Pin<&mut C>,
+/// Asks hyper to close an HTTP/1.1 connection gracefully (after the answer in flight,
+/// or at once when idle), once, with [`GRACE`] for it.
+fn begin_close<I, S>(
+    conn: std::pin::Pin<&mut hyper::server::conn::http1::UpgradeableConnection<I, S>>,
     closing: &mut Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
-) {
-    if closing.is_none() {
-        conn.close_gracefully();
-        *closing = Some(Box::pin(tokio::time::sleep(GRACE)));
-    }
-}
-
-/// hyper's connection, closed gracefully (a trait so [`begin_close`] names no hyper
-/// type).
-trait GracefulClose {
-    fn close_gracefully(self: std::pin::Pin<&mut Self>);
-}
-
-impl<I, S, E> GracefulClose for auto::UpgradeableConnection<'_, I, S, E>
-where
+) where
     S: hyper::service::HttpService<hyper::body::Incoming>,
     S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    S::ResBody: http_body::Body + Send + 'static,
+    S::ResBody: http_body::Body + 'static,
     <S::ResBody as http_body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-    E: hyper::rt::bounds::Http2ServerConnExec<S::Future, S::ResBody>,
 {
-    fn close_gracefully(self: std::pin::Pin<&mut Self>) {
-        self.graceful_shutdown();
+    if closing.is_none() {
+        conn.graceful_shutdown();
+        *closing = Some(Box::pin(tokio::time::sleep(GRACE)));
     }
 }
 

@@ -145,6 +145,11 @@ impl H2Body {
                     }
                     return Poll::Ready(Some(Ok(Frame::data(data))));
                 }
+                // A RST_STREAM with NO_ERROR is a client's early end (RFC 9113 §8.1),
+                // not a failure: the body ends there, as hyper's `Incoming` ends it.
+                Some(Err(e)) if e.reason() == Some(h2::Reason::NO_ERROR) => {
+                    return Poll::Ready(None)
+                }
                 Some(Err(e)) => return Poll::Ready(Some(Err(e.into()))),
                 None => self.data_done = true,
             }
