@@ -26,7 +26,7 @@ use http_body::Body as _;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::liveness::{Activity, Opened, Watched};
-use crate::proxy::{ClientBody, Peer, Proxy, RequestHead, RespBody, MAX_HEADER_BYTES};
+use crate::proxy::{hop, ClientBody, Peer, Proxy, RequestHead, RespBody, MAX_HEADER_BYTES};
 
 /// Streams a client may have open at once (hyper's server default; nginx allows 128,
 /// HAProxy 100).
@@ -139,7 +139,8 @@ async fn stream(
     let answer = {
         // Boxed: the request path's future is kilobytes, and this stream's future is
         // moved on its way into the connection's set of streams.
-        let served = Box::pin(answer(proxy, RequestHead::from_parts(parts), body, peer));
+        let head = RequestHead::from_parts(parts);
+        let served = Box::pin(proxy.answer(head, body, None, peer));
         let reset = poll_fn(|cx| respond.poll_reset(cx));
         tokio::select! {
             biased;
@@ -161,20 +162,6 @@ async fn stream(
     }
 }
 
-/// The request path's answer to a stream's request.
-async fn answer(
-    proxy: &Proxy,
-    head: RequestHead,
-    body: Option<ClientBody>,
-    peer: &Peer,
-) -> Response<RespBody> {
-    let who = proxy.identify(&head, peer);
-    let id = who.1.clone();
-    let mut r = proxy.serve(head, body, None, peer, who).await;
-    r.head.request_id = Some(id);
-    r.into_http()
-}
-
 /// The request's `Content-Length`, when it states one (`h2` refuses a stream whose
 /// DATA frames carry another length).
 fn length(fields: &HeaderMap) -> Option<u64> {
@@ -189,8 +176,8 @@ fn length(fields: &HeaderMap) -> Option<u64> {
 /// Makes an answer's head one HTTP/2 carries: a `Date` when it has none, a
 /// `Content-Length` when there is a body of a known length and none is stated (as
 /// hyper's server: an answer without a body, to `HEAD` among others, says nothing it
-/// does not know), and no connection-specific field (RFC 9113 §8.2.2; `h2` refuses to
-/// send one).
+/// does not know), and no hop-by-hop field (the hop rules' list: RFC 9113 §8.2.2 forbids
+/// the connection-specific ones, and `h2` refuses to send them).
 fn fit_head(fields: &mut HeaderMap, body: &RespBody) {
     if !fields.contains_key(header::DATE) {
         fields.insert(header::DATE, crate::proxy::date());
@@ -200,31 +187,15 @@ fn fit_head(fields: &mut HeaderMap, body: &RespBody) {
             fields.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
         }
     }
-    if fields.keys().any(connection_specific) {
-        let doomed: Vec<HeaderName> = fields
-            .keys()
-            .filter(|n| connection_specific(n))
-            .cloned()
-            .collect();
+    // Answers from the wire have lost them already; an answer of fulcrum's own may say
+    // `Connection: close`.
+    let hop = |n: &HeaderName| hop::is_hop_by_hop(n.as_str().as_bytes());
+    if fields.keys().any(hop) {
+        let doomed: Vec<HeaderName> = fields.keys().filter(|n| hop(n)).cloned().collect();
         for name in doomed {
             fields.remove(name);
         }
     }
-}
-
-/// A field that only means something on one connection, never sent on HTTP/2.
-fn connection_specific(name: &HeaderName) -> bool {
-    // By length first: most names are none of these.
-    matches!(name.as_str().len(), 2 | 7 | 10 | 16 | 17)
-        && matches!(
-            name.as_str(),
-            "connection"
-                | "keep-alive"
-                | "proxy-connection"
-                | "transfer-encoding"
-                | "upgrade"
-                | "te"
-        )
 }
 
 /// Sends an answer's body on its stream: each DATA frame once the client's window has
@@ -291,24 +262,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn connection_specific_fields_are_known_by_name() {
-        for n in [
-            "connection",
-            "keep-alive",
-            "proxy-connection",
-            "transfer-encoding",
-            "upgrade",
-            "te",
-        ] {
-            assert!(connection_specific(&HeaderName::from_static(n)), "{n}");
-        }
-        for n in ["content-type", "x-request-id", "trailer", "tk", "upgrades"] {
-            assert!(!connection_specific(&HeaderName::from_static(n)), "{n}");
-        }
-    }
-
-    #[test]
-    fn a_head_gets_date_and_length_and_loses_connection_fields() {
+    fn a_head_gets_date_and_length_and_loses_hop_by_hop_fields() {
         let mut fields = HeaderMap::new();
         fields.insert(header::CONNECTION, HeaderValue::from_static("close"));
         fields.insert("keep-alive", HeaderValue::from_static("timeout=5"));

@@ -28,9 +28,5 @@ pub(crate) async fn handle(
     // An empty body is not forwarded as a stream: such a request can be replayed.
     let body = (!body.is_end_stream()).then(|| ClientBody::hyper(body));
     let head = RequestHead::from_parts(parts);
-    let who = proxy.identify(&head, &peer);
-    let id = who.1.clone();
-    let mut r = proxy.serve(head, body, client_upgrade, &peer, who).await;
-    r.head.request_id = Some(id);
-    r.into_http()
+    proxy.answer(head, body, client_upgrade, &peer).await
 }

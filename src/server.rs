@@ -524,34 +524,11 @@ impl ClientConn<'_> {
         });
         let conn = self.builder.serve_connection(io, svc).with_upgrades();
         tokio::pin!(conn);
-        let mut dog = Watchdog::new(Arc::clone(&activity), self.timeouts);
-        let mut stop_rx = self.stop.receiver();
-        let mut closing: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
-        // Handed to hyper after the stop, a connection has a request read already (the
-        // fast path read it): it is served, and its answer closes it.
-        let mut stop_seen = self.stop.is_stopping();
-        loop {
-            tokio::select! {
-                r = conn.as_mut() => return r.map_err(Into::into),
-                v = dog.verdict() => match v {
-                    Verdict::Stalled => return Err("send timeout: the client took nothing of an answer".into()),
-                    Verdict::Idle => begin_close(conn.as_mut(), &mut closing),
-                },
-                _ = stop_rx.changed(), if !stop_seen => {
-                    stop_seen = true;
-                    if !self.stop.is_handed_over() {
-                        begin_close(conn.as_mut(), &mut closing);
-                    }
-                }
-                _ = crate::liveness::maybe(closing.as_mut()) => {
-                    return Err("not closed within the grace after a graceful close".into());
-                }
-            }
-        }
+        let dog = Watchdog::new(Arc::clone(&activity), self.timeouts);
+        self.watched(conn, dog, false, |c| c.graceful_shutdown())
+            .await
     }
-}
 
-impl ClientConn<'_> {
     /// Serves an HTTP/2 connection ([`crate::h2_front`]) until it ends: its streams are
     /// futures polled here, beside the connection, under the [`Watchdog`]'s timeouts
     /// and the stop, which close it gracefully (`GOAWAY`: the streams open finish); a
@@ -576,33 +553,60 @@ impl ClientConn<'_> {
             c = crate::h2_front::handshake(io) => c?,
             _ = dog.verdict() => return Err("no HTTP/2 handshake in time".into()),
         };
-        let mut stop_rx = self.stop.receiver();
-        let mut stop_seen = self.stop.is_stopping();
-        let close = std::sync::atomic::AtomicBool::new(stop_seen);
-        let mut closing: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
-        if stop_seen {
-            closing = Some(Box::pin(tokio::time::sleep(GRACE)));
-        }
+        let close = std::sync::atomic::AtomicBool::new(false);
         let served = crate::h2_front::serve(conn, self.proxy, &client, &activity, &close);
         tokio::pin!(served);
-        let close_now = |closing: &mut Option<_>| {
-            close.store(true, std::sync::atomic::Ordering::Relaxed);
+        // `watched` polls `served` again after each close it asks for: that is how the
+        // flag is seen.
+        self.watched(served, dog, true, |_| {
+            close.store(true, std::sync::atomic::Ordering::Relaxed)
+        })
+        .await
+    }
+
+    /// Runs `served`, a connection being served, to its end under the [`Watchdog`]'s
+    /// timeouts and the stop: an idle connection, or one at a stop, is closed gracefully
+    /// by `close` (once), and cut when that takes longer than [`GRACE`]; a stalled one is
+    /// cut at once. HTTP/2 (`h2`) is closed at any stop, with its `GOAWAY` at once when
+    /// the stop came first. An HTTP/1.1 connection is closed at a stop unless the
+    /// sockets were handed over (then its answers close it); one handed to hyper after
+    /// the stop has a request read already (the fast path read it), and its answer
+    /// closes it.
+    async fn watched<F, E>(
+        &self,
+        mut served: std::pin::Pin<&mut F>,
+        mut dog: Watchdog,
+        h2: bool,
+        mut close: impl FnMut(std::pin::Pin<&mut F>),
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
+    where
+        F: std::future::Future<Output = Result<(), E>>,
+        E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let mut stop_rx = self.stop.receiver();
+        let mut stop_seen = self.stop.is_stopping();
+        let mut closing: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
+        let mut begin_close = |served: std::pin::Pin<&mut F>, closing: &mut Option<_>| {
             if closing.is_none() {
+                close(served);
                 *closing = Some(Box::pin(tokio::time::sleep(GRACE)));
             }
         };
+        if stop_seen && h2 {
+            begin_close(served.as_mut(), &mut closing);
+        }
         loop {
             tokio::select! {
-                // Each pass is a new `select!`, which polls `served` again: that is how
-                // it sees `close` set by the branches below.
                 r = served.as_mut() => return r.map_err(Into::into),
                 v = dog.verdict() => match v {
                     Verdict::Stalled => return Err("send timeout: the client took nothing of an answer".into()),
-                    Verdict::Idle => close_now(&mut closing),
+                    Verdict::Idle => begin_close(served.as_mut(), &mut closing),
                 },
                 _ = stop_rx.changed(), if !stop_seen => {
                     stop_seen = true;
-                    close_now(&mut closing);
+                    if h2 || !self.stop.is_handed_over() {
+                        begin_close(served.as_mut(), &mut closing);
+                    }
                 }
                 _ = crate::liveness::maybe(closing.as_mut()) => {
                     return Err("not closed within the grace after a graceful close".into());
@@ -616,24 +620,6 @@ impl ClientConn<'_> {
 /// connection over as soon as this much of it shows the request line is no HTTP/1.x
 /// one, which may be before the whole preface has come.
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2";
-
-/// Asks hyper to close an HTTP/1.1 connection gracefully (after the answer in flight,
-/// or at once when idle), once, with [`GRACE`] for it.
-fn begin_close<I, S>(
-    conn: std::pin::Pin<&mut hyper::server::conn::http1::UpgradeableConnection<I, S>>,
-    closing: &mut Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
-) where
-    S: hyper::service::HttpService<hyper::body::Incoming>,
-    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    S::ResBody: http_body::Body + 'static,
-    <S::ResBody as http_body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-{
-    if closing.is_none() {
-        conn.graceful_shutdown();
-        *closing = Some(Box::pin(tokio::time::sleep(GRACE)));
-    }
-}
 
 /// How long a graceful close may take before the connection is cut: a client that
 /// never finishes its preface, or never opens the window of a last answer.

@@ -35,15 +35,7 @@ source scripts/bench/lib.sh
 make_cert "$work"
 
 backend=29501 fulcrum=29511 nginx=29521 haproxy=29531
-temp="client_body_temp_path $work/tmp; proxy_temp_path $work/tmp; fastcgi_temp_path $work/tmp;
-  uwsgi_temp_path $work/tmp; scgi_temp_path $work/tmp;"
-cat >"$work/backend.conf" <<CONF
-daemon off; worker_processes 1; pid $work/backend.pid; error_log $work/backend.log;
-worker_rlimit_nofile 65536;
-events { worker_connections 16384; }
-http { access_log off; $temp keepalive_requests 10000000;
-  server { listen $backend backlog=4096; location / { return 200 "backend ........................................................\n"; } } }
-CONF
+write_backend_conf "$work" "$backend"
 taskset -c 0 nginx -c "$work/backend.conf" -p "$work" &
 backend_pid=$!; pids+=($!)
 
@@ -59,32 +51,8 @@ configure() {
     listen="listen $nginx http2 backlog=4096;"
     bind="bind 127.0.0.1:$haproxy proto h2"
   fi
-  cat >"$work/nginx.conf" <<CONF
-daemon off; worker_processes 1; pid $work/nginx.pid; error_log $work/nginx.log;
-worker_rlimit_nofile 65536;
-events { worker_connections 16384; }
-http { access_log off; $temp keepalive_requests 10000000;
-  upstream b { server 127.0.0.1:$backend; keepalive 64; }
-  server { $listen
-    location / { proxy_pass http://b; proxy_http_version 1.1; proxy_set_header Connection ""; } } }
-CONF
-  cat >"$work/haproxy.cfg" <<CONF
-global
-  nbthread 1
-  maxconn 4000
-  tune.ssl.default-dh-param 2048
-defaults
-  mode http
-  timeout connect 5s
-  timeout client 60s
-  timeout server 60s
-  http-reuse always
-frontend f
-  $bind
-  default_backend b
-backend b
-  server s1 127.0.0.1:$backend
-CONF
+  write_nginx_conf "$work" "$backend" "$listen"
+  write_haproxy_cfg "$work" "$backend" "$bind"
 }
 
 # Starts the three proxies for a mode; sets fulcrum_pid, nginx_pid, haproxy_pid.

@@ -16,3 +16,56 @@ make_cert() {
     -keyout "$1/key.pem" -out "$1/cert.pem" 2>/dev/null
   cat "$1/cert.pem" "$1/key.pem" >"$1/both.pem"
 }
+
+# nginx's settings every config here starts with: one worker, no log, temp files in $work.
+nginx_head() { # nginx_head WORK NAME
+  cat <<CONF
+daemon off; worker_processes 1; pid $1/$2.pid; error_log $1/$2.log;
+worker_rlimit_nofile 65536;
+events { worker_connections 16384; }
+CONF
+}
+nginx_http() { # nginx_http WORK: what opens every http block
+  echo "access_log off; client_body_temp_path $1/tmp; proxy_temp_path $1/tmp;
+  fastcgi_temp_path $1/tmp; uwsgi_temp_path $1/tmp; scgi_temp_path $1/tmp;
+  keepalive_requests 10000000;"
+}
+
+# The backend every proxy stands in front of: nginx answering 64 bytes on PORT.
+write_backend_conf() { # write_backend_conf WORK PORT
+  { nginx_head "$1" backend
+    echo "http { $(nginx_http "$1")"
+    echo "  server { listen $2 backlog=4096; location / { return 200 \"backend ........................................................\\n\"; } } }"
+  } >"$1/backend.conf"
+}
+
+# nginx proxying to the backend on PORT, its server block opening with LISTEN.
+write_nginx_conf() { # write_nginx_conf WORK BACKEND_PORT LISTEN
+  { nginx_head "$1" nginx
+    echo "http { $(nginx_http "$1")"
+    echo "  upstream b { server 127.0.0.1:$2; keepalive 64; }"
+    echo "  server { $3"
+    echo '    location / { proxy_pass http://b; proxy_http_version 1.1; proxy_set_header Connection ""; } } }'
+  } >"$1/nginx.conf"
+}
+
+# HAProxy with one thread in front of the backend on PORT, its frontend bound by BIND.
+write_haproxy_cfg() { # write_haproxy_cfg WORK BACKEND_PORT BIND
+  cat >"$1/haproxy.cfg" <<CONF
+global
+  nbthread 1
+  maxconn 4000
+  tune.ssl.default-dh-param 2048
+defaults
+  mode http
+  timeout connect 5s
+  timeout client 60s
+  timeout server 60s
+  http-reuse always
+frontend f
+  $3
+  default_backend b
+backend b
+  server s1 127.0.0.1:$2
+CONF
+}

@@ -33,45 +33,11 @@ source scripts/bench/lib.sh
 make_cert "$work"
 
 backend=29401 fulcrum=29411 nginx=29421 haproxy=29431
-cat >"$work/backend.conf" <<CONF
-daemon off; worker_processes 1; pid $work/backend.pid; error_log $work/backend.log;
-worker_rlimit_nofile 65536;
-events { worker_connections 16384; }
-http { access_log off; client_body_temp_path $work/tmp; proxy_temp_path $work/tmp;
-  fastcgi_temp_path $work/tmp; uwsgi_temp_path $work/tmp; scgi_temp_path $work/tmp;
-  keepalive_requests 10000000;
-  server { listen $backend backlog=4096; location / { return 200 "backend ........................................................\n"; } } }
-CONF
-cat >"$work/nginx.conf" <<CONF
-daemon off; worker_processes 1; pid $work/nginx.pid; error_log $work/nginx.log;
-worker_rlimit_nofile 65536;
-events { worker_connections 16384; }
-http { access_log off; client_body_temp_path $work/tmp; proxy_temp_path $work/tmp;
-  fastcgi_temp_path $work/tmp; uwsgi_temp_path $work/tmp; scgi_temp_path $work/tmp;
-  keepalive_requests 10000000;
-  upstream b { server 127.0.0.1:$backend; keepalive 64; }
-  server { listen $nginx ssl backlog=4096;
+write_backend_conf "$work" "$backend"
+write_nginx_conf "$work" "$backend" "listen $nginx ssl backlog=4096;
     ssl_certificate $work/cert.pem; ssl_certificate_key $work/key.pem;
-    ssl_protocols TLSv1.2 TLSv1.3; ssl_session_cache shared:SSL:10m;
-    location / { proxy_pass http://b; proxy_http_version 1.1; proxy_set_header Connection ""; } } }
-CONF
-cat >"$work/haproxy.cfg" <<CONF
-global
-  nbthread 1
-  maxconn 4000
-  tune.ssl.default-dh-param 2048
-defaults
-  mode http
-  timeout connect 5s
-  timeout client 60s
-  timeout server 60s
-  http-reuse always
-frontend f
-  bind 127.0.0.1:$haproxy ssl crt $work/both.pem alpn h2,http/1.1
-  default_backend b
-backend b
-  server s1 127.0.0.1:$backend
-CONF
+    ssl_protocols TLSv1.2 TLSv1.3; ssl_session_cache shared:SSL:10m;"
+write_haproxy_cfg "$work" "$backend" "bind 127.0.0.1:$haproxy ssl crt $work/both.pem alpn h2,http/1.1"
 
 taskset -c 0 nginx -c "$work/backend.conf" -p "$work" & pids+=($!)
 taskset -c 1 "$bin" serve --listen 127.0.0.1:29410 --admin 127.0.0.1:29412 --workers 1 \

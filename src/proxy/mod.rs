@@ -394,6 +394,23 @@ impl Proxy {
         (trusted, theirs.unwrap_or_else(RequestId::random))
     }
 
+    /// Proxies one request for a front end that answers with an `http::Response` (hyper's
+    /// server, the HTTP/2 front end): [`Self::identify`], [`Self::serve`], the request
+    /// id on the answer.
+    pub(crate) async fn answer(
+        &self,
+        head: RequestHead,
+        body: Option<ClientBody>,
+        client_upgrade: Option<ClientUpgrade>,
+        peer: &Peer,
+    ) -> http::Response<RespBody> {
+        let who = self.identify(&head, peer);
+        let id = who.1.clone();
+        let mut r = self.serve(head, body, client_upgrade, peer, who).await;
+        r.head.request_id = Some(id);
+        r.into_http()
+    }
+
     /// Proxies one request: `body` is `None` when it has none, `client_upgrade` the
     /// client side's half of an upgrade. The client-facing HTTP/1.1 fast path
     /// ([`crate::front`]) calls this directly for its bodiless requests, with span
