@@ -77,6 +77,7 @@ impl clap::FromArgMatches for ServeArgs {
                 .get_many::<String>("backend")
                 .map(|v| v.cloned().collect())
                 .unwrap_or_default(),
+            discover: m.get_one::<String>("discover").cloned(),
             values: Vec::new(),
             admin_token_env: std::env::var("FULCRUM_ADMIN_TOKEN").ok(),
             upgrade: m.get_flag("upgrade"),
@@ -128,6 +129,12 @@ impl Args for ServeArgs {
                         .value_name("SPEC")
                         .action(ArgAction::Append)
                         .help("Backend `URL[,weight=N][,name=NAME]`; repeatable"),
+                );
+                cmd = cmd.arg(
+                    Arg::new("discover")
+                        .long("discover")
+                        .value_name("KIND=TARGET")
+                        .help("Find the first pool's backends: srv=NAME, dns=NAME:PORT or file=PATH, then [,scheme=https][,interval=DUR]"),
                 );
             }
         }

@@ -16,6 +16,7 @@ pub mod config;
 pub(crate) mod deadline;
 pub(crate) mod demo;
 pub(crate) mod descriptors;
+pub(crate) mod discovery;
 pub(crate) mod front;
 #[cfg(fuzzing)]
 #[doc(hidden)]

@@ -283,6 +283,7 @@ fn encode_routing(
         let n = p.queue.timeouts.load(std::sync::atomic::Ordering::Relaxed);
         ConstCounter::new(n).encode(m.encode_family(&[("pool", &*p.name)])?)?;
     }
+    encode_discovery(enc, routing)?;
     if let Some(first) = routing.pools.first() {
         // The single-pool series of old: the first pool's, as the single-pool admin
         // routes address it.
@@ -304,6 +305,31 @@ fn encode_routing(
     for p in &routing.pools {
         m.encode_family(&[("pool", &*p.name)])?
             .encode_info(&[("strategy", p.strategy().name())])?;
+    }
+    Ok(())
+}
+
+/// `fulcrum_discovery_updates_total{pool,result}` of each pool with `discover`.
+fn encode_discovery(
+    enc: &mut DescriptorEncoder,
+    routing: &crate::site::Routing,
+) -> Result<(), std::fmt::Error> {
+    let mut m = enc.encode_descriptor(
+        "fulcrum_discovery_updates",
+        "Lookups (or reads of a file) by discovery, by what they did: changed the backends, found them unchanged, or failed (the last good set stayed).",
+        None,
+        MetricType::Counter,
+    )?;
+    for p in routing.pools.iter().filter(|p| p.discover().is_some()) {
+        let st = p.discovery().clone();
+        for (result, n) in [
+            ("changed", st.changed),
+            ("unchanged", st.unchanged),
+            ("error", st.errors),
+        ] {
+            let labels = [("pool", &*p.name), ("result", result)];
+            ConstCounter::new(n).encode(m.encode_family(&labels)?)?;
+        }
     }
     Ok(())
 }

@@ -162,6 +162,7 @@ impl Reloader {
         if let (Some(tls), Some(certs)) = (&self.tls, certs) {
             tls.install(certs);
         }
+        self.site.resolvers.set(next.resolvers.clone());
         tracing::info!(
             added = ?report.added,
             removed = ?report.removed,
@@ -226,6 +227,7 @@ fn add_and_update(pool: &Pool, spec: &PoolSpec, report: &mut Report) {
     };
     let changes = pool.set_members(Source::Config, file_list(spec), how);
     note(changes, report);
+    pool.set_discover(spec.discover.as_ref());
     if pool.strategy() != spec.settings.strategy {
         pool.set_strategy(spec.settings.strategy);
     }

@@ -844,6 +844,7 @@ fn launch(
         .map_err(|e| format!("admin listener: {e}"))?;
     let site =
         Arc::new(Site::new(&settings.pools, &settings.routes).map_err(|e| format!("routes: {e}"))?);
+    site.resolvers.set(settings.resolvers.clone());
     let (shutdown, rx) = watch::channel(false);
     let (https, tls_listen, tls) = https_listeners(settings, listeners.tls)?;
     let mut proxy_settings = ProxySettings::from_settings(settings);
@@ -879,6 +880,7 @@ fn launch(
     if let Some(f) = fleet {
         wait_for_store(&f, &loaded);
     }
+    wait_for_discovery(&site);
     let stopping = Stopping::new(rx.clone());
     let mut threads = spawn_workers(
         listeners.proxy,
@@ -990,6 +992,22 @@ impl FleetStart {
     fn spawn(self, stop: &watch::Receiver<bool>) -> tokio::task::JoinHandle<()> {
         tokio::spawn(Arc::clone(&self.fleet).run(stop.clone(), self.loaded_tx));
         tokio::spawn(crate::store::registry::run(self.fleet, stop.clone()))
+    }
+}
+
+/// Waits until every pool with `discover` has looked its backends up once (at most
+/// [`FIRST_LOAD_WAIT`]), so that the first requests find them; a lookup that fails
+/// counts, and the pool starts empty and keeps trying (`docs/discovery.md`).
+fn wait_for_discovery(site: &Site) {
+    let until = std::time::Instant::now() + FIRST_LOAD_WAIT;
+    let pending = || {
+        site.pools().iter().any(|p| {
+            let st = p.discovery();
+            p.discover().is_some() && st.updated_at.is_none() && st.errors == 0
+        })
+    };
+    while pending() && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 

@@ -112,6 +112,7 @@ impl std::error::Error for SiteError {}
 struct Tasks {
     rt: tokio::runtime::Handle,
     stop: watch::Receiver<bool>,
+    resolvers: crate::discovery::Resolvers,
 }
 
 #[derive(Debug)]
@@ -125,6 +126,8 @@ struct Control {
 pub(crate) struct Site {
     /// What every pool shares.
     pub(crate) hub: Arc<Hub>,
+    /// The DNS servers the pools' discovery asks (`docs/discovery.md`).
+    pub(crate) resolvers: crate::discovery::Resolvers,
     control: Mutex<Control>,
     routing: ArcSwap<Routing>,
 }
@@ -142,6 +145,7 @@ impl Site {
         let routing = build(pools, routes.to_vec(), Arc::clone(&hits))?;
         Ok(Site {
             hub,
+            resolvers: Default::default(),
             control: Mutex::new(Control { hits, tasks: None }),
             routing: ArcSwap::from_pointee(routing),
         })
@@ -203,7 +207,11 @@ impl Site {
     /// pool is removed); pools added later get theirs there too.
     pub(crate) fn start_tasks(&self, rt: tokio::runtime::Handle, stop: watch::Receiver<bool>) {
         let mut c = self.lock();
-        let tasks = Tasks { rt, stop };
+        let tasks = Tasks {
+            rt,
+            stop,
+            resolvers: self.resolvers.clone(),
+        };
         for p in &self.routing.load().pools {
             spawn_tasks(&tasks, p);
         }
@@ -357,9 +365,14 @@ fn build(
     })
 }
 
-/// Starts `pool`'s health checks and upkeep.
+/// Starts `pool`'s health checks, upkeep and discovery.
 fn spawn_tasks(t: &Tasks, pool: &Arc<Pool>) {
     t.rt.spawn(crate::health::run(Arc::clone(pool), t.stop.clone()));
+    t.rt.spawn(crate::discovery::run(
+        Arc::clone(pool),
+        t.resolvers.clone(),
+        t.stop.clone(),
+    ));
     t.rt.spawn(crate::pool::maintenance::run(
         Arc::clone(pool),
         t.stop.clone(),

@@ -22,7 +22,7 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::config::{backend_spec, MAX_WEIGHT};
+use crate::config::{backend_spec, BackendEntry, MAX_WEIGHT};
 use crate::pool::{AdminState as BackendState, Backend, BackendView, Hub, Pool, PoolError};
 use crate::site::{Site, SiteError};
 use crate::spawn::{SpawnError, SpawnRequest, Spawner};
@@ -265,42 +265,31 @@ async fn list_backends(State(ctx): State<AdminCtx>) -> ApiResult<Json<Vec<Backen
     Ok(Json(views(&*ctx.first()?)))
 }
 
-/// A backend to add, as `POST /admin/backends` and `POST /admin/pools` take it.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct AddBody {
-    url: String,
-    weight: Option<i64>,
-    name: Option<String>,
-    /// Picked only while no primary of the pool is eligible.
-    backup: Option<bool>,
-    /// At most this many requests in flight; 0 = no limit.
-    max_conns: Option<i64>,
-}
-
-impl AddBody {
-    /// The backend it describes, or the 400 that says what is wrong.
-    fn spec(self) -> ApiResult<crate::config::BackendSpec> {
-        let weight = self.weight.map(check_weight).transpose()?;
-        let mut spec =
-            backend_spec(&self.url, weight, self.name.as_deref()).map_err(ApiError::bad)?;
-        spec.backup = self.backup.unwrap_or(false);
-        spec.max_conns = self
-            .max_conns
-            .map(check_max_conns)
-            .transpose()?
-            .unwrap_or(0);
-        Ok(spec)
-    }
-}
-
 async fn add_backend(State(ctx): State<AdminCtx>, body: Bytes) -> ApiResult<Response> {
     add_to(&ctx, &*ctx.first()?, &body).await
 }
 
+/// `409` when discovery finds `pool`'s backends: they are added and removed there
+/// (`docs/discovery.md`).
+fn not_discovered(pool: &Pool) -> ApiResult<()> {
+    match pool.discover() {
+        None => Ok(()),
+        Some(d) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!(
+                "pool '{}' finds its backends through {} '{}' (discover): add and remove them there",
+                pool.name,
+                d.kind(),
+                d.target_text()
+            ),
+        )),
+    }
+}
+
 /// Adds the backend `body` describes to `pool`: 201 BACKEND.
 async fn add_to(ctx: &AdminCtx, pool: &Pool, body: &Bytes) -> ApiResult<Response> {
-    let spec = parse_body::<AddBody>(body)?.spec()?;
+    not_discovered(pool)?;
+    let spec = (parse_body::<BackendEntry>(body)?.spec()).map_err(ApiError::bad)?;
     let added = match &ctx.fleet {
         Some(f) => {
             let id = f.add_backend(&pool.name, &spec).await?;
@@ -352,13 +341,16 @@ async fn patch_backend(
         })
         .transpose()?;
     let max_conns = p.max_conns.map(check_max_conns).transpose()?;
-    let b = match &ctx.fleet {
-        Some(f) => {
+    // A discovered backend is this instance's own, in fleet mode too.
+    let local = (ctx.site.backend(id).ok()).filter(|(_, b)| b.source().is_discovered());
+    let b = match (&ctx.fleet, local) {
+        (Some(f), None) => {
             // The store's object, whether or not this instance took it in.
             f.update_backend(id, weight, state, max_conns).await?;
             ctx.site.backend(id)?.1
         }
-        None => {
+        (_, Some((pool, _))) => pool.update(id, weight, state, max_conns)?,
+        (None, None) => {
             let (pool, _) = ctx.site.backend(id)?;
             pool.update(id, weight, state, max_conns)?
         }
@@ -372,6 +364,9 @@ async fn delete_backend(
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
     let id = parse_id(&id)?;
+    if let Ok((pool, _)) = ctx.site.backend(id) {
+        not_discovered(&pool)?;
+    }
     let name = match &ctx.fleet {
         Some(f) => f.remove_backend(id).await?,
         None => ctx.spawner.remove(id).await?.name.clone(),
@@ -551,6 +546,7 @@ async fn spawn_backend(State(ctx): State<AdminCtx>, body: Bytes) -> ApiResult<Re
         Some(name) => ctx.site.pool(name)?,
         None => ctx.first()?,
     };
+    not_discovered(&pool)?;
     let added = ctx
         .spawner
         .spawn(

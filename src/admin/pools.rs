@@ -14,6 +14,7 @@ use serde_json::{Map, Value};
 
 use super::{add_to, strategy_of, switch_strategy, AdminCtx, ApiError, ApiResult};
 use crate::config::pools::{self, PoolDraft, RouteView};
+use crate::config::BackendEntry;
 use crate::pool::{BackendView, Mode, Pool};
 use crate::site::{Routing, Site};
 
@@ -29,6 +30,40 @@ pub(crate) struct PoolView {
     mode: &'static str,
     /// Requests waiting in its queue for a backend under its `max_conns`.
     queue_length: usize,
+    /// Where discovery finds its backends and how the last lookup went; `null` for a
+    /// pool without `discover`.
+    discovery: Option<DiscoveryView>,
+}
+
+/// A pool's `discovery` object (`docs/discovery.md`, "Watching it").
+#[derive(Debug, Serialize)]
+pub(crate) struct DiscoveryView {
+    /// `srv`, `dns` or `file`.
+    kind: &'static str,
+    /// The name looked up or the file read.
+    target: String,
+    /// Backends it found that are in the pool.
+    backends: usize,
+    /// When a lookup last succeeded (RFC 3339).
+    updated_at: Option<String>,
+    /// When the next lookup is due (RFC 3339).
+    next_at: Option<String>,
+    /// Why the last lookup failed; `null` when it succeeded.
+    error: Option<String>,
+}
+
+fn discovery_view(pool: &Pool) -> Option<DiscoveryView> {
+    let spec = pool.discover()?;
+    let st = pool.discovery().clone();
+    let rfc3339 = |t: std::time::SystemTime| humantime::format_rfc3339_millis(t).to_string();
+    Some(DiscoveryView {
+        kind: spec.kind(),
+        target: spec.target_text(),
+        backends: pool.discovered_count(),
+        updated_at: st.updated_at.map(rfc3339),
+        next_at: st.next_at.map(rfc3339),
+        error: st.error,
+    })
 }
 
 fn view(routing: &Routing, pool: &Pool) -> PoolView {
@@ -43,6 +78,7 @@ fn view(routing: &Routing, pool: &Pool) -> PoolView {
             Mode::Panic => "panic",
         },
         queue_length: pool.queue.len(),
+        discovery: discovery_view(pool),
     }
 }
 
@@ -105,23 +141,36 @@ fn draft_of(fields: &Map<String, Value>) -> ApiResult<PoolDraft> {
         None => return Err(ApiError::bad("missing field 'name'")),
     };
     pools::check_pool_name(&name).map_err(ApiError::bad)?;
-    let values = pools::values_of_json(fields, &["name", "backends"]).map_err(ApiError::bad)?;
+    let values =
+        pools::values_of_json(fields, &["name", "backends", "discover"]).map_err(ApiError::bad)?;
     let backends = match fields.get("backends") {
         Some(v) => backends_of(v)?,
         None => Vec::new(),
     };
+    let discover = (fields.get("discover"))
+        .map(crate::config::DiscoverSpec::from_json)
+        .transpose()
+        .map_err(ApiError::bad)?;
+    if discover.is_some() && !backends.is_empty() {
+        return Err(ApiError::bad(
+            "discover and backends together: a pool's backends come from one or the other",
+        ));
+    }
     Ok(PoolDraft {
         name,
         values,
         backends,
+        discover,
     })
 }
 
 /// A pool's `backends` list.
 fn backends_of(v: &Value) -> ApiResult<Vec<crate::config::BackendSpec>> {
-    let list: Vec<super::AddBody> = serde_json::from_value(v.clone())
+    let list: Vec<BackendEntry> = serde_json::from_value(v.clone())
         .map_err(|e| ApiError::bad(format!("invalid backends: {e}")))?;
-    list.into_iter().map(super::AddBody::spec).collect()
+    (list.into_iter().map(BackendEntry::spec))
+        .collect::<Result<_, _>>()
+        .map_err(ApiError::bad)
 }
 
 /// `DELETE /admin/pools/{name}`: 204; refused while a route names it.

@@ -83,6 +83,12 @@ pub(crate) enum Source {
     Store,
     /// `POST /admin/backends/spawn`: a process fulcrum started.
     Spawn,
+    /// Discovery: a pool's SRV records (`docs/discovery.md`).
+    Srv,
+    /// Discovery: a name's A and AAAA records.
+    Dns,
+    /// Discovery: a watched file.
+    File,
 }
 
 impl Source {
@@ -91,9 +97,26 @@ impl Source {
             1 => Source::Admin,
             2 => Source::Store,
             3 => Source::Spawn,
+            4 => Source::Srv,
+            5 => Source::Dns,
+            6 => Source::File,
             _ => Source::Config,
         }
     }
+
+    /// Whether discovery found it: its pool's `discover` setting owns it.
+    pub(crate) fn is_discovered(self) -> bool {
+        matches!(self, Source::Srv | Source::Dns | Source::File)
+    }
+}
+
+/// What the admin API set on a backend that its source must not undo while it stays
+/// (`docs/discovery.md`, "Admin changes"): bits of [`Backend::pins`].
+pub(crate) mod pin {
+    /// `PATCH … {"weight"}`.
+    pub(crate) const WEIGHT: u8 = 1;
+    /// `PATCH … {"max_conns"}`.
+    pub(crate) const MAX_CONNS: u8 = 2;
 }
 
 /// The value of the sticky cookie (`docs/operations.md`, "Sticky sessions") of the
@@ -162,6 +185,8 @@ pub struct Backend {
     healthy: AtomicBool,
     /// Its [`Source`] (control side only).
     source: AtomicU8,
+    /// What the admin API set that its source keeps ([`pin`]; control side only).
+    pins: AtomicU8,
     /// Its limit and requests in flight.
     capacity: Capacity,
     /// What it shares with its pool (set once, before it serves).
@@ -243,12 +268,13 @@ impl Backend {
             backup: spec.backup,
             sticky_value: sticky_value(crate::config::DEFAULT_POOL, &spec.url),
             url: spec.url,
-            socket_addr: spec.authority.as_str().parse().ok(),
+            socket_addr: spec.addr.or_else(|| spec.authority.as_str().parse().ok()),
             authority: spec.authority,
             weight: AtomicU32::new(spec.weight),
             state: AtomicU8::new(0),
             healthy: AtomicBool::new(true),
             source: AtomicU8::new(Source::Config as u8),
+            pins: AtomicU8::new(0),
             capacity: Capacity::new(spec.max_conns),
             link: OnceLock::new(),
             indexed: AtomicBool::new(false),
@@ -352,6 +378,16 @@ impl Backend {
     /// admin API added takes it over).
     pub(crate) fn set_source(&self, s: Source) {
         self.source.store(s as u8, Ordering::Relaxed);
+    }
+
+    /// Whether the admin API set what `bit` ([`pin`]) names.
+    pub(crate) fn pinned(&self, bit: u8) -> bool {
+        self.pins.load(Ordering::Relaxed) & bit != 0
+    }
+
+    /// Notes that the admin API set what `bit` ([`pin`]) names.
+    pub(crate) fn pin(&self, bit: u8) {
+        self.pins.fetch_or(bit, Ordering::Relaxed);
     }
 
     /// Result of the active health checks.

@@ -53,6 +53,10 @@ fn apply_document(s: &mut Settings, c: &mut Collector<'_>) {
                     s.backends = list;
                 }
             }
+            "discover" => {
+                layout.discover_at = Some(at);
+                s.discover = read_discover(c, value, "discover");
+            }
             "tls" => super::tls::read_table(s, c, value),
             "pools" => file_pools::apply_pools(s, c, value, &mut layout),
             "routes" => file_pools::apply_routes(s, c, value, &mut layout),
@@ -68,7 +72,7 @@ fn apply_document(s: &mut Settings, c: &mut Collector<'_>) {
 fn unknown_key(key: &str) -> String {
     let mut valid: Vec<&str> = options::OPTIONS.iter().map(|o| o.key).collect();
     valid.extend([
-        "health", "outlier", "sticky", "tls", "backends", "pools", "routes",
+        "health", "outlier", "sticky", "tls", "backends", "discover", "pools", "routes",
     ]);
     format!("unknown key '{key}' (valid: {})", valid.join(", "))
 }
@@ -97,6 +101,33 @@ fn apply_table(
                 let msg = options::unknown_table_key(table_name, &shown);
                 c.push(key.span().start, None, msg);
             }
+        }
+    }
+}
+
+/// A `discover` table (`shown` is where it is: `discover` or `pools.discover`), its
+/// values as strings; `None` (and the problem recorded) when it is not good.
+pub(super) fn read_discover(
+    c: &mut Collector<'_>,
+    value: &Spanned<DeValue<'_>>,
+    shown: &str,
+) -> Option<super::DiscoverSpec> {
+    let Some(table) = value.get_ref().as_table() else {
+        let msg = "expected a table such as { dns = \"api.internal:8080\" }".into();
+        c.push(value.span().start, Some(shown), msg);
+        return None;
+    };
+    let mut pairs = Vec::new();
+    for (key, v) in table {
+        let k = key.get_ref().as_ref();
+        let text = c.text_of(v, FileType::Str, &format!("{shown}.{k}"))?;
+        pairs.push((k, text));
+    }
+    match super::DiscoverSpec::from_pairs(pairs) {
+        Ok(spec) => Some(spec),
+        Err(e) => {
+            c.push(value.span().start, Some(shown), e);
+            None
         }
     }
 }

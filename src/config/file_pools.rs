@@ -5,7 +5,7 @@
 use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 
-use super::file::{read_backends, Collector};
+use super::file::{read_backends, read_discover, Collector};
 use super::options::{self, FileType};
 use super::pools::MAX_ROUTES;
 use super::pools::{self, PoolDraft, RouteText, DEFAULT_POOL};
@@ -27,6 +27,8 @@ const ROUTE_KEYS: [&str; 6] = [
 pub(super) struct Layout {
     /// The top-level `backends` key.
     pub(super) backends_at: Option<usize>,
+    /// The top-level `discover` key.
+    pub(super) discover_at: Option<usize>,
     /// Each pool's name and where it is.
     pub(super) pools: Vec<(String, usize)>,
     /// Each route's pool and where it is named.
@@ -72,6 +74,7 @@ fn read_pool(
         name: String::new(),
         values: Vec::new(),
         backends: Vec::new(),
+        discover: None,
     };
     let mut name_at = None;
     let mut ok = true;
@@ -95,8 +98,21 @@ fn read_pool(
                 Some(list) => draft.backends = list,
                 None => ok = false,
             },
+            "discover" => match read_discover(c, v, "pools.discover") {
+                Some(spec) => draft.discover = Some(spec),
+                None => ok = false,
+            },
             t @ ("health" | "outlier" | "sticky") => ok &= read_pool_table(c, t, v, &mut draft),
             _ => ok &= read_pool_value(c, key.span().start, k, v, &mut draft),
+        }
+    }
+    if let Some((k, _)) = table
+        .iter()
+        .find(|(k, _)| k.get_ref().as_ref() == "discover")
+    {
+        if has_key(table, "backends") {
+            c.push(k.span().start, Some("pools.discover"), both().into());
+            ok = false;
         }
     }
     let Some(name_at) = name_at else {
@@ -251,6 +267,11 @@ fn read_route(
     (ok.then_some(t), named)
 }
 
+/// Why `discover` and `backends` are refused together.
+fn both() -> &'static str {
+    "discover and backends together: a pool's backends come from one or the other"
+}
+
 fn has_key(table: &DeTable<'_>, key: &str) -> bool {
     table.iter().any(|(k, _)| k.get_ref().as_ref() == key)
 }
@@ -337,9 +358,18 @@ pub(super) fn check_layout(c: &mut Collector<'_>, layout: &Layout) {
     }
     if names.is_empty() {
         names.push(DEFAULT_POOL);
-    } else if let Some(at) = layout.backends_at {
-        let msg = "top-level backends and [[pools]] together: put the backends in a pool ([[pools.backends]])".into();
-        c.push(at, Some("backends"), msg);
+        if let (Some(at), Some(_)) = (layout.discover_at, layout.backends_at) {
+            c.push(at, Some("discover"), both().into());
+        }
+    } else {
+        if let Some(at) = layout.backends_at {
+            let msg = "top-level backends and [[pools]] together: put the backends in a pool ([[pools.backends]])".into();
+            c.push(at, Some("backends"), msg);
+        }
+        if let Some(at) = layout.discover_at {
+            let msg = "top-level discover and [[pools]] together: put discover in a pool".into();
+            c.push(at, Some("discover"), msg);
+        }
     }
     for (pool, at) in &layout.routes {
         if !names.contains(&pool.as_str()) {

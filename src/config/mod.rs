@@ -5,6 +5,7 @@
 //! came from, goes through the same parser, so a bad value is reported the same way:
 //! the option, the value, and (where there is a list) the valid values.
 
+pub(crate) mod discover;
 mod file;
 mod file_pools;
 pub(crate) mod options;
@@ -23,10 +24,12 @@ use ipnet::IpNet;
 
 pub use strategy_kind::StrategyKind;
 
+pub(crate) use discover::DiscoverSpec;
 pub(crate) use file::apply_file;
 pub(crate) use pools::{PoolSettings, PoolSpec, RouteSpec, DEFAULT_POOL};
 pub use values::backend_spec;
 pub(crate) use values::parse_backend_spec;
+pub(crate) use values::BackendEntry;
 pub(crate) use values::{parse_addr, parse_max_conns, parse_positive_duration};
 
 /// Default proxy listener.
@@ -84,6 +87,9 @@ pub struct BackendSpec {
     pub(crate) backup: bool,
     /// At most this many requests in flight; 0 = no limit (HAProxy's `maxconn`).
     pub(crate) max_conns: u32,
+    /// The address to connect to when discovery resolved the URL's host itself (an SRV
+    /// target); `None`: the host is an IP, or it is resolved at each connect.
+    pub(crate) addr: Option<SocketAddr>,
 }
 
 /// Where the request key of the hashing strategies comes from.
@@ -186,6 +192,11 @@ pub(crate) struct Settings {
     pub(crate) admin: SocketAddr,
     /// The initial pool, in order.
     pub(crate) backends: Vec<BackendSpec>,
+    /// The single-pool form's `discover` (or `--discover`, for the first pool): where
+    /// its backends come from instead of `backends` (`docs/discovery.md`).
+    pub(crate) discover: Option<DiscoverSpec>,
+    /// The DNS servers discovery asks; empty = those of `/etc/resolv.conf`.
+    pub(crate) resolvers: Vec<SocketAddr>,
     /// The per-pool settings at the top level: every pool's unless it sets its own.
     pub(crate) pool: PoolSettings,
     /// Peers whose forwarding headers are believed.
@@ -276,6 +287,8 @@ impl Default for Settings {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             admin: SocketAddr::from(([127, 0, 0, 1], 9090)),
             backends: Vec::new(),
+            discover: None,
+            resolvers: Vec::new(),
             pool: PoolSettings {
                 strategy: StrategyKind::RoundRobin,
                 hash_key: HashKey::ClientIp,
@@ -344,6 +357,8 @@ pub(crate) struct RawFlags {
     pub(crate) config: Option<PathBuf>,
     /// Every `--backend`, in order.
     pub(crate) backend: Vec<String>,
+    /// `--discover`, for the first pool.
+    pub(crate) discover: Option<String>,
     /// The options of the table given, by file key, in the order typed.
     pub(crate) values: Vec<(&'static str, String)>,
     /// `FULCRUM_ADMIN_TOKEN`.
@@ -401,6 +416,12 @@ pub(crate) fn build(flags: &RawFlags) -> Result<Settings, Vec<ConfigError>> {
         }
         s.backends = out;
     }
+    if let Some(d) = &flags.discover {
+        match DiscoverSpec::parse_flag(d) {
+            Ok(spec) => s.discover = Some(spec),
+            Err(e) => flag("discover", Err(e)),
+        }
+    }
     // Token: the file wins over the environment.
     if let Some(p) = &s.admin_token_file {
         match std::fs::read_to_string(p) {
@@ -428,7 +449,7 @@ pub(crate) fn build(flags: &RawFlags) -> Result<Settings, Vec<ConfigError>> {
     check_store(&s, flags, &mut errors);
     pools::materialize(&mut s, flags);
     tls::finish(&mut s, &mut errors);
-    check_whole(&s, &mut errors);
+    check_whole(&s, flags, &mut errors);
     if errors.is_empty() {
         Ok(s)
     } else {
@@ -449,6 +470,7 @@ fn check_store(s: &Settings, flags: &RawFlags, errors: &mut Vec<ConfigError>) {
         ),
         (!s.pool_drafts.is_empty(), "[[pools]]"),
         (!s.routes.is_empty(), "[[routes]]"),
+        (s.discover.is_some(), "discover"),
     ];
     for (_, what) in given.iter().filter(|(on, _)| *on) {
         errors.push(ConfigError {
@@ -461,7 +483,7 @@ fn check_store(s: &Settings, flags: &RawFlags, errors: &mut Vec<ConfigError>) {
 }
 
 /// Checks that concern several settings at once.
-fn check_whole(s: &Settings, errors: &mut Vec<ConfigError>) {
+fn check_whole(s: &Settings, flags: &RawFlags, errors: &mut Vec<ConfigError>) {
     // Each worker has a plain socket, and a TLS one with tls_listen.
     let per_worker = 1 + usize::from(s.tls.listen.is_some());
     let most = (MAX_SOCKETS - 1) / per_worker;
@@ -476,6 +498,7 @@ fn check_whole(s: &Settings, errors: &mut Vec<ConfigError>) {
         });
     }
     let mut cookies = std::collections::HashMap::new();
+    check_discover_flags(s, flags, errors);
     for p in &s.pools {
         check_backends(p, errors);
         let t = &p.settings.transport;
@@ -531,6 +554,29 @@ fn check_whole(s: &Settings, errors: &mut Vec<ConfigError>) {
     }
 }
 
+/// `--discover` and backends, or `--backend` and `discover`, for the first pool: the
+/// file's own combinations are reported at their line as it is read.
+fn check_discover_flags(s: &Settings, flags: &RawFlags, errors: &mut Vec<ConfigError>) {
+    let Some(first) = s.pools.first() else {
+        return;
+    };
+    if first.discover.is_none() || first.backends.is_empty() {
+        return;
+    }
+    let flag = match (&flags.discover, flags.backend.is_empty()) {
+        (Some(_), _) => "--discover",
+        (None, false) => "--backend",
+        (None, true) => return,
+    };
+    errors.push(ConfigError {
+        origin: flag.into(),
+        message: format!(
+            "pool '{}' would have both discover and backends: its backends come from one or the other",
+            first.name
+        ),
+    });
+}
+
 /// URLs and names are unique within a pool.
 fn check_backends(pool: &PoolSpec, errors: &mut Vec<ConfigError>) {
     let origin = if pool.name == DEFAULT_POOL {
@@ -578,7 +624,7 @@ pub(crate) fn check_file(path: &Path) -> Vec<ConfigError> {
                 // Whole-file checks other than the token (the environment may provide it).
                 s.admin_token = Some(String::new());
                 tls::finish(&mut s, &mut extra);
-                check_whole(&s, &mut extra);
+                check_whole(&s, &RawFlags::default(), &mut extra);
                 errs.extend(extra);
             }
             errs

@@ -629,6 +629,17 @@ pub(crate) static OPTIONS: &[Opt] = &[
         reload: restart!("store", store),
     },
     Opt {
+        key: "resolvers",
+        table_key: None,
+        value_name: "ADDR[,ADDR…]",
+        help: "DNS servers that discovery asks (IP or IP:PORT, port 53 by default)",
+        default: None,
+        default_text: Some("the nameservers of /etc/resolv.conf"),
+        file_type: FileType::StrOrList,
+        set: |s, v| parse_resolvers(v).map(|x| s.resolvers = x),
+        reload: Reload::Live,
+    },
+    Opt {
         key: "upgrade_socket",
         table_key: None,
         value_name: "PATH",

@@ -77,6 +77,8 @@ pub(crate) struct PoolSpec {
     pub(crate) settings: PoolSettings,
     /// Its backends, in order.
     pub(crate) backends: Vec<BackendSpec>,
+    /// Where its backends come from instead (`docs/discovery.md`).
+    pub(crate) discover: Option<super::DiscoverSpec>,
 }
 
 /// A `[[pools]]` entry before the top-level values it builds on are final.
@@ -88,6 +90,8 @@ pub(crate) struct PoolDraft {
     pub(crate) values: Vec<(&'static str, String)>,
     /// Its backends.
     pub(crate) backends: Vec<BackendSpec>,
+    /// Where its backends come from instead.
+    pub(crate) discover: Option<super::DiscoverSpec>,
 }
 
 /// A route as configured: conditions and the pool they send to, by name.
@@ -226,7 +230,7 @@ pub(crate) fn pool_option(key: &str) -> Option<&'static options::Opt> {
 pub(crate) fn not_per_pool(shown: &str) -> String {
     let keys: Vec<&str> = options::pool_options().map(|o| o.key).collect();
     format!(
-        "'{shown}' is not a per-pool key (valid: name, {}, health, outlier, sticky, backends)",
+        "'{shown}' is not a per-pool key (valid: name, {}, health, outlier, sticky, backends, discover)",
         keys.join(", ")
     )
 }
@@ -349,6 +353,7 @@ pub(crate) fn pool_spec(top: &Settings, draft: &PoolDraft) -> PoolSpec {
         name: draft.name.clone(),
         settings: s.pool,
         backends: draft.backends.clone(),
+        discover: draft.discover.clone(),
     }
 }
 
@@ -361,12 +366,16 @@ pub(crate) fn materialize(s: &mut Settings, flags: &RawFlags) {
             name: DEFAULT_POOL.into(),
             settings: s.pool.clone(),
             backends: s.backends.clone(),
+            discover: s.discover.clone(),
         }];
     } else {
         s.pools = s.pool_drafts.iter().map(|d| pool_spec(s, d)).collect();
         if let Some(first) = s.pools.first_mut() {
             if !flags.backend.is_empty() {
                 first.backends = s.backends.clone();
+            }
+            if flags.discover.is_some() {
+                first.discover = s.discover.clone();
             }
             if flags.values.iter().any(|(k, _)| *k == "strategy") {
                 first.settings.strategy = s.pool.strategy;
@@ -426,6 +435,7 @@ mod tests {
             name: "api".into(),
             values: vec![("retries", "1".into())],
             backends: vec![],
+            discover: None,
         };
         let p = pool_spec(&top, &d);
         assert_eq!(p.settings.retries, 1);

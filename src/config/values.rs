@@ -73,6 +73,30 @@ pub(crate) fn parse_addr(s: &str) -> Result<SocketAddr, String> {
         .map_err(|_| format!("invalid address '{s}' (expected IP:PORT, e.g. 127.0.0.1:8080)"))
 }
 
+/// Parses `resolvers`: `IP` or `IP:PORT` (port 53), comma-separated; at most 8.
+pub(crate) fn parse_resolvers(s: &str) -> Result<Vec<SocketAddr>, String> {
+    let list: Vec<&str> = s
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .collect();
+    if list.len() > 8 {
+        return Err(format!("{} resolvers: at most 8", list.len()));
+    }
+    list.iter()
+        .map(|p| {
+            p.parse::<SocketAddr>()
+                .or_else(|_| {
+                    p.parse::<std::net::IpAddr>()
+                        .map(|ip| SocketAddr::new(ip, 53))
+                })
+                .map_err(|_| {
+                    format!("invalid resolver '{p}' (expected IP or IP:PORT, e.g. 127.0.0.1:5353)")
+                })
+        })
+        .collect()
+}
+
 /// Parses and checks a backend URL: `http://host[:port]` with no path beyond `/`.
 pub(crate) fn parse_backend_url(url: &str) -> Result<http::uri::Authority, String> {
     let bad = |why: &str| format!("invalid backend URL '{url}' ({why})");
@@ -149,7 +173,43 @@ pub fn backend_spec(
         name,
         backup: false,
         max_conns: 0,
+        addr: None,
     })
+}
+
+/// A backend as JSON gives it: `POST /admin/backends`, `POST /admin/pools`, a
+/// discovery file (`docs/discovery.md`).
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct BackendEntry {
+    url: String,
+    weight: Option<i64>,
+    name: Option<String>,
+    /// Picked only while no primary of the pool is eligible.
+    backup: Option<bool>,
+    /// At most this many requests in flight; 0 = no limit.
+    max_conns: Option<i64>,
+}
+
+impl BackendEntry {
+    /// The backend it describes, or what is wrong with it.
+    pub(crate) fn spec(self) -> Result<BackendSpec, String> {
+        let weight = match self.weight {
+            Some(w) if (1..=i64::from(MAX_WEIGHT)).contains(&w) => Some(w as u32),
+            Some(w) => {
+                return Err(format!(
+                    "invalid weight {w} (expected an integer from 1 to {MAX_WEIGHT})"
+                ))
+            }
+            None => None,
+        };
+        let mut spec = backend_spec(&self.url, weight, self.name.as_deref())?;
+        spec.backup = self.backup.unwrap_or(false);
+        if let Some(n) = self.max_conns {
+            spec.max_conns = parse_max_conns(&n.to_string())?;
+        }
+        Ok(spec)
+    }
 }
 
 /// The most requests in flight a backend's `max_conns` may allow.

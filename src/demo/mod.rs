@@ -47,11 +47,13 @@ pub(crate) fn lay_out(s: &mut Settings) {
             name: WEB_POOL.into(),
             settings: web,
             backends: Vec::new(),
+            discover: None,
         },
         PoolSpec {
             name: API_POOL.into(),
             settings: api,
             backends: Vec::new(),
+            discover: None,
         },
     ];
     s.routes = vec![

@@ -87,6 +87,13 @@ pub(crate) enum Event {
         /// The backend after the change.
         backend: BackendView,
     },
+    /// Discovery changed the pool's backends (`docs/discovery.md`).
+    Discovery {
+        /// URLs of the backends that joined.
+        added: Vec<String>,
+        /// URLs of the backends that left (their requests in flight finish).
+        removed: Vec<String>,
+    },
     /// A value in the store (fleet mode) could not be applied: it does not parse, or
     /// names what does not exist; the last good version stays.
     StoreSkipped {

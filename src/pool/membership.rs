@@ -88,7 +88,7 @@ impl Pool {
             let listed: HashSet<&str> = want.iter().map(|w| w.spec.url.as_str()).collect();
             let (stay, go) = std::mem::take(&mut m.backends)
                 .into_iter()
-                .partition(|b| b.source() != source || listed.contains(b.url.as_str()));
+                .partition(|b| !owns(source, b.source()) || listed.contains(b.url.as_str()));
             m.backends = stay;
             for b in go {
                 leave(b, &mut out);
@@ -191,12 +191,15 @@ impl Pool {
     ) {
         let b = Arc::clone(&m.backends[i]);
         let owner = b.source();
-        if owner != source && owner != Source::Admin {
+        if !may_take(source, owner) {
             let why = format!("its URL is backend {}'s, which {owner:?} owns", b.id);
             return refuse(&w, why.to_lowercase(), out);
         }
-        let replace =
-            w.id.is_some_and(|id| id != b.id) || b.name != w.spec.name || b.backup != w.spec.backup;
+        let moved = w.spec.addr.is_some_and(|a| b.socket_addr != Some(a));
+        let replace = moved
+            || w.id.is_some_and(|id| id != b.id)
+            || b.name != w.spec.name
+            || b.backup != w.spec.backup;
         if !replace {
             b.set_source(source);
             if update(&b, &w.spec, w.state, &mut out.wakes) {
@@ -294,16 +297,36 @@ fn refuse(w: &Wanted, why: String, out: &mut Outcome) {
     (out.changes.refused).push((w.spec.url.clone(), w.id, why));
 }
 
+/// Whether a list of `source` speaks for a backend `owner` owns: its own, and, for
+/// discovery, whatever any discovery source found (a pool has one `discover` setting;
+/// when it changes kind, the new source's list replaces the old one's).
+fn owns(source: Source, owner: Source) -> bool {
+    owner == source || (source.is_discovered() && owner.is_discovered())
+}
+
+/// Whether `source` may take a backend `owner` owns over: what the admin API added
+/// passes to any source that lists it; discovery's sources take each other's (a pool's
+/// `discover` changed kind); and the file takes what discovery found (a reload put a
+/// list where `discover` was).
+fn may_take(source: Source, owner: Source) -> bool {
+    owner == source
+        || owner == Source::Admin
+        || (owner.is_discovered() && (source.is_discovered() || source == Source::Config))
+}
+
 /// Sets what changed of `b`'s weight, `max_conns` and (when given) admin state;
-/// whether anything did.
+/// whether anything did. A discovered backend keeps the weight and `max_conns` the
+/// admin API set while it stays.
 fn update(
     b: &Arc<Backend>,
     spec: &BackendSpec,
     state: Option<AdminState>,
     wakes: &mut Vec<(Arc<Backend>, u32, u32)>,
 ) -> bool {
+    use crate::backend::pin;
+    let kept = |bit| b.source().is_discovered() && b.pinned(bit);
     let mut changed = false;
-    if b.weight() != spec.weight {
+    if b.weight() != spec.weight && !kept(pin::WEIGHT) {
         b.set_weight(spec.weight);
         changed = true;
     }
@@ -312,7 +335,7 @@ fn update(
         changed = true;
     }
     let was = b.max_conns();
-    if was != spec.max_conns {
+    if was != spec.max_conns && !kept(pin::MAX_CONNS) {
         b.set_max_conns(spec.max_conns);
         wakes.push((Arc::clone(b), was, spec.max_conns));
         changed = true;

@@ -6,6 +6,7 @@
 //! load and one pick; it never takes the control mutex.
 
 mod budget;
+mod discovered;
 mod eligible;
 mod events;
 pub(crate) mod maintenance;
@@ -32,6 +33,7 @@ use crate::strategy::{Picker, PickerOptions, StrategyKind};
 #[cfg(test)]
 use crate::{config::BackendSpec, strategy::PickCtx};
 pub(crate) use budget::RetryBudget;
+pub(crate) use discovered::DiscoveryStatus;
 
 /// How often a running slow-start ramp republishes the routing table.
 pub(crate) const RAMP_REPUBLISH: std::time::Duration = std::time::Duration::from_millis(250);
@@ -174,6 +176,11 @@ pub(crate) struct Pool {
     pub(crate) hub: Arc<Hub>,
     /// Flips when the pool is removed: its health checks and upkeep stop.
     retired: watch::Sender<bool>,
+    /// Where its backends come from when discovery finds them; its discovery task
+    /// follows it (`docs/discovery.md`).
+    discover: watch::Sender<Option<Arc<crate::config::DiscoverSpec>>>,
+    /// What discovery last did.
+    discovery: Mutex<DiscoveryStatus>,
 }
 
 /// A backend as the admin API shows it.
@@ -296,6 +303,8 @@ impl Pool {
             link,
             hub,
             retired: watch::channel(false).0,
+            discover: watch::channel(spec.discover.clone().map(Arc::new)).0,
+            discovery: Mutex::new(DiscoveryStatus::default()),
         }
     }
 
@@ -308,6 +317,7 @@ impl Pool {
             name: crate::config::DEFAULT_POOL.into(),
             settings: s.pool,
             backends: specs,
+            discover: None,
         };
         Pool::new(&spec, Arc::new(Hub::new()), Source::Config)
     }
@@ -585,6 +595,7 @@ impl Pool {
             .ok_or(PoolError::NotFound(id))?;
         if let Some(w) = weight {
             b.set_weight(w);
+            b.pin(crate::backend::pin::WEIGHT);
         }
         if let Some(s) = state {
             b.set_state(s);
@@ -592,6 +603,7 @@ impl Pool {
         let old = max_conns.map(|n| (b.max_conns(), n));
         if let Some(n) = max_conns {
             b.set_max_conns(n);
+            b.pin(crate::backend::pin::MAX_CONNS);
         }
         self.publish(&mut m);
         if let Some((was, now)) = old {

@@ -39,6 +39,7 @@ pub(crate) fn apply(site: &Site, desired: Desired, first: bool) -> Result<Vec<Re
                                 p.set_strategy(want.spec.settings.strategy);
                             }
                             p.set_hash_balance_factor(want.spec.settings.hash_balance_factor);
+                            p.set_discover(want.spec.discover.as_ref());
                             Arc::clone(p)
                         }
                         // New, or settings fixed for a pool's life changed: a new pool

@@ -166,8 +166,11 @@ pub(crate) fn parse(key: &str, value: &[u8]) -> Result<(Object, Value), String> 
         };
         Object::Pool(PoolDraft {
             name: name.to_string(),
-            values: pools::values_of_json(fields, &[])?,
+            values: pools::values_of_json(fields, &["discover"])?,
             backends: Vec::new(),
+            discover: (fields.get("discover"))
+                .map(crate::config::DiscoverSpec::from_json)
+                .transpose()?,
         })
     } else if let Some(rest) = key.strip_prefix("backends/") {
         let (pool, name) = rest
@@ -227,6 +230,7 @@ pub(crate) fn pool_value(draft: &PoolDraft) -> Value {
         .values
         .iter()
         .map(|(k, v)| (k.to_string(), Value::String(v.clone())))
+        .chain((draft.discover.as_ref()).map(|d| ("discover".to_string(), d.to_json())))
         .collect();
     Value::Object(map)
 }
@@ -425,6 +429,7 @@ pub(crate) fn empty_draft(name: &str) -> PoolDraft {
         name: name.to_string(),
         values: Vec::new(),
         backends: Vec::new(),
+        discover: None,
     }
 }
 

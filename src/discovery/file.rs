@@ -1,0 +1,111 @@
+//! The file source (`docs/discovery.md`, "A watched file"): a JSON list of backends,
+//! read again when inotify (through `notify`) says it changed — the directory is
+//! watched, so a file renamed over the old one is seen as well as a write in place —
+//! and every `interval` in case a change went unseen (a network file system).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use notify::{RecommendedWatcher, RecursiveMode, Watcher};
+use tokio::sync::Notify;
+
+use crate::config::{BackendEntry, BackendSpec};
+
+/// Changes closer together than this are read once: an editor's save is several.
+const DEBOUNCE: Duration = Duration::from_millis(100);
+
+/// The largest file read: a list of ten thousand backends fits many times over.
+const MAX_FILE: u64 = 16 << 20;
+
+/// Reads the backends of `path`: all of them, or an error that says why.
+pub(super) fn read(path: &Path) -> Result<Vec<BackendSpec>, String> {
+    let shown = path.display();
+    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read {shown}: {e}"))?;
+    if meta.len() > MAX_FILE {
+        return Err(format!("{shown} is larger than {MAX_FILE} bytes"));
+    }
+    let text = std::fs::read(path).map_err(|e| format!("cannot read {shown}: {e}"))?;
+    let list: Vec<serde_json::Value> = serde_json::from_slice(&text)
+        .map_err(|e| format!("{shown}: not a JSON list of backends ({e})"))?;
+    let mut out = Vec::with_capacity(list.len());
+    for (i, v) in list.into_iter().enumerate() {
+        let entry: BackendEntry =
+            serde_json::from_value(v).map_err(|e| format!("{shown}: entry {i}: {e}"))?;
+        out.push(
+            entry
+                .spec()
+                .map_err(|e| format!("{shown}: entry {i}: {e}"))?,
+        );
+    }
+    if let Some(dup) = crate::config::duplicate_backends(&out).first() {
+        return Err(format!("{shown}: {dup}"));
+    }
+    Ok(out)
+}
+
+/// Watches `path`'s directory; `changed` hears of every event about `path`. The watch
+/// lasts as long as the watcher returned.
+pub(super) fn watch(path: &Path, changed: Arc<Notify>) -> Result<RecommendedWatcher, String> {
+    let name = path.file_name().map(|n| n.to_os_string());
+    let dir: PathBuf = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let mut w = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
+        let Ok(ev) = ev else { return };
+        if ev.paths.iter().any(|p| p.file_name() == name.as_deref()) {
+            changed.notify_one();
+        }
+    })
+    .map_err(|e| format!("cannot watch {}: {e}", dir.display()))?;
+    (w.watch(&dir, RecursiveMode::NonRecursive))
+        .map_err(|e| format!("cannot watch {}: {e}", dir.display()))?;
+    Ok(w)
+}
+
+/// Waits for a change of the file (then lets the writer finish, [`DEBOUNCE`]) or for
+/// `interval`, whichever comes first.
+pub(super) async fn next_change(changed: &Notify, interval: Duration) {
+    tokio::select! {
+        _ = changed.notified() => tokio::time::sleep(DEBOUNCE).await,
+        _ = tokio::time::sleep(interval) => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_is_read_whole_or_not_at_all() {
+        let dir = std::env::temp_dir().join(format!("fulcrum-disc-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("b.json");
+        let write = |t: &str| std::fs::write(&f, t).unwrap();
+        write(
+            r#"[{"url": "http://127.0.0.1:1", "weight": 3, "backup": true}, {"url": "http://127.0.0.1:2", "max_conns": 5}]"#,
+        );
+        let list = read(&f).unwrap();
+        assert_eq!((list[0].weight, list[0].backup), (3, true));
+        assert_eq!(list[1].max_conns, 5);
+        for (bad, why) in [
+            (r#"[{"url": "http://127.0.0.1:1"}"#, "not a JSON list"),
+            (r#"[{"url": "gopher://x"}]"#, "entry 0"),
+            (
+                r#"[{"url": "http://127.0.0.1:1"}, {"url": "http://127.0.0.1:1"}]"#,
+                "URL",
+            ),
+            (r#"[{"url": "http://127.0.0.1:1", "colour": 1}]"#, "colour"),
+            ("", "not a JSON list"),
+        ] {
+            write(bad);
+            let e = read(&f).unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+        assert!(read(&dir.join("none.json"))
+            .unwrap_err()
+            .contains("cannot read"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
