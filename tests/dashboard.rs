@@ -288,10 +288,22 @@ fn dashboard_shows_routes_pools_and_backends() {
     let dir = std::env::temp_dir().join(format!("fulcrum-dash-pools-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let cfg = dir.join("fulcrum.toml");
+    // Two pools found from files (docs/discovery.md): one read well, one gone.
+    let disc = dir.join("disc.json");
+    std::fs::write(&disc, "[]").unwrap();
+    let discovered = format!(
+        "[[pools]]\nname = \"disc\"\ndiscover = {{ file = \"{}\" }}\n\
+         [[pools]]\nname = \"lost\"\ndiscover = {{ file = \"{}\" }}\n\
+         [[routes]]\npool = \"disc\"\npath_prefix = \"/disc\"\n\
+         [[routes]]\npool = \"lost\"\npath_prefix = \"/lost\"\n",
+        disc.display(),
+        dir.join("gone.json").display()
+    );
     std::fs::write(
         &cfg,
-        "[[pools]]\nname = \"web\"\n[[pools]]\nname = \"api\"\n\
-         [[routes]]\npool = \"api\"\npath_prefix = \"/api\"\n[[routes]]\npool = \"web\"\n",
+        "[[pools]]\nname = \"web\"\n[[pools]]\nname = \"api\"\n".to_string()
+            + &discovered
+            + "[[routes]]\npool = \"api\"\npath_prefix = \"/api\"\n[[routes]]\npool = \"web\"\n",
     )
     .unwrap();
     let interval = format!("{HEALTH_INTERVAL_MS}ms");
@@ -313,6 +325,16 @@ fn dashboard_shows_routes_pools_and_backends() {
             let body = format!(r#"{{"name": "{name}", "latency_ms": 5, "pool": "{pool}"}}"#);
             spawn_backend(&c, &f, None, &body).await;
         }
+        // The disc pool finds web-a in its file.
+        let web = get(&c, &f.admin_url("/admin/pools/web")).await.json();
+        let url = web["backends"][0]["url"].as_str().unwrap().to_string();
+        std::fs::write(&disc, format!(r#"[{{"url": "{url}"}}]"#)).unwrap();
+        let found = eventually(Duration::from_secs(3), || async {
+            let p = get(&c, &f.admin_url("/admin/pools/disc")).await.json();
+            p["backends"].as_array().is_some_and(|b| b.len() == 1)
+        })
+        .await;
+        assert!(found, "the disc pool did not find its backend");
     });
     run_tour(f.admin, None, "pools");
     publish_screenshots(&["dashboard-pools.png"]);

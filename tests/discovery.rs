@@ -420,3 +420,69 @@ fn bad_discovery_settings_are_refused_with_their_line() {
     assert_eq!(st.code(), Some(2), "{err}");
     assert!(err.contains("discover.consul"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_fleet_mode_discover_is_stored_with_the_pool_and_each_instance_resolves_it() {
+    let a = TestBackend::start("A");
+    let b = TestBackend::start("B");
+    let etcd = common::etcd::Etcd::start("discover");
+    let store = etcd.store("discover");
+    let fs: Vec<Fulcrum> = (0..2)
+        .map(|_| Fulcrum::start(&["--store", &store]))
+        .collect();
+    let c = client();
+    let list = config_file("discovery", "fleet", "").with_file_name("backends.json");
+    std::fs::write(&list, entries(&[(&a, 1)])).unwrap();
+    let body = format!(
+        r#"{{"name": "api", "discover": {{"file": "{}", "interval": "5s"}}}}"#,
+        list.display()
+    );
+    let made = admin(&c, "POST", &fs[0].admin_url("/admin/pools"), &body).await;
+    assert_eq!(made.status, 201, "{}", made.text());
+    for f in &fs {
+        until_urls(&c, f, "api", &[a.url()], Duration::from_secs(5)).await;
+        let p = pool(&c, f, "api").await;
+        assert_eq!(p["discovery"]["kind"], "file", "{p}");
+        assert_eq!(p["backends"][0]["source"], "file", "{p}");
+    }
+    let mut events = EventStream::open(&fs[1]);
+    std::fs::write(&list, entries(&[(&a, 1), (&b, 1)])).unwrap();
+    let ev = events.find(Duration::from_secs(3), |e| e["type"] == "discovery");
+    let ev = ev.unwrap_or_else(|| panic!("no discovery event; log:\n{}", fs[1].log()));
+    assert_eq!(
+        (
+            ev["pool"].as_str(),
+            ev["added"].clone(),
+            ev["removed"].clone()
+        ),
+        (
+            Some("api"),
+            serde_json::json!([b.url()]),
+            serde_json::json!([])
+        ),
+        "{ev}"
+    );
+    let mut both = vec![a.url(), b.url()];
+    both.sort();
+    for f in &fs {
+        until_urls(&c, f, "api", &both, Duration::from_secs(3)).await;
+    }
+    // A discovered backend is the instance's own: PATCH applies here, not in the store.
+    let id = pool(&c, &fs[0], "api").await["backends"][0]["id"].clone();
+    let patch = admin(
+        &c,
+        "PATCH",
+        &fs[0].admin_url(&format!("/admin/backends/{id}")),
+        r#"{"state": "draining"}"#,
+    )
+    .await;
+    assert_eq!(patch.status, 200, "{}", patch.text());
+    let post = admin(
+        &c,
+        "POST",
+        &fs[1].admin_url("/admin/pools/api/backends"),
+        &format!(r#"{{"url": "{}"}}"#, b.url()),
+    )
+    .await;
+    assert_eq!(post.status, 409, "{}", post.text());
+}

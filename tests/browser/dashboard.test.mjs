@@ -7,7 +7,7 @@
 // spawn/remove, an API error shown). With a token: the page asks for it, refuses a wrong
 // one, and works once given the right one. With DASHBOARD_TOUR=pools: a fulcrum with the
 // pools web and api (routes → pools → backends, a strategy per pool, kill and spawn in
-// one pool while the other carries on). With DASHBOARD_TOUR=fleet: an instance in fleet
+// one pool while the other carries on; two pools found from files, one of them gone). With DASHBOARD_TOUR=fleet: an instance in fleet
 // mode, DASHBOARD_FLEET_PEER the admin URL of another one on the same store (the etcd
 // pill, the fleet list, a switch made on the page in force on the peer). With
 // DASHBOARD_TOUR=lab: the strategy lab started from the page, its progress, its chart and
@@ -491,6 +491,16 @@ async function poolsTour(page) {
       }
     }
     assertNoConsoleErrors();
+  });
+
+  await step('each pool says where its backends come from; a discovery error is shown', async () => {
+    await waitFor('disc from its file', async () => /^backends: file \S*disc\.json · updated /.test((await text(page, '[data-testid="pool-source-disc"]')) || ''), 5000);
+    if ((await attr(page, '[data-testid="pool-source-disc"]', 'data-state')) !== 'ok') throw new Error('disc shows an error');
+    await waitFor('lost shows its error', async () => (await attr(page, '[data-testid="pool-source-lost"]', 'data-state')) === 'error', 5000);
+    const lost = await text(page, '[data-testid="pool-source-lost"]');
+    if (!/error: cannot read .*gone\.json/.test(lost)) throw new Error('lost shows: ' + lost);
+    const web = await text(page, '[data-testid="pool-source-web"]');
+    if (web !== 'backends: listed') throw new Error('web shows: ' + web);
   });
 
   await step('a strategy switch in one pool leaves the other and the header alone', async () => {
