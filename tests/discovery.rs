@@ -16,10 +16,11 @@ async fn pool(c: &HttpClient, f: &Fulcrum, name: &str) -> Value {
         .json()
 }
 
-/// The URLs of the pool's backends, sorted.
+/// The URLs of the pool's backends, sorted (none while the pool does not exist).
 async fn urls(c: &HttpClient, f: &Fulcrum, name: &str) -> Vec<String> {
     let p = pool(c, f, name).await;
-    let mut v: Vec<String> = (p["backends"].as_array().unwrap().iter())
+    let none = Vec::new();
+    let mut v: Vec<String> = (p["backends"].as_array().unwrap_or(&none).iter())
         .map(|b| b["url"].as_str().unwrap().to_string())
         .collect();
     v.sort();

@@ -150,7 +150,8 @@ impl DiscoverSpec {
         let mut m = Map::new();
         m.insert(self.kind().into(), Value::String(self.target_text()));
         m.insert("scheme".into(), Value::String(self.scheme().into()));
-        let interval = humantime::format_duration(self.interval).to_string();
+        // One unit, as the duration parser takes it.
+        let interval = format!("{}ms", self.interval.as_millis());
         m.insert("interval".into(), Value::String(interval));
         Value::Object(m)
     }
@@ -240,9 +241,9 @@ mod tests {
             }
         );
         assert!(d.https);
-        let f = DiscoverSpec::parse_flag("file=/etc/b.json,interval=5s").unwrap();
+        let f = DiscoverSpec::parse_flag("file=/etc/b.json,interval=90s").unwrap();
         assert_eq!(f.target, Target::File("/etc/b.json".into()));
-        assert_eq!(f.interval, Duration::from_secs(5));
+        assert_eq!(f.interval, Duration::from_secs(90));
         assert_eq!(DiscoverSpec::from_json(&f.to_json()), Ok(f));
     }
 

@@ -125,19 +125,31 @@ async fn follow_dns(pool: &Pool, spec: &DiscoverSpec, resolvers: &Resolvers) {
 }
 
 /// The file loop: a read now, then one after each change seen, and every interval.
+/// Without a watch (the directory is missing, or inotify's limits are reached) the
+/// file is read every second, so that a change is still followed within one.
 async fn follow_file(pool: &Pool, spec: &DiscoverSpec, path: &std::path::Path) {
     let changed = Arc::new(Notify::new());
     let mut watcher = None;
+    let mut told = false;
     loop {
-        let mut found = file::read(path);
+        // Watched before it is read: a change in between is not missed.
         if watcher.is_none() {
             match file::watch(path, Arc::clone(&changed)) {
                 Ok(w) => watcher = Some(w),
-                Err(e) => found = found.and(Err(e)),
+                Err(e) if !told => {
+                    tracing::warn!(pool = %pool.name, error = %e, "reading the file every second instead");
+                    told = true;
+                }
+                Err(_) => {}
             }
         }
-        settle(pool, spec, found, spec.interval);
-        file::next_change(&changed, spec.interval).await;
+        let period = if watcher.is_some() {
+            spec.interval
+        } else {
+            MIN_INTERVAL
+        };
+        settle(pool, spec, file::read(path), period);
+        file::next_change(&changed, period).await;
     }
 }
 
