@@ -143,6 +143,8 @@ impl Reloader {
             (Some(tls), true) => Some(tls.prepare(&next.tls.certs).map_err(ReloadError::Invalid)?),
             _ => None,
         };
+        // Before the pools: a pool's new `discover` asks the new servers.
+        self.site.resolvers.set(next.resolvers.clone());
         // In fleet mode pools, backends and routes are the store's: the file has none.
         // A store given or taken away by the file only counts after a restart
         // (`restart_required`); until then, the running mode holds.
@@ -162,7 +164,6 @@ impl Reloader {
         if let (Some(tls), Some(certs)) = (&self.tls, certs) {
             tls.install(certs);
         }
-        self.site.resolvers.set(next.resolvers.clone());
         tracing::info!(
             added = ?report.added,
             removed = ?report.removed,
@@ -267,8 +268,13 @@ fn leave(before: &[Arc<Pool>], next: &Settings, report: &mut Report) {
 }
 
 /// Removes the file's backends of `pool` that `spec` no longer lists; the admin API's
-/// and the spawned ones stay.
+/// and the spawned ones stay. A pool that now has `discover` keeps them until its
+/// first good lookup replaces them (`docs/discovery.md`, "Reload and fleet mode"):
+/// never an empty pool in between.
 fn remove_unwanted(pool: &Pool, spec: &PoolSpec, report: &mut Report) {
+    if spec.discover.is_some() {
+        return;
+    }
     let how = Apply {
         ramp: true,
         remove_unlisted: true,

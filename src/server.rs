@@ -944,6 +944,7 @@ impl Control {
             tls,
         ));
         let fleet = settings.store.as_ref().map(|spec| {
+            site.hub.ids_from(crate::store::LOCAL_IDS);
             Arc::new(crate::store::fleet::Fleet::new(
                 spec,
                 Arc::clone(site),

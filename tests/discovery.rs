@@ -487,3 +487,92 @@ async fn in_fleet_mode_discover_is_stored_with_the_pool_and_each_instance_resolv
     .await;
     assert_eq!(post.status, 409, "{}", post.text());
 }
+
+/// A Kubernetes ConfigMap volume: the file is a link through `..data`, a link to a
+/// directory of this version, and an update swaps `..data` (no event names the file).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_behind_a_swapped_link_is_followed_as_a_config_map_is() {
+    use std::os::unix::fs::symlink;
+    let a = TestBackend::start("A");
+    let b = TestBackend::start("B");
+    let c = client();
+    let dir = config_file("discovery", "configmap", "").with_file_name("volume");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("..v1")).unwrap();
+    std::fs::write(dir.join("..v1/backends.json"), entries(&[(&a, 1)])).unwrap();
+    symlink("..v1", dir.join("..data")).unwrap();
+    symlink("..data/backends.json", dir.join("backends.json")).unwrap();
+    let discover = format!("file={}", dir.join("backends.json").display());
+    let f = Fulcrum::start(&["--discover", &discover]);
+    assert_eq!(urls(&c, &f, "default").await, [a.url()]);
+    std::fs::create_dir_all(dir.join("..v2")).unwrap();
+    std::fs::write(dir.join("..v2/backends.json"), entries(&[(&b, 1)])).unwrap();
+    symlink("..v2", dir.join("..data_tmp")).unwrap();
+    std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
+    let took = until_urls(&c, &f, "default", &[b.url()], Duration::from_secs(3)).await;
+    assert!(
+        took < Duration::from_secs(1),
+        "the swap seen after {took:?}"
+    );
+}
+
+/// A reload that puts `discover` where a list was, and back: the pool is never empty
+/// in between, and the URLs both name keep their backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_between_a_list_and_discover_never_empties_the_pool() {
+    let a = TestBackend::start("A");
+    let b = TestBackend::start("B");
+    let c = client();
+    let list = config_file("discovery", "switch", "").with_file_name("backends.json");
+    std::fs::write(&list, entries(&[(&a, 1), (&b, 1)])).unwrap();
+    let with_list = format!(
+        "[[pools]]\nname = \"api\"\n[[pools.backends]]\nurl = \"{}\"\nname = \"A\"\n\n[[routes]]\npool = \"api\"\n",
+        a.url()
+    );
+    let with_discover = format!(
+        "[[pools]]\nname = \"api\"\ndiscover = {{ file = \"{}\" }}\n\n[[routes]]\npool = \"api\"\n",
+        list.display()
+    );
+    let cfg = config_file("discovery", "switch", &with_list);
+    let f = Fulcrum::start(&["--config", cfg.to_str().unwrap()]);
+    let a_id = pool(&c, &f, "api").await["backends"][0]["id"].clone();
+    let load = Load::start(f.proxy, 2, 0);
+    std::fs::write(&cfg, &with_discover).unwrap();
+    let r = admin(&c, "POST", &f.admin_url("/admin/reload"), "").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let mut both = vec![a.url(), b.url()];
+    both.sort();
+    until_urls(&c, &f, "api", &both, Duration::from_secs(3)).await;
+    let p = pool(&c, &f, "api").await;
+    assert_eq!(
+        (
+            p["backends"][0]["id"].clone(),
+            p["backends"][0]["source"].as_str()
+        ),
+        (a_id.clone(), Some("file")),
+        "{p}"
+    );
+    // And back to a list that names A only: A stays (the file's again), B drains.
+    std::fs::write(&cfg, &with_list).unwrap();
+    let r = admin(&c, "POST", &f.admin_url("/admin/reload"), "").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    until_urls(&c, &f, "api", &[a.url()], Duration::from_secs(3)).await;
+    let p = pool(&c, &f, "api").await;
+    assert_eq!(
+        (
+            p["backends"][0]["id"].clone(),
+            p["backends"][0]["source"].as_str()
+        ),
+        (a_id, Some("config")),
+        "{p}"
+    );
+    assert!(p["discovery"].is_null(), "{p}");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (ok, failures) = load.finish();
+    assert!(
+        failures.is_empty(),
+        "{} failed of {ok}: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(5)]
+    );
+}

@@ -364,8 +364,12 @@ async fn delete_backend(
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
     let id = parse_id(&id)?;
-    if let Ok((pool, _)) = ctx.site.backend(id) {
-        not_discovered(&pool)?;
+    // What discovery found is taken out there; another backend of the pool (added
+    // before it had `discover`) may go.
+    if let Ok((pool, b)) = ctx.site.backend(id) {
+        if b.source().is_discovered() {
+            not_discovered(&pool)?;
+        }
     }
     let name = match &ctx.fleet {
         Some(f) => f.remove_backend(id).await?,

@@ -35,7 +35,7 @@ pub(crate) struct PoolView {
     discovery: Option<DiscoveryView>,
 }
 
-/// A pool's `discovery` object (`docs/discovery.md`, "Watching it").
+/// A pool's `discovery` object (`docs/discovery.md`, "The admin API and the dashboard").
 #[derive(Debug, Serialize)]
 pub(crate) struct DiscoveryView {
     /// `srv`, `dns` or `file`.
@@ -152,9 +152,7 @@ fn draft_of(fields: &Map<String, Value>) -> ApiResult<PoolDraft> {
         .transpose()
         .map_err(ApiError::bad)?;
     if discover.is_some() && !backends.is_empty() {
-        return Err(ApiError::bad(
-            "discover and backends together: a pool's backends come from one or the other",
-        ));
+        return Err(ApiError::bad(crate::config::discover::WITH_BACKENDS));
     }
     Ok(PoolDraft {
         name,

@@ -111,7 +111,7 @@ impl Source {
 }
 
 /// What the admin API set on a backend that its source must not undo while it stays
-/// (`docs/discovery.md`, "Admin changes"): bits of [`Backend::pins`].
+/// (`docs/discovery.md`, "The admin API and the dashboard"): bits of [`Backend::pins`].
 pub(crate) mod pin {
     /// `PATCH … {"weight"}`.
     pub(crate) const WEIGHT: u8 = 1;
@@ -388,6 +388,19 @@ impl Backend {
     /// Notes that the admin API set what `bit` ([`pin`]) names.
     pub(crate) fn pin(&self, bit: u8) {
         self.pins.fetch_or(bit, Ordering::Relaxed);
+    }
+
+    /// Takes what the admin API set on `old`, which this backend replaces (before it is
+    /// shared).
+    pub(crate) fn keep_pins_of(&self, old: &Backend) {
+        if old.pinned(pin::WEIGHT) {
+            self.set_weight(old.weight());
+            self.pin(pin::WEIGHT);
+        }
+        if old.pinned(pin::MAX_CONNS) {
+            self.set_max_conns(old.max_conns());
+            self.pin(pin::MAX_CONNS);
+        }
     }
 
     /// Result of the active health checks.

@@ -17,6 +17,10 @@ pub(crate) const DEFAULT_INTERVAL: Duration = Duration::from_secs(30);
 /// The shortest re-resolution interval: TTLs are clamped to at least this too.
 pub(crate) const MIN_INTERVAL: Duration = Duration::from_secs(1);
 
+/// Why `discover` and `backends` are refused together.
+pub(crate) const WITH_BACKENDS: &str =
+    "discover and backends together: a pool's backends come from one or the other";
+
 /// The keys of a `discover` table.
 pub(crate) const KEYS: [&str; 5] = ["srv", "dns", "file", "scheme", "interval"];
 

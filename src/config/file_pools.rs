@@ -111,7 +111,11 @@ fn read_pool(
         .find(|(k, _)| k.get_ref().as_ref() == "discover")
     {
         if has_key(table, "backends") {
-            c.push(k.span().start, Some("pools.discover"), both().into());
+            c.push(
+                k.span().start,
+                Some("pools.discover"),
+                super::discover::WITH_BACKENDS.into(),
+            );
             ok = false;
         }
     }
@@ -267,11 +271,6 @@ fn read_route(
     (ok.then_some(t), named)
 }
 
-/// Why `discover` and `backends` are refused together.
-fn both() -> &'static str {
-    "discover and backends together: a pool's backends come from one or the other"
-}
-
 fn has_key(table: &DeTable<'_>, key: &str) -> bool {
     table.iter().any(|(k, _)| k.get_ref().as_ref() == key)
 }
@@ -359,7 +358,7 @@ pub(super) fn check_layout(c: &mut Collector<'_>, layout: &Layout) {
     if names.is_empty() {
         names.push(DEFAULT_POOL);
         if let (Some(at), Some(_)) = (layout.discover_at, layout.backends_at) {
-            c.push(at, Some("discover"), both().into());
+            c.push(at, Some("discover"), super::discover::WITH_BACKENDS.into());
         }
     } else {
         if let Some(at) = layout.backends_at {

@@ -406,22 +406,7 @@ pub(crate) fn build(flags: &RawFlags) -> Result<Settings, Vec<ConfigError>> {
             flag(&o.flag(), (o.set)(&mut s, value));
         }
     }
-    if !flags.backend.is_empty() {
-        let mut out = Vec::new();
-        for b in &flags.backend {
-            match parse_backend_spec(b) {
-                Ok(spec) => out.push(spec),
-                Err(e) => flag("backend", Err(e)),
-            }
-        }
-        s.backends = out;
-    }
-    if let Some(d) = &flags.discover {
-        match DiscoverSpec::parse_flag(d) {
-            Ok(spec) => s.discover = Some(spec),
-            Err(e) => flag("discover", Err(e)),
-        }
-    }
+    apply_pool_flags(&mut s, flags, &mut flag);
     // Token: the file wins over the environment.
     if let Some(p) = &s.admin_token_file {
         match std::fs::read_to_string(p) {
@@ -454,6 +439,31 @@ pub(crate) fn build(flags: &RawFlags) -> Result<Settings, Vec<ConfigError>> {
         Ok(s)
     } else {
         Err(errors)
+    }
+}
+
+/// `--backend` (each replaces the file's list) and `--discover`, for the first pool;
+/// `flag` records a bad one.
+fn apply_pool_flags(
+    s: &mut Settings,
+    flags: &RawFlags,
+    flag: &mut impl FnMut(&str, Result<(), String>),
+) {
+    if !flags.backend.is_empty() {
+        let mut out = Vec::new();
+        for b in &flags.backend {
+            match parse_backend_spec(b) {
+                Ok(spec) => out.push(spec),
+                Err(e) => flag("backend", Err(e)),
+            }
+        }
+        s.backends = out;
+    }
+    if let Some(d) = &flags.discover {
+        match DiscoverSpec::parse_flag(d) {
+            Ok(spec) => s.discover = Some(spec),
+            Err(e) => flag("discover", Err(e)),
+        }
     }
 }
 

@@ -5,8 +5,9 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
+use futures_util::future::join_all;
 use hickory_resolver::config::{
-    LookupIpStrategy, NameServerConfig, NameServerConfigGroup, ResolveHosts, ResolverConfig,
+    NameServerConfig, NameServerConfigGroup, ResolveHosts, ResolverConfig,
 };
 use hickory_resolver::name_server::TokioConnectionProvider;
 use hickory_resolver::proto::xfer::Protocol;
@@ -51,7 +52,6 @@ pub(super) fn resolver(
     let o = b.options_mut();
     o.timeout = QUERY_TIMEOUT;
     o.attempts = 1;
-    o.ip_strategy = LookupIpStrategy::Ipv4AndIpv6;
     o.positive_max_ttl = Some(interval);
     o.negative_max_ttl = Some(MIN_INTERVAL);
     Ok(b.build())
@@ -68,26 +68,39 @@ pub(super) async fn lookup(r: &TokioResolver, spec: &DiscoverSpec) -> Result<Fou
 }
 
 /// One backend per SRV record: `SCHEME://TARGET:PORT`, connected at the target's
-/// address; the lowest priority value's records are primaries, the others backups.
+/// address; the lowest priority value's records are primaries, the others backups. A
+/// target of `.` ("no such service here", RFC 2782) is no record; a target without an
+/// address fails the lookup (never a partial set).
 async fn srv(r: &TokioResolver, name: &str, spec: &DiscoverSpec) -> Result<Found, String> {
     let answer = (r.srv_lookup(name).await).map_err(|e| format!("SRV {name}: {e}"))?;
-    let mut until = answer.as_lookup().valid_until();
-    let records: Vec<_> = answer.iter().cloned().collect();
+    let mut records: Vec<_> = (answer.iter())
+        .filter(|s| !s.target().is_root())
+        .cloned()
+        .collect();
+    // One backend per target and port: of a pair listed twice, the lower priority.
+    records.sort_by_key(|s| (s.target().to_ascii(), s.port(), s.priority()));
+    records.dedup_by(|a, b| a.target() == b.target() && a.port() == b.port());
     let Some(lowest) = records.iter().map(|s| s.priority()).min() else {
         return Err(format!("SRV {name}: no records"));
     };
+    let targets = records.iter().map(|rec| async move {
+        let host = rec.target().to_ascii();
+        let host = host.trim_end_matches('.').to_string();
+        let found = addresses(r, &host).await;
+        (host, found)
+    });
+    let mut until = answer.as_lookup().valid_until();
     let mut backends = Vec::with_capacity(records.len());
-    for rec in &records {
-        let target = rec.target().to_ascii();
-        let host = target.trim_end_matches('.');
-        let (ip, valid) = first_address(r, host).await?;
+    for (rec, (host, found)) in records.iter().zip(join_all(targets).await) {
+        let (ips, valid) = found.map_err(|e| format!("SRV {name}: target {e}"))?;
         until = until.min(valid);
         let url = format!("{}://{host}:{}", spec.scheme(), rec.port());
         let weight = u32::from(rec.weight()).clamp(1, MAX_WEIGHT);
         let mut b = backend_spec(&url, Some(weight), None)
             .map_err(|e| format!("SRV {name}: record {host}:{}: {e}", rec.port()))?;
         b.backup = rec.priority() != lowest;
-        b.addr = Some(SocketAddr::new(ip, rec.port()));
+        // The lowest address: an answer in another order does not move the backend.
+        b.addr = Some(SocketAddr::new(ips[0], rec.port()));
         backends.push(b);
     }
     backends.sort_by(|a, b| a.url.cmp(&b.url));
@@ -97,15 +110,37 @@ async fn srv(r: &TokioResolver, name: &str, spec: &DiscoverSpec) -> Result<Found
     })
 }
 
-/// The address an SRV target is reached at: the lowest of its addresses, so that an
-/// answer in another order does not move the backend.
-async fn first_address(r: &TokioResolver, host: &str) -> Result<(IpAddr, Instant), String> {
-    let ips = (r.lookup_ip(host).await).map_err(|e| format!("SRV target {host}: {e}"))?;
-    let first = ips
-        .iter()
-        .min()
-        .ok_or_else(|| format!("SRV target {host}: no address"))?;
-    Ok((first, ips.valid_until()))
+/// Every address of `host`, sorted (never empty), and when the answer runs out. A and
+/// AAAA are asked apart: a family that fails (a timeout, SERVFAIL) fails the lookup,
+/// where a combined lookup would give the other family alone and so drop half the
+/// backends; a family with no record is empty.
+async fn addresses(r: &TokioResolver, host: &str) -> Result<(Vec<IpAddr>, Instant), String> {
+    let (v4, v6) = tokio::join!(r.ipv4_lookup(host), r.ipv6_lookup(host));
+    let mut ips = Vec::new();
+    let mut until: Option<Instant> = None;
+    match v4 {
+        Ok(l) => {
+            ips.extend(l.iter().map(|a| IpAddr::V4(a.0)));
+            until = Some(l.valid_until());
+        }
+        Err(e) if e.is_no_records_found() => {}
+        Err(e) => return Err(format!("{host} (A): {e}")),
+    }
+    match v6 {
+        Ok(l) => {
+            ips.extend(l.iter().map(|a| IpAddr::V6(a.0)));
+            let v = l.valid_until();
+            until = Some(until.map_or(v, |u| u.min(v)));
+        }
+        Err(e) if e.is_no_records_found() => {}
+        Err(e) => return Err(format!("{host} (AAAA): {e}")),
+    }
+    ips.sort();
+    ips.dedup();
+    match until {
+        Some(until) if !ips.is_empty() => Ok((ips, until)),
+        _ => Err(format!("{host}: no address")),
+    }
 }
 
 /// One backend per A or AAAA address of `host`: `SCHEME://ADDRESS:PORT`.
@@ -115,14 +150,8 @@ async fn a_and_aaaa(
     port: u16,
     spec: &DiscoverSpec,
 ) -> Result<Found, String> {
-    let ips = (r.lookup_ip(host).await).map_err(|e| format!("{host}: {e}"))?;
-    let mut addrs: Vec<IpAddr> = ips.iter().collect();
-    addrs.sort();
-    addrs.dedup();
-    if addrs.is_empty() {
-        return Err(format!("{host}: no address"));
-    }
-    let backends = addrs
+    let (ips, until) = addresses(r, host).await?;
+    let backends = ips
         .iter()
         .map(|ip| {
             let url = format!("{}://{}", spec.scheme(), SocketAddr::new(*ip, port));
@@ -131,7 +160,7 @@ async fn a_and_aaaa(
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Found {
         backends,
-        valid_for: clamp(ips.valid_until(), spec.interval),
+        valid_for: clamp(until, spec.interval),
     })
 }
 

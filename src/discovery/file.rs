@@ -3,7 +3,9 @@
 //! watched, so a file renamed over the old one is seen as well as a write in place —
 //! and every `interval` in case a change went unseen (a network file system).
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,25 +20,37 @@ const DEBOUNCE: Duration = Duration::from_millis(100);
 /// The largest file read: a list of ten thousand backends fits many times over.
 const MAX_FILE: u64 = 16 << 20;
 
-/// Reads the backends of `path`: all of them, or an error that says why.
+/// [`read`] on a thread of its own: a file on a hung network mount, or a FIFO, must
+/// not stall the admin API and the health checks that share this runtime.
+pub(super) async fn read_off_runtime(path: &Path) -> Result<Vec<BackendSpec>, String> {
+    let p = path.to_path_buf();
+    (tokio::task::spawn_blocking(move || read(&p)).await)
+        .unwrap_or_else(|e| Err(format!("cannot read {}: {e}", path.display())))
+}
+
+/// Reads the backends of `path`: all of them, or an error that says why. An empty
+/// list is an error too: a file being replaced can be read empty, and a failure never
+/// empties a pool.
 pub(super) fn read(path: &Path) -> Result<Vec<BackendSpec>, String> {
     let shown = path.display();
-    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read {shown}: {e}"))?;
-    if meta.len() > MAX_FILE {
+    let mut text = Vec::new();
+    (std::fs::File::open(path).and_then(|f| f.take(MAX_FILE + 1).read_to_end(&mut text)))
+        .map_err(|e| format!("cannot read {shown}: {e}"))?;
+    if text.len() as u64 > MAX_FILE {
         return Err(format!("{shown} is larger than {MAX_FILE} bytes"));
     }
-    let text = std::fs::read(path).map_err(|e| format!("cannot read {shown}: {e}"))?;
     let list: Vec<serde_json::Value> = serde_json::from_slice(&text)
         .map_err(|e| format!("{shown}: not a JSON list of backends ({e})"))?;
+    if list.is_empty() {
+        return Err(format!(
+            "{shown}: an empty list (a failure never empties a pool; to send a pool nothing, take its routes away)"
+        ));
+    }
     let mut out = Vec::with_capacity(list.len());
     for (i, v) in list.into_iter().enumerate() {
         let entry: BackendEntry =
             serde_json::from_value(v).map_err(|e| format!("{shown}: entry {i}: {e}"))?;
-        out.push(
-            entry
-                .spec()
-                .map_err(|e| format!("{shown}: entry {i}: {e}"))?,
-        );
+        out.push((entry.spec()).map_err(|e| format!("{shown}: entry {i}: {e}"))?);
     }
     if let Some(dup) = crate::config::duplicate_backends(&out).first() {
         return Err(format!("{shown}: {dup}"));
@@ -44,24 +58,37 @@ pub(super) fn read(path: &Path) -> Result<Vec<BackendSpec>, String> {
     Ok(out)
 }
 
-/// Watches `path`'s directory; `changed` hears of every event about `path`. The watch
-/// lasts as long as the watcher returned.
-pub(super) fn watch(path: &Path, changed: Arc<Notify>) -> Result<RecommendedWatcher, String> {
-    let name = path.file_name().map(|n| n.to_os_string());
+/// A watch of a file's directory (see [`watch`]).
+pub(super) struct Watch {
+    /// Ends the watch when dropped.
+    _watcher: RecommendedWatcher,
+    /// Set when the directory itself went: this watch sees nothing more.
+    pub(super) lost: Arc<AtomicBool>,
+}
+
+/// Watches `path`'s directory: `changed` hears of every event in it, not only those
+/// naming the file, since a symbolic link swapped over names another entry
+/// (Kubernetes' ConfigMap volumes swap `..data`); the reads after are debounced. The
+/// watch lasts as long as the [`Watch`] returned.
+pub(super) fn watch(path: &Path, changed: Arc<Notify>) -> Result<Watch, String> {
     let dir: PathBuf = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
     };
+    let lost = Arc::new(AtomicBool::new(false));
+    let (gone, watched) = (Arc::clone(&lost), dir.clone());
     let mut w = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
         let Ok(ev) = ev else { return };
-        if ev.paths.iter().any(|p| p.file_name() == name.as_deref()) {
-            changed.notify_one();
+        let removed = matches!(ev.kind, notify::EventKind::Remove(_));
+        if removed && ev.paths.contains(&watched) {
+            gone.store(true, Ordering::Relaxed);
         }
+        changed.notify_one();
     })
     .map_err(|e| format!("cannot watch {}: {e}", dir.display()))?;
     (w.watch(&dir, RecursiveMode::NonRecursive))
         .map_err(|e| format!("cannot watch {}: {e}", dir.display()))?;
-    Ok(w)
+    Ok(Watch { _watcher: w, lost })
 }
 
 /// Waits for a change of the file (then lets the writer finish, [`DEBOUNCE`]) or for
@@ -98,6 +125,7 @@ mod tests {
             ),
             (r#"[{"url": "http://127.0.0.1:1", "colour": 1}]"#, "colour"),
             ("", "not a JSON list"),
+            ("[]", "an empty list"),
         ] {
             write(bad);
             let e = read(&f).unwrap_err();

@@ -13,6 +13,7 @@ mod file;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -63,14 +64,35 @@ pub(crate) async fn run(pool: Arc<Pool>, resolvers: Resolvers, mut stop: watch::
         tokio::select! {
             _ = following => {}
             r = setting.changed() => if r.is_err() { return },
-            _ = stop.changed() => return,
-            _ = retired.changed() => return,
+            _ = stop.wait_for(|s| *s) => return,
+            // Removed before this task first ran counts too.
+            _ = retired.wait_for(|r| *r) => return,
         }
         if setting.borrow().is_none() {
-            // Any discovered source stands for all of them (`set_members`).
-            apply(&pool, Source::Dns, Vec::new(), false);
+            clear_discovered(&pool);
             *pool.discovery() = Default::default();
+        } else {
+            // Another name or file: the old one's error is not the new one's.
+            pool.discovery().error = None;
         }
+    }
+}
+
+/// Takes out every backend discovery found in `pool` (its `discover` went away), and
+/// only those: a list that took the pool's place keeps what it took over.
+fn clear_discovered(pool: &Pool) {
+    let found: Vec<_> = (pool.backends().into_iter())
+        .filter(|b| b.source().is_discovered())
+        .collect();
+    let removed: Vec<String> = (found.iter())
+        .filter(|b| pool.remove(b.id).is_ok())
+        .map(|b| b.url.clone())
+        .collect();
+    if !removed.is_empty() {
+        pool.emit(Event::Discovery {
+            added: Vec::new(),
+            removed,
+        });
     }
 }
 
@@ -99,7 +121,8 @@ async fn follow_dns(pool: &Pool, spec: &DiscoverSpec, resolvers: &Resolvers) {
     let mut backoff = MIN_INTERVAL;
     loop {
         let now = resolvers.get();
-        if !Arc::ptr_eq(&now, &servers) {
+        // A resolver that could not be made (no /etc/resolv.conf yet) is tried again.
+        if !Arc::ptr_eq(&now, &servers) || resolver.is_err() {
             servers = now;
             resolver = dns::resolver(&servers, spec.interval);
         }
@@ -132,6 +155,10 @@ async fn follow_file(pool: &Pool, spec: &DiscoverSpec, path: &std::path::Path) {
     let mut watcher = None;
     let mut told = false;
     loop {
+        // A watch whose directory went sees nothing more: watch again.
+        if (watcher.as_ref()).is_some_and(|w: &file::Watch| w.lost.load(Ordering::Relaxed)) {
+            watcher = None;
+        }
         // Watched before it is read: a change in between is not missed.
         if watcher.is_none() {
             match file::watch(path, Arc::clone(&changed)) {
@@ -148,7 +175,7 @@ async fn follow_file(pool: &Pool, spec: &DiscoverSpec, path: &std::path::Path) {
         } else {
             MIN_INTERVAL
         };
-        settle(pool, spec, file::read(path), period);
+        settle(pool, spec, file::read_off_runtime(path).await, period);
         file::next_change(&changed, period).await;
     }
 }
@@ -162,7 +189,7 @@ fn settle(
     next: Duration,
 ) {
     let now = SystemTime::now();
-    // The first set found joins at full weight, as backends present at start do.
+    // The pool's first set joins at full weight, as backends present at start do.
     let ramp = pool.discovery().updated_at.is_some();
     let outcome = found.map(|list| apply(pool, source_of(spec), list, ramp));
     let mut st = pool.discovery();

@@ -195,7 +195,10 @@ impl Pool {
             let why = format!("its URL is backend {}'s, which {owner:?} owns", b.id);
             return refuse(&w, why.to_lowercase(), out);
         }
-        let moved = w.spec.addr.is_some_and(|a| b.socket_addr != Some(a));
+        // Where it is reached: a resolved address, or the URL's IP (`None`: resolved at
+        // each connect).
+        let reached = (w.spec.addr).or_else(|| w.spec.authority.as_str().parse().ok());
+        let moved = reached != b.socket_addr;
         let replace = moved
             || w.id.is_some_and(|id| id != b.id)
             || b.name != w.spec.name
@@ -211,14 +214,34 @@ impl Pool {
             }
             return;
         }
+        self.replace_member(m, i, w, source, out);
+    }
+
+    /// Replaces the member at `i` by a new backend for `w` (same URL). One renamed is
+    /// another backend to its operator: a new id. One that only moved (a resolved
+    /// address) or became or stopped being a backup keeps its id and what the admin
+    /// API set; its counters start again.
+    fn replace_member(
+        &self,
+        m: &mut Members,
+        i: usize,
+        w: Wanted,
+        source: Source,
+        out: &mut Outcome,
+    ) {
+        let b = Arc::clone(&m.backends[i]);
         let others = (m.backends.iter()).filter(|x| !Arc::ptr_eq(x, &b));
         if let Some(c) = others.clone().find(|x| x.name == w.spec.name) {
             return refuse(&w, format!("its name is backend {}'s", c.id), out);
         }
-        let id = w.id.unwrap_or_else(|| self.hub.next_id());
+        let same = b.name == w.spec.name;
+        let id = (w.id).unwrap_or_else(|| if same { b.id } else { self.hub.next_id() });
         let state = w.state.unwrap_or(b.state());
         let fresh = self.member(id, w.spec, source, None);
         fresh.set_state(state);
+        if same {
+            fresh.keep_pins_of(&b);
+        }
         m.backends[i] = Arc::clone(&fresh);
         out.changes.updated.push(fresh.name.clone());
         out.events.push(Event::BackendRemoved {
@@ -297,21 +320,25 @@ fn refuse(w: &Wanted, why: String, out: &mut Outcome) {
     (out.changes.refused).push((w.spec.url.clone(), w.id, why));
 }
 
-/// Whether a list of `source` speaks for a backend `owner` owns: its own, and, for
+/// Whether a list of `source` speaks for a backend `owner` owns: its own; and, for
 /// discovery, whatever any discovery source found (a pool has one `discover` setting;
-/// when it changes kind, the new source's list replaces the old one's).
+/// when it changes kind, the new source's list replaces the old one's) and what the
+/// file listed before the pool had `discover` (a pool never has both: a reload that put
+/// `discover` where a list was leaves the list's backends until discovery's first set).
 fn owns(source: Source, owner: Source) -> bool {
-    owner == source || (source.is_discovered() && owner.is_discovered())
+    owner == source
+        || (source.is_discovered() && (owner.is_discovered() || owner == Source::Config))
 }
 
 /// Whether `source` may take a backend `owner` owns over: what the admin API added
-/// passes to any source that lists it; discovery's sources take each other's (a pool's
-/// `discover` changed kind); and the file takes what discovery found (a reload put a
-/// list where `discover` was).
+/// passes to any source that lists it; discovery and the file take each other's (a
+/// reload switched a pool between a list and `discover`, see [`owns`]), and discovery's
+/// sources each other's (a pool's `discover` changed kind).
 fn may_take(source: Source, owner: Source) -> bool {
+    let moving = |s: Source| s.is_discovered() || s == Source::Config;
     owner == source
         || owner == Source::Admin
-        || (owner.is_discovered() && (source.is_discovered() || source == Source::Config))
+        || (moving(source) && moving(owner) && (source.is_discovered() || owner.is_discovered()))
 }
 
 /// Sets what changed of `b`'s weight, `max_conns` and (when given) admin state;
@@ -449,6 +476,41 @@ mod tests {
             changes.refused
         );
         assert_eq!(p.backends().len(), 4);
+    }
+
+    #[test]
+    fn discovery_keeps_what_the_admin_api_set_and_the_id_of_a_backend_that_moved() {
+        let p = Pool::of_backends(Vec::new(), StrategyKind::RoundRobin);
+        let at = |ip: &str| {
+            let mut s = spec(5000, 1);
+            s.addr = Some(format!("{ip}:5000").parse().unwrap());
+            s
+        };
+        p.set_members(Source::Srv, vec![Wanted::spec(at("127.0.0.9"))], ALL);
+        let b = p.backends()[0].clone();
+        p.update(b.id, Some(7), None, Some(3)).unwrap();
+        let mut again = at("127.0.0.9");
+        again.weight = 2;
+        p.set_members(Source::Srv, vec![Wanted::spec(again)], ALL);
+        assert_eq!((b.weight(), b.max_conns()), (7, 3), "the PATCH sticks");
+        // The target's address moved: a new backend, with the same id and pins.
+        p.set_members(Source::Srv, vec![Wanted::spec(at("127.0.0.10"))], ALL);
+        let moved = p.backends()[0].clone();
+        assert!(!Arc::ptr_eq(&b, &moved));
+        assert_eq!(moved.id, b.id);
+        assert_eq!((moved.weight(), moved.max_conns()), (7, 3));
+        // Another discovery source, then the file, take it over; discovery takes the
+        // file's back.
+        p.set_members(Source::File, vec![Wanted::spec(at("127.0.0.10"))], ALL);
+        assert_eq!(p.backends()[0].source(), Source::File);
+        let listed = vec![Wanted::spec(spec(5000, 1)), Wanted::spec(spec(5001, 1))];
+        p.set_members(Source::Config, listed, ALL);
+        assert_eq!(p.backends()[0].source(), Source::Config);
+        p.set_members(Source::Dns, vec![Wanted::spec(spec(5001, 1))], ALL);
+        let left: Vec<(String, Source)> = (p.backends().iter())
+            .map(|b| (b.url.clone(), b.source()))
+            .collect();
+        assert_eq!(left, [("http://127.0.0.1:5001".to_string(), Source::Dns)]);
     }
 
     #[test]

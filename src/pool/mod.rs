@@ -150,6 +150,13 @@ impl Hub {
     fn next_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
+
+    /// Makes the ids it gives from now on at least `first`: in fleet mode the store's
+    /// backends have theirs (etcd revisions), and this instance's own — discovered —
+    /// must never take one of them.
+    pub(crate) fn ids_from(&self, first: u64) {
+        self.next_id.fetch_max(first, Ordering::Relaxed);
+    }
 }
 
 /// One pool: its backends, its strategy, the published routing table, and the
