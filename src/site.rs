@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use arc_swap::ArcSwap;
 use tokio::sync::watch;
 
+use crate::config::policy::Policies;
 use crate::config::{PoolSpec, RouteSpec};
 use crate::pool::{Backend, Hub, Pool, PoolError, Source};
 use crate::route::{Route, RouteTable};
@@ -33,9 +34,23 @@ pub(crate) struct Routing {
     table: RouteTable,
     /// Requests taken, by route index.
     hits: Arc<[AtomicU64]>,
-    /// The pool of a single route without conditions (the single-pool form): every
-    /// request goes there without a lookup.
+    /// The pool of a single route without conditions nor policies (the single-pool
+    /// form): every request goes there without a lookup.
     only: Option<Arc<Pool>>,
+    /// Each route's policies, by route index; `None` for a route without any, which
+    /// runs none (`docs/policies.md`).
+    policies: Vec<Option<Arc<Policies>>>,
+}
+
+/// What the first route that takes a request says.
+#[derive(Debug)]
+pub(crate) struct Hit<'r> {
+    /// The route.
+    pub(crate) route: &'r Route,
+    /// Its pool.
+    pub(crate) pool: &'r Arc<Pool>,
+    /// Its policies, when it has any.
+    pub(crate) policies: Option<&'r Arc<Policies>>,
 }
 
 impl Routing {
@@ -48,11 +63,16 @@ impl Routing {
         Some(p)
     }
 
-    /// The first route that takes `req` and its pool; counts the request for it.
-    pub(crate) fn find(&self, req: &crate::route::Request<'_>) -> Option<(&Route, &Arc<Pool>)> {
+    /// The first route that takes `req`, its pool and policies; counts the request for
+    /// it.
+    pub(crate) fn find(&self, req: &crate::route::Request<'_>) -> Option<Hit<'_>> {
         let (i, r) = self.table.find(req)?;
         self.hits[i].fetch_add(1, Ordering::Relaxed);
-        Some((r, &self.pools[r.pool]))
+        Some(Hit {
+            route: r,
+            pool: &self.pools[r.pool],
+            policies: self.policies.get(i).and_then(Option::as_ref),
+        })
     }
 
     /// Requests each route took, in route order.
@@ -352,8 +372,11 @@ fn build(
             .ok_or_else(|| SiteError::UnknownPool(i, r.pool.clone()))?;
         table.push(r.to_route(pool));
     }
-    let only = match table.as_slice() {
-        [r] if r.is_catch_all() => Some(Arc::clone(&pools[r.pool])),
+    let policies: Vec<Option<Arc<Policies>>> = (routes.iter())
+        .map(|r| (!r.policies.is_empty()).then(|| Arc::new(r.policies.clone())))
+        .collect();
+    let only = match (table.as_slice(), policies.as_slice()) {
+        ([r], [None]) if r.is_catch_all() => Some(Arc::clone(&pools[r.pool])),
         _ => None,
     };
     Ok(Routing {
@@ -362,6 +385,7 @@ fn build(
         table: RouteTable::new(table),
         hits,
         only,
+        policies,
     })
 }
 

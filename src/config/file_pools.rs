@@ -12,7 +12,7 @@ use super::pools::{self, PoolDraft, RouteText, DEFAULT_POOL};
 use super::Settings;
 use crate::route::{HostPattern, PathPrefix};
 
-/// Keys of a `[[routes]]` entry.
+/// Keys of a `[[routes]]` entry, beside its policies ([`super::policy::KEYS`]).
 const ROUTE_KEYS: [&str; 6] = [
     "pool",
     "host",
@@ -21,6 +21,11 @@ const ROUTE_KEYS: [&str; 6] = [
     "headers",
     "strip_path_prefix",
 ];
+
+/// Whether `key` is one a `[[routes]]` entry takes.
+fn route_key(key: &str) -> bool {
+    ROUTE_KEYS.contains(&key) || super::policy::KEYS.contains(&key)
+}
 
 /// Where the file put what the whole-file checks look at (byte offsets).
 #[derive(Debug, Default)]
@@ -236,11 +241,13 @@ fn read_route(
     let mut ok = true;
     for (key, v) in table {
         let k = key.get_ref().as_ref();
-        if !ROUTE_KEYS.contains(&k) {
-            let msg = format!(
-                "unknown key 'routes.{k}' (valid: {})",
-                ROUTE_KEYS.join(", ")
-            );
+        if !route_key(k) {
+            let valid: Vec<&str> = ROUTE_KEYS
+                .iter()
+                .chain(&super::policy::KEYS)
+                .copied()
+                .collect();
+            let msg = format!("unknown key 'routes.{k}' (valid: {})", valid.join(", "));
             c.push(key.span().start, None, msg);
             ok = false;
             continue;
@@ -285,6 +292,13 @@ fn read_route_value(
 ) -> Result<(), Option<String>> {
     let shown = format!("routes.{key}");
     let text = |c: &mut Collector<'_>| c.text_of(v, FileType::Str, &shown).ok_or(None);
+    if super::policy::KEYS.contains(&key) {
+        // The message names the policy and what in it is wrong.
+        return (t.policies.set(key, &json_of(v.get_ref()))).map_err(|e| {
+            c.push(v.span().start, Some("routes"), e);
+            None
+        });
+    }
     match key {
         "pool" => {
             t.pool = text(c)?;
@@ -323,6 +337,27 @@ fn read_route_value(
             }
             _ => Err(Some("expected true or false".into())),
         },
+    }
+}
+
+/// A TOML value as JSON: the policies read both the same way
+/// ([`super::policy::Policies::set`]). A date has no JSON form and becomes its text.
+fn json_of(v: &DeValue<'_>) -> serde_json::Value {
+    use serde_json::Value;
+    match v {
+        DeValue::String(s) => Value::String(s.to_string()),
+        DeValue::Integer(i) => {
+            (i64::from_str_radix(i.as_str(), i.radix()).ok()).map_or(Value::Null, Value::from)
+        }
+        DeValue::Float(f) => (f.as_str().parse::<f64>().ok()).map_or(Value::Null, Value::from),
+        DeValue::Boolean(b) => Value::Bool(*b),
+        DeValue::Datetime(d) => Value::String(d.to_string()),
+        DeValue::Array(items) => Value::Array(items.iter().map(|i| json_of(i.get_ref())).collect()),
+        DeValue::Table(t) => Value::Object(
+            t.iter()
+                .map(|(k, v)| (k.get_ref().to_string(), json_of(v.get_ref())))
+                .collect(),
+        ),
     }
 }
 

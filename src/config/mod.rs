@@ -10,6 +10,7 @@ mod file;
 mod file_pools;
 pub(crate) mod options;
 pub(crate) mod pem;
+pub(crate) mod policy;
 pub(crate) mod pools;
 pub(crate) mod strategy_kind;
 pub(crate) mod tls;

@@ -109,6 +109,8 @@ pub(crate) struct RouteSpec {
     pub(crate) headers: Vec<(HeaderName, HeaderValue)>,
     /// Forward the path without the prefix.
     pub(crate) strip_path_prefix: bool,
+    /// What a request on it goes through beside the pool (`docs/policies.md`).
+    pub(crate) policies: super::policy::Policies,
 }
 
 impl RouteSpec {
@@ -121,6 +123,7 @@ impl RouteSpec {
             methods: Vec::new(),
             headers: Vec::new(),
             strip_path_prefix: false,
+            policies: Default::default(),
         }
     }
 
@@ -152,6 +155,8 @@ pub(crate) struct RouteText {
     pub(crate) headers: Vec<(String, String)>,
     /// Strip the prefix when forwarding.
     pub(crate) strip_path_prefix: bool,
+    /// Its policies, each already checked.
+    pub(crate) policies: super::policy::Policies,
 }
 
 /// Checks a route's conditions; the message names what is wrong.
@@ -175,6 +180,7 @@ pub(crate) fn route_spec(t: RouteText) -> Result<RouteSpec, String> {
         methods,
         headers,
         strip_path_prefix: t.strip_path_prefix,
+        policies: t.policies,
     })
 }
 
@@ -259,6 +265,12 @@ pub(crate) struct RouteView {
     headers: std::collections::BTreeMap<String, String>,
     #[serde(default)]
     strip_path_prefix: bool,
+    /// Fields set or removed on the way to the backend (`docs/policies.md`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    request_headers: Option<serde_json::Value>,
+    /// Fields set or removed on the answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    response_headers: Option<serde_json::Value>,
     /// Requests it took (shown; ignored when given).
     #[serde(default)]
     requests: u64,
@@ -281,12 +293,34 @@ impl RouteView {
                 })
                 .collect(),
             strip_path_prefix: r.strip_path_prefix,
+            request_headers: None,
+            response_headers: None,
             requests,
         }
+        .with_policies(&r.policies)
+    }
+
+    fn with_policies(mut self, p: &super::policy::Policies) -> RouteView {
+        for (key, v) in p.to_json() {
+            match key {
+                "request_headers" => self.request_headers = Some(v),
+                _ => self.response_headers = Some(v),
+            }
+        }
+        self
     }
 
     /// The route it describes, checked.
     pub(crate) fn spec(self) -> Result<RouteSpec, String> {
+        let mut policies = super::policy::Policies::default();
+        for (key, v) in [
+            ("request_headers", &self.request_headers),
+            ("response_headers", &self.response_headers),
+        ] {
+            if let Some(v) = v {
+                policies.set(key, v)?;
+            }
+        }
         route_spec(RouteText {
             pool: self.pool,
             host: self.host,
@@ -294,6 +328,7 @@ impl RouteView {
             methods: self.methods,
             headers: self.headers.into_iter().collect(),
             strip_path_prefix: self.strip_path_prefix,
+            policies,
         })
     }
 }

@@ -168,12 +168,19 @@ pub(crate) struct ResponseHead {
 impl ResponseHead {
     /// Adds a field (a sticky cookie); span fields are made into a map for it.
     pub(crate) fn append_field(&mut self, name: HeaderName, value: HeaderValue) {
+        self.edit_fields(|map| {
+            map.append(name, value);
+        });
+    }
+
+    /// Changes the fields as a map (span fields are made into one).
+    pub(crate) fn edit_fields(&mut self, edit: impl FnOnce(&mut HeaderMap)) {
         let fields = std::mem::replace(&mut self.fields, ResponseFields::Map(HeaderMap::new()));
         let mut map = match fields {
             ResponseFields::Map(m) => m,
             ResponseFields::Wire(f) => f.into_map(),
         };
-        map.append(name, value);
+        edit(&mut map);
         self.fields = ResponseFields::Map(map);
     }
 

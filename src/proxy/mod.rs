@@ -6,6 +6,7 @@ mod body;
 pub(crate) mod headers;
 pub(crate) mod hop;
 pub(crate) mod message;
+mod policy;
 pub(crate) mod record;
 pub(crate) mod request_id;
 mod sticky;
@@ -39,6 +40,7 @@ use request_id::RequestId;
 pub(crate) use tunnel::ClientUpgrade;
 pub(crate) use upstream::{Failure, Upstreams};
 
+use crate::config::policy::Policies;
 use crate::config::Settings;
 use crate::pool::{Backend, Pool, QueueError, RequestGuard};
 use crate::site::Site;
@@ -142,6 +144,16 @@ pub(crate) struct Peer {
     pub(crate) local: SocketAddr,
 }
 
+/// Where a route sends a request.
+struct Routed {
+    /// The pool, held until the request ends.
+    pool: Arc<Pool>,
+    /// The target rewritten when the route strips its prefix (`None`: unchanged).
+    target: Option<PathAndQuery>,
+    /// The route's policies, when it has any.
+    policies: Option<Arc<Policies>>,
+}
+
 /// A request on its way to a backend, as [`Proxy::prepare`] leaves it: its head with
 /// this hop's rules applied (to the map at once; to span fields as they are written
 /// out), its body, and what the attempts need to know about it.
@@ -171,6 +183,11 @@ struct Outgoing<'p> {
     stuck: bool,
     /// Its `X-Request-Id`, to the backend and back.
     id: RequestId,
+    /// Its route's policies, when it has any (`docs/policies.md`).
+    policies: Option<Arc<Policies>>,
+    /// The client's IP, trusted proxies honoured: found in `prepare` when a policy needs
+    /// it.
+    client_ip: Option<std::net::IpAddr>,
 }
 
 impl Outgoing<'_> {
@@ -457,19 +474,28 @@ impl Proxy {
         let admitted = self
             .admit(&head)
             .and_then(|permit| Ok((permit, self.route(&head)?)))
-            .and_then(|(permit, (pool, target))| {
-                within_body_limit(&head, &pool)?;
-                Ok((permit, (pool, target)))
+            .and_then(|(permit, routed)| {
+                within_body_limit(&head, &routed.pool)?;
+                Ok((permit, routed))
             });
         match admitted {
             Err(refusal) => {
                 let r = self.own(&mut fin, None, refusal.answer());
                 Either::Left(std::future::ready(r))
             }
-            Ok((permit, (pool, target))) => {
+            Ok((
+                permit,
+                Routed {
+                    pool,
+                    target,
+                    policies,
+                },
+            )) => {
                 let req = Outgoing {
                     target: target.unwrap_or_else(|| fin.path.clone()),
                     pool,
+                    policies,
+                    client_ip: None,
                     head,
                     body,
                     client_upgrade,
@@ -502,13 +528,16 @@ impl Proxy {
         })
     }
 
-    /// The pool the first route that takes the request sends it to, and the target
-    /// rewritten when that route strips its prefix (`None`: unchanged). The single-pool
-    /// form (one route without conditions) looks nothing up.
-    fn route(&self, head: &RequestHead) -> Result<(Arc<Pool>, Option<PathAndQuery>), Refusal> {
+    /// Where the first route that takes the request sends it ([`Routed`]). The
+    /// single-pool form (one route without conditions or policies) looks nothing up.
+    fn route(&self, head: &RequestHead) -> Result<Routed, Refusal> {
         let routing = self.site.routing();
         if let Some(pool) = routing.only() {
-            return Ok((Arc::clone(pool), None));
+            return Ok(Routed {
+                pool: Arc::clone(pool),
+                target: None,
+                policies: None,
+            });
         }
         let host = head.host();
         let has_field = |name: &header::HeaderName, value: &[u8]| head.has_field(name, value);
@@ -518,15 +547,19 @@ impl Proxy {
             method: &head.method,
             has_field: &has_field,
         };
-        let Some((route, pool)) = routing.find(&req) else {
+        let Some(hit) = routing.find(&req) else {
             bump(&self.site.hub.stats.no_route);
             return Err(Refusal::NoRoute);
         };
         let target = head.uri.path_and_query().map_or("/", PathAndQuery::as_str);
-        let rewritten = route
+        let rewritten = (hit.route)
             .rewrite(target)
             .and_then(|t| PathAndQuery::try_from(t).ok());
-        Ok((Arc::clone(pool), rewritten))
+        Ok(Routed {
+            pool: Arc::clone(hit.pool),
+            target: rewritten,
+            policies: hit.policies.cloned(),
+        })
     }
 
     /// `Err(())` when the proxy is over `--max-inflight` and must shed this request.
@@ -548,9 +581,10 @@ impl Proxy {
         let head = &mut req.head;
         req.inline =
             req.body.is_none() && req.client_upgrade.is_none() && is_idempotent(&head.method);
-        // A sticky pool reads and removes its cookie, from a map.
+        // A sticky pool reads and removes its cookie, from a map; a route's policies
+        // edit one.
         let sticky = req.pool.settings.sticky.cookie.as_deref();
-        if !req.inline || sticky.is_some() {
+        if !req.inline || sticky.is_some() || req.policies.is_some() {
             head.make_map();
         }
         req.host = head.host();
@@ -575,7 +609,24 @@ impl Proxy {
                 request_id: req.id.as_bytes(),
             };
             let upgrade = req.client_upgrade.is_some();
+            if req.policies.is_some() {
+                let trusted = &self.settings.trusted_proxies;
+                req.client_ip = Some(crate::trust::client_ip(map, req.peer.addr.ip(), trusted));
+            }
             headers::Forwarding::apply(map, hop, upgrade);
+            if let (Some(edits), Some(ip)) = (
+                req.policies
+                    .as_ref()
+                    .and_then(|p| p.request_headers.as_ref()),
+                req.client_ip,
+            ) {
+                let vars = policy::Vars {
+                    client_ip: ip,
+                    request_id: req.id.as_bytes(),
+                    host: req.host.as_ref(),
+                };
+                policy::edit(map, edits, &vars);
+            }
         }
         // The backend pool speaks HTTP/1.1 whatever the client spoke.
         head.version = Version::HTTP_11;
@@ -634,7 +685,7 @@ impl Proxy {
             // left, and put back if it never did.
             let keep = resendable && !last;
             let failure = match self.attempt(req, guard, fin, &mut permit, keep).await {
-                Ok(r) => return r,
+                Ok(r) => return self.on_answer(req, r),
                 Err(f) => f,
             };
             // Nothing of the answer has reached the client yet: a request none of which
@@ -663,6 +714,22 @@ impl Proxy {
                 self.own(fin, None, r)
             }
         }
+    }
+
+    /// A backend's answer, through the route's response policies.
+    fn on_answer(&self, req: &Outgoing<'_>, mut r: ProxyResponse) -> ProxyResponse {
+        let Some(p) = &req.policies else {
+            return r;
+        };
+        if let (Some(edits), Some(ip)) = (&p.response_headers, req.client_ip) {
+            let vars = policy::Vars {
+                client_ip: ip,
+                request_id: req.id.as_bytes(),
+                host: req.host.as_ref(),
+            };
+            r.head.edit_fields(|map| policy::edit(map, edits, &vars));
+        }
+        r
     }
 
     /// Waits in the pool's queue until a slot comes free (`Ok`: pick again, with its

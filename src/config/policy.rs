@@ -1,0 +1,268 @@
+//! A route's policies as configured (`docs/policies.md`): the steps a request on that
+//! route goes through beside the pool. The file's tables, `PUT /admin/routes`' and the
+//! store's JSON all come down to a JSON value per key, checked here, so each key has
+//! one parser and one message.
+//!
+//! Today: `request_headers` and `response_headers`.
+
+use http::header::{HeaderName, HeaderValue};
+use serde_json::{Map, Value};
+
+/// The policy keys a route takes.
+pub(crate) const KEYS: [&str; 2] = ["request_headers", "response_headers"];
+
+/// A route's policies; each is optional, and a route without any runs none.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub(crate) struct Policies {
+    /// Fields set or removed on the way to the backend.
+    pub(crate) request_headers: Option<HeaderEdits>,
+    /// Fields set or removed on the backend's answer.
+    pub(crate) response_headers: Option<HeaderEdits>,
+}
+
+impl Policies {
+    /// Whether the route has none.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.request_headers.is_none() && self.response_headers.is_none()
+    }
+
+    /// Reads the policy `key` (one of [`KEYS`]) from its value; the message names what
+    /// is wrong.
+    pub(crate) fn set(&mut self, key: &str, v: &Value) -> Result<(), String> {
+        match key {
+            "request_headers" => self.request_headers = Some(HeaderEdits::from_json(key, v)?),
+            "response_headers" => self.response_headers = Some(HeaderEdits::from_json(key, v)?),
+            _ => {
+                return Err(format!(
+                    "unknown policy '{key}' (valid: {})",
+                    KEYS.join(", ")
+                ))
+            }
+        }
+        Ok(())
+    }
+
+    /// The policies as configured, by key: what `GET /admin/routes` shows and the
+    /// store keeps.
+    pub(crate) fn to_json(&self) -> Vec<(&'static str, Value)> {
+        let mut out = Vec::new();
+        if let Some(e) = &self.request_headers {
+            out.push(("request_headers", e.to_json()));
+        }
+        if let Some(e) = &self.response_headers {
+            out.push(("response_headers", e.to_json()));
+        }
+        out
+    }
+}
+
+/// Field names a policy may neither set nor remove: the hop's own and the message's
+/// framing, which fulcrum writes itself (`docs/policies.md`, "Headers").
+const REFUSED: [&str; 10] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "content-length",
+    "host",
+    "x-request-id",
+];
+
+/// Fields to set (replacing any of the same name) and to remove.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct HeaderEdits {
+    /// Removed first.
+    pub(crate) remove: Vec<HeaderName>,
+    /// Then set, in order.
+    pub(crate) set: Vec<(HeaderName, Template)>,
+}
+
+impl HeaderEdits {
+    /// `{ "set": { NAME: VALUE, … }, "remove": [NAME, …] }`, both optional.
+    fn from_json(key: &str, v: &Value) -> Result<HeaderEdits, String> {
+        let Value::Object(m) = v else {
+            return Err(format!(
+                "{key}: expected a table such as {{ set = {{ \"x-env\" = \"prod\" }}, remove = [\"x-debug\"] }}"
+            ));
+        };
+        let mut edits = HeaderEdits {
+            remove: Vec::new(),
+            set: Vec::new(),
+        };
+        for (k, v) in m {
+            match (k.as_str(), v) {
+                ("set", Value::Object(fields)) => {
+                    for (name, value) in fields {
+                        let Value::String(text) = value else {
+                            return Err(format!("{key}.set.{name}: expected a string"));
+                        };
+                        let name = field_name(key, name)?;
+                        let t =
+                            Template::parse(text).map_err(|e| format!("{key}.set.{name}: {e}"))?;
+                        edits.set.push((name, t));
+                    }
+                }
+                ("remove", Value::Array(names)) => {
+                    for n in names {
+                        let Value::String(n) = n else {
+                            return Err(format!("{key}.remove: expected a list of names"));
+                        };
+                        edits.remove.push(field_name(key, n)?);
+                    }
+                }
+                ("set", _) => {
+                    return Err(format!("{key}.set: expected a table of names and values"))
+                }
+                ("remove", _) => return Err(format!("{key}.remove: expected a list of names")),
+                (other, _) => {
+                    return Err(format!("unknown key '{key}.{other}' (valid: set, remove)"))
+                }
+            }
+        }
+        Ok(edits)
+    }
+
+    fn to_json(&self) -> Value {
+        let mut m = Map::new();
+        if !self.set.is_empty() {
+            let set = (self.set.iter())
+                .map(|(n, t)| (n.to_string(), Value::String(t.text.clone())))
+                .collect();
+            m.insert("set".into(), Value::Object(set));
+        }
+        if !self.remove.is_empty() {
+            let names = self.remove.iter().map(|n| Value::String(n.to_string()));
+            m.insert("remove".into(), Value::Array(names.collect()));
+        }
+        Value::Object(m)
+    }
+}
+
+/// A field name a policy may touch.
+fn field_name(key: &str, name: &str) -> Result<HeaderName, String> {
+    let n = HeaderName::from_bytes(name.as_bytes())
+        .map_err(|_| format!("{key}: invalid header name '{name}'"))?;
+    if REFUSED.contains(&n.as_str()) {
+        return Err(format!(
+            "{key}: '{n}' cannot be set or removed (fulcrum writes the hop's and the message's framing fields itself)"
+        ));
+    }
+    Ok(n)
+}
+
+/// A field value with `{client_ip}`, `{request_id}` and `{host}` in it.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Template {
+    /// As written.
+    text: String,
+    /// The pieces, in order.
+    pub(crate) parts: Vec<Part>,
+}
+
+/// A piece of a [`Template`].
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Part {
+    /// Written as it is.
+    Text(HeaderValue),
+    /// The client's IP (as the forwarding fields name it, trusted proxies honoured).
+    ClientIp,
+    /// The request's `X-Request-Id`.
+    RequestId,
+    /// The authority the request is for.
+    Host,
+}
+
+impl Template {
+    /// Reads a value; an unknown `{name}` or a byte a field value cannot hold is refused.
+    pub(crate) fn parse(text: &str) -> Result<Template, String> {
+        let mut parts = Vec::new();
+        let mut rest = text;
+        while !rest.is_empty() {
+            let (lit, after) = match rest.find('{') {
+                Some(i) => (&rest[..i], Some(&rest[i..])),
+                None => (rest, None),
+            };
+            if !lit.is_empty() {
+                let v = HeaderValue::from_str(lit)
+                    .map_err(|_| format!("invalid header value '{}'", text.escape_default()))?;
+                parts.push(Part::Text(v));
+            }
+            let Some(after) = after else { break };
+            let end = after
+                .find('}')
+                .ok_or_else(|| format!("an unclosed '{{' in '{text}'"))?;
+            parts.push(match &after[1..end] {
+                "client_ip" => Part::ClientIp,
+                "request_id" => Part::RequestId,
+                "host" => Part::Host,
+                other => {
+                    return Err(format!(
+                        "unknown '{{{other}}}' (valid: {{client_ip}}, {{request_id}}, {{host}})"
+                    ))
+                }
+            });
+            rest = &after[end + 1..];
+        }
+        Ok(Template {
+            text: text.to_string(),
+            parts,
+        })
+    }
+
+    /// The value as written, when it holds no `{…}`.
+    pub(crate) fn fixed(&self) -> Option<&HeaderValue> {
+        match self.parts.as_slice() {
+            [Part::Text(v)] => Some(v),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn header_edits_are_checked_and_shown_as_given() {
+        let mut p = Policies::default();
+        let v = json!({"set": {"x-env": "prod", "x-client": "{client_ip} via {host}"}, "remove": ["Server"]});
+        p.set("response_headers", &v).unwrap();
+        let e = p.response_headers.as_ref().unwrap();
+        assert_eq!(e.remove, [HeaderName::from_static("server")]);
+        // In name order (a JSON object's).
+        assert_eq!(e.set[1].1.fixed(), Some(&HeaderValue::from_static("prod")));
+        assert_eq!(
+            e.set[0].1.parts[1..],
+            [Part::Text(HeaderValue::from_static(" via ")), Part::Host]
+        );
+        let shown = p.to_json();
+        assert_eq!(shown[0].1["set"]["x-env"], "prod");
+        let mut again = Policies::default();
+        again.set("response_headers", &shown[0].1).unwrap();
+        assert_eq!(again, p);
+    }
+
+    #[test]
+    fn framing_fields_and_bad_templates_are_refused() {
+        for (v, why) in [
+            (json!({"set": {"content-length": "1"}}), "cannot be set"),
+            (
+                json!({"remove": ["Transfer-Encoding"]}),
+                "cannot be set or removed",
+            ),
+            (json!({"set": {"x-a": "{nope}"}}), "unknown '{nope}'"),
+            (json!({"set": {"x-a": "{host"}}), "unclosed"),
+            (json!({"set": {"x a": "1"}}), "invalid header name"),
+            (json!({"add": {}}), "request_headers.add"),
+            (json!("x"), "expected a table"),
+        ] {
+            let e = Policies::default().set("request_headers", &v).unwrap_err();
+            assert!(e.contains(why), "{v}: {e}");
+        }
+        assert!(Policies::default().set("limit", &json!({})).is_err());
+    }
+}
