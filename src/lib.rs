@@ -35,6 +35,7 @@ pub(crate) mod metrics;
 pub mod pool;
 pub(crate) mod proxy;
 pub(crate) mod proxy_protocol;
+pub(crate) mod rate_limit;
 pub(crate) mod recycle;
 pub(crate) mod reload;
 pub mod route;

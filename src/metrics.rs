@@ -254,6 +254,17 @@ fn encode_routing(
         ConstCounter::new(n).encode(m.encode_family(&[("route", index.as_str())])?)?;
     }
     let mut m = enc.encode_descriptor(
+        "fulcrum_rate_limited",
+        "Requests a route's rate limit answered 429, by the route's index (routes with a rate limit only).",
+        None,
+        MetricType::Counter,
+    )?;
+    let limited = (routing.routes.iter().zip(routing.rate_limited())).enumerate();
+    for (i, (_, n)) in limited.filter(|(_, (r, _))| r.policies.rate_limit.is_some()) {
+        let index = i.to_string();
+        ConstCounter::new(n).encode(m.encode_family(&[("route", index.as_str())])?)?;
+    }
+    let mut m = enc.encode_descriptor(
         "fulcrum_panic",
         "Requests a pool balanced in panic mode, over all its backends, healthy or not.",
         None,

@@ -16,6 +16,7 @@ use tokio::sync::watch;
 use crate::config::policy::Policies;
 use crate::config::{PoolSpec, RouteSpec};
 use crate::pool::{Backend, Hub, Pool, PoolError, Source};
+use crate::rate_limit::RateLimiter;
 use crate::route::{Route, RouteTable};
 
 pub(crate) use crate::config::pools::MAX_ROUTES;
@@ -39,7 +40,29 @@ pub(crate) struct Routing {
     only: Option<Arc<Pool>>,
     /// Each route's policies, by route index; `None` for a route without any, which
     /// runs none (`docs/policies.md`).
-    policies: Vec<Option<Arc<Policies>>>,
+    policies: Vec<Option<Arc<RoutePolicy>>>,
+}
+
+/// A route's policies with what they keep while the routing table lives (built with
+/// it: a new table starts them afresh).
+#[derive(Debug)]
+pub(crate) struct RoutePolicy {
+    /// As configured.
+    pub(crate) spec: Policies,
+    /// The rate limit's buckets.
+    pub(crate) limiter: Option<RateLimiter>,
+    /// Requests answered `429`.
+    pub(crate) limited: AtomicU64,
+}
+
+impl RoutePolicy {
+    fn new(spec: &Policies) -> RoutePolicy {
+        RoutePolicy {
+            limiter: spec.rate_limit.as_ref().map(RateLimiter::new),
+            spec: spec.clone(),
+            limited: AtomicU64::new(0),
+        }
+    }
 }
 
 /// What the first route that takes a request says.
@@ -50,7 +73,7 @@ pub(crate) struct Hit<'r> {
     /// Its pool.
     pub(crate) pool: &'r Arc<Pool>,
     /// Its policies, when it has any.
-    pub(crate) policies: Option<&'r Arc<Policies>>,
+    pub(crate) policies: Option<&'r Arc<RoutePolicy>>,
 }
 
 impl Routing {
@@ -73,6 +96,14 @@ impl Routing {
             pool: &self.pools[r.pool],
             policies: self.policies.get(i).and_then(Option::as_ref),
         })
+    }
+
+    /// Requests each route's rate limit answered `429`, in route order (0 for a route
+    /// without one).
+    pub(crate) fn rate_limited(&self) -> Vec<u64> {
+        (self.policies.iter())
+            .map(|p| p.as_ref().map_or(0, |p| p.limited.load(Ordering::Relaxed)))
+            .collect()
     }
 
     /// Requests each route took, in route order.
@@ -372,8 +403,8 @@ fn build(
             .ok_or_else(|| SiteError::UnknownPool(i, r.pool.clone()))?;
         table.push(r.to_route(pool));
     }
-    let policies: Vec<Option<Arc<Policies>>> = (routes.iter())
-        .map(|r| (!r.policies.is_empty()).then(|| Arc::new(r.policies.clone())))
+    let policies: Vec<Option<Arc<RoutePolicy>>> = (routes.iter())
+        .map(|r| (!r.policies.is_empty()).then(|| Arc::new(RoutePolicy::new(&r.policies))))
         .collect();
     let only = match (table.as_slice(), policies.as_slice()) {
         ([r], [None]) if r.is_catch_all() => Some(Arc::clone(&pools[r.pool])),

@@ -121,6 +121,15 @@ fn bad_policies_are_refused_with_their_line() {
             "unknown '{user}'",
         ),
         ("rate_limitt = 5\n", "unknown key 'routes.rate_limitt'"),
+        ("rate_limit = { rate = 0 }\n", "rate_limit.rate"),
+        (
+            "rate_limit = { rate = 5, per = \"1 minute\" }\n",
+            "rate_limit.per",
+        ),
+        (
+            "rate_limit = { rate = 5, key = \"cookie:s\" }\n",
+            "rate_limit.key",
+        ),
     ] {
         let cfg = config_file("policies", "bad", &two_routes(extra));
         let (st, _, err) = run_fulcrum(&["check", "--config", cfg.to_str().unwrap()]);
@@ -130,4 +139,79 @@ fn bad_policies_are_refused_with_their_line() {
             "{extra}: {err}"
         );
     }
+}
+
+/// Reads one `RateLimit-*` or `Retry-After` field as a number.
+fn num(r: &Got, name: &str) -> u64 {
+    r.header(name)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name}: {:?}", r.headers))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limit_answers_429_over_the_limit_per_key_and_never_reaches_the_backend() {
+    let api = TestBackend::start("api");
+    let web = TestBackend::start("web");
+    let limit = "rate_limit = { rate = 2, per = \"1s\", burst = 2, key = \"header:x-api-key\" }\n";
+    let cfg = config_file("policies", "rate", &two_routes(limit));
+    let f = Fulcrum::start(&["--config", cfg.to_str().unwrap()]);
+    let c = client();
+    for (pool, b) in [("api", &api), ("web", &web)] {
+        let body = format!(r#"{{"url": "{}"}}"#, b.url());
+        admin(
+            &c,
+            "POST",
+            &f.admin_url(&format!("/admin/pools/{pool}/backends")),
+            &body,
+        )
+        .await;
+    }
+    let key_a = [("x-api-key", "a")];
+    // Burst 2 beyond the rate: three at once, then 429.
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        let r = send(&c, "GET", &f.url("/api/x"), &key_a, "").await;
+        statuses.push(r.status.as_u16());
+        assert_eq!(num(&r, "ratelimit-limit"), 2);
+        if r.status == 429 {
+            assert!(num(&r, "retry-after") >= 1);
+            assert_eq!(num(&r, "ratelimit-remaining"), 0);
+            assert_eq!(r.text(), "too many requests\n");
+        }
+    }
+    assert_eq!(statuses, [200, 200, 200, 429, 429]);
+    assert_eq!(
+        api.requests(),
+        3,
+        "a refused request never reaches the backend"
+    );
+    // Another key has its own allowance; the other route has no limit.
+    let r = send(&c, "GET", &f.url("/api/x"), &[("x-api-key", "b")], "").await;
+    assert_eq!(
+        (r.status.as_u16(), num(&r, "ratelimit-remaining")),
+        (200, 2)
+    );
+    let r = send(&c, "GET", &f.url("/page"), &key_a, "").await;
+    assert_eq!(
+        (r.status.as_u16(), r.header("ratelimit-limit")),
+        (200, None)
+    );
+    // Half a second later the steady rate lets one more through.
+    tokio::time::sleep(std::time::Duration::from_millis(550)).await;
+    let r = send(&c, "GET", &f.url("/api/x"), &key_a, "").await;
+    assert_eq!(r.status, 200);
+    let m = get(&c, &f.admin_url("/metrics")).await.text();
+    assert!(
+        m.contains("fulcrum_rate_limited_total{route=\"0\"} 2"),
+        "{m}"
+    );
+    assert!(
+        !m.contains("fulcrum_rate_limited_total{route=\"1\"}"),
+        "{m}"
+    );
+    let routes = get(&c, &f.admin_url("/admin/routes")).await.json();
+    assert_eq!(
+        routes[0]["rate_limit"]["key"], "header:x-api-key",
+        "{routes}"
+    );
 }

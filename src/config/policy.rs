@@ -3,17 +3,21 @@
 //! store's JSON all come down to a JSON value per key, checked here, so each key has
 //! one parser and one message.
 //!
-//! Today: `request_headers` and `response_headers`.
+//! Today: `rate_limit`, `request_headers` and `response_headers`.
+
+use std::time::Duration;
 
 use http::header::{HeaderName, HeaderValue};
 use serde_json::{Map, Value};
 
 /// The policy keys a route takes.
-pub(crate) const KEYS: [&str; 2] = ["request_headers", "response_headers"];
+pub(crate) const KEYS: [&str; 3] = ["rate_limit", "request_headers", "response_headers"];
 
 /// A route's policies; each is optional, and a route without any runs none.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub(crate) struct Policies {
+    /// Requests per key and time, over which a request is answered `429`.
+    pub(crate) rate_limit: Option<RateLimit>,
     /// Fields set or removed on the way to the backend.
     pub(crate) request_headers: Option<HeaderEdits>,
     /// Fields set or removed on the backend's answer.
@@ -23,13 +27,16 @@ pub(crate) struct Policies {
 impl Policies {
     /// Whether the route has none.
     pub(crate) fn is_empty(&self) -> bool {
-        self.request_headers.is_none() && self.response_headers.is_none()
+        self.rate_limit.is_none()
+            && self.request_headers.is_none()
+            && self.response_headers.is_none()
     }
 
     /// Reads the policy `key` (one of [`KEYS`]) from its value; the message names what
     /// is wrong.
     pub(crate) fn set(&mut self, key: &str, v: &Value) -> Result<(), String> {
         match key {
+            "rate_limit" => self.rate_limit = Some(RateLimit::from_json(v)?),
             "request_headers" => self.request_headers = Some(HeaderEdits::from_json(key, v)?),
             "response_headers" => self.response_headers = Some(HeaderEdits::from_json(key, v)?),
             _ => {
@@ -46,6 +53,9 @@ impl Policies {
     /// store keeps.
     pub(crate) fn to_json(&self) -> Vec<(&'static str, Value)> {
         let mut out = Vec::new();
+        if let Some(r) = &self.rate_limit {
+            out.push(("rate_limit", r.to_json()));
+        }
         if let Some(e) = &self.request_headers {
             out.push(("request_headers", e.to_json()));
         }
@@ -53,6 +63,124 @@ impl Policies {
             out.push(("response_headers", e.to_json()));
         }
         out
+    }
+}
+
+/// The most keys a rate limit may keep.
+const MAX_KEYS: u64 = 10_000_000;
+
+/// A rate limit (GCRA: `docs/policies.md`, "Rate limits").
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct RateLimit {
+    /// Requests allowed per `per`, steadily.
+    pub(crate) rate: u32,
+    /// The period of `rate`.
+    pub(crate) per: Duration,
+    /// Requests allowed at once beyond the steady rate.
+    pub(crate) burst: u32,
+    /// What counts as one client.
+    pub(crate) key: LimitKey,
+    /// The most keys kept; the least recently seen goes first.
+    pub(crate) max_keys: usize,
+}
+
+/// What a rate limit counts by.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum LimitKey {
+    /// The client's IP, trusted proxies honoured.
+    ClientIp,
+    /// A request field's value (a request without it counts by its client IP).
+    Header(HeaderName),
+    /// The whole route: one bucket.
+    Route,
+}
+
+impl RateLimit {
+    /// `{ rate, per?, burst?, key?, max_keys? }`.
+    fn from_json(v: &Value) -> Result<RateLimit, String> {
+        let Value::Object(m) = v else {
+            return Err("rate_limit: expected a table such as { rate = 100, per = \"1s\" }".into());
+        };
+        let int = |k: &str, min: u64, max: u64| -> Result<Option<u64>, String> {
+            match m.get(k) {
+                None => Ok(None),
+                Some(Value::Number(n)) => match n.as_u64() {
+                    Some(x) if (min..=max).contains(&x) => Ok(Some(x)),
+                    _ => Err(format!(
+                        "rate_limit.{k}: {n} is not an integer from {min} to {max}"
+                    )),
+                },
+                Some(_) => Err(format!("rate_limit.{k}: expected an integer")),
+            }
+        };
+        if let Some(k) = m
+            .keys()
+            .find(|k| !["rate", "per", "burst", "key", "max_keys"].contains(&k.as_str()))
+        {
+            return Err(format!(
+                "unknown key 'rate_limit.{k}' (valid: rate, per, burst, key, max_keys)"
+            ));
+        }
+        let rate = int("rate", 1, 1_000_000_000)?.ok_or("rate_limit: missing 'rate'")?;
+        let per = match m.get("per") {
+            None => Duration::from_secs(1),
+            Some(Value::String(s)) => super::values::parse_positive_duration(s)
+                .map_err(|e| format!("rate_limit.per: {e}"))?,
+            Some(_) => return Err("rate_limit.per: expected a duration such as \"1s\"".into()),
+        };
+        let key = match m.get("key") {
+            None => LimitKey::ClientIp,
+            Some(Value::String(s)) => LimitKey::parse(s)?,
+            Some(_) => {
+                return Err("rate_limit.key: expected client_ip, header:NAME or route".into())
+            }
+        };
+        Ok(RateLimit {
+            rate: rate as u32,
+            per,
+            burst: int("burst", 0, 1_000_000_000)?.unwrap_or(0) as u32,
+            key,
+            max_keys: int("max_keys", 1, MAX_KEYS)?.unwrap_or(100_000) as usize,
+        })
+    }
+
+    fn to_json(&self) -> Value {
+        let mut m = Map::new();
+        m.insert("rate".into(), Value::from(self.rate));
+        m.insert(
+            "per".into(),
+            Value::String(format!("{}ms", self.per.as_millis())),
+        );
+        m.insert("burst".into(), Value::from(self.burst));
+        m.insert("key".into(), Value::String(self.key.to_text()));
+        m.insert("max_keys".into(), Value::from(self.max_keys as u64));
+        Value::Object(m)
+    }
+}
+
+impl LimitKey {
+    fn parse(s: &str) -> Result<LimitKey, String> {
+        match s {
+            "client_ip" => Ok(LimitKey::ClientIp),
+            "route" => Ok(LimitKey::Route),
+            _ => match s
+                .strip_prefix("header:")
+                .map(|n| HeaderName::from_bytes(n.as_bytes()))
+            {
+                Some(Ok(n)) => Ok(LimitKey::Header(n)),
+                _ => Err(format!(
+                    "invalid rate_limit.key '{s}' (valid: client_ip, header:NAME, route)"
+                )),
+            },
+        }
+    }
+
+    fn to_text(&self) -> String {
+        match self {
+            LimitKey::ClientIp => "client_ip".into(),
+            LimitKey::Header(n) => format!("header:{n}"),
+            LimitKey::Route => "route".into(),
+        }
     }
 }
 
@@ -264,5 +392,33 @@ mod tests {
             assert!(e.contains(why), "{v}: {e}");
         }
         assert!(Policies::default().set("limit", &json!({})).is_err());
+    }
+
+    #[test]
+    fn rate_limits_are_checked_and_shown_as_given() {
+        let mut p = Policies::default();
+        let v = json!({"rate": 100, "per": "1s", "burst": 50, "key": "header:X-Api-Key"});
+        p.set("rate_limit", &v).unwrap();
+        let r = p.rate_limit.clone().unwrap();
+        assert_eq!((r.rate, r.burst, r.max_keys), (100, 50, 100_000));
+        assert_eq!(
+            r.key,
+            LimitKey::Header(HeaderName::from_static("x-api-key"))
+        );
+        let mut again = Policies::default();
+        again.set("rate_limit", &p.to_json()[0].1).unwrap();
+        assert_eq!(again, p);
+        for (v, why) in [
+            (json!({"rate": 0}), "rate_limit.rate"),
+            (json!({"per": "1s"}), "missing 'rate'"),
+            (json!({"rate": 1, "per": "1 s"}), "rate_limit.per"),
+            (json!({"rate": 1, "per": "0s"}), "greater than zero"),
+            (json!({"rate": 1, "key": "cookie:x"}), "rate_limit.key"),
+            (json!({"rate": 1, "max_keys": 0}), "rate_limit.max_keys"),
+            (json!({"rate": 1, "burts": 2}), "rate_limit.burts"),
+        ] {
+            let e = Policies::default().set("rate_limit", &v).unwrap_err();
+            assert!(e.contains(why), "{v}: {e}");
+        }
     }
 }

@@ -265,7 +265,10 @@ pub(crate) struct RouteView {
     headers: std::collections::BTreeMap<String, String>,
     #[serde(default)]
     strip_path_prefix: bool,
-    /// Fields set or removed on the way to the backend (`docs/policies.md`).
+    /// Requests per key and time (`docs/policies.md`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    rate_limit: Option<serde_json::Value>,
+    /// Fields set or removed on the way to the backend.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     request_headers: Option<serde_json::Value>,
     /// Fields set or removed on the answer.
@@ -293,6 +296,7 @@ impl RouteView {
                 })
                 .collect(),
             strip_path_prefix: r.strip_path_prefix,
+            rate_limit: None,
             request_headers: None,
             response_headers: None,
             requests,
@@ -303,6 +307,7 @@ impl RouteView {
     fn with_policies(mut self, p: &super::policy::Policies) -> RouteView {
         for (key, v) in p.to_json() {
             match key {
+                "rate_limit" => self.rate_limit = Some(v),
                 "request_headers" => self.request_headers = Some(v),
                 _ => self.response_headers = Some(v),
             }
@@ -314,6 +319,7 @@ impl RouteView {
     pub(crate) fn spec(self) -> Result<RouteSpec, String> {
         let mut policies = super::policy::Policies::default();
         for (key, v) in [
+            ("rate_limit", &self.rate_limit),
             ("request_headers", &self.request_headers),
             ("response_headers", &self.response_headers),
         ] {

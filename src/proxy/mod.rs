@@ -40,9 +40,11 @@ use request_id::RequestId;
 pub(crate) use tunnel::ClientUpgrade;
 pub(crate) use upstream::{Failure, Upstreams};
 
-use crate::config::policy::Policies;
+use crate::config::policy::LimitKey;
 use crate::config::Settings;
 use crate::pool::{Backend, Pool, QueueError, RequestGuard};
+use crate::rate_limit::Verdict;
+use crate::site::RoutePolicy;
 use crate::site::Site;
 use crate::stats::bump;
 
@@ -144,6 +146,15 @@ pub(crate) struct Peer {
     pub(crate) local: SocketAddr,
 }
 
+/// What a route's steps before the pool found.
+#[derive(Default)]
+struct Policed {
+    /// The client's IP, when a step needed it.
+    client_ip: Option<std::net::IpAddr>,
+    /// What the rate limit said, for the answer's fields.
+    limit: Option<(u32, Verdict)>,
+}
+
 /// Where a route sends a request.
 struct Routed {
     /// The pool, held until the request ends.
@@ -151,7 +162,7 @@ struct Routed {
     /// The target rewritten when the route strips its prefix (`None`: unchanged).
     target: Option<PathAndQuery>,
     /// The route's policies, when it has any.
-    policies: Option<Arc<Policies>>,
+    policies: Option<Arc<RoutePolicy>>,
 }
 
 /// A request on its way to a backend, as [`Proxy::prepare`] leaves it: its head with
@@ -184,10 +195,11 @@ struct Outgoing<'p> {
     /// Its `X-Request-Id`, to the backend and back.
     id: RequestId,
     /// Its route's policies, when it has any (`docs/policies.md`).
-    policies: Option<Arc<Policies>>,
-    /// The client's IP, trusted proxies honoured: found in `prepare` when a policy needs
-    /// it.
+    policies: Option<Arc<RoutePolicy>>,
+    /// The client's IP, trusted proxies honoured: found when a policy needs it.
     client_ip: Option<std::net::IpAddr>,
+    /// What its route's rate limit said, for the answer's `RateLimit-*` fields.
+    limit: Option<(u32, Verdict)>,
 }
 
 impl Outgoing<'_> {
@@ -483,19 +495,26 @@ impl Proxy {
                 let r = self.own(&mut fin, None, refusal.answer());
                 Either::Left(std::future::ready(r))
             }
-            Ok((
-                permit,
-                Routed {
-                    pool,
-                    target,
-                    policies,
-                },
-            )) => {
+            Ok((permit, routed)) => {
+                let mut head = head;
+                // A route's steps before the pool; none without policies.
+                let policed = match &routed.policies {
+                    Some(p) => self.police(&mut head, p, peer, trusted, fin.started),
+                    None => Ok(Policed::default()),
+                };
+                let Policed { client_ip, limit } = match policed {
+                    Ok(found) => found,
+                    Err((limit, v)) => {
+                        let r = self.own(&mut fin, None, policy::too_many(limit, v));
+                        return Either::Left(std::future::ready(r));
+                    }
+                };
                 let req = Outgoing {
-                    target: target.unwrap_or_else(|| fin.path.clone()),
-                    pool,
-                    policies,
-                    client_ip: None,
+                    target: routed.target.unwrap_or_else(|| fin.path.clone()),
+                    pool: routed.pool,
+                    policies: routed.policies,
+                    client_ip,
+                    limit,
                     head,
                     body,
                     client_upgrade,
@@ -609,17 +628,16 @@ impl Proxy {
                 request_id: req.id.as_bytes(),
             };
             let upgrade = req.client_upgrade.is_some();
-            if req.policies.is_some() {
+            let edits = req
+                .policies
+                .as_ref()
+                .and_then(|p| p.spec.request_headers.as_ref());
+            if edits.is_some() && req.client_ip.is_none() {
                 let trusted = &self.settings.trusted_proxies;
                 req.client_ip = Some(crate::trust::client_ip(map, req.peer.addr.ip(), trusted));
             }
             headers::Forwarding::apply(map, hop, upgrade);
-            if let (Some(edits), Some(ip)) = (
-                req.policies
-                    .as_ref()
-                    .and_then(|p| p.request_headers.as_ref()),
-                req.client_ip,
-            ) {
+            if let (Some(edits), Some(ip)) = (edits, req.client_ip) {
                 let vars = policy::Vars {
                     client_ip: ip,
                     request_id: req.id.as_bytes(),
@@ -721,15 +739,74 @@ impl Proxy {
         let Some(p) = &req.policies else {
             return r;
         };
-        if let (Some(edits), Some(ip)) = (&p.response_headers, req.client_ip) {
-            let vars = policy::Vars {
-                client_ip: ip,
-                request_id: req.id.as_bytes(),
-                host: req.host.as_ref(),
-            };
-            r.head.edit_fields(|map| policy::edit(map, edits, &vars));
+        let edits = p.spec.response_headers.as_ref();
+        if edits.is_none() && req.limit.is_none() {
+            return r;
         }
+        let client_ip = req.client_ip.unwrap_or_else(|| req.peer.addr.ip());
+        r.head.edit_fields(|map| {
+            if let Some(edits) = edits {
+                let vars = policy::Vars {
+                    client_ip,
+                    request_id: req.id.as_bytes(),
+                    host: req.host.as_ref(),
+                };
+                policy::edit(map, edits, &vars);
+            }
+            if let Some((limit, v)) = req.limit {
+                policy::rate_fields(map, limit, v);
+            }
+        });
         r
+    }
+
+    /// The route's steps before the pool (`docs/policies.md`): its rate limit. `Err`
+    /// with the limit and the verdict that refuse the request.
+    fn police(
+        &self,
+        head: &mut RequestHead,
+        p: &RoutePolicy,
+        peer: &Peer,
+        trusted: bool,
+        now: Instant,
+    ) -> Result<Policed, (u32, Verdict)> {
+        let (Some(limiter), Some(spec)) = (&p.limiter, &p.spec.rate_limit) else {
+            return Ok(Policed::default());
+        };
+        let mut ip = None;
+        let key = match &spec.key {
+            LimitKey::Route => 0,
+            // Apart from the IPs' keys: a field's value is not an address.
+            LimitKey::Header(name) => match head.field(name) {
+                Some(v) => xxhash_rust::xxh3::xxh3_64(v.as_bytes()) ^ 1,
+                None => policy::ip_key(*ip.insert(self.client_ip(head, peer, trusted))),
+            },
+            LimitKey::ClientIp => policy::ip_key(*ip.insert(self.client_ip(head, peer, trusted))),
+        };
+        let v = limiter.check(key, now);
+        if !v.allowed {
+            p.limited.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return Err((limiter.limit, v));
+        }
+        Ok(Policed {
+            client_ip: ip,
+            limit: Some((limiter.limit, v)),
+        })
+    }
+
+    /// The client's IP, `--trusted-proxies` honoured. From an untrusted peer it is the
+    /// peer's address, and no field is read.
+    fn client_ip(&self, head: &mut RequestHead, peer: &Peer, trusted: bool) -> std::net::IpAddr {
+        if !trusted {
+            return peer.addr.ip().to_canonical();
+        }
+        head.make_map();
+        match &head.fields {
+            RequestFields::Map(m) => {
+                crate::trust::client_ip(m, peer.addr.ip(), &self.settings.trusted_proxies)
+            }
+            RequestFields::Spans(_) => peer.addr.ip().to_canonical(),
+        }
     }
 
     /// Waits in the pool's queue until a slot comes free (`Ok`: pick again, with its
