@@ -56,19 +56,24 @@ for i in 1 2 3; do
 done
 
 out=$(mktemp -d)
+# The plain request's one route, with a rate limit that never refuses: what a limited
+# route adds (docs/performance.md, "Route policies").
+printf '[[routes]]\npool = "default"\nrate_limit = { rate = 1000000000, burst = 1000000000 }\n' \
+  >"$out/limited.toml"
 # Instructions of one `fulcrum serve` under callgrind serving $1 requests from client $2
-# (h1: curl; h2: h2load over h2c).
+# (h1: curl; h2: h2load over h2c; limited: curl, on the rate-limited route).
 count() {
-  local n=$1 kind=$2 port admin
+  local n=$1 kind=$2 port admin extra=()
   port=$(free_port)
   admin=$(free_port)
+  if [ "$kind" = limited ]; then extra=(--config "$out/limited.toml"); fi
   valgrind --tool=callgrind --callgrind-out-file="$out/cg.$kind.$n" --trace-syscalls=yes \
     "$bin" serve --listen "127.0.0.1:$port" --admin "127.0.0.1:$admin" --workers 1 \
-    --health-interval 60s "${backends[@]}" 2>"$out/sys.$kind.$n" &
+    --health-interval 60s "${extra[@]}" "${backends[@]}" 2>"$out/sys.$kind.$n" &
   local vg=$!
   wait_port "$port"
   case $kind in
-    h1) curl -s -o /dev/null "http://127.0.0.1:$port/cost?[1-$n]" ;;
+    h1 | limited) curl -s -o /dev/null "http://127.0.0.1:$port/cost?[1-$n]" ;;
     h2) h2load -c 1 -m 1 -n "$n" "http://127.0.0.1:$port/cost" >"$out/h2load.$n" 2>&1 || true ;;
   esac
   kill -INT "$vg"
@@ -91,6 +96,7 @@ guard() {
   small=$(count 200 "$kind")
   large=$(count 1200 "$kind")
   per=$(( (large - small) / 1000 ))
+  printf -v "per_$kind" '%d' "$per"
   sys_per=$(( ($(socket_calls "$kind.1200") - $(socket_calls "$kind.200")) / 10 ))
   echo "cost guard ($kind): $per instructions per request (budget $limit)"
   printf 'cost guard (%s): %d.%02d socket calls per request (budget %d.%02d)\n' "$kind" \
@@ -106,4 +112,6 @@ guard() {
 }
 guard h1 "$budget"
 guard h2 "$budget_h2"
+guard limited $((per_h1 + 300))
+echo "cost guard (limited): $((per_limited - per_h1)) instructions over the plain request (at most 300)"
 exit $status

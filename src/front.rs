@@ -638,6 +638,15 @@ fn write_head(
     if let Some(id) = &head.request_id {
         put_field(out, b"x-request-id", id.as_bytes());
     }
+    if let Some(rl) = &head.rate_limit {
+        for (name, v) in rl.fields() {
+            put_field(
+                out,
+                name.as_bytes(),
+                itoa::Buffer::new().format(v).as_bytes(),
+            );
+        }
+    }
     let own = matches!(body, RespBody::Full(_));
     let length = match framing {
         Framing::Length => stated.or_else(|| exact.map(Length::Number)),

@@ -9,10 +9,12 @@
 //! limiting different clients seldom meet.
 
 use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::config::policy::RateLimit;
+use crate::route::Prehashed;
 
 /// Shards of a table (fewer when `max_keys` is small).
 const SHARDS: usize = 16;
@@ -65,7 +67,7 @@ impl RateLimiter {
     /// Takes a request of `key` (a hash) arriving at `now`.
     pub(crate) fn check(&self, key: u64, now: Instant) -> Verdict {
         let t = now.saturating_duration_since(self.epoch).as_nanos() as u64;
-        // The key's high bits pick the shard; the map hashes it again.
+        // The key's high bits pick the shard; the map takes its low bits.
         let shard = &self.shards[(key >> 40) as usize % self.shards.len()];
         let mut s = lock(shard);
         let slot = s.slot(key);
@@ -128,7 +130,8 @@ struct Slot {
 /// A shard: keys to slots, the slots, and their recency list.
 #[derive(Debug)]
 struct Shard {
-    map: HashMap<u64, u32>,
+    /// Keys are hashes already: passed through, not hashed again.
+    map: HashMap<u64, u32, BuildHasherDefault<Prehashed>>,
     slots: Vec<Slot>,
     capacity: usize,
     /// Most recently seen.
@@ -140,7 +143,7 @@ struct Shard {
 impl Shard {
     fn new(capacity: usize) -> Shard {
         Shard {
-            map: HashMap::new(),
+            map: HashMap::default(),
             slots: Vec::new(),
             capacity,
             newest: NONE,

@@ -229,7 +229,7 @@ impl Names {
 
 /// The hasher of a map whose keys are hashes already: it passes the key through.
 #[derive(Debug, Default)]
-struct Prehashed(u64);
+pub(crate) struct Prehashed(u64);
 
 impl std::hash::Hasher for Prehashed {
     fn finish(&self) -> u64 {

@@ -35,9 +35,9 @@ pub(crate) struct Routing {
     table: RouteTable,
     /// Requests taken, by route index.
     hits: Arc<[AtomicU64]>,
-    /// The pool of a single route without conditions nor policies (the single-pool
+    /// The pool and policies of a single route without conditions (the single-pool
     /// form): every request goes there without a lookup.
-    only: Option<Arc<Pool>>,
+    only: Option<(Arc<Pool>, Option<Arc<RoutePolicy>>)>,
     /// Each route's policies, by route index; `None` for a route without any, which
     /// runs none (`docs/policies.md`).
     policies: Vec<Option<Arc<RoutePolicy>>>,
@@ -77,13 +77,13 @@ pub(crate) struct Hit<'r> {
 }
 
 impl Routing {
-    /// The pool every request goes to, when one route without conditions is all there
-    /// is; counts the request for it.
+    /// The pool (and the route's policies) every request goes to, when one route
+    /// without conditions is all there is; counts the request for it.
     #[inline]
-    pub(crate) fn only(&self) -> Option<&Arc<Pool>> {
-        let p = self.only.as_ref()?;
+    pub(crate) fn only(&self) -> Option<(&Arc<Pool>, Option<&Arc<RoutePolicy>>)> {
+        let (pool, policy) = self.only.as_ref()?;
         self.hits[0].fetch_add(1, Ordering::Relaxed);
-        Some(p)
+        Some((pool, policy.as_ref()))
     }
 
     /// The first route that takes `req`, its pool and policies; counts the request for
@@ -407,7 +407,7 @@ fn build(
         .map(|r| (!r.policies.is_empty()).then(|| Arc::new(RoutePolicy::new(&r.policies))))
         .collect();
     let only = match (table.as_slice(), policies.as_slice()) {
-        ([r], [None]) if r.is_catch_all() => Some(Arc::clone(&pools[r.pool])),
+        ([r], [p]) if r.is_catch_all() => Some((Arc::clone(&pools[r.pool]), p.clone())),
         _ => None,
     };
     Ok(Routing {

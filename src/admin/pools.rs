@@ -227,12 +227,13 @@ pub(crate) async fn add_backend(
 pub(crate) async fn routes(State(ctx): State<AdminCtx>) -> Json<Vec<RouteView>> {
     let routing = ctx.site.routing();
     let counts = routing.route_requests();
+    let limited = routing.rate_limited();
     Json(
         routing
             .routes
             .iter()
-            .zip(counts)
-            .map(|(r, n)| RouteView::of(r, n))
+            .zip(counts.into_iter().zip(limited))
+            .map(|(r, (n, l))| RouteView::of(r, n).with_rate_limited(l))
             .collect(),
     )
 }

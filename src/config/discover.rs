@@ -154,8 +154,7 @@ impl DiscoverSpec {
         let mut m = Map::new();
         m.insert(self.kind().into(), Value::String(self.target_text()));
         m.insert("scheme".into(), Value::String(self.scheme().into()));
-        // One unit, as the duration parser takes it.
-        let interval = format!("{}ms", self.interval.as_millis());
+        let interval = super::values::duration_text(self.interval);
         m.insert("interval".into(), Value::String(interval));
         Value::Object(m)
     }

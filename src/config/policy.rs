@@ -149,7 +149,7 @@ impl RateLimit {
         m.insert("rate".into(), Value::from(self.rate));
         m.insert(
             "per".into(),
-            Value::String(format!("{}ms", self.per.as_millis())),
+            Value::String(super::values::duration_text(self.per)),
         );
         m.insert("burst".into(), Value::from(self.burst));
         m.insert("key".into(), Value::String(self.key.to_text()));

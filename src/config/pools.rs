@@ -277,6 +277,10 @@ pub(crate) struct RouteView {
     /// Requests it took (shown; ignored when given).
     #[serde(default)]
     requests: u64,
+    /// Requests its rate limit answered `429` (shown for a route with one; ignored when
+    /// given).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    rate_limited: Option<u64>,
 }
 
 impl RouteView {
@@ -300,8 +304,17 @@ impl RouteView {
             request_headers: None,
             response_headers: None,
             requests,
+            rate_limited: None,
         }
         .with_policies(&r.policies)
+    }
+
+    /// With the count of requests its rate limit refused, when it has one.
+    pub(crate) fn with_rate_limited(mut self, n: u64) -> RouteView {
+        if self.rate_limit.is_some() {
+            self.rate_limited = Some(n);
+        }
+        self
     }
 
     fn with_policies(mut self, p: &super::policy::Policies) -> RouteView {

@@ -38,6 +38,14 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// `d` as [`parse_duration`] reads it back: in one unit, whole seconds when it is.
+pub(crate) fn duration_text(d: Duration) -> String {
+    match d.as_millis() {
+        ms if ms % 1000 == 0 => format!("{}s", ms / 1000),
+        ms => format!("{ms}ms"),
+    }
+}
+
 pub(crate) fn parse_positive_duration(s: &str) -> Result<Duration, String> {
     let d = parse_duration(s)?;
     if d.is_zero() {

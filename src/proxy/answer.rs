@@ -75,6 +75,7 @@ impl Answer {
                 hold.conn = Some((conn, upstreams));
                 let head = ResponseHead {
                     request_id: None,
+                    rate_limit: None,
                     status,
                     version: parts.version,
                     reason: parts.extensions.remove(),
@@ -308,6 +309,7 @@ impl ProxyResponse {
         ProxyResponse {
             head: ResponseHead {
                 request_id: None,
+                rate_limit: None,
                 status,
                 version: Version::HTTP_11,
                 reason: None,
@@ -358,6 +360,12 @@ impl ProxyResponse {
         if let Some(id) = self.head.request_id {
             r.headers_mut()
                 .insert(super::request_id::X_REQUEST_ID, id.header_value());
+        }
+        if let Some(rl) = self.head.rate_limit {
+            for (name, v) in rl.fields() {
+                let name = http::header::HeaderName::from_static(name);
+                r.headers_mut().insert(name, HeaderValue::from(v));
+            }
         }
         if let Some(reason) = self.head.reason {
             r.extensions_mut().insert(reason);

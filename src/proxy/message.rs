@@ -163,6 +163,32 @@ pub(crate) struct ResponseHead {
     pub(crate) request_id: Option<super::request_id::RequestId>,
     /// The header fields, hop-by-hop fields already removed.
     pub(crate) fields: ResponseFields,
+    /// The route's rate limit's fields, written beside the others by each front end
+    /// (so that span fields need not become a map for them).
+    pub(crate) rate_limit: Option<RateLimitFields>,
+}
+
+/// `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset` of an answer on a
+/// rate-limited route (`docs/policies.md`, "Rate limits").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RateLimitFields {
+    /// The configured rate.
+    pub(crate) limit: u32,
+    /// Requests the key may still send at once.
+    pub(crate) remaining: u32,
+    /// Seconds until its allowance is whole again.
+    pub(crate) reset: u64,
+}
+
+impl RateLimitFields {
+    /// Each field's name and value.
+    pub(crate) fn fields(&self) -> [(&'static str, u64); 3] {
+        [
+            ("ratelimit-limit", u64::from(self.limit)),
+            ("ratelimit-remaining", u64::from(self.remaining)),
+            ("ratelimit-reset", self.reset),
+        ]
+    }
 }
 
 impl ResponseHead {

@@ -551,11 +551,11 @@ impl Proxy {
     /// single-pool form (one route without conditions or policies) looks nothing up.
     fn route(&self, head: &RequestHead) -> Result<Routed, Refusal> {
         let routing = self.site.routing();
-        if let Some(pool) = routing.only() {
+        if let Some((pool, policies)) = routing.only() {
             return Ok(Routed {
                 pool: Arc::clone(pool),
                 target: None,
-                policies: None,
+                policies: policies.cloned(),
             });
         }
         let host = head.host();
@@ -600,10 +600,14 @@ impl Proxy {
         let head = &mut req.head;
         req.inline =
             req.body.is_none() && req.client_upgrade.is_none() && is_idempotent(&head.method);
-        // A sticky pool reads and removes its cookie, from a map; a route's policies
-        // edit one.
+        // A sticky pool reads and removes its cookie, from a map; a route's request
+        // headers policy edits one.
         let sticky = req.pool.settings.sticky.cookie.as_deref();
-        if !req.inline || sticky.is_some() || req.policies.is_some() {
+        let edits = req
+            .policies
+            .as_ref()
+            .and_then(|p| p.spec.request_headers.as_ref());
+        if !req.inline || sticky.is_some() || edits.is_some() {
             head.make_map();
         }
         req.host = head.host();
@@ -628,10 +632,6 @@ impl Proxy {
                 request_id: req.id.as_bytes(),
             };
             let upgrade = req.client_upgrade.is_some();
-            let edits = req
-                .policies
-                .as_ref()
-                .and_then(|p| p.spec.request_headers.as_ref());
             if edits.is_some() && req.client_ip.is_none() {
                 let trusted = &self.settings.trusted_proxies;
                 req.client_ip = Some(crate::trust::client_ip(map, req.peer.addr.ip(), trusted));
@@ -739,24 +739,17 @@ impl Proxy {
         let Some(p) = &req.policies else {
             return r;
         };
-        let edits = p.spec.response_headers.as_ref();
-        if edits.is_none() && req.limit.is_none() {
-            return r;
+        if let Some((limit, v)) = req.limit {
+            r.head.rate_limit = Some(policy::rate_fields(limit, v));
         }
-        let client_ip = req.client_ip.unwrap_or_else(|| req.peer.addr.ip());
-        r.head.edit_fields(|map| {
-            if let Some(edits) = edits {
-                let vars = policy::Vars {
-                    client_ip,
-                    request_id: req.id.as_bytes(),
-                    host: req.host.as_ref(),
-                };
-                policy::edit(map, edits, &vars);
-            }
-            if let Some((limit, v)) = req.limit {
-                policy::rate_fields(map, limit, v);
-            }
-        });
+        if let Some(edits) = &p.spec.response_headers {
+            let vars = policy::Vars {
+                client_ip: req.client_ip.unwrap_or_else(|| req.peer.addr.ip()),
+                request_id: req.id.as_bytes(),
+                host: req.host.as_ref(),
+            };
+            r.head.edit_fields(|map| policy::edit(map, edits, &vars));
+        }
         r
     }
 

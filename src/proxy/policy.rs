@@ -4,10 +4,11 @@
 use std::io::Write;
 use std::net::IpAddr;
 
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderMap, HeaderValue};
 use http::StatusCode;
 
 use super::answer::ProxyResponse;
+use super::message::RateLimitFields;
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::config::policy::{HeaderEdits, Part, Template};
@@ -35,25 +36,23 @@ pub(super) fn edit(map: &mut HeaderMap, edits: &HeaderEdits, vars: &Vars<'_>) {
     }
 }
 
-/// The rate limit's fields on an answer: `RateLimit-Limit` (the configured rate),
+/// The rate limit's fields of an answer: `RateLimit-Limit` (the configured rate),
 /// `RateLimit-Remaining` (requests the key may still send at once) and
 /// `RateLimit-Reset` (seconds until its allowance is whole again).
-pub(super) fn rate_fields(map: &mut HeaderMap, limit: u32, v: Verdict) {
-    map.insert(RATELIMIT_LIMIT, HeaderValue::from(limit));
-    map.insert(RATELIMIT_REMAINING, HeaderValue::from(v.remaining));
-    map.insert(RATELIMIT_RESET, HeaderValue::from(v.reset_s));
+pub(super) fn rate_fields(limit: u32, v: Verdict) -> RateLimitFields {
+    RateLimitFields {
+        limit,
+        remaining: v.remaining,
+        reset: v.reset_s,
+    }
 }
-
-const RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("ratelimit-limit");
-const RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
-const RATELIMIT_RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
 
 /// The answer to a request over its route's rate limit: `429`, `Retry-After` in whole
 /// seconds (at least 1) and the `RateLimit-*` fields.
 pub(super) fn too_many(limit: u32, v: Verdict) -> ProxyResponse {
     let mut r = ProxyResponse::own(StatusCode::TOO_MANY_REQUESTS, "too many requests\n")
         .with_field(header::RETRY_AFTER, HeaderValue::from(v.retry_after_s));
-    r.head.edit_fields(|map| rate_fields(map, limit, v));
+    r.head.rate_limit = Some(rate_fields(limit, v));
     r
 }
 

@@ -282,6 +282,7 @@ fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, BadAn
     let fields = Fields::new(Spans::new(head, facts.kept), length, facts.has_date);
     let head = ResponseHead {
         request_id: None,
+        rate_limit: None,
         status,
         version: if http11 {
             Version::HTTP_11

@@ -217,6 +217,7 @@ pub(crate) fn routes_value(routes: &[RouteSpec]) -> Value {
             let mut v = serde_json::to_value(RouteView::of(r, 0)).unwrap_or(Value::Null);
             if let Value::Object(m) = &mut v {
                 m.remove("requests");
+                m.remove("rate_limited");
             }
             v
         })

@@ -501,6 +501,9 @@ async function poolsTour(page) {
     if (!/error: cannot read .*gone\.json/.test(lost)) throw new Error('lost shows: ' + lost);
     const web = await text(page, '[data-testid="pool-source-web"]');
     if (web !== 'backends: listed') throw new Error('web shows: ' + web);
+    // A route's policies beside it, with its rate limit's count (docs/policies.md).
+    const routes = await text(page, '[data-testid="pool-routes-disc"]');
+    if (!/\[rate 1000\/1s \+10 by client_ip · 0 limited\]/.test(routes)) throw new Error('disc routes: ' + routes);
   });
 
   await step('a strategy switch in one pool leaves the other and the header alone', async () => {
