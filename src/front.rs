@@ -639,13 +639,7 @@ fn write_head(
         put_field(out, b"x-request-id", id.as_bytes());
     }
     if let Some(rl) = &head.rate_limit {
-        for (name, v) in rl.fields() {
-            put_field(
-                out,
-                name.as_bytes(),
-                itoa::Buffer::new().format(v).as_bytes(),
-            );
-        }
+        rl.write(out);
     }
     let own = matches!(body, RespBody::Full(_));
     let length = match framing {

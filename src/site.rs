@@ -397,10 +397,13 @@ fn build(
     }
     let mut table = Vec::with_capacity(routes.len());
     for (i, r) in routes.iter().enumerate() {
-        let pool = pools
-            .iter()
-            .position(|p| *p.name == *r.pool)
-            .ok_or_else(|| SiteError::UnknownPool(i, r.pool.clone()))?;
+        // A redirect route answers itself: its pool index is never read.
+        let pool = match r.is_redirect() {
+            true => 0,
+            false => (pools.iter())
+                .position(|p| *p.name == *r.pool)
+                .ok_or_else(|| SiteError::UnknownPool(i, r.pool.clone()))?,
+        };
         table.push(r.to_route(pool));
     }
     let policies: Vec<Option<Arc<RoutePolicy>>> = (routes.iter())

@@ -130,6 +130,10 @@ fn bad_policies_are_refused_with_their_line() {
             "rate_limit = { rate = 5, key = \"cookie:s\" }\n",
             "rate_limit.key",
         ),
+        (
+            "redirect = { to = \"https://x{path}\", status = 200 }\n",
+            "redirect.status",
+        ),
     ] {
         let cfg = config_file("policies", "bad", &two_routes(extra));
         let (st, _, err) = run_fulcrum(&["check", "--config", cfg.to_str().unwrap()]);
@@ -139,6 +143,15 @@ fn bad_policies_are_refused_with_their_line() {
             "{extra}: {err}"
         );
     }
+    // A redirect with a pool: at the route's line.
+    let extra = "redirect = { to = \"https://x{path}\" }\n";
+    let cfg = config_file("policies", "bad", &two_routes(extra));
+    let (st, _, err) = run_fulcrum(&["check", "--config", cfg.to_str().unwrap()]);
+    assert_eq!(st.code(), Some(2), "{err}");
+    assert!(
+        err.contains("line 6") && err.contains("has no pool"),
+        "{err}"
+    );
 }
 
 /// Reads one `RateLimit-*` or `Retry-After` field as a number.
@@ -214,4 +227,63 @@ async fn a_rate_limit_answers_429_over_the_limit_per_key_and_never_reaches_the_b
         routes[0]["rate_limit"]["key"], "header:x-api-key",
         "{routes}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_route_answers_with_its_location_and_reaches_no_pool() {
+    let web = TestBackend::start("web");
+    let cfg = config_file(
+        "policies",
+        "redirect",
+        "[[pools]]\nname = \"web\"\n\n\
+         [[routes]]\nhost = \"old.example.com\"\nredirect = { to = \"https://new.example.com{path}{query}\", status = 301 }\n\n\
+         [[routes]]\nhost = \"plain.example\"\nredirect = { to = \"{scheme}://www.{host}{path}\" }\n\n\
+         [[routes]]\npool = \"web\"\n",
+    );
+    let f = Fulcrum::start(&["--config", cfg.to_str().unwrap()]);
+    let c = client();
+    let body = format!(r#"{{"url": "{}"}}"#, web.url());
+    admin(&c, "POST", &f.admin_url("/admin/pools/web/backends"), &body).await;
+    let r = send(
+        &c,
+        "GET",
+        &f.url("/a/b?x=1&y=2"),
+        &[("host", "old.example.com")],
+        "",
+    )
+    .await;
+    assert_eq!(r.status, 301);
+    assert_eq!(
+        r.header("location"),
+        Some("https://new.example.com/a/b?x=1&y=2")
+    );
+    let r = send(
+        &c,
+        "POST",
+        &f.url("/form"),
+        &[("host", "plain.example")],
+        "a=1",
+    )
+    .await;
+    assert_eq!(r.status, 308, "the default keeps the method");
+    assert_eq!(r.header("location"), Some("http://www.plain.example/form"));
+    assert_eq!(web.requests(), 0, "a redirect reaches no pool");
+    assert_eq!(get(&c, &f.url("/")).await.backend(), "web");
+    let routes = get(&c, &f.admin_url("/admin/routes")).await.json();
+    assert!(routes[0].get("pool").is_none(), "{routes}");
+    assert_eq!(routes[0]["redirect"]["status"], 301, "{routes}");
+    let mut bad = routes.clone();
+    bad[0]["pool"] = serde_json::json!("web");
+    let put = admin(&c, "PUT", &f.admin_url("/admin/routes"), &bad.to_string()).await;
+    assert_eq!(put.status, 400, "{}", put.text());
+    assert!(put.text().contains("has no pool"), "{}", put.text());
+    // Sent back as it was shown: taken.
+    let put = admin(
+        &c,
+        "PUT",
+        &f.admin_url("/admin/routes"),
+        &routes.to_string(),
+    )
+    .await;
+    assert_eq!(put.status, 200, "{}", put.text());
 }

@@ -269,6 +269,10 @@ fn read_route(
         }
     }
     let Some(pool_at) = pool_at else {
+        // A redirect route has no pool.
+        if has_key(table, "redirect") {
+            return (ok.then_some(t), None);
+        }
         if !has_key(table, "pool") {
             c.push(at, Some("routes"), "missing field 'pool'".into());
         }

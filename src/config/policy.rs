@@ -3,7 +3,7 @@
 //! store's JSON all come down to a JSON value per key, checked here, so each key has
 //! one parser and one message.
 //!
-//! Today: `rate_limit`, `request_headers` and `response_headers`.
+//! Today: `redirect`, `rate_limit`, `request_headers` and `response_headers`.
 
 use std::time::Duration;
 
@@ -11,11 +11,18 @@ use http::header::{HeaderName, HeaderValue};
 use serde_json::{Map, Value};
 
 /// The policy keys a route takes.
-pub(crate) const KEYS: [&str; 3] = ["rate_limit", "request_headers", "response_headers"];
+pub(crate) const KEYS: [&str; 4] = [
+    "redirect",
+    "rate_limit",
+    "request_headers",
+    "response_headers",
+];
 
 /// A route's policies; each is optional, and a route without any runs none.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub(crate) struct Policies {
+    /// An answer sending the client elsewhere: the route has no pool.
+    pub(crate) redirect: Option<Redirect>,
     /// Requests per key and time, over which a request is answered `429`.
     pub(crate) rate_limit: Option<RateLimit>,
     /// Fields set or removed on the way to the backend.
@@ -27,7 +34,8 @@ pub(crate) struct Policies {
 impl Policies {
     /// Whether the route has none.
     pub(crate) fn is_empty(&self) -> bool {
-        self.rate_limit.is_none()
+        self.redirect.is_none()
+            && self.rate_limit.is_none()
             && self.request_headers.is_none()
             && self.response_headers.is_none()
     }
@@ -36,6 +44,7 @@ impl Policies {
     /// is wrong.
     pub(crate) fn set(&mut self, key: &str, v: &Value) -> Result<(), String> {
         match key {
+            "redirect" => self.redirect = Some(Redirect::from_json(v)?),
             "rate_limit" => self.rate_limit = Some(RateLimit::from_json(v)?),
             "request_headers" => self.request_headers = Some(HeaderEdits::from_json(key, v)?),
             "response_headers" => self.response_headers = Some(HeaderEdits::from_json(key, v)?),
@@ -53,6 +62,9 @@ impl Policies {
     /// store keeps.
     pub(crate) fn to_json(&self) -> Vec<(&'static str, Value)> {
         let mut out = Vec::new();
+        if let Some(r) = &self.redirect {
+            out.push(("redirect", r.to_json()));
+        }
         if let Some(r) = &self.rate_limit {
             out.push(("rate_limit", r.to_json()));
         }
@@ -64,6 +76,119 @@ impl Policies {
         }
         out
     }
+}
+
+/// The statuses a redirect may answer with.
+const REDIRECT_STATUSES: [u16; 5] = [301, 302, 303, 307, 308];
+
+/// A redirect: `status` with `Location` made from `to`.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Redirect {
+    /// The `Location` template, as written.
+    pub(crate) to: String,
+    /// Its pieces.
+    pub(crate) parts: Vec<LocationPart>,
+    /// 301, 302, 303, 307 or 308.
+    pub(crate) status: u16,
+}
+
+/// A piece of a redirect's `Location`.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum LocationPart {
+    /// Written as it is.
+    Text(String),
+    /// `http` or `https`, as the request came.
+    Scheme,
+    /// The authority the request is for.
+    Host,
+    /// The path as received.
+    Path,
+    /// `?` and the query, or nothing.
+    Query,
+}
+
+impl Redirect {
+    /// `{ to, status? }`.
+    fn from_json(v: &Value) -> Result<Redirect, String> {
+        let Value::Object(m) = v else {
+            return Err(
+                "redirect: expected a table such as { to = \"https://{host}{path}{query}\" }"
+                    .into(),
+            );
+        };
+        if let Some(k) = m.keys().find(|k| !["to", "status"].contains(&k.as_str())) {
+            return Err(format!("unknown key 'redirect.{k}' (valid: to, status)"));
+        }
+        let to = match m.get("to") {
+            Some(Value::String(s)) => s.clone(),
+            Some(_) => return Err("redirect.to: expected a string".into()),
+            None => return Err("redirect: missing 'to'".into()),
+        };
+        let status = match m.get("status") {
+            None => 308,
+            Some(Value::Number(n)) => match n.as_u64().map(|s| s as u16) {
+                Some(s) if REDIRECT_STATUSES.contains(&s) => s,
+                _ => {
+                    return Err(format!(
+                        "redirect.status: {n} is not one of 301, 302, 303, 307, 308"
+                    ))
+                }
+            },
+            Some(_) => return Err("redirect.status: expected 301, 302, 303, 307 or 308".into()),
+        };
+        let parts = location_parts(&to)?;
+        Ok(Redirect { to, parts, status })
+    }
+
+    fn to_json(&self) -> Value {
+        let mut m = Map::new();
+        m.insert("to".into(), Value::String(self.to.clone()));
+        m.insert("status".into(), Value::from(self.status));
+        Value::Object(m)
+    }
+}
+
+/// The pieces of a `Location` template: text a field value may hold, and `{scheme}`,
+/// `{host}`, `{path}`, `{query}`.
+fn location_parts(to: &str) -> Result<Vec<LocationPart>, String> {
+    let mut parts = Vec::new();
+    let mut rest = to;
+    while !rest.is_empty() {
+        let i = rest.find('{').unwrap_or(rest.len());
+        if i > 0 {
+            let lit = &rest[..i];
+            if HeaderValue::from_str(lit).is_err() || lit.contains(' ') {
+                return Err(format!(
+                    "redirect.to: '{}' is not a URL",
+                    to.escape_default()
+                ));
+            }
+            parts.push(LocationPart::Text(lit.to_string()));
+        }
+        rest = &rest[i..];
+        if rest.is_empty() {
+            break;
+        }
+        let end = rest
+            .find('}')
+            .ok_or_else(|| format!("redirect.to: an unclosed '{{' in '{to}'"))?;
+        parts.push(match &rest[1..end] {
+            "scheme" => LocationPart::Scheme,
+            "host" => LocationPart::Host,
+            "path" => LocationPart::Path,
+            "query" => LocationPart::Query,
+            other => {
+                return Err(format!(
+                    "redirect.to: unknown '{{{other}}}' (valid: {{scheme}}, {{host}}, {{path}}, {{query}})"
+                ))
+            }
+        });
+        rest = &rest[end + 1..];
+    }
+    if parts.is_empty() {
+        return Err("redirect.to: empty".into());
+    }
+    Ok(parts)
 }
 
 /// The most keys a rate limit may keep.
@@ -392,6 +517,29 @@ mod tests {
             assert!(e.contains(why), "{v}: {e}");
         }
         assert!(Policies::default().set("limit", &json!({})).is_err());
+    }
+
+    #[test]
+    fn redirects_are_checked_and_shown_as_given() {
+        let mut p = Policies::default();
+        let v = json!({"to": "https://new.example.com{path}{query}"});
+        p.set("redirect", &v).unwrap();
+        let r = p.redirect.clone().unwrap();
+        assert_eq!(r.status, 308);
+        assert_eq!(r.parts[1..], [LocationPart::Path, LocationPart::Query]);
+        let mut again = Policies::default();
+        again.set("redirect", &p.to_json()[0].1).unwrap();
+        assert_eq!(again, p);
+        for (v, why) in [
+            (json!({"to": "x", "status": 200}), "redirect.status"),
+            (json!({"to": "{nope}"}), "unknown '{nope}'"),
+            (json!({"status": 301}), "missing 'to'"),
+            (json!({"to": "a b"}), "not a URL"),
+            (json!({"to": "x", "code": 301}), "redirect.code"),
+        ] {
+            let e = Policies::default().set("redirect", &v).unwrap_err();
+            assert!(e.contains(why), "{v}: {e}");
+        }
     }
 
     #[test]

@@ -97,7 +97,7 @@ pub(crate) struct PoolDraft {
 /// A route as configured: conditions and the pool they send to, by name.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct RouteSpec {
-    /// The pool's name.
+    /// The pool's name; empty for a redirect route, which has none.
     pub(crate) pool: String,
     /// Host condition.
     pub(crate) host: Option<HostPattern>,
@@ -114,6 +114,11 @@ pub(crate) struct RouteSpec {
 }
 
 impl RouteSpec {
+    /// Whether it answers with a redirect (and so has no pool).
+    pub(crate) fn is_redirect(&self) -> bool {
+        self.policies.redirect.is_some()
+    }
+
     /// A route without conditions, to `pool`.
     pub(crate) fn catch_all(pool: &str) -> RouteSpec {
         RouteSpec {
@@ -159,9 +164,33 @@ pub(crate) struct RouteText {
     pub(crate) policies: super::policy::Policies,
 }
 
+/// Why a route with both `redirect` and `pool` is refused.
+pub(crate) const REDIRECT_AND_POOL: &str =
+    "a route with a redirect has no pool: it answers every request itself";
+
+/// Why a route with a redirect and another policy is refused.
+const REDIRECT_ALONE: &str =
+    "a route with a redirect answers every request itself: no other policy runs on it";
+
+/// `p` with its redirect alone.
+fn only_redirect(p: &super::policy::Policies) -> super::policy::Policies {
+    super::policy::Policies {
+        redirect: p.redirect.clone(),
+        ..Default::default()
+    }
+}
+
 /// Checks a route's conditions; the message names what is wrong.
 pub(crate) fn route_spec(t: RouteText) -> Result<RouteSpec, String> {
-    check_pool_name(&t.pool)?;
+    // A redirect answers itself: its route names no pool and runs no other step.
+    match (t.policies.redirect.is_some(), t.pool.is_empty()) {
+        (true, false) => return Err(REDIRECT_AND_POOL.into()),
+        (true, true) if t.policies != only_redirect(&t.policies) => {
+            return Err(REDIRECT_ALONE.into());
+        }
+        (true, true) => {}
+        (false, _) => check_pool_name(&t.pool)?,
+    }
     let host = t.host.as_deref().map(HostPattern::parse).transpose()?;
     let path_prefix = t
         .path_prefix
@@ -254,6 +283,8 @@ pub(crate) fn check_pool_value(key: &str, value: &str) -> Result<&'static str, S
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RouteView {
+    /// Left out for a redirect route, which has none.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pool: String,
     #[serde(default)]
     host: Option<String>,
@@ -265,7 +296,10 @@ pub(crate) struct RouteView {
     headers: std::collections::BTreeMap<String, String>,
     #[serde(default)]
     strip_path_prefix: bool,
-    /// Requests per key and time (`docs/policies.md`).
+    /// The answer it sends instead of a pool (`docs/policies.md`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    redirect: Option<serde_json::Value>,
+    /// Requests per key and time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     rate_limit: Option<serde_json::Value>,
     /// Fields set or removed on the way to the backend.
@@ -300,6 +334,7 @@ impl RouteView {
                 })
                 .collect(),
             strip_path_prefix: r.strip_path_prefix,
+            redirect: None,
             rate_limit: None,
             request_headers: None,
             response_headers: None,
@@ -320,6 +355,7 @@ impl RouteView {
     fn with_policies(mut self, p: &super::policy::Policies) -> RouteView {
         for (key, v) in p.to_json() {
             match key {
+                "redirect" => self.redirect = Some(v),
                 "rate_limit" => self.rate_limit = Some(v),
                 "request_headers" => self.request_headers = Some(v),
                 _ => self.response_headers = Some(v),
@@ -332,6 +368,7 @@ impl RouteView {
     pub(crate) fn spec(self) -> Result<RouteSpec, String> {
         let mut policies = super::policy::Policies::default();
         for (key, v) in [
+            ("redirect", &self.redirect),
             ("rate_limit", &self.rate_limit),
             ("request_headers", &self.request_headers),
             ("response_headers", &self.response_headers),

@@ -177,17 +177,39 @@ pub(crate) struct RateLimitFields {
     /// Requests the key may still send at once.
     pub(crate) remaining: u32,
     /// Seconds until its allowance is whole again.
-    pub(crate) reset: u64,
+    pub(crate) reset: u32,
 }
 
 impl RateLimitFields {
     /// Each field's name and value.
-    pub(crate) fn fields(&self) -> [(&'static str, u64); 3] {
+    pub(crate) fn fields(&self) -> [(&'static str, u32); 3] {
         [
-            ("ratelimit-limit", u64::from(self.limit)),
-            ("ratelimit-remaining", u64::from(self.remaining)),
+            ("ratelimit-limit", self.limit),
+            ("ratelimit-remaining", self.remaining),
             ("ratelimit-reset", self.reset),
         ]
+    }
+
+    /// Writes the three fields as an HTTP/1.1 head holds them, in one reservation.
+    pub(crate) fn write(&self, out: &mut Vec<u8>) {
+        let (mut a, mut b, mut c) = (
+            itoa::Buffer::new(),
+            itoa::Buffer::new(),
+            itoa::Buffer::new(),
+        );
+        let parts: [&[u8]; 7] = [
+            b"ratelimit-limit: ",
+            a.format(self.limit).as_bytes(),
+            b"\r\nratelimit-remaining: ",
+            b.format(self.remaining).as_bytes(),
+            b"\r\nratelimit-reset: ",
+            c.format(self.reset).as_bytes(),
+            b"\r\n",
+        ];
+        out.reserve(parts.iter().map(|p| p.len()).sum());
+        for p in parts {
+            out.extend_from_slice(p);
+        }
     }
 }
 

@@ -34,6 +34,7 @@ use ipnet::IpNet;
 use answer::Answer;
 pub(crate) use answer::{Hold, ProxyResponse, RespBody, ShedPermit};
 pub(crate) use body::{BodyError, ClientBody, ReqBody};
+use message::RateLimitFields;
 pub(crate) use message::{date, RequestFields, RequestHead, ResponseFields, ResponseHead};
 pub(crate) use record::{Finish, Pending, Recorder};
 use request_id::RequestId;
@@ -43,7 +44,6 @@ pub(crate) use upstream::{Failure, Upstreams};
 use crate::config::policy::LimitKey;
 use crate::config::Settings;
 use crate::pool::{Backend, Pool, QueueError, RequestGuard};
-use crate::rate_limit::Verdict;
 use crate::site::RoutePolicy;
 use crate::site::Site;
 use crate::stats::bump;
@@ -152,7 +152,7 @@ struct Policed {
     /// The client's IP, when a step needed it.
     client_ip: Option<std::net::IpAddr>,
     /// What the rate limit said, for the answer's fields.
-    limit: Option<(u32, Verdict)>,
+    limit: Option<RateLimitFields>,
 }
 
 /// Where a route sends a request.
@@ -199,7 +199,7 @@ struct Outgoing<'p> {
     /// The client's IP, trusted proxies honoured: found when a policy needs it.
     client_ip: Option<std::net::IpAddr>,
     /// What its route's rate limit said, for the answer's `RateLimit-*` fields.
-    limit: Option<(u32, Verdict)>,
+    limit: Option<RateLimitFields>,
 }
 
 impl Outgoing<'_> {
@@ -504,9 +504,8 @@ impl Proxy {
                 };
                 let Policed { client_ip, limit } = match policed {
                     Ok(found) => found,
-                    Err((limit, v)) => {
-                        let r = self.own(&mut fin, None, policy::too_many(limit, v));
-                        return Either::Left(std::future::ready(r));
+                    Err(r) => {
+                        return Either::Left(std::future::ready(self.own(&mut fin, None, *r)))
                     }
                 };
                 let req = Outgoing {
@@ -739,9 +738,7 @@ impl Proxy {
         let Some(p) = &req.policies else {
             return r;
         };
-        if let Some((limit, v)) = req.limit {
-            r.head.rate_limit = Some(policy::rate_fields(limit, v));
-        }
+        r.head.rate_limit = req.limit;
         if let Some(edits) = &p.spec.response_headers {
             let vars = policy::Vars {
                 client_ip: req.client_ip.unwrap_or_else(|| req.peer.addr.ip()),
@@ -753,8 +750,8 @@ impl Proxy {
         r
     }
 
-    /// The route's steps before the pool (`docs/policies.md`): its rate limit. `Err`
-    /// with the limit and the verdict that refuse the request.
+    /// The route's steps before the pool (`docs/policies.md`): its redirect, its rate
+    /// limit. `Err` with the answer that ends the request here.
     fn police(
         &self,
         head: &mut RequestHead,
@@ -762,7 +759,10 @@ impl Proxy {
         peer: &Peer,
         trusted: bool,
         now: Instant,
-    ) -> Result<Policed, (u32, Verdict)> {
+    ) -> Result<Policed, Box<ProxyResponse>> {
+        if let Some(r) = &p.spec.redirect {
+            return Err(Box::new(policy::redirect(r, head, peer.tls)));
+        }
         let (Some(limiter), Some(spec)) = (&p.limiter, &p.spec.rate_limit) else {
             return Ok(Policed::default());
         };
@@ -779,11 +779,11 @@ impl Proxy {
         let v = limiter.check(key, now);
         if !v.allowed {
             p.limited.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            return Err((limiter.limit, v));
+            return Err(Box::new(policy::too_many(limiter.limit, v)));
         }
         Ok(Policed {
             client_ip: ip,
-            limit: Some((limiter.limit, v)),
+            limit: Some(policy::rate_fields(limiter.limit, v)),
         })
     }
 

@@ -8,10 +8,10 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::StatusCode;
 
 use super::answer::ProxyResponse;
-use super::message::RateLimitFields;
+use super::message::{RateLimitFields, RequestHead};
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::config::policy::{HeaderEdits, Part, Template};
+use crate::config::policy::{HeaderEdits, LocationPart, Part, Redirect, Template};
 use crate::rate_limit::Verdict;
 
 /// What a policy's `{…}` stand for, for one request.
@@ -43,7 +43,7 @@ pub(super) fn rate_fields(limit: u32, v: Verdict) -> RateLimitFields {
     RateLimitFields {
         limit,
         remaining: v.remaining,
-        reset: v.reset_s,
+        reset: v.reset_s.min(u64::from(u32::MAX)) as u32,
     }
 }
 
@@ -54,6 +54,37 @@ pub(super) fn too_many(limit: u32, v: Verdict) -> ProxyResponse {
         .with_field(header::RETRY_AFTER, HeaderValue::from(v.retry_after_s));
     r.head.rate_limit = Some(rate_fields(limit, v));
     r
+}
+
+/// The answer of a redirect route: its status, and `Location` from its template with
+/// the request's scheme, host, path (as received) and query.
+pub(super) fn redirect(r: &Redirect, head: &RequestHead, tls: bool) -> ProxyResponse {
+    let mut to = Vec::with_capacity(128);
+    for part in &r.parts {
+        match part {
+            LocationPart::Text(t) => to.extend_from_slice(t.as_bytes()),
+            LocationPart::Scheme => to.extend_from_slice(if tls { b"https" } else { b"http" }),
+            LocationPart::Host => {
+                if let Some(h) = head.host() {
+                    to.extend_from_slice(h.as_bytes());
+                }
+            }
+            LocationPart::Path => to.extend_from_slice(head.uri.path().as_bytes()),
+            LocationPart::Query => {
+                if let Some(q) = head.uri.query() {
+                    to.push(b'?');
+                    to.extend_from_slice(q.as_bytes());
+                }
+            }
+        }
+    }
+    let status = StatusCode::from_u16(r.status).unwrap_or(StatusCode::PERMANENT_REDIRECT);
+    match HeaderValue::from_bytes(&to) {
+        Ok(location) => ProxyResponse::own(status, "").with_field(header::LOCATION, location),
+        // Every part is a valid field value already; a host with a byte that is not
+        // cannot pass the head's checks.
+        Err(_) => ProxyResponse::own(StatusCode::BAD_REQUEST, "bad request\n"),
+    }
 }
 
 /// A rate limit's key for a client IP.

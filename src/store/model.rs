@@ -362,7 +362,7 @@ impl Mirror {
                 .iter()
                 .enumerate()
                 .filter(|(i, r)| {
-                    let known = pools.iter().any(|p| p.spec.name == r.pool);
+                    let known = r.is_redirect() || pools.iter().any(|p| p.spec.name == r.pool);
                     if !known {
                         left_out.push((
                             ROUTES_KEY.to_string(),
