@@ -11,6 +11,7 @@
 
 pub(crate) mod admin;
 pub mod backend;
+pub(crate) mod basic_auth;
 pub mod cli;
 pub mod config;
 pub(crate) mod deadline;

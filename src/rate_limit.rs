@@ -53,8 +53,10 @@ impl RateLimiter {
     /// A limiter for `spec`, empty.
     pub(crate) fn new(spec: &RateLimit) -> RateLimiter {
         let interval = (spec.per.as_nanos() / u128::from(spec.rate)).max(1) as u64;
-        let n = SHARDS.min(spec.max_keys);
-        let per_shard = spec.max_keys.div_ceil(n);
+        // A power of two: a key's shard is a mask of its bits.
+        let n = SHARDS.min(spec.max_keys.next_power_of_two() / 2).max(1);
+        // Rounded down: never more than `max_keys` in all.
+        let per_shard = spec.max_keys / n;
         RateLimiter {
             interval,
             tolerance: interval.saturating_mul(u64::from(spec.burst)),
@@ -68,7 +70,7 @@ impl RateLimiter {
     pub(crate) fn check(&self, key: u64, now: Instant) -> Verdict {
         let t = now.saturating_duration_since(self.epoch).as_nanos() as u64;
         // The key's high bits pick the shard; the map takes its low bits.
-        let shard = &self.shards[(key >> 40) as usize % self.shards.len()];
+        let shard = &self.shards[(key >> 40) as usize & (self.shards.len() - 1)];
         let mut s = lock(shard);
         let slot = s.slot(key);
         let tat = s.slots[slot].tat.max(t);

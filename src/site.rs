@@ -51,6 +51,8 @@ pub(crate) struct RoutePolicy {
     pub(crate) spec: Policies,
     /// The rate limit's buckets.
     pub(crate) limiter: Option<RateLimiter>,
+    /// Basic authentication's users and verified credentials.
+    pub(crate) gate: Option<crate::basic_auth::Gate>,
     /// Requests answered `429`.
     pub(crate) limited: AtomicU64,
 }
@@ -59,6 +61,7 @@ impl RoutePolicy {
     fn new(spec: &Policies) -> RoutePolicy {
         RoutePolicy {
             limiter: spec.rate_limit.as_ref().map(RateLimiter::new),
+            gate: spec.basic_auth.as_ref().map(crate::basic_auth::Gate::new),
             spec: spec.clone(),
             limited: AtomicU64::new(0),
         }

@@ -287,3 +287,94 @@ async fn a_redirect_route_answers_with_its_location_and_reaches_no_pool() {
     .await;
     assert_eq!(put.status, 200, "{}", put.text());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn basic_auth_lets_good_credentials_through_and_answers_401_otherwise() {
+    use base64::Engine;
+    let api = TestBackend::start("api");
+    let dir = config_file("policies", "auth", "");
+    let users = dir.with_file_name("htpasswd");
+    let hash = bcrypt::hash("s3cret", 6).unwrap();
+    std::fs::write(&users, format!("# ops\nalice:{hash}\n")).unwrap();
+    let auth = format!(
+        "basic_auth = {{ realm = \"ops\", users_file = \"{}\" }}\n",
+        users.display()
+    );
+    let cfg = config_file("policies", "auth", &two_routes(&auth));
+    let f = Fulcrum::start(&["--config", cfg.to_str().unwrap()]);
+    let c = client();
+    let body = format!(r#"{{"url": "{}"}}"#, api.url());
+    admin(&c, "POST", &f.admin_url("/admin/pools/api/backends"), &body).await;
+    let basic = |u: &str, p: &str| {
+        let t = base64::engine::general_purpose::STANDARD.encode(format!("{u}:{p}"));
+        format!("Basic {t}")
+    };
+    for h in [
+        None,
+        Some(basic("alice", "wrong")),
+        Some(basic("bob", "s3cret")),
+    ] {
+        let headers: Vec<(&str, &str)> = h.iter().map(|v| ("authorization", v.as_str())).collect();
+        let r = send(&c, "GET", &f.url("/api/x"), &headers, "").await;
+        assert_eq!(r.status, 401, "{h:?}");
+        assert_eq!(r.header("www-authenticate"), Some("Basic realm=\"ops\""));
+    }
+    assert_eq!(api.requests(), 0);
+    let good = basic("alice", "s3cret");
+    for _ in 0..3 {
+        let r = send(&c, "GET", &f.url("/api/x"), &[("authorization", &good)], "").await;
+        assert_eq!(r.status, 200);
+    }
+    assert_eq!(api.requests(), 3);
+    let routes = get(&c, &f.admin_url("/admin/routes")).await.json();
+    assert_eq!(routes[0]["basic_auth"]["realm"], "ops", "{routes}");
+    assert!(
+        !routes.to_string().contains(&hash),
+        "the users file's content is never shown"
+    );
+    // The file is read again on reload: alice's new password only.
+    std::fs::write(
+        &users,
+        format!("alice:{}\n", bcrypt::hash("n3w", 6).unwrap()),
+    )
+    .unwrap();
+    let r = admin(&c, "POST", &f.admin_url("/admin/reload"), "").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = send(&c, "GET", &f.url("/api/x"), &[("authorization", &good)], "").await;
+    assert_eq!(
+        r.status, 401,
+        "the old password is forgotten with the old file"
+    );
+    let r = send(
+        &c,
+        "GET",
+        &f.url("/api/x"),
+        &[("authorization", &basic("alice", "n3w"))],
+        "",
+    )
+    .await;
+    assert_eq!(r.status, 200);
+}
+
+#[test]
+fn bad_users_files_are_refused_with_their_line() {
+    let dir = config_file("policies", "authbad", "");
+    let users = dir.with_file_name("htpasswd");
+    std::fs::write(&users, "alice:$apr1$abc$0123456789\n").unwrap();
+    for (file, why) in [
+        (
+            users.display().to_string(),
+            "line 1: user 'alice' has a hash that is not bcrypt",
+        ),
+        (
+            "/nonexistent/htpasswd".to_string(),
+            "cannot read '/nonexistent/htpasswd'",
+        ),
+    ] {
+        let auth = format!("basic_auth = {{ realm = \"ops\", users_file = \"{file}\" }}\n");
+        let cfg = config_file("policies", "authbad", &two_routes(&auth));
+        let (st, _, err) = run_fulcrum(&["check", "--config", cfg.to_str().unwrap()]);
+        assert_eq!(st.code(), Some(2), "{err}");
+        assert!(err.contains("line 9") && err.contains(why), "{err}");
+    }
+}

@@ -3,7 +3,8 @@
 //! store's JSON all come down to a JSON value per key, checked here, so each key has
 //! one parser and one message.
 //!
-//! Today: `redirect`, `rate_limit`, `request_headers` and `response_headers`.
+//! Today: `redirect`, `rate_limit`, `basic_auth`, `request_headers` and
+//! `response_headers`.
 
 use std::time::Duration;
 
@@ -11,9 +12,10 @@ use http::header::{HeaderName, HeaderValue};
 use serde_json::{Map, Value};
 
 /// The policy keys a route takes.
-pub(crate) const KEYS: [&str; 4] = [
+pub(crate) const KEYS: [&str; 5] = [
     "redirect",
     "rate_limit",
+    "basic_auth",
     "request_headers",
     "response_headers",
 ];
@@ -25,6 +27,8 @@ pub(crate) struct Policies {
     pub(crate) redirect: Option<Redirect>,
     /// Requests per key and time, over which a request is answered `429`.
     pub(crate) rate_limit: Option<RateLimit>,
+    /// Users and their bcrypt hashes: a request without good credentials gets `401`.
+    pub(crate) basic_auth: Option<BasicAuth>,
     /// Fields set or removed on the way to the backend.
     pub(crate) request_headers: Option<HeaderEdits>,
     /// Fields set or removed on the backend's answer.
@@ -36,6 +40,7 @@ impl Policies {
     pub(crate) fn is_empty(&self) -> bool {
         self.redirect.is_none()
             && self.rate_limit.is_none()
+            && self.basic_auth.is_none()
             && self.request_headers.is_none()
             && self.response_headers.is_none()
     }
@@ -46,6 +51,7 @@ impl Policies {
         match key {
             "redirect" => self.redirect = Some(Redirect::from_json(v)?),
             "rate_limit" => self.rate_limit = Some(RateLimit::from_json(v)?),
+            "basic_auth" => self.basic_auth = Some(BasicAuth::from_json(v)?),
             "request_headers" => self.request_headers = Some(HeaderEdits::from_json(key, v)?),
             "response_headers" => self.response_headers = Some(HeaderEdits::from_json(key, v)?),
             _ => {
@@ -68,6 +74,9 @@ impl Policies {
         if let Some(r) = &self.rate_limit {
             out.push(("rate_limit", r.to_json()));
         }
+        if let Some(a) = &self.basic_auth {
+            out.push(("basic_auth", a.to_json()));
+        }
         if let Some(e) = &self.request_headers {
             out.push(("request_headers", e.to_json()));
         }
@@ -76,6 +85,97 @@ impl Policies {
         }
         out
     }
+}
+
+/// Basic authentication (`docs/policies.md`, "Basic auth"): the users of an htpasswd
+/// file, read when the configuration is (start, reload, `PUT /admin/routes`).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct BasicAuth {
+    /// What `WWW-Authenticate` names.
+    pub(crate) realm: String,
+    /// The htpasswd file, as given.
+    pub(crate) users_file: std::path::PathBuf,
+    /// Each user's bcrypt hash.
+    pub(crate) users: std::collections::BTreeMap<String, String>,
+}
+
+impl BasicAuth {
+    /// `{ realm, users_file }`; the file is read and checked now.
+    fn from_json(v: &Value) -> Result<BasicAuth, String> {
+        let Value::Object(m) = v else {
+            return Err("basic_auth: expected a table such as { realm = \"ops\", users_file = \"/etc/fulcrum/htpasswd\" }".into());
+        };
+        if let Some(k) = m
+            .keys()
+            .find(|k| !["realm", "users_file"].contains(&k.as_str()))
+        {
+            return Err(format!(
+                "unknown key 'basic_auth.{k}' (valid: realm, users_file)"
+            ));
+        }
+        let text = |k: &str| match m.get(k) {
+            Some(Value::String(s)) => Ok(s.clone()),
+            Some(_) => Err(format!("basic_auth.{k}: expected a string")),
+            None => Err(format!("basic_auth: missing '{k}'")),
+        };
+        let realm = text("realm")?;
+        let quotable = |c: char| !c.is_control() && c != '"' && c != '\\';
+        if realm.is_empty() || !realm.chars().all(quotable) {
+            return Err(format!(
+                "basic_auth.realm: '{}' (1 or more printable characters, no quotes or backslashes)",
+                realm.escape_default()
+            ));
+        }
+        let users_file = std::path::PathBuf::from(text("users_file")?);
+        let users = read_htpasswd(&users_file)?;
+        Ok(BasicAuth {
+            realm,
+            users_file,
+            users,
+        })
+    }
+
+    fn to_json(&self) -> Value {
+        let mut m = Map::new();
+        m.insert("realm".into(), Value::String(self.realm.clone()));
+        let file = self.users_file.display().to_string();
+        m.insert("users_file".into(), Value::String(file));
+        Value::Object(m)
+    }
+}
+
+/// The users of an htpasswd file: `USER:HASH` lines, bcrypt hashes only (`$2y$`,
+/// `$2b$`, `$2a$`); blank lines and `#` comments are skipped. Another hash kind is
+/// refused with its line: fulcrum checks only what it can check well.
+fn read_htpasswd(
+    path: &std::path::Path,
+) -> Result<std::collections::BTreeMap<String, String>, String> {
+    let shown = path.display();
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("basic_auth.users_file: cannot read '{shown}': {e}"))?;
+    let mut users = std::collections::BTreeMap::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let at = || format!("basic_auth.users_file '{shown}' line {}", i + 1);
+        let (user, hash) = line
+            .split_once(':')
+            .ok_or_else(|| format!("{}: expected USER:HASH", at()))?;
+        let bcrypt =
+            ["$2y$", "$2b$", "$2a$"].iter().any(|p| hash.starts_with(p)) && hash.len() == 60;
+        if !bcrypt {
+            return Err(format!(
+                "{}: user '{user}' has a hash that is not bcrypt ($2y$, $2b$ or $2a$; make one with htpasswd -B)",
+                at()
+            ));
+        }
+        if user.is_empty() || users.insert(user.to_string(), hash.to_string()).is_some() {
+            return Err(format!("{}: user '{user}' is empty or listed twice", at()));
+        }
+    }
+    Ok(users)
 }
 
 /// The statuses a redirect may answer with.

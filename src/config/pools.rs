@@ -302,6 +302,9 @@ pub(crate) struct RouteView {
     /// Requests per key and time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     rate_limit: Option<serde_json::Value>,
+    /// Its realm and users file (never the file's content).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    basic_auth: Option<serde_json::Value>,
     /// Fields set or removed on the way to the backend.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     request_headers: Option<serde_json::Value>,
@@ -336,6 +339,7 @@ impl RouteView {
             strip_path_prefix: r.strip_path_prefix,
             redirect: None,
             rate_limit: None,
+            basic_auth: None,
             request_headers: None,
             response_headers: None,
             requests,
@@ -357,6 +361,7 @@ impl RouteView {
             match key {
                 "redirect" => self.redirect = Some(v),
                 "rate_limit" => self.rate_limit = Some(v),
+                "basic_auth" => self.basic_auth = Some(v),
                 "request_headers" => self.request_headers = Some(v),
                 _ => self.response_headers = Some(v),
             }
@@ -370,6 +375,7 @@ impl RouteView {
         for (key, v) in [
             ("redirect", &self.redirect),
             ("rate_limit", &self.rate_limit),
+            ("basic_auth", &self.basic_auth),
             ("request_headers", &self.request_headers),
             ("response_headers", &self.response_headers),
         ] {

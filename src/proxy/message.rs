@@ -168,6 +168,23 @@ pub(crate) struct ResponseHead {
     pub(crate) rate_limit: Option<RateLimitFields>,
 }
 
+/// Writes `v` in decimal at the start of `out` (at least 10 bytes); how many bytes.
+fn put_decimal(out: &mut [u8], mut v: u32) -> usize {
+    let mut digits = [0u8; 10];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    let len = digits.len() - i;
+    out[..len].copy_from_slice(&digits[i..]);
+    len
+}
+
 /// `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset` of an answer on a
 /// rate-limited route (`docs/policies.md`, "Rate limits").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -190,26 +207,22 @@ impl RateLimitFields {
         ]
     }
 
-    /// Writes the three fields as an HTTP/1.1 head holds them, in one reservation.
+    /// Writes the three fields as an HTTP/1.1 head holds them: made on the stack, then
+    /// copied once (every answer on a limited route carries them).
     pub(crate) fn write(&self, out: &mut Vec<u8>) {
-        let (mut a, mut b, mut c) = (
-            itoa::Buffer::new(),
-            itoa::Buffer::new(),
-            itoa::Buffer::new(),
-        );
-        let parts: [&[u8]; 7] = [
-            b"ratelimit-limit: ",
-            a.format(self.limit).as_bytes(),
-            b"\r\nratelimit-remaining: ",
-            b.format(self.remaining).as_bytes(),
-            b"\r\nratelimit-reset: ",
-            c.format(self.reset).as_bytes(),
-            b"\r\n",
-        ];
-        out.reserve(parts.iter().map(|p| p.len()).sum());
-        for p in parts {
-            out.extend_from_slice(p);
+        let mut buf = [0u8; 96];
+        let mut n = 0;
+        for (name, v) in [
+            (&b"ratelimit-limit: "[..], self.limit),
+            (b"\r\nratelimit-remaining: ", self.remaining),
+            (b"\r\nratelimit-reset: ", self.reset),
+        ] {
+            buf[n..n + name.len()].copy_from_slice(name);
+            n += name.len();
+            n += put_decimal(&mut buf[n..], v);
         }
+        buf[n..n + 2].copy_from_slice(b"\r\n");
+        out.extend_from_slice(&buf[..n + 2]);
     }
 }
 
@@ -299,6 +312,21 @@ impl Fields {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rate_limit_fields_are_written_whole() {
+        let mut out = Vec::new();
+        let f = RateLimitFields {
+            limit: 4_000_000_000,
+            remaining: 0,
+            reset: 17,
+        };
+        f.write(&mut out);
+        assert_eq!(
+            out,
+            b"ratelimit-limit: 4000000000\r\nratelimit-remaining: 0\r\nratelimit-reset: 17\r\n"
+        );
+    }
     use bytes::Bytes;
 
     fn spans_head(text: &'static str) -> RequestHead {

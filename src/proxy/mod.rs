@@ -658,6 +658,13 @@ impl Proxy {
         mut fin: Pending,
         mut permit: Option<ShedPermit>,
     ) -> ProxyResponse {
+        // Basic auth, after the rate limit (so that guessing is limited too) and before
+        // anything reaches a backend.
+        if let Some(gate) = req.policies.as_ref().and_then(|p| p.gate.as_ref()) {
+            if let Err(r) = policy::authorize(gate, &req.head).await {
+                return self.own(&mut fin, None, r);
+            }
+        }
         self.prepare(&mut req);
         let (req, fin) = (&mut req, &mut fin);
         let max_attempts = 1 + req.pool.settings.retries as usize;

@@ -11,6 +11,7 @@ use super::answer::ProxyResponse;
 use super::message::{RateLimitFields, RequestHead};
 use xxhash_rust::xxh3::xxh3_64;
 
+use crate::basic_auth::{Check, Gate};
 use crate::config::policy::{HeaderEdits, LocationPart, Part, Redirect, Template};
 use crate::rate_limit::Verdict;
 
@@ -85,6 +86,35 @@ pub(super) fn redirect(r: &Redirect, head: &RequestHead, tls: bool) -> ProxyResp
         // cannot pass the head's checks.
         Err(_) => ProxyResponse::own(StatusCode::BAD_REQUEST, "bad request\n"),
     }
+}
+
+/// Lets a request through its route's basic auth, or answers `401` with the realm. A
+/// credential not verified before is checked on a blocking thread (bcrypt takes tens
+/// of milliseconds: not on a worker), then remembered.
+pub(super) async fn authorize(gate: &Gate, head: &RequestHead) -> Result<(), ProxyResponse> {
+    let field = head.field(&header::AUTHORIZATION);
+    let ok = match gate.check(field.as_ref().map(HeaderValue::as_bytes)) {
+        Check::Known => true,
+        Check::Missing => false,
+        Check::Verify(attempt) => {
+            let checked =
+                tokio::task::spawn_blocking(move || attempt.verify().then_some(attempt.field));
+            match checked.await {
+                Ok(Some(field)) => {
+                    gate.remember(field);
+                    true
+                }
+                _ => false,
+            }
+        }
+    };
+    if ok {
+        return Ok(());
+    }
+    Err(
+        ProxyResponse::own(StatusCode::UNAUTHORIZED, "unauthorized\n")
+            .with_field(header::WWW_AUTHENTICATE, gate.challenge.clone()),
+    )
 }
 
 /// A rate limit's key for a client IP.
