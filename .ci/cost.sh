@@ -58,7 +58,7 @@ done
 out=$(mktemp -d)
 # The plain request's one route, with a rate limit that never refuses: what a limited
 # route adds (docs/performance.md, "Route policies").
-printf '[[routes]]\npool = "default"\nrate_limit = { rate = 1000000000, burst = 1000000000 }\n' \
+printf '[[routes]]\npool = "default"\nrate_limit = { rate = 1000, per = "1ms", burst = 1000 }\n' \
   >"$out/limited.toml"
 # Instructions of one `fulcrum serve` under callgrind serving $1 requests from client $2
 # (h1: curl; h2: h2load over h2c; limited: curl, on the rate-limited route).

@@ -189,3 +189,92 @@ mod tests {
         assert_eq!((set.proxy, set.descriptors), (50_000, 19_680));
     }
 }
+
+/// `max_connections_per_client` (`docs/policies.md`, "Connections per client"): the
+/// connections each client IP holds open, on every listener and worker together. A
+/// client at its cap has a new connection closed at once, as HAProxy's `src_conn_cur`
+/// check or nginx's `limit_conn` does.
+#[derive(Debug)]
+pub(crate) struct PerClient {
+    cap: u32,
+    shards: Box<[std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, u32>>]>,
+}
+
+/// A connection counted for its client; uncounted when dropped.
+#[derive(Debug)]
+pub(crate) struct ClientSlot {
+    owner: std::sync::Arc<PerClient>,
+    ip: std::net::IpAddr,
+}
+
+impl PerClient {
+    /// Clients of at most `cap` connections each.
+    pub(crate) fn new(cap: u32) -> PerClient {
+        PerClient {
+            cap,
+            shards: (0..16).map(|_| Default::default()).collect(),
+        }
+    }
+
+    fn shard(
+        &self,
+        ip: std::net::IpAddr,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<std::net::IpAddr, u32>> {
+        let h = match ip {
+            std::net::IpAddr::V4(a) => u32::from(a) as usize,
+            std::net::IpAddr::V6(a) => (u128::from(a) as usize) ^ ((u128::from(a) >> 64) as usize),
+        };
+        let m = &self.shards[(h ^ (h >> 8) ^ (h >> 16)) & (self.shards.len() - 1)];
+        // Nothing panics while holding it.
+        m.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Counts a new connection of `ip`, or `None` when the client holds its cap
+    /// already.
+    pub(crate) fn admit(self: &std::sync::Arc<Self>, ip: std::net::IpAddr) -> Option<ClientSlot> {
+        let ip = ip.to_canonical();
+        let mut m = self.shard(ip);
+        let n = m.entry(ip).or_insert(0);
+        if *n >= self.cap {
+            return None;
+        }
+        *n += 1;
+        Some(ClientSlot {
+            owner: std::sync::Arc::clone(self),
+            ip,
+        })
+    }
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        let mut m = self.owner.shard(self.ip);
+        if let Some(n) = m.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.ip);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod per_client_tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn a_client_holds_at_most_its_cap_and_gets_slots_back() {
+        let p = Arc::new(PerClient::new(2));
+        let ip: std::net::IpAddr = "192.0.2.1".parse().unwrap();
+        let a = p.admit(ip).unwrap();
+        let _b = p.admit(ip).unwrap();
+        assert!(p.admit(ip).is_none());
+        assert!(
+            p.admit("192.0.2.2".parse().unwrap()).is_some(),
+            "another client"
+        );
+        drop(a);
+        assert!(p.admit(ip).is_some());
+    }
+}

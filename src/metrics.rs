@@ -231,6 +231,11 @@ fn encode_proxy_wide(enc: &mut DescriptorEncoder, site: &Site) -> Result<(), std
             "Events a slow subscriber of /admin/events missed.",
             &s.events_dropped,
         ),
+        (
+            "fulcrum_client_connections_refused",
+            "Client connections closed at once: their IP held max_connections_per_client already.",
+            &s.client_refused,
+        ),
     ] {
         counter(enc, name, help, v.load(Relaxed))?;
     }

@@ -244,19 +244,24 @@ impl Connections {
     /// first head's timeout), then goes the same way for HTTP/1, or to the HTTP/2 front
     /// end (ALPN `h2`); so does a plain connection that opens with HTTP/2's preface.
     fn spawn(&self, a: Accepted, held: Held) {
-        self.note_open();
         let Accepted {
             mut stream,
             peer,
             local,
             tls,
         } = a;
+        // A client at its `max_connections_per_client` has this one closed at once.
+        let Ok(client_slot) = self.proxy.admit_client(peer.ip()) else {
+            return;
+        };
+        self.note_open();
         let _ = stream.set_nodelay(true);
         let builder = Arc::clone(&self.builder);
         let live = Arc::clone(&self.live);
         let (proxy, stop, timeouts) = (self.proxy, self.stop.clone(), self.timeouts);
         tokio::spawn(async move {
             let _live = live;
+            let _client_slot = client_slot;
             let over_tls = tls.is_some();
             let Some(client) = client_of(&mut stream, peer, local, over_tls, proxy).await else {
                 return;

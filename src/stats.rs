@@ -157,6 +157,8 @@ pub(crate) struct ProxyStats {
     pub(crate) no_route: AtomicU64,
     /// Events a slow subscriber of the event stream missed.
     pub(crate) events_dropped: AtomicU64,
+    /// Client connections closed at once by `max_connections_per_client`.
+    pub(crate) client_refused: AtomicU64,
 }
 
 /// Adds one to a counter.

@@ -378,3 +378,42 @@ fn bad_users_files_are_refused_with_their_line() {
         assert!(err.contains("line 9") && err.contains(why), "{err}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_over_its_connections_has_the_new_one_closed() {
+    use std::io::{Read, Write};
+    let b = TestBackend::start("b");
+    let f = Fulcrum::over(&[&b], &["--max-connections-per-client", "2"]);
+    let c = client();
+    let get_on = |s: &mut std::net::TcpStream| -> String {
+        s.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n").unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(3)))
+            .unwrap();
+        let mut buf = [0u8; 1024];
+        let n = s.read(&mut buf).unwrap_or(0);
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+    let mut one = std::net::TcpStream::connect(f.proxy).unwrap();
+    let mut two = std::net::TcpStream::connect(f.proxy).unwrap();
+    assert!(get_on(&mut one).starts_with("HTTP/1.1 200"));
+    assert!(get_on(&mut two).starts_with("HTTP/1.1 200"));
+    let mut three = std::net::TcpStream::connect(f.proxy).unwrap();
+    assert_eq!(get_on(&mut three), "", "the third is closed at once");
+    let m = get(&c, &f.admin_url("/metrics")).await.text();
+    assert!(
+        m.contains("fulcrum_client_connections_refused_total 1"),
+        "{m}"
+    );
+    // One goes: a new one is taken again.
+    drop(one);
+    let ok = eventually(std::time::Duration::from_secs(3), || async {
+        let mut s = std::net::TcpStream::connect(f.proxy).unwrap();
+        get_on(&mut s).starts_with("HTTP/1.1 200")
+    })
+    .await;
+    assert!(ok);
+    assert!(
+        get_on(&mut two).starts_with("HTTP/1.1 200"),
+        "the others go on"
+    );
+}

@@ -206,6 +206,8 @@ pub(crate) struct Settings {
     pub(crate) max_inflight: usize,
     /// Client connections open at once; 0 = derived from the open-file limit.
     pub(crate) max_connections: usize,
+    /// Connections one client IP may hold open; 0 = no limit.
+    pub(crate) max_connections_per_client: u32,
     /// A client that takes no byte of an answer for this long is closed.
     pub(crate) send_timeout: Duration,
     /// The protocols an `Upgrade` is tunnelled for, in lower case.
@@ -322,6 +324,7 @@ impl Default for Settings {
             trusted_proxies: Vec::new(),
             max_inflight: 0,
             max_connections: 0,
+            max_connections_per_client: 0,
             send_timeout: Duration::ZERO,
             upgrade_protocols: Vec::new(),
             admin_token_file: None,

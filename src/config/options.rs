@@ -537,6 +537,17 @@ pub(crate) static OPTIONS: &[Opt] = &[
         reload: restart!("max_inflight", max_inflight),
     },
     Opt {
+        key: "max_connections_per_client",
+        table_key: None,
+        value_name: "N",
+        help: "Connections one client IP may hold open, all listeners together; a new one over it is closed at once (0 = no limit)",
+        default: Some("0"),
+        default_text: None,
+        file_type: FileType::Int,
+        set: |s, v| parse_uint::<u32>(v, 0, 10_000_000).map(|x| s.max_connections_per_client = x),
+        reload: restart!("max_connections_per_client", max_connections_per_client),
+    },
+    Opt {
         key: "max_connections",
         table_key: None,
         value_name: "N",

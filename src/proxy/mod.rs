@@ -67,6 +67,8 @@ pub(crate) struct ProxySettings {
     pub(crate) send_timeout: Duration,
     /// `upgrade_protocols`: what an `Upgrade` is tunnelled for, in lower case.
     pub(crate) upgrade_protocols: Arc<[String]>,
+    /// `max_connections_per_client`, shared by every worker; `None` when off.
+    pub(crate) per_client: Option<Arc<crate::listeners::PerClient>>,
 }
 
 impl ProxySettings {
@@ -80,6 +82,11 @@ impl ProxySettings {
             accept_proxy_protocol: s.accept_proxy_protocol,
             send_timeout: s.send_timeout,
             upgrade_protocols: s.upgrade_protocols.clone().into(),
+            per_client: (s.max_connections_per_client > 0).then(|| {
+                Arc::new(crate::listeners::PerClient::new(
+                    s.max_connections_per_client,
+                ))
+            }),
         }
     }
 }
@@ -393,6 +400,20 @@ impl Proxy {
     /// How long a client may take no byte of an answer (`send_timeout`).
     pub(crate) fn send_timeout(&self) -> Duration {
         self.settings.send_timeout
+    }
+
+    /// Counts a new connection of `ip` against `max_connections_per_client`: `Err` when
+    /// it must be closed at once; `Ok(None)` when there is no such limit.
+    pub(crate) fn admit_client(
+        &self,
+        ip: std::net::IpAddr,
+    ) -> Result<Option<crate::listeners::ClientSlot>, ()> {
+        match &self.settings.per_client {
+            None => Ok(None),
+            Some(p) => p.admit(ip).map(Some).ok_or_else(|| {
+                bump(&self.site.hub.stats.client_refused);
+            }),
+        }
     }
 
     /// With `accept_proxy_protocol`, whether a connection from `peer` must start with a
