@@ -168,23 +168,6 @@ pub(crate) struct ResponseHead {
     pub(crate) rate_limit: Option<RateLimitFields>,
 }
 
-/// Writes `v` in decimal at the start of `out` (at least 10 bytes); how many bytes.
-fn put_decimal(out: &mut [u8], mut v: u32) -> usize {
-    let mut digits = [0u8; 10];
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    let len = digits.len() - i;
-    out[..len].copy_from_slice(&digits[i..]);
-    len
-}
-
 /// `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset` of an answer on a
 /// rate-limited route (`docs/policies.md`, "Rate limits").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -207,22 +190,18 @@ impl RateLimitFields {
         ]
     }
 
-    /// Writes the three fields as an HTTP/1.1 head holds them: made on the stack, then
-    /// copied once (every answer on a limited route carries them).
+    /// Writes the three fields as an HTTP/1.1 head holds them, after one reservation
+    /// (every answer on a limited route carries them).
     pub(crate) fn write(&self, out: &mut Vec<u8>) {
-        let mut buf = [0u8; 96];
-        let mut n = 0;
-        for (name, v) in [
-            (&b"ratelimit-limit: "[..], self.limit),
-            (b"\r\nratelimit-remaining: ", self.remaining),
-            (b"\r\nratelimit-reset: ", self.reset),
-        ] {
-            buf[n..n + name.len()].copy_from_slice(name);
-            n += name.len();
-            n += put_decimal(&mut buf[n..], v);
-        }
-        buf[n..n + 2].copy_from_slice(b"\r\n");
-        out.extend_from_slice(&buf[..n + 2]);
+        let mut b = itoa::Buffer::new();
+        out.reserve(80);
+        out.extend_from_slice(b"ratelimit-limit: ");
+        out.extend_from_slice(b.format(self.limit).as_bytes());
+        out.extend_from_slice(b"\r\nratelimit-remaining: ");
+        out.extend_from_slice(b.format(self.remaining).as_bytes());
+        out.extend_from_slice(b"\r\nratelimit-reset: ");
+        out.extend_from_slice(b.format(self.reset).as_bytes());
+        out.extend_from_slice(b"\r\n");
     }
 }
 
