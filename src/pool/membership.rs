@@ -179,8 +179,8 @@ impl Pool {
     }
 
     /// Brings the member at `i` to `w`: updated in place, or replaced when what
-    /// identifies it changed (its id, its name — which labels metrics and logs — or
-    /// whether it is a backup, fixed for a backend's life).
+    /// identifies it changed (its id, its name — which labels metrics and logs —, the
+    /// address it is reached at, or whether it is a backup, fixed for a backend's life).
     fn match_member(
         &self,
         m: &mut Members,
