@@ -23,16 +23,16 @@ const DECOY: &str = "$2b$10$o.7EYV2AXCMxQAIhd5I8p.9yYRmpd8fcwtPiQIYdnC.JGHzNtT2Z
 
 /// A route's users and what was verified.
 #[derive(Debug)]
-pub(crate) struct Gate {
+pub struct Gate {
     /// `Basic realm="REALM"`.
-    pub(crate) challenge: HeaderValue,
+    pub challenge: HeaderValue,
     users: Arc<BTreeMap<String, String>>,
     verified: Mutex<HashSet<Vec<u8>>>,
 }
 
 /// What a request's `Authorization` field says.
 #[derive(Debug)]
-pub(crate) enum Check {
+pub enum Check {
     /// Verified before: let it through.
     Known,
     /// To verify (slow: on a blocking thread).
@@ -43,16 +43,16 @@ pub(crate) enum Check {
 
 /// Credentials to check against a hash.
 #[derive(Debug)]
-pub(crate) struct Attempt {
+pub struct Attempt {
     password: String,
     hash: String,
     /// The whole field value, remembered when it verifies.
-    pub(crate) field: Vec<u8>,
+    pub field: Vec<u8>,
 }
 
 impl Attempt {
     /// Whether the password matches (bcrypt).
-    pub(crate) fn verify(&self) -> bool {
+    pub fn verify(&self) -> bool {
         bcrypt::verify(&self.password, &self.hash).unwrap_or(false)
     }
 }
@@ -60,18 +60,23 @@ impl Attempt {
 impl Gate {
     /// The gate of `spec`, with nothing verified yet.
     pub(crate) fn new(spec: &BasicAuth) -> Gate {
-        let challenge = format!("Basic realm=\"{}\"", spec.realm);
+        Gate::for_users(&spec.realm, spec.users.clone())
+    }
+
+    /// The gate of `realm` for `users` (name to bcrypt hash), nothing verified yet.
+    pub fn for_users(realm: &str, users: BTreeMap<String, String>) -> Gate {
+        let challenge = format!("Basic realm=\"{realm}\"");
         Gate {
-            // The realm is checked to be printable and without quotes.
+            // A configured realm is checked to be printable and without quotes.
             challenge: HeaderValue::from_str(&challenge)
                 .unwrap_or_else(|_| HeaderValue::from_static("Basic")),
-            users: Arc::new(spec.users.clone()),
+            users: Arc::new(users),
             verified: Mutex::new(HashSet::new()),
         }
     }
 
     /// Reads a request's `Authorization` value.
-    pub(crate) fn check(&self, field: Option<&[u8]>) -> Check {
+    pub fn check(&self, field: Option<&[u8]>) -> Check {
         let Some(field) = field else {
             return Check::Missing;
         };
@@ -90,7 +95,7 @@ impl Gate {
     }
 
     /// Remembers a value that verified.
-    pub(crate) fn remember(&self, field: Vec<u8>) {
+    pub fn remember(&self, field: Vec<u8>) {
         let mut v = self.lock();
         if v.len() >= CACHE {
             v.clear();

@@ -11,8 +11,9 @@
 
 pub(crate) mod admin;
 pub mod backend;
-pub(crate) mod basic_auth;
+pub mod basic_auth;
 pub mod cli;
+pub mod compress;
 pub mod config;
 pub(crate) mod deadline;
 pub(crate) mod demo;

@@ -295,7 +295,7 @@ fn dashboard_shows_routes_pools_and_backends() {
         "[[pools]]\nname = \"disc\"\ndiscover = {{ file = \"{}\" }}\n\
          [[pools]]\nname = \"lost\"\ndiscover = {{ file = \"{}\" }}\n\
          [[routes]]\npool = \"disc\"\npath_prefix = \"/disc\"\n\
-         rate_limit = {{ rate = 1000, burst = 10 }}\n\
+         rate_limit = {{ rate = 1000, burst = 10 }}\ncompress = [\"br\", \"gzip\"]\n\
          [[routes]]\npool = \"lost\"\npath_prefix = \"/lost\"\n",
         disc.display(),
         dir.join("gone.json").display()

@@ -3,21 +3,25 @@
 //! store's JSON all come down to a JSON value per key, checked here, so each key has
 //! one parser and one message.
 //!
-//! Today: `redirect`, `rate_limit`, `basic_auth`, `request_headers` and
-//! `response_headers`.
+//! Today: `redirect`, `rate_limit`, `basic_auth`, `request_headers`,
+//! `response_headers`, `compress` and `compress_types`.
 
 use std::time::Duration;
 
 use http::header::{HeaderName, HeaderValue};
 use serde_json::{Map, Value};
 
+pub(crate) use super::compress::Coding;
+
 /// The policy keys a route takes.
-pub(crate) const KEYS: [&str; 5] = [
+pub(crate) const KEYS: [&str; 7] = [
     "redirect",
     "rate_limit",
     "basic_auth",
     "request_headers",
     "response_headers",
+    "compress",
+    "compress_types",
 ];
 
 /// A route's policies; each is optional, and a route without any runs none.
@@ -33,6 +37,10 @@ pub(crate) struct Policies {
     pub(crate) request_headers: Option<HeaderEdits>,
     /// Fields set or removed on the backend's answer.
     pub(crate) response_headers: Option<HeaderEdits>,
+    /// The codings answers are compressed with, most preferred first.
+    pub(crate) compress: Option<Vec<Coding>>,
+    /// Media types compressed beside the usual ones (`compress` needed).
+    pub(crate) compress_types: Vec<String>,
 }
 
 impl Policies {
@@ -43,6 +51,8 @@ impl Policies {
             && self.basic_auth.is_none()
             && self.request_headers.is_none()
             && self.response_headers.is_none()
+            && self.compress.is_none()
+            && self.compress_types.is_empty()
     }
 
     /// Reads the policy `key` (one of [`KEYS`]) from its value; the message names what
@@ -54,6 +64,8 @@ impl Policies {
             "basic_auth" => self.basic_auth = Some(BasicAuth::from_json(v)?),
             "request_headers" => self.request_headers = Some(HeaderEdits::from_json(key, v)?),
             "response_headers" => self.response_headers = Some(HeaderEdits::from_json(key, v)?),
+            "compress" => self.compress = super::compress::codings_from_json(v)?,
+            "compress_types" => self.compress_types = super::compress::types_from_json(v)?,
             _ => {
                 return Err(format!(
                     "unknown policy '{key}' (valid: {})",
@@ -82,6 +94,13 @@ impl Policies {
         }
         if let Some(e) = &self.response_headers {
             out.push(("response_headers", e.to_json()));
+        }
+        if let Some(c) = &self.compress {
+            out.push(("compress", super::compress::codings_to_json(c)));
+        }
+        if !self.compress_types.is_empty() {
+            let types = self.compress_types.iter().map(|t| Value::from(t.as_str()));
+            out.push(("compress_types", Value::Array(types.collect())));
         }
         out
     }

@@ -197,6 +197,9 @@ pub(crate) fn route_spec(t: RouteText) -> Result<RouteSpec, String> {
         .as_deref()
         .map(PathPrefix::parse)
         .transpose()?;
+    if !t.policies.compress_types.is_empty() && t.policies.compress.is_none() {
+        return Err("compress_types needs compress".into());
+    }
     if t.strip_path_prefix && path_prefix.is_none() {
         return Err("strip_path_prefix needs a path_prefix".into());
     }
@@ -311,6 +314,12 @@ pub(crate) struct RouteView {
     /// Fields set or removed on the answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     response_headers: Option<serde_json::Value>,
+    /// The codings answers are compressed with (`true`: zstd, br, gzip).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    compress: Option<serde_json::Value>,
+    /// Media types compressed beside the usual ones.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    compress_types: Option<serde_json::Value>,
     /// Requests it took (shown; ignored when given).
     #[serde(default)]
     requests: u64,
@@ -342,6 +351,8 @@ impl RouteView {
             basic_auth: None,
             request_headers: None,
             response_headers: None,
+            compress: None,
+            compress_types: None,
             requests,
             rate_limited: None,
         }
@@ -363,7 +374,9 @@ impl RouteView {
                 "rate_limit" => self.rate_limit = Some(v),
                 "basic_auth" => self.basic_auth = Some(v),
                 "request_headers" => self.request_headers = Some(v),
-                _ => self.response_headers = Some(v),
+                "response_headers" => self.response_headers = Some(v),
+                "compress" => self.compress = Some(v),
+                _ => self.compress_types = Some(v),
             }
         }
         self
@@ -378,6 +391,8 @@ impl RouteView {
             ("basic_auth", &self.basic_auth),
             ("request_headers", &self.request_headers),
             ("response_headers", &self.response_headers),
+            ("compress", &self.compress),
+            ("compress_types", &self.compress_types),
         ] {
             if let Some(v) = v {
                 policies.set(key, v)?;

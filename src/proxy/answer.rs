@@ -176,6 +176,8 @@ pub(crate) enum RespBody {
     },
     /// A short answer of fulcrum's own.
     Full(Option<Bytes>),
+    /// A body compressed on its way (`docs/policies.md`, "Compression").
+    Compressed(Box<crate::compress::Compressed<RespBody>>),
 }
 
 impl RespBody {
@@ -203,6 +205,11 @@ impl RespBody {
             Some(Box::new(hold))
         };
         RespBody::Wire { inner, hold, pool }
+    }
+
+    /// This body, compressed with `coding` as it streams.
+    pub(crate) fn compressed(self, coding: crate::compress::Coding) -> RespBody {
+        RespBody::Compressed(Box::new(crate::compress::Compressed::new(self, coding)))
     }
 
     /// A fixed body.
@@ -273,6 +280,7 @@ impl Body for RespBody {
                 r.map_err(Into::into)
             }
             RespBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            RespBody::Compressed(c) => Pin::new(&mut **c).poll_frame(cx),
         }
     }
 
@@ -281,6 +289,7 @@ impl Body for RespBody {
             RespBody::Wire { inner, .. } => inner.is_end_stream(),
             RespBody::Upstream { inner, .. } => inner.is_end_stream(),
             RespBody::Full(b) => b.is_none(),
+            RespBody::Compressed(c) => c.is_end_stream(),
         }
     }
 
@@ -290,6 +299,7 @@ impl Body for RespBody {
             RespBody::Upstream { inner, .. } => inner.size_hint(),
             RespBody::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
             RespBody::Full(None) => SizeHint::with_exact(0),
+            RespBody::Compressed(c) => c.size_hint(),
         }
     }
 }

@@ -41,6 +41,7 @@ use request_id::RequestId;
 pub(crate) use tunnel::ClientUpgrade;
 pub(crate) use upstream::{Failure, Upstreams};
 
+use crate::compress::Coding;
 use crate::config::policy::LimitKey;
 use crate::config::Settings;
 use crate::pool::{Backend, Pool, QueueError, RequestGuard};
@@ -160,6 +161,8 @@ struct Policed {
     client_ip: Option<std::net::IpAddr>,
     /// What the rate limit said, for the answer's fields.
     limit: Option<RateLimitFields>,
+    /// The coding the answer may be compressed with (`None`: none the client takes).
+    coding: Option<Coding>,
 }
 
 /// Where a route sends a request.
@@ -207,6 +210,8 @@ struct Outgoing<'p> {
     client_ip: Option<std::net::IpAddr>,
     /// What its route's rate limit said, for the answer's `RateLimit-*` fields.
     limit: Option<RateLimitFields>,
+    /// The coding its answer may be compressed with, as the client accepts.
+    coding: Option<Coding>,
 }
 
 impl Outgoing<'_> {
@@ -523,7 +528,11 @@ impl Proxy {
                     Some(p) => self.police(&mut head, p, peer, trusted, fin.started),
                     None => Ok(Policed::default()),
                 };
-                let Policed { client_ip, limit } = match policed {
+                let Policed {
+                    client_ip,
+                    limit,
+                    coding,
+                } = match policed {
                     Ok(found) => found,
                     Err(r) => {
                         return Either::Left(std::future::ready(self.own(&mut fin, None, *r)))
@@ -535,6 +544,7 @@ impl Proxy {
                     policies: routed.policies,
                     client_ip,
                     limit,
+                    coding,
                     head,
                     body,
                     client_upgrade,
@@ -775,6 +785,9 @@ impl Proxy {
             };
             r.head.edit_fields(|map| policy::edit(map, edits, &vars));
         }
+        if p.spec.compress.is_some() {
+            policy::compress(&mut r, req.coding, &p.spec.compress_types);
+        }
         r
     }
 
@@ -791,8 +804,12 @@ impl Proxy {
         if let Some(r) = &p.spec.redirect {
             return Err(Box::new(policy::redirect(r, head, peer.tls)));
         }
+        let coding = (p.spec.compress.as_deref()).and_then(|offered| policy::coding(head, offered));
         let (Some(limiter), Some(spec)) = (&p.limiter, &p.spec.rate_limit) else {
-            return Ok(Policed::default());
+            return Ok(Policed {
+                coding,
+                ..Policed::default()
+            });
         };
         let mut ip = None;
         let key = match &spec.key {
@@ -812,6 +829,7 @@ impl Proxy {
         Ok(Policed {
             client_ip: ip,
             limit: Some(policy::rate_fields(limiter.limit, v)),
+            coding,
         })
     }
 

@@ -7,11 +7,12 @@ use std::net::IpAddr;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::StatusCode;
 
-use super::answer::ProxyResponse;
+use super::answer::{ProxyResponse, RespBody};
 use super::message::{RateLimitFields, RequestHead};
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::basic_auth::{Check, Gate};
+use crate::compress::Coding;
 use crate::config::policy::{HeaderEdits, LocationPart, Part, Redirect, Template};
 use crate::rate_limit::Verdict;
 
@@ -143,6 +144,88 @@ fn render(t: &Template, vars: &Vars<'_>) -> Option<HeaderValue> {
         }
     }
     HeaderValue::from_bytes(&out).ok()
+}
+
+/// The coding a request's answer may be compressed with: the best of `offered` its
+/// `Accept-Encoding` takes; none for a `HEAD` (its answer has no body to compress).
+pub(super) fn coding(head: &RequestHead, offered: &[Coding]) -> Option<Coding> {
+    if head.method == http::Method::HEAD {
+        return None;
+    }
+    let accept = head.field(&header::ACCEPT_ENCODING)?;
+    crate::compress::negotiate(accept.as_bytes(), offered)
+}
+
+/// Answers shorter than this are not worth compressing (nginx's `gzip_min_length`).
+const MIN_COMPRESSED: u64 = 1024;
+
+/// Compresses a backend's answer with `coding` when it is worth it (`docs/policies.md`,
+/// "Compression"): a status with a whole body, no `Content-Encoding` yet, a compressible
+/// type, 1 024 bytes or more (or of unknown length), no `Cache-Control: no-transform`.
+/// Such an answer says `Vary: Accept-Encoding` even when the client took no coding,
+/// as nginx's `gzip_vary` does, so that a cache keeps the two apart.
+pub(super) fn compress(r: &mut ProxyResponse, coding: Option<Coding>, extra: &[String]) {
+    let status = r.head.status.as_u16();
+    if !(200..600).contains(&status) || matches!(status, 204 | 206 | 304) {
+        return;
+    }
+    let head = &r.head;
+    let compressible = head.field(&header::CONTENT_ENCODING).is_none()
+        && (head.field(&header::CONTENT_TYPE))
+            .is_some_and(|t| crate::compress::compressible(t.as_bytes(), extra))
+        && (head.field(&header::CONTENT_LENGTH))
+            .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok())
+            .is_none_or(|n| n >= MIN_COMPRESSED)
+        && !(head.field(&header::CACHE_CONTROL)).is_some_and(|v| no_transform(v.as_bytes()));
+    if !compressible {
+        return;
+    }
+    r.head.edit_fields(|map| {
+        add_vary(map);
+        if let Some(c) = coding {
+            map.remove(header::CONTENT_LENGTH);
+            map.remove(header::ACCEPT_RANGES);
+            map.insert(header::CONTENT_ENCODING, HeaderValue::from_static(c.name()));
+            weaken_etag(map);
+        }
+    });
+    if let Some(c) = coding {
+        let body = std::mem::replace(&mut r.body, RespBody::empty());
+        r.body = body.compressed(c);
+    }
+}
+
+/// Whether a `Cache-Control` value holds `no-transform` (RFC 9111 §5.2.2.6).
+fn no_transform(v: &[u8]) -> bool {
+    (v.split(|&b| b == b',')).any(|d| d.trim_ascii().eq_ignore_ascii_case(b"no-transform"))
+}
+
+/// Adds `Accept-Encoding` to `Vary` unless it is there already (or `Vary` is `*`).
+fn add_vary(map: &mut HeaderMap) {
+    let listed = map.get_all(header::VARY).iter().any(|v| {
+        (v.as_bytes().split(|&b| b == b','))
+            .map(<[u8]>::trim_ascii)
+            .any(|t| t == b"*" || t.eq_ignore_ascii_case(b"accept-encoding"))
+    });
+    if !listed {
+        map.append(header::VARY, HeaderValue::from_static("Accept-Encoding"));
+    }
+}
+
+/// A strong `ETag` made weak: the compressed bytes are not the backend's (RFC 9110
+/// §8.8.1), though they mean the same.
+fn weaken_etag(map: &mut HeaderMap) {
+    let Some(tag) = map.get(header::ETAG) else {
+        return;
+    };
+    if tag.as_bytes().starts_with(b"\"") {
+        let mut weak = Vec::with_capacity(tag.len() + 2);
+        weak.extend_from_slice(b"W/");
+        weak.extend_from_slice(tag.as_bytes());
+        if let Ok(v) = HeaderValue::from_bytes(&weak) {
+            map.insert(header::ETAG, v);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -503,7 +503,7 @@ async function poolsTour(page) {
     if (web !== 'backends: listed') throw new Error('web shows: ' + web);
     // A route's policies beside it, with its rate limit's count (docs/policies.md).
     const routes = await text(page, '[data-testid="pool-routes-disc"]');
-    if (!/\[rate 1000\/1s \+10 by client_ip · 0 limited\]/.test(routes)) throw new Error('disc routes: ' + routes);
+    if (!/\[rate 1000\/1s \+10 by client_ip · 0 limited; compress br, gzip\]/.test(routes)) throw new Error('disc routes: ' + routes);
   });
 
   await step('a strategy switch in one pool leaves the other and the header alone', async () => {

@@ -1,0 +1,538 @@
+//! Compression on a route (`docs/policies.md`, "Compression") over real sockets: a real
+//! fulcrum, a backend answering each kind of body, curl as the client and the reference
+//! command-line decoders (`zstd`, `brotli`, `gzip`) reading what it sent.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// A JSON document of about 100 KB.
+fn big_json() -> Vec<u8> {
+    let items: Vec<String> = (0..2_500)
+        .map(|i| format!(r#"{{"id":{i},"name":"item {i}","tags":["a","b"]}}"#))
+        .collect();
+    format!("[{}]", items.join(",")).into_bytes()
+}
+
+/// Text answered in pieces, without a length.
+fn chunked_text() -> Vec<u8> {
+    (0..400)
+        .flat_map(|i| format!("line {i} of the log\n").into_bytes())
+        .collect()
+}
+
+/// A backend whose answers each stand for a case of the compression rules. The
+/// streams (`/events`, `/slow.txt`) send their first piece, then wait for `go`.
+struct Backend {
+    addr: SocketAddr,
+    go: Arc<AtomicBool>,
+}
+
+impl Backend {
+    fn start() -> Backend {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let go = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&go);
+        std::thread::spawn(move || {
+            for conn in listener.incoming().flatten() {
+                let flag = Arc::clone(&flag);
+                std::thread::spawn(move || serve(conn, &flag));
+            }
+        });
+        Backend { addr, go }
+    }
+}
+
+fn serve(conn: TcpStream, go: &AtomicBool) {
+    let mut reader = BufReader::new(conn.try_clone().unwrap());
+    let mut out = conn;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        let mut parts = line.split_whitespace();
+        let (method, path) = (
+            parts.next().unwrap_or("").to_string(),
+            parts.next().unwrap_or("").to_string(),
+        );
+        loop {
+            let mut h = String::new();
+            if reader.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+                break;
+            }
+        }
+        let path = path.rsplit('/').next().unwrap_or("").to_string();
+        let head_only = method == "HEAD";
+        let fixed = |ty: &str, extra: &str, body: &[u8]| {
+            let mut r = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: {ty}\r\ncontent-length: {}\r\n{extra}\r\n",
+                body.len()
+            )
+            .into_bytes();
+            if !head_only {
+                r.extend_from_slice(body);
+            }
+            r
+        };
+        let answer = match path.as_str() {
+            "big.json" => fixed(
+                "application/json",
+                "etag: \"v1\"\r\naccept-ranges: bytes\r\n",
+                &big_json(),
+            ),
+            "small.json" => fixed("application/json", "", br#"{"ok":true}"#),
+            "photo.png" => fixed("image/png", "", &[7u8; 4096]),
+            "module.wasm" => fixed("application/wasm", "", &[0u8; 4096]),
+            "encoded.txt" => fixed("text/plain", "content-encoding: gzip\r\n", &[b'x'; 4096]),
+            "kept.txt" => fixed(
+                "text/plain",
+                "cache-control: public, no-transform\r\n",
+                &[b'k'; 4096],
+            ),
+            "partial.txt" => {
+                let mut r = b"HTTP/1.1 206 Partial Content\r\ncontent-type: text/plain\r\ncontent-range: bytes 0-2047/9999\r\ncontent-length: 2048\r\n\r\n".to_vec();
+                r.extend_from_slice(&[b'p'; 2048]);
+                r
+            }
+            "log.txt" => {
+                let mut r = b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+                for piece in chunked_text().chunks(1000) {
+                    r.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
+                    r.extend_from_slice(piece);
+                    r.extend_from_slice(b"\r\n");
+                }
+                r.extend_from_slice(b"0\r\n\r\n");
+                r
+            }
+            "events" | "slow.txt" => {
+                let ty = if path == "events" {
+                    "text/event-stream"
+                } else {
+                    "text/plain"
+                };
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: {ty}\r\ntransfer-encoding: chunked\r\n\r\n"
+                );
+                let first = "data: first\n\n";
+                let _ = out.write_all(format!("{head}{:x}\r\n{first}\r\n", first.len()).as_bytes());
+                let start = Instant::now();
+                while !go.load(Ordering::SeqCst) && start.elapsed() < Duration::from_secs(10) {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                let second = "data: second\n\n";
+                let _ = out
+                    .write_all(format!("{:x}\r\n{second}\r\n0\r\n\r\n", second.len()).as_bytes());
+                continue;
+            }
+            _ => b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n".to_vec(),
+        };
+        if out.write_all(&answer).is_err() {
+            return;
+        }
+    }
+}
+
+/// An answer as curl got it: the head's fields (names lowercase) and the body as sent.
+struct Fetched {
+    status: u16,
+    fields: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Fetched {
+    fn field(&self, name: &str) -> Option<&str> {
+        self.fields
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// curl, with the fields given and without decoding anything.
+fn curl(url: &str, extra: &[&str]) -> Fetched {
+    let out = Command::new("curl")
+        .args(["-s", "-i", "--max-time", "10"])
+        .args(extra)
+        .arg(url)
+        .output()
+        .expect("curl runs (apt-get install curl)");
+    let raw = out.stdout;
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a head");
+    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let fields = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    Fetched {
+        status,
+        fields,
+        body: raw[split + 4..].to_vec(),
+    }
+}
+
+/// `body` through the reference decoder of `coding`.
+fn decode(coding: &str, body: &[u8]) -> Vec<u8> {
+    let tool = match coding {
+        "br" => "brotli",
+        other => other,
+    };
+    let mut child = Command::new(tool)
+        .args(["-d", "-c"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{tool} runs (apt-get install {tool}): {e}"));
+    let mut stdin = child.stdin.take().unwrap();
+    let input = body.to_vec();
+    let writer = std::thread::spawn(move || stdin.write_all(&input));
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap().unwrap();
+    assert!(out.status.success(), "{tool} -d refused the body");
+    out.stdout
+}
+
+fn start_fulcrum(backend: &Backend) -> Fulcrum {
+    let cfg = config_file(
+        "compression",
+        "routes",
+        &format!(
+            "[[pools]]\nname = \"app\"\n[[pools.backends]]\nurl = \"http://{}\"\n\n\
+             [[routes]]\npool = \"app\"\npath_prefix = \"/c/\"\ncompress = true\ncompress_types = [\"application/wasm\"]\n\n\
+             [[routes]]\npool = \"app\"\npath_prefix = \"/g/\"\ncompress = [\"gzip\"]\n\n\
+             [[routes]]\npool = \"app\"\n",
+            backend.addr
+        ),
+    );
+    Fulcrum::start(&["--config", cfg.to_str().unwrap()])
+}
+
+#[test]
+fn each_coding_is_chosen_by_accept_encoding_and_decodes_with_its_reference_tool() {
+    let backend = Backend::start();
+    let f = start_fulcrum(&backend);
+    let original = big_json();
+    for coding in ["zstd", "br", "gzip"] {
+        let ae = format!("Accept-Encoding: {coding}");
+        let r = curl(&f.url("/c/big.json"), &["-H", &ae]);
+        assert_eq!(r.status, 200);
+        assert_eq!(r.field("content-encoding"), Some(coding), "{coding}");
+        assert_eq!(
+            r.field("content-length"),
+            None,
+            "{coding}: the length is the backend's no more"
+        );
+        assert_eq!(r.field("accept-ranges"), None, "{coding}");
+        assert_eq!(r.field("vary"), Some("Accept-Encoding"), "{coding}");
+        assert_eq!(
+            r.field("etag"),
+            Some("W/\"v1\""),
+            "{coding}: the strong ETag turns weak"
+        );
+        assert!(
+            r.body.len() < original.len() / 5,
+            "{coding}: {} bytes",
+            r.body.len()
+        );
+        assert_eq!(decode(coding, &r.body), original, "{coding}");
+    }
+    // The highest q-value wins; a tie goes to the configured order (zstd, br, gzip).
+    for (accept, want) in [
+        ("gzip, br, zstd", Some("zstd")),
+        ("gzip;q=1, zstd;q=0.5", Some("gzip")),
+        ("br;q=0.8, gzip;q=0.8", Some("br")),
+        ("*;q=0.1, zstd;q=0", Some("br")),
+        ("identity", None),
+        ("gzip;q=0", None),
+    ] {
+        let r = curl(
+            &f.url("/c/big.json"),
+            &["-H", &format!("Accept-Encoding: {accept}")],
+        );
+        assert_eq!(r.field("content-encoding"), want, "{accept}");
+        assert_eq!(
+            r.field("vary"),
+            Some("Accept-Encoding"),
+            "{accept}: a cache must tell the two apart"
+        );
+        if let Some(c) = want {
+            assert_eq!(decode(c, &r.body), original, "{accept}");
+        } else {
+            assert_eq!(r.body, original, "{accept}");
+            assert_eq!(r.field("etag"), Some("\"v1\""), "{accept}");
+        }
+    }
+    // A route offering gzip alone.
+    let r = curl(&f.url("/g/big.json"), &["-H", "Accept-Encoding: zstd, br"]);
+    assert_eq!(
+        (r.field("content-encoding"), r.body.len()),
+        (None, original.len())
+    );
+    let r = curl(
+        &f.url("/g/big.json"),
+        &["-H", "Accept-Encoding: zstd, gzip;q=0.5"],
+    );
+    assert_eq!(r.field("content-encoding"), Some("gzip"));
+    assert_eq!(decode("gzip", &r.body), original);
+    // A route without compress leaves the answer alone.
+    let r = curl(&f.url("/big.json"), &["-H", "Accept-Encoding: gzip"]);
+    assert_eq!((r.field("content-encoding"), r.field("vary")), (None, None));
+    assert_eq!(r.body, original);
+    // Over HTTP/2 (h2c) as well.
+    let r = curl(
+        &f.url("/c/big.json"),
+        &["--http2-prior-knowledge", "-H", "Accept-Encoding: br"],
+    );
+    assert_eq!(r.field("content-encoding"), Some("br"));
+    assert_eq!(decode("br", &r.body), original);
+}
+
+#[test]
+fn answers_not_worth_compressing_are_left_as_they_are() {
+    let backend = Backend::start();
+    let f = start_fulcrum(&backend);
+    let all = ["-H", "Accept-Encoding: zstd, br, gzip"];
+    // Unknown length: compressed as it streams.
+    let r = curl(&f.url("/c/log.txt"), &all);
+    assert_eq!(r.field("content-encoding"), Some("zstd"));
+    assert_eq!(decode("zstd", &r.body), chunked_text());
+    // compress_types adds a type.
+    let r = curl(&f.url("/c/module.wasm"), &all);
+    assert_eq!(r.field("content-encoding"), Some("zstd"));
+    assert_eq!(decode("zstd", &r.body), vec![0u8; 4096]);
+    for (path, why) in [
+        ("small.json", "under 1 024 bytes"),
+        ("photo.png", "not a compressible type"),
+        ("kept.txt", "Cache-Control: no-transform"),
+        ("partial.txt", "a 206"),
+    ] {
+        let r = curl(&f.url(&format!("/c/{path}")), &all);
+        assert_eq!(r.field("content-encoding"), None, "{path}: {why}");
+        assert!(r.field("content-length").is_some(), "{path}: {why}");
+    }
+    // Already encoded by the backend: passed on as it is.
+    let r = curl(&f.url("/c/encoded.txt"), &all);
+    assert_eq!(r.field("content-encoding"), Some("gzip"));
+    assert_eq!(r.body, vec![b'x'; 4096]);
+    // A HEAD answer keeps the GET's length and says it varies.
+    let r = curl(
+        &f.url("/c/big.json"),
+        &["-I", "-H", "Accept-Encoding: gzip"],
+    );
+    assert_eq!(r.field("content-encoding"), None);
+    assert_eq!(
+        r.field("content-length"),
+        Some(big_json().len().to_string().as_str())
+    );
+    assert_eq!(r.field("vary"), Some("Accept-Encoding"));
+}
+
+/// Reads from `s` until `want` has been seen or `limit` passes; what was read.
+fn read_until(s: &mut TcpStream, want: &[u8], limit: Duration) -> Vec<u8> {
+    s.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let start = Instant::now();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while start.elapsed() < limit && !got.windows(want.len()).any(|w| w == want) {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(_) => {}
+        }
+    }
+    got
+}
+
+#[test]
+fn event_streams_pass_uncompressed_and_slow_streams_are_flushed_as_they_come() {
+    let backend = Backend::start();
+    let f = start_fulcrum(&backend);
+    let addr: SocketAddr = f
+        .url("/")
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .parse()
+        .unwrap();
+    // An event stream: its first event reaches the client while the backend holds the
+    // second, as it was sent.
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(b"GET /c/events HTTP/1.1\r\nhost: x\r\naccept-encoding: gzip, br, zstd\r\n\r\n")
+        .unwrap();
+    let got = read_until(&mut s, b"data: first\n\n", Duration::from_secs(5));
+    let text = String::from_utf8_lossy(&got).to_ascii_lowercase();
+    assert!(
+        text.contains("data: first\n\n"),
+        "the first event at once: {text}"
+    );
+    assert!(!text.contains("content-encoding"), "{text}");
+    // A slow text stream is compressed, and what came so far is flushed at once: the
+    // first piece decodes before the backend sends the rest.
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(b"GET /c/slow.txt HTTP/1.1\r\nhost: x\r\naccept-encoding: gzip\r\n\r\n")
+        .unwrap();
+    let start = Instant::now();
+    let mut got = Vec::new();
+    let mut decoded = Vec::new();
+    while start.elapsed() < Duration::from_secs(5) && !decoded.windows(5).any(|w| w == b"first") {
+        got.extend(read_until(&mut s, b"\r\n", Duration::from_millis(200)));
+        decoded = partial_gzip(&got);
+    }
+    assert!(
+        decoded.starts_with(b"data: first"),
+        "{:?}",
+        String::from_utf8_lossy(&got)
+    );
+    backend.go.store(true, Ordering::SeqCst);
+}
+
+/// The text a gzip stream, still open, decodes to so far (its HTTP/1.1 head and chunk
+/// framing taken off first).
+fn partial_gzip(answer: &[u8]) -> Vec<u8> {
+    let Some(at) = answer.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return Vec::new();
+    };
+    let head = String::from_utf8_lossy(&answer[..at]).to_ascii_lowercase();
+    assert!(head.contains("content-encoding: gzip"), "{head}");
+    let mut rest = &answer[at + 4..];
+    let mut body = Vec::new();
+    while let Some(eol) = rest.windows(2).position(|w| w == b"\r\n") {
+        let Ok(n) = usize::from_str_radix(std::str::from_utf8(&rest[..eol]).unwrap_or("x"), 16)
+        else {
+            break;
+        };
+        if rest.len() < eol + 2 + n {
+            break;
+        }
+        body.extend_from_slice(&rest[eol + 2..eol + 2 + n]);
+        rest = &rest[(eol + 4 + n).min(rest.len())..];
+    }
+    let mut child = Command::new("gzip")
+        .args(["-d", "-c"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(&body).unwrap();
+    // gzip decodes what it has and complains of the missing end.
+    child.wait_with_output().unwrap().stdout
+}
+
+#[test]
+fn bad_compression_settings_are_refused_with_their_line() {
+    for (extra, why) in [
+        ("compress = [\"lz4\"]", "unknown coding 'lz4'"),
+        ("compress = 3", "compress: expected"),
+        (
+            "compress_types = [\"application/wasm\"]",
+            "compress_types needs compress",
+        ),
+        (
+            "compress = true\ncompress_types = [\"wasm\"]",
+            "'wasm' is not a media type",
+        ),
+    ] {
+        let cfg = config_file(
+            "compression",
+            "bad",
+            &format!("[[pools]]\nname = \"app\"\n\n[[routes]]\npool = \"app\"\n{extra}\n"),
+        );
+        let (status, _, err) = run_fulcrum(&["check", "--config", cfg.to_str().unwrap()]);
+        assert_eq!(status.code(), Some(2), "{extra}: {err}");
+        assert!(err.contains(why), "{extra}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_shows_compression_as_configured_and_takes_it_checked() {
+    let backend = Backend::start();
+    let f = start_fulcrum(&backend);
+    let c = client();
+    let routes = get(&c, &f.admin_url("/admin/routes")).await.json();
+    assert_eq!(routes[0]["compress"], serde_json::json!(true), "{routes}");
+    assert_eq!(
+        routes[0]["compress_types"],
+        serde_json::json!(["application/wasm"]),
+        "{routes}"
+    );
+    assert_eq!(
+        routes[1]["compress"],
+        serde_json::json!(["gzip"]),
+        "{routes}"
+    );
+    assert!(routes[2].get("compress").is_none(), "{routes}");
+    // The catch-all route starts compressing with zstd alone.
+    let mut changed = routes.clone();
+    changed[2]["compress"] = serde_json::json!(["zstd"]);
+    let put = admin(
+        &c,
+        "PUT",
+        &f.admin_url("/admin/routes"),
+        &changed.to_string(),
+    )
+    .await;
+    assert_eq!(put.status, 200, "{}", put.text());
+    let r = send(
+        &c,
+        "GET",
+        &f.url("/big.json"),
+        &[("accept-encoding", "gzip, zstd")],
+        "",
+    )
+    .await;
+    assert_eq!(r.header("content-encoding"), Some("zstd"));
+    // A bad one is refused whole, and nothing changes.
+    for bad in [
+        serde_json::json!(["lz4"]),
+        serde_json::json!([]),
+        serde_json::json!("gzip"),
+    ] {
+        let mut wrong = changed.clone();
+        wrong[1]["compress"] = bad.clone();
+        let put = admin(&c, "PUT", &f.admin_url("/admin/routes"), &wrong.to_string()).await;
+        assert_eq!(put.status, 400, "{bad}: {}", put.text());
+        assert!(
+            put.json()["error"].as_str().unwrap().contains("compress"),
+            "{}",
+            put.text()
+        );
+    }
+    let mut wrong = changed.clone();
+    wrong[1].as_object_mut().unwrap().remove("compress");
+    let put = admin(&c, "PUT", &f.admin_url("/admin/routes"), &wrong.to_string()).await;
+    assert_eq!(put.status, 200, "{}", put.text());
+    wrong[2]["compress_types"] = serde_json::json!(["font/*"]);
+    wrong[2].as_object_mut().unwrap().remove("compress");
+    let put = admin(&c, "PUT", &f.admin_url("/admin/routes"), &wrong.to_string()).await;
+    assert_eq!(put.status, 400, "{}", put.text());
+    assert!(
+        put.text().contains("compress_types needs compress"),
+        "{}",
+        put.text()
+    );
+    let after = get(&c, &f.admin_url("/admin/routes")).await.json();
+    assert_eq!(after[2]["compress"], serde_json::json!(["zstd"]), "{after}");
+    assert!(after[1].get("compress").is_none(), "{after}");
+}
