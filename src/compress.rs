@@ -18,8 +18,8 @@ use tokio::io::AsyncWrite;
 
 pub use crate::config::compress::Coding;
 
-/// gzip's level: 1–9. Level 4 keeps most of level 6's ratio on text at well over
-/// twice its speed (`docs/performance.md`, "Compression").
+/// gzip's level: 1–9. Level 4 keeps most of level 6's ratio on JSON at over 300 MB/s
+/// (`docs/performance.md`, "Basic auth and compression").
 pub const GZIP_LEVEL: i32 = 4;
 /// Brotli's quality: 0–11. 4 is the quality browsers' CDNs use for dynamic answers;
 /// 11 is for files compressed once.

@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::config::policy::RateLimit;
@@ -44,6 +44,8 @@ pub(crate) struct RateLimiter {
     tolerance: u64,
     /// The configured rate, for `RateLimit-Limit`.
     pub(crate) limit: u32,
+    /// The start of every answer's `RateLimit-*` fields, made once: see [`fields_lead`].
+    pub(crate) lead: Arc<[u8]>,
     /// The clock's origin.
     epoch: Instant,
     shards: Box<[Mutex<Shard>]>,
@@ -61,6 +63,7 @@ impl RateLimiter {
             interval,
             tolerance: interval.saturating_mul(u64::from(spec.burst)),
             limit: spec.rate,
+            lead: fields_lead(spec.rate),
             epoch: Instant::now(),
             shards: (0..n).map(|_| Mutex::new(Shard::new(per_shard))).collect(),
         }
@@ -105,6 +108,14 @@ impl RateLimiter {
     fn keys(&self) -> usize {
         self.shards.iter().map(|s| lock(s).map.len()).sum()
     }
+}
+
+/// `ratelimit-limit: LIMIT\r\nratelimit-remaining: `: what the `RateLimit-*` fields
+/// of a route's answers start with (the proxy writes the rest), made once per limiter so
+/// that an answer copies it rather than formatting it.
+pub(crate) fn fields_lead(limit: u32) -> Arc<[u8]> {
+    let text = format!("ratelimit-limit: {limit}\r\nratelimit-remaining: ");
+    Arc::from(text.into_bytes())
 }
 
 fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {

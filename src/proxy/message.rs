@@ -170,8 +170,11 @@ pub(crate) struct ResponseHead {
 
 /// `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset` of an answer on a
 /// rate-limited route (`docs/policies.md`, "Rate limits").
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct RateLimitFields {
+    /// `ratelimit-limit: N\r\nratelimit-remaining: `, made once per route
+    /// ([`crate::rate_limit::RateLimiter::lead`]).
+    pub(crate) lead: std::sync::Arc<[u8]>,
     /// The configured rate.
     pub(crate) limit: u32,
     /// Requests the key may still send at once.
@@ -190,19 +193,63 @@ impl RateLimitFields {
         ]
     }
 
-    /// Writes the three fields as an HTTP/1.1 head holds them, after one reservation
-    /// (every answer on a limited route carries them).
+    /// Writes the three fields as an HTTP/1.1 head holds them. Every answer on a limited
+    /// route carries them, so the route's constant part is copied as made, and the rest
+    /// is put together on the stack (numbers written in place) and appended in one copy.
     pub(crate) fn write(&self, out: &mut Vec<u8>) {
-        let mut b = itoa::Buffer::new();
-        out.reserve(80);
-        out.extend_from_slice(b"ratelimit-limit: ");
-        out.extend_from_slice(b.format(self.limit).as_bytes());
-        out.extend_from_slice(b"\r\nratelimit-remaining: ");
-        out.extend_from_slice(b.format(self.remaining).as_bytes());
-        out.extend_from_slice(b"\r\nratelimit-reset: ");
-        out.extend_from_slice(b.format(self.reset).as_bytes());
-        out.extend_from_slice(b"\r\n");
+        out.extend_from_slice(&self.lead);
+        let mut buf = [0u8; TAIL_MAX];
+        let mut at = put_u32(&mut buf, 0, self.remaining);
+        at = put(&mut buf, at, b"\r\nratelimit-reset: ");
+        at = put_u32(&mut buf, at, self.reset);
+        at = put(&mut buf, at, b"\r\n");
+        out.extend_from_slice(&buf[..at]);
     }
+}
+
+/// The longest the fields' end can be: `RateLimit-Reset`'s name, two line ends and two
+/// numbers of up to 10 digits.
+const TAIL_MAX: usize = 19 + 2 + 2 * 10;
+
+/// Copies `s` into `buf` at `at`; where it ends.
+#[inline(always)]
+fn put<const N: usize>(buf: &mut [u8; TAIL_MAX], at: usize, s: &[u8; N]) -> usize {
+    buf[at..at + N].copy_from_slice(s);
+    at + N
+}
+
+/// Two decimal digits of each number under 100, in order.
+const DIGIT_PAIRS: &[u8; 200] = b"\
+    0001020304050607080910111213141516171819\
+    2021222324252627282930313233343536373839\
+    4041424344454647484950515253545556575859\
+    6061626364656667686970717273747576777879\
+    8081828384858687888990919293949596979899";
+
+/// Writes `v` in decimal into `buf` at `at`, in place (two digits at a time, from the
+/// end); where it ends.
+#[inline(always)]
+fn put_u32(buf: &mut [u8; TAIL_MAX], at: usize, mut v: u32) -> usize {
+    // Remaining requests and seconds are mostly small: counted without a logarithm.
+    let len = match v {
+        0..=9 => 1,
+        10..=99 => 2,
+        100..=999 => 3,
+        1000..=9999 => 4,
+        _ => v.ilog10() as usize + 1,
+    };
+    let end = at + len;
+    let mut i = end;
+    while v >= 10 {
+        let pair = (v % 100) as usize * 2;
+        v /= 100;
+        i -= 2;
+        buf[i..i + 2].copy_from_slice(&DIGIT_PAIRS[pair..pair + 2]);
+    }
+    if i > at {
+        buf[at] = b'0' + v as u8;
+    }
+    end
 }
 
 impl ResponseHead {
@@ -296,6 +343,7 @@ mod tests {
     fn rate_limit_fields_are_written_whole() {
         let mut out = Vec::new();
         let f = RateLimitFields {
+            lead: crate::rate_limit::fields_lead(4_000_000_000),
             limit: 4_000_000_000,
             remaining: 0,
             reset: 17,
@@ -305,6 +353,34 @@ mod tests {
             out,
             b"ratelimit-limit: 4000000000\r\nratelimit-remaining: 0\r\nratelimit-reset: 17\r\n"
         );
+        for n in [
+            1,
+            9,
+            10,
+            99,
+            100,
+            101,
+            999,
+            1000,
+            65_535,
+            123_456_789,
+            u32::MAX,
+        ] {
+            let mut out = Vec::new();
+            let f = RateLimitFields {
+                lead: crate::rate_limit::fields_lead(n),
+                limit: n,
+                remaining: n / 3,
+                reset: n % 97,
+            };
+            f.write(&mut out);
+            let want = format!(
+                "ratelimit-limit: {n}\r\nratelimit-remaining: {}\r\nratelimit-reset: {}\r\n",
+                n / 3,
+                n % 97
+            );
+            assert_eq!(String::from_utf8(out).unwrap(), want);
+        }
     }
     use bytes::Bytes;
 

@@ -772,11 +772,11 @@ impl Proxy {
     }
 
     /// A backend's answer, through the route's response policies.
-    fn on_answer(&self, req: &Outgoing<'_>, mut r: ProxyResponse) -> ProxyResponse {
+    fn on_answer(&self, req: &mut Outgoing<'_>, mut r: ProxyResponse) -> ProxyResponse {
         let Some(p) = &req.policies else {
             return r;
         };
-        r.head.rate_limit = req.limit;
+        r.head.rate_limit = req.limit.take();
         if let Some(edits) = &p.spec.response_headers {
             let vars = policy::Vars {
                 client_ip: req.client_ip.unwrap_or_else(|| req.peer.addr.ip()),
@@ -824,21 +824,29 @@ impl Proxy {
         let v = limiter.check(key, now);
         if !v.allowed {
             p.limited.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            return Err(Box::new(policy::too_many(limiter.limit, v)));
+            return Err(Box::new(policy::too_many(limiter, v)));
         }
         Ok(Policed {
             client_ip: ip,
-            limit: Some(policy::rate_fields(limiter.limit, v)),
+            limit: Some(policy::rate_fields(limiter, v)),
             coding,
         })
     }
 
     /// The client's IP, `--trusted-proxies` honoured. From an untrusted peer it is the
     /// peer's address, and no field is read.
+    #[inline(always)]
     fn client_ip(&self, head: &mut RequestHead, peer: &Peer, trusted: bool) -> std::net::IpAddr {
-        if !trusted {
-            return peer.addr.ip().to_canonical();
+        match (trusted, peer.addr) {
+            (false, SocketAddr::V4(a)) => std::net::IpAddr::V4(*a.ip()),
+            (false, SocketAddr::V6(a)) => a.ip().to_canonical(),
+            (true, _) => self.forwarded_client_ip(head, peer),
         }
+    }
+
+    /// The client's IP as a trusted peer's forwarding fields give it.
+    #[inline(never)]
+    fn forwarded_client_ip(&self, head: &mut RequestHead, peer: &Peer) -> std::net::IpAddr {
         head.make_map();
         match &head.fields {
             RequestFields::Map(m) => {

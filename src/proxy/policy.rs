@@ -14,7 +14,7 @@ use xxhash_rust::xxh3::xxh3_64;
 use crate::basic_auth::{Check, Gate};
 use crate::compress::Coding;
 use crate::config::policy::{HeaderEdits, LocationPart, Part, Redirect, Template};
-use crate::rate_limit::Verdict;
+use crate::rate_limit::{RateLimiter, Verdict};
 
 /// What a policy's `{…}` stand for, for one request.
 pub(super) struct Vars<'a> {
@@ -41,9 +41,10 @@ pub(super) fn edit(map: &mut HeaderMap, edits: &HeaderEdits, vars: &Vars<'_>) {
 /// The rate limit's fields of an answer: `RateLimit-Limit` (the configured rate),
 /// `RateLimit-Remaining` (requests the key may still send at once) and
 /// `RateLimit-Reset` (seconds until its allowance is whole again).
-pub(super) fn rate_fields(limit: u32, v: Verdict) -> RateLimitFields {
+pub(super) fn rate_fields(limiter: &RateLimiter, v: Verdict) -> RateLimitFields {
     RateLimitFields {
-        limit,
+        lead: std::sync::Arc::clone(&limiter.lead),
+        limit: limiter.limit,
         remaining: v.remaining,
         reset: v.reset_s.min(u64::from(u32::MAX)) as u32,
     }
@@ -51,10 +52,10 @@ pub(super) fn rate_fields(limit: u32, v: Verdict) -> RateLimitFields {
 
 /// The answer to a request over its route's rate limit: `429`, `Retry-After` in whole
 /// seconds (at least 1) and the `RateLimit-*` fields.
-pub(super) fn too_many(limit: u32, v: Verdict) -> ProxyResponse {
+pub(super) fn too_many(limiter: &RateLimiter, v: Verdict) -> ProxyResponse {
     let mut r = ProxyResponse::own(StatusCode::TOO_MANY_REQUESTS, "too many requests\n")
         .with_field(header::RETRY_AFTER, HeaderValue::from(v.retry_after_s));
-    r.head.rate_limit = Some(rate_fields(limit, v));
+    r.head.rate_limit = Some(rate_fields(limiter, v));
     r
 }
 
@@ -121,7 +122,11 @@ pub(super) async fn authorize(gate: &Gate, head: &RequestHead) -> Result<(), Pro
 /// A rate limit's key for a client IP.
 pub(super) fn ip_key(ip: IpAddr) -> u64 {
     match ip {
-        IpAddr::V4(a) => xxh3_64(&a.octets()),
+        // One wide multiply spreads an IPv4 address's bits as well as a hash would.
+        IpAddr::V4(a) => {
+            let m = u128::from(u32::from(a)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            (m as u64) ^ ((m >> 64) as u64)
+        }
         IpAddr::V6(a) => xxh3_64(&a.octets()),
     }
 }
