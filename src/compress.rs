@@ -133,9 +133,15 @@ impl Encoder {
         let out = Vec::new();
         match coding {
             Coding::Zstd => {
-                let window = async_compression::zstd::CParameter::window_log(WINDOW_LOG);
+                use async_compression::zstd::CParameter;
+                // Level 3's tables sized down with its window (`docs/policies.md`).
+                let params = [
+                    CParameter::window_log(WINDOW_LOG),
+                    CParameter::hash_log(WINDOW_LOG - 2),
+                    CParameter::chain_log(WINDOW_LOG - 2),
+                ];
                 let level = Level::Precise(ZSTD_LEVEL);
-                Encoder::Zstd(ZstdEncoder::with_quality_and_params(out, level, &[window]))
+                Encoder::Zstd(ZstdEncoder::with_quality_and_params(out, level, &params))
             }
             Coding::Br => {
                 let params = async_compression::brotli::EncoderParams::default()
@@ -245,7 +251,11 @@ where
                     this.unflushed |= !data.is_empty();
                     enc.take()
                 }
-                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
+                Poll::Ready(Some(Err(e))) => {
+                    // Cut: the stream is never finished as if whole.
+                    this.encoder = None;
+                    return Poll::Ready(Some(Err(e)));
+                }
                 Poll::Ready(None) => {
                     enc.flush(cx, true)?;
                     let last = enc.take();

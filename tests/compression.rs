@@ -64,11 +64,21 @@ fn serve(conn: TcpStream, go: &AtomicBool) {
             parts.next().unwrap_or("").to_string(),
             parts.next().unwrap_or("").to_string(),
         );
+        let mut length = 0;
         loop {
             let mut h = String::new();
             if reader.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
                 break;
             }
+            if let Some((n, v)) = h.split_once(':') {
+                if n.eq_ignore_ascii_case("content-length") {
+                    length = v.trim().parse().unwrap_or(0);
+                }
+            }
+        }
+        let mut body = vec![0u8; length];
+        if reader.read_exact(&mut body).is_err() {
+            return;
         }
         let path = path.rsplit('/').next().unwrap_or("").to_string();
         let head_only = method == "HEAD";
@@ -93,6 +103,25 @@ fn serve(conn: TcpStream, go: &AtomicBool) {
             "photo.png" => fixed("image/png", "", &[7u8; 4096]),
             "module.wasm" => fixed("application/wasm", "", &[0u8; 4096]),
             "encoded.txt" => fixed("text/plain", "content-encoding: gzip\r\n", &[b'x'; 4096]),
+            "kept2.txt" => fixed(
+                "text/plain",
+                "cache-control: public\r\ncache-control: no-transform\r\n",
+                &[b'k'; 4096],
+            ),
+            "described.txt" => fixed(
+                "text/plain",
+                "vary: Origin\r\netag: W/\"w1\"\r\ncontent-digest: sha-256=:AAAA:\r\n",
+                &[b'd'; 4096],
+            ),
+            "broken.txt" => {
+                // Promises 8 000 bytes, sends 3 000, and hangs up.
+                let mut r =
+                    b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 8000\r\n\r\n"
+                        .to_vec();
+                r.extend_from_slice(&[b'b'; 3000]);
+                let _ = out.write_all(&r);
+                return;
+            }
             "kept.txt" => fixed(
                 "text/plain",
                 "cache-control: public, no-transform\r\n",
@@ -155,10 +184,24 @@ impl Fetched {
             .find(|(n, _)| n == name)
             .map(|(_, v)| v.as_str())
     }
+
+    /// Every value of `name`, its lines joined as a list.
+    fn list(&self, name: &str) -> String {
+        let values: Vec<&str> = (self.fields.iter())
+            .filter(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+            .collect();
+        values.join(", ")
+    }
 }
 
 /// curl, with the fields given and without decoding anything.
 fn curl(url: &str, extra: &[&str]) -> Fetched {
+    curl_status(url, extra).1
+}
+
+/// curl's exit status (0: a whole answer) and what it got.
+fn curl_status(url: &str, extra: &[&str]) -> (Option<i32>, Fetched) {
     let out = Command::new("curl")
         .args(["-s", "-i", "--max-time", "10"])
         .args(extra)
@@ -184,11 +227,12 @@ fn curl(url: &str, extra: &[&str]) -> Fetched {
         .filter_map(|l| l.split_once(':'))
         .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
         .collect();
-    Fetched {
+    let got = Fetched {
         status,
         fields,
         body: raw[split + 4..].to_vec(),
-    }
+    };
+    (out.status.code(), got)
 }
 
 /// `body` through the reference decoder of `coding`.
@@ -334,6 +378,45 @@ fn answers_not_worth_compressing_are_left_as_they_are() {
     let r = curl(&f.url("/c/encoded.txt"), &all);
     assert_eq!(r.field("content-encoding"), Some("gzip"));
     assert_eq!(r.body, vec![b'x'; 4096]);
+    // A second Cache-Control line counts as much as the first.
+    let r = curl(&f.url("/c/kept2.txt"), &all);
+    assert_eq!(
+        r.field("content-encoding"),
+        None,
+        "no-transform on the second line"
+    );
+    // Vary is added to, a weak ETag stays as it is, a digest of the backend's bytes goes.
+    let r = curl(&f.url("/c/described.txt"), &all);
+    assert_eq!(r.field("content-encoding"), Some("zstd"));
+    assert_eq!(
+        r.list("vary").to_ascii_lowercase(),
+        "origin, accept-encoding"
+    );
+    assert_eq!(r.field("etag"), Some("W/\"w1\""));
+    assert_eq!(r.field("content-digest"), None);
+    assert_eq!(decode("zstd", &r.body), vec![b'd'; 4096]);
+    // Several Accept-Encoding lines are one list.
+    let r = curl(
+        &f.url("/c/big.json"),
+        &[
+            "-H",
+            "Accept-Encoding: gzip;q=0.5",
+            "-H",
+            "Accept-Encoding: br",
+        ],
+    );
+    assert_eq!(r.field("content-encoding"), Some("br"));
+    // A POST goes through hyper's server rather than the fast path: compressed the same.
+    let r = curl(
+        &f.url("/c/big.json"),
+        &["-H", "Accept-Encoding: gzip", "--data-binary", "x"],
+    );
+    assert_eq!(r.field("content-encoding"), Some("gzip"));
+    assert_eq!(decode("gzip", &r.body), big_json());
+    // A backend that breaks off mid-body: the client sees the cut, never a whole stream.
+    let (code, r) = curl_status(&f.url("/c/broken.txt"), &all);
+    assert_eq!(r.field("content-encoding"), Some("zstd"));
+    assert_ne!(code, Some(0), "curl must see the answer cut");
     // A HEAD answer keeps the GET's length and says it varies.
     let r = curl(
         &f.url("/c/big.json"),

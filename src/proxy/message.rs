@@ -84,6 +84,17 @@ impl RequestHead {
         }
     }
 
+    /// Whether any field named `name` has a value `pred` holds for (every line of a
+    /// list-valued field).
+    pub(crate) fn any_value(&self, name: &HeaderName, mut pred: impl FnMut(&[u8]) -> bool) -> bool {
+        match &self.fields {
+            RequestFields::Map(m) => m.get_all(name).iter().any(|v| pred(v.as_bytes())),
+            RequestFields::Spans(f) => f
+                .iter()
+                .any(|(n, v)| n.eq_ignore_ascii_case(name.as_str().as_bytes()) && pred(v)),
+        }
+    }
+
     /// Whether the first field named `name` has exactly `value` (a route's header
     /// condition).
     pub(crate) fn has_field(&self, name: &HeaderName, value: &[u8]) -> bool {
@@ -269,6 +280,17 @@ impl ResponseHead {
         };
         edit(&mut map);
         self.fields = ResponseFields::Map(map);
+    }
+
+    /// Whether any field named `name` has a value `pred` holds for (every line of a
+    /// list-valued field).
+    pub(crate) fn any_value(&self, name: &HeaderName, mut pred: impl FnMut(&[u8]) -> bool) -> bool {
+        match &self.fields {
+            ResponseFields::Map(m) => m.get_all(name).iter().any(|v| pred(v.as_bytes())),
+            ResponseFields::Wire(f) => f
+                .iter()
+                .any(|(n, v)| n.eq_ignore_ascii_case(name.as_str().as_bytes()) && pred(v)),
+        }
     }
 
     /// The value of the first field named `name` (`Content-Length` included): the one

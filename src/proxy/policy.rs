@@ -157,8 +157,16 @@ pub(super) fn coding(head: &RequestHead, offered: &[Coding]) -> Option<Coding> {
     if head.method == http::Method::HEAD {
         return None;
     }
-    let accept = head.field(&header::ACCEPT_ENCODING)?;
-    crate::compress::negotiate(accept.as_bytes(), offered)
+    // Every line of the list, as one (RFC 9110 §5.3).
+    let mut accept = Vec::new();
+    head.any_value(&header::ACCEPT_ENCODING, |v| {
+        if !accept.is_empty() {
+            accept.push(b',');
+        }
+        accept.extend_from_slice(v);
+        false
+    });
+    crate::compress::negotiate(&accept, offered)
 }
 
 /// Answers shorter than this are not worth compressing (nginx's `gzip_min_length`).
@@ -181,15 +189,17 @@ pub(super) fn compress(r: &mut ProxyResponse, coding: Option<Coding>, extra: &[S
         && (head.field(&header::CONTENT_LENGTH))
             .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok())
             .is_none_or(|n| n >= MIN_COMPRESSED)
-        && !(head.field(&header::CACHE_CONTROL)).is_some_and(|v| no_transform(v.as_bytes()));
+        && !head.any_value(&header::CACHE_CONTROL, no_transform);
     if !compressible {
         return;
     }
     r.head.edit_fields(|map| {
         add_vary(map);
         if let Some(c) = coding {
-            map.remove(header::CONTENT_LENGTH);
-            map.remove(header::ACCEPT_RANGES);
+            // What described the backend's bytes does not describe these.
+            for name in DESCRIBE_BYTES {
+                map.remove(name);
+            }
             map.insert(header::CONTENT_ENCODING, HeaderValue::from_static(c.name()));
             weaken_etag(map);
         }
@@ -199,6 +209,18 @@ pub(super) fn compress(r: &mut ProxyResponse, coding: Option<Coding>, extra: &[S
         r.body = body.compressed(c);
     }
 }
+
+/// The fields a compressed answer loses: its length, ranges, digests of the backend's
+/// bytes, and the trailers it announced (a compressed body drops them).
+const DESCRIBE_BYTES: [&str; 7] = [
+    "content-length",
+    "accept-ranges",
+    "content-md5",
+    "digest",
+    "content-digest",
+    "repr-digest",
+    "trailer",
+];
 
 /// Whether a `Cache-Control` value holds `no-transform` (RFC 9111 §5.2.2.6).
 fn no_transform(v: &[u8]) -> bool {
