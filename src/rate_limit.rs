@@ -166,6 +166,12 @@ impl Shard {
 
     /// The slot of `key`, made the newest: found, new, or the oldest's taken over.
     fn slot(&mut self, key: u64) -> usize {
+        // The key seen last on this shard (a busy client, or a route's one key) is
+        // found without the table, and is the newest already.
+        let newest = self.newest as usize;
+        if self.slots.get(newest).is_some_and(|s| s.key == key) {
+            return newest;
+        }
         if let Some(&i) = self.map.get(&key) {
             self.unlink(i);
             self.push_newest(i);
