@@ -34,6 +34,24 @@ enum Command {
     Check(CheckArgs),
     /// Compare the strategies on one scripted workload (docs/lab.md).
     Lab(LabArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(CompletionsArgs),
+    /// Print the man page (roff) of fulcrum and every subcommand.
+    Manpage,
+}
+
+#[derive(Args, Debug)]
+struct CompletionsArgs {
+    /// The shell to complete in.
+    #[arg(value_name = "SHELL")]
+    shell: clap_complete::Shell,
+}
+
+/// The whole command line's definition, as clap has it (for the man page and the
+/// completions, made from it so they cannot disagree with it).
+pub(crate) fn command() -> clap::Command {
+    use clap::CommandFactory;
+    Cli::command()
 }
 
 #[derive(Args, Debug)]
@@ -120,6 +138,7 @@ impl Args for ServeArgs {
                 Arg::new(o.key)
                     .long(long)
                     .value_name(o.value_name)
+                    .value_parser(crate::manual::Offered::for_option(o.key))
                     .help(o.help_line()),
             );
             if o.key == "admin" {
@@ -270,6 +289,8 @@ pub fn main() -> i32 {
         Command::Backend(args) => backend(args),
         Command::Demo(args) => demo(args),
         Command::Lab(args) => lab(args),
+        Command::Completions(args) => crate::manual::completions(args.shell),
+        Command::Manpage => crate::manual::manpage(),
     }
 }
 

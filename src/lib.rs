@@ -33,6 +33,7 @@ pub(crate) mod lab_run;
 pub(crate) mod listeners;
 pub(crate) mod liveness;
 pub(crate) mod logging;
+pub(crate) mod manual;
 pub(crate) mod metrics;
 pub mod pool;
 pub(crate) mod proxy;
