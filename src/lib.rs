@@ -35,6 +35,7 @@ pub(crate) mod liveness;
 pub(crate) mod logging;
 pub(crate) mod manual;
 pub(crate) mod metrics;
+pub(crate) mod notify;
 pub mod pool;
 pub(crate) mod proxy;
 pub(crate) mod proxy_protocol;

@@ -109,11 +109,20 @@ impl Reloader {
             .collect()
     }
 
-    /// Reloads; on error nothing has changed.
+    /// Reloads; on error nothing has changed. systemd hears of it when it runs under
+    /// it: reloading, then ready again, whatever the outcome.
     pub(crate) fn reload(&self) -> Result<Report, ReloadError> {
         if self.flags.config.is_none() {
             return Err(ReloadError::NoConfigFile);
         }
+        crate::notify::reloading();
+        let r = self.apply();
+        crate::notify::ready();
+        r
+    }
+
+    /// Reads the file again and applies it.
+    fn apply(&self) -> Result<Report, ReloadError> {
         let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
         let next = config::build(&self.flags).map_err(|errors| {
             ReloadError::Invalid(

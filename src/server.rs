@@ -63,6 +63,7 @@ async fn worker(
     proxy: &'static Proxy,
     slots: Arc<Semaphore>,
     stop: Stopping,
+    pulse: (crate::notify::Pulses, usize),
 ) {
     let listener = match TcpListener::from_std(listener) {
         Ok(l) => l,
@@ -105,6 +106,7 @@ async fn worker(
     loop {
         tokio::select! {
             _ = heartbeat.tick() => {
+                pulse.0.beat(pulse.1);
                 crate::logging::flush_this_thread();
                 beats = beats.wrapping_add(1);
                 if beats % SWEEP_EVERY_BEATS == 0 {
@@ -666,6 +668,10 @@ impl Running {
     /// to them finish first; the admin thread, which supervises them, ends last.
     pub(crate) fn stop(mut self) {
         let handed_over = *self.upgraded.borrow();
+        // After a hand-over the new process is the service: it is not stopping.
+        if !handed_over {
+            crate::notify::stopping();
+        }
         self.stopping.stop(&self.shutdown, handed_over);
         let admin = self.threads.pop();
         for t in self.threads {
@@ -694,6 +700,7 @@ fn spawn_workers(
     proxy_settings: ProxySettings,
     caps: ConnectionCaps,
     stop: &Stopping,
+    pulses: &crate::notify::Pulses,
 ) -> Result<Vec<std::thread::JoinHandle<()>>, String> {
     let slots = Arc::new(Semaphore::new(caps.proxy.min(Semaphore::MAX_PERMITS)));
     descriptors::set_limit(caps.descriptors);
@@ -708,6 +715,7 @@ fn spawn_workers(
         let inf = Arc::clone(&in_flight);
         let stop = stop.clone();
         let slots = Arc::clone(&slots);
+        let pulse = (pulses.clone(), i);
         let t = std::thread::Builder::new()
             .name(format!("fulcrum-worker-{i}"))
             .spawn(move || {
@@ -716,7 +724,7 @@ fn spawn_workers(
                 let proxy: &'static Proxy =
                     rt.block_on(async move { Box::leak(Box::new(Proxy::new(site, ps, inf))) });
                 crate::logging::batch_this_thread();
-                rt.block_on(worker(l, h, proxy, slots, stop));
+                rt.block_on(worker(l, h, proxy, slots, stop, pulse));
                 proxy.close_idle();
                 // Connections still open after the drain end with the runtime; their
                 // access log lines go into the batch, so flush after it.
@@ -829,6 +837,12 @@ pub(crate) fn start(
     if let Some(h) = handover {
         running.admin_rt.spawn(h.run(upgraded_tx, stop_rx));
     }
+    // Serving the real configuration now, on every listener (`docs/install.md`).
+    if flags.upgrade {
+        crate::notify::ready_after_upgrade();
+    } else {
+        crate::notify::ready();
+    }
     Ok(running)
 }
 
@@ -887,6 +901,7 @@ fn launch(
     }
     wait_for_discovery(&site);
     let stopping = Stopping::new(rx.clone());
+    let pulses = crate::notify::Pulses::new(listeners.proxy.len());
     let mut threads = spawn_workers(
         listeners.proxy,
         https,
@@ -894,9 +909,11 @@ fn launch(
         proxy_settings,
         caps,
         &stopping,
+        &pulses,
     )?;
     threads.push(admin_thread);
     ready_tx.send_replace(true);
+    admin_rt.spawn(crate::notify::watchdog(pulses, rx.clone()));
     let (upgraded_tx, upgraded) = watch::channel(false);
     tracing::info!("proxy listening on {listen}");
     if let Some(addr) = tls_listen {

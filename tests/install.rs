@@ -4,6 +4,7 @@
 mod common;
 
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use common::*;
 
@@ -145,5 +146,152 @@ fn a_strategy_alias_is_still_taken_and_a_bad_one_refused_by_the_table() {
     assert!(
         err.contains("fastest") && err.contains("round_robin"),
         "{err}"
+    );
+}
+
+/// A stand-in for systemd's notification socket: a Unix datagram socket the test reads.
+struct Manager {
+    sock: std::os::unix::net::UnixDatagram,
+    path: std::path::PathBuf,
+}
+
+impl Manager {
+    fn new(tag: &str) -> Manager {
+        let dir = std::env::temp_dir().join(format!("fulcrum-notify-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("notify.sock");
+        let sock = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+        Manager { sock, path }
+    }
+
+    /// The next message but the watchdog's keep-alives (counted in `keepalives`), or
+    /// `None` after `limit`.
+    fn next(&self, limit: Duration, keepalives: &mut u32) -> Option<String> {
+        let start = std::time::Instant::now();
+        let mut buf = [0u8; 4096];
+        while start.elapsed() < limit {
+            self.sock
+                .set_read_timeout(Some(Duration::from_millis(100)))
+                .unwrap();
+            let Ok(n) = self.sock.recv(&mut buf) else {
+                continue;
+            };
+            let text = String::from_utf8_lossy(&buf[..n]).trim().to_string();
+            if text == "WATCHDOG=1" {
+                *keepalives += 1;
+                continue;
+            }
+            return Some(text);
+        }
+        None
+    }
+}
+
+#[test]
+fn systemd_hears_ready_once_serving_then_each_reload_and_the_stop() {
+    let backend = TestBackend::start("A");
+    let manager = Manager::new("cycle");
+    let cfg = config_file(
+        "install",
+        "notify",
+        &format!("[[backends]]\nurl = \"{}\"\n", backend.url()),
+    );
+    let env = [
+        ("NOTIFY_SOCKET", manager.path.to_str().unwrap()),
+        ("WATCHDOG_USEC", "600000"),
+    ];
+    let mut f = Fulcrum::start_env(
+        &["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"],
+        &["--config", cfg.to_str().unwrap(), "--workers", "2"],
+        &env,
+    );
+    let mut keepalives = 0;
+    let first = manager.next(Duration::from_secs(5), &mut keepalives);
+    assert_eq!(first.as_deref(), Some("READY=1"), "{}", f.log());
+    // Ready means serving: a request is answered at once.
+    assert_eq!(
+        raw_exchange(
+            f.proxy,
+            b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+            Duration::from_secs(5)
+        )
+        .lines()
+        .next(),
+        Some("HTTP/1.1 200 OK")
+    );
+    f.signal("HUP");
+    let reloading = manager
+        .next(Duration::from_secs(5), &mut keepalives)
+        .unwrap_or_default();
+    let mut lines = reloading.lines();
+    assert_eq!(lines.next(), Some("RELOADING=1"), "{reloading}");
+    let usec: u64 = lines
+        .next()
+        .and_then(|l| l.strip_prefix("MONOTONIC_USEC="))
+        .and_then(|v| v.parse().ok())
+        .expect("MONOTONIC_USEC");
+    assert!(usec > 0);
+    assert_eq!(
+        manager
+            .next(Duration::from_secs(5), &mut keepalives)
+            .as_deref(),
+        Some("READY=1")
+    );
+    // The watchdog's keep-alive every half of WATCHDOG_USEC while the workers beat.
+    let mut idle = 0;
+    assert_eq!(manager.next(Duration::from_millis(1500), &mut idle), None);
+    assert!(
+        idle >= 2,
+        "{idle} keep-alives in 1.5 s with a 600 ms watchdog"
+    );
+    f.signal("TERM");
+    assert_eq!(
+        manager
+            .next(Duration::from_secs(5), &mut keepalives)
+            .as_deref(),
+        Some("STOPPING=1")
+    );
+    assert!(f.wait_exit(Duration::from_secs(15)).is_some());
+}
+
+#[test]
+fn after_an_upgrade_the_new_process_is_the_main_one() {
+    let backend = TestBackend::start("A");
+    let manager = Manager::new("upgrade");
+    let sock = manager.path.with_file_name("upgrade.sock");
+    let args = [
+        "--backend",
+        &backend.spec(),
+        "--upgrade-socket",
+        sock.to_str().unwrap(),
+    ];
+    let env = [("NOTIFY_SOCKET", manager.path.to_str().unwrap())];
+    let base = ["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"];
+    let mut old = Fulcrum::start_env(&base, &args, &env);
+    let mut none = 0;
+    assert_eq!(
+        manager.next(Duration::from_secs(5), &mut none).as_deref(),
+        Some("READY=1")
+    );
+    let port = old.proxy.port().to_string();
+    let admin = old.admin.port().to_string();
+    let listen = format!("127.0.0.1:{port}");
+    let admin_at = format!("127.0.0.1:{admin}");
+    let new_base = ["serve", "--listen", &listen, "--admin", &admin_at];
+    let mut upgraded_args = args.to_vec();
+    upgraded_args.push("--upgrade");
+    let mut new = Fulcrum::start_env(&new_base, &upgraded_args, &env);
+    let said = manager
+        .next(Duration::from_secs(10), &mut none)
+        .unwrap_or_default();
+    assert_eq!(said, format!("MAINPID={}\nREADY=1", new.child.id()));
+    // The old process drains and goes without saying the service stops.
+    assert!(old.wait_exit(Duration::from_secs(15)).is_some());
+    assert_eq!(manager.next(Duration::from_millis(500), &mut none), None);
+    new.signal("TERM");
+    assert_eq!(
+        manager.next(Duration::from_secs(5), &mut none).as_deref(),
+        Some("STOPPING=1")
     );
 }
