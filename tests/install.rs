@@ -281,7 +281,7 @@ fn after_an_upgrade_the_new_process_is_the_main_one() {
     let new_base = ["serve", "--listen", &listen, "--admin", &admin_at];
     let mut upgraded_args = args.to_vec();
     upgraded_args.push("--upgrade");
-    let mut new = Fulcrum::start_env(&new_base, &upgraded_args, &env);
+    let new = Fulcrum::start_env(&new_base, &upgraded_args, &env);
     let said = manager
         .next(Duration::from_secs(10), &mut none)
         .unwrap_or_default();
