@@ -806,6 +806,9 @@ pub(crate) fn start(
     settings: &Settings,
     flags: &crate::config::RawFlags,
 ) -> Result<Running, String> {
+    if let crate::config::AccessLog::File(path) = &settings.access_log {
+        crate::logging::access_to_file(path)?;
+    }
     let caps = ConnectionCaps::new(raise_fd_limit(), settings.max_connections);
     let (listeners, successor) = open_listeners(settings, flags.upgrade)?;
     // Second descriptors of the listening sockets, to hand over later.
@@ -1169,13 +1172,14 @@ fn same_address(
     }
 }
 
-/// SIGTERM/SIGINT/SIGHUP handlers, installed before anything listens so that a stop
+/// SIGTERM/SIGINT/SIGHUP/SIGUSR1 handlers, installed before anything listens so that a stop
 /// signal arriving early still drains instead of killing the process.
 pub(crate) struct Signals {
     rt: tokio::runtime::Runtime,
     term: tokio::signal::unix::Signal,
     int: tokio::signal::unix::Signal,
     hup: tokio::signal::unix::Signal,
+    usr1: tokio::signal::unix::Signal,
 }
 
 impl Signals {
@@ -1183,18 +1187,26 @@ impl Signals {
     pub(crate) fn install() -> std::io::Result<Signals> {
         use tokio::signal::unix::{signal, SignalKind};
         let rt = runtime()?;
-        let (term, int, hup) = rt.block_on(async {
+        let (term, int, hup, usr1) = rt.block_on(async {
             Ok::<_, std::io::Error>((
                 signal(SignalKind::terminate())?,
                 signal(SignalKind::interrupt())?,
                 signal(SignalKind::hangup())?,
+                signal(SignalKind::user_defined1())?,
             ))
         })?;
-        Ok(Signals { rt, term, int, hup })
+        Ok(Signals {
+            rt,
+            term,
+            int,
+            hup,
+            usr1,
+        })
     }
 
     /// Blocks until SIGTERM or SIGINT, or until a new process has taken the sockets
-    /// over (`upgraded`); SIGHUP calls `on_hup` (the config reload).
+    /// over (`upgraded`); SIGHUP calls `on_hup` (the config reload), SIGUSR1 reopens the
+    /// access log's file.
     pub(crate) fn wait(mut self, on_hup: impl Fn(), mut upgraded: watch::Receiver<bool>) {
         self.rt.block_on(async {
             // No upgrade socket: the sender is gone at once, and that is no hand-over.
@@ -1213,6 +1225,10 @@ impl Signals {
                         tracing::info!("SIGHUP: reloading the configuration");
                         on_hup();
                     }
+                    _ = self.usr1.recv() => match crate::logging::reopen_access_file() {
+                        Ok(()) => tracing::info!("SIGUSR1: access log reopened"),
+                        Err(e) => tracing::error!("SIGUSR1: {e}"),
+                    },
                 }
             }
         });

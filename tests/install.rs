@@ -23,6 +23,7 @@ fn stdout_of(args: &[&str]) -> String {
 fn flags_of(sub: &str) -> Vec<String> {
     stdout_of(&[sub, "--help"])
         .lines()
+        .filter(|l| l.trim_start().starts_with('-'))
         .filter_map(|l| {
             l.trim_start()
                 .split([' ', ',', '='])
@@ -294,4 +295,146 @@ fn after_an_upgrade_the_new_process_is_the_main_one() {
         manager.next(Duration::from_secs(5), &mut none).as_deref(),
         Some("STOPPING=1")
     );
+}
+
+/// The lines of the files at `paths` (missing ones count for none).
+fn lines_of(paths: &[&std::path::Path]) -> Vec<String> {
+    paths
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .flat_map(|t| {
+            assert!(t.is_empty() || t.ends_with('\n'), "a line cut at the end");
+            t.lines().map(str::to_string).collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// Whether `line` is a whole combined-format line for a request of the load.
+fn is_combined(line: &str) -> bool {
+    let Some((client, rest)) = line.split_once(" - - [") else {
+        return false;
+    };
+    let Some((time, rest)) = rest.split_once("] \"") else {
+        return false;
+    };
+    client == "127.0.0.1"
+        && time.ends_with(" +0000")
+        && (rest.starts_with("GET /") || rest.starts_with("POST /"))
+        && rest.contains(" HTTP/1.1\" 200 ")
+        && rest.ends_with('"')
+}
+
+#[test]
+fn a_rotation_under_load_loses_and_splits_no_access_log_line() {
+    let backend = TestBackend::start("A");
+    let dir = std::env::temp_dir().join(format!("fulcrum-accesslog-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("access.log");
+    let rotated = dir.join("access.log.1");
+    let mut f = Fulcrum::over(
+        &[&backend],
+        &[
+            "--access-log",
+            log.to_str().unwrap(),
+            "--access-log-format",
+            "combined",
+            "--workers",
+            "2",
+        ],
+    );
+    let load = Load::start(f.proxy, 4, 5);
+    std::thread::sleep(Duration::from_millis(700));
+    // What logrotate does: move the file, then tell the process.
+    std::fs::rename(&log, &rotated).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    f.signal("USR1");
+    std::thread::sleep(Duration::from_millis(700));
+    let (ok, failures) = load.finish();
+    assert!(failures.is_empty(), "{failures:?}");
+    f.signal("TERM");
+    assert!(f.wait_exit(Duration::from_secs(15)).is_some());
+    let before = lines_of(&[&rotated]);
+    let after = lines_of(&[&log]);
+    assert!(
+        !before.is_empty() && !after.is_empty(),
+        "{} then {}",
+        before.len(),
+        after.len()
+    );
+    let all: Vec<&String> = before.iter().chain(&after).collect();
+    assert_eq!(all.len() as u64, ok, "every request has its one line");
+    for line in all {
+        assert!(is_combined(line), "not a whole combined line: {line:?}");
+    }
+    assert!(
+        f.log().contains("SIGUSR1: access log reopened"),
+        "{}",
+        f.log()
+    );
+}
+
+#[test]
+fn an_unwritable_access_log_is_refused_and_a_failed_reopen_keeps_the_old_file() {
+    for (path, why) in [
+        ("/no/such/dir/access.log", "no directory"),
+        ("/proc/fulcrum-access.log", "cannot write"),
+    ] {
+        let (status, _, err) = run_fulcrum(&[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
+            "--backend",
+            "http://127.0.0.1:1",
+            "--access-log",
+            path,
+        ]);
+        assert_eq!(status.code(), Some(2), "{path}: {err}");
+        assert!(err.contains(path) && err.contains(why), "{path}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+    }
+    // The directory goes away: the reopen fails, and lines go on to the old file.
+    let backend = TestBackend::start("A");
+    let root = std::env::temp_dir().join(format!("fulcrum-reopen-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let dir = root.join("logs");
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("access.log");
+    let mut f = Fulcrum::over(
+        &[&backend],
+        &[
+            "--access-log",
+            log.to_str().unwrap(),
+            "--access-log-format",
+            "json",
+        ],
+    );
+    let get = |f: &Fulcrum| {
+        raw_exchange(
+            f.proxy,
+            b"GET /one HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+            Duration::from_secs(5),
+        )
+    };
+    assert!(get(&f).starts_with("HTTP/1.1 200"));
+    let moved = root.join("elsewhere");
+    std::fs::rename(&dir, &moved).unwrap();
+    f.signal("USR1");
+    assert!(
+        f.log_line(&["SIGUSR1", "cannot reopen"], Duration::from_secs(5))
+            .is_some(),
+        "{}",
+        f.log()
+    );
+    assert!(get(&f).starts_with("HTTP/1.1 200"));
+    f.signal("TERM");
+    assert!(f.wait_exit(Duration::from_secs(15)).is_some());
+    let lines = lines_of(&[&moved.join("access.log")]);
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    for l in &lines {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap();
+        assert_eq!(v["fields"]["path"], "/one", "{l}");
+    }
 }

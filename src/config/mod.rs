@@ -114,6 +114,28 @@ pub(crate) enum LogFormat {
     Json,
 }
 
+/// Where the access log goes (`docs/install.md`, "Logs").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum AccessLog {
+    /// No access log.
+    Off,
+    /// On stderr, beside the other logs.
+    Stderr,
+    /// A file of its own, appended to and reopened on `SIGUSR1`.
+    File(PathBuf),
+}
+
+/// The access log's line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AccessFormat {
+    /// As the other logs' text lines.
+    Text,
+    /// As the other logs' JSON lines.
+    Json,
+    /// Apache's combined format.
+    Combined,
+}
+
 /// Active health check settings.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct HealthSettings {
@@ -221,8 +243,10 @@ pub(crate) struct Settings {
     pub(crate) workers: usize,
     /// Log format.
     pub(crate) log_format: LogFormat,
-    /// One access log line per request on stderr.
-    pub(crate) access_log: bool,
+    /// Where the access log goes.
+    pub(crate) access_log: AccessLog,
+    /// Its format; `None`: the logs' (`log_format`).
+    pub(crate) access_log_format: Option<AccessFormat>,
     /// The config file, kept for reloads.
     pub(crate) config_file: Option<PathBuf>,
     /// Where this process offers its listening sockets to a successor (`--upgrade`).
@@ -334,7 +358,8 @@ impl Default for Settings {
                 .map(|n| n.get())
                 .unwrap_or(1),
             log_format: LogFormat::Text,
-            access_log: true,
+            access_log: AccessLog::Stderr,
+            access_log_format: None,
             config_file: None,
             upgrade_socket: None,
             pool_drafts: Vec::new(),
@@ -701,14 +726,17 @@ mod tests {
 
     #[test]
     fn access_log_takes_on_off_and_booleans() {
+        let file = AccessLog::File(PathBuf::from("/tmp/access.log"));
         for (text, want) in [
-            ("access_log = false", false),
-            ("access_log = \"off\"", false),
-            ("access_log = true", true),
-            ("access_log = \"on\"", true),
+            ("access_log = false", AccessLog::Off),
+            ("access_log = \"off\"", AccessLog::Off),
+            ("access_log = true", AccessLog::Stderr),
+            ("access_log = \"on\"", AccessLog::Stderr),
+            ("access_log = \"stderr\"", AccessLog::Stderr),
+            ("access_log = \"/tmp/access.log\"", file),
         ] {
             let mut s = Settings {
-                access_log: !want,
+                access_log: AccessLog::Off,
                 ..Default::default()
             };
             assert!(apply_file(&mut s, Path::new("f.toml"), text).is_empty());
@@ -717,7 +745,7 @@ mod tests {
         let mut s = Settings::default();
         let errs = apply_file(&mut s, Path::new("f.toml"), "access_log = 3");
         assert!(errs[0].to_string().contains("access_log"), "{}", errs[0]);
-        let flags = RawFlags::default().with("access_log", "sometimes");
+        let flags = RawFlags::default().with("access_log", "/no/such/dir/access.log");
         let errs = build(&flags).unwrap_err();
         assert!(
             errs[0].to_string().starts_with("--access-log"),

@@ -692,13 +692,24 @@ pub(crate) static OPTIONS: &[Opt] = &[
     Opt {
         key: "access_log",
         table_key: None,
-        value_name: "on|off",
-        help: "One access log line per request on stderr: on or off",
+        value_name: "on|off|stderr|FILE",
+        help: "One access log line per request: on stderr (on, stderr), off, or appended to FILE (reopened on SIGUSR1)",
         default: Some("on"),
         default_text: None,
         file_type: FileType::Switch,
-        set: |s, v| parse_on_off(v).map(|x| s.access_log = x),
+        set: |s, v| parse_access_log(v).map(|x| s.access_log = x),
         reload: restart!("access_log", access_log),
+    },
+    Opt {
+        key: "access_log_format",
+        table_key: None,
+        value_name: "text|json|combined",
+        help: "The access log's lines: text, json or combined (Apache's)",
+        default: None,
+        default_text: Some("as --log-format"),
+        file_type: FileType::Str,
+        set: |s, v| parse_access_format(v).map(|x| s.access_log_format = Some(x)),
+        reload: restart!("access_log_format", access_log_format),
     },
 ];
 

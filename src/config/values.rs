@@ -3,6 +3,7 @@
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use http::Uri;
@@ -317,6 +318,46 @@ pub(crate) fn parse_log_format(s: &str) -> Result<LogFormat, String> {
         "text" => Ok(LogFormat::Text),
         "json" => Ok(LogFormat::Json),
         _ => Err(format!("invalid log format '{s}' (valid: text, json)")),
+    }
+}
+
+/// `on`/`true`/`stderr`, `off`/`false`, or a file whose directory exists (the file is
+/// made at start, by the user fulcrum runs as).
+pub(crate) fn parse_access_log(s: &str) -> Result<super::AccessLog, String> {
+    use super::AccessLog;
+    match s {
+        "on" | "true" | "stderr" => return Ok(AccessLog::Stderr),
+        "off" | "false" => return Ok(AccessLog::Off),
+        "" => return Err("empty (valid: on, off, stderr or a file)".into()),
+        _ => {}
+    }
+    let path = PathBuf::from(s);
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    if !dir.is_dir() {
+        return Err(format!(
+            "cannot write '{s}': no directory '{}'",
+            dir.display()
+        ));
+    }
+    if path.is_dir() {
+        return Err(format!("cannot write '{s}': a directory"));
+    }
+    Ok(AccessLog::File(path))
+}
+
+/// `text`, `json` or `combined` (Apache's).
+pub(crate) fn parse_access_format(s: &str) -> Result<super::AccessFormat, String> {
+    use super::AccessFormat;
+    match s {
+        "text" => Ok(AccessFormat::Text),
+        "json" => Ok(AccessFormat::Json),
+        "combined" => Ok(AccessFormat::Combined),
+        _ => Err(format!(
+            "invalid access log format '{s}' (valid: text, json, combined)"
+        )),
     }
 }
 

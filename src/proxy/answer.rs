@@ -53,6 +53,15 @@ impl Answer {
         }
     }
 
+    /// The body's length as the answer states it.
+    pub(crate) fn stated_length(&self) -> Option<u64> {
+        let v = match self {
+            Answer::Hyper(r, _) => r.headers().get(header::CONTENT_LENGTH).cloned(),
+            Answer::Wire(h, _) => h.field(&header::CONTENT_LENGTH),
+        }?;
+        v.to_str().ok()?.trim().parse().ok()
+    }
+
     /// The answer's status.
     pub(crate) fn status(&self) -> StatusCode {
         match self {

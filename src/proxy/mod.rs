@@ -58,7 +58,7 @@ pub(crate) struct ProxySettings {
     /// Peers whose forwarding headers are believed.
     pub(crate) trusted_proxies: Vec<IpNet>,
     /// The access log's format; `None` when it is off.
-    pub(crate) access_log: Option<crate::config::LogFormat>,
+    pub(crate) access_log: Option<crate::config::AccessFormat>,
     /// `redirect_https`: the HTTPS listener's port, to which plain requests are sent
     /// with a 308.
     pub(crate) redirect_https: Option<u16>,
@@ -72,13 +72,25 @@ pub(crate) struct ProxySettings {
     pub(crate) per_client: Option<Arc<crate::listeners::PerClient>>,
 }
 
+/// The access log's format when there is one: its own, else the logs'.
+fn access_format(s: &Settings) -> Option<crate::config::AccessFormat> {
+    use crate::config::{AccessFormat, AccessLog, LogFormat};
+    if s.access_log == AccessLog::Off {
+        return None;
+    }
+    Some(s.access_log_format.unwrap_or(match s.log_format {
+        LogFormat::Text => AccessFormat::Text,
+        LogFormat::Json => AccessFormat::Json,
+    }))
+}
+
 impl ProxySettings {
     /// The request-path part of the settings.
     pub(crate) fn from_settings(s: &Settings) -> Self {
         ProxySettings {
             max_inflight: s.max_inflight,
             trusted_proxies: s.trusted_proxies.clone(),
-            access_log: s.access_log.then_some(s.log_format),
+            access_log: access_format(s),
             redirect_https: None,
             accept_proxy_protocol: s.accept_proxy_protocol,
             send_timeout: s.send_timeout,
@@ -502,6 +514,7 @@ impl Proxy {
                 upstream: None,
                 retries: 0,
                 id: id.clone(),
+                combined: self.rec.combined().then(|| record::Combined::of(&head)),
             },
             self.rec,
         );
@@ -1111,6 +1124,12 @@ impl Proxy {
     ) -> ProxyResponse {
         let status = answer.status();
         fin.status = status.as_u16();
+        if let Some(c) = fin.combined.as_mut() {
+            // A compressed answer's length is not known here: `-`, as for a stream.
+            let compresses = (req.policies.as_ref()).is_some_and(|p| p.spec.compress.is_some());
+            let head = req.head.method == Method::HEAD;
+            c.bytes = answer.stated_length().filter(|_| !compresses && !head);
+        }
         let failed = status.is_server_error();
         if failed {
             guard.fail();
@@ -1159,6 +1178,9 @@ impl Proxy {
     /// Records an answer of fulcrum's own and returns it.
     fn own(&self, fin: &mut Pending, backend: Option<&Backend>, r: ProxyResponse) -> ProxyResponse {
         fin.status = r.head.status.as_u16();
+        if let Some(c) = fin.combined.as_mut() {
+            c.bytes = http_body::Body::size_hint(&r.body).exact();
+        }
         fin.finish(backend);
         r
     }

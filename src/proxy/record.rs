@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use http::uri::PathAndQuery;
 use http::Method;
 
-use crate::config::LogFormat;
+use crate::config::AccessFormat;
 use crate::pool::{Backend, Event, Tagged};
 use crate::site::Site;
 
@@ -31,6 +31,34 @@ pub(crate) struct Finish {
     pub(crate) retries: u32,
     /// Its `X-Request-Id`.
     pub(crate) id: super::request_id::RequestId,
+    /// What Apache's combined format adds, kept only when the access log uses it.
+    pub(crate) combined: Option<Box<Combined>>,
+}
+
+impl Combined {
+    /// What `head` gives a combined line; the length comes with the answer.
+    pub(crate) fn of(head: &super::message::RequestHead) -> Box<Combined> {
+        Box::new(Combined {
+            version: head.version,
+            referer: head.field(&http::header::REFERER),
+            user_agent: head.field(&http::header::USER_AGENT),
+            bytes: None,
+        })
+    }
+}
+
+/// The fields of a combined access log line that the others do without.
+#[derive(Debug)]
+pub(crate) struct Combined {
+    /// The client's protocol version.
+    pub(crate) version: http::Version,
+    /// `Referer`, as sent.
+    pub(crate) referer: Option<http::HeaderValue>,
+    /// `User-Agent`, as sent.
+    pub(crate) user_agent: Option<http::HeaderValue>,
+    /// The answer body's length as sent, when it was stated (`-` otherwise, as Apache
+    /// writes for an unknown size).
+    pub(crate) bytes: Option<u64>,
 }
 
 /// A request's record while the request is being handled. Dropped without having been
@@ -91,6 +119,7 @@ impl Pending {
             upstream: None,
             retries: 0,
             id: super::request_id::RequestId::Ours([b'0'; 32]),
+            combined: None,
         };
         (std::mem::replace(&mut self.fin, left), self.rec)
     }
@@ -126,7 +155,7 @@ impl Drop for Pending {
 pub(crate) struct Recorder {
     site: std::sync::Arc<Site>,
     /// The access log's format, `None` when it is off.
-    access_log: Option<LogFormat>,
+    access_log: Option<AccessFormat>,
 }
 
 /// Longest path carried by a `request` event (a subscriber that lags holds up to 1024
@@ -153,8 +182,13 @@ fn ms(d: Duration) -> f64 {
 impl Recorder {
     /// A recorder for the backends of `site`; `access_log` writes one line per request
     /// in that format.
-    pub(crate) fn new(site: std::sync::Arc<Site>, access_log: Option<LogFormat>) -> Recorder {
+    pub(crate) fn new(site: std::sync::Arc<Site>, access_log: Option<AccessFormat>) -> Recorder {
         Recorder { site, access_log }
+    }
+
+    /// Whether records keep the combined format's fields.
+    pub(crate) fn combined(&self) -> bool {
+        self.access_log == Some(AccessFormat::Combined)
     }
 
     /// Records a finished request; `backend` is the one that served it (or failed it),
@@ -167,7 +201,7 @@ impl Recorder {
         }
         if let Some(format) = self.access_log {
             let name = backend.map_or("-", |b| b.name.as_str());
-            crate::logging::write_line(|buf| access_line(buf, format, f, name, total));
+            crate::logging::write_access_line(|buf| access_line(buf, format, f, name, total));
         }
         if let Some(b) = backend {
             let hub = &self.site.hub;
@@ -324,10 +358,16 @@ fn push_json_str(buf: &mut Vec<u8>, s: &str) {
 }
 
 /// One access log line.
-fn access_line(buf: &mut Vec<u8>, format: LogFormat, f: &Finish, backend: &str, total: Duration) {
+fn access_line(
+    buf: &mut Vec<u8>,
+    format: AccessFormat,
+    f: &Finish,
+    backend: &str,
+    total: Duration,
+) {
     let now = std::time::SystemTime::now();
     match format {
-        LogFormat::Text => {
+        AccessFormat::Text => {
             push_timestamp(buf, now);
             buf.extend_from_slice(b"  INFO access client=");
             push_ip(buf, f.client);
@@ -352,7 +392,7 @@ fn access_line(buf: &mut Vec<u8>, format: LogFormat, f: &Finish, backend: &str, 
             buf.extend_from_slice(f.id.as_bytes());
             buf.push(b'\n');
         }
-        LogFormat::Json => {
+        AccessFormat::Json => {
             buf.extend_from_slice(b"{\"timestamp\":\"");
             push_timestamp(buf, now);
             buf.extend_from_slice(
@@ -379,7 +419,76 @@ fn access_line(buf: &mut Vec<u8>, format: LogFormat, f: &Finish, backend: &str, 
             buf.extend_from_slice(f.id.as_bytes());
             buf.extend_from_slice(b"\"}}\n");
         }
+        AccessFormat::Combined => combined_line(buf, f, now),
     }
+}
+
+/// Apache's combined format: `CLIENT - - [TIME] "REQUEST" STATUS BYTES "REFERER"
+/// "USER-AGENT"`, the quoted values escaped as Apache escapes them.
+fn combined_line(buf: &mut Vec<u8>, f: &Finish, now: std::time::SystemTime) {
+    let c = f.combined.as_deref();
+    push_ip(buf, f.client);
+    buf.extend_from_slice(b" - - [");
+    push_clf_time(buf, now);
+    buf.extend_from_slice(b"] \"");
+    buf.extend_from_slice(f.method.as_str().as_bytes());
+    buf.push(b' ');
+    push_escaped(buf, f.path.as_str().as_bytes());
+    buf.push(b' ');
+    let version = c.map_or(http::Version::HTTP_11, |c| c.version);
+    buf.extend_from_slice(format!("{version:?}").as_bytes());
+    buf.extend_from_slice(b"\" ");
+    push_u64(buf, u64::from(f.status));
+    buf.push(b' ');
+    match c.and_then(|c| c.bytes) {
+        Some(n) => push_u64(buf, n),
+        None => buf.push(b'-'),
+    }
+    for v in [
+        c.and_then(|c| c.referer.as_ref()),
+        c.and_then(|c| c.user_agent.as_ref()),
+    ] {
+        buf.extend_from_slice(b" \"");
+        match v {
+            Some(v) => push_escaped(buf, v.as_bytes()),
+            None => buf.push(b'-'),
+        }
+        buf.push(b'"');
+    }
+    buf.push(b'\n');
+}
+
+/// A quoted value as Apache writes it: `"` and `\` escaped, other bytes outside
+/// printable ASCII as `\xHH`.
+fn push_escaped(buf: &mut Vec<u8>, v: &[u8]) {
+    for &b in v {
+        match b {
+            b'"' | b'\\' => buf.extend_from_slice(&[b'\\', b]),
+            0x20..=0x7e => buf.push(b),
+            _ => buf.extend_from_slice(format!("\\x{b:02x}").as_bytes()),
+        }
+    }
+}
+
+/// `10/Oct/2000:13:55:36 +0000` (UTC).
+fn push_clf_time(buf: &mut Vec<u8>, now: std::time::SystemTime) {
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let secs = now
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs();
+    let (y, m, d) = civil((secs / 86_400) as i64);
+    let t = secs % 86_400;
+    let month = MONTHS[(m as usize).clamp(1, 12) - 1];
+    let text = format!(
+        "{d:02}/{month}/{y:04}:{:02}:{:02}:{:02} +0000",
+        t / 3600,
+        t / 60 % 60,
+        t % 60
+    );
+    buf.extend_from_slice(text.as_bytes());
 }
 
 #[cfg(test)]
@@ -396,6 +505,7 @@ mod tests {
             upstream: Some(Duration::from_micros(1018)),
             retries: 1,
             id: super::super::request_id::RequestId::from_peer(b"abc-123").unwrap(),
+            combined: None,
         }
     }
 
@@ -425,7 +535,7 @@ mod tests {
         let mut b = Vec::new();
         access_line(
             &mut b,
-            LogFormat::Text,
+            AccessFormat::Text,
             &finish(),
             "a \"b\"",
             Duration::from_micros(1_301),
@@ -439,11 +549,37 @@ mod tests {
     }
 
     #[test]
+    fn combined_line_reads_as_apache_writes_it() {
+        let mut f = finish();
+        f.combined = Some(Box::new(Combined {
+            version: http::Version::HTTP_11,
+            referer: Some(http::HeaderValue::from_static("http://a.example/\"x\"")),
+            user_agent: None,
+            bytes: Some(2326),
+        }));
+        let mut b = Vec::new();
+        access_line(&mut b, AccessFormat::Combined, &f, "x", Duration::ZERO);
+        let line = String::from_utf8(b).unwrap();
+        let (head, rest) = line.split_once(" [").unwrap();
+        assert_eq!(head, "10.0.0.7 - -");
+        let (time, rest) = rest.split_once("] ").unwrap();
+        assert_eq!(time.len(), "10/Oct/2000:13:55:36 +0000".len(), "{time}");
+        assert!(
+            time.ends_with(" +0000") && time[3..6].chars().all(|c| c.is_ascii_alphabetic()),
+            "{time}"
+        );
+        assert_eq!(
+            rest,
+            "\"GET /a?b=c%22 HTTP/1.1\" 502 2326 \"http://a.example/\\\"x\\\"\" \"-\"\n"
+        );
+    }
+
+    #[test]
     fn json_line_is_json() {
         let mut b = Vec::new();
         access_line(
             &mut b,
-            LogFormat::Json,
+            AccessFormat::Json,
             &finish(),
             "a \"b\"",
             Duration::from_micros(1_301),
