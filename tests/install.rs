@@ -438,3 +438,45 @@ fn an_unwritable_access_log_is_refused_and_a_failed_reopen_keeps_the_old_file() 
         assert_eq!(v["fields"]["path"], "/one", "{l}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_traceparent_is_forwarded_and_made_when_absent_with_trace_context() {
+    let backend = TestBackend::start("A");
+    let c = client();
+    let theirs = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let seen = |b: &TestBackend| {
+        let h = b.stats.last_headers.lock().unwrap().clone().unwrap();
+        h.get("traceparent")
+            .map(|v| v.to_str().unwrap().to_string())
+    };
+    // Off (the default): forwarded as it came, never made.
+    let f = Fulcrum::over(&[&backend], &[]);
+    send(&c, "GET", &f.url("/a"), &[("traceparent", theirs)], "").await;
+    assert_eq!(seen(&backend).as_deref(), Some(theirs));
+    get(&c, &f.url("/b")).await;
+    assert_eq!(seen(&backend), None);
+    drop(f);
+    // On: a request without one gets one, its trace id the request id.
+    let f = Fulcrum::over(&[&backend], &["--trace-context", "on"]);
+    let r = get(&c, &f.url("/c")).await;
+    let made = seen(&backend).expect("a traceparent");
+    let parts: Vec<&str> = made.split('-').collect();
+    assert_eq!(parts.len(), 4, "{made}");
+    assert_eq!((parts[0], parts[3]), ("00", "01"), "{made}");
+    assert_eq!(Some(parts[1]), r.header("x-request-id"), "{made}");
+    let hex = |s: &str, n: usize| {
+        s.len() == n
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    assert!(
+        hex(parts[2], 16) && parts[2] != "0000000000000000",
+        "{made}"
+    );
+    // A client's own stays as it is.
+    send(&c, "GET", &f.url("/d"), &[("traceparent", theirs)], "").await;
+    assert_eq!(seen(&backend).as_deref(), Some(theirs));
+    // A POST (through hyper's server) gets one too.
+    send(&c, "POST", &f.url("/e"), &[], "body").await;
+    assert!(seen(&backend).is_some_and(|t| t.starts_with("00-") && t != theirs));
+}

@@ -247,6 +247,8 @@ pub(crate) struct Settings {
     pub(crate) access_log: AccessLog,
     /// Its format; `None`: the logs' (`log_format`).
     pub(crate) access_log_format: Option<AccessFormat>,
+    /// A request without a `traceparent` gets one.
+    pub(crate) trace_context: bool,
     /// The config file, kept for reloads.
     pub(crate) config_file: Option<PathBuf>,
     /// Where this process offers its listening sockets to a successor (`--upgrade`).
@@ -360,6 +362,7 @@ impl Default for Settings {
             log_format: LogFormat::Text,
             access_log: AccessLog::Stderr,
             access_log_format: None,
+            trace_context: false,
             config_file: None,
             upgrade_socket: None,
             pool_drafts: Vec::new(),

@@ -701,6 +701,17 @@ pub(crate) static OPTIONS: &[Opt] = &[
         reload: restart!("access_log", access_log),
     },
     Opt {
+        key: "trace_context",
+        table_key: None,
+        value_name: "on|off",
+        help: "Give a request without a W3C traceparent one, its trace id from the request id (a traceparent is always forwarded)",
+        default: Some("off"),
+        default_text: None,
+        file_type: FileType::Switch,
+        set: |s, v| parse_on_off(v).map(|x| s.trace_context = x),
+        reload: restart!("trace_context", trace_context),
+    },
+    Opt {
         key: "access_log_format",
         table_key: None,
         value_name: "text|json|combined",

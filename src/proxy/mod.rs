@@ -70,6 +70,8 @@ pub(crate) struct ProxySettings {
     pub(crate) upgrade_protocols: Arc<[String]>,
     /// `max_connections_per_client`, shared by every worker; `None` when off.
     pub(crate) per_client: Option<Arc<crate::listeners::PerClient>>,
+    /// `trace_context`: a request without a `traceparent` gets one.
+    pub(crate) trace_context: bool,
 }
 
 /// The access log's format when there is one: its own, else the logs'.
@@ -91,6 +93,7 @@ impl ProxySettings {
             max_inflight: s.max_inflight,
             trusted_proxies: s.trusted_proxies.clone(),
             access_log: access_format(s),
+            trace_context: s.trace_context,
             redirect_https: None,
             accept_proxy_protocol: s.accept_proxy_protocol,
             send_timeout: s.send_timeout,
@@ -650,7 +653,9 @@ impl Proxy {
             .policies
             .as_ref()
             .and_then(|p| p.spec.request_headers.as_ref());
-        if !req.inline || sticky.is_some() || edits.is_some() {
+        // Off, it costs nothing; on, a request without one gets a map to add it to.
+        let trace = self.settings.trace_context && head.field(&request_id::TRACEPARENT).is_none();
+        if !req.inline || sticky.is_some() || edits.is_some() || trace {
             head.make_map();
         }
         req.host = head.host();
@@ -680,6 +685,9 @@ impl Proxy {
                 req.client_ip = Some(crate::trust::client_ip(map, req.peer.addr.ip(), trusted));
             }
             headers::Forwarding::apply(map, hop, upgrade);
+            if trace {
+                map.insert(request_id::TRACEPARENT, req.id.traceparent());
+            }
             if let (Some(edits), Some(ip)) = (edits, req.client_ip) {
                 let vars = policy::Vars {
                     client_ip: ip,

@@ -8,6 +8,9 @@ use http::header::{HeaderName, HeaderValue};
 /// The field's name.
 pub(crate) const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
+/// W3C Trace Context's field (`docs/operations.md`, "Request ids").
+pub(crate) const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+
 /// Longest id kept from a trusted peer; a longer one is replaced.
 const MAX_LEN: usize = 64;
 
@@ -47,6 +50,35 @@ impl RequestId {
             return None;
         }
         Some(RequestId::Theirs(v.into()))
+    }
+
+    /// A `traceparent` (version 00) for a request that came without one: its trace id
+    /// is this id when it is one already (32 lowercase hex digits, not all zero, as
+    /// fulcrum's own are), else a 128-bit hash of it; the parent id is random; sampled.
+    pub(crate) fn traceparent(&self) -> HeaderValue {
+        let id = self.as_bytes();
+        let hex = |c: &u8| c.is_ascii_digit() || (b'a'..=b'f').contains(c);
+        let mut out = Vec::with_capacity(55);
+        out.extend_from_slice(b"00-");
+        if id.len() == 32 && id.iter().all(hex) && id.iter().any(|&c| c != b'0') {
+            out.extend_from_slice(id);
+        } else {
+            let h = xxhash_rust::xxh3::xxh3_128(id) | 1;
+            let mut t = [0u8; 32];
+            let (hi, lo) = t.split_at_mut(16);
+            hex16((h >> 64) as u64, hi);
+            hex16(h as u64, lo);
+            out.extend_from_slice(&t);
+        }
+        out.push(b'-');
+        let mut span = [0u8; 16];
+        hex16(fastrand::u64(1..), &mut span);
+        out.extend_from_slice(&span);
+        out.extend_from_slice(b"-01");
+        // Hex digits and dashes only.
+        HeaderValue::from_bytes(&out).unwrap_or_else(|_| {
+            HeaderValue::from_static("00-00000000000000000000000000000001-0000000000000001-01")
+        })
     }
 
     /// The id as written.
