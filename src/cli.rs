@@ -49,7 +49,7 @@ struct CompletionsArgs {
 
 /// The whole command line's definition, as clap has it (for the man page and the
 /// completions, made from it so they cannot disagree with it).
-pub(crate) fn command() -> clap::Command {
+fn command() -> clap::Command {
     use clap::CommandFactory;
     Cli::command()
 }
@@ -289,8 +289,8 @@ pub fn main() -> i32 {
         Command::Backend(args) => backend(args),
         Command::Demo(args) => demo(args),
         Command::Lab(args) => lab(args),
-        Command::Completions(args) => crate::manual::completions(args.shell),
-        Command::Manpage => crate::manual::manpage(),
+        Command::Completions(args) => crate::manual::completions(args.shell, command()),
+        Command::Manpage => crate::manual::manpage(command()),
     }
 }
 

@@ -1,6 +1,7 @@
-//! The command's manual, made from its one definition (`cli::command`): the man page
-//! (`fulcrum manpage`) and the shell completions (`fulcrum completions SHELL`), and the
-//! values a flag's completion offers. See `docs/install.md`.
+//! The command's manual, made from its one definition (which the command line hands
+//! over): the man page (`fulcrum manpage`) and the shell completions (`fulcrum
+//! completions SHELL`), and the values a flag's completion offers. See
+//! `docs/install.md`.
 
 use std::ffi::OsStr;
 use std::io::Write;
@@ -9,18 +10,17 @@ use clap::builder::{PossibleValue, TypedValueParser};
 
 use crate::config::strategy_kind::NAMES as STRATEGIES;
 
-/// Prints the completion script of `shell`; the exit status.
-pub(crate) fn completions(shell: clap_complete::Shell) -> i32 {
-    let mut cmd = crate::cli::command();
+/// Prints the completion script of `shell` for `cmd`; the exit status.
+pub(crate) fn completions(shell: clap_complete::Shell, mut cmd: clap::Command) -> i32 {
     let mut out = std::io::stdout().lock();
     clap_complete::generate(shell, &mut cmd, "fulcrum", &mut out);
     0
 }
 
-/// Prints the man page; the exit status.
-pub(crate) fn manpage() -> i32 {
+/// Prints the man page of `cmd`; the exit status.
+pub(crate) fn manpage(cmd: clap::Command) -> i32 {
     let mut page = Vec::new();
-    if let Err(e) = render(&mut page) {
+    if let Err(e) = render(cmd, &mut page) {
         eprintln!("error: {e}");
         return 1;
     }
@@ -36,8 +36,7 @@ pub(crate) fn manpage() -> i32 {
 /// fulcrum's page, then a section per subcommand with its synopsis and every option
 /// (clap_mangen renders one command a page; one page for all reads as nginx's and
 /// HAProxy's do).
-fn render(w: &mut Vec<u8>) -> std::io::Result<()> {
-    let mut cmd = crate::cli::command();
+fn render(mut cmd: clap::Command, w: &mut Vec<u8>) -> std::io::Result<()> {
     cmd.build();
     let man = clap_mangen::Man::new(cmd.clone()).section("8");
     man.render_title(w)?;

@@ -74,6 +74,17 @@ pub(crate) struct ProxySettings {
     pub(crate) trace_context: bool,
 }
 
+/// What a request's head gives its combined access log line; the length comes with the
+/// answer.
+fn combined_fields(head: &RequestHead) -> Box<record::Combined> {
+    Box::new(record::Combined {
+        version: head.version,
+        referer: head.field(&header::REFERER),
+        user_agent: head.field(&header::USER_AGENT),
+        bytes: None,
+    })
+}
+
 /// The access log's format when there is one: its own, else the logs'.
 fn access_format(s: &Settings) -> Option<crate::config::AccessFormat> {
     use crate::config::{AccessFormat, AccessLog, LogFormat};
@@ -517,7 +528,7 @@ impl Proxy {
                 upstream: None,
                 retries: 0,
                 id: id.clone(),
-                combined: self.rec.combined().then(|| record::Combined::of(&head)),
+                combined: self.rec.combined().then(|| combined_fields(&head)),
             },
             self.rec,
         );

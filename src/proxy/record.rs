@@ -35,18 +35,6 @@ pub(crate) struct Finish {
     pub(crate) combined: Option<Box<Combined>>,
 }
 
-impl Combined {
-    /// What `head` gives a combined line; the length comes with the answer.
-    pub(crate) fn of(head: &super::message::RequestHead) -> Box<Combined> {
-        Box::new(Combined {
-            version: head.version,
-            referer: head.field(&http::header::REFERER),
-            user_agent: head.field(&http::header::USER_AGENT),
-            bytes: None,
-        })
-    }
-}
-
 /// The fields of a combined access log line that the others do without.
 #[derive(Debug)]
 pub(crate) struct Combined {
