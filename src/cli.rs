@@ -138,7 +138,7 @@ impl Args for ServeArgs {
                 Arg::new(o.key)
                     .long(long)
                     .value_name(o.value_name)
-                    .value_parser(crate::manual::Offered::for_option(o.key))
+                    .value_parser(crate::manual::Offered::for_option(o))
                     .help(o.help_line()),
             );
             if o.key == "admin" {

@@ -58,10 +58,11 @@ pub(crate) fn access_to_file(path: &Path) -> Result<(), String> {
 /// Opens the access log's file again under its path (`SIGUSR1`, after a rotation moved
 /// it): lines written so far stay in the old file, whole, and the next go to the new
 /// one. When the new one cannot be opened, the old one is kept and the error returned.
-pub(crate) fn reopen_access_file() -> Result<(), String> {
+/// `false`: the access log has no file.
+pub(crate) fn reopen_access_file() -> Result<bool, String> {
     let mut slot = lock_file();
     let Some((path, file)) = slot.as_mut() else {
-        return Ok(());
+        return Ok(false);
     };
     let fresh = open_append(path).map_err(|e| {
         format!(
@@ -70,7 +71,7 @@ pub(crate) fn reopen_access_file() -> Result<(), String> {
         )
     })?;
     *file = fresh;
-    Ok(())
+    Ok(true)
 }
 
 fn lock_file() -> MutexGuard<'static, Option<(PathBuf, File)>> {

@@ -8,6 +8,7 @@ use std::io::Write;
 
 use clap::builder::{PossibleValue, TypedValueParser};
 
+use crate::config::options::{FileType, Opt};
 use crate::config::strategy_kind::NAMES as STRATEGIES;
 
 /// Prints the completion script of `shell` for `cmd`; the exit status.
@@ -61,11 +62,15 @@ fn render(mut cmd: clap::Command, w: &mut Vec<u8>) -> std::io::Result<()> {
             writeln!(w, "{}", roff_text(&about.to_string()))?;
         }
         // Built with the root, it is named `fulcrum SUB` in its synopsis.
+        // Its synopsis and options as subsections of its section.
         let sub_man = clap_mangen::Man::new(sub.clone());
-        sub_man.render_synopsis_section(w)?;
+        let mut part = Vec::new();
+        sub_man.render_synopsis_section(&mut part)?;
         if sub.get_arguments().any(|a| !a.is_hide_set()) {
-            sub_man.render_options_section(w)?;
+            sub_man.render_options_section(&mut part)?;
         }
+        let part = String::from_utf8_lossy(&part).replace(".SH ", ".SS ");
+        w.extend_from_slice(part.as_bytes());
     }
     man.render_version_section(w)
 }
@@ -85,13 +90,16 @@ fn roff_text(text: &str) -> String {
 pub(crate) struct Offered(Vec<&'static str>);
 
 impl Offered {
-    /// The values offered for the option `key`; none for most.
-    pub(crate) fn for_option(key: &str) -> Offered {
-        let values = match key {
+    /// The values offered for the option `o`; none for most.
+    pub(crate) fn for_option(o: &Opt) -> Offered {
+        let values = match o.key {
             "strategy" => STRATEGIES.iter().map(|(_, name, _)| *name).collect(),
             "log_format" => vec!["text", "json"],
+            "access_log_format" => vec!["text", "json", "combined"],
             "protocol" => vec!["http1", "h2"],
-            "tls_verify" => vec!["on", "off"],
+            // A file, too: completing on/off alone would hide the paths.
+            "access_log" => Vec::new(),
+            _ if o.file_type == FileType::Switch => vec!["on", "off"],
             _ => Vec::new(),
         };
         Offered(values)

@@ -24,9 +24,16 @@ pub(crate) fn ready() {
     send(&[NotifyState::Ready]);
 }
 
-/// This process, started by `--upgrade`, serves now and is the service's main process.
-pub(crate) fn ready_after_upgrade() {
+/// This process, started by `--upgrade`, serves and is about to take over: the
+/// service's main process from now, said before the old one is told to drain (were it
+/// said after, the old one could be gone first, and the service with it).
+pub(crate) fn taking_over() {
     send(&[NotifyState::MainPid(std::process::id()), NotifyState::Ready]);
+}
+
+/// The take-over failed: the old process (`pid`) serves on, and is the main one again.
+pub(crate) fn handed_back(pid: u32) {
+    send(&[NotifyState::MainPid(pid), NotifyState::Ready]);
 }
 
 /// A reload starts: the manager waits for the next `ready`.
@@ -76,7 +83,9 @@ pub(crate) async fn watchdog(pulses: Pulses, mut stop: tokio::sync::watch::Recei
     // beats is not taken for a stuck one.
     let half = (period / 2).max(Duration::from_millis(300));
     let mut last = pulses.snapshot();
-    let mut tick = tokio::time::interval(half);
+    // The first look a whole period after this one; a late look is not made up for.
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + half, half);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = tick.tick() => {}

@@ -666,10 +666,20 @@ impl Running {
     ///
     /// Spawned backends are stopped once the workers have drained, so requests in flight
     /// to them finish first; the admin thread, which supervises them, ends last.
-    pub(crate) fn stop(mut self) {
+    pub(crate) fn stop(self) {
+        self.finish(true);
+    }
+
+    /// Stops as [`Self::stop`] does, without telling systemd: a successor whose take-over
+    /// failed was never the service.
+    pub(crate) fn stop_quietly(self) {
+        self.finish(false);
+    }
+
+    fn finish(mut self, announce: bool) {
         let handed_over = *self.upgraded.borrow();
         // After a hand-over the new process is the service: it is not stopping.
-        if !handed_over {
+        if announce && !handed_over {
             crate::notify::stopping();
         }
         self.stopping.stop(&self.shutdown, handed_over);
@@ -828,23 +838,28 @@ pub(crate) fn start(
     };
     let (running, stop_rx, upgraded_tx) = launch(settings, flags, listeners, caps)?;
     let handover = match successor {
-        Some(s) => match take_over(s, settings, kept) {
-            Ok(h) => h,
-            Err(e) => {
-                running.stop();
-                return Err(e);
+        Some(s) => {
+            let old = s.old_pid();
+            crate::notify::taking_over();
+            match take_over(s, settings, kept) {
+                Ok(h) => h,
+                Err(e) => {
+                    if let Some(pid) = old {
+                        crate::notify::handed_back(pid);
+                    }
+                    running.stop_quietly();
+                    return Err(e);
+                }
             }
-        },
-        None => handover,
+        }
+        None => {
+            // Serving the real configuration now, on every listener (`docs/install.md`).
+            crate::notify::ready();
+            handover
+        }
     };
     if let Some(h) = handover {
         running.admin_rt.spawn(h.run(upgraded_tx, stop_rx));
-    }
-    // Serving the real configuration now, on every listener (`docs/install.md`).
-    if flags.upgrade {
-        crate::notify::ready_after_upgrade();
-    } else {
-        crate::notify::ready();
     }
     Ok(running)
 }
@@ -1226,7 +1241,8 @@ impl Signals {
                         on_hup();
                     }
                     _ = self.usr1.recv() => match crate::logging::reopen_access_file() {
-                        Ok(()) => tracing::info!("SIGUSR1: access log reopened"),
+                        Ok(true) => tracing::info!("SIGUSR1: access log reopened"),
+                        Ok(false) => tracing::info!("SIGUSR1: the access log has no file to reopen"),
                         Err(e) => tracing::error!("SIGUSR1: {e}"),
                     },
                 }

@@ -192,6 +192,12 @@ pub(crate) struct Successor {
 }
 
 impl Successor {
+    /// The old process's pid, as its socket's credentials give it.
+    pub(crate) fn old_pid(&self) -> Option<u32> {
+        let cred = rustix::net::sockopt::socket_peercred(&self.stream).ok()?;
+        u32::try_from(cred.pid.as_raw_pid()).ok()
+    }
+
     /// Tells the old process that this one serves and waits for its `ok`: from then on
     /// it stops accepting and drains. Without the `ok` (it gave up waiting, it went
     /// away) this process must not go on serving beside it.

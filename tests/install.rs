@@ -480,3 +480,22 @@ async fn a_traceparent_is_forwarded_and_made_when_absent_with_trace_context() {
     send(&c, "POST", &f.url("/e"), &[], "body").await;
     assert!(seen(&backend).is_some_and(|t| t.starts_with("00-") && t != theirs));
 }
+
+#[test]
+fn the_packaged_man_page_and_completions_are_current() {
+    let assets = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/assets");
+    for (args, file) in [
+        (&["manpage"][..], "fulcrum.8"),
+        (&["completions", "bash"][..], "fulcrum.bash"),
+        (&["completions", "zsh"][..], "_fulcrum"),
+        (&["completions", "fish"][..], "fulcrum.fish"),
+    ] {
+        let now = stdout_of(args);
+        let kept = std::fs::read_to_string(assets.join(file)).unwrap_or_default();
+        assert!(
+            now == kept,
+            "packaging/assets/{file} is out of date: fulcrum {} > packaging/assets/{file}",
+            args.join(" ")
+        );
+    }
+}

@@ -1146,8 +1146,11 @@ impl Proxy {
         if let Some(c) = fin.combined.as_mut() {
             // A compressed answer's length is not known here: `-`, as for a stream.
             let compresses = (req.policies.as_ref()).is_some_and(|p| p.spec.compress.is_some());
-            let head = req.head.method == Method::HEAD;
-            c.bytes = answer.stated_length().filter(|_| !compresses && !head);
+            // No body: a HEAD's answer, a 204, a 304.
+            let bodiless = req.head.method == Method::HEAD
+                || matches!(status.as_u16(), 204 | 304)
+                || status.is_informational();
+            c.bytes = answer.stated_length().filter(|_| !compresses && !bodiless);
         }
         let failed = status.is_server_error();
         if failed {
