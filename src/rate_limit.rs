@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::config::policy::RateLimit;
@@ -45,7 +45,7 @@ pub(crate) struct RateLimiter {
     /// The configured rate, for `RateLimit-Limit`.
     pub(crate) limit: u32,
     /// The start of every answer's `RateLimit-*` fields, made once: see [`fields_lead`].
-    pub(crate) lead: Arc<[u8]>,
+    pub(crate) lead: FieldsLead,
     /// The clock's origin.
     epoch: Instant,
     shards: Box<[Mutex<Shard>]>,
@@ -110,12 +110,32 @@ impl RateLimiter {
     }
 }
 
-/// `ratelimit-limit: LIMIT\r\nratelimit-remaining: `: what the `RateLimit-*` fields
-/// of a route's answers start with (the proxy writes the rest), made once per limiter so
-/// that an answer copies it rather than formatting it.
-pub(crate) fn fields_lead(limit: u32) -> Arc<[u8]> {
+/// The longest [`FieldsLead`]: both names, a line end and a 10-digit limit.
+pub(crate) const LEAD_MAX: usize = 17 + 10 + 23;
+
+/// `ratelimit-limit: LIMIT\r\nratelimit-remaining: `: what the `RateLimit-*` fields of
+/// a route's answers start with (the proxy writes the rest), made once per limiter. Kept
+/// in a fixed array, so that an answer copies it whole at a length known when compiling
+/// (a few register moves, where a copy of a run of unknown length is a `memcpy` call),
+/// then keeps `len` bytes of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FieldsLead {
+    /// The text, then zeros.
+    pub(crate) bytes: [u8; LEAD_MAX],
+    /// Its length.
+    pub(crate) len: u8,
+}
+
+/// The [`FieldsLead`] of a limit of `limit`.
+pub(crate) fn fields_lead(limit: u32) -> FieldsLead {
     let text = format!("ratelimit-limit: {limit}\r\nratelimit-remaining: ");
-    Arc::from(text.into_bytes())
+    let mut bytes = [0u8; LEAD_MAX];
+    let len = text.len().min(LEAD_MAX);
+    bytes[..len].copy_from_slice(&text.as_bytes()[..len]);
+    FieldsLead {
+        bytes,
+        len: len as u8,
+    }
 }
 
 fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {

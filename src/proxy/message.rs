@@ -181,11 +181,11 @@ pub(crate) struct ResponseHead {
 
 /// `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset` of an answer on a
 /// rate-limited route (`docs/policies.md`, "Rate limits").
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct RateLimitFields {
     /// `ratelimit-limit: N\r\nratelimit-remaining: `, made once per route
     /// ([`crate::rate_limit::RateLimiter::lead`]).
-    pub(crate) lead: std::sync::Arc<[u8]>,
+    pub(crate) lead: crate::rate_limit::FieldsLead,
     /// The configured rate.
     pub(crate) limit: u32,
     /// Requests the key may still send at once.
@@ -206,15 +206,20 @@ impl RateLimitFields {
 
     /// Writes the three fields as an HTTP/1.1 head holds them. Every answer on a limited
     /// route carries them, so the route's constant part is copied as made, and the rest
-    /// is put together on the stack (numbers written in place) and appended in one copy.
+    /// is put together on the stack (numbers written in place). Each part is appended
+    /// whole, at its fixed size, then cut to its length: no copy of unknown length.
     pub(crate) fn write(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.lead);
+        let start = out.len();
+        out.extend_from_slice(&self.lead.bytes);
+        out.truncate(start + usize::from(self.lead.len));
         let mut buf = [0u8; TAIL_MAX];
         let mut at = put_u32(&mut buf, 0, self.remaining);
         at = put(&mut buf, at, b"\r\nratelimit-reset: ");
         at = put_u32(&mut buf, at, self.reset);
         at = put(&mut buf, at, b"\r\n");
-        out.extend_from_slice(&buf[..at]);
+        let start = out.len();
+        out.extend_from_slice(&buf);
+        out.truncate(start + at);
     }
 }
 

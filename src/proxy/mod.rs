@@ -808,7 +808,7 @@ impl Proxy {
         let Some(p) = &req.policies else {
             return r;
         };
-        r.head.rate_limit = req.limit.take();
+        r.head.rate_limit = req.limit;
         if let Some(edits) = &p.spec.response_headers {
             let vars = policy::Vars {
                 client_ip: req.client_ip.unwrap_or_else(|| req.peer.addr.ip()),

@@ -43,7 +43,7 @@ pub(super) fn edit(map: &mut HeaderMap, edits: &HeaderEdits, vars: &Vars<'_>) {
 /// `RateLimit-Reset` (seconds until its allowance is whole again).
 pub(super) fn rate_fields(limiter: &RateLimiter, v: Verdict) -> RateLimitFields {
     RateLimitFields {
-        lead: std::sync::Arc::clone(&limiter.lead),
+        lead: limiter.lead,
         limit: limiter.limit,
         remaining: v.remaining,
         reset: v.reset_s.min(u64::from(u32::MAX)) as u32,
