@@ -60,6 +60,17 @@ pub(crate) struct RequestHead {
     pub(crate) fields: RequestFields,
 }
 
+/// Whether any of `fields` (name as spelled, value) named `name` has a value `pred`
+/// holds for: the span forms' side of both heads' `any_value`.
+fn any_named<'f>(
+    mut fields: impl Iterator<Item = (&'f [u8], &'f [u8])>,
+    name: &HeaderName,
+    mut pred: impl FnMut(&[u8]) -> bool,
+) -> bool {
+    let name = name.as_str().as_bytes();
+    fields.any(|(n, v)| n.eq_ignore_ascii_case(name) && pred(v))
+}
+
 impl RequestHead {
     /// The head of a request hyper parsed.
     pub(crate) fn from_parts(parts: http::request::Parts) -> RequestHead {
@@ -89,9 +100,7 @@ impl RequestHead {
     pub(crate) fn any_value(&self, name: &HeaderName, mut pred: impl FnMut(&[u8]) -> bool) -> bool {
         match &self.fields {
             RequestFields::Map(m) => m.get_all(name).iter().any(|v| pred(v.as_bytes())),
-            RequestFields::Spans(f) => f
-                .iter()
-                .any(|(n, v)| n.eq_ignore_ascii_case(name.as_str().as_bytes()) && pred(v)),
+            RequestFields::Spans(f) => any_named(f.iter(), name, pred),
         }
     }
 
@@ -292,9 +301,7 @@ impl ResponseHead {
     pub(crate) fn any_value(&self, name: &HeaderName, mut pred: impl FnMut(&[u8]) -> bool) -> bool {
         match &self.fields {
             ResponseFields::Map(m) => m.get_all(name).iter().any(|v| pred(v.as_bytes())),
-            ResponseFields::Wire(f) => f
-                .iter()
-                .any(|(n, v)| n.eq_ignore_ascii_case(name.as_str().as_bytes()) && pred(v)),
+            ResponseFields::Wire(f) => any_named(f.iter(), name, pred),
         }
     }
 

@@ -804,7 +804,7 @@ impl Proxy {
     }
 
     /// A backend's answer, through the route's response policies.
-    fn on_answer(&self, req: &mut Outgoing<'_>, mut r: ProxyResponse) -> ProxyResponse {
+    fn on_answer(&self, req: &Outgoing<'_>, mut r: ProxyResponse) -> ProxyResponse {
         let Some(p) = &req.policies else {
             return r;
         };
