@@ -8,10 +8,11 @@
 //! control side is woken to act on it: a worker never takes the pool's lock nor
 //! rebuilds a routing table.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::config::outlier::SuccessRate;
 use crate::config::OutlierSettings;
 
 /// Consecutive failures on live traffic that eject a backend.
@@ -39,7 +40,22 @@ pub(crate) const DEFAULTS: OutlierSettings = OutlierSettings {
     base_ejection: EJECTION_BASE,
     max_ejection: EJECTION_MAX,
     max_ejected_percent: 50,
+    success_rate: None,
 };
+
+/// Why a backend is ejected (the `reason` of its `ejection` event).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Reason {
+    /// `consecutive_failures` failures in a row (or a failed half-open trial).
+    ConsecutiveFailures,
+    /// A success rate far below its pool's ([`below_success_rate`]).
+    SuccessRate,
+}
+
+/// One answer more, successful or not, in a success-rate window: the total in the high
+/// half of the word, the successes in the low half.
+const WINDOW_ANSWER: u64 = 1 << 32;
 
 /// What one outcome on live traffic asks the pool to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,6 +97,10 @@ pub(crate) struct Outlier {
     trial: AtomicU8,
     /// `NEWS_*` bits not yet acted on by the control side.
     news: AtomicU8,
+    /// Answers in the current success-rate window (`WINDOW_ANSWER`s) and successes
+    /// among them, in one word so that one atomic add counts both. Counted only when
+    /// the pool has success-rate ejection on.
+    window: AtomicU64,
 }
 
 impl Outlier {
@@ -94,6 +114,7 @@ impl Outlier {
             ejected: AtomicBool::new(false),
             trial: AtomicU8::new(TRIAL_NONE),
             news: AtomicU8::new(0),
+            window: AtomicU64::new(0),
         }
     }
 
@@ -101,6 +122,10 @@ impl Outlier {
     /// exchange or a timeout is a failure) and says what the pool should do about it.
     /// Anything but [`OutlierAction::None`] is also left as news for the control side.
     pub(crate) fn record(&self, ok: bool, was_trial: bool) -> OutlierAction {
+        if self.settings.success_rate.is_some() {
+            self.window
+                .fetch_add(WINDOW_ANSWER + u64::from(ok), Ordering::Relaxed);
+        }
         let action = self.judge(ok, was_trial);
         let bit = match action {
             OutlierAction::None => return action,
@@ -129,6 +154,13 @@ impl Outlier {
         } else {
             OutlierAction::None
         }
+    }
+
+    /// Ends the current success-rate window: its (successes, answers), counting again
+    /// from zero.
+    pub(crate) fn take_window(&self) -> (u32, u32) {
+        let w = self.window.swap(0, Ordering::Relaxed);
+        (w as u32, (w >> 32) as u32)
     }
 
     /// Takes the news left by the request path since the last call.
@@ -239,6 +271,30 @@ impl Outlier {
     }
 }
 
+/// Which of the success rates `rates` (of the backends that qualified in one window)
+/// are outliers under `sr`: below the mean less `stdev_factor` population standard
+/// deviations, when at least `min_hosts` qualified. Indexes into `rates`.
+///
+/// A pool that fails as a whole has rates close together: the deviation is small, and
+/// nobody is far enough below the mean (equal rates eject nobody at all). Note that one
+/// point among `n` lies at most `sqrt(n - 1)` deviations from the mean, so a factor of
+/// 1.9 needs 5 qualifying backends (`docs/operations.md`, "Success-rate outliers").
+pub(crate) fn below_success_rate(rates: &[f64], sr: &SuccessRate) -> Vec<usize> {
+    if rates.is_empty() || rates.len() < sr.min_hosts as usize {
+        return Vec::new();
+    }
+    let n = rates.len() as f64;
+    let mean = rates.iter().sum::<f64>() / n;
+    let variance = rates.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / n;
+    let threshold = mean - sr.stdev_factor * variance.sqrt();
+    rates
+        .iter()
+        .enumerate()
+        .filter(|(_, &r)| r < threshold)
+        .map(|(i, _)| i)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -283,6 +339,48 @@ mod tests {
         assert_eq!(o.record(true, true), OutlierAction::Restored);
         assert!(o.take_news().restored);
         assert!(!o.half_open());
+    }
+
+    #[test]
+    fn a_backend_far_below_its_pool_is_an_outlier_a_pool_failing_as_a_whole_is_not() {
+        let sr = SuccessRate {
+            stdev_factor: 1.9,
+            min_hosts: 3,
+            ..crate::config::outlier::DEFAULTS
+        };
+        assert_eq!(
+            below_success_rate(&[1.0, 1.0, 0.99, 1.0, 0.5], &sr),
+            vec![4]
+        );
+        assert!(below_success_rate(&[0.5, 0.5, 0.5, 0.5, 0.5], &sr).is_empty());
+        assert!(below_success_rate(&[0.49, 0.52, 0.5, 0.51, 0.47], &sr).is_empty());
+        let few = SuccessRate { min_hosts: 6, ..sr };
+        assert!(below_success_rate(&[1.0, 1.0, 0.99, 1.0, 0.5], &few).is_empty());
+        let three = SuccessRate {
+            stdev_factor: 1.0,
+            ..sr
+        };
+        assert_eq!(below_success_rate(&[1.0, 1.0, 0.6], &three), vec![2]);
+        assert!(
+            below_success_rate(&[1.0, 1.0, 0.6], &sr).is_empty(),
+            "one of three lies at most sqrt(2) deviations below the mean"
+        );
+    }
+
+    #[test]
+    fn answers_are_counted_in_the_window_only_when_success_rate_is_on() {
+        let off = Outlier::new(DEFAULTS);
+        off.record(true, false);
+        assert_eq!(off.take_window(), (0, 0));
+        let on = Outlier::new(OutlierSettings {
+            success_rate: Some(crate::config::outlier::DEFAULTS),
+            ..DEFAULTS
+        });
+        for ok in [true, false, true] {
+            on.record(ok, false);
+        }
+        assert_eq!(on.take_window(), (2, 3));
+        assert_eq!(on.take_window(), (0, 0));
     }
 
     #[test]

@@ -250,6 +250,27 @@ pub(super) fn apply_value(
     }
 }
 
+/// A table of plain values as `key=value` pairs joined with commas (what a
+/// [`FileType::Pairs`] option parses); `None` when a value is a table or a list, or
+/// holds a comma.
+fn pairs_text(t: &DeTable<'_>) -> Option<String> {
+    let mut out = Vec::new();
+    for (k, v) in t {
+        let text = match v.get_ref() {
+            DeValue::String(s) => s.to_string(),
+            DeValue::Integer(i) => i.as_str().to_string(),
+            DeValue::Float(f) => f.as_str().to_string(),
+            DeValue::Boolean(b) => b.to_string(),
+            _ => return None,
+        };
+        if text.contains(',') {
+            return None;
+        }
+        out.push(format!("{}={text}", k.get_ref()));
+    }
+    Some(out.join(","))
+}
+
 /// Collects errors while applying values.
 pub(super) struct Collector<'a> {
     file: String,
@@ -302,6 +323,7 @@ impl Collector<'_> {
             }
             (FileType::Float, DeValue::Float(f)) => Some(f.as_str().to_string()),
             (FileType::Switch, DeValue::Boolean(b)) => Some(b.to_string()),
+            (FileType::Pairs, DeValue::Table(t)) => pairs_text(t),
             (FileType::StrOrList, DeValue::Array(items)) => items
                 .iter()
                 .map(|i| i.get_ref().as_str().map(str::to_string))
@@ -317,6 +339,7 @@ impl Collector<'_> {
                 FileType::Switch => "on, off, true or false",
                 FileType::StrOrList => "a string or a list of strings",
                 FileType::Size => "a size: bytes, or a string such as \"1m\"",
+                FileType::Pairs => "a table such as { interval = \"10s\" }",
             };
             self.push(v.span().start, Some(key), format!("expected {expected}"));
         }

@@ -10,6 +10,7 @@ pub(crate) mod discover;
 mod file;
 mod file_pools;
 pub(crate) mod options;
+pub(crate) mod outlier;
 pub(crate) mod pem;
 pub(crate) mod policy;
 pub(crate) mod pools;
@@ -162,6 +163,8 @@ pub(crate) struct OutlierSettings {
     pub(crate) max_ejection: Duration,
     /// At most this share of the pool (percent, rounded down) ejected at once.
     pub(crate) max_ejected_percent: u32,
+    /// Success-rate ejection, when on.
+    pub(crate) success_rate: Option<outlier::SuccessRate>,
 }
 
 /// The HTTP version spoken to a pool's backends.
@@ -335,6 +338,7 @@ impl Default for Settings {
                     base_ejection: Duration::ZERO,
                     max_ejection: Duration::ZERO,
                     max_ejected_percent: 0,
+                    success_rate: None,
                 },
                 panic_threshold: 0,
                 sticky: StickySettings::default(),

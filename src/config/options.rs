@@ -30,6 +30,9 @@ pub(crate) enum FileType {
     StrOrList,
     /// A size: an integer (bytes) or a string with a unit (`"1m"`).
     Size,
+    /// A table of plain values (`{ interval = "10s", min_hosts = 3 }`), or on the
+    /// command line the same as `key=value` pairs joined with commas.
+    Pairs,
 }
 
 /// What a reload does with a changed value, and whether a pool may set it for itself.
@@ -392,6 +395,17 @@ pub(crate) static OPTIONS: &[Opt] = &[
         file_type: FileType::Int,
         set: |s, v| parse_uint::<u32>(v, 0, 100).map(|x| s.pool.outlier.max_ejected_percent = x),
         reload: pool_restart!("outlier.max_ejected_percent", outlier.max_ejected_percent),
+    },
+    Opt {
+        key: "outlier_success_rate",
+        table_key: Some(("outlier", "success_rate")),
+        value_name: "PAIRS",
+        help: "Success-rate ejection: interval=10s,min_hosts=3,min_requests=20,stdev_factor=1.9 (any subset), or off",
+        default: Some("off"),
+        default_text: None,
+        file_type: FileType::Pairs,
+        set: |s, v| super::outlier::parse_success_rate(v).map(|x| s.pool.outlier.success_rate = x),
+        reload: pool_restart!("outlier.success_rate", outlier.success_rate),
     },
     Opt {
         key: "queue_timeout",

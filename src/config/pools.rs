@@ -446,10 +446,30 @@ fn json_value(key: &str, v: &serde_json::Value) -> Result<(&'static str, String)
         Value::String(s) => s.clone(),
         Value::Number(n) => n.to_string(),
         Value::Bool(b) => b.to_string(),
+        Value::Object(m) => object_pairs(m)
+            .ok_or_else(|| format!("invalid {key}: expected an object of strings and numbers"))?,
         _ => return Err(format!("invalid {key}: expected a string or a number")),
     };
     let k = check_pool_value(key, &text).map_err(|e| format!("{key}: {e}"))?;
     Ok((k, text))
+}
+
+/// An object of plain values as `key=value` pairs joined with commas (what a
+/// `FileType::Pairs` option parses); `None` when a value is not a string, a number or a
+/// boolean, or holds a comma.
+fn object_pairs(m: &serde_json::Map<String, serde_json::Value>) -> Option<String> {
+    use serde_json::Value;
+    let mut out = Vec::new();
+    for (k, v) in m {
+        let text = match v {
+            Value::String(s) if !s.contains(',') => s.clone(),
+            Value::Number(n) => n.to_string(),
+            Value::Bool(b) => b.to_string(),
+            _ => return None,
+        };
+        out.push(format!("{k}={text}"));
+    }
+    Some(out.join(","))
 }
 
 /// The pool `draft` over the top-level settings `top`.

@@ -45,6 +45,9 @@ pub(crate) enum Event {
         /// Length of the ejection that starts, in seconds.
         #[serde(skip_serializing_if = "Option::is_none")]
         seconds: Option<u64>,
+        /// Why it is ejected (set when an ejection starts).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        reason: Option<crate::backend::outlier::Reason>,
     },
     /// A half-open backend's trial request succeeded: full traffic again.
     Restored {

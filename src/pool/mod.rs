@@ -19,6 +19,7 @@ use arc_swap::ArcSwap;
 use serde::Serialize;
 use tokio::sync::{broadcast, watch};
 
+use crate::backend::outlier::{self, Reason};
 pub(crate) use crate::backend::{
     clock_ns, AdminState, PoolLink, Queue, QueueError, Source, SpawnInfo,
 };
@@ -435,6 +436,7 @@ impl Pool {
                     backend: b.name.clone(),
                     ejected: false,
                     seconds: None,
+                    reason: None,
                 });
             }
         }
@@ -460,8 +462,34 @@ impl Pool {
                 });
             }
             if news.eject {
-                changed |= self.eject(&m, &b);
+                changed |= self.eject(&m, &b, Reason::ConsecutiveFailures);
             }
+        }
+        if changed {
+            self.publish(&mut m);
+        }
+    }
+
+    /// Ends the success-rate window of every backend and ejects those whose rate is an
+    /// outlier ([`outlier::below_success_rate`]), within the pool's cap. Called by the
+    /// pool's upkeep task every `success_rate.interval`.
+    pub(crate) fn settle_success_rates(&self) {
+        let Some(sr) = self.settings.outlier.success_rate else {
+            return;
+        };
+        let mut m = self.lock();
+        let mut qualified = Vec::new();
+        let mut rates = Vec::new();
+        for b in &m.backends {
+            let (ok, total) = b.outlier.take_window();
+            if total >= sr.min_requests && total > 0 && !b.ejected() {
+                qualified.push(Arc::clone(b));
+                rates.push(f64::from(ok) / f64::from(total));
+            }
+        }
+        let mut changed = false;
+        for i in outlier::below_success_rate(&rates, &sr) {
+            changed |= self.eject(&m, &qualified[i], Reason::SuccessRate);
         }
         if changed {
             self.publish(&mut m);
@@ -470,7 +498,7 @@ impl Pool {
 
     /// Ejects `b` unless it is out already or the pool's cap forbids it; returns whether
     /// it did (the caller publishes).
-    fn eject(&self, m: &Members, b: &Arc<Backend>) -> bool {
+    fn eject(&self, m: &Members, b: &Arc<Backend>, reason: Reason) -> bool {
         if b.ejected() {
             return false;
         }
@@ -480,12 +508,13 @@ impl Pool {
             return false;
         }
         let d = b.outlier.eject(std::time::Instant::now());
-        tracing::warn!(backend = %b.name, seconds = d.as_secs(), "backend ejected after failures on live traffic");
+        tracing::warn!(backend = %b.name, seconds = d.as_secs(), ?reason, "backend ejected after failures on live traffic");
         self.emit(Event::Ejection {
             id: b.id,
             backend: b.name.clone(),
             ejected: true,
             seconds: Some(d.as_secs()),
+            reason: Some(reason),
         });
         true
     }
@@ -509,6 +538,7 @@ impl Pool {
                     backend: b.name.clone(),
                     ejected: false,
                     seconds: None,
+                    reason: None,
                 });
                 changed = true;
             }
