@@ -103,6 +103,18 @@ impl RateLimiter {
         }
     }
 
+    /// Whether [`Self::check`] would let a request of `key` through at `now`, without
+    /// counting it nor keeping the key (`POST /admin/explain`).
+    pub(crate) fn would_allow(&self, key: u64, now: Instant) -> bool {
+        let t = now.saturating_duration_since(self.epoch).as_nanos() as u64;
+        let shard = lock(&self.shards[(key >> 40) as usize & (self.shards.len() - 1)]);
+        let tat = match shard.map.get(&key) {
+            Some(&i) => shard.slots[i as usize].tat,
+            None => 0,
+        };
+        tat.max(t) - t <= self.tolerance
+    }
+
     /// Keys kept now, in all shards.
     #[cfg(test)]
     fn keys(&self) -> usize {

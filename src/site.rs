@@ -101,6 +101,18 @@ impl Routing {
         })
     }
 
+    /// What [`Self::find`] would say, with the route's index, without counting anything
+    /// (`POST /admin/explain`).
+    pub(crate) fn peek(&self, req: &crate::route::Request<'_>) -> Option<(usize, Hit<'_>)> {
+        let (i, r) = self.table.find(req)?;
+        let hit = Hit {
+            route: r,
+            pool: &self.pools[r.pool],
+            policies: self.policies.get(i).and_then(Option::as_ref),
+        };
+        Some((i, hit))
+    }
+
     /// Requests each route's rate limit answered `429`, in route order (0 for a route
     /// without one).
     pub(crate) fn rate_limited(&self) -> Vec<u64> {

@@ -163,3 +163,216 @@ async fn a_pool_failing_as_a_whole_ejects_nobody() {
         "the pool fails as a whole: {share}"
     );
 }
+
+/// `POST /admin/explain` with `body`; the answer's JSON.
+async fn explain(c: &HttpClient, f: &Fulcrum, body: &str) -> serde_json::Value {
+    let r = admin(c, "POST", &f.admin_url("/admin/explain"), body).await;
+    assert_eq!(r.status, 200, "{body}: {}", r.text());
+    r.json()
+}
+
+/// The name of the backend with `id` in the first pool.
+async fn name_of(c: &HttpClient, f: &Fulcrum, id: &serde_json::Value) -> String {
+    let s = status(c, f).await;
+    let b = s["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| &b["id"] == id);
+    b.unwrap_or_else(|| panic!("no backend {id}"))["name"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_names_the_backend_the_next_request_gets_under_consistent_hashing() {
+    let bs: Vec<_> = ["A", "B", "C", "D"]
+        .iter()
+        .map(|n| TestBackend::start(n))
+        .collect();
+    let refs: Vec<&TestBackend> = bs.iter().collect();
+    let f = Fulcrum::over(
+        &refs,
+        &[
+            "--strategy",
+            "consistent_hash",
+            "--hash-key",
+            "header:x-user",
+        ],
+    );
+    let c = client();
+    let mut seen = std::collections::BTreeSet::new();
+    for user in ["ann", "bob", "cy", "dee", "eve", "fay", "gus", "hal"] {
+        let body = format!(r#"{{"path": "/cart", "headers": {{"x-user": "{user}"}}}}"#);
+        let e = explain(&c, &f, &body).await;
+        assert_eq!(e["route"], 0, "{e}");
+        assert_eq!(e["strategy"], "consistent_hash", "{e}");
+        let named = name_of(&c, &f, &e["backend"]).await;
+        let got = send(&c, "GET", &f.url("/cart"), &[("x-user", user)], "").await;
+        assert_eq!(got.backend(), named, "{user}: {e}");
+        assert_eq!(e["candidates"].as_array().unwrap().len(), 4, "{e}");
+        assert!(e["why"].as_str().unwrap().contains(&named), "{e}");
+        seen.insert(named);
+    }
+    assert!(seen.len() >= 2, "the keys spread: {seen:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_explain_calls_change_no_counter_and_do_not_move_round_robin() {
+    let bs: Vec<_> = ["A", "B", "C"]
+        .iter()
+        .map(|n| TestBackend::start(n))
+        .collect();
+    let refs: Vec<&TestBackend> = bs.iter().collect();
+    let f = Fulcrum::over(&refs, &[]);
+    let c = client();
+    for _ in 0..4 {
+        assert_eq!(get(&c, &f.url("/")).await.status, 200);
+    }
+    let before = status(&c, &f).await;
+    let metrics_before = get(&c, &f.admin_url("/metrics")).await.text();
+    let mut named = Vec::new();
+    for _ in 0..100 {
+        named.push(explain(&c, &f, "{}").await["backend"].clone());
+    }
+    assert!(named.windows(2).all(|w| w[0] == w[1]), "{named:?}");
+    let after = status(&c, &f).await;
+    for (b, a) in before["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(after["backends"].as_array().unwrap())
+    {
+        assert_eq!(b["requests"], a["requests"], "{b} {a}");
+    }
+    let requests = |m: &str| -> Vec<String> {
+        m.lines()
+            .filter(|l| l.starts_with("fulcrum_requests_total"))
+            .map(String::from)
+            .collect()
+    };
+    let metrics_after = get(&c, &f.admin_url("/metrics")).await.text();
+    assert_eq!(requests(&metrics_before), requests(&metrics_after));
+    let next = get(&c, &f.url("/")).await.backend();
+    assert_eq!(
+        next,
+        name_of(&c, &f, &named[0]).await,
+        "the rotation did not move"
+    );
+    let moved = explain(&c, &f, "{}").await;
+    assert_ne!(
+        moved["backend"], named[0],
+        "a real request moves it: {moved}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_says_why_a_backend_is_not_a_candidate_and_refuses_a_bad_question() {
+    let bs: Vec<_> = ["A", "B", "C"]
+        .iter()
+        .map(|n| TestBackend::start(n))
+        .collect();
+    let refs: Vec<&TestBackend> = bs.iter().collect();
+    let f = Fulcrum::over(&refs, &["--strategy", "least_connections"]);
+    let c = client();
+    let r = admin(
+        &c,
+        "PATCH",
+        &f.admin_url("/admin/backends/1"),
+        r#"{"state": "draining"}"#,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let e = explain(&c, &f, "{}").await;
+    let cands = e["candidates"].as_array().unwrap();
+    assert_eq!(cands[1]["eligible"], false, "{e}");
+    assert_eq!(cands[1]["reason"], "draining", "{e}");
+    assert_eq!(cands[0]["reason"], serde_json::Value::Null, "{e}");
+    assert_eq!(
+        cands[0]["score"], 0.0,
+        "least connections' score is in flight: {e}"
+    );
+    assert_eq!(e["backend"], 0, "{e}");
+    for bad in [
+        r#"{"method": "G T"}"#,
+        r#"{"path": "no slash"}"#,
+        r#"{"speed": 1}"#,
+        "[1]",
+    ] {
+        let r = admin(&c, "POST", &f.admin_url("/admin/explain"), bad).await;
+        assert_eq!(r.status, 400, "{bad}: {}", r.text());
+        assert!(r.json()["error"].is_string(), "{bad}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_names_a_redirect_a_rate_limit_and_missing_credentials() {
+    let api = TestBackend::start("api");
+    let dir = std::env::temp_dir().join(format!("fulcrum-bets-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let users = dir.join("htpasswd");
+    std::fs::write(
+        &users,
+        format!("alice:{}\n", bcrypt::hash("s3cret", 4).unwrap()),
+    )
+    .unwrap();
+    let cfg = config_file(
+        "bets",
+        "explain",
+        &format!(
+            "[[pools]]\nname = \"api\"\nbackends = [{{ url = \"{}\", name = \"api\" }}]\n\n\
+             [[routes]]\nhost = \"old.example\"\nredirect = {{ to = \"https://new.example{{path}}\", status = 301 }}\n\n\
+             [[routes]]\npool = \"api\"\npath_prefix = \"/ops\"\nbasic_auth = {{ realm = \"ops\", users_file = \"{}\" }}\n\n\
+             [[routes]]\npool = \"api\"\nrate_limit = {{ rate = 1, per = \"1m\", burst = 0 }}\n",
+            api.url(),
+            users.display()
+        ),
+    );
+    let f = Fulcrum::start(&["--config", cfg.to_str().unwrap()]);
+    let c = client();
+    let e = explain(&c, &f, r#"{"host": "old.example", "path": "/a"}"#).await;
+    assert_eq!(
+        (e["route"].clone(), e["backend"].clone()),
+        (0.into(), serde_json::Value::Null)
+    );
+    assert!(
+        e["why"]
+            .as_str()
+            .unwrap()
+            .contains("301 to https://new.example/a"),
+        "{e}"
+    );
+    let e = explain(&c, &f, r#"{"path": "/ops/x"}"#).await;
+    assert!(e["why"].as_str().unwrap().contains("401"), "{e}");
+    let good = format!("Basic {}", base64_of("alice:s3cret"));
+    let body = format!(r#"{{"path": "/ops/x", "headers": {{"authorization": "{good}"}}}}"#);
+    let e = explain(&c, &f, &body).await;
+    assert_eq!(e["pool"], "api", "{e}");
+    assert_eq!(name_of_in(&e), "api");
+    // The rate limit: explain spends nothing of the allowance.
+    for _ in 0..5 {
+        let e = explain(&c, &f, r#"{"path": "/x"}"#).await;
+        assert_eq!(e["route"], 2, "{e}");
+        assert!(e["backend"].is_u64(), "{e}");
+    }
+    assert_eq!(get(&c, &f.url("/x")).await.status, 200);
+    let e = explain(&c, &f, r#"{"path": "/x"}"#).await;
+    assert!(e["why"].as_str().unwrap().contains("429"), "{e}");
+    assert_eq!(get(&c, &f.url("/x")).await.status, 429);
+}
+
+/// The name of the backend an explanation names, from its candidates.
+fn name_of_in(e: &serde_json::Value) -> String {
+    let cands = e["candidates"].as_array().unwrap();
+    let b = cands
+        .iter()
+        .find(|c| c["id"] == e["backend"])
+        .expect("the backend is a candidate");
+    b["name"].as_str().unwrap().to_string()
+}
+
+fn base64_of(s: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(s)
+}

@@ -650,6 +650,24 @@ async fn reload(State(ctx): State<AdminCtx>) -> ApiResult<Json<crate::reload::Re
     })
 }
 
+/// `POST /admin/explain`: what fulcrum would do with the request described, changing
+/// nothing (`docs/operations.md`, "Why this backend?").
+async fn explain(
+    State(ctx): State<AdminCtx>,
+    body: Bytes,
+) -> ApiResult<Json<crate::proxy::explain::Explanation>> {
+    let q = match body.iter().all(u8::is_ascii_whitespace) {
+        true => Default::default(),
+        false => parse_body(&body)?,
+    };
+    let trusted = ctx.reloader.settings().trusted_proxies;
+    let routing = arc_swap::Guard::into_inner(ctx.site.routing());
+    crate::proxy::explain::explain(routing, &trusted, q)
+        .await
+        .map(Json)
+        .map_err(ApiError::bad)
+}
+
 /// The dashboard: one self-contained page, kept next to this file.
 const DASHBOARD: &str = include_str!("dashboard.html");
 
@@ -817,6 +835,7 @@ pub(crate) fn router(ctx: AdminCtx) -> Router {
             get(get_traffic).post(start_traffic).delete(stop_traffic),
         )
         .route("/admin/reload", post(reload))
+        .route("/admin/explain", post(explain))
         .route("/admin/pools", get(pools::list).post(pools::create))
         .route("/admin/pools/{name}", get(pools::one).delete(pools::remove))
         .route(

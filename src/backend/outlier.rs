@@ -189,6 +189,12 @@ impl Outlier {
         self.trial.load(Ordering::Relaxed) != TRIAL_NONE
     }
 
+    /// Whether a half-open backend's trial request could be claimed now (none is in
+    /// flight).
+    pub(crate) fn trial_free(&self) -> bool {
+        self.trial.load(Ordering::Relaxed) != TRIAL_RUNNING
+    }
+
     /// Claims the single trial request of a half-open backend; `false` when another
     /// request already has it.
     pub(crate) fn claim_trial(&self) -> bool {

@@ -3,6 +3,7 @@
 
 mod answer;
 mod body;
+pub(crate) mod explain;
 pub(crate) mod headers;
 pub(crate) mod hop;
 pub(crate) mod message;

@@ -234,6 +234,29 @@ impl Picker {
         }
     }
 
+    /// The number this strategy ranks `b` by now, as `POST /admin/explain` shows it: the
+    /// requests in flight (least connections, power of two), in flight ÷ weight
+    /// (weighted least connections), the expected wait in milliseconds (least response
+    /// time, peak EWMA; `None` while unsampled) — lower wins — or the weight a weighted
+    /// rotation gives it; `None` for the strategies that rank nothing (round robin, the
+    /// hashing ones).
+    pub(crate) fn score(&self, b: &Backend, now: u64) -> Option<f64> {
+        let in_flight = b.in_flight();
+        let ms = |ns: f64| ns / 1e6;
+        match self {
+            Picker::LeastConnections(_) | Picker::PowerOfTwo(_) => Some(in_flight as f64),
+            Picker::WeightedLeastConnections(_) => {
+                Some(in_flight as f64 / b.effective_weight().max(f64::MIN_POSITIVE))
+            }
+            Picker::LeastResponseTime(_) => {
+                least_time::estimate(b, now, in_flight).map(|e| ms(e * (in_flight + 1) as f64))
+            }
+            Picker::PeakEwma(_) => Some(ms(p2c::peak_cost(b, now, in_flight))),
+            Picker::WeightedRoundRobin(_) => Some(b.effective_weight()),
+            Picker::RoundRobin(_) | Picker::Ring(..) | Picker::Maglev(..) => None,
+        }
+    }
+
     /// The ranking strategies' rule: the best of `eligible` that `ctx` allows (the
     /// backends not yielded yet, see [`Candidates`]). The other strategies walk instead.
     #[inline]

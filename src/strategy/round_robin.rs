@@ -26,6 +26,11 @@ impl RoundRobin {
         self.next.load(Ordering::Relaxed)
     }
 
+    /// The index the next pick takes, without taking it (`n > 0`).
+    pub(crate) fn peek(&self, n: usize) -> usize {
+        self.position() % n
+    }
+
     /// The next index in `0..n` (`n > 0`).
     #[inline]
     pub(crate) fn pick(&self, n: usize) -> usize {

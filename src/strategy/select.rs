@@ -257,6 +257,30 @@ impl Picker {
         Candidates { eligible, walk }
     }
 
+    /// The candidates a request with `key` would get now, without moving anything: a
+    /// rotation's next position is read, not taken (`POST /admin/explain`).
+    pub(crate) fn candidates_now<'a>(
+        &'a self,
+        eligible: &'a [Arc<Backend>],
+        key: Option<u64>,
+    ) -> Candidates<'a> {
+        let n = eligible.len();
+        let walk = match self {
+            _ if n == 0 => Walk::Rotate { next: 0, left: 0 },
+            Picker::RoundRobin(p) => Walk::Rotate {
+                next: p.peek(n),
+                left: n,
+            },
+            Picker::WeightedRoundRobin(p) => Walk::Rotate {
+                next: p.peek(),
+                left: n,
+            },
+            // The others read loads and estimates, and change nothing as they walk.
+            _ => return self.candidates(eligible, key),
+        };
+        Candidates { eligible, walk }
+    }
+
     /// The first candidate `accept` takes, as an index into `eligible`; `None` when it
     /// takes none.
     #[inline]

@@ -198,6 +198,19 @@ impl SmoothWeightedRoundRobin {
         self
     }
 
+    /// The index the next pick takes, without taking it (the pool must not be empty).
+    pub(crate) fn peek(&self) -> usize {
+        match &self.mode {
+            Mode::Table { schedule, next, .. } => {
+                schedule[next.load(Ordering::Relaxed) % schedule.len()] as usize
+            }
+            Mode::Live { stepper, .. } => {
+                let mut copy = stepper.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                copy.step()
+            }
+        }
+    }
+
     /// The next index (the pool must not be empty).
     #[inline]
     pub(crate) fn pick(&self) -> usize {
