@@ -838,6 +838,7 @@ async fn admin_safety_tokens_origins_and_documents() {
         "/admin/backends/{id}/kill",
         "/admin/backends/{id}/revive",
         "/admin/reload",
+        "/admin/explain",
         "/admin/traffic",
         "/admin/lab",
         "/admin/fleet",

@@ -36,8 +36,7 @@ pub(crate) struct Question {
     /// Path and query; `/` when not given.
     path: Option<String>,
     /// Further request fields.
-    #[serde(default)]
-    headers: BTreeMap<String, String>,
+    headers: Option<BTreeMap<String, String>>,
     /// The address the request comes from; 127.0.0.1 when not given.
     client_ip: Option<IpAddr>,
 }
@@ -89,7 +88,7 @@ impl Question {
             let v = HeaderValue::from_str(h).map_err(|_| format!("invalid host '{h}'"))?;
             b = b.header(header::HOST, v);
         }
-        for (name, value) in &self.headers {
+        for (name, value) in self.headers.iter().flatten() {
             let n = HeaderName::from_bytes(name.as_bytes())
                 .map_err(|_| format!("invalid header name '{name}'"))?;
             let v = HeaderValue::from_str(value)
