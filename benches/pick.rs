@@ -221,3 +221,16 @@ fn build_weighted_round_robin(bencher: divan::Bencher, n: usize) {
         )
     });
 }
+
+#[divan::bench(args = sizes())]
+fn reported_load(bencher: divan::Bencher, n: usize) {
+    bench_pick(bencher, StrategyKind::ReportedLoad, n);
+}
+
+/// Reading a backend's `endpoint-load-metrics` value (ORCA's TEXT form), as every
+/// answer that carries one is read.
+#[divan::bench]
+fn load_report_parse(bencher: divan::Bencher) {
+    let value = b"TEXT cpu_utilization=0.42, application_utilization=0.5, rps_fractional=120";
+    bencher.bench(|| fulcrum::backend::report::parse_report(divan::black_box(value)));
+}

@@ -219,10 +219,18 @@ struct BackendArgs {
     /// A cold start: ten times slower at start, back to normal over this long.
     #[arg(long, value_name = "DUR", value_parser = backend_duration)]
     cold_for: Option<std::time::Duration>,
-    /// Start the script's clock (--slow-after, --fail-bursts, --cold-for) when a line
-    /// arrives on stdin instead of at start.
+    /// A brownout: from this long after start on, a third of the answers are 503, at once.
+    #[arg(long, value_name = "DUR", value_parser = backend_duration)]
+    brownout_after: Option<std::time::Duration>,
+    /// Start the script's clock (--slow-after, --fail-bursts, --cold-for,
+    /// --brownout-after) when a line arrives on stdin instead of at start.
     #[arg(long)]
     clock_on_stdin: bool,
+    /// Report its load in every answer (`endpoint-load-metrics`: utilization = requests
+    /// in flight ÷ its concurrency, averaged over the last second, and requests per
+    /// second).
+    #[arg(long)]
+    report_load: bool,
     /// Serve on this already-bound listening socket instead of binding --listen (used
     /// by fulcrum for the backends it spawns).
     #[arg(long, value_name = "FD", hide = true)]
@@ -483,8 +491,10 @@ fn backend(args: BackendArgs) -> i32 {
             slow_factor: args.slow_factor,
             fail_bursts: args.fail_bursts,
             cold_for: args.cold_for,
+            brownout_after: args.brownout_after,
             clock_on_stdin: args.clock_on_stdin,
         },
+        report_load: args.report_load,
     };
     let listener = match args.listen_fd {
         Some(fd) if fd > 2 => {

@@ -154,6 +154,17 @@ fn encode_backend_checks(
         ConstCounter::new(u64::from(b.outlier.count())).encode(m.encode_family(&labels)?)?;
     }
 
+    let mut m = enc.encode_descriptor(
+        "fulcrum_load_reports_malformed",
+        "endpoint-load-metrics values from the backend that could not be read (ignored).",
+        None,
+        MetricType::Counter,
+    )?;
+    for b in backends {
+        let labels = [("backend", b.name.as_str()), ("pool", &*b.pool)];
+        ConstCounter::new(b.malformed_reports()).encode(m.encode_family(&labels)?)?;
+    }
+
     Ok(())
 }
 
@@ -197,8 +208,20 @@ fn encode_backend_gauges(
         "Requests in flight divided by the effective weight.",
         |b| b.in_flight() as f64 / b.effective_weight().max(f64::MIN_POSITIVE),
     )?;
+    per_backend_gauge(
+        enc,
+        backends,
+        "fulcrum_backend_reported_utilization",
+        "Utilization in the backend's latest fresh load report; NaN without one.",
+        |b| reported_utilization(b).unwrap_or(f64::NAN),
+    )?;
 
     Ok(())
+}
+
+/// The utilization of a backend's latest fresh load report.
+fn reported_utilization(b: &Backend) -> Option<f64> {
+    b.load_report(crate::backend::clock_ns())?.utilization
 }
 
 /// Proxy-wide counters, the routes' and each pool's strategy.

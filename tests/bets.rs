@@ -376,3 +376,142 @@ fn base64_of(s: &str) -> String {
     use base64::Engine;
     base64::engine::general_purpose::STANDARD.encode(s)
 }
+
+/// A backend that answers every request 200 with `report` as its
+/// `endpoint-load-metrics` field (none when empty), keeping connections alive; its name
+/// in `x-backend`.
+fn reporting_backend(name: &'static str, report: &'static str) -> std::net::SocketAddr {
+    use std::io::{Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { continue };
+            std::thread::spawn(move || {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match s.read(&mut chunk) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    let end = buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+                    buf.drain(..end);
+                    let field = match report {
+                        "" => String::new(),
+                        r => format!("endpoint-load-metrics: {r}\r\n"),
+                    };
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\nx-backend: {name}\r\n{field}content-length: 2\r\n\r\nok"
+                    );
+                    if s.write_all(answer.as_bytes()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_reported_load_a_backend_reporting_twice_the_utilization_gets_half_the_share() {
+    let busy = reporting_backend("busy", "TEXT cpu_utilization=0.8, rps_fractional=100");
+    let calm = reporting_backend(
+        "calm",
+        "TEXT application_utilization=0.4, cpu_utilization=0.9, rps_fractional=100",
+    );
+    let bad = reporting_backend("bad", "TEXT cpu_utilization=lots");
+    let f = Fulcrum::start(&[
+        "--backend",
+        &format!("http://{busy},name=busy"),
+        "--backend",
+        &format!("http://{calm},name=calm"),
+        "--backend",
+        &format!("http://{bad},name=bad"),
+        "--strategy",
+        "orca",
+    ]);
+    let c = client();
+    let r = get(&c, &f.url("/")).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.header("endpoint-load-metrics"),
+        None,
+        "the report never reaches the client"
+    );
+    // The reports arrive, and the weights are recomputed every second.
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(2) {
+        get(&c, &f.url("/")).await;
+    }
+    let mut counts = std::collections::HashMap::<String, u32>::new();
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(3) {
+        let r = get(&c, &f.url("/")).await;
+        assert_eq!(r.status, 200);
+        assert_eq!(r.header("endpoint-load-metrics"), None);
+        *counts
+            .entry(r.header("x-backend").unwrap().to_string())
+            .or_default() += 1;
+    }
+    let ratio = f64::from(counts["busy"]) / f64::from(counts["calm"]);
+    assert!(
+        (0.4..=0.6).contains(&ratio),
+        "busy ÷ calm = {ratio}: {counts:?}"
+    );
+    // The one whose report cannot be read gets the mean weight: between the two.
+    assert!(
+        counts["bad"] > counts["busy"] && counts["bad"] < counts["calm"],
+        "{counts:?}"
+    );
+    let s = status(&c, &f).await;
+    let util: Vec<_> = s["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["reported_utilization"].clone())
+        .collect();
+    assert_eq!(
+        util,
+        vec![
+            serde_json::json!(0.8),
+            serde_json::json!(0.4),
+            serde_json::Value::Null
+        ]
+    );
+    let m = get(&c, &f.admin_url("/metrics")).await.text();
+    let malformed = m
+        .lines()
+        .find(|l| l.starts_with("fulcrum_load_reports_malformed_total{backend=\"bad\""))
+        .unwrap_or_else(|| panic!("{m}"));
+    let n: f64 = malformed.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(n >= 10.0, "{malformed}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_demo_backend_reports_its_own_load() {
+    let b = DemoBackend::start(
+        "r",
+        &[
+            "--report-load",
+            "--latency-ms",
+            "20",
+            "--max-concurrency",
+            "4",
+        ],
+    );
+    let f = over(std::slice::from_ref(&b), &["--strategy", "reported_load"]);
+    let c = client();
+    let t = Instant::now();
+    let mut util = serde_json::Value::Null;
+    while t.elapsed() < Duration::from_secs(4) && util.is_null() {
+        load(&c, &f, 20, 4).await;
+        util = status(&c, &f).await["backends"][0]["reported_utilization"].clone();
+    }
+    let u = util.as_f64().unwrap_or_else(|| panic!("no report: {util}"));
+    // Four clients on four slots of 20 ms: busy most of the time.
+    assert!(u > 0.3 && u <= 1.0, "{u}");
+}

@@ -1,8 +1,8 @@
 //! A backend and the live numbers it keeps about itself, each concern in a module of its
 //! own: [`capacity`] (its connection limit and requests in flight), [`latency`] (its
 //! average and the strategies' estimates), [`outlier`] (passive outlier detection),
-//! [`ramp`] (slow start), [`faults`] (injected faults) and [`queue`] (its pool's
-//! waiting requests, which a freed slot wakes).
+//! [`ramp`] (slow start), [`faults`] (injected faults), [`queue`] (its pool's
+//! waiting requests, which a freed slot wakes) and [`report`] (the load it reports).
 //!
 //! The backend is the vocabulary the pool, the strategies and the request path share,
 //! and it depends on none of them: what a strategy keeps on it is opaque to it (the
@@ -15,6 +15,7 @@ mod latency;
 pub(crate) mod outlier;
 pub(crate) mod queue;
 mod ramp;
+pub mod report;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -206,6 +207,8 @@ pub struct Backend {
     ramp: Ramp,
     /// Injected faults.
     faults: FaultCells,
+    /// The load it reports in its answers.
+    reports: report::LoadReports,
     /// What the metrics endpoint reads.
     pub(crate) stats: crate::stats::BackendStats,
     /// Set for a backend fulcrum started itself (`POST /admin/backends/spawn`).
@@ -285,6 +288,7 @@ impl Backend {
             outlier: Outlier::new(outlier::DEFAULTS),
             ramp: Ramp::new(Duration::ZERO),
             faults: FaultCells::default(),
+            reports: report::LoadReports::default(),
             stats: Default::default(),
             spawn: None,
         }
@@ -465,6 +469,22 @@ impl Backend {
     pub(crate) fn recover(&self) {
         self.faults.clear();
         self.clear_latency();
+    }
+
+    /// Keeps the load report of one of its answers (the value of its
+    /// `endpoint-load-metrics` field).
+    pub(crate) fn note_load_report(&self, value: &[u8]) {
+        self.reports.note(value, clock_ns());
+    }
+
+    /// Its latest load report, when it is fresh at `now` ([`clock_ns`] time).
+    pub(crate) fn load_report(&self, now: u64) -> Option<report::Report> {
+        self.reports.fresh(now)
+    }
+
+    /// Load reports it sent that could not be read.
+    pub(crate) fn malformed_reports(&self) -> u64 {
+        self.reports.malformed()
     }
 
     /// Whether a strategy may pick it: healthy, not ejected, active.

@@ -24,6 +24,8 @@ pub enum StrategyKind {
     IpHash,
     /// Maglev table keyed by `--hash-key`.
     Maglev,
+    /// Smooth WRR weighted by the load the backends report (ORCA).
+    ReportedLoad,
 }
 
 /// Canonical names and their accepted aliases.
@@ -66,6 +68,11 @@ pub(crate) const NAMES: &[(StrategyKind, &str, &[&str])] = &[
     ),
     (StrategyKind::IpHash, "ip_hash", &["ip-hash"]),
     (StrategyKind::Maglev, "maglev", &[]),
+    (
+        StrategyKind::ReportedLoad,
+        "reported_load",
+        &["orca", "reported-load"],
+    ),
 ];
 
 impl StrategyKind {

@@ -24,7 +24,16 @@ pub(crate) struct BackendOptions {
     pub(crate) error_rate: f64,
     /// How its behaviour changes over its life (the strategy lab's scenarios).
     pub(crate) script: Script,
+    /// Whether its answers carry its load report.
+    pub(crate) report_load: bool,
 }
+
+/// The share of answers a brownout refuses.
+const BROWNOUT_SHARE: f64 = 1.0 / 3.0;
+
+/// The concurrency a backend without `--max-concurrency` reports its utilization
+/// against.
+const DEFAULT_CONCURRENCY: usize = 100;
 
 /// A behaviour scripted over the backend's life, timed from its start, for the strategy
 /// lab (`docs/lab.md`).
@@ -43,6 +52,9 @@ pub(crate) struct Script {
     /// A cold start: latency ten times longer at start, back to normal linearly over
     /// this long.
     pub(crate) cold_for: Option<Duration>,
+    /// A brownout: from this long after start on, [`BROWNOUT_SHARE`] of the answers are
+    /// 503, sent at once.
+    pub(crate) brownout_after: Option<Duration>,
     /// The script's clock starts when a line arrives on stdin, not at start: the lab
     /// starts every backend's clock at the same instant as its schedule.
     pub(crate) clock_on_stdin: bool,
@@ -63,6 +75,11 @@ impl Script {
         f
     }
 
+    /// Whether a request arriving at `age` is one the brownout refuses.
+    fn browned_out(&self, age: Duration) -> bool {
+        self.brownout_after.is_some_and(|t| age >= t) && fastrand::f64() < BROWNOUT_SHARE
+    }
+
     /// Whether a request arriving at `age` falls in a failure burst.
     fn failing(&self, age: Duration) -> bool {
         self.fail_bursts.is_some_and(|period| {
@@ -78,6 +95,44 @@ struct Live {
     opts: BackendOptions,
     started: std::sync::OnceLock<std::time::Instant>,
     slots: Option<tokio::sync::Semaphore>,
+    /// What its load reports are made of.
+    load: std::sync::Mutex<LoadWindow>,
+}
+
+/// The requests of the current second and of the last whole one: how many, and how long
+/// they were in the backend in all (waits for a slot included).
+#[derive(Debug)]
+struct LoadWindow {
+    start: std::time::Instant,
+    requests: u64,
+    busy: Duration,
+    /// The last whole second's (requests per second, utilization), once there is one.
+    last: Option<(f64, f64)>,
+}
+
+impl LoadWindow {
+    /// Counts a request that was in the backend for `busy`, rolling the window on at
+    /// whole seconds.
+    fn count(&mut self, busy: Duration, concurrency: usize, now: std::time::Instant) {
+        let span = now.saturating_duration_since(self.start);
+        if span >= Duration::from_secs(1) {
+            let secs = span.as_secs_f64();
+            let utilization = self.busy.as_secs_f64() / secs / concurrency as f64;
+            self.last = Some((self.requests as f64 / secs, utilization));
+            self.start = now;
+            self.requests = 0;
+            self.busy = Duration::ZERO;
+        }
+        self.requests += 1;
+        self.busy += busy;
+    }
+
+    /// The `endpoint-load-metrics` value of the last whole second.
+    fn report(&self) -> Option<HeaderValue> {
+        let (rps, utilization) = self.last?;
+        let text = format!("TEXT cpu_utilization={utilization:.4}, rps_fractional={rps:.2}");
+        HeaderValue::from_str(&text).ok()
+    }
 }
 
 impl Live {
@@ -123,6 +178,7 @@ async fn answer(live: &Live, req: Request<Incoming>) -> Response<Full<Bytes>> {
             .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
         return r;
     }
+    let arrived = std::time::Instant::now();
     // A request waits for a worker slot first: that wait is the backend's queue.
     let _slot = match &live.slots {
         Some(s) => s.acquire().await.ok(),
@@ -139,6 +195,11 @@ async fn answer(live: &Live, req: Request<Incoming>) -> Response<Full<Bytes>> {
         None => opts.latency_ms,
     };
     let latency = (base as f64 * opts.script.slowdown(age)).round() as u64;
+    if opts.script.browned_out(age) {
+        let mut r = Response::new(Full::new(Bytes::from_static(b"brownout\n")));
+        *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+        return r;
+    }
     let status = match query_param(query, "status").and_then(|v| v.parse::<u16>().ok()) {
         Some(s) => StatusCode::from_u16(s).unwrap_or(StatusCode::OK),
         None if opts.script.failing(age) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -163,6 +224,15 @@ async fn answer(live: &Live, req: Request<Incoming>) -> Response<Full<Bytes>> {
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
+    if opts.report_load {
+        let now = std::time::Instant::now();
+        let concurrency = opts.script.max_concurrency.unwrap_or(DEFAULT_CONCURRENCY);
+        let mut w = live.load.lock().unwrap_or_else(|e| e.into_inner());
+        w.count(now.saturating_duration_since(arrived), concurrency, now);
+        if let Some(v) = w.report() {
+            r.headers_mut().insert("endpoint-load-metrics", v);
+        }
+    }
     r
 }
 
@@ -181,6 +251,12 @@ pub(crate) async fn run(
         opts,
         started: std::sync::OnceLock::new(),
         slots,
+        load: std::sync::Mutex::new(LoadWindow {
+            start: std::time::Instant::now(),
+            requests: 0,
+            busy: Duration::ZERO,
+            last: None,
+        }),
     }));
     if on_stdin {
         start_clock_on_stdin(live);

@@ -217,6 +217,8 @@ pub(crate) struct BackendView {
     pub(crate) queued: u64,
     /// Who put it in the pool.
     pub(crate) source: Source,
+    /// The utilization in its latest load report no older than three minutes.
+    pub(crate) reported_utilization: Option<f64>,
     /// A spawned backend's process id (`null` while it is not running).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) pid: Option<Option<u32>>,
@@ -247,6 +249,7 @@ impl BackendView {
             max_conns: b.max_conns(),
             queued: b.queued().load(Ordering::Relaxed),
             source: b.source(),
+            reported_utilization: b.load_report(clock_ns()).and_then(|r| r.utilization),
             pid: b.spawn.as_ref().map(|s| s.pid()),
             port: b.spawn.as_ref().map(|s| s.port),
         }

@@ -80,7 +80,9 @@ impl Answer {
         match self {
             Answer::Hyper(resp, conn) => {
                 let (mut parts, body) = resp.into_parts();
-                super::headers::strip_hop_by_hop(&mut parts.headers, false);
+                if let Some(report) = super::headers::strip_answer(&mut parts.headers) {
+                    hold.guard.backend().note_load_report(report.as_bytes());
+                }
                 hold.conn = Some((conn, upstreams));
                 let head = ResponseHead {
                     request_id: None,
@@ -95,11 +97,18 @@ impl Answer {
                     body: RespBody::upstream(body, hold),
                 }
             }
-            // Its hop-by-hop fields were left out as it was parsed.
-            Answer::Wire(head, body) => ProxyResponse {
-                head,
-                body: RespBody::wire(body, hold, upstreams),
-            },
+            // Its hop-by-hop fields and its load report were left out as it was parsed.
+            Answer::Wire(head, body) => {
+                if let ResponseFields::Wire(f) = &head.fields {
+                    if let Some(report) = f.load_report() {
+                        hold.guard.backend().note_load_report(report);
+                    }
+                }
+                ProxyResponse {
+                    head,
+                    body: RespBody::wire(body, hold, upstreams),
+                }
+            }
         }
     }
 }

@@ -97,6 +97,25 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
     }
 }
 
+/// Readies a backend's answer given as a header map for the client: its hop-by-hop
+/// fields removed, and its load report (`endpoint-load-metrics`) taken out and
+/// returned. One pass over the names finds whether either is there.
+pub(crate) fn strip_answer(headers: &mut HeaderMap) -> Option<HeaderValue> {
+    let (mut hop, mut report) = (false, false);
+    for k in headers.keys() {
+        hop |= hop::is_hop_by_hop(k.as_str().as_bytes());
+        report |= k.as_str() == crate::backend::report::FIELD;
+    }
+    let value = match report {
+        true => headers.remove(crate::backend::report::FIELD),
+        false => None,
+    };
+    if hop {
+        strip_hop_by_hop(headers, false);
+    }
+    value
+}
+
 /// HTTP/2 clients may split `Cookie` into several fields; an HTTP/1.1 backend expects
 /// one line, joined with `; ` (RFC 9113 §8.2.3).
 pub(crate) fn merge_cookies(headers: &mut HeaderMap) {
@@ -386,6 +405,11 @@ impl Spans {
             .all(|&(n, nl, v, vl)| (n + nl) as usize <= head.len()
                 && (v + vl) as usize <= head.len()));
         Spans { head, spans }
+    }
+
+    /// `len` bytes of the head from `at` (inside the head: a span it was made with).
+    pub(crate) fn bytes(&self, at: usize, len: usize) -> &[u8] {
+        self.head.get(at..at + len).unwrap_or_default()
     }
 
     /// Name (as spelled in the head) and value of each field, in order.

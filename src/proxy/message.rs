@@ -333,6 +333,9 @@ pub(crate) struct Fields {
     pub(crate) length: Option<u64>,
     /// Whether the backend sent a `Date`.
     pub(crate) has_date: bool,
+    /// Where its load report is in the head (offset, length; length 0: none): the
+    /// value of an `endpoint-load-metrics` field, left out of the fields.
+    pub(crate) report: (u32, u32),
 }
 
 impl Fields {
@@ -343,7 +346,15 @@ impl Fields {
             spans,
             length,
             has_date,
+            report: (0, 0),
         }
+    }
+
+    /// The backend's load report, when it sent one.
+    #[inline]
+    pub(crate) fn load_report(&self) -> Option<&[u8]> {
+        let (at, len) = (self.report.0 as usize, self.report.1 as usize);
+        (len != 0).then(|| self.spans.bytes(at, len))
     }
 
     /// Name (as the backend spelled it) and value of each field, in order.

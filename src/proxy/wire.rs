@@ -279,7 +279,8 @@ fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, BadAn
     let head = buf.split_to(len).freeze();
     let facts = read_fields(&head, &spans[..count], http11).map_err(malformed)?;
     let (framing, length, close) = framing(method, status, &facts, http11).map_err(malformed)?;
-    let fields = Fields::new(Spans::new(head, facts.kept), length, facts.has_date);
+    let mut fields = Fields::new(Spans::new(head, facts.kept), length, facts.has_date);
+    fields.report = facts.report;
     let head = ResponseHead {
         request_id: None,
         rate_limit: None,
@@ -307,6 +308,9 @@ struct FieldFacts {
     /// `Connection: close`, or HTTP/1.0 without `keep-alive`.
     close: bool,
     has_date: bool,
+    /// Where the value of an `endpoint-load-metrics` field is (offset, length; length
+    /// 0: none): the backend's load report, which goes no further.
+    report: (u32, u32),
 }
 
 /// Reads the fields at `spans` of `head` (name and value offsets and lengths): the
@@ -325,6 +329,7 @@ fn read_fields(
         chunked: false,
         close: !http11,
         has_date: false,
+        report: (0, 0),
     };
     // Fields that `Connection` names are hop-by-hop too (rare beyond keep-alive/close).
     let mut named = hop::Named::default();
@@ -362,6 +367,9 @@ fn read_fields(
             }
         } else if name.eq_ignore_ascii_case(b"date") {
             f.has_date = true;
+        } else if name.eq_ignore_ascii_case(crate::backend::report::FIELD.as_bytes()) {
+            f.report = (span.2, span.3);
+            continue;
         }
         if !hop::is_hop_by_hop(name) {
             f.kept.push(span);

@@ -19,6 +19,7 @@ mod load_index;
 mod maglev;
 mod p2c;
 mod ramp;
+mod reported_load;
 mod ring;
 mod round_robin;
 mod select;
@@ -27,7 +28,7 @@ mod wrr;
 
 use std::sync::Arc;
 
-use crate::backend::Backend;
+use crate::backend::{clock_ns, Backend};
 
 pub use estimate::record_latency;
 pub(crate) use estimate::record_latency_at;
@@ -37,6 +38,7 @@ pub(crate) use least_time::LeastResponseTime;
 pub(crate) use load_index::{LoadIndex, LoadSlot};
 pub(crate) use maglev::Maglev;
 pub(crate) use p2c::{PeakEwma, PowerOfTwo};
+pub(crate) use reported_load::ReportedLoad;
 pub(crate) use ring::Ring;
 pub(crate) use round_robin::RoundRobin;
 pub(crate) use weighted_least_conn::WeightedLeastConnections;
@@ -102,6 +104,8 @@ pub enum Picker {
     Ring(Arc<Ring>, Option<f64>),
     /// See [`Maglev`], with the balance factor.
     Maglev(Arc<Maglev>, Option<f64>),
+    /// See [`ReportedLoad`].
+    ReportedLoad(ReportedLoad),
 }
 
 impl Picker {
@@ -155,6 +159,13 @@ impl Picker {
             }
             StrategyKind::PeakEwma => Picker::PeakEwma(PeakEwma::new(eligible)),
             StrategyKind::PowerOfTwo => Picker::PowerOfTwo(PowerOfTwo::new(eligible)),
+            StrategyKind::ReportedLoad => {
+                let previous = match previous {
+                    Some(Picker::ReportedLoad(p)) => Some(p),
+                    _ => None,
+                };
+                return Picker::ReportedLoad(ReportedLoad::new(eligible, clock_ns(), previous));
+            }
             StrategyKind::ConsistentHash | StrategyKind::IpHash => {
                 let ring = match previous {
                     Some(Picker::Ring(r, _)) if r.built_for(&ring::members(eligible)) => {
@@ -222,14 +233,15 @@ impl Picker {
         }
     }
 
-    /// Whether its least-loaded index is due for renewal at `now` ([`clock_ns`]
-    /// time): `least_response_time` keys idle backends relative to the index's birth and
-    /// keeps them precise by being rebuilt every [`least_time::RENEW_AFTER`].
-    ///
-    /// [`clock_ns`]: crate::backend::clock_ns
+    /// Whether it is due to be rebuilt at `now` ([`clock_ns`] time):
+    /// `least_response_time` keys idle backends relative to its index's birth and keeps
+    /// them precise by being rebuilt every [`least_time::RENEW_AFTER`]; `reported_load`
+    /// recomputes its weights from the latest reports every
+    /// [`reported_load::REWEIGH_EVERY`].
     pub(crate) fn index_is_old(&self, now: u64) -> bool {
         match self {
             Picker::LeastResponseTime(p) => p.index_is_old(now),
+            Picker::ReportedLoad(p) => p.is_due(now),
             _ => false,
         }
     }
@@ -253,6 +265,7 @@ impl Picker {
             }
             Picker::PeakEwma(_) => Some(ms(p2c::peak_cost(b, now, in_flight))),
             Picker::WeightedRoundRobin(_) => Some(b.effective_weight()),
+            Picker::ReportedLoad(p) => p.weight_of(b.id),
             Picker::RoundRobin(_) | Picker::Ring(..) | Picker::Maglev(..) => None,
         }
     }
@@ -269,6 +282,7 @@ impl Picker {
             Picker::PowerOfTwo(p) => p.pick(eligible, ctx),
             Picker::RoundRobin(_)
             | Picker::WeightedRoundRobin(_)
+            | Picker::ReportedLoad(_)
             | Picker::Ring(..)
             | Picker::Maglev(..) => None,
         }

@@ -245,6 +245,7 @@ impl Picker {
             _ if n == 0 => Walk::Rotate { next: 0, left: 0 },
             Picker::RoundRobin(p) => rotate(p.pick(n)),
             Picker::WeightedRoundRobin(p) => rotate(p.pick()),
+            Picker::ReportedLoad(p) => rotate(p.pick()),
             Picker::Ring(r, factor) => Walk::Hash(r.walk(eligible, key.unwrap_or(0), *factor)),
             Picker::Maglev(t, factor) => Walk::Hash(t.walk(eligible, key.unwrap_or(0), *factor)),
             _ => Walk::Rank {
@@ -272,6 +273,10 @@ impl Picker {
                 left: n,
             },
             Picker::WeightedRoundRobin(p) => Walk::Rotate {
+                next: p.peek(),
+                left: n,
+            },
+            Picker::ReportedLoad(p) => Walk::Rotate {
                 next: p.peek(),
                 left: n,
             },
