@@ -56,10 +56,11 @@ fn command() -> clap::Command {
 
 #[derive(Args, Debug)]
 struct LabArgs {
-    /// slow-backend, flapping, heterogeneous, warmup, hot-key or overload.
+    /// slow-backend, flapping, heterogeneous, warmup, hot-key, overload or brownout.
     #[arg(long, value_name = "NAME")]
     scenario: String,
-    /// `all`, or strategy names separated by commas.
+    /// `all`, or strategy names separated by commas; a name may end in `+bounded`,
+    /// `+auto`, `+unlimited` or `+success_rate` (docs/lab.md, "Rows").
     #[arg(long, value_name = "all|NAME,…", default_value = "all")]
     strategies: String,
     /// Seconds of load per strategy (at most 120).

@@ -12,9 +12,8 @@ use std::time::Duration;
 use crate::config::RawFlags;
 use crate::lab::load::{self, Schedule};
 use crate::lab::report::{self, Report, StrategyResult};
-use crate::lab::scenario::BackendPlan;
-use crate::lab::{label, stopping, Phase, Plan, Progress};
-use crate::strategy::StrategyKind;
+use crate::lab::scenario::{self, BackendPlan};
+use crate::lab::{stopping, Phase, Plan, Progress, Tweak, Variant};
 
 /// Runs `plan`: every strategy in turn on the same schedule; `progress` hears how far
 /// it is. A strategy whose run fails gets a row with its error, and the others go on.
@@ -24,11 +23,11 @@ pub(crate) fn run(plan: &Plan, progress: &mut dyn FnMut(&Progress)) -> Result<Re
     let schedule = Schedule::new(plan.rps, plan.seconds, plan.seed, plan.scenario.clients());
     let sockets = Sockets::bind(&plan.scenario.backends(plan.seconds))?;
     let mut results = Vec::new();
-    for (index, &(kind, factor)) in plan.variants.iter().enumerate() {
+    for (index, &row) in plan.variants.iter().enumerate() {
         if stopping() {
             break;
         }
-        let strategy = label(kind, factor);
+        let strategy = row.label();
         let mut tick = |phase: Phase, elapsed: Duration| {
             progress(&Progress {
                 index,
@@ -44,7 +43,7 @@ pub(crate) fn run(plan: &Plan, progress: &mut dyn FnMut(&Progress)) -> Result<Re
             exe: &exe,
             sockets: &sockets,
         };
-        match run.one((kind, factor), &mut tick) {
+        match run.one(row, &mut tick) {
             Ok(Some(r)) => results.push(r),
             // Cut short by a stop: nothing measured is worth a row.
             Ok(None) => break,
@@ -123,7 +122,7 @@ impl Run<'_> {
     /// `None` when a stop cut it short.
     fn one(
         &self,
-        (kind, factor): (StrategyKind, Option<f64>),
+        row: Variant,
         tick: &mut dyn FnMut(Phase, Duration),
     ) -> Result<Option<StrategyResult>, String> {
         tick(Phase::Starting, Duration::ZERO);
@@ -144,14 +143,14 @@ impl Run<'_> {
             Ok::<_, String>(())
         });
         let samples = match outcome {
-            Ok(()) => self.load(&rt, (kind, factor), &mut started, joiners.clone(), tick),
+            Ok(()) => self.load(&rt, row, &mut started, joiners.clone(), tick),
             Err(e) => Err(e),
         };
         rt.block_on(reap(started));
         let Some((samples, joined_at)) = samples? else {
             return Ok(None);
         };
-        let mut r = report::summarize(label(kind, factor), &samples, &names);
+        let mut r = report::summarize(row.label(), &samples, &names);
         if let (Some(j), Some(from)) = (joiners.first(), joined_at) {
             // The seconds left after the join, rounded: a join a little late still gets
             // its last, nearly whole, second.
@@ -174,12 +173,12 @@ impl Run<'_> {
     fn load(
         &self,
         rt: &tokio::runtime::Runtime,
-        (kind, factor): (StrategyKind, Option<f64>),
+        row: Variant,
         started: &mut Vec<Started>,
         joiners: Vec<BackendPlan>,
         tick: &mut dyn FnMut(Phase, Duration),
     ) -> Result<Option<Measured>, String> {
-        let flags = fulcrum_flags(self.plan, kind, factor, started);
+        let flags = fulcrum_flags(self.plan, row, started);
         let settings = crate::config::build(&flags).map_err(|e| {
             e.first()
                 .map_or_else(|| "invalid settings".to_string(), |e| e.to_string())
@@ -227,36 +226,41 @@ async fn reap(started: Vec<Started>) {
     }
 }
 
-/// fulcrum's settings for one strategy's run, over `backends`.
-fn fulcrum_flags(
-    plan: &Plan,
-    kind: StrategyKind,
-    factor: Option<f64>,
-    backends: &[Started],
-) -> RawFlags {
+/// fulcrum's settings for one row's run, over `backends`.
+fn fulcrum_flags(plan: &Plan, row: Variant, backends: &[Started]) -> RawFlags {
     let mut flags = RawFlags::default()
         .with("listen", "127.0.0.1:0")
         .with("admin", "127.0.0.1:0")
         .with("access_log", "off")
         .with("workers", "1")
-        .with("strategy", kind.name());
+        .with("strategy", row.kind.name());
     for (k, v) in plan.scenario.fulcrum_options() {
         flags = flags.with(k, v);
     }
-    if let Some(f) = factor {
-        flags = flags.with("hash_balance_factor", f.to_string());
+    match row.tweak {
+        Tweak::Bounded(f) => flags = flags.with("hash_balance_factor", f.to_string()),
+        Tweak::AutoLimit => flags = flags.with("max_conns", "auto".to_string()),
+        Tweak::SuccessRate => {
+            flags = flags.with("outlier_success_rate", scenario::SUCCESS_RATE.to_string())
+        }
+        Tweak::NoLimit | Tweak::None => {}
     }
+    // A row that sets the limit its own way leaves out the scenario's fixed one.
+    let fixed = matches!(
+        row.tweak,
+        Tweak::None | Tweak::Bounded(_) | Tweak::SuccessRate
+    );
     flags.backend = backends
         .iter()
-        .map(|b| backend_flag(&b.plan, b.addr))
+        .map(|b| backend_flag(&b.plan, b.addr, fixed))
         .collect();
     flags
 }
 
-/// `--backend` for a demo backend at `addr`.
-fn backend_flag(p: &BackendPlan, addr: SocketAddr) -> String {
+/// `--backend` for a demo backend at `addr`, with its `max_conns` when `fixed`.
+fn backend_flag(p: &BackendPlan, addr: SocketAddr, fixed: bool) -> String {
     let mut s = format!("http://{addr},weight={},name={}", p.weight, p.name);
-    if p.max_conns > 0 {
+    if p.max_conns > 0 && fixed {
         s.push_str(&format!(",max_conns={}", p.max_conns));
     }
     s
@@ -310,7 +314,7 @@ impl Joiners<'_> {
             }
             out.push(start_backend(&self.exe, self.sockets, p).await?);
             let Some(b) = out.last_mut() else { break };
-            let spec = crate::config::parse_backend_spec(&backend_flag(&b.plan, b.addr))?;
+            let spec = crate::config::parse_backend_spec(&backend_flag(&b.plan, b.addr, true))?;
             if let Some(pool) = &self.pool {
                 pool.add(spec).map_err(|e| e.to_string())?;
             }

@@ -515,3 +515,83 @@ async fn a_demo_backend_reports_its_own_load() {
     // Four clients on four slots of 20 ms: busy most of the time.
     assert!(u > 0.3 && u <= 1.0, "{u}");
 }
+
+#[test]
+fn bad_settings_of_the_bets_exit_2_naming_them() {
+    let cases: [(&str, &str); 5] = [
+        (
+            "[outlier]\nsuccess_rate = { stdev_factor = 0 }\n",
+            "line 2: outlier.success_rate: success_rate.stdev_factor",
+        ),
+        (
+            "[outlier]\nsuccess_rate = { min_hosts = 0 }\n",
+            "line 2: outlier.success_rate: success_rate.min_hosts",
+        ),
+        (
+            "backends = [{ url = \"http://127.0.0.1:1\", max_conns = \"fast\" }]\n",
+            "max_conns 'fast'",
+        ),
+        ("max_conns = \"fast\"\n", "invalid max_conns 'fast'"),
+        (
+            "max_conns_auto = { min = 9, max = 3 }\n",
+            "min 9 is over max 3",
+        ),
+    ];
+    for (i, (text, want)) in cases.iter().enumerate() {
+        let cfg = config_file("bets", &format!("bad{i}"), text);
+        let (status, _, err) = run_fulcrum(&["check", "--config", cfg.to_str().unwrap()]);
+        assert_eq!(status.code(), Some(2), "{text}: {err}");
+        assert!(err.contains(want), "{text}: {err}");
+    }
+    for (flag, value) in [
+        ("--outlier-success-rate", "stdev_factor=-1"),
+        ("--max-conns", "fast"),
+        ("--backend", "http://127.0.0.1:1,max_conns=fast"),
+    ] {
+        let (status, _, err) = run_fulcrum(&["serve", flag, value]);
+        assert_eq!(status.code(), Some(2), "{flag} {value}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(
+            err.contains(value.rsplit('=').next().unwrap()),
+            "{flag}: {err}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adaptive_limit_shows_in_backend_and_follows_latency() {
+    let b = DemoBackend::start("slow4", &["--latency-ms", "20", "--max-concurrency", "4"]);
+    let f = over(
+        std::slice::from_ref(&b),
+        &[
+            "--max-conns",
+            "auto",
+            "--max-conns-auto",
+            "min=2,max=50",
+            "--max-queue",
+            "1000",
+            "--queue-timeout",
+            "5s",
+        ],
+    );
+    let c = client();
+    let b0 = status(&c, &f).await["backends"][0].clone();
+    assert_eq!(b0["max_conns_mode"], "auto", "{b0}");
+    assert_eq!(b0["max_conns"], 4, "it starts small: {b0}");
+    // Thirty clients at once on four workers: the limit stays near where requests start
+    // to queue inside the backend, and the rest wait in fulcrum's queue.
+    let t = Instant::now();
+    let mut seen = Vec::new();
+    while t.elapsed() < Duration::from_secs(4) {
+        let failed = load(&c, &f, 120, 30).await;
+        assert_eq!(failed, 0);
+        seen.push(
+            status(&c, &f).await["backends"][0]["max_conns"]
+                .as_u64()
+                .unwrap(),
+        );
+    }
+    let last = *seen.last().unwrap();
+    assert!((2..=16).contains(&last), "the limit: {seen:?}");
+    assert!(seen.iter().any(|&l| l != 4), "it moves: {seen:?}");
+}

@@ -54,7 +54,7 @@ fn bad_input_exits_2_naming_the_valid_values() {
     let cases: [(&[&str], &str); 5] = [
         (
             &["--scenario", "nope"],
-            "valid: slow-backend, flapping, heterogeneous, warmup, hot-key, overload",
+            "valid: slow-backend, flapping, heterogeneous, warmup, hot-key, overload, brownout",
         ),
         (
             &[
@@ -253,7 +253,7 @@ fn overload_sheds_what_it_cannot_serve_and_nothing_hangs() {
             "--scenario",
             "overload",
             "--strategies",
-            "least_connections",
+            "least_connections,round_robin+auto,round_robin+unlimited",
             "--seconds",
             "4",
         ],
@@ -267,7 +267,46 @@ fn overload_sheds_what_it_cannot_serve_and_nothing_hangs() {
     assert!(errors > 0 && errors < requests, "{lc}");
     // Served requests wait at most the queue's 500 ms, plus their own service.
     assert!(lc["p99_ms"].as_f64().unwrap() < 1000.0, "{lc}");
-    assert!(started.elapsed() < std::time::Duration::from_secs(30));
+    // An adaptive limit: the tail of the unlimited pool halved at least, and fewer
+    // than a third refused (a fifth is over the pool's capacity).
+    let (auto, unlimited) = (
+        row(&r, "round_robin+auto"),
+        row(&r, "round_robin+unlimited"),
+    );
+    let refused = auto["errors"].as_f64().unwrap() / auto["requests"].as_f64().unwrap();
+    assert!(refused < 1.0 / 3.0, "{auto}");
+    assert!(
+        p99(&r, "round_robin+auto") <= 0.5 * p99(&r, "round_robin+unlimited"),
+        "{auto} {unlimited}"
+    );
+    assert_eq!(
+        unlimited["errors"], 0,
+        "nothing refused without a limit: {unlimited}"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(45));
+}
+
+#[test]
+fn in_a_brownout_success_rate_ejection_cuts_the_errors_to_a_third() {
+    let (r, table) = lab(
+        "brown",
+        &[
+            "--scenario",
+            "brownout",
+            "--strategies",
+            "round_robin,round_robin+success_rate",
+            "--seconds",
+            "6",
+        ],
+    );
+    println!("{table}");
+    let errors = |s: &str| {
+        let x = row(&r, s);
+        x["errors"].as_f64().unwrap() / x["requests"].as_f64().unwrap()
+    };
+    let (without, with) = (errors("round_robin"), errors("round_robin+success_rate"));
+    assert!(without > 0.02, "the brownout fails requests: {without}");
+    assert!(with <= without / 3.0, "{with} against {without}");
 }
 
 /// The lab's backend processes alive now (a zombie has no command line).

@@ -1,8 +1,15 @@
 //! A backend's connection limit (`docs/operations.md`, "Connection limits and the
-//! queue"): its requests in flight, its `max_conns` (HAProxy's `maxconn`) and how many
-//! of its pool's queued requests the strategy would have sent to it.
+//! queue"): its requests in flight, its `max_conns` (HAProxy's `maxconn`), fixed or
+//! adaptive ([`super::gradient`]), and how many of its pool's queued requests the
+//! strategy would have sent to it.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use super::gradient::Gradient;
+
+pub(crate) use crate::config::AUTO_CONNS as AUTO;
 
 /// The load numbers of one backend that a limit is checked against.
 #[derive(Debug)]
@@ -12,16 +19,61 @@ pub(crate) struct Capacity {
     in_flight: AtomicU64,
     /// Requests waiting in its pool's queue that the strategy would have sent here.
     pub(crate) queued: AtomicU64,
+    /// Whether the limit is adaptive (then `max_conns` is the gradient's limit now).
+    adaptive: AtomicBool,
+    /// The adaptive limit, made the first time it is asked for.
+    gradient: OnceLock<Gradient>,
+    /// The least and the most an adaptive limit may be (its pool's `max_conns_auto`).
+    bounds: (u32, u32),
 }
 
 impl Capacity {
-    /// Nothing in flight, at most `max_conns` (0: no limit).
-    pub(crate) fn new(max_conns: u32) -> Capacity {
-        Capacity {
-            max_conns: AtomicU32::new(max_conns),
+    /// Nothing in flight, at most `max_conns` (0: no limit; [`AUTO`]: adaptive, within
+    /// `bounds`).
+    pub(crate) fn new(max_conns: u32, bounds: (u32, u32)) -> Capacity {
+        let c = Capacity {
+            max_conns: AtomicU32::new(0),
             in_flight: AtomicU64::new(0),
             queued: AtomicU64::new(0),
+            adaptive: AtomicBool::new(false),
+            gradient: OnceLock::new(),
+            bounds,
+        };
+        c.set_max_conns(max_conns);
+        c
+    }
+
+    /// Whether its limit is adaptive.
+    #[inline]
+    pub(crate) fn adaptive(&self) -> bool {
+        self.adaptive.load(Ordering::Relaxed)
+    }
+
+    /// The limit as configured: a number, or [`AUTO`].
+    pub(crate) fn configured(&self) -> u32 {
+        match self.adaptive() {
+            true => AUTO,
+            false => self.max_conns(),
         }
+    }
+
+    /// Adds an answer's latency to an adaptive limit's window.
+    #[inline]
+    pub(crate) fn sample(&self, latency: Duration) {
+        if let Some(g) = self.gradient.get() {
+            g.sample(latency, self.in_flight());
+        }
+    }
+
+    /// Moves an adaptive limit when its window is due at `now`: `Some((was, now))` when
+    /// it changed. Control side only.
+    pub(crate) fn adjust(&self, now: Instant) -> Option<(u32, u32)> {
+        if !self.adaptive() {
+            return None;
+        }
+        let limit = self.gradient.get()?.adjust(now)?;
+        let was = self.max_conns.swap(limit, Ordering::Relaxed);
+        (was != limit).then_some((was, limit))
     }
 
     /// Requests in flight.
@@ -36,9 +88,17 @@ impl Capacity {
         self.max_conns.load(Ordering::Relaxed)
     }
 
-    /// Sets the limit (applies to the next pick).
+    /// Sets the limit (applies to the next pick): a number (0: none), or [`AUTO`].
     pub(crate) fn set_max_conns(&self, n: u32) {
-        self.max_conns.store(n, Ordering::Relaxed);
+        if n == AUTO {
+            let (min, max) = self.bounds;
+            let g = self.gradient.get_or_init(|| Gradient::new(min, max));
+            self.max_conns.store(g.limit(), Ordering::Relaxed);
+            self.adaptive.store(true, Ordering::Relaxed);
+        } else {
+            self.adaptive.store(false, Ordering::Relaxed);
+            self.max_conns.store(n, Ordering::Relaxed);
+        }
     }
 
     /// Counts one more request in flight, whatever the limit.
@@ -85,7 +145,7 @@ mod tests {
 
     #[test]
     fn a_limited_backend_counts_its_slot_when_it_gives_it() {
-        let c = Capacity::new(2);
+        let c = Capacity::new(2, (1, 1000));
         assert_eq!(c.claim(), Some(true));
         assert_eq!(c.claim(), Some(true));
         assert_eq!(c.claim(), None);
@@ -94,5 +154,17 @@ mod tests {
         c.set_max_conns(0);
         assert_eq!(c.claim(), Some(false), "no limit: the caller counts it");
         assert_eq!(c.in_flight(), 1);
+    }
+
+    #[test]
+    fn an_adaptive_limit_starts_within_its_bounds_and_turns_fixed_again() {
+        let c = Capacity::new(AUTO, (1, 8));
+        assert!(c.adaptive());
+        assert_eq!((c.max_conns(), c.configured()), (4, AUTO));
+        let c = Capacity::new(AUTO, (1, 2));
+        assert_eq!(c.max_conns(), 2);
+        c.set_max_conns(3);
+        assert_eq!((c.max_conns(), c.configured()), (3, 3));
+        assert_eq!(c.adjust(Instant::now()), None);
     }
 }

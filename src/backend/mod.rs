@@ -11,6 +11,7 @@
 
 mod capacity;
 mod faults;
+mod gradient;
 mod latency;
 pub(crate) mod outlier;
 pub(crate) mod queue;
@@ -37,6 +38,9 @@ pub(crate) use latency::{Estimates, Latency, ESTIMATE_CELLS};
 pub(crate) use outlier::{Outlier, OutlierAction};
 pub(crate) use queue::{Queue, QueueError};
 use ramp::Ramp;
+
+/// The bounds of an adaptive limit outside a pool (`max_conns_auto`'s default).
+const DEFAULT_AUTO_BOUNDS: (u32, u32) = (1, 1000);
 
 /// Administrative state, set through the admin API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -278,7 +282,7 @@ impl Backend {
             healthy: AtomicBool::new(true),
             source: AtomicU8::new(Source::Config as u8),
             pins: AtomicU8::new(0),
-            capacity: Capacity::new(spec.max_conns),
+            capacity: Capacity::new(spec.max_conns, DEFAULT_AUTO_BOUNDS),
             link: OnceLock::new(),
             indexed: AtomicBool::new(false),
             load_watch: ArcSwapOption::empty(),
@@ -314,6 +318,10 @@ impl Backend {
         self.connect_timeout = settings.connect_timeout;
         self.outlier = Outlier::new(settings.outlier);
         self.ramp = Ramp::new(settings.slow_start);
+        // Its own `max_conns`, else its pool's; an adaptive one within the pool's bounds.
+        let own = self.capacity.configured();
+        let limit = if own == 0 { settings.max_conns } else { own };
+        self.capacity = Capacity::new(limit, settings.max_conns_auto);
         self.transport = crate::transport::Transport::new(
             is_https(&self.url),
             self.authority.host(),
@@ -402,7 +410,7 @@ impl Backend {
             self.pin(pin::WEIGHT);
         }
         if old.pinned(pin::MAX_CONNS) {
-            self.set_max_conns(old.max_conns());
+            self.set_max_conns(old.configured_max_conns());
             self.pin(pin::MAX_CONNS);
         }
     }
@@ -528,6 +536,9 @@ impl Backend {
     /// the time since the sample before it (`None` for the first). The strategies' own
     /// estimates are folded by `strategy::record_latency`, which calls this. Lock-free.
     pub(crate) fn note_latency(&self, sample: Duration, now: u64) -> Option<u64> {
+        if self.capacity.adaptive() {
+            self.capacity.sample(sample);
+        }
         self.latency.note(sample, now)
     }
 
@@ -582,14 +593,35 @@ impl Backend {
         self.begin_claimed()
     }
 
-    /// The limit on requests in flight; 0 = none.
+    /// The limit on requests in flight now (an adaptive one's current value); 0 = none.
     pub(crate) fn max_conns(&self) -> u32 {
         self.capacity.max_conns()
     }
 
-    /// Sets the limit (applies to the next pick).
+    /// The limit as configured: a number, or [`crate::config::AUTO_CONNS`].
+    pub(crate) fn configured_max_conns(&self) -> u32 {
+        self.capacity.configured()
+    }
+
+    /// Whether its limit follows its latency (`max_conns = "auto"`).
+    pub(crate) fn adaptive_limit(&self) -> bool {
+        self.capacity.adaptive()
+    }
+
+    /// Sets the limit (applies to the next pick): a number, or
+    /// [`crate::config::AUTO_CONNS`].
     pub(crate) fn set_max_conns(&self, n: u32) {
         self.capacity.set_max_conns(n);
+    }
+
+    /// Moves an adaptive limit when its window is due at `now`, and lets waiters take
+    /// the slots a rise brings. Control side only (the pool's upkeep).
+    pub(crate) fn adjust_limit(&self, now: Instant) {
+        if let Some((was, limit)) = self.capacity.adjust(now) {
+            if limit > was {
+                self.wake_waiters(Some((limit - was) as usize));
+            }
+        }
     }
 
     /// Wakes its pool's waiters when its limit goes up (`n` more slots, or all for

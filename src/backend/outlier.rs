@@ -277,26 +277,55 @@ impl Outlier {
     }
 }
 
-/// Which of the success rates `rates` (of the backends that qualified in one window)
-/// are outliers under `sr`: below the mean less `stdev_factor` population standard
-/// deviations, when at least `min_hosts` qualified. Indexes into `rates`.
+/// How many standard errors of sampling noise a backend's shortfall must exceed, beside
+/// Envoy's rule ([`below_success_rate`]).
+const NOISE_Z: f64 = 4.0;
+
+/// Which of the backends that qualified in one window, given as (successes, answers),
+/// are success-rate outliers under `sr` (indexes into `windows`). Envoy's rule: when at
+/// least `min_hosts` qualified, those whose rate is below the mean less `stdev_factor`
+/// population standard deviations.
 ///
-/// A pool that fails as a whole has rates close together: the deviation is small, and
-/// nobody is far enough below the mean (equal rates eject nobody at all). Note that one
-/// point among `n` lies at most `sqrt(n - 1)` deviations from the mean, so a factor of
-/// 1.9 needs 5 qualifying backends (`docs/operations.md`, "Success-rate outliers").
-pub(crate) fn below_success_rate(rates: &[f64], sr: &SuccessRate) -> Vec<usize> {
-    if rates.is_empty() || rates.len() < sr.min_hosts as usize {
+/// One addition, so that a pool failing as a whole ejects nobody: rates that differ only
+/// by sampling noise (five backends each failing 30 % of 80 requests spread out by
+/// chance, and one of them crosses Envoy's line in one window of 30 at a factor of 1.9)
+/// do not count. The backend's shortfall from the rate of all the others must also be
+/// more than [`NOISE_Z`] standard errors of that difference (a two-proportion test).
+/// A backend answering 5xx to a third of its requests while the others do not is many
+/// times over that line (`docs/operations.md`, "Success-rate outliers").
+///
+/// Note that one point among `n` lies at most `sqrt(n - 1)` deviations from the mean, so
+/// a factor of 1.9 needs 5 qualifying backends.
+pub(crate) fn below_success_rate(windows: &[(u32, u32)], sr: &SuccessRate) -> Vec<usize> {
+    if windows.is_empty() || windows.len() < sr.min_hosts as usize {
         return Vec::new();
     }
-    let n = rates.len() as f64;
-    let mean = rates.iter().sum::<f64>() / n;
-    let variance = rates.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / n;
+    let rate = |(ok, n): (u32, u32)| f64::from(ok) / f64::from(n.max(1));
+    let n = windows.len() as f64;
+    let mean = windows.iter().map(|&w| rate(w)).sum::<f64>() / n;
+    let variance = windows
+        .iter()
+        .map(|&w| (rate(w) - mean).powi(2))
+        .sum::<f64>()
+        / n;
     let threshold = mean - sr.stdev_factor * variance.sqrt();
-    rates
+    let (all_ok, all_n) = windows.iter().fold((0u64, 0u64), |(o, t), &(ok, n)| {
+        (o + u64::from(ok), t + u64::from(n))
+    });
+    let beyond_noise = |&(ok, n): &(u32, u32)| {
+        let (rest_ok, rest_n) = (all_ok - u64::from(ok), all_n - u64::from(n));
+        if rest_n == 0 || n == 0 {
+            return false;
+        }
+        let others = rest_ok as f64 / rest_n as f64;
+        let pooled = all_ok as f64 / all_n as f64;
+        let se = (pooled * (1.0 - pooled) * (1.0 / f64::from(n) + 1.0 / rest_n as f64)).sqrt();
+        others - rate((ok, n)) > NOISE_Z * se
+    };
+    windows
         .iter()
         .enumerate()
-        .filter(|(_, &r)| r < threshold)
+        .filter(|(_, &w)| rate(w) < threshold && beyond_noise(&w))
         .map(|(i, _)| i)
         .collect()
 }

@@ -211,7 +211,10 @@ fn read_backend(
     let max_conns = match field("max_conns") {
         Some((_, n)) => {
             let key = format!("{prefix}.max_conns");
-            let t = c.text_of(n, FileType::Int, &key)?;
+            let t = match n.get_ref() {
+                DeValue::String(s) => s.to_string(),
+                _ => c.text_of(n, FileType::Int, &key)?,
+            };
             match super::parse_max_conns(&t) {
                 Ok(n) => n,
                 Err(e) => {

@@ -33,7 +33,7 @@ pub(crate) use pools::{PoolSettings, PoolSpec, RouteSpec, DEFAULT_POOL};
 pub use values::backend_spec;
 pub(crate) use values::parse_backend_spec;
 pub(crate) use values::BackendEntry;
-pub(crate) use values::{parse_addr, parse_max_conns, parse_positive_duration};
+pub(crate) use values::{parse_addr, parse_max_conns, parse_positive_duration, AUTO_CONNS};
 
 /// Default proxy listener.
 pub(crate) const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
@@ -344,6 +344,8 @@ impl Default for Settings {
                 sticky: StickySettings::default(),
                 queue_timeout: Duration::ZERO,
                 max_queue: 0,
+                max_conns: 0,
+                max_conns_auto: (0, 0),
                 retries: 0,
                 slow_start: Duration::ZERO,
                 ewma_alpha: 0.0,

@@ -430,6 +430,28 @@ pub(crate) static OPTIONS: &[Opt] = &[
         reload: pool_restart!("max_queue", max_queue),
     },
     Opt {
+        key: "max_conns",
+        table_key: None,
+        value_name: "N|auto",
+        help: "Most requests in flight on each backend of a pool that sets none itself: N (0 = no limit), or auto (follows its latency)",
+        default: Some("0"),
+        default_text: None,
+        file_type: FileType::Str,
+        set: |s, v| parse_max_conns(v).map(|x| s.pool.max_conns = x),
+        reload: pool_restart!("max_conns", max_conns),
+    },
+    Opt {
+        key: "max_conns_auto",
+        table_key: None,
+        value_name: "PAIRS",
+        help: "Bounds of an adaptive max_conns: min=N,max=N",
+        default: Some("min=1,max=1000"),
+        default_text: None,
+        file_type: FileType::Pairs,
+        set: |s, v| parse_auto_bounds(v).map(|x| s.pool.max_conns_auto = x),
+        reload: pool_restart!("max_conns_auto", max_conns_auto),
+    },
+    Opt {
         key: "sticky_cookie",
         table_key: Some(("sticky", "cookie")),
         value_name: "NAME",
@@ -814,6 +836,6 @@ mod tests {
         );
         assert!(!find("listen").unwrap().per_pool());
         assert!(pool_options().all(|o| o.per_pool()));
-        assert_eq!(pool_options().count(), 27);
+        assert_eq!(pool_options().count(), 30);
     }
 }

@@ -52,6 +52,11 @@ pub(crate) struct PoolSettings {
     pub(crate) queue_timeout: Duration,
     /// Most requests waiting in the queue.
     pub(crate) max_queue: usize,
+    /// The `max_conns` of its backends that set none: a number (0: no limit) or
+    /// [`super::AUTO_CONNS`].
+    pub(crate) max_conns: u32,
+    /// The least and the most an adaptive limit may be (`max_conns_auto`).
+    pub(crate) max_conns_auto: (u32, u32),
     /// Extra attempts for a failed idempotent request.
     pub(crate) retries: u32,
     /// Weight ramp duration; zero = off.
@@ -407,6 +412,16 @@ impl RouteView {
             strip_path_prefix: self.strip_path_prefix,
             policies,
         })
+    }
+}
+
+impl PoolSettings {
+    /// The `max_conns` a backend of this pool gets: its own, else the pool's.
+    pub(crate) fn max_conns_of(&self, spec: &super::BackendSpec) -> u32 {
+        match spec.max_conns {
+            0 => self.max_conns,
+            own => own,
+        }
     }
 }
 

@@ -196,8 +196,18 @@ pub(crate) struct BackendEntry {
     name: Option<String>,
     /// Picked only while no primary of the pool is eligible.
     backup: Option<bool>,
-    /// At most this many requests in flight; 0 = no limit.
-    max_conns: Option<i64>,
+    /// At most this many requests in flight; 0 = no limit; or `"auto"`.
+    max_conns: Option<MaxConnsValue>,
+}
+
+/// A `max_conns` in JSON: a number, or `"auto"`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(untagged)]
+pub(crate) enum MaxConnsValue {
+    /// A number of requests.
+    Number(i64),
+    /// `auto`.
+    Text(String),
 }
 
 impl BackendEntry {
@@ -214,8 +224,10 @@ impl BackendEntry {
         };
         let mut spec = backend_spec(&self.url, weight, self.name.as_deref())?;
         spec.backup = self.backup.unwrap_or(false);
-        if let Some(n) = self.max_conns {
-            spec.max_conns = parse_max_conns(&n.to_string())?;
+        match self.max_conns {
+            Some(MaxConnsValue::Number(n)) => spec.max_conns = parse_max_conns(&n.to_string())?,
+            Some(MaxConnsValue::Text(t)) => spec.max_conns = parse_max_conns(&t)?,
+            None => {}
         }
         Ok(spec)
     }
@@ -224,11 +236,42 @@ impl BackendEntry {
 /// The most requests in flight a backend's `max_conns` may allow.
 pub(crate) const MAX_CONNS: u32 = 1_000_000;
 
-/// A backend's `max_conns`: 0 (no limit) to [`MAX_CONNS`].
+/// `max_conns = "auto"` where a number of requests would be: the limit follows the
+/// backend's latency (`docs/operations.md`, "Adaptive concurrency").
+pub(crate) const AUTO_CONNS: u32 = u32::MAX;
+
+/// A backend's `max_conns`: 0 (no limit) to [`MAX_CONNS`], or `auto` ([`AUTO_CONNS`]).
 pub(crate) fn parse_max_conns(s: &str) -> Result<u32, String> {
+    if s.trim() == "auto" {
+        return Ok(AUTO_CONNS);
+    }
     parse_uint::<u32>(s, 0, MAX_CONNS).map_err(|_| {
-        format!("invalid max_conns '{s}' (expected an integer from 0, no limit, to {MAX_CONNS})")
+        format!("invalid max_conns '{s}' (expected auto, or an integer from 0, no limit, to {MAX_CONNS})")
     })
+}
+
+/// Parses the bounds of an adaptive `max_conns`: `min=N,max=N` (either may be left out:
+/// 1 and 1000).
+pub(crate) fn parse_auto_bounds(s: &str) -> Result<(u32, u32), String> {
+    let (mut min, mut max) = (1u32, 1000u32);
+    for pair in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let named = |k: &str, e: String| format!("max_conns_auto.{k}: {e}");
+        match pair.split_once('=').map(|(k, v)| (k.trim(), v.trim())) {
+            Some(("min", v)) => min = parse_uint(v, 1, MAX_CONNS).map_err(|e| named("min", e))?,
+            Some(("max", v)) => max = parse_uint(v, 1, MAX_CONNS).map_err(|e| named("max", e))?,
+            _ => {
+                return Err(format!(
+                    "invalid max_conns_auto '{pair}' (expected min=N or max=N)"
+                ))
+            }
+        }
+    }
+    if min > max {
+        return Err(format!(
+            "invalid max_conns_auto: min {min} is over max {max}"
+        ));
+    }
+    Ok((min, max))
 }
 
 /// Parses `URL[,weight=N][,name=NAME][,backup][,max_conns=N]`.
@@ -247,7 +290,7 @@ pub(crate) fn parse_backend_spec(s: &str) -> Result<BackendSpec, String> {
             None if p == "backup" => backup = true,
             _ => {
                 return Err(format!(
-                    "invalid backend option '{p}' in '{s}' (valid: weight=N, name=NAME, backup, max_conns=N)"
+                    "invalid backend option '{p}' in '{s}' (valid: weight=N, name=NAME, backup, max_conns=N|auto)"
                 ))
             }
         }

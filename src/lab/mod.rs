@@ -77,18 +77,98 @@ pub(crate) fn stop_on_signals() -> Result<(), String> {
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Plan {
     pub(crate) scenario: Scenario,
-    /// Each strategy, with a hash balance factor where the scenario compares one.
-    pub(crate) variants: Vec<(StrategyKind, Option<f64>)>,
+    /// Each row: a strategy, with what it changes of the scenario.
+    pub(crate) variants: Vec<Variant>,
     pub(crate) seconds: u32,
     pub(crate) rps: u32,
     pub(crate) seed: u64,
 }
 
-/// A strategy's name in the results: `maglev+bounded` with a balance factor.
-pub(crate) fn label(kind: StrategyKind, factor: Option<f64>) -> String {
-    match factor {
-        Some(_) => format!("{}+bounded", kind.name()),
-        None => kind.name().to_string(),
+/// One row of a run: a strategy, and what the row changes of its scenario's settings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Variant {
+    pub(crate) kind: StrategyKind,
+    pub(crate) tweak: Tweak,
+}
+
+/// What a row changes of its scenario's settings (`docs/lab.md`, "Rows").
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Tweak {
+    /// Nothing.
+    None,
+    /// Bounded load with this balance factor (`+bounded`).
+    Bounded(f64),
+    /// `max_conns = "auto"` instead of the scenario's fixed limit (`+auto`).
+    AutoLimit,
+    /// No `max_conns` at all (`+unlimited`).
+    NoLimit,
+    /// Success-rate ejection on (`+success_rate`).
+    SuccessRate,
+}
+
+impl Tweak {
+    /// The suffixes of the rows' names, and what they mean.
+    const SUFFIXES: [(&'static str, Tweak); 4] = [
+        ("bounded", Tweak::Bounded(scenario::HOT_KEY_FACTOR)),
+        ("auto", Tweak::AutoLimit),
+        ("unlimited", Tweak::NoLimit),
+        ("success_rate", Tweak::SuccessRate),
+    ];
+
+    fn suffix(self) -> Option<&'static str> {
+        (Self::SUFFIXES.iter())
+            .find(|(_, t)| std::mem::discriminant(t) == std::mem::discriminant(&self))
+            .map(|(s, _)| *s)
+    }
+}
+
+impl Variant {
+    /// `kind` as the scenario sets it up.
+    pub(crate) fn plain(kind: StrategyKind) -> Variant {
+        Variant {
+            kind,
+            tweak: Tweak::None,
+        }
+    }
+
+    /// `kind` with `tweak`.
+    pub(crate) fn with(kind: StrategyKind, tweak: Tweak) -> Variant {
+        Variant { kind, tweak }
+    }
+
+    /// Its name in the results: the strategy's, with `+bounded`, `+auto`, `+unlimited`
+    /// or `+success_rate` after it for a row that changes the scenario.
+    pub(crate) fn label(&self) -> String {
+        match self.tweak.suffix() {
+            Some(s) => format!("{}+{s}", self.kind.name()),
+            None => self.kind.name().to_string(),
+        }
+    }
+
+    /// Reads a row's name as [`Self::label`] writes it (the strategy by any of its
+    /// names); the error names the valid ones.
+    fn parse(text: &str) -> Result<Variant, String> {
+        let (name, suffix) = match text.split_once('+') {
+            Some((n, s)) => (n, Some(s)),
+            None => (text, None),
+        };
+        let kind = StrategyKind::parse(name).ok_or_else(|| {
+            format!(
+                "unknown strategy '{name}' (valid: all, {})",
+                StrategyKind::canonical_names().join(", ")
+            )
+        })?;
+        let tweak = match suffix {
+            None => Tweak::None,
+            Some(s) => (Tweak::SUFFIXES.iter().find(|(n, _)| *n == s))
+                .map(|(_, t)| *t)
+                .ok_or_else(|| {
+                    format!(
+                        "unknown row '{text}' (after '+': bounded, auto, unlimited, success_rate)"
+                    )
+                })?,
+        };
+        Ok(Variant { kind, tweak })
     }
 }
 
@@ -113,15 +193,14 @@ impl Plan {
         } else {
             let mut v = Vec::new();
             for name in strategies.split(',').map(str::trim) {
-                let kind = StrategyKind::parse(name).ok_or_else(|| {
-                    format!(
-                        "unknown strategy '{name}' (valid: all, {})",
-                        StrategyKind::canonical_names().join(", ")
-                    )
-                })?;
-                v.push((kind, None));
-                if sc.keyed() && kind.key_source().is_some() {
-                    v.push((kind, Some(scenario::HOT_KEY_FACTOR)));
+                let row = Variant::parse(name)?;
+                v.push(row);
+                let hashing = row.kind.key_source().is_some();
+                if sc.keyed() && hashing && row.tweak == Tweak::None {
+                    v.push(Variant::with(
+                        row.kind,
+                        Tweak::Bounded(scenario::HOT_KEY_FACTOR),
+                    ));
                 }
             }
             v

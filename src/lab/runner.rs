@@ -112,11 +112,7 @@ impl LabRunner {
             status: LabStatus {
                 state: "running",
                 scenario: Some(plan.scenario.name()),
-                strategies: plan
-                    .variants
-                    .iter()
-                    .map(|&(k, f)| super::label(k, f))
-                    .collect(),
+                strategies: plan.variants.iter().map(super::Variant::label).collect(),
                 seconds: Some(plan.seconds),
                 rps: Some(plan.rps),
                 seed: Some(plan.seed),

@@ -1,8 +1,9 @@
-//! The lab's six scenarios (`docs/lab.md`, "Scenarios"): which demo backends, scripted
+//! The lab's seven scenarios (`docs/lab.md`, "Scenarios"): which demo backends, scripted
 //! how, what fulcrum is told, and the load.
 
 use std::time::Duration;
 
+use super::{Tweak, Variant};
 use crate::strategy::StrategyKind;
 
 /// One of the scenarios.
@@ -20,17 +21,26 @@ pub(crate) enum Scenario {
     HotKey,
     /// More load than the pool can serve, with a per-backend limit and a queue.
     Overload,
+    /// One of four backends starts answering a third of its requests 503, at once.
+    Brownout,
 }
 
 /// Every scenario, by name.
-pub(crate) const SCENARIOS: [(Scenario, &str); 6] = [
+pub(crate) const SCENARIOS: [(Scenario, &str); 7] = [
     (Scenario::SlowBackend, "slow-backend"),
     (Scenario::Flapping, "flapping"),
     (Scenario::Heterogeneous, "heterogeneous"),
     (Scenario::Warmup, "warmup"),
     (Scenario::HotKey, "hot-key"),
     (Scenario::Overload, "overload"),
+    (Scenario::Brownout, "brownout"),
 ];
+
+/// The success-rate ejection of the `+success_rate` rows: windows of half a second
+/// (at 75 requests/s per backend, about 37 answers each), and a factor that one
+/// backend of four can reach (one point of n lies at most sqrt(n - 1) deviations from
+/// the mean: 1.73 for four).
+pub(crate) const SUCCESS_RATE: &str = "interval=500ms,min_hosts=3,min_requests=10,stdev_factor=1.5";
 
 /// A demo backend as a scenario starts it.
 #[derive(Debug, Clone, PartialEq)]
@@ -47,11 +57,13 @@ pub(crate) struct BackendPlan {
 }
 
 fn backend(name: &str, latency_ms: u64, extra: &[&str]) -> BackendPlan {
+    // Every backend reports its load: the `reported_load` rows read it.
     let mut args = vec![
         "--latency-ms".to_string(),
         latency_ms.to_string(),
         "--jitter-ms".to_string(),
         (latency_ms / 5).to_string(),
+        "--report-load".to_string(),
     ];
     args.extend(extra.iter().map(|s| s.to_string()));
     BackendPlan {
@@ -108,8 +120,10 @@ impl Scenario {
         match self {
             // Capacity 100 + 200 + 400 = 700 requests/s: 64 % of it.
             Scenario::Heterogeneous => 450,
-            // Capacity 3 × 4 slots / 20 ms = 600 requests/s: 1.5 times it.
-            Scenario::Overload => 900,
+            // Capacity 3 × 4 slots / 20 ms = 600 requests/s: 1.25 times it, so a fifth
+            // must be refused whatever the limit, and each row's refusals show how close
+            // it comes to that.
+            Scenario::Overload => 750,
             // About 20 requests in flight: enough for bounded load's caps (on requests
             // in flight) to be fine-grained.
             Scenario::HotKey => 1000,
@@ -121,7 +135,14 @@ impl Scenario {
     /// alone for hot-key, each without and with bounded load (`ip_hash` too: every
     /// request comes from 127.0.0.1, which shows what hashing the client address does
     /// behind one client).
-    pub(crate) fn default_strategies(self) -> Vec<(StrategyKind, Option<f64>)> {
+    pub(crate) fn default_strategies(self) -> Vec<Variant> {
+        let every = || {
+            crate::strategy::StrategyKind::canonical_names()
+                .into_iter()
+                .filter_map(StrategyKind::parse)
+                .map(Variant::plain)
+        };
+        let rr = StrategyKind::RoundRobin;
         match self {
             Scenario::HotKey => [
                 StrategyKind::ConsistentHash,
@@ -129,13 +150,28 @@ impl Scenario {
                 StrategyKind::IpHash,
             ]
             .into_iter()
-            .flat_map(|k| [(k, None), (k, Some(HOT_KEY_FACTOR))])
+            .flat_map(|k| {
+                [
+                    Variant::plain(k),
+                    Variant::with(k, Tweak::Bounded(HOT_KEY_FACTOR)),
+                ]
+            })
             .collect(),
-            _ => crate::strategy::StrategyKind::canonical_names()
-                .into_iter()
-                .filter_map(StrategyKind::parse)
-                .map(|k| (k, None))
+            // Every strategy under the fixed limit, then round robin under an adaptive
+            // one and under none.
+            Scenario::Overload => every()
+                .chain([
+                    Variant::with(rr, Tweak::AutoLimit),
+                    Variant::with(rr, Tweak::NoLimit),
+                ])
                 .collect(),
+            // Round robin and the latency-aware ones, without ejection and with
+            // success-rate ejection.
+            Scenario::Brownout => [rr, StrategyKind::LeastResponseTime, StrategyKind::PeakEwma]
+                .into_iter()
+                .flat_map(|k| [Variant::plain(k), Variant::with(k, Tweak::SuccessRate)])
+                .collect(),
+            _ => every().collect(),
         }
     }
 
@@ -189,6 +225,12 @@ impl Scenario {
                     ..backend(&format!("b{i}"), 20, &["--max-concurrency", "4"])
                 })
                 .collect(),
+            Scenario::Brownout => vec![
+                backend("b1", 10, &[]),
+                backend("b2", 10, &[]),
+                backend("b3", 10, &["--brownout-after", &half_text]),
+                backend("b4", 10, &[]),
+            ],
         }
     }
 
@@ -205,6 +247,8 @@ impl Scenario {
                 o.push(("max_queue", "64".into()));
                 o.push(("queue_timeout", "500ms".into()));
             }
+            // Failures in a row off: the rows compare success-rate ejection with none.
+            Scenario::Brownout => o.push(("outlier_consecutive_failures", "0".into())),
             _ => {}
         }
         o
@@ -237,8 +281,10 @@ mod tests {
             assert!(!s.default_strategies().is_empty(), "{name}");
         }
         assert_eq!(Scenario::parse("nope"), None);
-        assert_eq!(Scenario::SlowBackend.default_strategies().len(), 10);
+        assert_eq!(Scenario::SlowBackend.default_strategies().len(), 11);
         assert_eq!(Scenario::HotKey.default_strategies().len(), 6);
+        assert_eq!(Scenario::Overload.default_strategies().len(), 13);
+        assert_eq!(Scenario::Brownout.default_strategies().len(), 6);
         let w = Scenario::Warmup.backends(10);
         assert_eq!(w[2].joins_at, Some(Duration::from_secs(5)));
     }

@@ -1,7 +1,7 @@
 //! The pool's upkeep, apart from the health prober: acts on the outlier news the request
 //! path leaves on its backends (an ejection asked for, a trial passed) as soon as a
 //! backend rings, compares its backends' success rates at the end of every window when
-//! the pool judges them, and on every tick ends ejections whose time is up (the backend turns
+//! the pool judges them, and on every tick moves the adaptive connection limits, ends ejections whose time is up (the backend turns
 //! half-open), advances slow-start ramps, and renews a least-response-time index that
 //! has grown old. Each of these changes what the request path may pick, so each
 //! publishes a new routing table when it changes anything.
@@ -41,6 +41,7 @@ pub(crate) async fn run(pool: Arc<Pool>, mut stop: watch::Receiver<bool>) {
                 pool.end_due_ejections();
                 pool.refresh_ramps();
                 pool.renew_index();
+                pool.adjust_limits();
             }
             _ = stop.changed() => return,
             _ = retired.wait_for(|r| *r) => return,

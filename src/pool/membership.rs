@@ -205,7 +205,8 @@ impl Pool {
             || b.backup != w.spec.backup;
         if !replace {
             b.set_source(source);
-            if update(&b, &w.spec, w.state, &mut out.wakes) {
+            let limit = self.settings.max_conns_of(&w.spec);
+            if update(&b, &w.spec, limit, w.state, &mut out.wakes) {
                 out.changes.updated.push(b.name.clone());
                 out.events.push(Event::BackendUpdated {
                     backend: BackendView::of(&b),
@@ -341,12 +342,13 @@ fn may_take(source: Source, owner: Source) -> bool {
         || (moving(source) && moving(owner) && (source.is_discovered() || owner.is_discovered()))
 }
 
-/// Sets what changed of `b`'s weight, `max_conns` and (when given) admin state;
-/// whether anything did. A discovered backend keeps the weight and `max_conns` the
-/// admin API set while it stays.
+/// Sets what changed of `b`'s weight, `max_conns` (`limit`: the spec's, or its pool's
+/// when the spec sets none) and (when given) admin state; whether anything did. A
+/// discovered backend keeps the weight and `max_conns` the admin API set while it stays.
 fn update(
     b: &Arc<Backend>,
     spec: &BackendSpec,
+    limit: u32,
     state: Option<AdminState>,
     wakes: &mut Vec<(Arc<Backend>, u32, u32)>,
 ) -> bool {
@@ -361,10 +363,10 @@ fn update(
         b.set_state(s);
         changed = true;
     }
-    let was = b.max_conns();
-    if was != spec.max_conns && !kept(pin::MAX_CONNS) {
-        b.set_max_conns(spec.max_conns);
-        wakes.push((Arc::clone(b), was, spec.max_conns));
+    if b.configured_max_conns() != limit && !kept(pin::MAX_CONNS) {
+        let was = b.max_conns();
+        b.set_max_conns(limit);
+        wakes.push((Arc::clone(b), was, b.max_conns()));
         changed = true;
     }
     changed

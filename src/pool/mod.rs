@@ -211,8 +211,10 @@ pub(crate) struct BackendView {
     pub(crate) pool: Arc<str>,
     /// Picked only while no primary of its pool is eligible.
     pub(crate) backup: bool,
-    /// At most this many requests in flight; 0 = no limit.
+    /// At most this many requests in flight now; 0 = no limit.
     pub(crate) max_conns: u32,
+    /// Whether `max_conns` follows the backend's latency (`auto`) or is `fixed`.
+    pub(crate) max_conns_mode: &'static str,
     /// Requests waiting in the pool's queue that the strategy would send here.
     pub(crate) queued: u64,
     /// Who put it in the pool.
@@ -247,6 +249,7 @@ impl BackendView {
             pool: Arc::clone(&b.pool),
             backup: b.backup,
             max_conns: b.max_conns(),
+            max_conns_mode: if b.adaptive_limit() { "auto" } else { "fixed" },
             queued: b.queued().load(Ordering::Relaxed),
             source: b.source(),
             reported_utilization: b.load_report(clock_ns()).and_then(|r| r.utilization),
@@ -482,16 +485,16 @@ impl Pool {
         };
         let mut m = self.lock();
         let mut qualified = Vec::new();
-        let mut rates = Vec::new();
+        let mut windows = Vec::new();
         for b in &m.backends {
             let (ok, total) = b.outlier.take_window();
             if total >= sr.min_requests && total > 0 && !b.ejected() {
                 qualified.push(Arc::clone(b));
-                rates.push(f64::from(ok) / f64::from(total));
+                windows.push((ok, total));
             }
         }
         let mut changed = false;
-        for i in outlier::below_success_rate(&rates, &sr) {
+        for i in outlier::below_success_rate(&windows, &sr) {
             changed |= self.eject(&m, &qualified[i], Reason::SuccessRate);
         }
         if changed {
@@ -573,6 +576,17 @@ impl Pool {
         if ramping && (due || ended) {
             m.last_ramp_publish = Some(now);
             self.publish(&mut m);
+        }
+    }
+
+    /// Moves the adaptive limits (`max_conns = "auto"`) whose window is over; no routing
+    /// table changes (the limit is read as each pick claims a slot).
+    pub(crate) fn adjust_limits(&self) {
+        let now = std::time::Instant::now();
+        for b in &self.table.load().backends {
+            if b.adaptive_limit() {
+                b.adjust_limit(now);
+            }
         }
     }
 

@@ -3,7 +3,8 @@
 //!
 //! - `pools/NAME`: the pool's own settings, as `POST /admin/pools` takes them
 //!   (`{"strategy": "least_connections", "health": {"path": "/up"}}`);
-//! - `backends/POOL/NAME`: `{"url", "name", "weight", "state", "max_conns", "backup"}`;
+//! - `backends/POOL/NAME`: `{"url", "name", "weight", "state", "max_conns", "backup"}`
+//!   (`max_conns` -1 is `auto`);
 //! - `routes`: the route list, as `PUT /admin/routes` takes it;
 //! - `instances/ID`: one per running instance, kept by its lease.
 //!
@@ -64,6 +65,9 @@ pub(crate) struct BackendObject {
     pub(crate) backup: bool,
 }
 
+/// `max_conns = "auto"` as the store keeps it: -1, where a number of requests would be.
+const AUTO_IN_STORE: i64 = -1;
+
 fn one() -> i64 {
     1
 }
@@ -80,7 +84,10 @@ impl BackendObject {
             name: spec.name.clone(),
             weight: i64::from(spec.weight),
             state: state_name(state).into(),
-            max_conns: i64::from(spec.max_conns),
+            max_conns: match spec.max_conns {
+                crate::config::AUTO_CONNS => AUTO_IN_STORE,
+                n => i64::from(n),
+            },
             backup: spec.backup,
         }
     }
@@ -93,7 +100,10 @@ impl BackendObject {
             .ok_or_else(|| format!("invalid weight {}", self.weight))?;
         let mut spec = crate::config::backend_spec(&self.url, Some(weight), Some(&self.name))?;
         spec.backup = self.backup;
-        spec.max_conns = crate::config::parse_max_conns(&self.max_conns.to_string())?;
+        spec.max_conns = match self.max_conns {
+            AUTO_IN_STORE => crate::config::AUTO_CONNS,
+            n => crate::config::parse_max_conns(&n.to_string())?,
+        };
         let state = AdminState::parse(&self.state)
             .ok_or_else(|| format!("invalid state '{}'", self.state))?;
         Ok((spec, state))

@@ -304,6 +304,29 @@ async function tour(page) {
     assertNoConsoleErrors();
   });
 
+  await step('explain from the page: every candidate, why not, and the choice the API names', async () => {
+    const id = ids[1];
+    await api('PATCH', `/admin/backends/${id}`, { state: 'draining' });
+    const before = (await status()).backends.map(b => b.requests);
+    await page.fill('[data-testid="explain-path"]', '/cart?x=1');
+    await page.fill('[data-testid="explain-headers"]', 'x-user: ann\naccept: */*');
+    await page.click('[data-testid="explain-submit"]');
+    await waitFor('an explanation', async () => (await text(page, '[data-testid="explain-why"]')).length > 0, 5000);
+    const want = await api('POST', '/admin/explain', { path: '/cart?x=1', headers: { 'x-user': 'ann' } });
+    const rows = await page.$$eval('[data-testid="explain-candidate"]', trs => trs.map(tr => ({ chosen: tr.dataset.chosen, cells: [...tr.cells].map(td => td.textContent) })));
+    if (rows.length !== want.candidates.length) throw new Error(`${rows.length} rows for ${want.candidates.length} candidates`);
+    const drained = rows[want.candidates.findIndex(c => c.id === id)];
+    if (drained.cells[1] !== 'no' || drained.cells[2] !== 'draining') throw new Error('the draining one: ' + JSON.stringify(drained));
+    const chosen = rows.filter(r => r.chosen === 'true');
+    const named = want.candidates.find(c => c.id === want.backend).name;
+    if (chosen.length !== 1 || !chosen[0].cells[0].startsWith(named)) throw new Error(`chosen ${JSON.stringify(chosen)}, API ${named}`);
+    if (!(await text(page, '[data-testid="explain-why"]')).includes(named)) throw new Error('the sentence does not name ' + named);
+    const after = (await status()).backends.map(b => b.requests);
+    if (JSON.stringify(before) !== JSON.stringify(after)) throw new Error(`requests moved: ${before} → ${after}`);
+    await api('PATCH', `/admin/backends/${id}`, { state: 'active' });
+    assertNoConsoleErrors();
+  });
+
   await step('spawn and remove a backend from the page', async () => {
     await page.fill('[data-testid="spawn-name"]', 'from-the-page');
     await page.fill('[data-testid="spawn-latency"]', '5');
