@@ -383,23 +383,28 @@ mod tests {
             min_hosts: 3,
             ..crate::config::outlier::DEFAULTS
         };
-        assert_eq!(
-            below_success_rate(&[1.0, 1.0, 0.99, 1.0, 0.5], &sr),
-            vec![4]
-        );
-        assert!(below_success_rate(&[0.5, 0.5, 0.5, 0.5, 0.5], &sr).is_empty());
-        assert!(below_success_rate(&[0.49, 0.52, 0.5, 0.51, 0.47], &sr).is_empty());
+        let of_100 = |oks: &[u32]| oks.iter().map(|&ok| (ok, 100)).collect::<Vec<_>>();
+        let sick = of_100(&[100, 100, 99, 100, 50]);
+        assert_eq!(below_success_rate(&sick, &sr), vec![4]);
+        assert!(below_success_rate(&of_100(&[50, 50, 50, 50, 50]), &sr).is_empty());
         let few = SuccessRate { min_hosts: 6, ..sr };
-        assert!(below_success_rate(&[1.0, 1.0, 0.99, 1.0, 0.5], &few).is_empty());
-        let three = SuccessRate {
+        assert!(below_success_rate(&sick, &few).is_empty());
+        let loose = SuccessRate {
             stdev_factor: 1.0,
             ..sr
         };
-        assert_eq!(below_success_rate(&[1.0, 1.0, 0.6], &three), vec![2]);
+        assert_eq!(
+            below_success_rate(&of_100(&[100, 100, 60]), &loose),
+            vec![2]
+        );
         assert!(
-            below_success_rate(&[1.0, 1.0, 0.6], &sr).is_empty(),
+            below_success_rate(&of_100(&[100, 100, 60]), &sr).is_empty(),
             "one of three lies at most sqrt(2) deviations below the mean"
         );
+        // Envoy's line alone would take the last: its shortfall is sampling noise.
+        assert!(below_success_rate(&of_100(&[72, 70, 71, 69, 60]), &loose).is_empty());
+        let far = of_100(&[72, 70, 71, 69, 30]);
+        assert_eq!(below_success_rate(&far, &loose), vec![4]);
     }
 
     #[test]
