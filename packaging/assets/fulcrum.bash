@@ -85,7 +85,7 @@ _fulcrum() {
             return 0
             ;;
         fulcrum__subcmd__backend)
-            opts="-h --listen --name --latency-ms --jitter-ms --error-rate --max-concurrency --slow-after --slow-factor --fail-bursts --cold-for --clock-on-stdin --listen-fd --help"
+            opts="-h --listen --name --latency-ms --jitter-ms --error-rate --max-concurrency --slow-after --slow-factor --fail-bursts --cold-for --brownout-after --clock-on-stdin --report-load --listen-fd --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -128,6 +128,10 @@ _fulcrum() {
                     return 0
                     ;;
                 --cold-for)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --brownout-after)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -391,7 +395,7 @@ _fulcrum() {
             return 0
             ;;
         fulcrum__subcmd__serve)
-            opts="-h --config --upgrade --listen --tls-listen --accept-proxy-protocol --tls-cert --tls-key --redirect-https --admin --backend --discover --strategy --hash-key --trusted-proxies --hash-balance-factor --health-path --health-interval --health-timeout --healthy-threshold --unhealthy-threshold --outlier-consecutive-failures --outlier-base-ejection --outlier-max-ejection --outlier-max-ejected-percent --queue-timeout --max-queue --sticky-cookie --sticky-max-age --panic-threshold --connect-timeout --protocol --send-proxy-protocol --tls-ca-file --tls-verify --upstream-timeout --retries --max-inflight --max-connections-per-client --max-connections --send-timeout --max-request-body --upgrade-protocols --slow-start --ewma-alpha --admin-token-file --store --resolvers --upgrade-socket --workers --log-format --access-log --trace-context --access-log-format --help"
+            opts="-h --config --upgrade --listen --tls-listen --accept-proxy-protocol --tls-cert --tls-key --redirect-https --admin --backend --discover --strategy --hash-key --trusted-proxies --hash-balance-factor --health-path --health-interval --health-timeout --healthy-threshold --unhealthy-threshold --outlier-consecutive-failures --outlier-base-ejection --outlier-max-ejection --outlier-max-ejected-percent --outlier-success-rate --queue-timeout --max-queue --max-conns --max-conns-auto --sticky-cookie --sticky-max-age --panic-threshold --connect-timeout --protocol --send-proxy-protocol --tls-ca-file --tls-verify --upstream-timeout --retries --max-inflight --max-connections-per-client --max-connections --send-timeout --max-request-body --upgrade-protocols --slow-start --ewma-alpha --admin-token-file --store --resolvers --upgrade-socket --workers --log-format --access-log --trace-context --access-log-format --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -438,7 +442,7 @@ _fulcrum() {
                     return 0
                     ;;
                 --strategy)
-                    COMPREPLY=($(compgen -W "round_robin weighted_round_robin least_connections weighted_least_connections least_response_time peak_ewma power_of_two consistent_hash ip_hash maglev" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "round_robin weighted_round_robin least_connections weighted_least_connections least_response_time peak_ewma power_of_two consistent_hash ip_hash maglev reported_load" -- "${cur}"))
                     return 0
                     ;;
                 --hash-key)
@@ -489,11 +493,23 @@ _fulcrum() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --outlier-success-rate)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --queue-timeout)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
                 --max-queue)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --max-conns)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --max-conns-auto)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -55,7 +55,8 @@ peak_ewma\t''
 power_of_two\t''
 consistent_hash\t''
 ip_hash\t''
-maglev\t''"
+maglev\t''
+reported_load\t''"
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l hash-key -d 'Key of the hashing strategies: client_ip, header:NAME, cookie:NAME [default: client_ip]' -r
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l trusted-proxies -d 'Peers whose X-Forwarded-For is believed, CIDR[,CIDR…]' -r
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l hash-balance-factor -d 'Bounded load for the hashing strategies: a backend may hold at most F times its share of the requests in flight, F > 1; 0 = off [default: 0]' -r
@@ -68,8 +69,11 @@ complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l outlier-consec
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l outlier-base-ejection -d 'Length of a first ejection; the n-th lasts n times as long [default: 30s]' -r
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l outlier-max-ejection -d 'Longest ejection [default: 300s]' -r
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l outlier-max-ejected-percent -d 'At most P % of a pool\'s backends (rounded down) ejected at once [default: 50]' -r
+complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l outlier-success-rate -d 'Success-rate ejection: interval=10s,min_hosts=3,min_requests=20,stdev_factor=1.9 (any subset), or off [default: off]' -r
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l queue-timeout -d 'Longest wait in a pool\'s queue when every eligible backend is at its max_conns, then 503 [default: 5s]' -r
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l max-queue -d 'Most requests waiting in a pool\'s queue; over it, 503 at once [default: 1024]' -r
+complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l max-conns -d 'Most requests in flight on each backend of a pool that sets none itself: N (0 = no limit), or auto (follows its latency) [default: 0]' -r
+complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l max-conns-auto -d 'Bounds of an adaptive max_conns: min=N,max=N [default: min=1,max=1000]' -r
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l sticky-cookie -d 'Cookie-insert stickiness: a client\'s cookie NAME sends it back to the same backend [default: off]' -r
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l sticky-max-age -d 'Max-Age of the sticky cookie; 0s = a session cookie [default: 0s]' -r
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l panic-threshold -d 'Below P % of a pool\'s primary backends eligible, and no backup, balance over all of them, healthy or not; 0 = off [default: 0]' -r
@@ -122,13 +126,15 @@ complete -c fulcrum -n "__fish_fulcrum_using_subcommand backend" -l slow-after -
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand backend" -l slow-factor -d 'How much slower after --slow-after' -r
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand backend" -l fail-bursts -d 'Failure bursts: the first half of every period this long is answered 500' -r
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand backend" -l cold-for -d 'A cold start: ten times slower at start, back to normal over this long' -r
+complete -c fulcrum -n "__fish_fulcrum_using_subcommand backend" -l brownout-after -d 'A brownout: from this long after start on, a third of the answers are 503, at once' -r
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand backend" -l listen-fd -d 'Serve on this already-bound listening socket instead of binding --listen (used by fulcrum for the backends it spawns)' -r
-complete -c fulcrum -n "__fish_fulcrum_using_subcommand backend" -l clock-on-stdin -d 'Start the script\'s clock (--slow-after, --fail-bursts, --cold-for) when a line arrives on stdin instead of at start'
+complete -c fulcrum -n "__fish_fulcrum_using_subcommand backend" -l clock-on-stdin -d 'Start the script\'s clock (--slow-after, --fail-bursts, --cold-for, --brownout-after) when a line arrives on stdin instead of at start'
+complete -c fulcrum -n "__fish_fulcrum_using_subcommand backend" -l report-load -d 'Report its load in every answer (`endpoint-load-metrics`: utilization = requests in flight ÷ its concurrency, averaged over the last second, and requests per second)'
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand backend" -s h -l help -d 'Print help'
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand check" -l config -d 'The config file to validate' -r -F
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand check" -s h -l help -d 'Print help'
-complete -c fulcrum -n "__fish_fulcrum_using_subcommand lab" -l scenario -d 'slow-backend, flapping, heterogeneous, warmup, hot-key or overload' -r
-complete -c fulcrum -n "__fish_fulcrum_using_subcommand lab" -l strategies -d '`all`, or strategy names separated by commas' -r
+complete -c fulcrum -n "__fish_fulcrum_using_subcommand lab" -l scenario -d 'slow-backend, flapping, heterogeneous, warmup, hot-key, overload or brownout' -r
+complete -c fulcrum -n "__fish_fulcrum_using_subcommand lab" -l strategies -d '`all`, or strategy names separated by commas; a name may end in `+bounded`, `+auto`, `+unlimited` or `+success_rate` (docs/lab.md, "Rows")' -r
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand lab" -l seconds -d 'Seconds of load per strategy (at most 120)' -r
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand lab" -l rps -d 'Requests per second offered [default: the scenario\'s]' -r
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand lab" -l seed -d 'Seed of the schedule: the same seed sends the same requests at the same times' -r

@@ -100,7 +100,7 @@ struct Live {
 }
 
 /// The requests of the current second and of the last whole one: how many, and how long
-/// they were in the backend in all (waits for a slot included).
+/// they held a worker in all.
 #[derive(Debug)]
 struct LoadWindow {
     start: std::time::Instant,
@@ -178,12 +178,14 @@ async fn answer(live: &Live, req: Request<Incoming>) -> Response<Full<Bytes>> {
             .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
         return r;
     }
-    let arrived = std::time::Instant::now();
     // A request waits for a worker slot first: that wait is the backend's queue.
     let _slot = match &live.slots {
         Some(s) => s.acquire().await.ok(),
         None => None,
     };
+    // Its service starts now: the utilization it reports is the workers' busy share,
+    // never over 1, whatever waits for them.
+    let arrived = std::time::Instant::now();
     let age = live.age();
     let query = req.uri().query();
     let base = match query_param(query, "sleep_ms").and_then(|v| v.parse::<u64>().ok()) {

@@ -236,7 +236,9 @@ pub(crate) fn table(report: &Report) -> String {
                 .fold(f64::INFINITY, f64::min)
         })
         .collect();
-    let mut out = format!("{:<26} {:>8}", "strategy", "requests");
+    // The first column fits the longest row name (`least_response_time+success_rate`).
+    let w = rs.iter().map(|r| r.strategy.len()).max().unwrap_or(0).max(26);
+    let mut out = format!("{:<w$} {:>8}", "strategy", "requests");
     for (name, _) in &cols {
         let _ = write!(out, " {name:>10}");
     }
@@ -245,7 +247,7 @@ pub(crate) fn table(report: &Report) -> String {
     }
     out.push('\n');
     for r in rs {
-        let _ = write!(out, "{:<26} {:>8}", r.strategy, r.requests);
+        let _ = write!(out, "{:<w$} {:>8}", r.strategy, r.requests);
         for ((_, f), b) in cols.iter().zip(&best) {
             let _ = match f(r) {
                 Some(v) => {

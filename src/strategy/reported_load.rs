@@ -16,8 +16,9 @@ const SCALE: f64 = 100.0;
 /// per second ÷ its utilization — what it serves per unit of capacity it spends, so its
 /// capacity — from its latest report no older than three minutes. A backend without a
 /// fresh report (or whose report says nothing usable) gets the mean weight of the
-/// others; without any report the rotation is even. The pool rebuilds the picker every
-/// [`REWEIGH_EVERY`], which recomputes the weights.
+/// others (per unit of configured weight); while no backend has reported, the configured weights rule (it is then
+/// weighted round robin). The pool rebuilds the picker every [`REWEIGH_EVERY`], which
+/// recomputes the weights.
 ///
 /// Requests per second are the report's `rps_fractional`; without it, the rate of
 /// requests fulcrum sent the backend since the picker before this one was built.
@@ -43,8 +44,7 @@ impl ReportedLoad {
         let max = raw.iter().copied().fold(0.0, f64::max);
         let whole: Vec<u32> = raw
             .iter()
-            .zip(eligible)
-            .map(|(w, b)| ((w / max * SCALE * b.ramp_fraction()).round() as u32).max(1))
+            .map(|w| ((w / max * SCALE).round() as u32).max(1))
             .collect();
         ReportedLoad {
             // Rebuilt every second: started anywhere, or the first backends of a pool
@@ -80,7 +80,9 @@ impl ReportedLoad {
 }
 
 /// Each eligible backend's weight at `now`: requests per second ÷ utilization from a
-/// fresh report, else the mean of those; all 1 when no backend has a usable report.
+/// fresh report, else the mean of those per unit of configured weight times its own,
+/// then times its slow-start share; its effective weight (configured, slow start
+/// applied) when no backend has a usable report.
 fn weights(eligible: &[Arc<Backend>], now: u64, previous: Option<&ReportedLoad>) -> Vec<f64> {
     let measured = |b: &Backend| -> Option<f64> {
         let p = previous?;
@@ -97,12 +99,19 @@ fn weights(eligible: &[Arc<Backend>], now: u64, previous: Option<&ReportedLoad>)
             (u > 0.0 && rps > 0.0).then(|| rps / u)
         })
         .collect();
-    let known: Vec<f64> = own.iter().flatten().copied().collect();
-    let mean = match known.len() {
-        0 => 1.0,
-        n => known.iter().sum::<f64>() / n as f64,
-    };
-    own.into_iter().map(|w| w.unwrap_or(mean)).collect()
+    // The mean per unit of configured weight: with the default weights all 1, the mean
+    // weight; in a pool weighted 1 : 2 : 4, a backend that has not reported yet is not
+    // sent twice what it can take while the others' reports come first.
+    let per_unit: Vec<f64> = (own.iter().zip(eligible))
+        .filter_map(|(w, b)| Some(w.as_ref()? / f64::from(b.weight().max(1))))
+        .collect();
+    if per_unit.is_empty() {
+        return eligible.iter().map(|b| b.effective_weight()).collect();
+    }
+    let mean = per_unit.iter().sum::<f64>() / per_unit.len() as f64;
+    (own.into_iter().zip(eligible))
+        .map(|(w, b)| w.unwrap_or(mean * f64::from(b.weight().max(1))) * b.ramp_fraction())
+        .collect()
 }
 
 #[cfg(test)]
@@ -122,6 +131,12 @@ mod tests {
         let w = weights(&bs, clock_ns(), None);
         assert_eq!(&w[..3], &[125.0, 250.0, 500.0]);
         assert!((w[3] - 875.0 / 3.0).abs() < 1e-9, "{w:?}");
+        // Weighted 1 : 2 : 4, the two larger reporting what they can take: the one that
+        // has not reported gets the mean per unit of weight, not the mean.
+        let bs = backends(&[1, 2, 4]);
+        bs[1].note_load_report(b"TEXT cpu_utilization=0.5, rps_fractional=100");
+        bs[2].note_load_report(b"TEXT cpu_utilization=0.5, rps_fractional=200");
+        assert_eq!(weights(&bs, clock_ns(), None), vec![100.0, 200.0, 400.0]);
         let p = ReportedLoad::new(&bs, clock_ns(), None);
         let mut counts = [0usize; 4];
         for _ in 0..1000 {
@@ -132,15 +147,15 @@ mod tests {
     }
 
     #[test]
-    fn without_reports_the_rotation_is_even() {
-        let bs = backends(&[1, 5, 1]);
-        assert_eq!(weights(&bs, clock_ns(), None), vec![1.0, 1.0, 1.0]);
+    fn until_a_backend_reports_the_configured_weights_rule() {
+        let bs = backends(&[1, 5, 2]);
+        assert_eq!(weights(&bs, clock_ns(), None), vec![1.0, 5.0, 2.0]);
         let p = ReportedLoad::new(&bs, clock_ns(), None);
         let mut counts = [0usize; 3];
-        for _ in 0..300 {
+        for _ in 0..800 {
             counts[p.pick()] += 1;
         }
-        assert_eq!(counts, [100, 100, 100]);
+        assert_eq!(counts, [100, 500, 200]);
         assert!(!p.is_due(clock_ns()));
     }
 }
