@@ -237,7 +237,12 @@ pub(crate) fn table(report: &Report) -> String {
         })
         .collect();
     // The first column fits the longest row name (`least_response_time+success_rate`).
-    let w = rs.iter().map(|r| r.strategy.len()).max().unwrap_or(0).max(26);
+    let w = rs
+        .iter()
+        .map(|r| r.strategy.len())
+        .max()
+        .unwrap_or(0)
+        .max(26);
     let mut out = format!("{:<w$} {:>8}", "strategy", "requests");
     for (name, _) in &cols {
         let _ = write!(out, " {name:>10}");

@@ -189,6 +189,9 @@ pub(crate) struct Pool {
     discover: watch::Sender<Option<Arc<crate::config::DiscoverSpec>>>,
     /// What discovery last did.
     discovery: Mutex<DiscoveryStatus>,
+    /// Whether a backend has an adaptive limit: set at each publish, so that the upkeep
+    /// of a pool without one reads one flag per tick and nothing more.
+    adaptive: std::sync::atomic::AtomicBool,
 }
 
 /// A backend as the admin API shows it.
@@ -306,6 +309,7 @@ impl Pool {
             panic_threshold: st.panic_threshold,
         };
         let table = ArcSwap::from_pointee(build_snapshot(&members, None));
+        let adaptive = members.backends.iter().any(|b| b.adaptive_limit());
         Pool {
             name,
             members: Mutex::new(members),
@@ -319,6 +323,7 @@ impl Pool {
             retired: watch::channel(false).0,
             discover: watch::channel(spec.discover.clone().map(Arc::new)).0,
             discovery: Mutex::new(DiscoveryStatus::default()),
+            adaptive: std::sync::atomic::AtomicBool::new(adaptive),
         }
     }
 
@@ -381,6 +386,8 @@ impl Pool {
     }
 
     fn publish(&self, m: &mut Members) {
+        let adaptive = m.backends.iter().any(|b| b.adaptive_limit());
+        self.adaptive.store(adaptive, Ordering::Relaxed);
         let previous = self.table.load();
         let next = build_snapshot(m, Some(&previous.picker));
         let (was, now) = (previous.mode, next.mode);
@@ -582,6 +589,9 @@ impl Pool {
     /// Moves the adaptive limits (`max_conns = "auto"`) whose window is over; no routing
     /// table changes (the limit is read as each pick claims a slot).
     pub(crate) fn adjust_limits(&self) {
+        if !self.adaptive.load(Ordering::Relaxed) {
+            return;
+        }
         let now = std::time::Instant::now();
         for b in &self.table.load().backends {
             if b.adaptive_limit() {

@@ -100,8 +100,8 @@ impl Answer {
             // Its hop-by-hop fields and its load report were left out as it was parsed.
             Answer::Wire(head, body) => {
                 if let ResponseFields::Wire(f) = &head.fields {
-                    if let Some(report) = f.load_report() {
-                        hold.guard.backend().note_load_report(report);
+                    if f.report.1 != 0 {
+                        note_report(f, &hold);
                     }
                 }
                 ProxyResponse {
@@ -110,6 +110,16 @@ impl Answer {
                 }
             }
         }
+    }
+}
+
+/// Hands the load report an answer read inline carried to its backend; out of line, as
+/// only the answers of reporting backends come here.
+#[cold]
+#[inline(never)]
+fn note_report(f: &super::message::Fields, hold: &Hold) {
+    if let Some(report) = f.load_report() {
+        hold.guard.backend().note_load_report(report);
     }
 }
 

@@ -187,7 +187,9 @@ impl Iterator for HashWalk<'_> {
 impl Iterator for Candidates<'_> {
     type Item = usize;
 
-    #[inline]
+    // Always inlined, as `candidates` is: a pick that takes its first candidate then
+    // runs no call at all.
+    #[inline(always)]
     fn next(&mut self) -> Option<usize> {
         match &mut self.walk {
             Walk::Rotate { next, left } => {
