@@ -163,7 +163,7 @@ async fn admin_api_answers_with_its_documented_statuses_and_json_errors() {
         "id": 0, "name": "A", "url": a.url(), "weight": 5, "effective_weight": 5.0, "state": "active",
         "healthy": true, "ejected": false, "active_conns": 0, "avg_latency_ms": null,
         "requests": 0, "errors": 0, "spawned": false, "source": "config", "pool": "default", "backup": false,
-        "max_conns": 0, "queued": 0
+        "max_conns": 0, "max_conns_mode": "fixed", "queued": 0, "reported_utilization": null
     });
     assert_eq!(b0, &expected);
     // add
