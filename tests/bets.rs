@@ -518,7 +518,7 @@ async fn a_demo_backend_reports_its_own_load() {
 
 #[test]
 fn bad_settings_of_the_bets_exit_2_naming_them() {
-    let cases: [(&str, &str); 5] = [
+    let cases: [(&str, &str); 6] = [
         (
             "[outlier]\nsuccess_rate = { stdev_factor = 0 }\n",
             "line 2: outlier.success_rate: success_rate.stdev_factor",
@@ -536,12 +536,25 @@ fn bad_settings_of_the_bets_exit_2_naming_them() {
             "max_conns_auto = { min = 9, max = 3 }\n",
             "min 9 is over max 3",
         ),
+        (
+            "[outlier]\nsuccess_rate = { interval = \"2h\" }\n",
+            "success_rate.interval",
+        ),
     ];
     for (i, (text, want)) in cases.iter().enumerate() {
         let cfg = config_file("bets", &format!("bad{i}"), text);
         let (status, _, err) = run_fulcrum(&["check", "--config", cfg.to_str().unwrap()]);
         assert_eq!(status.code(), Some(2), "{text}: {err}");
         assert!(err.contains(want), "{text}: {err}");
+    }
+    // A number or "auto", at the top and in a pool.
+    for text in [
+        "max_conns = 8\nbackends = [{ url = \"http://127.0.0.1:1\" }]\n",
+        "[[pools]]\nname = \"p\"\nmax_conns = \"auto\"\nmax_conns_auto = { min = 2 }\nbackends = [{ url = \"http://127.0.0.1:1\" }]\n",
+    ] {
+        let cfg = config_file("bets", "good", text);
+        let (status, _, err) = run_fulcrum(&["check", "--config", cfg.to_str().unwrap()]);
+        assert_eq!(status.code(), Some(0), "{text}: {err}");
     }
     for (flag, value) in [
         ("--outlier-success-rate", "stdev_factor=-1"),

@@ -25,6 +25,10 @@ pub(crate) struct Capacity {
     gradient: OnceLock<Gradient>,
     /// The least and the most an adaptive limit may be (its pool's `max_conns_auto`).
     bounds: (u32, u32),
+    /// Held by whatever changes the limit on the control side (the upkeep's step, an
+    /// API or reload change), so that a step computed for an adaptive limit is never
+    /// stored over a fixed one set meanwhile.
+    control: std::sync::Mutex<()>,
 }
 
 impl Capacity {
@@ -38,6 +42,7 @@ impl Capacity {
             adaptive: AtomicBool::new(false),
             gradient: OnceLock::new(),
             bounds,
+            control: std::sync::Mutex::new(()),
         };
         c.set_max_conns(max_conns);
         c
@@ -68,6 +73,7 @@ impl Capacity {
     /// Moves an adaptive limit when its window is due at `now`: `Some((was, now))` when
     /// it changed. Control side only.
     pub(crate) fn adjust(&self, now: Instant) -> Option<(u32, u32)> {
+        let _control = self.control.lock().unwrap_or_else(|e| e.into_inner());
         if !self.adaptive() {
             return None;
         }
@@ -90,9 +96,13 @@ impl Capacity {
 
     /// Sets the limit (applies to the next pick): a number (0: none), or [`AUTO`].
     pub(crate) fn set_max_conns(&self, n: u32) {
+        let _control = self.control.lock().unwrap_or_else(|e| e.into_inner());
         if n == AUTO {
             let (min, max) = self.bounds;
             let g = self.gradient.get_or_init(|| Gradient::new(min, max));
+            if !self.adaptive() {
+                g.reset();
+            }
             self.max_conns.store(g.limit(), Ordering::Relaxed);
             self.adaptive.store(true, Ordering::Relaxed);
         } else {

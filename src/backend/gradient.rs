@@ -39,13 +39,19 @@ const MIN_WINDOW: Duration = Duration::from_millis(100);
 /// The longest window: a backend with little traffic still gets its limit looked at.
 const MAX_WINDOW: Duration = Duration::from_secs(1);
 
+/// One answer more in a window's word: the count in the high bits, above the summed
+/// latencies in microseconds ([`SUM_BITS`] of them: about twelve days of latency).
+const ONE_SAMPLE: u64 = 1 << SUM_BITS;
+/// The bits of a window's word that hold its summed latencies.
+const SUM_BITS: u32 = 40;
+
 /// One backend's adaptive limit.
 #[derive(Debug)]
 pub(crate) struct Gradient {
-    /// Latencies of the current window, in nanoseconds, summed.
-    sum_ns: AtomicU64,
-    /// Answers in the current window.
-    samples: AtomicU64,
+    /// The current window: its answers ([`ONE_SAMPLE`]s) and their latencies summed in
+    /// microseconds, in one word, so that one atomic add counts an answer whole and a
+    /// window is taken whole.
+    window: AtomicU64,
     /// The most requests in flight seen as an answer came, in the current window.
     peak: AtomicU64,
     /// Control side only.
@@ -67,8 +73,7 @@ impl Gradient {
     pub(crate) fn new(min: u32, max: u32) -> Gradient {
         let (min, max) = (min.max(1), max.max(min.max(1)));
         Gradient {
-            sum_ns: AtomicU64::new(0),
-            samples: AtomicU64::new(0),
+            window: AtomicU64::new(0),
             peak: AtomicU64::new(0),
             state: Mutex::new(State {
                 limit: INITIAL.clamp(f64::from(min), f64::from(max)),
@@ -87,10 +92,22 @@ impl Gradient {
     /// Adds an answer that took `latency` with `in_flight` requests on the backend.
     #[inline]
     pub(crate) fn sample(&self, latency: Duration, in_flight: u64) {
-        self.sum_ns
-            .fetch_add(latency.as_nanos() as u64, Ordering::Relaxed);
-        self.samples.fetch_add(1, Ordering::Relaxed);
+        // A latency over an hour counts as an hour: it cannot carry into the count.
+        let micros = (latency.as_micros() as u64).min(3_600_000_000);
+        self.window
+            .fetch_add(ONE_SAMPLE + micros, Ordering::Relaxed);
         self.peak.fetch_max(in_flight, Ordering::Relaxed);
+    }
+
+    /// Starts afresh at [`INITIAL`] (the limit turned adaptive again after being fixed).
+    pub(crate) fn reset(&self) {
+        let mut s = self.lock();
+        let (min, max) = (f64::from(self.bounds.0), f64::from(self.bounds.1));
+        s.limit = INITIAL.clamp(min, max);
+        s.long_ns = 0.0;
+        s.window_start = Instant::now();
+        self.window.store(0, Ordering::Relaxed);
+        self.peak.store(0, Ordering::Relaxed);
     }
 
     /// Closes the window when it is due at `now` and moves the limit; returns the new
@@ -98,18 +115,18 @@ impl Gradient {
     pub(crate) fn adjust(&self, now: Instant) -> Option<u32> {
         let mut s = self.lock();
         let age = now.saturating_duration_since(s.window_start);
-        let n = self.samples.load(Ordering::Relaxed);
+        let n = self.window.load(Ordering::Relaxed) >> SUM_BITS;
         if age < MIN_WINDOW || (n < MIN_SAMPLES && age < MAX_WINDOW) {
             return None;
         }
         s.window_start = now;
-        let n = self.samples.swap(0, Ordering::Relaxed);
-        let sum = self.sum_ns.swap(0, Ordering::Relaxed);
+        let w = self.window.swap(0, Ordering::Relaxed);
         let peak = self.peak.swap(0, Ordering::Relaxed);
+        let (n, sum_us) = (w >> SUM_BITS, w & (ONE_SAMPLE - 1));
         if n == 0 {
             return Some(s.limit.round() as u32);
         }
-        let short = sum as f64 / n as f64;
+        let short = sum_us as f64 * 1000.0 / n as f64;
         s.limit = self.next_limit(&mut s, short, age, peak);
         Some(s.limit.round() as u32)
     }

@@ -319,11 +319,12 @@ impl Collector<'_> {
             (_, DeValue::String(s)) if ty != FileType::Int && ty != FileType::Float => {
                 Some(s.to_string())
             }
-            (FileType::Int | FileType::Float | FileType::Size, DeValue::Integer(i)) => {
-                i64::from_str_radix(i.as_str(), i.radix())
-                    .ok()
-                    .map(|n| n.to_string())
-            }
+            (
+                FileType::Int | FileType::Float | FileType::Size | FileType::IntOrStr,
+                DeValue::Integer(i),
+            ) => i64::from_str_radix(i.as_str(), i.radix())
+                .ok()
+                .map(|n| n.to_string()),
             (FileType::Float, DeValue::Float(f)) => Some(f.as_str().to_string()),
             (FileType::Switch, DeValue::Boolean(b)) => Some(b.to_string()),
             (FileType::Pairs, DeValue::Table(t)) => pairs_text(t),
@@ -343,6 +344,7 @@ impl Collector<'_> {
                 FileType::StrOrList => "a string or a list of strings",
                 FileType::Size => "a size: bytes, or a string such as \"1m\"",
                 FileType::Pairs => "a table such as { interval = \"10s\" }",
+                FileType::IntOrStr => "an integer or a string",
             };
             self.push(v.span().start, Some(key), format!("expected {expected}"));
         }

@@ -33,6 +33,8 @@ pub(crate) enum FileType {
     /// A table of plain values (`{ interval = "10s", min_hosts = 3 }`), or on the
     /// command line the same as `key=value` pairs joined with commas.
     Pairs,
+    /// An integer, or a string (`max_conns = 8` or `max_conns = "auto"`).
+    IntOrStr,
 }
 
 /// What a reload does with a changed value, and whether a pool may set it for itself.
@@ -436,7 +438,7 @@ pub(crate) static OPTIONS: &[Opt] = &[
         help: "Most requests in flight on each backend of a pool that sets none itself: N (0 = no limit), or auto (follows its latency)",
         default: Some("0"),
         default_text: None,
-        file_type: FileType::Str,
+        file_type: FileType::IntOrStr,
         set: |s, v| parse_max_conns(v).map(|x| s.pool.max_conns = x),
         reload: pool_restart!("max_conns", max_conns),
     },

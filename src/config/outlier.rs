@@ -51,7 +51,7 @@ pub(crate) fn parse_success_rate(s: &str) -> Result<Option<SuccessRate>, String>
         let (k, v) = (k.trim(), v.trim());
         let named = |e: String| format!("success_rate.{k}: {e}");
         match k {
-            "interval" => sr.interval = parse_positive_duration(v).map_err(named)?,
+            "interval" => sr.interval = parse_interval(v).map_err(named)?,
             "min_hosts" => sr.min_hosts = parse_uint(v, 1u32, 10_000).map_err(named)?,
             "min_requests" => sr.min_requests = parse_uint(v, 1u32, 1_000_000).map_err(named)?,
             "stdev_factor" => sr.stdev_factor = parse_factor(v).map_err(named)?,
@@ -59,6 +59,15 @@ pub(crate) fn parse_success_rate(s: &str) -> Result<Option<SuccessRate>, String>
         }
     }
     Ok(Some(sr))
+}
+
+/// A window's length: above zero, at most an hour (a window's counts are 32 bits).
+fn parse_interval(v: &str) -> Result<Duration, String> {
+    let d = parse_positive_duration(v)?;
+    if d > Duration::from_secs(3600) {
+        return Err(format!("invalid duration '{v}' (at most 1h)"));
+    }
+    Ok(d)
 }
 
 /// A standard-deviation factor: a number greater than 0 (at most 100).

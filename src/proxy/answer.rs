@@ -47,6 +47,8 @@ impl Answer {
         match self {
             Answer::Hyper(mut r, conn) => {
                 let upgrade = hyper::upgrade::on(&mut r);
+                // A load report goes no further than fulcrum, on a `101` too.
+                r.headers_mut().remove(crate::backend::report::FIELD);
                 Ok((upgrade, std::mem::take(r.headers_mut()), conn.detach()))
             }
             inline @ Answer::Wire(..) => Err(Box::new(inline)),

@@ -7,6 +7,9 @@ use crate::backend::Backend;
 /// How often the weights are recomputed from the latest reports.
 pub(crate) const REWEIGH_EVERY: Duration = Duration::from_secs(1);
 
+/// How far from the median of the reported weights one may be, either way.
+const MAX_RATIO: f64 = 10.0;
+
 /// The largest whole weight of the rotation: weights are relative, and a hundred steps
 /// keep them to a percent with a short schedule.
 const SCALE: f64 = 100.0;
@@ -96,9 +99,23 @@ fn weights(eligible: &[Arc<Backend>], now: u64, previous: Option<&ReportedLoad>)
             let r = b.load_report(now)?;
             let rps = r.rps.or_else(|| measured(b))?;
             let u = r.utilization?;
-            (u > 0.0 && rps > 0.0).then(|| rps / u)
+            Some(rps / u).filter(|w| u > 0.0 && rps > 0.0 && w.is_finite())
         })
         .collect();
+    // A backend cannot take the pool by what it says of itself: a weight is kept within
+    // [`MAX_RATIO`] of the reporting backends' median either way (the median, as one
+    // outlandish report would move a mean).
+    let mut known: Vec<f64> = own.iter().flatten().copied().collect();
+    known.sort_by(f64::total_cmp);
+    let own: Vec<Option<f64>> = match known.get(known.len().saturating_sub(1) / 2) {
+        None => own,
+        Some(&median) => {
+            let (lo, hi) = (median / MAX_RATIO, median * MAX_RATIO);
+            own.into_iter()
+                .map(|w| w.map(|w| w.clamp(lo, hi)))
+                .collect()
+        }
+    };
     // The mean per unit of configured weight: with the default weights all 1, the mean
     // weight; in a pool weighted 1 : 2 : 4, a backend that has not reported yet is not
     // sent twice what it can take while the others' reports come first.
@@ -133,6 +150,14 @@ mod tests {
         assert!((w[3] - 875.0 / 3.0).abs() < 1e-9, "{w:?}");
         // Weighted 1 : 2 : 4, the two larger reporting what they can take: the one that
         // has not reported gets the mean per unit of weight, not the mean.
+        // A backend that says it idles at any rate gets ten times the mean, not the pool.
+        let bs = backends(&[1, 1, 1]);
+        bs[0].note_load_report(b"TEXT cpu_utilization=0.000001, rps_fractional=100");
+        bs[1].note_load_report(b"TEXT cpu_utilization=0.5, rps_fractional=100");
+        bs[2].note_load_report(b"TEXT cpu_utilization=0.5, rps_fractional=1e308");
+        let w = weights(&bs, clock_ns(), None);
+        assert!(w.iter().all(|w| w.is_finite()), "{w:?}");
+        assert!(w[0] <= 10.0 * (w[0] + w[1] + w[2]) / 3.0 + 1e-6, "{w:?}");
         let bs = backends(&[1, 2, 4]);
         bs[1].note_load_report(b"TEXT cpu_utilization=0.5, rps_fractional=100");
         bs[2].note_load_report(b"TEXT cpu_utilization=0.5, rps_fractional=200");
