@@ -9,6 +9,7 @@
 //! entry point, backend specs, the backends and the strategies' pickers; everything
 //! else is internal to the crate.
 
+pub(crate) mod acme;
 pub(crate) mod admin;
 pub mod backend;
 pub mod basic_auth;
@@ -36,6 +37,7 @@ pub(crate) mod logging;
 pub(crate) mod manual;
 pub(crate) mod metrics;
 pub(crate) mod notify;
+pub(crate) mod obtained;
 pub mod pool;
 pub(crate) mod proxy;
 pub(crate) mod proxy_protocol;
@@ -54,3 +56,4 @@ pub(crate) mod traffic;
 pub(crate) mod transport;
 pub(crate) mod trust;
 pub(crate) mod upgrade;
+pub(crate) mod x509;

@@ -259,6 +259,11 @@ fn encode_proxy_wide(enc: &mut DescriptorEncoder, site: &Site) -> Result<(), std
             "Client connections closed at once: their IP held max_connections_per_client already.",
             &s.client_refused,
         ),
+        (
+            "fulcrum_acme_failures",
+            "ACME orders (first or renewal) that failed; the stored certificate keeps serving.",
+            &s.acme_failures,
+        ),
     ] {
         counter(enc, name, help, v.load(Relaxed))?;
     }

@@ -90,6 +90,11 @@ impl Reloader {
         }
     }
 
+    /// The HTTPS listener's certificates, when there is one.
+    pub(crate) fn tls(&self) -> Option<&Arc<crate::tls::Tls>> {
+        self.tls.as_ref()
+    }
+
     /// The settings in force (the top-level values new pools build on).
     pub(crate) fn settings(&self) -> Settings {
         self.current
@@ -143,6 +148,7 @@ impl Reloader {
             pools_removed: Vec::new(),
             restart_required: config::options::restart_required(&current, &next)
                 .into_iter()
+                .chain((current.tls.acme != next.tls.acme).then_some("tls.acme"))
                 .map(String::from)
                 .collect(),
         };

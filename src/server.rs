@@ -486,8 +486,11 @@ impl ClientConn<'_> {
         let Some(tls) = tls_handshake(acceptor, stream, peer, by).await else {
             return;
         };
-        if tls.get_ref().1.alpn_protocol() != Some(b"h2") {
-            return self.serve_h1(tls, client, held, by).await;
+        match tls.get_ref().1.alpn_protocol() {
+            // The ACME CA checked the challenge certificate: nothing more is said.
+            Some(crate::tls::ACME_TLS_ALPN) => return,
+            Some(b"h2") => {}
+            _ => return self.serve_h1(tls, client, held, by).await,
         }
         // The preface is read here, so that a stop arriving before the HTTP/2 front end
         // has read it does not close a connection whose client already sent it.
@@ -883,11 +886,21 @@ fn launch(
         Arc::new(Site::new(&settings.pools, &settings.routes).map_err(|e| format!("routes: {e}"))?);
     site.resolvers.set(settings.resolvers.clone());
     let (shutdown, rx) = watch::channel(false);
-    let (https, tls_listen, tls) = https_listeners(settings, listeners.tls)?;
+    let obtained = settings
+        .tls
+        .acme
+        .as_ref()
+        .map(|a| Arc::new(crate::obtained::Obtained::new(a.domains.clone())));
+    let (https, tls_listen, tls) = https_listeners(settings, listeners.tls, obtained.clone())?;
     let mut proxy_settings = ProxySettings::from_settings(settings);
     if settings.tls.redirect_https {
         proxy_settings.redirect_https = tls_listen.map(|a| a.port());
     }
+    proxy_settings.acme = obtained.clone();
+    let acme = match (&settings.tls.acme, obtained) {
+        (Some(a), Some(obtained)) => Some(acme_keeper(a, obtained, &site)?),
+        _ => None,
+    };
     let Control {
         spawner,
         traffic,
@@ -931,6 +944,9 @@ fn launch(
     )?;
     threads.push(admin_thread);
     ready_tx.send_replace(true);
+    if let Some(keeper) = acme {
+        admin_rt.spawn(keeper.run(rx.clone()));
+    }
     admin_rt.spawn(crate::notify::watchdog(pulses, rx.clone()));
     let (upgraded_tx, upgraded) = watch::channel(false);
     tracing::info!("proxy listening on {listen}");
@@ -1152,11 +1168,12 @@ type Https = (
 fn https_listeners(
     settings: &Settings,
     sockets: Vec<std::net::TcpListener>,
+    obtained: Option<Arc<crate::obtained::Obtained>>,
 ) -> Result<Https, String> {
     if settings.tls.listen.is_none() || sockets.is_empty() {
         return Ok((Vec::new(), None, None));
     }
-    let tls = Arc::new(crate::tls::Tls::new(&settings.tls.certs)?);
+    let tls = Arc::new(crate::tls::Tls::new(&settings.tls.certs, obtained)?);
     let addr = sockets[0]
         .local_addr()
         .map_err(|e| format!("https listener: {e}"))?;
@@ -1168,6 +1185,22 @@ fn https_listeners(
         })
         .collect();
     Ok((https, Some(addr), Some(tls)))
+}
+
+/// `[tls.acme]`'s keeper, its storage opened (made 0700 if missing).
+fn acme_keeper(
+    settings: &crate::config::acme::AcmeSettings,
+    obtained: Arc<crate::obtained::Obtained>,
+    site: &Site,
+) -> Result<crate::acme::Acme, String> {
+    let disk = crate::acme::storage::Disk::open(settings.storage.clone())
+        .map_err(|e| format!("{}: storage: {e}", settings.origin))?;
+    Ok(crate::acme::Acme::new(
+        settings.clone(),
+        obtained,
+        Arc::new(disk),
+        Arc::clone(&site.hub),
+    ))
 }
 
 /// A received socket must be on the address this process is set to (port 0 takes any).

@@ -159,6 +159,8 @@ pub(crate) struct ProxyStats {
     pub(crate) events_dropped: AtomicU64,
     /// Client connections closed at once by `max_connections_per_client`.
     pub(crate) client_refused: AtomicU64,
+    /// ACME orders that failed (`fulcrum_acme_failures_total`).
+    pub(crate) acme_failures: AtomicU64,
 }
 
 /// Adds one to a counter.

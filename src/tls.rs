@@ -15,6 +15,8 @@ use rustls::ServerConfig;
 
 use crate::config::pem::read_cert;
 use crate::config::tls::CertPaths;
+use crate::obtained::Obtained;
+use crate::x509::CertInfo;
 
 /// Sessions kept for resumption by id (TLS 1.2 clients without tickets), as nginx's
 /// `ssl_session_cache` holds them; tickets need no memory here.
@@ -23,6 +25,10 @@ const SESSION_CACHE: usize = 4096;
 /// The ALPN protocols offered, preferred first: HTTP/2, then HTTP/1.1.
 const ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
 
+/// The ALPN protocol of `tls-alpn-01` (RFC 8737): a handshake that offers it is the CA
+/// checking a name, and gets the challenge certificate.
+pub(crate) const ACME_TLS_ALPN: &[u8] = b"acme-tls/1";
+
 /// One certificate and the DNS names it is for (lowercase; `*.` for a wildcard).
 #[derive(Debug)]
 struct Served {
@@ -30,12 +36,47 @@ struct Served {
     key: Arc<CertifiedKey>,
 }
 
-/// Chooses the certificate for a handshake: the first whose names hold the SNI name
-/// exactly, else the first with a wildcard for it (`*.example.com` covers one label),
-/// else the first certificate (the default, also for a client that sends no name).
+/// One certificate as `GET /admin/certificates` lists it.
+#[derive(Debug, Clone, serde::Serialize, PartialEq)]
+pub(crate) struct CertView {
+    /// The DNS names it is for.
+    pub(crate) names: Vec<String>,
+    /// Its expiry, RFC 3339.
+    pub(crate) not_after: String,
+    /// Its issuer's common name.
+    pub(crate) issuer: String,
+    /// `file` (`[[tls.certs]]`, `--tls-cert`) or `acme`.
+    pub(crate) source: &'static str,
+    /// When it is renewed, RFC 3339 (ACME only).
+    pub(crate) renew_at: Option<String>,
+}
+
+fn rfc3339(t: std::time::SystemTime) -> String {
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+impl CertView {
+    fn new(names: &[String], info: &CertInfo, source: &'static str) -> CertView {
+        CertView {
+            names: names.to_vec(),
+            not_after: rfc3339(info.not_after),
+            issuer: info.issuer.clone(),
+            source,
+            renew_at: None,
+        }
+    }
+}
+
+/// Chooses the certificate for a handshake: the first file certificate whose names hold
+/// the SNI name exactly, else the first with a wildcard for it (`*.example.com` covers
+/// one label), else ACME's for its names (none until it is issued: the handshake fails),
+/// else the first file certificate, else ACME's (the default, also for a client that
+/// sends no name). A handshake offering only `acme-tls/1` gets the challenge
+/// certificate for its name, or nothing.
 #[derive(Debug)]
 struct BySni {
     certs: Vec<Served>,
+    obtained: Option<Arc<Obtained>>,
 }
 
 impl BySni {
@@ -52,16 +93,46 @@ impl BySni {
 
 impl ResolvesServerCert for BySni {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        let chosen = hello.server_name().and_then(|n| self.find(n));
-        chosen.or(self.certs.first()).map(|c| Arc::clone(&c.key))
+        let name = hello.server_name();
+        let Some(obtained) = &self.obtained else {
+            let chosen = name.and_then(|n| self.find(n));
+            return chosen.or(self.certs.first()).map(|c| Arc::clone(&c.key));
+        };
+        if hello
+            .alpn()
+            .is_some_and(|mut p| p.any(|p| p == ACME_TLS_ALPN))
+        {
+            return name.and_then(|n| obtained.alpn_answer(n));
+        }
+        if let Some(c) = name.and_then(|n| self.find(n)) {
+            return Some(Arc::clone(&c.key));
+        }
+        let issued = || obtained.issued().map(|i| Arc::clone(&i.key));
+        match name {
+            Some(n) if obtained.covers(&n.to_ascii_lowercase()) => issued(),
+            _ => self
+                .certs
+                .first()
+                .map(|c| Arc::clone(&c.key))
+                .or_else(issued),
+        }
     }
 }
 
 /// What the HTTPS listener serves, swapped whole on reload.
 pub(crate) struct Tls {
     config: ArcSwap<ServerConfig>,
+    /// The file certificates of `config`, as listed.
+    listed: ArcSwap<Vec<CertView>>,
     ticketer: Arc<dyn ProducesTickets>,
     sessions: Arc<dyn StoresServerSessions>,
+    obtained: Option<Arc<Obtained>>,
+}
+
+/// A configuration read by [`Tls::prepare`], for [`Tls::install`].
+pub(crate) struct Prepared {
+    config: Arc<ServerConfig>,
+    listed: Vec<CertView>,
 }
 
 impl std::fmt::Debug for Tls {
@@ -71,29 +142,57 @@ impl std::fmt::Debug for Tls {
 }
 
 impl Tls {
-    /// Loads `certs` (the default first).
-    pub(crate) fn new(certs: &[CertPaths]) -> Result<Tls, String> {
+    /// Loads `certs` (the default first), beside ACME's certificate when there is one.
+    pub(crate) fn new(certs: &[CertPaths], obtained: Option<Arc<Obtained>>) -> Result<Tls, String> {
         let ticketer = rustls::crypto::ring::Ticketer::new()
             .map_err(|e| format!("cannot make a session-ticket key: {e}"))?;
         let sessions: Arc<dyn StoresServerSessions> =
             rustls::server::ServerSessionMemoryCache::new(SESSION_CACHE);
-        let config = server_config(certs, &ticketer, &sessions)?;
+        let (served, listed) = read_certs(certs)?;
+        let sni = BySni {
+            certs: served,
+            obtained: obtained.clone(),
+        };
+        let config = server_config(sni, &ticketer, &sessions)?;
         Ok(Tls {
             config: ArcSwap::from_pointee(config),
+            listed: ArcSwap::from_pointee(listed),
             ticketer,
             sessions,
+            obtained,
         })
     }
 
     /// Reads `certs` again into a configuration for [`Self::install`]; the current one
     /// stays in force until then, and on an error.
-    pub(crate) fn prepare(&self, certs: &[CertPaths]) -> Result<Arc<ServerConfig>, String> {
-        server_config(certs, &self.ticketer, &self.sessions).map(Arc::new)
+    pub(crate) fn prepare(&self, certs: &[CertPaths]) -> Result<Prepared, String> {
+        let (served, listed) = read_certs(certs)?;
+        let sni = BySni {
+            certs: served,
+            obtained: self.obtained.clone(),
+        };
+        let config = server_config(sni, &self.ticketer, &self.sessions)?;
+        Ok(Prepared {
+            config: Arc::new(config),
+            listed,
+        })
     }
 
-    /// Serves `config` from the next handshake on; open connections keep theirs.
-    pub(crate) fn install(&self, config: Arc<ServerConfig>) {
-        self.config.store(config);
+    /// Serves `prepared` from the next handshake on; open connections keep theirs.
+    pub(crate) fn install(&self, prepared: Prepared) {
+        self.config.store(prepared.config);
+        self.listed.store(Arc::new(prepared.listed));
+    }
+
+    /// Every certificate served: the files', then ACME's once issued.
+    pub(crate) fn certificates(&self) -> Vec<CertView> {
+        let mut out = Vec::clone(&self.listed.load());
+        if let Some(issued) = self.obtained.as_ref().and_then(|o| o.issued()) {
+            let mut view = CertView::new(&issued.names, &issued.info, "acme");
+            view.renew_at = Some(rfc3339(issued.renew_at));
+            out.push(view);
+        }
+        out
     }
 
     /// The acceptor for the next handshake.
@@ -102,28 +201,38 @@ impl Tls {
     }
 }
 
+/// The file certificates, ready to serve and as listed.
+fn read_certs(certs: &[CertPaths]) -> Result<(Vec<Served>, Vec<CertView>), String> {
+    let mut served = Vec::with_capacity(certs.len());
+    let mut listed = Vec::with_capacity(certs.len());
+    for c in certs {
+        let (names, key) = read_cert(c).map_err(|e| format!("{}: {e}", c.origin))?;
+        if let Some(info) = key.end_entity_cert().ok().and_then(|d| CertInfo::read(d)) {
+            listed.push(CertView::new(&names, &info, "file"));
+        }
+        served.push(Served { names, key });
+    }
+    Ok((served, listed))
+}
+
 /// TLS 1.3 and 1.2 on the `ring` provider, the certificates by SNI, ALPN h2 and
-/// http/1.1, tickets and the session cache.
+/// http/1.1 (and `acme-tls/1` with ACME), tickets and the session cache.
 fn server_config(
-    certs: &[CertPaths],
+    sni: BySni,
     ticketer: &Arc<dyn ProducesTickets>,
     sessions: &Arc<dyn StoresServerSessions>,
 ) -> Result<ServerConfig, String> {
-    let served = certs
-        .iter()
-        .map(|c| {
-            read_cert(c)
-                .map(|(names, key)| Served { names, key })
-                .map_err(|e| format!("{}: {e}", c.origin))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let acme = sni.obtained.is_some();
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
         .map_err(|e| format!("TLS: {e}"))?
         .with_no_client_auth()
-        .with_cert_resolver(Arc::new(BySni { certs: served }));
+        .with_cert_resolver(Arc::new(sni));
     config.alpn_protocols = ALPN.iter().map(|p| p.to_vec()).collect();
+    if acme {
+        config.alpn_protocols.push(ACME_TLS_ALPN.to_vec());
+    }
     config.ticketer = Arc::clone(ticketer);
     config.session_storage = Arc::clone(sessions);
     Ok(config)
@@ -155,6 +264,7 @@ mod tests {
                 served(&["*.example.test"]),
                 served(&["api.example.test"]),
             ],
+            obtained: None,
         };
         let which = |n: &str| sni.find(n).map(|c| c.names[0].clone()).unwrap_or_default();
         assert_eq!(which("API.example.test"), "api.example.test");

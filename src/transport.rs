@@ -139,7 +139,7 @@ fn system_roots() -> &'static [CertificateDer<'static>] {
 /// The client configuration for `settings`, made once per distinct setting (the CA
 /// file is read when the first pool with it is made; `tls_ca_file` is fixed until a
 /// restart).
-fn client_config(settings: &BackendTransport) -> Arc<ClientConfig> {
+pub(crate) fn client_config(settings: &BackendTransport) -> Arc<ClientConfig> {
     type Key = (Option<PathBuf>, bool, Protocol);
     static MADE: OnceLock<Mutex<HashMap<Key, Arc<ClientConfig>>>> = OnceLock::new();
     let key = (settings.ca_file.clone(), settings.verify, settings.protocol);

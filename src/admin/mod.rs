@@ -216,6 +216,16 @@ fn views(pool: &Pool) -> Vec<BackendView> {
     pool.backends().iter().map(|b| BackendView::of(b)).collect()
 }
 
+/// `GET /admin/certificates`: every certificate the HTTPS listener serves.
+async fn certificates(State(ctx): State<AdminCtx>) -> Json<Vec<crate::tls::CertView>> {
+    Json(
+        ctx.reloader
+            .tls()
+            .map(|t| t.certificates())
+            .unwrap_or_default(),
+    )
+}
+
 async fn get_strategy(State(ctx): State<AdminCtx>) -> ApiResult<Json<serde_json::Value>> {
     Ok(strategy_of(&*ctx.first()?))
 }
@@ -836,6 +846,7 @@ pub(crate) fn router(ctx: AdminCtx) -> Router {
         )
         .route("/admin/reload", post(reload))
         .route("/admin/explain", post(explain))
+        .route("/admin/certificates", get(certificates))
         .route("/admin/pools", get(pools::list).post(pools::create))
         .route("/admin/pools/{name}", get(pools::one).delete(pools::remove))
         .route(

@@ -5,6 +5,7 @@
 //! came from, goes through the same parser, so a bad value is reported the same way:
 //! the option, the value, and (where there is a list) the valid values.
 
+pub(crate) mod acme;
 pub mod compress;
 pub(crate) mod discover;
 mod file;

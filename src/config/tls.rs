@@ -30,6 +30,8 @@ pub(crate) struct TlsSettings {
     pub(crate) key_flag: Option<PathBuf>,
     /// `redirect_https`: the plain listener answers 308 to the same URL on https.
     pub(crate) redirect_https: bool,
+    /// `[tls.acme]`: a certificate obtained from an ACME CA.
+    pub(crate) acme: Option<super::acme::AcmeSettings>,
 }
 
 /// Puts the command line's certificate first and checks the settings against each
@@ -54,10 +56,15 @@ pub(crate) fn finish(s: &mut Settings, errors: &mut Vec<ConfigError>) {
         (None, Some(_)) => errors.push(err("--tls-key", "it needs --tls-cert FILE".into())),
         (None, None) => {}
     }
-    match (t.listen, t.certs.is_empty()) {
+    if let Some(acme) = &t.acme {
+        for e in super::acme::check(acme, t.listen.is_some()) {
+            errors.push(err(&acme.origin, e));
+        }
+    }
+    match (t.listen, t.certs.is_empty() && t.acme.is_none()) {
         (Some(_), true) => errors.push(err(
             "tls_listen",
-            "it needs a certificate: --tls-cert FILE --tls-key FILE, or [[tls.certs]] with cert and key".into(),
+            "it needs a certificate: --tls-cert FILE --tls-key FILE, [[tls.certs]] with cert and key, or [tls.acme]".into(),
         )),
         (None, false) => errors.push(err(
             &t.certs[0].origin,
@@ -103,10 +110,11 @@ pub(super) fn read_table(
                     s.tls.certs = list;
                 }
             }
+            "acme" => s.tls.acme = super::acme::read_table(c, v),
             k => c.push(
                 key.span().start,
                 None,
-                format!("unknown key 'tls.{k}' (valid: tls.certs)"),
+                format!("unknown key 'tls.{k}' (valid: tls.certs, tls.acme)"),
             ),
         }
     }

@@ -105,6 +105,19 @@ pub(crate) enum Event {
         /// Why.
         error: String,
     },
+    /// A step of obtaining a certificate from the ACME CA (`[tls.acme]`, `docs/tls.md`).
+    Acme {
+        /// `ordered`, `issued`, `renewed` or `failed`.
+        action: &'static str,
+        /// The names the certificate is for.
+        names: Vec<String>,
+        /// What went wrong (`failed` only).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+        /// When it is renewed (`issued`, `renewed`), RFC 3339; or retried (`failed`).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        next: Option<String>,
+    },
     /// A proxied request finished (sampled: at most a few hundred per second).
     Request {
         /// Backend id.

@@ -73,6 +73,8 @@ pub(crate) struct ProxySettings {
     pub(crate) per_client: Option<Arc<crate::listeners::PerClient>>,
     /// `trace_context`: a request without a `traceparent` gets one.
     pub(crate) trace_context: bool,
+    /// `[tls.acme]`: the plain listener answers the CA's `http-01` requests.
+    pub(crate) acme: Option<Arc<crate::obtained::Obtained>>,
 }
 
 /// What a request's head gives its combined access log line; the length comes with the
@@ -107,6 +109,7 @@ impl ProxySettings {
             access_log: access_format(s),
             trace_context: s.trace_context,
             redirect_https: None,
+            acme: None,
             accept_proxy_protocol: s.accept_proxy_protocol,
             send_timeout: s.send_timeout,
             upgrade_protocols: s.upgrade_protocols.clone().into(),
@@ -298,6 +301,27 @@ fn forwarded_fields(f: &headers::ClientFields, req: &Outgoing<'_>) -> http::Head
         map.insert(header::HOST, h.clone());
     }
     map
+}
+
+/// `http-01` (RFC 8555 §8.3): the key authorization for a token the ACME task is
+/// proving, before any route and any redirect; `None` for every other request, which
+/// goes on as usual (an unknown token too, as Caddy passes it on).
+fn http01_answer(head: &RequestHead, acme: &crate::obtained::Obtained) -> Option<ProxyResponse> {
+    let token = head
+        .uri
+        .path()
+        .strip_prefix(crate::obtained::HTTP01_PREFIX)?;
+    if head.method != http::Method::GET {
+        return None;
+    }
+    let answer = acme.http_answer(token)?;
+    let mut fields = http::HeaderMap::with_capacity(1);
+    fields.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    let body = RespBody::full(bytes::Bytes::from(answer));
+    Some(ProxyResponse::new(StatusCode::OK, fields, body))
 }
 
 /// `redirect_https`: `308 Permanent Redirect` to the same URL on https (the method and
@@ -533,6 +557,11 @@ impl Proxy {
             },
             self.rec,
         );
+        if let (Some(acme), false) = (&self.settings.acme, peer.tls) {
+            if let Some(r) = http01_answer(&head, acme) {
+                return Either::Left(std::future::ready(self.own(&mut fin, None, r)));
+            }
+        }
         if let (Some(port), false) = (self.settings.redirect_https, peer.tls) {
             let r = self.own(&mut fin, None, to_https(&head, port));
             return Either::Left(std::future::ready(r));
