@@ -77,6 +77,8 @@ struct Read {
     directory: Option<String>,
     email: Option<String>,
     domains: Option<Vec<String>>,
+    /// A key was there but unusable (already reported): no "missing field" for it.
+    bad: bool,
     challenge: Option<Challenge>,
     storage: Option<PathBuf>,
     ca_file: Option<PathBuf>,
@@ -99,6 +101,7 @@ pub(super) fn read_table(
         let shown = format!("tls.acme.{k}");
         if k == "domains" {
             read.domains = read_domains(c, v, &shown);
+            read.bad |= read.domains.is_none();
             continue;
         }
         if !KEYS.split(", ").any(|known| known == k) {
@@ -110,6 +113,7 @@ pub(super) fn read_table(
             continue;
         };
         if let Err(e) = read_one(&mut read, c, k, &text) {
+            read.bad = true;
             c.push(v.span().start, Some(&shown), e);
         }
     }
@@ -137,6 +141,9 @@ fn read_one(read: &mut Read, c: &Collector<'_>, key: &str, text: &str) -> Result
 }
 
 fn finish_table(c: &mut Collector<'_>, at: usize, read: Read) -> Option<AcmeSettings> {
+    if read.bad {
+        return None;
+    }
     let missing = |c: &mut Collector<'_>, key: &str| {
         c.push(at, Some("tls.acme"), format!("missing field '{key}'"));
     };
@@ -294,15 +301,19 @@ fn storage_usable(path: &Path) -> Result<(), String> {
     }
 }
 
-/// Whether this process may create files in `dir` (`access(2)`, which knows root's
-/// exemption and read-only mounts).
+/// Whether this process may create files in `dir`: a probe file is made and removed
+/// (permission bits alone mislead for root, read-only mounts and `/proc`).
 fn writable(dir: &Path) -> bool {
-    use std::os::unix::ffi::OsStrExt as _;
-    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
-        return false;
-    };
-    // SAFETY: `c` is a valid NUL-terminated path that outlives the call.
-    unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) == 0 }
+    let probe = dir.join(format!(".fulcrum-probe-{}", std::process::id()));
+    let made = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+        .is_ok();
+    if made {
+        let _ = std::fs::remove_file(&probe);
+    }
+    made
 }
 
 #[cfg(test)]

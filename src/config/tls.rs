@@ -61,13 +61,13 @@ pub(crate) fn finish(s: &mut Settings, errors: &mut Vec<ConfigError>) {
             errors.push(err(&acme.origin, e));
         }
     }
-    match (t.listen, t.certs.is_empty() && t.acme.is_none()) {
-        (Some(_), true) => errors.push(err(
+    match (t.listen, t.certs.first()) {
+        (Some(_), None) if t.acme.is_none() => errors.push(err(
             "tls_listen",
             "it needs a certificate: --tls-cert FILE --tls-key FILE, [[tls.certs]] with cert and key, or [tls.acme]".into(),
         )),
-        (None, false) => errors.push(err(
-            &t.certs[0].origin,
+        (None, Some(first)) => errors.push(err(
+            &first.origin,
             "a certificate without tls_listen serves nothing: set tls_listen (--tls-listen ADDR)".into(),
         )),
         _ => {}

@@ -1,6 +1,7 @@
 //! Test support: real fulcrum processes and real backends on ephemeral 127.0.0.1 ports.
 #![allow(dead_code)]
 
+pub mod acme;
 pub mod dns;
 pub mod etcd;
 pub mod tls;
