@@ -897,10 +897,6 @@ fn launch(
         proxy_settings.redirect_https = tls_listen.map(|a| a.port());
     }
     proxy_settings.acme = obtained.clone();
-    let acme = match (&settings.tls.acme, obtained) {
-        (Some(a), Some(obtained)) => Some(acme_keeper(a, obtained, &site)?),
-        _ => None,
-    };
     let Control {
         spawner,
         traffic,
@@ -908,6 +904,10 @@ fn launch(
         fleet,
         admin: admin_state,
     } = Control::new(settings, flags, &site, listen, tls);
+    let acme = match (&settings.tls.acme, obtained) {
+        (Some(a), Some(obtained)) => Some(acme_keeper(a, obtained, &site, fleet.as_deref())?),
+        _ => None,
+    };
     let (workers_done, done_rx) = watch::channel(false);
     let admin_listener = listeners.admin;
     let (loaded_tx, loaded) = std::sync::mpsc::channel();
@@ -944,7 +944,10 @@ fn launch(
     )?;
     threads.push(admin_thread);
     ready_tx.send_replace(true);
-    if let Some(keeper) = acme {
+    if let Some((keeper, follower)) = acme {
+        if let Some(f) = follower {
+            admin_rt.spawn(f.follow(rx.clone()));
+        }
         admin_rt.spawn(keeper.run(rx.clone()));
     }
     admin_rt.spawn(crate::notify::watchdog(pulses, rx.clone()));
@@ -1187,21 +1190,35 @@ fn https_listeners(
     Ok((https, Some(addr), Some(tls)))
 }
 
-/// `[tls.acme]`'s keeper, its storage opened (made 0700 if missing).
+/// `[tls.acme]`'s keeper, over its storage directory (made 0700 if missing), or in
+/// fleet mode over the store, with the task that follows the store's `acme/` keys.
 fn acme_keeper(
     settings: &crate::config::acme::AcmeSettings,
     obtained: Arc<crate::obtained::Obtained>,
     site: &Site,
-) -> Result<crate::acme::Acme, String> {
-    let disk = crate::acme::storage::Disk::open(settings.storage.clone())
-        .map_err(|e| format!("{}: storage: {e}", settings.origin))?;
-    Ok(crate::acme::Acme::new(
-        settings.clone(),
-        obtained,
-        Arc::new(disk),
-        Arc::clone(&site.hub),
-    ))
+    fleet: Option<&crate::store::fleet::Fleet>,
+) -> Result<AcmeTasks, String> {
+    use crate::acme::storage::{Disk, Storage};
+    let (storage, follower): (Arc<dyn Storage>, _) = match fleet {
+        Some(f) => {
+            let fa = Arc::new(crate::store::acme::FleetAcme::new(f, Arc::clone(&obtained)));
+            (Arc::clone(&fa) as Arc<dyn Storage>, Some(fa))
+        }
+        None => {
+            let disk = Disk::open(settings.storage.clone())
+                .map_err(|e| format!("{}: storage: {e}", settings.origin))?;
+            (Arc::new(disk), None)
+        }
+    };
+    let keeper = crate::acme::Acme::new(settings.clone(), obtained, storage, Arc::clone(&site.hub));
+    Ok((keeper, follower))
 }
+
+/// The ACME keeper and, in fleet mode, its follower of the store.
+type AcmeTasks = (
+    crate::acme::Acme,
+    Option<Arc<crate::store::acme::FleetAcme>>,
+);
 
 /// A received socket must be on the address this process is set to (port 0 takes any).
 fn same_address(

@@ -469,3 +469,76 @@ async fn five_requests(
     }
     Ok(())
 }
+
+/// Three instances of a fleet on one etcd, behind one port for pebble's validations
+/// (each connection to the next instance): one order is placed, every instance answers
+/// the challenges and serves the certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_places_one_order_and_every_instance_answers_and_serves() {
+    let etcd = common::etcd::Etcd::start("acme");
+    let store = etcd.store("acme");
+    let http = free_port();
+    let pebble = Pebble::start("fleet", http, free_port(), None);
+    let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
+    let plain = ports
+        .iter()
+        .map(|p| std::net::SocketAddr::from(([127, 0, 0, 1], p.0)))
+        .collect();
+    let _relay = RoundRobin::start(http, plain);
+    let acme = format!(
+        "directory = \"{}\"\nca_file = \"{}\"\ndomains = [\"{NAME}\"]",
+        pebble.directory,
+        pebble.ca_file.display()
+    );
+    let fleet: Vec<Fulcrum> = ports
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let (config, _) = acme_config(&format!("fleet{i}"), *p, &acme);
+            Fulcrum::start_cmd(
+                &["serve", "--admin", "127.0.0.1:0"],
+                &["--config", config.to_str().unwrap(), "--store", &store],
+            )
+        })
+        .collect();
+    let certs: Vec<serde_json::Value> = fleet
+        .iter()
+        .map(|f| wait_for_cert(f, None, Duration::from_secs(20)))
+        .collect();
+    assert!(
+        certs
+            .iter()
+            .all(|c| c["not_after"] == certs[0]["not_after"]),
+        "{certs:?}"
+    );
+    let client = verifying_client(&pebble.root().await);
+    let mut leaves = Vec::new();
+    for p in &ports {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], p.1));
+        leaves.push(leaf(
+            &handshake(&client, addr, NAME)
+                .await
+                .expect("a verified chain"),
+        ));
+    }
+    assert!(
+        leaves.iter().all(|l| *l == leaves[0]),
+        "one certificate for all"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(pebble.orders(), 1, "exactly one order");
+    let answered: Vec<usize> = fleet
+        .iter()
+        .map(|f| {
+            f.log()
+                .lines()
+                .filter(|l| l.contains("/.well-known/acme-challenge/") && l.contains("status=200"))
+                .count()
+        })
+        .collect();
+    eprintln!("challenge requests answered per instance: {answered:?}");
+    assert!(
+        answered.iter().filter(|n| **n > 0).count() >= 2,
+        "{answered:?}"
+    );
+}

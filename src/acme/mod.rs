@@ -96,54 +96,88 @@ impl Acme {
         });
     }
 
-    /// Keeps the certificate current until `stop`.
+    /// Keeps the certificate current until `stop`: serves the stored one, orders when
+    /// it is due (one instance of a fleet at a time, under the storage's lock), takes
+    /// what another instance stored.
     pub(crate) async fn run(self, mut stop: watch::Receiver<bool>) {
-        match self.stored().await {
-            Ok(Some(issued)) => {
-                tracing::info!(names = ?issued.names, renew_at = %rfc3339(issued.renew_at), "acme: serving the stored certificate");
-                self.obtained.install(issued);
+        if self.adopt_stored().await {
+            if let Some(i) = self.obtained.issued() {
+                tracing::info!(names = ?i.names, renew_at = %rfc3339(i.renew_at), "acme: serving the stored certificate");
             }
-            Ok(None) => {}
-            Err(e) => tracing::warn!(error = %e, "acme: the stored certificate is not used"),
         }
+        let mut changes = self.storage.changes();
         let mut failures = 0;
         loop {
-            let due = self
-                .obtained
-                .issued()
-                .map_or(SystemTime::now(), |i| i.renew_at);
-            let wait = due.duration_since(SystemTime::now()).unwrap_or_default();
-            if sleep_or_stop(wait, &mut stop).await {
-                return;
+            match wait_for(self.due_in(), &mut changes, &mut stop).await {
+                Woken::Stop => return,
+                Woken::Changed => {
+                    self.adopt_stored().await;
+                    continue;
+                }
+                Woken::Due => {}
             }
-            let renewing = self.obtained.issued().is_some();
-            self.emit("ordered", None, None);
-            match self.obtain().await {
-                Ok(issued) => {
-                    failures = 0;
-                    let action = if renewing { "renewed" } else { "issued" };
-                    tracing::info!(names = ?issued.names, not_after = %rfc3339(issued.info.not_after), "acme: certificate {action}");
-                    self.emit(action, None, Some(issued.renew_at));
-                    self.obtained.install(issued);
+            let pause = match self.storage.lock().await {
+                Ok(Some(lock)) => self.order_locked(lock, &mut failures).await,
+                // Another instance orders: its certificate comes as a change.
+                Ok(None) => retry_after(1),
+                Err(e) => self.failed(e, &mut failures),
+            };
+            if !pause.is_zero() {
+                if let Woken::Stop = wait_for(pause, &mut changes, &mut stop).await {
+                    return;
                 }
-                Err(e) => {
-                    failures += 1;
-                    crate::stats::bump(&self.hub.stats.acme_failures);
-                    let wait = retry_after(failures);
-                    tracing::warn!(error = %e, retry_in = ?wait, "acme: obtaining the certificate failed; the current one (if any) keeps serving");
-                    self.emit("failed", Some(e), Some(SystemTime::now() + wait));
-                    if sleep_or_stop(wait, &mut stop).await {
-                        return;
-                    }
-                }
+                self.adopt_stored().await;
             }
         }
     }
 
+    /// How long until the certificate is due (zero without one).
+    fn due_in(&self) -> Duration {
+        let due = self
+            .obtained
+            .issued()
+            .map_or(SystemTime::now(), |i| i.renew_at);
+        due.duration_since(SystemTime::now()).unwrap_or_default()
+    }
+
+    /// Orders holding `lock` (unless another instance has just stored a fresh one);
+    /// how long to wait before the next attempt (zero after a success).
+    async fn order_locked(&self, lock: storage::Lock, failures: &mut u32) -> Duration {
+        if self.adopt_stored().await && !self.due_in().is_zero() {
+            return Duration::ZERO;
+        }
+        let renewing = self.obtained.issued().is_some();
+        self.emit("ordered", None, None);
+        let obtained = self.obtain().await;
+        drop(lock);
+        match obtained {
+            Ok(issued) => {
+                *failures = 0;
+                let action = if renewing { "renewed" } else { "issued" };
+                tracing::info!(names = ?issued.names, not_after = %rfc3339(issued.info.not_after), "acme: certificate {action}");
+                self.emit(action, None, Some(issued.renew_at));
+                self.obtained.install(issued);
+                Duration::ZERO
+            }
+            Err(e) => self.failed(e, failures),
+        }
+    }
+
+    /// Counts and reports a failure; how long until the next attempt.
+    fn failed(&self, error: String, failures: &mut u32) -> Duration {
+        *failures += 1;
+        crate::stats::bump(&self.hub.stats.acme_failures);
+        let wait = retry_after(*failures);
+        tracing::warn!(%error, retry_in = ?wait, "acme: obtaining the certificate failed; the current one (if any) keeps serving");
+        self.emit("failed", Some(error), Some(SystemTime::now() + wait));
+        wait
+    }
+
     /// One order, from the account to the stored certificate.
     async fn obtain(&self) -> Result<Issued, String> {
-        let account = order::account(&self.settings, self.storage.as_ref()).await?;
-        let pem = order::order(&self.settings, &account, &self.obtained).await?;
+        let storage = self.storage.as_ref();
+        let account = order::account(&self.settings, storage).await?;
+        let pem = order::order(&self.settings, &account, &self.obtained, storage).await?;
         let issued = self.ready(pem.chain.as_bytes(), pem.key.as_bytes())?;
         self.storage
             .put(&self.file("key"), pem.key.into_bytes())
@@ -152,6 +186,27 @@ impl Acme {
             .put(&self.file("crt"), pem.chain.into_bytes())
             .await?;
         Ok(issued)
+    }
+
+    /// Serves the stored certificate if it is good and newer than the one served;
+    /// whether it did.
+    async fn adopt_stored(&self) -> bool {
+        let stored = match self.stored().await {
+            Ok(Some(s)) => s,
+            Ok(None) => return false,
+            Err(e) => {
+                tracing::warn!(error = %e, "acme: the stored certificate is not used");
+                return false;
+            }
+        };
+        let newer = self
+            .obtained
+            .issued()
+            .is_none_or(|now| stored.info.not_after > now.info.not_after);
+        if newer {
+            self.obtained.install(stored);
+        }
+        newer
     }
 
     /// The stored certificate, if there is one for every name that has not expired.
@@ -179,25 +234,16 @@ impl Acme {
 
     /// A chain and key (PEM) ready to serve, with the renewal time.
     fn ready(&self, chain: &[u8], key: &[u8]) -> Result<Issued, String> {
-        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(chain)
-            .collect::<Result<_, _>>()
-            .map_err(|e| format!("the chain: {e}"))?;
-        let leaf = certs.first().ok_or("the chain is empty")?;
+        let certified = certified(chain, key)?;
+        let leaf = certified.end_entity_cert().map_err(|e| e.to_string())?;
         let info = crate::x509::CertInfo::read(leaf).ok_or("the certificate does not parse")?;
         let names = webpki::EndEntityCert::try_from(leaf)
             .map_err(|e| format!("the certificate: {e:?}"))?
             .valid_dns_names()
             .map(str::to_ascii_lowercase)
             .collect();
-        let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| format!("the key: {e}"))?;
-        let signer = rustls::crypto::ring::sign::any_supported_type(&key)
-            .map_err(|e| format!("the key: {e}"))?;
-        let certified = CertifiedKey::new(certs, signer);
-        certified
-            .keys_match()
-            .map_err(|e| format!("the key is not the certificate's: {e}"))?;
         Ok(Issued {
-            key: Arc::new(certified),
+            key: certified,
             names,
             renew_at: renew_at(&info, self.settings.renew_before),
             info,
@@ -205,14 +251,66 @@ impl Acme {
     }
 }
 
-/// Sleeps `wait`; true when `stop` came first.
-async fn sleep_or_stop(wait: Duration, stop: &mut watch::Receiver<bool>) -> bool {
-    if *stop.borrow() {
-        return true;
+/// A chain and its key, PEM, ready to sign handshakes; the key checked to be the
+/// leaf's.
+pub(crate) fn certified(chain: &[u8], key: &[u8]) -> Result<Arc<CertifiedKey>, String> {
+    let certified = signing(chain, key)?;
+    certified
+        .keys_match()
+        .map_err(|e| format!("the key is not the certificate's: {e}"))?;
+    Ok(certified)
+}
+
+/// A `tls-alpn-01` challenge certificate and its key, PEM, ready to sign the CA's
+/// handshake. Its key is not checked against it: the check parses the certificate
+/// with webpki, which refuses the critical `acmeIdentifier` extension it carries.
+pub(crate) fn challenge_certified(cert: &[u8], key: &[u8]) -> Result<Arc<CertifiedKey>, String> {
+    signing(cert, key)
+}
+
+fn signing(chain: &[u8], key: &[u8]) -> Result<Arc<CertifiedKey>, String> {
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(chain)
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("the chain: {e}"))?;
+    if certs.is_empty() {
+        return Err("the chain is empty".into());
     }
+    let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| format!("the key: {e}"))?;
+    let signer = rustls::crypto::ring::sign::any_supported_type(&key)
+        .map_err(|e| format!("the key: {e}"))?;
+    Ok(Arc::new(CertifiedKey::new(certs, signer)))
+}
+
+/// What ended a wait.
+enum Woken {
+    Due,
+    Changed,
+    Stop,
+}
+
+/// Waits `wait`, or until another instance stores a certificate, or `stop`.
+async fn wait_for(
+    wait: Duration,
+    changes: &mut Option<watch::Receiver<u64>>,
+    stop: &mut watch::Receiver<bool>,
+) -> Woken {
+    if *stop.borrow() {
+        return Woken::Stop;
+    }
+    let changed = async {
+        match changes {
+            Some(c) => {
+                if c.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+            None => std::future::pending().await,
+        }
+    };
     tokio::select! {
-        _ = tokio::time::sleep(wait) => false,
-        _ = stop.changed() => true,
+        _ = tokio::time::sleep(wait) => Woken::Due,
+        _ = changed => Woken::Changed,
+        _ = stop.changed() => Woken::Stop,
     }
 }
 

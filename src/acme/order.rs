@@ -1,17 +1,14 @@
 //! One certificate order (RFC 8555 §7.4): the account, the order, each name's challenge
 //! answered and announced, the CSR, the chain.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use instant_acme::{
     Account, AccountCredentials, AuthorizationStatus, ChallengeType, Identifier, NewAccount,
     NewOrder, OrderStatus, RetryPolicy,
 };
-use rustls::sign::CertifiedKey;
-use rustls_pki_types::PrivateKeyDer;
 
-use super::storage::Storage;
+use super::storage::{Answer, Storage};
 use crate::config::acme::{AcmeSettings, Challenge};
 use crate::obtained::Obtained;
 
@@ -92,11 +89,13 @@ impl Drop for Answers<'_> {
     }
 }
 
-/// Orders a certificate for `s.domains` and waits for it.
+/// Orders a certificate for `s.domains` and waits for it; the answers to the CA are
+/// given here and published through `storage` for the other instances of a fleet.
 pub(super) async fn order(
     s: &AcmeSettings,
     account: &Account,
     obtained: &Obtained,
+    storage: &dyn Storage,
 ) -> Result<Pem, String> {
     let ids: Vec<Identifier> = s.domains.iter().cloned().map(Identifier::Dns).collect();
     let mut order = account
@@ -128,16 +127,30 @@ pub(super) async fn order(
             )
         })?;
         let key_auth = challenge.key_authorization();
-        match s.challenge {
+        let answer = match s.challenge {
             Challenge::Http01 => {
                 obtained.answer_token(&challenge.token, key_auth.as_str());
                 answers.tokens.push(challenge.token.clone());
+                Answer::Http {
+                    token: challenge.token.clone(),
+                    key_authorization: key_auth.as_str().to_string(),
+                }
             }
             Challenge::TlsAlpn01 => {
-                obtained.answer_alpn(&name, alpn_certificate(&name, key_auth.digest().as_ref())?);
+                let (cert, key) = alpn_certificate(&name, key_auth.digest().as_ref())?;
+                obtained.answer_alpn(
+                    &name,
+                    super::challenge_certified(cert.as_bytes(), key.as_bytes())?,
+                );
                 answers.names.push(name.clone());
+                Answer::Alpn {
+                    name: name.clone(),
+                    cert,
+                    key,
+                }
             }
-        }
+        };
+        storage.publish(answer).await?;
         challenge
             .set_ready()
             .await
@@ -178,19 +191,15 @@ fn csr(names: &[String]) -> Result<(Vec<u8>, String), String> {
 }
 
 /// The `tls-alpn-01` certificate for `name` (RFC 8737 §3): self-signed, for `name` only,
-/// with the key authorization's digest in the critical `acmeIdentifier` extension.
-fn alpn_certificate(name: &str, digest: &[u8]) -> Result<Arc<CertifiedKey>, String> {
+/// with the key authorization's digest in the critical `acmeIdentifier` extension; the
+/// certificate and its key, PEM.
+fn alpn_certificate(name: &str, digest: &[u8]) -> Result<(String, String), String> {
     let fail = |e: rcgen::Error| format!("cannot make the tls-alpn-01 certificate: {e}");
     let key = rcgen::KeyPair::generate().map_err(fail)?;
     let mut params = rcgen::CertificateParams::new(vec![name.to_string()]).map_err(fail)?;
     params.custom_extensions = vec![rcgen::CustomExtension::new_acme_identifier(digest)];
     let cert = params.self_signed(&key).map_err(fail)?;
-    let der = PrivateKeyDer::try_from(key.serialize_der()).map_err(|e| e.to_string())?;
-    let signer = rustls::crypto::ring::sign::any_supported_type(&der).map_err(|e| e.to_string())?;
-    Ok(Arc::new(CertifiedKey::new(
-        vec![cert.der().clone()],
-        signer,
-    )))
+    Ok((cert.pem(), key.serialize_pem()))
 }
 
 #[cfg(test)]
@@ -200,7 +209,8 @@ mod tests {
     #[test]
     fn the_alpn_certificate_is_for_its_name_and_carries_the_digest() {
         let digest = [7u8; 32];
-        let cert = alpn_certificate("a.test", &digest).unwrap();
+        let (cert, key) = alpn_certificate("a.test", &digest).unwrap();
+        let cert = crate::acme::challenge_certified(cert.as_bytes(), key.as_bytes()).unwrap();
         let der = cert.end_entity_cert().unwrap().as_ref().to_vec();
         // The extension's OID (1.3.6.1.5.5.7.1.31) and the digest as an OCTET STRING.
         let oid = [0x06, 0x08, 0x2b, 0x06, 0x01, 0x05, 0x05, 0x07, 0x01, 0x1f];

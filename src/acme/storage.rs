@@ -1,6 +1,7 @@
 //! Where the ACME account and the certificates are kept: a directory (`[tls.acme]
-//! storage`), or in fleet mode the store under `PREFIX/acme/` (`store/acme.rs`). The
-//! task that orders sees only this interface.
+//! storage`), or in fleet mode the store under `PREFIX/acme/` (`store/acme.rs`), which
+//! also holds the one orderer's lock and the challenge answers every instance gives.
+//! The task that orders sees only this interface.
 
 use std::io::Write as _;
 use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
@@ -8,13 +9,39 @@ use std::path::PathBuf;
 
 use futures_util::future::BoxFuture;
 
+/// The right to order, held until dropped.
+pub(crate) type Lock = Box<dyn Send + Sync>;
+
+/// A challenge answer for the other instances of a fleet to give too.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Answer {
+    /// `http-01`: the token and its key authorization.
+    Http {
+        token: String,
+        key_authorization: String,
+    },
+    /// `tls-alpn-01`: the name and its challenge certificate and key, PEM.
+    Alpn {
+        name: String,
+        cert: String,
+        key: String,
+    },
+}
+
 /// What an ACME task keeps: small named values (`account.json`, `certs/NAME.crt`,
-/// `certs/NAME.key`), some of them secret.
+/// `certs/NAME.key`), some of them secret; and, shared with other instances, the right
+/// to order and the answers to the CA.
 pub(crate) trait Storage: Send + Sync {
     /// The value of `name`, `None` when there is none.
     fn get<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<Vec<u8>>, String>>;
     /// Keeps `value` as `name`, replacing what was there.
     fn put<'a>(&'a self, name: &'a str, value: Vec<u8>) -> BoxFuture<'a, Result<(), String>>;
+    /// The right to order; `None` while another instance holds it.
+    fn lock(&self) -> BoxFuture<'_, Result<Option<Lock>, String>>;
+    /// Has every other instance give `answer` too, until the lock is dropped.
+    fn publish(&self, answer: Answer) -> BoxFuture<'_, Result<(), String>>;
+    /// Ticks when another instance stored a certificate; `None` when none can.
+    fn changes(&self) -> Option<tokio::sync::watch::Receiver<u64>>;
 }
 
 /// A directory: 0700, each value a 0600 file written whole and renamed into place, so
@@ -70,6 +97,20 @@ impl Storage for Disk {
                 .await
                 .map_err(|e| format!("the write was cancelled: {e}"))?
         })
+    }
+
+    /// One process orders alone.
+    fn lock(&self) -> BoxFuture<'_, Result<Option<Lock>, String>> {
+        Box::pin(async { Ok(Some(Box::new(()) as Lock)) })
+    }
+
+    /// Nobody else answers.
+    fn publish(&self, _answer: Answer) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        None
     }
 }
 

@@ -251,8 +251,9 @@ fn non_empty(s: &str) -> Result<&str, String> {
 
 /// Checks the table against the other settings and the disk: a TLS listener to serve
 /// the certificate, a `ca_file` that reads, a storage directory fulcrum can write (or
-/// create). Nothing is created here: `fulcrum check` changes nothing.
-pub(super) fn check(acme: &AcmeSettings, tls_listen: bool) -> Vec<String> {
+/// create) unless the fleet's store keeps everything. Nothing is left behind here:
+/// `fulcrum check` changes nothing.
+pub(super) fn check(acme: &AcmeSettings, tls_listen: bool, in_store: bool) -> Vec<String> {
     let mut errors = Vec::new();
     if !tls_listen {
         errors.push("it needs tls_listen: the certificate is served there".to_string());
@@ -262,7 +263,7 @@ pub(super) fn check(acme: &AcmeSettings, tls_listen: bool) -> Vec<String> {
             errors.push(format!("ca_file: {e}"));
         }
     }
-    if let Err(e) = storage_usable(&acme.storage) {
+    if let (false, Err(e)) = (in_store, storage_usable(&acme.storage)) {
         errors.push(format!("storage: {e}"));
     }
     errors

@@ -57,7 +57,7 @@ pub(crate) fn finish(s: &mut Settings, errors: &mut Vec<ConfigError>) {
         (None, None) => {}
     }
     if let Some(acme) = &t.acme {
-        for e in super::acme::check(acme, t.listen.is_some()) {
+        for e in super::acme::check(acme, t.listen.is_some(), s.store.is_some()) {
             errors.push(err(&acme.origin, e));
         }
     }

@@ -55,6 +55,8 @@ pub(crate) struct Kv {
 pub(crate) enum Op {
     /// Writes the value at the key.
     Put(String, Vec<u8>),
+    /// Writes the value at the key, attached to a lease: it goes when the lease does.
+    PutLease(String, Vec<u8>, i64),
     /// Deletes the key.
     Delete(String),
     /// Deletes every key under the prefix.
@@ -65,6 +67,8 @@ impl Op {
     fn json(&self) -> Value {
         match self {
             Op::Put(k, v) => json!({"request_put": {"key": b64(k.as_bytes()), "value": b64(v)}}),
+            Op::PutLease(k, v, lease) => json!({"request_put": {"key": b64(k.as_bytes()),
+                "value": b64(v), "lease": lease.to_string()}}),
             Op::Delete(k) => json!({"request_delete_range": {"key": b64(k.as_bytes())}}),
             Op::DeletePrefix(p) => json!({"request_delete_range": {
                 "key": b64(p.as_bytes()), "range_end": b64(&prefix_end(p))}}),
@@ -272,6 +276,20 @@ impl Etcd {
             None => Vec::new(),
         };
         Ok((revision, kvs))
+    }
+
+    /// The key `key`, if it exists.
+    pub(crate) async fn get(&self, key: &str) -> Result<Option<Kv>, StoreError> {
+        let v = self
+            .call("/v3/kv/range", json!({"key": b64(key.as_bytes())}))
+            .await?;
+        match v["kvs"][0].clone() {
+            Value::Null => Ok(None),
+            raw => serde_json::from_value::<RawKv>(raw)
+                .map_err(|x| StoreError::Protocol(x.to_string()))?
+                .decode()
+                .map(Some),
+        }
     }
 
     /// Writes `value` at `key` if its last change is `mod_revision` (0: only if it does

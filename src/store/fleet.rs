@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 
 use super::etcd::{Change, Compare, Etcd, Kv, Op, StoreError};
-use super::model::{self, Mirror, GENERATION, INSTANCES, ROUTES_KEY};
+use super::model::{self, Mirror, ACME, GENERATION, INSTANCES, ROUTES_KEY};
 use crate::config::StoreSpec;
 use crate::pool::{Event, Tagged};
 use crate::reload::Reloader;
@@ -191,7 +191,7 @@ impl Fleet {
             .iter()
             .filter(|kv| {
                 self.relative(&kv.key)
-                    .is_some_and(|k| !k.starts_with(INSTANCES))
+                    .is_some_and(|k| !k.starts_with(INSTANCES) && !k.starts_with(ACME))
             })
             .map(|kv| kv.mod_revision)
             .max()
@@ -266,7 +266,8 @@ impl Fleet {
         let mut m = self.mirror();
         let old = std::mem::take(&mut *m);
         for kv in kvs {
-            let Some(key) = self.relative(&kv.key) else {
+            // ACME's keys are its own (`store/acme.rs`).
+            let Some(key) = self.relative(&kv.key).filter(|k| !k.starts_with(ACME)) else {
                 continue;
             };
             if let Some(e) = old.entries.get(key) {
@@ -324,7 +325,7 @@ impl Fleet {
                     Change::Put(kv) => (kv.key.as_str(), Some(kv), kv.mod_revision),
                     Change::Delete { key, revision } => (key.as_str(), None, *revision),
                 };
-                let Some(key) = self.relative(key) else {
+                let Some(key) = self.relative(key).filter(|k| !k.starts_with(ACME)) else {
                     continue;
                 };
                 if !key.starts_with(INSTANCES) {

@@ -1,6 +1,7 @@
 //! Fleet mode (`docs/fleet.md`): pools, backends and routes in etcd, shared by every
 //! instance.
 
+pub(crate) mod acme;
 pub(crate) mod apply;
 pub(crate) mod etcd;
 pub(crate) mod fleet;

@@ -43,6 +43,10 @@ pub(crate) const ROUTES_KEY: &str = "routes";
 /// Where the instances register, below the prefix.
 pub(crate) const INSTANCES: &str = "instances/";
 
+/// ACME's account, certificates, lock and challenge answers, below the prefix
+/// (`store/acme.rs`): not configuration.
+pub(crate) const ACME: &str = "acme/";
+
 /// A key every admin write moves (its value names the instance that wrote): its
 /// revision is that of the newest change, deletes included, where a read of the prefix
 /// could not otherwise tell a delete; and a write that must not race any other (the

@@ -223,3 +223,49 @@ pub fn wait_for_cert(f: &Fulcrum, old: Option<&str>, limit: Duration) -> serde_j
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// A TCP relay on `port` that hands each connection to the next of `targets` in turn:
+/// one port for pebble to validate on, shared by a fleet's instances as a load balancer
+/// in front of them would share it.
+pub struct RoundRobin {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl RoundRobin {
+    pub fn start(port: u16, targets: Vec<SocketAddr>) -> RoundRobin {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let listener = std::net::TcpListener::bind(("127.0.0.1", port)).expect("relay port");
+        listener.set_nonblocking(true).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let mut next = 0;
+            while !stopped.load(Ordering::Relaxed) {
+                let Ok((client, _)) = listener.accept() else {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                };
+                let _ = client.set_nonblocking(false);
+                let target = targets[next % targets.len()];
+                next += 1;
+                if let Ok(server) = std::net::TcpStream::connect(target) {
+                    for (from, to) in [(&client, &server), (&server, &client)] {
+                        let (mut from, mut to) =
+                            (from.try_clone().unwrap(), to.try_clone().unwrap());
+                        std::thread::spawn(move || {
+                            let _ = std::io::copy(&mut from, &mut to);
+                            let _ = to.shutdown(std::net::Shutdown::Both);
+                        });
+                    }
+                }
+            }
+        });
+        RoundRobin { stop }
+    }
+}
+
+impl Drop for RoundRobin {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
