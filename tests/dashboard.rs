@@ -360,6 +360,39 @@ fn dashboard_shows_the_fleet() {
 }
 
 #[test]
+fn dashboard_shows_the_certificates() {
+    require_browser_tools();
+    let _one = BROWSER.lock().unwrap_or_else(|e| e.into_inner());
+    let pki = common::tls::Pki::new("dashboard-certs");
+    pki.leaf("file", &["file.test"]);
+    let (http, https) = (free_port(), free_port());
+    let pebble = common::acme::Pebble::start("dashboard", http, https, None);
+    let dir = std::env::temp_dir().join(format!("fulcrum-dash-acme-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let cfg = config_file(
+        "dashboard",
+        "certs",
+        &format!(
+            "listen = \"127.0.0.1:{http}\"\ntls_listen = \"127.0.0.1:{https}\"\n\
+             [[tls.certs]]\ncert = \"{}\"\nkey = \"{}\"\n\
+             [tls.acme]\ndirectory = \"{}\"\nca_file = \"{}\"\ndomains = [\"a.acme.test\"]\nstorage = \"{}\"\n",
+            pki.arg("file.pem"),
+            pki.arg("file.key"),
+            pebble.directory,
+            pebble.ca_file.display(),
+            dir.display()
+        ),
+    );
+    let f = Fulcrum::start_cmd(
+        &["serve", "--admin", "127.0.0.1:0"],
+        &["--config", cfg.to_str().unwrap()],
+    );
+    common::acme::wait_for_cert(&f, None, Duration::from_secs(20));
+    run_tour(f.admin, None, "certs");
+    publish_screenshots(&["dashboard-certificates.png"]);
+}
+
+#[test]
 fn dashboard_runs_the_strategy_lab() {
     require_browser_tools();
     let _one = BROWSER.lock().unwrap_or_else(|e| e.into_inner());

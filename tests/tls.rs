@@ -43,6 +43,17 @@ async fn sni_picks_the_certificate_and_both_http_versions_proxy() {
         &backend.spec(),
     ]);
     let addr = https_addr(&f);
+    // Both files' certificates are listed, with their names and issuer.
+    let c = client();
+    let listed = get(&c, &f.admin_url("/admin/certificates")).await.json();
+    assert_eq!(listed.as_array().unwrap().len(), 2, "{listed}");
+    assert_eq!(
+        listed[1]["names"],
+        serde_json::json!(["b.test", "*.b.test"])
+    );
+    assert_eq!(listed[0]["source"], "file");
+    assert_eq!(listed[0]["issuer"], "fulcrum test CA");
+    assert!(listed[0]["renew_at"].is_null() && listed[0]["not_after"].is_string());
     for (name, want) in [
         ("a.test", &a),
         ("b.test", &b),

@@ -17,7 +17,7 @@
 //   FULCRUM_CHROMIUM            browser executable (default /usr/bin/chromium)
 //   DASHBOARD_SCREENSHOTS       folder for screenshots (default ../../target/dashboard-screenshots)
 //   DASHBOARD_DOWN_WITHIN_MS    how soon a killed backend must show as down (default 6000)
-//   DASHBOARD_TOUR              `pools`, `fleet` or `lab` for those tours
+//   DASHBOARD_TOUR              `pools`, `fleet`, `lab` or `certs` for those tours
 //   DASHBOARD_FLEET_PEER        the fleet tour's second instance (its admin URL)
 //
 // Exit status 0 when every check passed.
@@ -442,6 +442,25 @@ async function fleetTour(page) {
   });
 }
 
+// The certificates tour: a file's certificate and one obtained from pebble (ACME).
+async function certsTour(page) {
+  await step('the certificates strip names each certificate, its source and expiry', async () => {
+    const res = await page.goto(ADMIN + '/', { waitUntil: 'load' });
+    if (!res || res.status() !== 200) throw new Error(`GET / answered ${res && res.status()}`);
+    await waitFor('two certificates listed', async () => (await page.$$('[data-testid="certificate"]')).length === 2);
+    const certs = await page.$$eval('[data-testid="certificate"]', ls => ls.map(l => ({ source: l.dataset.source, text: l.textContent })));
+    const file = certs.find(c => c.source === 'file');
+    const acme = certs.find(c => c.source === 'acme');
+    if (!file || !/file\.test · file · expires \d{4}-\d\d-\d\d/.test(file.text)) throw new Error('file: ' + JSON.stringify(certs));
+    if (!acme || !/a\.acme\.test · acme · expires \d{4}-.* · renews \d{4}-/.test(acme.text)) throw new Error('acme: ' + JSON.stringify(certs));
+    const listed = await api('GET', '/admin/certificates');
+    const shown = listed.find(c => c.source === 'acme').not_after.slice(0, 10);
+    if (!acme.text.includes(shown)) throw new Error(`expiry ${shown} not in ${acme.text}`);
+    await shot(page, 'dashboard-certificates.png');
+    assertNoConsoleErrors();
+  });
+}
+
 async function labTour(page) {
   const labState = () => attr(page, '[data-testid="lab-state"]', 'data-state');
   await step('a lab run started on the page shows its progress, then its chart and table', async () => {
@@ -622,13 +641,14 @@ try {
   page = await context.newPage();
   page.setDefaultTimeout(15_000);
   watchConsole(page);
-  const named = ['pools', 'fleet', 'lab'].includes(process.env.DASHBOARD_TOUR) ? process.env.DASHBOARD_TOUR : 'tour';
+  const named = ['pools', 'fleet', 'lab', 'certs'].includes(process.env.DASHBOARD_TOUR) ? process.env.DASHBOARD_TOUR : 'tour';
   const which = token ? 'token' : named;
   console.log(`# ${which} against ${ADMIN} with Chromium ${browser.version()}`);
   if (which === 'token') await tokenTour(page);
   else if (which === 'pools') await poolsTour(page);
   else if (which === 'fleet') await fleetTour(page);
   else if (which === 'lab') await labTour(page);
+  else if (which === 'certs') await certsTour(page);
   else await tour(page);
 } catch (e) {
   code = 1;
