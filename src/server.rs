@@ -194,7 +194,7 @@ struct Accepted {
     stream: tokio::net::TcpStream,
     peer: SocketAddr,
     local: SocketAddr,
-    tls: Option<tokio_rustls::TlsAcceptor>,
+    tls: Option<crate::tls::Acceptor>,
 }
 
 /// One worker's client connections: how they are served and how they drain.
@@ -380,7 +380,7 @@ async fn client_of(
 /// The TLS handshake of a client connection, done by `by` (the connection's head
 /// deadline); `None` when it fails or is late (logged).
 async fn tls_handshake(
-    acceptor: tokio_rustls::TlsAcceptor,
+    acceptor: crate::tls::Acceptor,
     stream: tokio::net::TcpStream,
     peer: SocketAddr,
     by: tokio::time::Instant,
@@ -475,7 +475,7 @@ impl ClientConn<'_> {
     async fn serve_tls(
         self,
         stream: tokio::net::TcpStream,
-        acceptor: tokio_rustls::TlsAcceptor,
+        acceptor: crate::tls::Acceptor,
         client: crate::proxy::Peer,
         held: Held,
     ) {

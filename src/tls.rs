@@ -196,8 +196,11 @@ impl Tls {
     }
 
     /// The acceptor for the next handshake.
-    pub(crate) fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
-        tokio_rustls::TlsAcceptor::from(self.config.load_full())
+    pub(crate) fn acceptor(&self) -> Acceptor {
+        Acceptor {
+            config: self.config.load_full(),
+            obtained: self.obtained.clone(),
+        }
     }
 }
 
@@ -213,6 +216,81 @@ fn read_certs(certs: &[CertPaths]) -> Result<(Vec<Served>, Vec<CertView>), Strin
         served.push(Served { names, key });
     }
     Ok((served, listed))
+}
+
+/// A fatal `unrecognized_name` alert (RFC 8446 §6.2), as a TLS 1.2 record: what a
+/// handshake for an ACME name gets before its certificate is issued.
+const UNRECOGNIZED_NAME: [u8; 7] = [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x70];
+
+/// One handshake's configuration.
+pub(crate) struct Acceptor {
+    config: Arc<ServerConfig>,
+    obtained: Option<Arc<Obtained>>,
+}
+
+impl Acceptor {
+    /// Runs the handshake on `stream`.
+    ///
+    /// With ACME, the ClientHello is read first: a name ACME orders but has no
+    /// certificate for yet gets `unrecognized_name` (rustls's resolver can only refuse
+    /// with `access_denied`), as nginx's `ssl_reject_handshake` answers.
+    pub(crate) async fn accept(
+        self,
+        stream: tokio::net::TcpStream,
+    ) -> std::io::Result<tokio_rustls::server::TlsStream<tokio::net::TcpStream>> {
+        let Some(obtained) = self.obtained else {
+            return tokio_rustls::TlsAcceptor::from(self.config)
+                .accept(stream)
+                .await;
+        };
+        let (accepted, mut stream) = read_hello(stream).await?;
+        let hello = accepted.client_hello();
+        let acme = hello
+            .alpn()
+            .is_some_and(|mut p| p.any(|p| p == ACME_TLS_ALPN));
+        let waiting = hello.server_name().is_some_and(|n| {
+            obtained.covers(&n.to_ascii_lowercase()) && obtained.issued().is_none()
+        });
+        if waiting && !acme {
+            use tokio::io::AsyncWriteExt as _;
+            let _ = stream.write_all(&UNRECOGNIZED_NAME).await;
+            return Err(std::io::Error::other(
+                "no certificate issued yet for the name",
+            ));
+        }
+        tokio_rustls::StartHandshake::from_parts(accepted, stream)
+            .into_stream(self.config)
+            .await
+    }
+}
+
+/// Reads a ClientHello from `stream` (a bad one is answered with rustls's alert).
+async fn read_hello(
+    mut stream: tokio::net::TcpStream,
+) -> std::io::Result<(rustls::server::Accepted, tokio::net::TcpStream)> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut acceptor = rustls::server::Acceptor::default();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = stream.read(&mut buf).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        let mut rest = &buf[..n];
+        while !rest.is_empty() {
+            acceptor.read_tls(&mut rest)?;
+        }
+        match acceptor.accept() {
+            Ok(Some(accepted)) => return Ok((accepted, stream)),
+            Ok(None) => {}
+            Err((e, mut alert)) => {
+                let mut out = Vec::new();
+                let _ = alert.write(&mut out);
+                let _ = stream.write_all(&out).await;
+                return Err(std::io::Error::other(e));
+            }
+        }
+    }
 }
 
 /// TLS 1.3 and 1.2 on the `ring` provider, the certificates by SNI, ALPN h2 and
