@@ -893,10 +893,15 @@ fn launch(
         .map(|a| Arc::new(crate::obtained::Obtained::new(a.domains.clone())));
     let (https, tls_listen, tls) = https_listeners(settings, listeners.tls, obtained.clone())?;
     let mut proxy_settings = ProxySettings::from_settings(settings);
-    if settings.tls.redirect_https {
-        proxy_settings.redirect_https = tls_listen.map(|a| a.port());
+    let first = crate::proxy::PlainFirst {
+        acme: obtained.clone(),
+        redirect_https: tls_listen
+            .filter(|_| settings.tls.redirect_https)
+            .map(|a| a.port()),
+    };
+    if first.acme.is_some() || first.redirect_https.is_some() {
+        proxy_settings.plain_first = Some(Arc::new(first));
     }
-    proxy_settings.acme = obtained.clone();
     let Control {
         spawner,
         traffic,

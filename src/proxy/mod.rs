@@ -60,9 +60,9 @@ pub(crate) struct ProxySettings {
     pub(crate) trusted_proxies: Vec<IpNet>,
     /// The access log's format; `None` when it is off.
     pub(crate) access_log: Option<crate::config::AccessFormat>,
-    /// `redirect_https`: the HTTPS listener's port, to which plain requests are sent
-    /// with a 308.
-    pub(crate) redirect_https: Option<u16>,
+    /// What the plain listener answers itself before any route (`http-01`,
+    /// `redirect_https`); `None` when neither is on, one check per request.
+    pub(crate) plain_first: Option<Arc<PlainFirst>>,
     /// `accept_proxy_protocol`.
     pub(crate) accept_proxy_protocol: bool,
     /// `send_timeout`: how long a client may take no byte of an answer.
@@ -73,8 +73,26 @@ pub(crate) struct ProxySettings {
     pub(crate) per_client: Option<Arc<crate::listeners::PerClient>>,
     /// `trace_context`: a request without a `traceparent` gets one.
     pub(crate) trace_context: bool,
-    /// `[tls.acme]`: the plain listener answers the CA's `http-01` requests.
+}
+
+/// What the plain listener answers before any route.
+#[derive(Debug, Default)]
+pub(crate) struct PlainFirst {
+    /// `[tls.acme]`: the CA's `http-01` requests.
     pub(crate) acme: Option<Arc<crate::obtained::Obtained>>,
+    /// `redirect_https`: the HTTPS listener's port, to which plain requests are sent
+    /// with a 308.
+    pub(crate) redirect_https: Option<u16>,
+}
+
+impl PlainFirst {
+    /// The answer for a plain request `head`, if it is one of these.
+    fn answer(&self, head: &RequestHead) -> Option<ProxyResponse> {
+        if let Some(r) = self.acme.as_ref().and_then(|a| http01_answer(head, a)) {
+            return Some(r);
+        }
+        self.redirect_https.map(|port| to_https(head, port))
+    }
 }
 
 /// What a request's head gives its combined access log line; the length comes with the
@@ -108,8 +126,7 @@ impl ProxySettings {
             trusted_proxies: s.trusted_proxies.clone(),
             access_log: access_format(s),
             trace_context: s.trace_context,
-            redirect_https: None,
-            acme: None,
+            plain_first: None,
             accept_proxy_protocol: s.accept_proxy_protocol,
             send_timeout: s.send_timeout,
             upgrade_protocols: s.upgrade_protocols.clone().into(),
@@ -557,14 +574,10 @@ impl Proxy {
             },
             self.rec,
         );
-        if let (Some(acme), false) = (&self.settings.acme, peer.tls) {
-            if let Some(r) = http01_answer(&head, acme) {
+        if let (Some(first), false) = (&self.settings.plain_first, peer.tls) {
+            if let Some(r) = first.answer(&head) {
                 return Either::Left(std::future::ready(self.own(&mut fin, None, r)));
             }
-        }
-        if let (Some(port), false) = (self.settings.redirect_https, peer.tls) {
-            let r = self.own(&mut fin, None, to_https(&head, port));
-            return Either::Left(std::future::ready(r));
         }
         let admitted = self
             .admit(&head)
