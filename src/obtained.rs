@@ -98,6 +98,12 @@ impl Obtained {
         lock(&self.alpn).insert(name.to_ascii_lowercase(), cert);
     }
 
+    /// Stops answering every challenge (the store's answers are read again whole).
+    pub(crate) fn forget_answers(&self) {
+        lock(&self.tokens).clear();
+        lock(&self.alpn).clear();
+    }
+
     /// Stops answering `tls-alpn-01` for `name`.
     pub(crate) fn forget_alpn(&self, name: &str) {
         lock(&self.alpn).remove(&name.to_ascii_lowercase());

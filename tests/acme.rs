@@ -131,7 +131,7 @@ async fn http01_issues_within_seconds_the_chain_ends_at_pebbles_root_and_a_resta
     let mode = |p: std::path::PathBuf| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode(s.storage.clone()), 0o700);
     assert_eq!(mode(s.storage.join("account.json")), 0o600);
-    assert_eq!(mode(s.storage.join(format!("certs/{NAME}.key"))), 0o600);
+    assert_eq!(mode(s.storage.join(format!("certs/{NAME}.pem"))), 0o600);
     assert_eq!(pebble.orders(), 1);
 
     // A restart serves the stored certificate at once and orders nothing.
@@ -252,13 +252,24 @@ async fn an_unreachable_ca_or_a_refused_name_is_an_event_and_a_metric_and_plain_
     );
     drop(refused);
 
-    // Nothing listens where the directory is said to be.
+    // Nothing listens where the directory is said to be. A file certificate covers one
+    // of the two names: it serves that one meanwhile.
+    let pki = common::tls::Pki::new("acme-file");
+    pki.leaf("www", &["www.acme.test"]);
     let ports = (free_port(), free_port());
     let acme = format!(
-        "directory = \"https://127.0.0.1:{}/dir\"\ndomains = [\"{NAME}\"]",
+        "directory = \"https://127.0.0.1:{}/dir\"\ndomains = [\"{NAME}\", \"www.acme.test\"]",
         free_port()
     );
     let (config, _) = acme_config("unreachable", ports, &acme);
+    let file_cert = format!(
+        "[[tls.certs]]\ncert = \"{}\"\nkey = \"{}\"\n",
+        pki.arg("www.pem"),
+        pki.arg("www.key")
+    );
+    let text = std::fs::read_to_string(&config).unwrap();
+    let (top, table) = text.split_at(text.find("[tls.acme]").unwrap());
+    std::fs::write(&config, format!("{top}{file_cert}{table}")).unwrap();
     let f = start(&config, &b);
     let mut events = EventStream::open(&f);
     let e = events.find(Duration::from_secs(10), |e| {
@@ -281,6 +292,10 @@ async fn an_unreachable_ca_or_a_refused_name_is_an_event_and_a_metric_and_plain_
         panic!("a handshake before any certificate is issued");
     };
     assert!(refused.contains("UnrecognisedName"), "{refused}");
+    let tcp = tokio::net::TcpStream::connect(https).await.unwrap();
+    let www = rustls::pki_types::ServerName::try_from("www.acme.test").unwrap();
+    let s = pki.client(&[b"http/1.1"]).connect(www, tcp).await;
+    assert!(s.is_ok(), "the file certificate serves its name: {s:?}");
     let plain = raw_exchange(
         f.proxy,
         b"GET / HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n",
@@ -333,6 +348,26 @@ fn bad_acme_settings_exit_2_naming_them() {
             "unknown key 'tls.acme.chalenge'",
         ),
         (
+            "type",
+            format!("{base}\nchallenge = 5"),
+            "tls.acme.challenge: expected a string",
+        ),
+        (
+            "nodir",
+            "directry = \"https://ca.test/dir\"\ndomains = [\"a.acme.test\"]".to_string(),
+            "unknown key 'tls.acme.directry'",
+        ),
+        (
+            "empty",
+            "directory = \"https://ca.test/dir\"\ndomains = []".to_string(),
+            "at least one name",
+        ),
+        (
+            "http",
+            "directory = \"http://ca.test/dir\"\ndomains = [\"a.acme.test\"]".to_string(),
+            "only for a CA on this host",
+        ),
+        (
             "renew",
             format!("{base}\nrenew_before = \"0s\""),
             "more than 0",
@@ -344,7 +379,10 @@ fn bad_acme_settings_exit_2_naming_them() {
         let (status, _, err) = run_fulcrum(&["check", "--config", cfg.to_str().unwrap()]);
         assert_eq!(status.code(), Some(2), "{tag}: {err}");
         assert!(err.contains(want), "{tag}: {err}");
-        assert!(err.contains("tls.acme"), "{tag} names the table: {err}");
+        assert!(
+            err.contains(" line ") && err.contains("tls.acme"),
+            "{tag} names the key and its line: {err}"
+        );
         assert_eq!(err.trim().lines().count(), 1, "{tag}: one line: {err}");
     }
     // Without tls_listen there is nowhere to serve it.

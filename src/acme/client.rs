@@ -19,8 +19,11 @@ use rustls::pki_types::ServerName;
 use rustls::ClientConfig;
 use tokio::net::TcpStream;
 
-/// One request to the CA, connection included, takes at most this long.
+/// One request to the CA, connection and answer's body included, takes at most this
+/// long.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// An answer's body is at most this large (a certificate chain is a few kilobytes).
+const MAX_BODY: usize = 1 << 20;
 
 /// Sends each request on a connection of its own.
 pub(super) struct Client {
@@ -60,7 +63,8 @@ impl HttpClient for Client {
 }
 
 /// Connects to the request's host (TLS for `https://`), sends it in origin form with a
-/// `Host` field, and returns the answer with its body still to read.
+/// `Host` field, and returns the answer with its body read (so that the timeout and
+/// the size limit cover it too).
 async fn send(
     tls: Arc<ClientConfig>,
     req: Request<BodyWrapper<Bytes>>,
@@ -108,5 +112,15 @@ where
         let _ = conn.await;
     });
     let answer = sender.send_request(req).await.map_err(other)?;
-    Ok(BytesResponse::from(answer))
+    let (parts, body) = answer.into_parts();
+    use http_body_util::BodyExt as _;
+    let body = http_body_util::Limited::new(body, MAX_BODY)
+        .collect()
+        .await
+        .map_err(Error::Other)?
+        .to_bytes();
+    Ok(BytesResponse {
+        parts,
+        body: Box::new(body),
+    })
 }

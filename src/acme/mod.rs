@@ -1,11 +1,12 @@
 //! Automatic HTTPS (`docs/tls.md`, "Certificates from ACME"): the task that keeps
 //! `[tls.acme]`'s certificate current. It serves the stored certificate when there is a
-//! good one, orders one when there is none, renews it `renew_before` its expiry (or at a
-//! third of its lifetime left, if sooner) and retries a failure with backoff, never
-//! touching the request path: the listeners read what it installs in [`Obtained`].
+//! good one, orders one when there is none, renews it when due ([`schedule`]) and
+//! retries a failure with backoff, never touching the request path: the listeners read
+//! what it installs in [`Obtained`].
 
 mod client;
 mod order;
+mod schedule;
 pub(crate) mod storage;
 
 use std::sync::Arc;
@@ -20,12 +21,13 @@ use crate::config::acme::AcmeSettings;
 use crate::obtained::{Issued, Obtained};
 use crate::pool::Hub;
 use crate::pool::{Event, Tagged};
+pub(crate) use schedule::renew_at;
+use schedule::{Backoff, BACKOFF, FIRST_RETRY};
 use storage::Storage;
 
-/// The first retry after a failure; each next one waits twice as long.
-const FIRST_RETRY: Duration = Duration::from_secs(120);
-/// Retries are at most this far apart.
-const LAST_RETRY: Duration = Duration::from_secs(3600);
+/// An order (account, challenges, issuance) that takes longer is abandoned, so that a
+/// CA that stalls does not hold the fleet's lock for ever.
+const ORDER_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// One certificate's keeper.
 pub(crate) struct Acme {
@@ -35,32 +37,16 @@ pub(crate) struct Acme {
     hub: Arc<Hub>,
 }
 
-/// The renewal time of a certificate: `renew_before` its expiry or a third of its
-/// lifetime before it, whichever is sooner. A `renew_before` of half the lifetime or
-/// more (30 days against a 6-day certificate) would renew at once: the third is taken.
-pub(crate) fn renew_at(info: &crate::x509::CertInfo, renew_before: Duration) -> SystemTime {
-    let lifetime = info.lifetime();
-    let third = lifetime / 3;
-    let before = if renew_before >= lifetime / 2 {
-        third
-    } else {
-        renew_before.max(third)
-    };
-    info.not_after
-        .checked_sub(before)
-        .unwrap_or(info.not_before)
-}
-
-/// How long to wait after the `n`th failure in a row (from 1): 2 min doubling to an
-/// hour, ±10 % so that a fleet's instances do not retry together. Five attempts in the
-/// first hour stay within public CAs' failed-validation limits.
-fn retry_after(n: u32) -> Duration {
-    let base = FIRST_RETRY.saturating_mul(1 << n.saturating_sub(1).min(10));
-    base.min(LAST_RETRY).mul_f64(0.9 + fastrand::f64() * 0.2)
-}
-
 fn rfc3339(t: SystemTime) -> String {
     humantime::format_rfc3339_seconds(t).to_string()
+}
+
+/// What ended a wait.
+enum Woken {
+    /// The time came.
+    Due,
+    /// The process stops.
+    Stop,
 }
 
 impl Acme {
@@ -79,9 +65,10 @@ impl Acme {
         }
     }
 
-    /// The stored certificate's file name, after the first domain.
-    fn file(&self, ext: &str) -> String {
-        format!("certs/{}.{ext}", self.settings.domains[0])
+    /// The stored certificate's name, after the first domain: the chain, then its key,
+    /// in one PEM value (written in one go: never a key beside another's chain).
+    fn stored_name(&self) -> String {
+        format!("certs/{}.pem", self.settings.domains[0])
     }
 
     fn emit(&self, action: &'static str, error: Option<String>, next: Option<SystemTime>) {
@@ -96,37 +83,78 @@ impl Acme {
         });
     }
 
-    /// Keeps the certificate current until `stop`: serves the stored one, orders when
-    /// it is due (one instance of a fleet at a time, under the storage's lock), takes
-    /// what another instance stored.
-    pub(crate) async fn run(self, mut stop: watch::Receiver<bool>) {
+    /// Serves the stored certificate, if it is good: called before the listeners
+    /// accept, so that a restart serves it from the first handshake.
+    pub(crate) async fn load_stored(&self) {
         if self.adopt_stored().await {
             if let Some(i) = self.obtained.issued() {
                 tracing::info!(names = ?i.names, renew_at = %rfc3339(i.renew_at), "acme: serving the stored certificate");
             }
         }
+    }
+
+    /// Keeps the certificate current until `stop`: orders when it is due and the
+    /// stored backoff allows (one instance of a fleet at a time, under the storage's
+    /// lock), and takes what another instance stored meanwhile.
+    pub(crate) async fn run(self, mut stop: watch::Receiver<bool>) {
         let mut changes = self.storage.changes();
-        let mut failures = 0;
         loop {
-            match wait_for(self.due_in(), &mut changes, &mut stop).await {
-                Woken::Stop => return,
-                Woken::Changed => {
-                    self.adopt_stored().await;
-                    continue;
-                }
-                Woken::Due => {}
+            if let Woken::Stop = self.until_due(&mut changes, &mut stop).await {
+                return;
             }
-            let pause = match self.storage.lock().await {
-                Ok(Some(lock)) => self.order_locked(lock, &mut failures).await,
-                // Another instance orders: its certificate comes as a change.
-                Ok(None) => retry_after(1),
-                Err(e) => self.failed(e, &mut failures),
+            let backoff = Backoff::parse(self.storage.get(BACKOFF).await.unwrap_or_default());
+            let pause = match backoff.wait(SystemTime::now()) {
+                d if !d.is_zero() => d,
+                _ => match self.storage.lock().await {
+                    Ok(Some(lock)) => self.order_locked(lock).await,
+                    // Another instance orders: its certificate comes as a change.
+                    Ok(None) => FIRST_RETRY,
+                    Err(e) => self.failed(e).await,
+                },
             };
-            if !pause.is_zero() {
-                if let Woken::Stop = wait_for(pause, &mut changes, &mut stop).await {
-                    return;
+            let until = tokio::time::Instant::now() + pause;
+            if let Woken::Stop = self.pause(until, &mut changes, &mut stop).await {
+                return;
+            }
+        }
+    }
+
+    /// Waits until the certificate is due, taking any newer one another instance stores.
+    async fn until_due(
+        &self,
+        changes: &mut Option<watch::Receiver<u64>>,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Woken {
+        loop {
+            let due = self
+                .obtained
+                .issued()
+                .map_or(SystemTime::now(), |i| i.renew_at);
+            let wait = due.duration_since(SystemTime::now()).unwrap_or_default();
+            match wait_for(wait, changes, stop).await {
+                Some(woken) => return woken,
+                None => {
+                    self.adopt_stored().await;
                 }
-                self.adopt_stored().await;
+            }
+        }
+    }
+
+    /// Waits until `until` (a change only adopts a newer certificate meanwhile: the
+    /// pause after a failure is kept whatever the store does).
+    async fn pause(
+        &self,
+        until: tokio::time::Instant,
+        changes: &mut Option<watch::Receiver<u64>>,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Woken {
+        loop {
+            let wait = until.saturating_duration_since(tokio::time::Instant::now());
+            match wait_for(wait, changes, stop).await {
+                Some(woken) => return woken,
+                None => {
+                    self.adopt_stored().await;
+                }
             }
         }
     }
@@ -141,50 +169,73 @@ impl Acme {
     }
 
     /// Orders holding `lock` (unless another instance has just stored a fresh one);
-    /// how long to wait before the next attempt (zero after a success).
-    async fn order_locked(&self, lock: storage::Lock, failures: &mut u32) -> Duration {
+    /// how long to pause before looking again.
+    async fn order_locked(&self, lock: storage::Lock) -> Duration {
         if self.adopt_stored().await && !self.due_in().is_zero() {
             return Duration::ZERO;
         }
         let renewing = self.obtained.issued().is_some();
         self.emit("ordered", None, None);
-        let obtained = self.obtain().await;
-        drop(lock);
-        match obtained {
+        let obtained = match tokio::time::timeout(ORDER_TIMEOUT, self.obtain()).await {
+            Ok(r) => r,
+            Err(_) => Err(format!("the order took over {ORDER_TIMEOUT:?}; abandoned")),
+        };
+        let pause = match obtained {
             Ok(issued) => {
-                *failures = 0;
+                let _ = self
+                    .storage
+                    .put(BACKOFF, Backoff::default().to_json())
+                    .await;
                 let action = if renewing { "renewed" } else { "issued" };
                 tracing::info!(names = ?issued.names, not_after = %rfc3339(issued.info.not_after), "acme: certificate {action}");
                 self.emit(action, None, Some(issued.renew_at));
                 self.obtained.install(issued);
-                Duration::ZERO
+                // A certificate due as soon as it is issued (a clock far off, an odd
+                // lifetime) must not be ordered again in a loop.
+                if self.due_in().is_zero() {
+                    FIRST_RETRY
+                } else {
+                    Duration::ZERO
+                }
             }
-            Err(e) => self.failed(e, failures),
-        }
+            Err(e) => self.failed(e).await,
+        };
+        drop(lock);
+        pause
     }
 
-    /// Counts and reports a failure; how long until the next attempt.
-    fn failed(&self, error: String, failures: &mut u32) -> Duration {
-        *failures += 1;
+    /// Counts and reports a failure, and stores the backoff it sets; the pause.
+    async fn failed(&self, error: String) -> Duration {
         crate::stats::bump(&self.hub.stats.acme_failures);
-        let wait = retry_after(*failures);
+        let before = Backoff::parse(self.storage.get(BACKOFF).await.unwrap_or_default());
+        let (backoff, wait) = before.failed(SystemTime::now());
+        if let Err(e) = self.storage.put(BACKOFF, backoff.to_json()).await {
+            tracing::debug!(error = %e, "acme: the backoff is not stored");
+        }
         tracing::warn!(%error, retry_in = ?wait, "acme: obtaining the certificate failed; the current one (if any) keeps serving");
         self.emit("failed", Some(error), Some(SystemTime::now() + wait));
         wait
     }
 
-    /// One order, from the account to the stored certificate.
+    /// One order, from the account to the certificate, stored (a certificate the
+    /// storage cannot keep is still served).
     async fn obtain(&self) -> Result<Issued, String> {
         let storage = self.storage.as_ref();
         let account = order::account(&self.settings, storage).await?;
-        let pem = order::order(&self.settings, &account, &self.obtained, storage).await?;
+        let pem = match order::order(&self.settings, &account, &self.obtained, storage).await {
+            Err(e) if e.contains("accountDoesNotExist") => {
+                order::forget_account(storage).await;
+                return Err(format!(
+                    "{e}; the stored account is dropped: the next attempt registers again"
+                ));
+            }
+            other => other?,
+        };
         let issued = self.ready(pem.chain.as_bytes(), pem.key.as_bytes())?;
-        self.storage
-            .put(&self.file("key"), pem.key.into_bytes())
-            .await?;
-        self.storage
-            .put(&self.file("crt"), pem.chain.into_bytes())
-            .await?;
+        let value = format!("{}{}", pem.chain, pem.key).into_bytes();
+        if let Err(e) = self.storage.put(&self.stored_name(), value).await {
+            tracing::warn!(error = %e, "acme: the new certificate is served but not stored");
+        }
         Ok(issued)
     }
 
@@ -211,12 +262,10 @@ impl Acme {
 
     /// The stored certificate, if there is one for every name that has not expired.
     async fn stored(&self) -> Result<Option<Issued>, String> {
-        let chain = self.storage.get(&self.file("crt")).await?;
-        let key = self.storage.get(&self.file("key")).await?;
-        let (Some(chain), Some(key)) = (chain, key) else {
+        let Some(pem) = self.storage.get(&self.stored_name()).await? else {
             return Ok(None);
         };
-        let issued = self.ready(&chain, &key)?;
+        let issued = self.ready(&pem, &pem)?;
         if issued.info.not_after <= SystemTime::now() {
             return Err("it has expired".into());
         }
@@ -281,21 +330,15 @@ fn signing(chain: &[u8], key: &[u8]) -> Result<Arc<CertifiedKey>, String> {
     Ok(Arc::new(CertifiedKey::new(certs, signer)))
 }
 
-/// What ended a wait.
-enum Woken {
-    Due,
-    Changed,
-    Stop,
-}
-
-/// Waits `wait`, or until another instance stores a certificate, or `stop`.
+/// Waits `wait` (`Due`), or `stop` (`Stop`); `None` when another instance stored a
+/// certificate first.
 async fn wait_for(
     wait: Duration,
     changes: &mut Option<watch::Receiver<u64>>,
     stop: &mut watch::Receiver<bool>,
-) -> Woken {
+) -> Option<Woken> {
     if *stop.borrow() {
-        return Woken::Stop;
+        return Some(Woken::Stop);
     }
     let changed = async {
         match changes {
@@ -308,51 +351,8 @@ async fn wait_for(
         }
     };
     tokio::select! {
-        _ = tokio::time::sleep(wait) => Woken::Due,
-        _ = changed => Woken::Changed,
-        _ = stop.changed() => Woken::Stop,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::x509::CertInfo;
-    use std::time::UNIX_EPOCH;
-
-    fn info(days: u64) -> CertInfo {
-        CertInfo {
-            not_before: UNIX_EPOCH,
-            not_after: UNIX_EPOCH + Duration::from_secs(days * 86_400),
-            issuer: String::new(),
-        }
-    }
-
-    #[test]
-    fn renewal_is_renew_before_or_a_third_of_the_lifetime_whichever_is_sooner() {
-        let day = |d: u64| UNIX_EPOCH + Duration::from_secs(d * 86_400);
-        let days = |d: u64| Duration::from_secs(d * 86_400);
-        assert_eq!(renew_at(&info(90), days(30)), day(60));
-        assert_eq!(
-            renew_at(&info(90), days(10)),
-            day(60),
-            "a third left comes sooner"
-        );
-        assert_eq!(renew_at(&info(90), days(40)), day(50));
-        assert_eq!(
-            renew_at(&info(6), days(30)),
-            day(4),
-            "30 days of a 6-day certificate: a third"
-        );
-    }
-
-    #[test]
-    fn retries_double_from_two_minutes_to_an_hour() {
-        let near = |d: Duration, secs: f64| (d.as_secs_f64() / secs - 1.0).abs() <= 0.1 + 1e-9;
-        assert!(near(retry_after(1), 120.0));
-        assert!(near(retry_after(2), 240.0));
-        assert!(near(retry_after(5), 1920.0));
-        assert!(near(retry_after(6), 3600.0));
-        assert!(near(retry_after(u32::MAX), 3600.0));
+        _ = tokio::time::sleep(wait) => Some(Woken::Due),
+        _ = changed => None,
+        _ = stop.changed() => Some(Woken::Stop),
     }
 }

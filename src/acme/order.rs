@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use instant_acme::{
-    Account, AccountCredentials, AuthorizationStatus, ChallengeType, Identifier, NewAccount,
-    NewOrder, OrderStatus, RetryPolicy,
+    Account, AccountCredentials, AuthorizationStatus, ChallengeHandle, ChallengeType, Identifier,
+    NewAccount, NewOrder, Order, OrderStatus, RetryPolicy,
 };
 
 use super::storage::{Answer, Storage};
@@ -34,7 +34,7 @@ struct StoredAccount {
 pub(super) async fn account(s: &AcmeSettings, storage: &dyn Storage) -> Result<Account, String> {
     let builder =
         || Account::builder_with_http(Box::new(super::client::Client::new(s.ca_file.clone())));
-    if let Some(bytes) = storage.get(ACCOUNT).await? {
+    if let Some(bytes) = storage.get(ACCOUNT).await?.filter(|b| !b.is_empty()) {
         match serde_json::from_slice::<StoredAccount>(&bytes) {
             Ok(stored) if stored.directory == s.directory => {
                 return builder()
@@ -89,6 +89,41 @@ impl Drop for Answers<'_> {
     }
 }
 
+impl Answers<'_> {
+    /// Gives the answer to `challenge` of `name` here, and returns it for the other
+    /// instances.
+    fn give(
+        &mut self,
+        kind: Challenge,
+        name: &str,
+        challenge: &ChallengeHandle<'_>,
+    ) -> Result<Answer, String> {
+        let key_auth = challenge.key_authorization();
+        Ok(match kind {
+            Challenge::Http01 => {
+                self.obtained
+                    .answer_token(&challenge.token, key_auth.as_str());
+                self.tokens.push(challenge.token.clone());
+                Answer::Http {
+                    token: challenge.token.clone(),
+                    key_authorization: key_auth.as_str().to_string(),
+                }
+            }
+            Challenge::TlsAlpn01 => {
+                let (cert, key) = alpn_certificate(name, key_auth.digest().as_ref())?;
+                let certified = super::challenge_certified(cert.as_bytes(), key.as_bytes())?;
+                self.obtained.answer_alpn(name, certified);
+                self.names.push(name.to_string());
+                Answer::Alpn {
+                    name: name.to_string(),
+                    cert,
+                    key,
+                }
+            }
+        })
+    }
+}
+
 /// Orders a certificate for `s.domains` and waits for it; the answers to the CA are
 /// given here and published through `storage` for the other instances of a fleet.
 pub(super) async fn order(
@@ -107,55 +142,7 @@ pub(super) async fn order(
         tokens: Vec::new(),
         names: Vec::new(),
     };
-    let kind = match s.challenge {
-        Challenge::Http01 => ChallengeType::Http01,
-        Challenge::TlsAlpn01 => ChallengeType::TlsAlpn01,
-    };
-    let mut authorizations = order.authorizations();
-    while let Some(authz) = authorizations.next().await {
-        let mut authz = authz.map_err(|e| format!("cannot read an authorization: {e}"))?;
-        match authz.status {
-            AuthorizationStatus::Valid => continue,
-            AuthorizationStatus::Pending => {}
-            other => return Err(format!("an authorization is {other:?}")),
-        }
-        let name = authz.identifier().to_string();
-        let mut challenge = authz.challenge(kind.clone()).ok_or_else(|| {
-            format!(
-                "the CA offers no {} challenge for {name}",
-                s.challenge.name()
-            )
-        })?;
-        let key_auth = challenge.key_authorization();
-        let answer = match s.challenge {
-            Challenge::Http01 => {
-                obtained.answer_token(&challenge.token, key_auth.as_str());
-                answers.tokens.push(challenge.token.clone());
-                Answer::Http {
-                    token: challenge.token.clone(),
-                    key_authorization: key_auth.as_str().to_string(),
-                }
-            }
-            Challenge::TlsAlpn01 => {
-                let (cert, key) = alpn_certificate(&name, key_auth.digest().as_ref())?;
-                obtained.answer_alpn(
-                    &name,
-                    super::challenge_certified(cert.as_bytes(), key.as_bytes())?,
-                );
-                answers.names.push(name.clone());
-                Answer::Alpn {
-                    name: name.clone(),
-                    cert,
-                    key,
-                }
-            }
-        };
-        storage.publish(answer).await?;
-        challenge
-            .set_ready()
-            .await
-            .map_err(|e| format!("cannot announce the challenge for {name}: {e}"))?;
-    }
+    answer_all(s, &mut order, &mut answers, storage).await?;
     let retries = RetryPolicy::new().timeout(VALIDATION);
     let status = order
         .poll_ready(&retries)
@@ -177,6 +164,49 @@ pub(super) async fn order(
         .await
         .map_err(|e| format!("no certificate came: {e}"))?;
     Ok(Pem { chain, key })
+}
+
+/// Answers each pending authorization's challenge, publishes the answer, and tells
+/// the CA to look.
+async fn answer_all(
+    s: &AcmeSettings,
+    order: &mut Order,
+    answers: &mut Answers<'_>,
+    storage: &dyn Storage,
+) -> Result<(), String> {
+    let kind = match s.challenge {
+        Challenge::Http01 => ChallengeType::Http01,
+        Challenge::TlsAlpn01 => ChallengeType::TlsAlpn01,
+    };
+    let mut authorizations = order.authorizations();
+    while let Some(authz) = authorizations.next().await {
+        let mut authz = authz.map_err(|e| format!("cannot read an authorization: {e}"))?;
+        match authz.status {
+            AuthorizationStatus::Valid => continue,
+            AuthorizationStatus::Pending => {}
+            other => return Err(format!("an authorization is {other:?}")),
+        }
+        let name = authz.identifier().to_string();
+        let what = s.challenge.name();
+        let mut challenge = authz
+            .challenge(kind.clone())
+            .ok_or_else(|| format!("the CA offers no {what} challenge for {name}"))?;
+        storage
+            .publish(answers.give(s.challenge, &name, &challenge)?)
+            .await?;
+        challenge
+            .set_ready()
+            .await
+            .map_err(|e| format!("cannot announce the challenge for {name}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Drops the stored account (the CA no longer knows it): the next order registers.
+pub(super) async fn forget_account(storage: &dyn Storage) {
+    if let Err(e) = storage.put(ACCOUNT, Vec::new()).await {
+        tracing::warn!(error = %e, "acme: the stored account could not be dropped");
+    }
 }
 
 /// A new P-256 key and a CSR for `names` signed with it (PEM key).

@@ -52,9 +52,12 @@ pub(crate) struct Disk {
 }
 
 impl Disk {
-    /// Makes `dir` (0700) if it is missing.
+    /// Makes `dir` (0700) if it is missing, and makes it 0700 if it is not.
     pub(crate) fn open(dir: PathBuf) -> Result<Disk, String> {
+        use std::os::unix::fs::PermissionsExt as _;
         make_dir(&dir)?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| format!("cannot make '{}' private (0700): {e}", dir.display()))?;
         Ok(Disk { dir })
     }
 
@@ -120,7 +123,8 @@ fn write_private(path: &std::path::Path, value: &[u8]) -> Result<(), String> {
     if let Some(parent) = path.parent() {
         make_dir(parent)?;
     }
-    let tmp = path.with_extension("tmp");
+    // A name of this process's own: a successor during an upgrade writes beside it.
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
     let write = || -> std::io::Result<()> {
         let mut f = std::fs::OpenOptions::new()
             .write(true)

@@ -69,6 +69,9 @@ pub(crate) struct AcmeSettings {
     pub(crate) renew_before: Duration,
     /// `FILE line N: tls.acme`, for an error found when every layer is applied.
     pub(crate) origin: String,
+    /// `FILE line N: tls.acme.storage` and `…ca_file`, where they are set.
+    pub(crate) storage_origin: Option<String>,
+    pub(crate) ca_file_origin: Option<String>,
 }
 
 /// What a key of the table holds once read.
@@ -83,6 +86,8 @@ struct Read {
     storage: Option<PathBuf>,
     ca_file: Option<PathBuf>,
     renew_before: Option<Duration>,
+    storage_origin: Option<String>,
+    ca_file_origin: Option<String>,
 }
 
 /// Reads `[tls.acme]`; `None` (with the errors pushed) when it is unusable.
@@ -105,13 +110,20 @@ pub(super) fn read_table(
             continue;
         }
         if !KEYS.split(", ").any(|known| known == k) {
+            read.bad = true;
             let msg = format!("unknown key '{shown}' (valid: {KEYS})");
             c.push(key.span().start, None, msg);
             continue;
         }
         let Some(text) = c.text_of(v, FileType::Str, &shown) else {
+            read.bad = true;
             continue;
         };
+        match k {
+            "storage" => read.storage_origin = Some(c.origin_at(v.span().start, &shown)),
+            "ca_file" => read.ca_file_origin = Some(c.origin_at(v.span().start, &shown)),
+            _ => {}
+        }
         if let Err(e) = read_one(&mut read, c, k, &text) {
             read.bad = true;
             c.push(v.span().start, Some(&shown), e);
@@ -164,6 +176,8 @@ fn finish_table(c: &mut Collector<'_>, at: usize, read: Read) -> Option<AcmeSett
         ca_file: read.ca_file,
         renew_before: read.renew_before.unwrap_or(DEFAULT_RENEW_BEFORE),
         origin: c.origin_at(at, "tls.acme"),
+        storage_origin: read.storage_origin,
+        ca_file_origin: read.ca_file_origin,
     })
 }
 
@@ -182,11 +196,23 @@ fn read_domains(
     }
 }
 
-/// The directory: an `https://` (or, for a CA on this host, `http://`) URL.
+/// The directory: an `https://` URL (`http://` only for a CA on this host: the
+/// account's requests are signed, but a directory read in the clear could be swapped).
 fn directory_url(s: &str) -> Result<String, String> {
     let uri: http::Uri = s.parse().map_err(|e| format!("'{s}' is not a URL: {e}"))?;
+    let local = |h: &str| {
+        h == "localhost"
+            || h.trim_start_matches('[')
+                .trim_end_matches(']')
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
+    };
     match (uri.scheme_str(), uri.host()) {
-        (Some("https" | "http"), Some(_)) => Ok(s.to_string()),
+        (Some("https"), Some(_)) => Ok(s.to_string()),
+        (Some("http"), Some(h)) if local(h) => Ok(s.to_string()),
+        (Some("http"), Some(_)) => Err(format!(
+            "'{s}': http:// is taken only for a CA on this host; use https://"
+        )),
         _ => Err(format!("'{s}' is not an https:// URL")),
     }
 }
@@ -204,6 +230,9 @@ fn email(s: &str) -> Result<String, String> {
 /// The names, comma-joined by the reader: each a DNS name (no wildcard: neither
 /// challenge fulcrum answers can prove one), none twice, at least one.
 fn domains(text: &str) -> Result<Vec<String>, String> {
+    if text.trim().is_empty() {
+        return Err("it needs at least one name".into());
+    }
     let mut out: Vec<String> = Vec::new();
     for name in text.split(',').map(str::trim) {
         let name = name.to_ascii_lowercase();
@@ -219,9 +248,6 @@ fn domains(text: &str) -> Result<Vec<String>, String> {
             return Err(format!("'{name}' is named twice"));
         }
         out.push(name);
-    }
-    if out.is_empty() {
-        return Err("it needs at least one name".into());
     }
     Ok(out)
 }
@@ -252,19 +278,25 @@ fn non_empty(s: &str) -> Result<&str, String> {
 /// Checks the table against the other settings and the disk: a TLS listener to serve
 /// the certificate, a `ca_file` that reads, a storage directory fulcrum can write (or
 /// create) unless the fleet's store keeps everything. Nothing is left behind here:
-/// `fulcrum check` changes nothing.
-pub(super) fn check(acme: &AcmeSettings, tls_listen: bool, in_store: bool) -> Vec<String> {
+/// `fulcrum check` changes nothing. Each error comes with where to point it.
+pub(super) fn check(
+    acme: &AcmeSettings,
+    tls_listen: bool,
+    in_store: bool,
+) -> Vec<(String, String)> {
+    let at = |o: &Option<String>| o.clone().unwrap_or_else(|| acme.origin.clone());
     let mut errors = Vec::new();
     if !tls_listen {
-        errors.push("it needs tls_listen: the certificate is served there".to_string());
+        let e = "it needs tls_listen: the certificate is served there".to_string();
+        errors.push((acme.origin.clone(), e));
     }
     if let Some(ca) = &acme.ca_file {
         if let Err(e) = super::pem::read_ca_file(ca) {
-            errors.push(format!("ca_file: {e}"));
+            errors.push((at(&acme.ca_file_origin), e));
         }
     }
     if let (false, Err(e)) = (in_store, storage_usable(&acme.storage)) {
-        errors.push(format!("storage: {e}"));
+        errors.push((at(&acme.storage_origin), e));
     }
     errors
 }
@@ -332,7 +364,7 @@ mod tests {
         assert!(domains("exa mple.test").is_err());
         assert!(domains("127.0.0.1").is_err());
         assert!(domains("-a.test").is_err());
-        assert!(domains("").is_err());
+        assert!(domains("").unwrap_err().contains("at least one"));
     }
 
     #[test]
@@ -348,6 +380,10 @@ mod tests {
         assert!(directory_url("https://ca.test/dir").is_ok());
         assert!(directory_url("ca.test/dir").is_err());
         assert!(directory_url("ftp://ca.test/dir").is_err());
+        assert!(directory_url("http://127.0.0.1:14000/dir").is_ok());
+        assert!(directory_url("http://ca.test/dir")
+            .unwrap_err()
+            .contains("this host"));
         assert_eq!(email("mailto:ops@a.test").unwrap(), "ops@a.test");
         assert!(email("ops").is_err());
     }

@@ -86,6 +86,8 @@ impl FleetAcme {
 
     async fn sync_and_watch(&self) -> Result<(), StoreError> {
         let (revision, kvs) = self.etcd.range_prefix(&self.prefix).await?;
+        // Answers withdrawn while the watch was down are not in the read.
+        self.obtained.forget_answers();
         for kv in kvs {
             self.take(Change::Put(kv));
         }
@@ -134,12 +136,14 @@ fn alpn_answer(value: &[u8]) -> Result<Arc<rustls::sign::CertifiedKey>, String> 
 }
 
 /// The lock's holding: its lease renewed until dropped, then revoked (its answers go
-/// with it).
+/// with it); a revoke that cannot run (the process stopping) leaves the lease to expire
+/// within [`LOCK_TTL`].
 struct Held {
     etcd: Etcd,
     lease: i64,
     renewing: tokio::task::JoinHandle<()>,
     shared: Arc<Mutex<Option<i64>>>,
+    runtime: tokio::runtime::Handle,
 }
 
 impl Drop for Held {
@@ -147,7 +151,7 @@ impl Drop for Held {
         self.renewing.abort();
         *self.shared.lock().unwrap_or_else(|e| e.into_inner()) = None;
         let (etcd, lease) = (self.etcd.clone(), self.lease);
-        tokio::spawn(async move {
+        self.runtime.spawn(async move {
             if let Err(e) = etcd.revoke_lease(lease).await {
                 tracing::debug!(error = ?e, "acme: the lock's lease is left to expire");
             }
@@ -200,6 +204,7 @@ impl Storage for FleetAcme {
                 lease,
                 renewing,
                 shared: Arc::clone(&self.lease),
+                runtime: tokio::runtime::Handle::current(),
             };
             Ok(Some(Box::new(held) as Lock))
         })
