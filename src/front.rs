@@ -159,6 +159,7 @@ pub(crate) async fn serve<S: ClientIo>(
         };
         drop(fut);
         resp.head.request_id = Some(id);
+        resp.head.alt_svc = peer.tls;
 
         // 3. Write it.
         let keep = !close && !stop.is_stopping() && !resp.closes();
@@ -634,6 +635,9 @@ fn write_head(
     };
     if !put_fields(out, &head.fields) {
         put_field(out, b"date", crate::proxy::date().as_bytes());
+    }
+    if let (true, Some(v)) = (head.alt_svc, crate::proxy::alt_svc()) {
+        put_field(out, b"alt-svc", v.as_bytes());
     }
     if let Some(id) = &head.request_id {
         put_field(out, b"x-request-id", id.as_bytes());

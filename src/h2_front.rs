@@ -20,13 +20,14 @@ use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt as _};
 use h2::server::SendResponse;
 use h2::{Reason, RecvStream, SendStream};
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response};
 use http_body::Body as _;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::liveness::{Activity, Opened, Watched};
-use crate::proxy::{hop, ClientBody, Peer, Proxy, RequestHead, RespBody, MAX_HEADER_BYTES};
+use crate::proxy::{
+    fit_head, stated_length, ClientBody, Peer, Proxy, RequestHead, RespBody, MAX_HEADER_BYTES,
+};
 
 /// Streams a client may have open at once (hyper's server default; nginx allows 128,
 /// HAProxy 100).
@@ -134,7 +135,10 @@ async fn stream(
     // connection (one more poll of it per request).
     let (body, _bodiless) = match recv.is_end_stream() {
         true => (None, Some(recv)),
-        false => (Some(ClientBody::h2(recv, length(&parts.headers))), None),
+        false => (
+            Some(ClientBody::h2(recv, stated_length(&parts.headers))),
+            None,
+        ),
     };
     let answer = {
         // Boxed: the request path's future is kilobytes, and this stream's future is
@@ -159,42 +163,6 @@ async fn stream(
     };
     if let Err(e) = sent {
         tracing::debug!(error = %e, peer = %peer.addr, "HTTP/2 answer not sent whole");
-    }
-}
-
-/// The request's `Content-Length`, when it states one (`h2` refuses a stream whose
-/// DATA frames carry another length).
-fn length(fields: &HeaderMap) -> Option<u64> {
-    fields
-        .get(header::CONTENT_LENGTH)?
-        .to_str()
-        .ok()?
-        .parse()
-        .ok()
-}
-
-/// Makes an answer's head one HTTP/2 carries: a `Date` when it has none, a
-/// `Content-Length` when there is a body of a known length and none is stated (as
-/// hyper's server: an answer without a body, to `HEAD` among others, says nothing it
-/// does not know), and no hop-by-hop field (the hop rules' list: RFC 9113 §8.2.2 forbids
-/// the connection-specific ones, and `h2` refuses to send them).
-fn fit_head(fields: &mut HeaderMap, body: &RespBody) {
-    if !fields.contains_key(header::DATE) {
-        fields.insert(header::DATE, crate::proxy::date());
-    }
-    if let (Some(n), false) = (body.size_hint().exact(), body.is_end_stream()) {
-        if !fields.contains_key(header::CONTENT_LENGTH) {
-            fields.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
-        }
-    }
-    // Answers from the wire have lost them already; an answer of fulcrum's own may say
-    // `Connection: close`.
-    let hop = |n: &HeaderName| hop::is_hop_by_hop(n.as_str().as_bytes());
-    if fields.keys().any(hop) {
-        let doomed: Vec<HeaderName> = fields.keys().filter(|n| hop(n)).cloned().collect();
-        for name in doomed {
-            fields.remove(name);
-        }
     }
 }
 
@@ -260,6 +228,7 @@ async fn window(send: &mut SendStream<Bytes>) -> Result<bool, h2::Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::header::{self, HeaderMap, HeaderValue};
 
     #[test]
     fn a_head_gets_date_and_length_and_loses_hop_by_hop_fields() {

@@ -27,6 +27,7 @@ pub mod fuzzing;
 #[cfg(all(test, not(fuzzing)))]
 mod fuzzing;
 pub(crate) mod h2_front;
+pub(crate) mod h3_front;
 pub(crate) mod health;
 pub(crate) mod hyper_front;
 pub(crate) mod lab;

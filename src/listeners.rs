@@ -63,6 +63,27 @@ pub(crate) fn bind_workers(
     Ok(all)
 }
 
+/// Binds one UDP socket per worker on `addr` (HTTP/3), with `SO_REUSEPORT`: the kernel
+/// keeps a client's packets on one socket (by their addresses), so each QUIC connection
+/// stays with one worker. A socket already on the address, this process's kind or not,
+/// makes it an error first, as [`bind_workers`] does for TCP.
+pub(crate) fn bind_udp_workers(
+    addr: SocketAddr,
+    workers: usize,
+) -> std::io::Result<Vec<std::net::UdpSocket>> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    // Without SO_REUSEPORT, a bind fails on any socket there, shared or not.
+    drop(std::net::UdpSocket::bind(addr)?);
+    let bind = || -> std::io::Result<std::net::UdpSocket> {
+        let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+        socket.set_reuse_port(true)?;
+        socket.set_nonblocking(true)?;
+        socket.bind(&addr.into())?;
+        Ok(socket.into())
+    };
+    (0..workers).map(|_| bind()).collect()
+}
+
 /// How many connections each listener holds at most, and the descriptors the proxy
 /// side may hold (`docs/operations.md`, "Limits"). All come out of the
 /// open-file limit, apart, so neither listener, nor the backend connections, can take

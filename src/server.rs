@@ -72,13 +72,15 @@ async fn worker(
             return;
         }
     };
-    let https = match https.map(HttpsListener::into_tokio).transpose() {
-        Ok(h) => h,
+    let (https, quic) = match https.map(HttpsListener::into_tokio).transpose() {
+        Ok(Some((h, q))) => (Some(h), q),
+        Ok(None) => (None, None),
         Err(e) => {
             tracing::error!(error = %e, "cannot use the HTTPS listener");
             return;
         }
     };
+    let handshakes = Arc::new(crate::h3_front::Handshakes::default());
     let conns = Connections::new(proxy, stop.clone());
     // The addresses the listeners are bound to: what a PROXY header to a backend says
     // the client reached (without a syscall per connection).
@@ -134,6 +136,10 @@ async fn worker(
                 (Err(e), _) => backoff.failed(&e, "https").await,
                 (Ok(_), None) => {}
             },
+            incoming = accept_quic(&quic) => {
+                let handshakes = Arc::clone(&handshakes);
+                tokio::spawn(crate::h3_front::serve(incoming, proxy, handshakes, tls_local));
+            }
             _ = shutdown.changed() => break,
         }
     }
@@ -142,6 +148,11 @@ async fn worker(
     drop(listener);
     drop(https);
     conns.drain().await;
+    if let Some(endpoint) = quic {
+        // QUIC connections still open end now (`docs/tls.md`, "HTTP/3").
+        endpoint.close(0u32.into(), b"stopping");
+        let _ = tokio::time::timeout(Duration::from_secs(1), endpoint.wait_idle()).await;
+    }
 }
 
 /// One worker's HTTPS listening socket and what it serves.
@@ -150,11 +161,37 @@ pub(crate) struct HttpsListener {
     pub(crate) listener: std::net::TcpListener,
     /// The certificates and the TLS settings.
     pub(crate) tls: Arc<crate::tls::Tls>,
+    /// With `http3`: the worker's UDP socket on the same port, and QUIC's settings.
+    pub(crate) quic: Option<(std::net::UdpSocket, quinn::ServerConfig)>,
 }
 
 impl HttpsListener {
-    fn into_tokio(self) -> std::io::Result<(TcpListener, Arc<crate::tls::Tls>)> {
-        Ok((TcpListener::from_std(self.listener)?, self.tls))
+    /// The listener on this worker's runtime, and its QUIC endpoint.
+    fn into_tokio(self) -> std::io::Result<(Https1, Option<quinn::Endpoint>)> {
+        let quic = match self.quic {
+            Some((socket, config)) => Some(quinn::Endpoint::new(
+                quinn::EndpointConfig::default(),
+                Some(config),
+                socket,
+                Arc::new(quinn::TokioRuntime),
+            )?),
+            None => None,
+        };
+        Ok(((TcpListener::from_std(self.listener)?, self.tls), quic))
+    }
+}
+
+/// A worker's HTTPS listener and its certificates.
+type Https1 = (TcpListener, Arc<crate::tls::Tls>);
+
+/// The next QUIC connection; never, without HTTP/3 (or once its endpoint is closed).
+async fn accept_quic(quic: &Option<quinn::Endpoint>) -> quinn::Incoming {
+    match quic {
+        Some(e) => match e.accept().await {
+            Some(incoming) => incoming,
+            None => std::future::pending().await,
+        },
+        None => std::future::pending().await,
     }
 }
 
@@ -936,6 +973,9 @@ fn launch(
         wait_for_store(&f, &loaded);
     }
     wait_for_discovery(&site);
+    if let Some(tasks) = acme {
+        start_acme(tasks, &admin_rt, &rx);
+    }
     let stopping = Stopping::new(rx.clone());
     let pulses = crate::notify::Pulses::new(listeners.proxy.len());
     let mut threads = spawn_workers(
@@ -949,12 +989,6 @@ fn launch(
     )?;
     threads.push(admin_thread);
     ready_tx.send_replace(true);
-    if let Some((keeper, follower)) = acme {
-        if let Some(f) = follower {
-            admin_rt.spawn(f.follow(rx.clone()));
-        }
-        admin_rt.spawn(keeper.run(rx.clone()));
-    }
     admin_rt.spawn(crate::notify::watchdog(pulses, rx.clone()));
     let (upgraded_tx, upgraded) = watch::channel(false);
     tracing::info!("proxy listening on {listen}");
@@ -1185,14 +1219,35 @@ fn https_listeners(
     let addr = sockets[0]
         .local_addr()
         .map_err(|e| format!("https listener: {e}"))?;
+    let mut quic = match settings.tls.http3 {
+        true => quic_sockets(&tls, addr, sockets.len())?,
+        false => Vec::new(),
+    }
+    .into_iter();
     let https = sockets
         .into_iter()
         .map(|listener| HttpsListener {
             listener,
             tls: Arc::clone(&tls),
+            quic: quic.next(),
         })
         .collect();
     Ok((https, Some(addr), Some(tls)))
+}
+
+/// One UDP socket per worker on the HTTPS listener's port, with QUIC's settings; from
+/// now on answers over TLS say `Alt-Svc`.
+fn quic_sockets(
+    tls: &crate::tls::Tls,
+    addr: SocketAddr,
+    workers: usize,
+) -> Result<Vec<(std::net::UdpSocket, quinn::ServerConfig)>, String> {
+    let sockets = crate::listeners::bind_udp_workers(addr, workers)
+        .map_err(|e| format!("cannot listen on {addr} (http3, udp): {e}"))?;
+    let mut config = quinn::ServerConfig::with_crypto(tls.quic_crypto()?);
+    config.transport_config(Arc::new(crate::h3_front::transport()));
+    crate::proxy::advertise_h3(addr.port());
+    Ok(sockets.into_iter().map(|s| (s, config.clone())).collect())
 }
 
 /// `[tls.acme]`'s keeper, over its storage directory (made 0700 if missing), or in
@@ -1217,6 +1272,32 @@ fn acme_keeper(
     };
     let keeper = crate::acme::Acme::new(settings.clone(), obtained, storage, Arc::clone(&site.hub));
     Ok((keeper, follower))
+}
+
+/// How long the start waits for ACME's stored certificate to be read.
+const ACME_LOAD_WAIT: Duration = Duration::from_secs(5);
+
+/// Starts ACME's tasks on the admin runtime; waits (at most [`ACME_LOAD_WAIT`]) until
+/// the stored certificate is served, so that a restart or an upgrade serves it from
+/// its first handshake.
+fn start_acme(
+    (keeper, follower): AcmeTasks,
+    admin_rt: &tokio::runtime::Handle,
+    stop: &watch::Receiver<bool>,
+) {
+    if let Some(f) = follower {
+        admin_rt.spawn(f.follow(stop.clone()));
+    }
+    let (loaded, wait) = std::sync::mpsc::channel();
+    let stop = stop.clone();
+    admin_rt.spawn(async move {
+        keeper.load_stored().await;
+        let _ = loaded.send(());
+        keeper.run(stop).await;
+    });
+    if wait.recv_timeout(ACME_LOAD_WAIT).is_err() {
+        tracing::warn!("acme: the stored certificate was not read within {ACME_LOAD_WAIT:?}; serving without it meanwhile");
+    }
 }
 
 /// The ACME keeper and, in fleet mode, its follower of the store.

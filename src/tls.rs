@@ -91,6 +91,17 @@ impl BySni {
     }
 }
 
+/// The certificates in force, read at each handshake (QUIC's configuration is made
+/// once, and a reload swaps what this reads).
+#[derive(Debug)]
+struct LiveSni(Arc<ArcSwap<BySni>>);
+
+impl ResolvesServerCert for LiveSni {
+    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        self.0.load().resolve(hello)
+    }
+}
+
 impl ResolvesServerCert for BySni {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
         let name = hello.server_name();
@@ -122,6 +133,9 @@ impl ResolvesServerCert for BySni {
 /// What the HTTPS listener serves, swapped whole on reload.
 pub(crate) struct Tls {
     config: ArcSwap<ServerConfig>,
+    /// The resolver inside `config`: for the ACME check before a handshake, and for
+    /// QUIC's configuration, which reads it at each handshake ([`LiveSni`]).
+    files: Arc<ArcSwap<BySni>>,
     /// The file certificates of `config`, as listed.
     listed: ArcSwap<Vec<CertView>>,
     ticketer: Arc<dyn ProducesTickets>,
@@ -132,7 +146,28 @@ pub(crate) struct Tls {
 /// A configuration read by [`Tls::prepare`], for [`Tls::install`].
 pub(crate) struct Prepared {
     config: Arc<ServerConfig>,
+    sni: Arc<BySni>,
     listed: Vec<CertView>,
+}
+
+/// The configuration for `certs` (and ACME's certificate), with its resolver and list.
+fn prepare(
+    certs: &[CertPaths],
+    obtained: &Option<Arc<Obtained>>,
+    ticketer: &Arc<dyn ProducesTickets>,
+    sessions: &Arc<dyn StoresServerSessions>,
+) -> Result<Prepared, String> {
+    let (served, listed) = read_certs(certs)?;
+    let sni = Arc::new(BySni {
+        certs: served,
+        obtained: obtained.clone(),
+    });
+    let config = server_config(Arc::clone(&sni), ticketer, sessions)?;
+    Ok(Prepared {
+        config: Arc::new(config),
+        sni,
+        listed,
+    })
 }
 
 impl std::fmt::Debug for Tls {
@@ -148,15 +183,11 @@ impl Tls {
             .map_err(|e| format!("cannot make a session-ticket key: {e}"))?;
         let sessions: Arc<dyn StoresServerSessions> =
             rustls::server::ServerSessionMemoryCache::new(SESSION_CACHE);
-        let (served, listed) = read_certs(certs)?;
-        let sni = BySni {
-            certs: served,
-            obtained: obtained.clone(),
-        };
-        let config = server_config(sni, &ticketer, &sessions)?;
+        let first = prepare(certs, &obtained, &ticketer, &sessions)?;
         Ok(Tls {
-            config: ArcSwap::from_pointee(config),
-            listed: ArcSwap::from_pointee(listed),
+            config: ArcSwap::new(first.config),
+            files: Arc::new(ArcSwap::new(first.sni)),
+            listed: ArcSwap::from_pointee(first.listed),
             ticketer,
             sessions,
             obtained,
@@ -166,22 +197,36 @@ impl Tls {
     /// Reads `certs` again into a configuration for [`Self::install`]; the current one
     /// stays in force until then, and on an error.
     pub(crate) fn prepare(&self, certs: &[CertPaths]) -> Result<Prepared, String> {
-        let (served, listed) = read_certs(certs)?;
-        let sni = BySni {
-            certs: served,
-            obtained: self.obtained.clone(),
-        };
-        let config = server_config(sni, &self.ticketer, &self.sessions)?;
-        Ok(Prepared {
-            config: Arc::new(config),
-            listed,
-        })
+        prepare(certs, &self.obtained, &self.ticketer, &self.sessions)
     }
 
     /// Serves `prepared` from the next handshake on; open connections keep theirs.
     pub(crate) fn install(&self, prepared: Prepared) {
         self.config.store(prepared.config);
+        self.files.store(prepared.sni);
         self.listed.store(Arc::new(prepared.listed));
+    }
+
+    /// The TLS of QUIC (HTTP/3): TLS 1.3 only, ALPN `h3`, no early data (0-RTT off),
+    /// over the same certificates, read at each handshake so a reload reaches it. Its
+    /// tickets and session cache are its own: a ticket from a TCP connection does not
+    /// resume a QUIC one.
+    pub(crate) fn quic_crypto(
+        &self,
+    ) -> Result<Arc<quinn::crypto::rustls::QuicServerConfig>, String> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = ServerConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(|e| format!("QUIC: {e}"))?
+            .with_no_client_auth()
+            .with_cert_resolver(Arc::new(LiveSni(Arc::clone(&self.files))));
+        config.alpn_protocols = vec![b"h3".to_vec()];
+        config.ticketer = rustls::crypto::ring::Ticketer::new()
+            .map_err(|e| format!("cannot make a session-ticket key: {e}"))?;
+        config.session_storage = rustls::server::ServerSessionMemoryCache::new(SESSION_CACHE);
+        quinn::crypto::rustls::QuicServerConfig::try_from(config)
+            .map(Arc::new)
+            .map_err(|e| format!("QUIC: {e}"))
     }
 
     /// Every certificate served: the files', then ACME's once issued.
@@ -199,7 +244,10 @@ impl Tls {
     pub(crate) fn acceptor(&self) -> Acceptor {
         Acceptor {
             config: self.config.load_full(),
-            obtained: self.obtained.clone(),
+            acme: self
+                .obtained
+                .as_ref()
+                .map(|o| (Arc::clone(o), self.files.load_full())),
         }
     }
 }
@@ -210,8 +258,12 @@ fn read_certs(certs: &[CertPaths]) -> Result<(Vec<Served>, Vec<CertView>), Strin
     let mut listed = Vec::with_capacity(certs.len());
     for c in certs {
         let (names, key) = read_cert(c).map_err(|e| format!("{}: {e}", c.origin))?;
-        if let Some(info) = key.end_entity_cert().ok().and_then(|d| CertInfo::read(d)) {
-            listed.push(CertView::new(&names, &info, "file"));
+        match key.end_entity_cert().ok().and_then(|d| CertInfo::read(d)) {
+            Some(info) => listed.push(CertView::new(&names, &info, "file")),
+            // rustls took it; only its dates could not be read for the list.
+            None => {
+                tracing::warn!(certificate = %c.cert.display(), "its validity could not be read: left out of /admin/certificates")
+            }
         }
         served.push(Served { names, key });
     }
@@ -225,20 +277,22 @@ const UNRECOGNIZED_NAME: [u8; 7] = [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x70];
 /// One handshake's configuration.
 pub(crate) struct Acceptor {
     config: Arc<ServerConfig>,
-    obtained: Option<Arc<Obtained>>,
+    /// With ACME: its certificate, and the file certificates (which win for their names).
+    acme: Option<(Arc<Obtained>, Arc<BySni>)>,
 }
 
 impl Acceptor {
     /// Runs the handshake on `stream`.
     ///
     /// With ACME, the ClientHello is read first: a name ACME orders but has no
-    /// certificate for yet gets `unrecognized_name` (rustls's resolver can only refuse
-    /// with `access_denied`), as nginx's `ssl_reject_handshake` answers.
+    /// certificate for yet (and no file certificate covers) gets `unrecognized_name`
+    /// (rustls's resolver can only refuse with `access_denied`), as nginx's
+    /// `ssl_reject_handshake` answers.
     pub(crate) async fn accept(
         self,
         stream: tokio::net::TcpStream,
     ) -> std::io::Result<tokio_rustls::server::TlsStream<tokio::net::TcpStream>> {
-        let Some(obtained) = self.obtained else {
+        let Some((obtained, files)) = self.acme else {
             return tokio_rustls::TlsAcceptor::from(self.config)
                 .accept(stream)
                 .await;
@@ -248,8 +302,11 @@ impl Acceptor {
         let acme = hello
             .alpn()
             .is_some_and(|mut p| p.any(|p| p == ACME_TLS_ALPN));
+        // A file certificate wins for its names, issued or not.
         let waiting = hello.server_name().is_some_and(|n| {
-            obtained.covers(&n.to_ascii_lowercase()) && obtained.issued().is_none()
+            obtained.covers(&n.to_ascii_lowercase())
+                && obtained.issued().is_none()
+                && files.find(n).is_none()
         });
         if waiting && !acme {
             use tokio::io::AsyncWriteExt as _;
@@ -278,7 +335,9 @@ async fn read_hello(
         }
         let mut rest = &buf[..n];
         while !rest.is_empty() {
-            acceptor.read_tls(&mut rest)?;
+            if acceptor.read_tls(&mut rest)? == 0 {
+                return Err(std::io::Error::other("the ClientHello does not fit"));
+            }
         }
         match acceptor.accept() {
             Ok(Some(accepted)) => return Ok((accepted, stream)),
@@ -296,7 +355,7 @@ async fn read_hello(
 /// TLS 1.3 and 1.2 on the `ring` provider, the certificates by SNI, ALPN h2 and
 /// http/1.1 (and `acme-tls/1` with ACME), tickets and the session cache.
 fn server_config(
-    sni: BySni,
+    sni: Arc<BySni>,
     ticketer: &Arc<dyn ProducesTickets>,
     sessions: &Arc<dyn StoresServerSessions>,
 ) -> Result<ServerConfig, String> {
@@ -306,7 +365,7 @@ fn server_config(
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
         .map_err(|e| format!("TLS: {e}"))?
         .with_no_client_auth()
-        .with_cert_resolver(Arc::new(sni));
+        .with_cert_resolver(sni);
     config.alpn_protocols = ALPN.iter().map(|p| p.to_vec()).collect();
     if acme {
         config.alpn_protocols.push(ACME_TLS_ALPN.to_vec());

@@ -245,6 +245,17 @@ pub(crate) static OPTIONS: &[Opt] = &[
         reload: restart!("redirect_https", tls.redirect_https),
     },
     Opt {
+        key: "http3",
+        table_key: None,
+        value_name: "on|off",
+        help: "Serve HTTP/3 (QUIC over UDP) on the tls_listen port too; also `http3` in [tls]",
+        default: Some("off"),
+        default_text: None,
+        file_type: FileType::Switch,
+        set: |s, v| parse_on_off(v).map(|x| s.tls.http3 = x),
+        reload: restart!("http3", tls.http3),
+    },
+    Opt {
         key: "admin",
         table_key: None,
         value_name: "ADDR",

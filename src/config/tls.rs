@@ -32,6 +32,8 @@ pub(crate) struct TlsSettings {
     pub(crate) redirect_https: bool,
     /// `[tls.acme]`: a certificate obtained from an ACME CA.
     pub(crate) acme: Option<super::acme::AcmeSettings>,
+    /// `http3`: QUIC and HTTP/3 on `listen`'s port, over UDP.
+    pub(crate) http3: bool,
 }
 
 /// Puts the command line's certificate first and checks the settings against each
@@ -57,8 +59,8 @@ pub(crate) fn finish(s: &mut Settings, errors: &mut Vec<ConfigError>) {
         (None, None) => {}
     }
     if let Some(acme) = &t.acme {
-        for e in super::acme::check(acme, t.listen.is_some(), s.store.is_some()) {
-            errors.push(err(&acme.origin, e));
+        for (origin, e) in super::acme::check(acme, t.listen.is_some(), s.store.is_some()) {
+            errors.push(err(&origin, e));
         }
     }
     match (t.listen, t.certs.first()) {
@@ -71,6 +73,12 @@ pub(crate) fn finish(s: &mut Settings, errors: &mut Vec<ConfigError>) {
             "a certificate without tls_listen serves nothing: set tls_listen (--tls-listen ADDR)".into(),
         )),
         _ => {}
+    }
+    if t.http3 && t.listen.is_none() {
+        errors.push(err(
+            "http3",
+            "it needs tls_listen: HTTP/3 is served on its port, over UDP".into(),
+        ));
     }
     if t.redirect_https && t.listen.is_none() {
         errors.push(err(
@@ -111,10 +119,18 @@ pub(super) fn read_table(
                 }
             }
             "acme" => s.tls.acme = super::acme::read_table(c, v),
+            "http3" => {
+                let on = c.text_of(v, super::options::FileType::Switch, "tls.http3");
+                match on.map(|t| super::values::parse_on_off(&t)) {
+                    Some(Ok(b)) => s.tls.http3 = b,
+                    Some(Err(e)) => c.push(v.span().start, Some("tls.http3"), e),
+                    None => {}
+                }
+            }
             k => c.push(
                 key.span().start,
                 None,
-                format!("unknown key 'tls.{k}' (valid: tls.certs, tls.acme)"),
+                format!("unknown key 'tls.{k}' (valid: tls.certs, tls.acme, tls.http3)"),
             ),
         }
     }

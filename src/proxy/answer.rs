@@ -89,6 +89,7 @@ impl Answer {
                 let head = ResponseHead {
                     request_id: None,
                     rate_limit: None,
+                    alt_svc: false,
                     status,
                     version: parts.version,
                     reason: parts.extensions.remove(),
@@ -350,6 +351,7 @@ impl ProxyResponse {
             head: ResponseHead {
                 request_id: None,
                 rate_limit: None,
+                alt_svc: false,
                 status,
                 version: Version::HTTP_11,
                 reason: None,
@@ -401,6 +403,9 @@ impl ProxyResponse {
             r.headers_mut()
                 .insert(super::request_id::X_REQUEST_ID, id.header_value());
         }
+        if let (true, Some(v)) = (self.head.alt_svc, super::alt_svc()) {
+            r.headers_mut().insert(http::header::ALT_SVC, v.clone());
+        }
         if let Some(rl) = self.head.rate_limit {
             for (name, v) in rl.fields() {
                 let name = http::header::HeaderName::from_static(name);
@@ -411,5 +416,41 @@ impl ProxyResponse {
             r.extensions_mut().insert(reason);
         }
         r
+    }
+}
+
+/// The request's `Content-Length`, when it states one (`h2` refuses a stream whose
+/// DATA frames carry another length).
+pub(crate) fn stated_length(fields: &HeaderMap) -> Option<u64> {
+    fields
+        .get(header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
+}
+
+/// Makes an answer's head one HTTP/2 (and HTTP/3) carries: a `Date` when it has none, a
+/// `Content-Length` when there is a body of a known length and none is stated (as
+/// hyper's server: an answer without a body, to `HEAD` among others, says nothing it
+/// does not know), and no hop-by-hop field (the hop rules' list: RFC 9113 §8.2.2 forbids
+/// the connection-specific ones, and `h2` refuses to send them).
+pub(crate) fn fit_head(fields: &mut HeaderMap, body: &RespBody) {
+    if !fields.contains_key(header::DATE) {
+        fields.insert(header::DATE, super::date());
+    }
+    if let (Some(n), false) = (body.size_hint().exact(), body.is_end_stream()) {
+        if !fields.contains_key(header::CONTENT_LENGTH) {
+            fields.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
+        }
+    }
+    // Answers from the wire have lost them already; an answer of fulcrum's own may say
+    // `Connection: close`.
+    let hop = |n: &HeaderName| super::hop::is_hop_by_hop(n.as_str().as_bytes());
+    if fields.keys().any(hop) {
+        let doomed: Vec<HeaderName> = fields.keys().filter(|n| hop(n)).cloned().collect();
+        for name in doomed {
+            fields.remove(name);
+        }
     }
 }

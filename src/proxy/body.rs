@@ -70,6 +70,8 @@ pub(crate) struct ClientBody(Inner);
 enum Inner {
     Hyper(Incoming),
     H2(H2Body),
+    /// Boxed: an HTTP/3 stream's state is several times the others'.
+    H3(Box<H3Body>),
 }
 
 impl ClientBody {
@@ -88,6 +90,16 @@ impl ClientBody {
         }))
     }
 
+    /// An HTTP/3 request's body: its DATA frames, then its trailers; `length` is the
+    /// request's `Content-Length`, when it states one.
+    pub(crate) fn h3(recv: H3Recv, length: Option<u64>) -> ClientBody {
+        ClientBody(Inner::H3(Box::new(H3Body {
+            recv,
+            left: length,
+            state: H3State::Data,
+        })))
+    }
+
     /// The next frame of the client's body (`http_body::Body::poll_frame` of the stream
     /// inside; only [`ReqBody`] polls it, so it is not a `Body` itself).
     #[inline]
@@ -101,6 +113,7 @@ impl ClientBody {
                 r.map(|o| o.map(|f| f.map_err(Into::into)))
             }
             Inner::H2(b) => b.poll_frame(cx),
+            Inner::H3(b) => b.poll_frame(cx),
         }
     }
 
@@ -108,6 +121,7 @@ impl ClientBody {
         match &self.0 {
             Inner::Hyper(b) => b.is_end_stream(),
             Inner::H2(b) => b.recv.is_end_stream(),
+            Inner::H3(b) => matches!(b.state, H3State::Done),
         }
     }
 
@@ -115,6 +129,7 @@ impl ClientBody {
         match &self.0 {
             Inner::Hyper(b) => b.size_hint(),
             Inner::H2(b) => b.left.map_or_else(SizeHint::default, SizeHint::with_exact),
+            Inner::H3(b) => b.left.map_or_else(SizeHint::default, SizeHint::with_exact),
         }
     }
 }
@@ -158,6 +173,65 @@ impl H2Body {
             Ok(Some(t)) => Poll::Ready(Some(Ok(Frame::trailers(t)))),
             Ok(None) => Poll::Ready(None),
             Err(e) => Poll::Ready(Some(Err(e.into()))),
+        }
+    }
+}
+
+/// The receiving half of an HTTP/3 request's stream.
+pub(crate) type H3Recv = h3::server::RequestStream<h3_quinn::RecvStream, Bytes>;
+
+/// Where an HTTP/3 request body is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum H3State {
+    Data,
+    Trailers,
+    Done,
+}
+
+/// An HTTP/3 request body: quinn gives the client's window back as the bytes are read.
+struct H3Body {
+    recv: H3Recv,
+    /// What `Content-Length` says is left to come.
+    left: Option<u64>,
+    state: H3State,
+}
+
+impl std::fmt::Debug for H3Body {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("H3Body")
+            .field("left", &self.left)
+            .finish_non_exhaustive()
+    }
+}
+
+impl H3Body {
+    fn poll_frame(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        use bytes::Buf as _;
+        if self.state == H3State::Data {
+            match std::task::ready!(self.recv.poll_recv_data(cx)) {
+                Ok(Some(mut buf)) => {
+                    let data = buf.copy_to_bytes(buf.remaining());
+                    if let Some(left) = &mut self.left {
+                        *left = left.saturating_sub(data.len() as u64);
+                    }
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Ok(None) => self.state = H3State::Trailers,
+                Err(e) => return Poll::Ready(Some(Err(Box::new(e)))),
+            }
+        }
+        if self.state == H3State::Done {
+            return Poll::Ready(None);
+        }
+        let trailers = std::task::ready!(self.recv.poll_recv_trailers(cx));
+        self.state = H3State::Done;
+        match trailers {
+            Ok(Some(t)) => Poll::Ready(Some(Ok(Frame::trailers(t)))),
+            Ok(None) => Poll::Ready(None),
+            Err(e) => Poll::Ready(Some(Err(Box::new(e)))),
         }
     }
 }

@@ -127,7 +127,9 @@ impl RequestHead {
         match &self.fields {
             RequestFields::Spans(f) => f.host(),
             RequestFields::Map(_)
-                if self.version != Version::HTTP_2 && self.uri.authority().is_some() =>
+                if self.version != Version::HTTP_2
+                    && self.version != Version::HTTP_3
+                    && self.uri.authority().is_some() =>
             {
                 authority()
             }
@@ -186,6 +188,9 @@ pub(crate) struct ResponseHead {
     /// The route's rate limit's fields, written beside the others by each front end
     /// (so that span fields need not become a map for them).
     pub(crate) rate_limit: Option<RateLimitFields>,
+    /// Whether the answer says `Alt-Svc` ([`super::alt_svc`]): an answer over TLS (h1,
+    /// h2) while HTTP/3 is on.
+    pub(crate) alt_svc: bool,
 }
 
 /// `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset` of an answer on a

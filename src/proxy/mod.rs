@@ -33,7 +33,7 @@ use http::{Method, Request, StatusCode, Version};
 use ipnet::IpNet;
 
 use answer::Answer;
-pub(crate) use answer::{Hold, ProxyResponse, RespBody, ShedPermit};
+pub(crate) use answer::{fit_head, stated_length, Hold, ProxyResponse, RespBody, ShedPermit};
 pub(crate) use body::{BodyError, ClientBody, ReqBody};
 use message::RateLimitFields;
 pub(crate) use message::{date, RequestFields, RequestHead, ResponseFields, ResponseHead};
@@ -93,6 +93,22 @@ impl PlainFirst {
         }
         self.redirect_https.map(|port| to_https(head, port))
     }
+}
+
+/// `Alt-Svc: h3=":PORT"; ma=86400`, set once at start when HTTP/3 is on.
+static ALT_SVC: std::sync::OnceLock<HeaderValue> = std::sync::OnceLock::new();
+
+/// Says HTTP/3 is served on `port` in every answer over TLS from now on.
+pub(crate) fn advertise_h3(port: u16) {
+    let value = format!("h3=\":{port}\"; ma=86400");
+    if let Ok(v) = HeaderValue::from_str(&value) {
+        let _ = ALT_SVC.set(v);
+    }
+}
+
+/// The `Alt-Svc` value of answers over TLS, when HTTP/3 is on.
+pub(crate) fn alt_svc() -> Option<&'static HeaderValue> {
+    ALT_SVC.get()
 }
 
 /// What a request's head gives its combined access log line; the length comes with the
@@ -529,8 +545,10 @@ impl Proxy {
     ) -> http::Response<RespBody> {
         let who = self.identify(&head, peer);
         let id = who.1.clone();
+        let h3 = head.version == Version::HTTP_3;
         let mut r = self.serve(head, body, client_upgrade, peer, who).await;
         r.head.request_id = Some(id);
+        r.head.alt_svc = peer.tls && !h3;
         r.into_http()
     }
 
@@ -719,7 +737,8 @@ impl Proxy {
             if let Some(h) = &req.host {
                 map.insert(header::HOST, h.clone());
             }
-            if head.version == Version::HTTP_2 {
+            // HTTP/2 and HTTP/3 split `cookie` into one field per cookie.
+            if head.version == Version::HTTP_2 || head.version == Version::HTTP_3 {
                 headers::merge_cookies(map);
             }
             if let Some(cookie) = sticky {

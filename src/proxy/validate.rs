@@ -127,7 +127,7 @@ impl<'a> Hosts<'a> {
         self.same_as_authority &= self.authority.is_none_or(|a| same_authority(a, v));
     }
 
-    /// The verdict. The target's authority (absolute form, or HTTP/2's `:authority`) is
+    /// The verdict (HTTP/3 as HTTP/2: RFC 9114 §4.3.1 has the same rule). The target's authority (absolute form, or HTTP/2's `:authority`) is
     /// held to the same grammar as `Host`: it becomes the `Host` the backend sees.
     fn verdict(&self, version: Version) -> Result<(), Invalid> {
         if self.authority.is_some_and(|a| !is_valid_host(a)) {
@@ -138,12 +138,10 @@ impl<'a> Hosts<'a> {
             0 if version == Version::HTTP_11 => Err(Invalid::NoHost),
             // RFC 9113 §8.3.1: an HTTP/2 request names its authority in `:authority` or
             // `host`; without either, which host is asked for is anyone's guess.
-            0 if version == Version::HTTP_2 && self.authority.is_none() => Err(Invalid::NoHost),
+            0 if multiplexed(version) && self.authority.is_none() => Err(Invalid::NoHost),
             0 => Ok(()),
             1 if !self.valid => Err(Invalid::BadHost),
-            1 if version == Version::HTTP_2 && !self.same_as_authority => {
-                Err(Invalid::HostNotAuthority)
-            }
+            1 if multiplexed(version) && !self.same_as_authority => Err(Invalid::HostNotAuthority),
             1 => Ok(()),
             _ => Err(Invalid::SeveralHosts),
         }
@@ -222,6 +220,11 @@ static REG_NAME: [bool; 256] = {
     }
     t
 };
+
+/// HTTP/2 and HTTP/3: the authority comes in `:authority`, and `host` must agree.
+fn multiplexed(version: Version) -> bool {
+    version == Version::HTTP_2 || version == Version::HTTP_3
+}
 
 #[cfg(test)]
 mod tests {

@@ -284,6 +284,7 @@ fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, BadAn
     let head = ResponseHead {
         request_id: None,
         rate_limit: None,
+        alt_svc: false,
         status,
         version: if http11 {
             Version::HTTP_11

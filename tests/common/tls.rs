@@ -54,6 +54,11 @@ impl Pki {
         cert.der().clone()
     }
 
+    /// The CA's certificate, for a client that trusts it.
+    pub fn ca_der(&self) -> CertificateDer<'static> {
+        self.ca_der.clone()
+    }
+
     pub fn path(&self, file: &str) -> PathBuf {
         self.dir.join(file)
     }

@@ -1,0 +1,177 @@
+//! HTTP/3 from clients (`docs/tls.md`, "HTTP/3"): QUIC on the TLS listener's port,
+//! with quinn, and HTTP/3 with the `h3` crate. Each QUIC connection is a task on its
+//! worker; its requests are futures polled inside it (as `h2_front`'s streams are), each
+//! handed to the request path as a `RequestHead` and a `ClientBody`, its answer sent
+//! back as HEADERS, DATA and, for gRPC, trailers.
+//!
+//! The protocol (QUIC's handshake, loss recovery, flow control, QPACK) is quinn's and
+//! h3's; this module sets their limits and adapts their types.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::stream::{FuturesUnordered, StreamExt as _};
+use http::Response;
+use http_body::Body as _;
+use http_body_util::BodyExt as _;
+
+use crate::proxy::{ClientBody, Peer, Proxy, RequestHead, RespBody, MAX_HEADER_BYTES};
+
+/// Streams a client may have open at once (as HAProxy's and nginx's default of 100 for
+/// HTTP/2 and HTTP/3).
+const MAX_STREAMS: u32 = 100;
+/// A connection with no packet for this long is closed.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Handshakes in progress on one worker above which a new client must first prove its
+/// address (a Retry), as a SYN flood meets SYN cookies.
+pub(crate) const RETRY_ABOVE: usize = 64;
+
+/// The QUIC transport's limits.
+pub(crate) fn transport() -> quinn::TransportConfig {
+    let mut t = quinn::TransportConfig::default();
+    t.max_concurrent_bidi_streams(MAX_STREAMS.into());
+    // HTTP/3 needs three unidirectional streams from the client (control, QPACK's two).
+    t.max_concurrent_uni_streams(8u32.into());
+    if let Ok(idle) = quinn::IdleTimeout::try_from(IDLE_TIMEOUT) {
+        t.max_idle_timeout(Some(idle));
+    }
+    t
+}
+
+/// Handshakes in progress on a worker.
+#[derive(Debug, Default)]
+pub(crate) struct Handshakes(AtomicUsize);
+
+/// Takes one new QUIC connection: a Retry first when too many handshakes are in
+/// progress and the client has not proven its address; then the handshake and the
+/// connection's requests until it ends.
+pub(crate) async fn serve(
+    incoming: quinn::Incoming,
+    proxy: &'static Proxy,
+    handshakes: Arc<Handshakes>,
+    local: SocketAddr,
+) {
+    if handshakes.0.load(Ordering::Relaxed) >= RETRY_ABOVE && !incoming.remote_address_validated() {
+        let _ = incoming.retry();
+        return;
+    }
+    let peer_addr = incoming.remote_address();
+    handshakes.0.fetch_add(1, Ordering::Relaxed);
+    let connected = match incoming.accept() {
+        Ok(connecting) => connecting.await,
+        Err(e) => Err(e),
+    };
+    handshakes.0.fetch_sub(1, Ordering::Relaxed);
+    let conn = match connected {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::debug!(error = %e, peer = %peer_addr, "QUIC handshake failed");
+            return;
+        }
+    };
+    let peer = Peer {
+        addr: peer_addr,
+        forwarded: crate::proxy::headers::forwarded_value(peer_addr.ip()),
+        tls: true,
+        local,
+    };
+    if let Err(e) = requests(conn, proxy, &peer).await {
+        tracing::debug!(error = %e, peer = %peer_addr, "HTTP/3 connection ended with an error");
+    }
+}
+
+/// Serves a connection's requests, each a future polled here, until the client closes
+/// it (or it idles out); requests still running then are dropped.
+async fn requests(
+    conn: quinn::Connection,
+    proxy: &Proxy,
+    peer: &Peer,
+) -> Result<(), h3::error::ConnectionError> {
+    let mut h3 = h3::server::builder()
+        .max_field_section_size(MAX_HEADER_BYTES as u64)
+        .build::<_, Bytes>(h3_quinn::Connection::new(conn))
+        .await?;
+    let mut running = FuturesUnordered::new();
+    loop {
+        tokio::select! {
+            accepted = h3.accept() => match accepted? {
+                Some(resolver) => running.push(request(resolver, proxy, peer)),
+                None => break,
+            },
+            Some(()) = running.next(), if !running.is_empty() => {}
+        }
+    }
+    while running.next().await.is_some() {}
+    Ok(())
+}
+
+type Resolver = h3::server::RequestResolver<h3_quinn::Connection, Bytes>;
+
+/// One request: its head and body into the request path, its answer back.
+async fn request(resolver: Resolver, proxy: &Proxy, peer: &Peer) {
+    let (req, stream) = match resolver.resolve_request().await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::debug!(error = %e, peer = %peer.addr, "HTTP/3 request refused");
+            return;
+        }
+    };
+    let (mut send, recv) = stream.split();
+    let (parts, ()) = req.into_parts();
+    let length = crate::proxy::stated_length(&parts.headers);
+    // A request that says it has no body is not forwarded with a stream: it can be
+    // replayed on another backend (h3 cannot tell the end of a stream before reading).
+    let bodiless = length == Some(0)
+        || (length.is_none() && matches!(parts.method, http::Method::GET | http::Method::HEAD));
+    let head_only = parts.method == http::Method::HEAD;
+    let body = (!bodiless).then(|| ClientBody::h3(recv, length));
+    let head = RequestHead::from_parts(parts);
+    let answer = Box::pin(proxy.answer(head, body, None, peer)).await;
+    let (mut parts, body) = answer.into_parts();
+    crate::proxy::fit_head(&mut parts.headers, &body);
+    if let Err(e) = send.send_response(Response::from_parts(parts, ())).await {
+        tracing::debug!(error = %e, peer = %peer.addr, "HTTP/3 answer not sent");
+        return;
+    }
+    let sent = if head_only {
+        send.finish().await
+    } else {
+        pipe(&mut send, body).await
+    };
+    if let Err(e) = sent {
+        tracing::debug!(error = %e, peer = %peer.addr, "HTTP/3 answer not sent whole");
+    }
+}
+
+type SendHalf = h3::server::RequestStream<h3_quinn::SendStream<Bytes>, Bytes>;
+
+/// Sends an answer's body: DATA frames as the client's window allows, then the
+/// trailers (gRPC) or the stream's end; a body that breaks off resets the stream.
+async fn pipe(send: &mut SendHalf, mut body: RespBody) -> Result<(), h3::error::StreamError> {
+    loop {
+        match body.frame().await {
+            None => return send.finish().await,
+            Some(Err(e)) => {
+                tracing::debug!(error = %e, "an answer's body broke off");
+                send.stop_stream(h3::error::Code::H3_INTERNAL_ERROR);
+                return Ok(());
+            }
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) if data.is_empty() => {}
+                Ok(data) => send.send_data(data).await?,
+                Err(frame) => {
+                    if let Ok(trailers) = frame.into_trailers() {
+                        send.send_trailers(trailers).await?;
+                        return send.finish().await;
+                    }
+                }
+            },
+        }
+        if body.is_end_stream() {
+            return send.finish().await;
+        }
+    }
+}

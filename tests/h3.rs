@@ -1,0 +1,213 @@
+//! HTTP/3 from clients (`docs/tls.md`, "HTTP/3") over real sockets: quinn and h3 as the
+//! client, with certificates made at test time, through fulcrum to real backends.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Buf as _, Bytes};
+use rustls::pki_types::CertificateDer;
+
+use common::tls::*;
+use common::*;
+
+type Sender = h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>;
+
+/// An HTTP/3 connection to `addr` for `name`, trusting `ca`.
+async fn h3_client(addr: std::net::SocketAddr, name: &str, ca: &CertificateDer<'static>) -> Sender {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.clone()).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![b"h3".to_vec()];
+    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
+    let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    endpoint.set_default_client_config(quinn::ClientConfig::new(Arc::new(crypto)));
+    let conn = endpoint
+        .connect(addr, name)
+        .unwrap()
+        .await
+        .expect("QUIC handshake");
+    let (mut driver, send) = h3::client::new(h3_quinn::Connection::new(conn))
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        let _ = std::future::poll_fn(|cx| driver.poll_close(cx)).await;
+        drop(endpoint);
+    });
+    send
+}
+
+/// One request over `send`: status, headers and the whole body.
+async fn h3_request(
+    send: &mut Sender,
+    method: &str,
+    url: &str,
+    body: Option<Bytes>,
+) -> (u16, http::HeaderMap, Vec<u8>) {
+    let mut req = http::Request::builder().method(method).uri(url);
+    if let Some(b) = &body {
+        req = req.header("content-length", b.len());
+    }
+    let mut stream = send.send_request(req.body(()).unwrap()).await.unwrap();
+    if let Some(b) = body {
+        // In pieces, as a client streams an upload.
+        for chunk in b.chunks(64 * 1024) {
+            stream
+                .send_data(Bytes::copy_from_slice(chunk))
+                .await
+                .unwrap();
+        }
+    }
+    stream.finish().await.unwrap();
+    let rsp = stream.recv_response().await.unwrap();
+    let mut got = Vec::new();
+    while let Some(mut chunk) = stream.recv_data().await.unwrap() {
+        got.extend_from_slice(&chunk.copy_to_bytes(chunk.remaining()));
+    }
+    (rsp.status().as_u16(), rsp.headers().clone(), got)
+}
+
+fn h3_fulcrum(pki: &Pki, tag: &str, extra: &[&str]) -> (Fulcrum, std::net::SocketAddr) {
+    let cfg = config_file(
+        "h3",
+        tag,
+        &format!(
+            "tls_listen = \"127.0.0.1:0\"\n[tls]\nhttp3 = true\n[[tls.certs]]\ncert = \"{}\"\nkey = \"{}\"\n",
+            pki.arg("a.pem"),
+            pki.arg("a.key")
+        ),
+    );
+    let mut args = vec!["--config", cfg.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let f = Fulcrum::start(&args);
+    let addr = https_addr(&f);
+    (f, addr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h3_get_and_a_10_mb_post_arrive_whole_and_tls_answers_advertise_h3() {
+    let pki = Pki::new("h3-basic");
+    pki.leaf("a", &["a.test"]);
+    let b = TestBackend::start("B1");
+    let (f, addr) = h3_fulcrum(&pki, "basic", &["--backend", &b.spec()]);
+
+    // Over TLS (HTTP/1.1), the answer says where HTTP/3 is.
+    let s = connect(&pki, addr, "a.test", &[b"http/1.1"]).await;
+    let (mut h1, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(s))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::get("/")
+        .header("host", "a.test")
+        .body(http_body_util::Empty::<Bytes>::new())
+        .unwrap();
+    let rsp = h1.send_request(req).await.unwrap();
+    let want = format!("h3=\":{}\"; ma=86400", addr.port());
+    assert_eq!(rsp.headers()["alt-svc"], want.as_str());
+
+    let mut h3 = h3_client(addr, "a.test", &pki.ca_der()).await;
+    let (status, headers, body) = h3_request(&mut h3, "GET", "https://a.test/hello", None).await;
+    assert_eq!(status, 200);
+    assert_eq!(body, b"B1");
+    assert_eq!(headers["x-backend"], "B1");
+    assert!(
+        headers.get("alt-svc").is_none(),
+        "an h3 answer needs no Alt-Svc"
+    );
+    assert!(headers.get("x-request-id").is_some());
+
+    // 10 MB up and back through /echo, whole and in order.
+    let upload: Vec<u8> = (0..10_000_000u32).map(|i| (i % 251) as u8).collect();
+    let (status, _, echoed) = h3_request(
+        &mut h3,
+        "POST",
+        "https://a.test/echo",
+        Some(Bytes::from(upload.clone())),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(echoed.len(), upload.len());
+    assert!(echoed == upload, "the body came back changed");
+    let line = f.log_line(&["path=/echo", "status=200"], Duration::from_secs(3));
+    assert!(line.is_some(), "the access log has it:\n{}", f.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h3_request_follows_a_strategy_switch_and_a_drain() {
+    let pki = Pki::new("h3-switch");
+    pki.leaf("a", &["a.test"]);
+    let (b1, b2) = (TestBackend::start("B1"), TestBackend::start("B2"));
+    let (f, addr) = h3_fulcrum(
+        &pki,
+        "switch",
+        &["--backend", &b1.spec(), "--backend", &b2.spec()],
+    );
+    let mut h3 = h3_client(addr, "a.test", &pki.ca_der()).await;
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..4 {
+        let (_, _, body) = h3_request(&mut h3, "GET", "https://a.test/", None).await;
+        seen.insert(String::from_utf8(body).unwrap());
+    }
+    assert_eq!(seen.len(), 2, "round robin over both: {seen:?}");
+    let c = client();
+    let r = set_strategy(&c, &f, "consistent_hash").await;
+    assert_eq!(r.status, 200);
+    let mut one = std::collections::BTreeSet::new();
+    for _ in 0..4 {
+        let (_, _, body) = h3_request(&mut h3, "GET", "https://a.test/same", None).await;
+        one.insert(String::from_utf8(body).unwrap());
+    }
+    assert_eq!(
+        one.len(),
+        1,
+        "one key, one backend after the switch: {one:?}"
+    );
+    // Draining B1: new h3 requests go to B2 only.
+    let r = admin(
+        &c,
+        "PATCH",
+        &f.admin_url("/admin/backends/0"),
+        r#"{"state":"draining"}"#,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    set_strategy(&c, &f, "round_robin").await;
+    for _ in 0..4 {
+        let (_, _, body) = h3_request(&mut h3, "GET", "https://a.test/", None).await;
+        assert_eq!(body, b"B2");
+    }
+}
+
+#[test]
+fn http3_without_tls_listen_or_on_a_taken_udp_port_exits_2() {
+    let base = ["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"];
+    let backend = ["--backend", "http://127.0.0.1:1", "--http3", "on"];
+    let (status, _, err) = run_fulcrum(&[&base[..], &backend[..]].concat());
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(err.contains("http3") && err.contains("tls_listen"), "{err}");
+
+    let pki = Pki::new("h3-taken");
+    pki.leaf("a", &["a.test"]);
+    let taken = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let listen = format!("127.0.0.1:{}", taken.local_addr().unwrap().port());
+    let (cert, key) = (pki.arg("a.pem"), pki.arg("a.key"));
+    let tls = [
+        "--tls-listen",
+        &listen,
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+    ];
+    let (status, _, err) = run_fulcrum(&[&base[..], &backend[..], &tls[..]].concat());
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(err.contains("http3, udp") && err.contains(&listen), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    drop(taken);
+}
