@@ -43,6 +43,8 @@ complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l tls-cert -d 'C
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l tls-key -d 'Private key (PEM) of --tls-cert' -r
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l redirect-https -d 'Answer every request on the plain listener with 308 to the same URL on https [default: off]' -r -f -a "on\t''
 off\t''"
+complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l http3 -d 'Serve HTTP/3 (QUIC over UDP) on the tls_listen port too; also `http3` in [tls] [default: off]' -r -f -a "on\t''
+off\t''"
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l admin -d 'Admin API listener [default: 127.0.0.1:9090]' -r
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l backend -d 'Backend `URL[,weight=N][,name=NAME]`; repeatable' -r
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l discover -d 'Find the first pool\'s backends: srv=NAME, dns=NAME:PORT or file=PATH, then [,scheme=https][,interval=DUR]' -r
