@@ -403,7 +403,7 @@ impl ProxyResponse {
             r.headers_mut()
                 .insert(super::request_id::X_REQUEST_ID, id.header_value());
         }
-        if let (true, Some(v)) = (self.head.alt_svc, super::alt_svc()) {
+        if let (true, Some(v)) = (self.head.alt_svc, super::message::alt_svc()) {
             r.headers_mut().insert(http::header::ALT_SVC, v.clone());
         }
         if let Some(rl) = self.head.rate_limit {
@@ -437,7 +437,7 @@ pub(crate) fn stated_length(fields: &HeaderMap) -> Option<u64> {
 /// the connection-specific ones, and `h2` refuses to send them).
 pub(crate) fn fit_head(fields: &mut HeaderMap, body: &RespBody) {
     if !fields.contains_key(header::DATE) {
-        fields.insert(header::DATE, super::date());
+        fields.insert(header::DATE, super::message::date());
     }
     if let (Some(n), false) = (body.size_hint().exact(), body.is_end_stream()) {
         if !fields.contains_key(header::CONTENT_LENGTH) {

@@ -385,6 +385,22 @@ impl Fields {
     }
 }
 
+/// `Alt-Svc: h3=":PORT"; ma=86400`, set once at start when HTTP/3 is on.
+static ALT_SVC: std::sync::OnceLock<HeaderValue> = std::sync::OnceLock::new();
+
+/// Says HTTP/3 is served on `port` in every answer over TLS from now on.
+pub(crate) fn advertise_h3(port: u16) {
+    let value = format!("h3=\":{port}\"; ma=86400");
+    if let Ok(v) = HeaderValue::from_str(&value) {
+        let _ = ALT_SVC.set(v);
+    }
+}
+
+/// The `Alt-Svc` value of answers over TLS, when HTTP/3 is on.
+pub(crate) fn alt_svc() -> Option<&'static HeaderValue> {
+    ALT_SVC.get()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -36,7 +36,9 @@ use answer::Answer;
 pub(crate) use answer::{fit_head, stated_length, Hold, ProxyResponse, RespBody, ShedPermit};
 pub(crate) use body::{BodyError, ClientBody, ReqBody};
 use message::RateLimitFields;
-pub(crate) use message::{date, RequestFields, RequestHead, ResponseFields, ResponseHead};
+pub(crate) use message::{
+    advertise_h3, alt_svc, date, RequestFields, RequestHead, ResponseFields, ResponseHead,
+};
 pub(crate) use record::{Finish, Pending, Recorder};
 use request_id::RequestId;
 pub(crate) use tunnel::ClientUpgrade;
@@ -93,22 +95,6 @@ impl PlainFirst {
         }
         self.redirect_https.map(|port| to_https(head, port))
     }
-}
-
-/// `Alt-Svc: h3=":PORT"; ma=86400`, set once at start when HTTP/3 is on.
-static ALT_SVC: std::sync::OnceLock<HeaderValue> = std::sync::OnceLock::new();
-
-/// Says HTTP/3 is served on `port` in every answer over TLS from now on.
-pub(crate) fn advertise_h3(port: u16) {
-    let value = format!("h3=\":{port}\"; ma=86400");
-    if let Ok(v) = HeaderValue::from_str(&value) {
-        let _ = ALT_SVC.set(v);
-    }
-}
-
-/// The `Alt-Svc` value of answers over TLS, when HTTP/3 is on.
-pub(crate) fn alt_svc() -> Option<&'static HeaderValue> {
-    ALT_SVC.get()
 }
 
 /// What a request's head gives its combined access log line; the length comes with the
