@@ -636,8 +636,10 @@ fn write_head(
     if !put_fields(out, &head.fields) {
         put_field(out, b"date", crate::proxy::date().as_bytes());
     }
-    if let (true, Some(v)) = (head.alt_svc, crate::proxy::alt_svc()) {
-        put_field(out, b"alt-svc", v.as_bytes());
+    if head.alt_svc {
+        if let Some(v) = crate::proxy::alt_svc() {
+            put_field(out, b"alt-svc", v.as_bytes());
+        }
     }
     if let Some(id) = &head.request_id {
         put_field(out, b"x-request-id", id.as_bytes());

@@ -20,9 +20,11 @@ use http_body_util::BodyExt as _;
 
 use crate::proxy::{ClientBody, Peer, Proxy, RequestHead, RespBody, MAX_HEADER_BYTES};
 
-/// Streams a client may have open at once (as HAProxy's and nginx's default of 100 for
-/// HTTP/2 and HTTP/3).
+/// Streams a client may have open at once (HAProxy's and nginx's default for HTTP/3).
 const MAX_STREAMS: u32 = 100;
+/// What a stream, and the whole connection, may have in flight from the client: 1 MiB,
+/// as the HTTP/2 front end's windows, so a connection buffers at most that much.
+const WINDOW: u32 = 1 << 20;
 /// A connection with no packet for this long is closed.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Handshakes in progress on one worker above which a new client must first prove its
@@ -35,6 +37,11 @@ pub(crate) fn transport() -> quinn::TransportConfig {
     t.max_concurrent_bidi_streams(MAX_STREAMS.into());
     // HTTP/3 needs three unidirectional streams from the client (control, QPACK's two).
     t.max_concurrent_uni_streams(8u32.into());
+    t.stream_receive_window(WINDOW.into());
+    t.receive_window(WINDOW.into());
+    t.send_window(u64::from(WINDOW));
+    // No DATAGRAM frames: nothing here reads them.
+    t.datagram_receive_buffer_size(None);
     if let Ok(idle) = quinn::IdleTimeout::try_from(IDLE_TIMEOUT) {
         t.max_idle_timeout(Some(idle));
     }
@@ -48,17 +55,21 @@ pub(crate) struct Handshakes(AtomicUsize);
 /// Takes one new QUIC connection: a Retry first when too many handshakes are in
 /// progress and the client has not proven its address; then the handshake and the
 /// connection's requests until it ends.
-pub(crate) async fn serve(
+pub(crate) async fn serve<H: Send>(
     incoming: quinn::Incoming,
     proxy: &'static Proxy,
     handshakes: Arc<Handshakes>,
     local: SocketAddr,
+    held: H,
 ) {
     if handshakes.0.load(Ordering::Relaxed) >= RETRY_ABOVE && !incoming.remote_address_validated() {
         let _ = incoming.retry();
         return;
     }
     let peer_addr = incoming.remote_address();
+    let local = incoming
+        .local_ip()
+        .map_or(local, |ip| SocketAddr::new(ip, local.port()));
     handshakes.0.fetch_add(1, Ordering::Relaxed);
     let connected = match incoming.accept() {
         Ok(connecting) => connecting.await,
@@ -81,6 +92,8 @@ pub(crate) async fn serve(
     if let Err(e) = requests(conn, proxy, &peer).await {
         tracing::debug!(error = %e, peer = %peer_addr, "HTTP/3 connection ended with an error");
     }
+    // The connection's slot (`max_connections`, its client's cap) is given back now.
+    drop(held);
 }
 
 /// Serves a connection's requests, each a future polled here, until the client closes
@@ -132,15 +145,19 @@ async fn request(resolver: Resolver, proxy: &Proxy, peer: &Peer) {
     let answer = Box::pin(proxy.answer(head, body, None, peer)).await;
     let (mut parts, body) = answer.into_parts();
     crate::proxy::fit_head(&mut parts.headers, &body);
-    if let Err(e) = send.send_response(Response::from_parts(parts, ())).await {
-        tracing::debug!(error = %e, peer = %peer.addr, "HTTP/3 answer not sent");
-        return;
-    }
-    let sent = if head_only {
-        send.finish().await
-    } else {
-        pipe(&mut send, body).await
-    };
+    let give_up = proxy.send_timeout();
+    let sent =
+        match tokio::time::timeout(give_up, send.send_response(Response::from_parts(parts, ())))
+            .await
+        {
+            Ok(Ok(())) if head_only => send.finish().await,
+            Ok(Ok(())) => pipe(&mut send, body, give_up).await,
+            Ok(Err(e)) => Err(e),
+            Err(_) => {
+                send.stop_stream(h3::error::Code::H3_REQUEST_CANCELLED);
+                return;
+            }
+        };
     if let Err(e) = sent {
         tracing::debug!(error = %e, peer = %peer.addr, "HTTP/3 answer not sent whole");
     }
@@ -149,8 +166,13 @@ async fn request(resolver: Resolver, proxy: &Proxy, peer: &Peer) {
 type SendHalf = h3::server::RequestStream<h3_quinn::SendStream<Bytes>, Bytes>;
 
 /// Sends an answer's body: DATA frames as the client's window allows, then the
-/// trailers (gRPC) or the stream's end; a body that breaks off resets the stream.
-async fn pipe(send: &mut SendHalf, mut body: RespBody) -> Result<(), h3::error::StreamError> {
+/// trailers (gRPC) or the stream's end; a body that breaks off resets the stream, and
+/// so does a client that takes no byte for `give_up` (`send_timeout`).
+async fn pipe(
+    send: &mut SendHalf,
+    mut body: RespBody,
+    give_up: Duration,
+) -> Result<(), h3::error::StreamError> {
     loop {
         match body.frame().await {
             None => return send.finish().await,
@@ -161,7 +183,13 @@ async fn pipe(send: &mut SendHalf, mut body: RespBody) -> Result<(), h3::error::
             }
             Some(Ok(frame)) => match frame.into_data() {
                 Ok(data) if data.is_empty() => {}
-                Ok(data) => send.send_data(data).await?,
+                Ok(data) => match tokio::time::timeout(give_up, send.send_data(data)).await {
+                    Ok(sent) => sent?,
+                    Err(_) => {
+                        send.stop_stream(h3::error::Code::H3_REQUEST_CANCELLED);
+                        return Ok(());
+                    }
+                },
                 Err(frame) => {
                     if let Ok(trailers) = frame.into_trailers() {
                         send.send_trailers(trailers).await?;

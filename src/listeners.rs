@@ -65,15 +65,19 @@ pub(crate) fn bind_workers(
 
 /// Binds one UDP socket per worker on `addr` (HTTP/3), with `SO_REUSEPORT`: the kernel
 /// keeps a client's packets on one socket (by their addresses), so each QUIC connection
-/// stays with one worker. A socket already on the address, this process's kind or not,
-/// makes it an error first, as [`bind_workers`] does for TCP.
+/// stays with one worker. With `probe`, a socket already on the address, this process's
+/// kind or not, makes it an error first, as [`bind_workers`] does for TCP (a successor
+/// taking over from a running fulcrum binds beside its sockets instead).
 pub(crate) fn bind_udp_workers(
     addr: SocketAddr,
     workers: usize,
+    probe: bool,
 ) -> std::io::Result<Vec<std::net::UdpSocket>> {
     use socket2::{Domain, Protocol, Socket, Type};
     // Without SO_REUSEPORT, a bind fails on any socket there, shared or not.
-    drop(std::net::UdpSocket::bind(addr)?);
+    if probe {
+        drop(std::net::UdpSocket::bind(addr)?);
+    }
     let bind = || -> std::io::Result<std::net::UdpSocket> {
         let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
         socket.set_reuse_port(true)?;

@@ -137,8 +137,17 @@ async fn worker(
                 (Ok(_), None) => {}
             },
             incoming = accept_quic(&quic) => {
-                let handshakes = Arc::clone(&handshakes);
-                tokio::spawn(crate::h3_front::serve(incoming, proxy, handshakes, tls_local));
+                // A QUIC connection counts as a TCP one: a slot, a descriptor's worth
+                // of the budget, and its client's cap; refused at once without them.
+                let admitted = proxy.admit_client(incoming.remote_address().ip());
+                match (try_hold(&slots), admitted) {
+                    (Some(held), Ok(client_slot)) => {
+                        let handshakes = Arc::clone(&handshakes);
+                        let held = (held, client_slot);
+                        tokio::spawn(crate::h3_front::serve(incoming, proxy, handshakes, tls_local, held));
+                    }
+                    _ => incoming.refuse(),
+                }
             }
             _ = shutdown.changed() => break,
         }
@@ -166,17 +175,20 @@ pub(crate) struct HttpsListener {
 }
 
 impl HttpsListener {
-    /// The listener on this worker's runtime, and its QUIC endpoint.
+    /// The listener on this worker's runtime, and its QUIC endpoint (none if it cannot
+    /// be made: TLS over TCP serves on).
     fn into_tokio(self) -> std::io::Result<(Https1, Option<quinn::Endpoint>)> {
-        let quic = match self.quic {
-            Some((socket, config)) => Some(quinn::Endpoint::new(
+        let quic = self.quic.and_then(|(socket, config)| {
+            let runtime = Arc::new(quinn::TokioRuntime);
+            quinn::Endpoint::new(
                 quinn::EndpointConfig::default(),
                 Some(config),
                 socket,
-                Arc::new(quinn::TokioRuntime),
-            )?),
-            None => None,
-        };
+                runtime,
+            )
+            .inspect_err(|e| tracing::error!(error = %e, "cannot serve HTTP/3 on this worker"))
+            .ok()
+        });
         Ok(((TcpListener::from_std(self.listener)?, self.tls), quic))
     }
 }
@@ -928,7 +940,10 @@ fn launch(
         .acme
         .as_ref()
         .map(|a| Arc::new(crate::obtained::Obtained::new(a.domains.clone())));
-    let (https, tls_listen, tls) = https_listeners(settings, listeners.tls, obtained.clone())?;
+    // A successor of an upgrade binds its UDP sockets beside the running process's.
+    let probe = !flags.upgrade;
+    let (https, tls_listen, tls) =
+        https_listeners(settings, listeners.tls, obtained.clone(), probe)?;
     let mut proxy_settings = ProxySettings::from_settings(settings);
     let first = crate::proxy::PlainFirst {
         acme: obtained.clone(),
@@ -1211,6 +1226,7 @@ fn https_listeners(
     settings: &Settings,
     sockets: Vec<std::net::TcpListener>,
     obtained: Option<Arc<crate::obtained::Obtained>>,
+    probe: bool,
 ) -> Result<Https, String> {
     if settings.tls.listen.is_none() || sockets.is_empty() {
         return Ok((Vec::new(), None, None));
@@ -1220,7 +1236,7 @@ fn https_listeners(
         .local_addr()
         .map_err(|e| format!("https listener: {e}"))?;
     let mut quic = match settings.tls.http3 {
-        true => quic_sockets(&tls, addr, sockets.len())?,
+        true => quic_sockets(&tls, addr, sockets.len(), probe)?,
         false => Vec::new(),
     }
     .into_iter();
@@ -1241,11 +1257,15 @@ fn quic_sockets(
     tls: &crate::tls::Tls,
     addr: SocketAddr,
     workers: usize,
+    probe: bool,
 ) -> Result<Vec<(std::net::UdpSocket, quinn::ServerConfig)>, String> {
-    let sockets = crate::listeners::bind_udp_workers(addr, workers)
+    let sockets = crate::listeners::bind_udp_workers(addr, workers, probe)
         .map_err(|e| format!("cannot listen on {addr} (http3, udp): {e}"))?;
     let mut config = quinn::ServerConfig::with_crypto(tls.quic_crypto()?);
     config.transport_config(Arc::new(crate::h3_front::transport()));
+    // Each worker's socket gets a client's packets by their addresses: a client that
+    // moves would land on another worker's endpoint, so it is not followed.
+    config.migration(false);
     crate::proxy::advertise_h3(addr.port());
     Ok(sockets.into_iter().map(|s| (s, config.clone())).collect())
 }

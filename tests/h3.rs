@@ -134,6 +134,27 @@ async fn an_h3_get_and_a_10_mb_post_arrive_whole_and_tls_answers_advertise_h3() 
     assert_eq!(status, 200);
     assert_eq!(echoed.len(), upload.len());
     assert!(echoed == upload, "the body came back changed");
+    // Without a length: streamed upstream chunked, the end found by reading.
+    let mut req = http::Request::post("https://a.test/echo").body(()).unwrap();
+    req.headers_mut().remove("content-length");
+    let mut stream = h3.send_request(req).await.unwrap();
+    for _ in 0..10 {
+        stream
+            .send_data(Bytes::from(vec![7u8; 10_000]))
+            .await
+            .unwrap();
+    }
+    stream.finish().await.unwrap();
+    assert_eq!(stream.recv_response().await.unwrap().status(), 200);
+    let mut n = 0;
+    while let Some(chunk) = stream.recv_data().await.unwrap() {
+        n += chunk.remaining();
+    }
+    assert_eq!(n, 100_000);
+    // HEAD: the head only.
+    let (status, _, body) = h3_request(&mut h3, "HEAD", "https://a.test/hello", None).await;
+    assert_eq!(status, 200);
+    assert!(body.is_empty());
     let line = f.log_line(&["path=/echo", "status=200"], Duration::from_secs(3));
     assert!(line.is_some(), "the access log has it:\n{}", f.log());
 }

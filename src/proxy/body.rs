@@ -121,7 +121,8 @@ impl ClientBody {
         match &self.0 {
             Inner::Hyper(b) => b.is_end_stream(),
             Inner::H2(b) => b.recv.is_end_stream(),
-            Inner::H3(b) => matches!(b.state, H3State::Done),
+            // A stated length read whole is the end: hyper's client stops polling there.
+            Inner::H3(b) => b.state == H3State::Done || b.left == Some(0),
         }
     }
 
@@ -215,9 +216,20 @@ impl H3Body {
                 Ok(Some(mut buf)) => {
                     let data = buf.copy_to_bytes(buf.remaining());
                     if let Some(left) = &mut self.left {
-                        *left = left.saturating_sub(data.len() as u64);
+                        // RFC 9114 §4.1.2: more than the stated length is malformed.
+                        let Some(rest) = left.checked_sub(data.len() as u64) else {
+                            return Poll::Ready(Some(Err(
+                                "the body is longer than its Content-Length".into(),
+                            )));
+                        };
+                        *left = rest;
                     }
                     return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Ok(None) if self.left.is_some_and(|l| l > 0) => {
+                    return Poll::Ready(Some(Err(
+                        "the body is shorter than its Content-Length".into()
+                    )));
                 }
                 Ok(None) => self.state = H3State::Trailers,
                 Err(e) => return Poll::Ready(Some(Err(Box::new(e)))),

@@ -1356,3 +1356,50 @@ fn to_h2(r: &mut Request<ReqBody>, backend: &Backend) {
             .insert(header::TE, HeaderValue::from_static("trailers"));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(method: &str, path: &str) -> RequestHead {
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", "a.test")
+            .body(())
+            .unwrap();
+        RequestHead::from_parts(req.into_parts().0)
+    }
+
+    #[test]
+    fn http01_answers_a_known_token_to_get_only_before_the_redirect() {
+        let acme = Arc::new(crate::obtained::Obtained::new(vec!["a.test".into()]));
+        acme.answer_token("tok", "tok.thumb");
+        let first = PlainFirst {
+            acme: Some(Arc::clone(&acme)),
+            redirect_https: Some(443),
+        };
+        let r = first
+            .answer(&head("GET", "/.well-known/acme-challenge/tok"))
+            .unwrap();
+        assert_eq!(r.head.status, StatusCode::OK);
+        // Anything else on the plain listener is redirected, an unknown token too.
+        for (m, p) in [
+            ("POST", "/.well-known/acme-challenge/tok"),
+            ("GET", "/.well-known/acme-challenge/other"),
+            ("GET", "/"),
+        ] {
+            let r = first.answer(&head(m, p)).unwrap();
+            assert_eq!(r.head.status, StatusCode::PERMANENT_REDIRECT, "{m} {p}");
+        }
+        // Without redirect_https, they go on to the routes.
+        let only = PlainFirst {
+            acme: Some(acme),
+            redirect_https: None,
+        };
+        assert!(only.answer(&head("GET", "/")).is_none());
+        assert!(only
+            .answer(&head("GET", "/.well-known/acme-challenge/x"))
+            .is_none());
+    }
+}

@@ -141,7 +141,7 @@ impl<'a> Hosts<'a> {
             0 if multiplexed(version) && self.authority.is_none() => Err(Invalid::NoHost),
             0 => Ok(()),
             1 if !self.valid => Err(Invalid::BadHost),
-            1 if multiplexed(version) && !self.same_as_authority => Err(Invalid::HostNotAuthority),
+            1 if !self.same_as_authority && multiplexed(version) => Err(Invalid::HostNotAuthority),
             1 => Ok(()),
             _ => Err(Invalid::SeveralHosts),
         }
