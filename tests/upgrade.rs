@@ -321,6 +321,9 @@ fn an_upgrade_under_tls_load_fails_no_handshake() {
         pki.arg("a.pem"),
         "--tls-key".into(),
         pki.arg("a.key"),
+        // HTTP/3 on too: a successor binds its UDP sockets beside its predecessor's.
+        "--http3".into(),
+        "on".into(),
     ];
     let launch = |upgrade: bool| {
         let mut args = serve_args(&a, &sock, upgrade);
