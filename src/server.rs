@@ -11,6 +11,8 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::obtained::Obtained;
+
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
@@ -136,19 +138,7 @@ async fn worker(
                 (Err(e), _) => backoff.failed(&e, "https").await,
                 (Ok(_), None) => {}
             },
-            incoming = accept_quic(&quic) => {
-                // A QUIC connection counts as a TCP one: a slot, a descriptor's worth
-                // of the budget, and its client's cap; refused at once without them.
-                let admitted = proxy.admit_client(incoming.remote_address().ip());
-                match (try_hold(&slots), admitted) {
-                    (Some(held), Ok(client_slot)) => {
-                        let handshakes = Arc::clone(&handshakes);
-                        let held = (held, client_slot);
-                        tokio::spawn(crate::h3_front::serve(incoming, proxy, handshakes, tls_local, held));
-                    }
-                    _ => incoming.refuse(),
-                }
-            }
+            incoming = accept_quic(&quic) => spawn_quic(incoming, proxy, &slots, &handshakes, tls_local),
             _ = shutdown.changed() => break,
         }
     }
@@ -161,6 +151,29 @@ async fn worker(
         // QUIC connections still open end now (`docs/tls.md`, "HTTP/3").
         endpoint.close(0u32.into(), b"stopping");
         let _ = tokio::time::timeout(Duration::from_secs(1), endpoint.wait_idle()).await;
+    }
+}
+
+/// Serves a new QUIC connection on its own task. It counts as a TCP connection does: a
+/// slot, a descriptor's worth of the budget, and its client's cap; refused at once
+/// without them.
+fn spawn_quic(
+    incoming: quinn::Incoming,
+    proxy: &'static Proxy,
+    slots: &Arc<Semaphore>,
+    handshakes: &Arc<crate::h3_front::Handshakes>,
+    local: SocketAddr,
+) {
+    let admitted = proxy.admit_client(incoming.remote_address().ip());
+    match (try_hold(slots), admitted) {
+        (Some(held), Ok(client_slot)) => {
+            let handshakes = Arc::clone(handshakes);
+            let held = (held, client_slot);
+            tokio::spawn(crate::h3_front::serve(
+                incoming, proxy, handshakes, local, held,
+            ));
+        }
+        _ => incoming.refuse(),
     }
 }
 
@@ -935,25 +948,13 @@ fn launch(
         Arc::new(Site::new(&settings.pools, &settings.routes).map_err(|e| format!("routes: {e}"))?);
     site.resolvers.set(settings.resolvers.clone());
     let (shutdown, rx) = watch::channel(false);
-    let obtained = settings
-        .tls
-        .acme
-        .as_ref()
-        .map(|a| Arc::new(crate::obtained::Obtained::new(a.domains.clone())));
+    let obtained = (settings.tls.acme.as_ref()).map(|a| Arc::new(Obtained::new(a.domains.clone())));
     // A successor of an upgrade binds its UDP sockets beside the running process's.
     let probe = !flags.upgrade;
     let (https, tls_listen, tls) =
         https_listeners(settings, listeners.tls, obtained.clone(), probe)?;
     let mut proxy_settings = ProxySettings::from_settings(settings);
-    let first = crate::proxy::PlainFirst {
-        acme: obtained.clone(),
-        redirect_https: tls_listen
-            .filter(|_| settings.tls.redirect_https)
-            .map(|a| a.port()),
-    };
-    if first.acme.is_some() || first.redirect_https.is_some() {
-        proxy_settings.plain_first = Some(Arc::new(first));
-    }
+    proxy_settings.plain_first = plain_first(settings, &obtained, tls_listen);
     let Control {
         spawner,
         traffic,
@@ -1292,6 +1293,22 @@ fn acme_keeper(
     };
     let keeper = crate::acme::Acme::new(settings.clone(), obtained, storage, Arc::clone(&site.hub));
     Ok((keeper, follower))
+}
+
+/// What the plain listener answers before any route (`http-01`, `redirect_https`);
+/// `None` when neither is on.
+fn plain_first(
+    settings: &Settings,
+    obtained: &Option<Arc<crate::obtained::Obtained>>,
+    tls_listen: Option<SocketAddr>,
+) -> Option<Arc<crate::proxy::PlainFirst>> {
+    let first = crate::proxy::PlainFirst {
+        acme: obtained.clone(),
+        redirect_https: tls_listen
+            .filter(|_| settings.tls.redirect_https)
+            .map(|a| a.port()),
+    };
+    (first.acme.is_some() || first.redirect_https.is_some()).then(|| Arc::new(first))
 }
 
 /// How long the start waits for ACME's stored certificate to be read.
