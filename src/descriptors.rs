@@ -74,7 +74,9 @@ impl Drop for Descriptor {
 
 /// A descriptor if one is free now.
 pub(crate) fn try_take() -> Option<Descriptor> {
-    PROCESS.take_one().then_some(Descriptor(()))
+    // `then`, not `then_some`: a `Descriptor` built for nothing would give one back
+    // when dropped, and the budget would let a socket more through each time.
+    PROCESS.take_one().then(|| Descriptor(()))
 }
 
 /// A descriptor, once one is free.
