@@ -18,6 +18,7 @@ use http::Response;
 use http_body::Body as _;
 use http_body_util::BodyExt as _;
 
+use crate::liveness::Stopping;
 use crate::proxy::{ClientBody, Peer, Proxy, RequestHead, RespBody, MAX_HEADER_BYTES};
 
 /// Streams a client may have open at once (HAProxy's and nginx's default for HTTP/3).
@@ -54,13 +55,15 @@ pub(crate) struct Handshakes(AtomicUsize);
 
 /// Takes one new QUIC connection: a Retry first when too many handshakes are in
 /// progress and the client has not proven its address; then the handshake and the
-/// connection's requests until it ends.
+/// connection's requests until it ends, or until the stop (`stop`) has let its
+/// requests in flight finish.
 pub(crate) async fn serve<H: Send>(
     incoming: quinn::Incoming,
     proxy: &'static Proxy,
     handshakes: Arc<Handshakes>,
     local: SocketAddr,
     held: H,
+    stop: Stopping,
 ) {
     if handshakes.0.load(Ordering::Relaxed) >= RETRY_ABOVE && !incoming.remote_address_validated() {
         let _ = incoming.retry();
@@ -89,7 +92,7 @@ pub(crate) async fn serve<H: Send>(
         tls: true,
         local,
     };
-    if let Err(e) = requests(conn, proxy, &peer).await {
+    if let Err(e) = requests(conn, proxy, &peer, &stop).await {
         tracing::debug!(error = %e, peer = %peer_addr, "HTTP/3 connection ended with an error");
     }
     // The connection's slot (`max_connections`, its client's cap) is given back now.
@@ -97,39 +100,115 @@ pub(crate) async fn serve<H: Send>(
 }
 
 /// Serves a connection's requests, each a future polled here, until the client closes
-/// it (or it idles out); requests still running then are dropped.
+/// it (or it idles out: requests still running then are dropped), or until the stop:
+/// then a GOAWAY says no request after those taken will be, those finish, and the
+/// connection is closed. A client that cancels most of its requests (a flood of
+/// resets, as HTTP/2's rapid reset) has its connection closed.
 async fn requests(
     conn: quinn::Connection,
     proxy: &Proxy,
     peer: &Peer,
+    stop: &Stopping,
 ) -> Result<(), h3::error::ConnectionError> {
+    let quic = conn.clone();
     let mut h3 = h3::server::builder()
         .max_field_section_size(MAX_HEADER_BYTES as u64)
         .build::<_, Bytes>(h3_quinn::Connection::new(conn))
         .await?;
     let mut running = FuturesUnordered::new();
+    let mut tally = Tally::default();
+    let mut stop_rx = stop.receiver();
+    let mut stopping = stop.is_stopping();
+    if stopping {
+        h3.shutdown(0).await?;
+    }
     loop {
         tokio::select! {
-            accepted = h3.accept() => match accepted? {
+            accepted = h3.accept(), if !stopping => match accepted? {
                 Some(resolver) => running.push(request(resolver, proxy, peer)),
                 None => break,
             },
-            Some(()) = running.next(), if !running.is_empty() => {}
+            Some(outcome) = running.next(), if !running.is_empty() => {
+                if tally.count(outcome) {
+                    tracing::warn!(peer = %peer.addr, "HTTP/3 client cancelled too many requests; closing its connection");
+                    quic.close(EXCESSIVE_LOAD.into(), b"too many cancelled requests");
+                    return Ok(());
+                }
+            }
+            _ = stop_rx.changed(), if !stopping => {
+                stopping = true;
+                h3.shutdown(0).await?;
+            }
+            else => break,
         }
     }
     while running.next().await.is_some() {}
+    if stopping {
+        // A close drops what the client has not acknowledged yet, the end of the last
+        // answers included: the client may close first, else a few round trips go by.
+        let linger = (quic.rtt() * 4).clamp(LINGER_MIN, LINGER_MAX);
+        let _ = tokio::time::timeout(linger, quic.closed()).await;
+        quic.close(NO_ERROR.into(), b"");
+    }
     Ok(())
+}
+
+/// Bounds on how long a connection closed by the stop waits for its last answers to be
+/// acknowledged.
+const LINGER_MIN: Duration = Duration::from_millis(50);
+const LINGER_MAX: Duration = Duration::from_secs(2);
+
+/// HTTP/3's error codes (RFC 9114, section 8.1) for closing a connection.
+const NO_ERROR: u32 = 0x100;
+const EXCESSIVE_LOAD: u32 = 0x107;
+
+/// How a request ended, as far as the connection's health goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    /// Its answer went out whole.
+    Answered,
+    /// The client reset it or stopped its answer first.
+    Cancelled,
+    /// Anything else (a refused head, a slow reader cut off).
+    Other,
+}
+
+/// A connection's answered and cancelled requests.
+#[derive(Debug, Default)]
+struct Tally {
+    answered: u64,
+    cancelled: u64,
+}
+
+impl Tally {
+    /// Counts `outcome`; true once the client has cancelled more requests than one
+    /// connection may have open at once and than it let be answered: a flood of
+    /// resets, not a client that gave up on a few.
+    fn count(&mut self, outcome: Outcome) -> bool {
+        match outcome {
+            Outcome::Answered => self.answered += 1,
+            Outcome::Cancelled => self.cancelled += 1,
+            Outcome::Other => {}
+        }
+        self.cancelled > u64::from(MAX_STREAMS) && self.cancelled > self.answered
+    }
+}
+
+/// Whether `e` is the client's reset of the stream (or its STOP_SENDING).
+fn cancelled(e: &h3::error::StreamError) -> bool {
+    matches!(e, h3::error::StreamError::RemoteTerminate { .. })
 }
 
 type Resolver = h3::server::RequestResolver<h3_quinn::Connection, Bytes>;
 
 /// One request: its head and body into the request path, its answer back.
-async fn request(resolver: Resolver, proxy: &Proxy, peer: &Peer) {
+async fn request(resolver: Resolver, proxy: &Proxy, peer: &Peer) -> Outcome {
     let (req, stream) = match resolver.resolve_request().await {
         Ok(r) => r,
+        Err(e) if cancelled(&e) => return Outcome::Cancelled,
         Err(e) => {
             tracing::debug!(error = %e, peer = %peer.addr, "HTTP/3 request refused");
-            return;
+            return Outcome::Other;
         }
     };
     let (mut send, recv) = stream.split();
@@ -155,11 +234,16 @@ async fn request(resolver: Resolver, proxy: &Proxy, peer: &Peer) {
             Ok(Err(e)) => Err(e),
             Err(_) => {
                 send.stop_stream(h3::error::Code::H3_REQUEST_CANCELLED);
-                return;
+                return Outcome::Other;
             }
         };
-    if let Err(e) = sent {
-        tracing::debug!(error = %e, peer = %peer.addr, "HTTP/3 answer not sent whole");
+    match sent {
+        Ok(()) => Outcome::Answered,
+        Err(e) if cancelled(&e) => Outcome::Cancelled,
+        Err(e) => {
+            tracing::debug!(error = %e, peer = %peer.addr, "HTTP/3 answer not sent whole");
+            Outcome::Other
+        }
     }
 }
 

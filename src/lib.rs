@@ -42,6 +42,7 @@ pub(crate) mod obtained;
 pub mod pool;
 pub(crate) mod proxy;
 pub(crate) mod proxy_protocol;
+pub(crate) mod quic;
 pub(crate) mod rate_limit;
 pub(crate) mod recycle;
 pub(crate) mod reload;

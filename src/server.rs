@@ -138,7 +138,7 @@ async fn worker(
                 (Err(e), _) => backoff.failed(&e, "https").await,
                 (Ok(_), None) => {}
             },
-            incoming = accept_quic(&quic) => spawn_quic(incoming, proxy, &slots, &handshakes, tls_local),
+            incoming = accept_quic(&quic) => conns.spawn_quic(incoming, &slots, &handshakes, tls_local),
             _ = shutdown.changed() => break,
         }
     }
@@ -146,34 +146,15 @@ async fn worker(
     drop(waiting);
     drop(listener);
     drop(https);
+    // At an upgrade the UDP socket is the new process's from now on: QUIC connections
+    // are closed at once; at a stop they finish their requests as TCP ones do
+    // (`docs/tls.md`, "HTTP/3").
+    if let Some(endpoint) = quic.as_ref().filter(|_| conns.stop.is_handed_over()) {
+        endpoint.hand_over();
+    }
     conns.drain().await;
     if let Some(endpoint) = quic {
-        // QUIC connections still open end now (`docs/tls.md`, "HTTP/3").
-        endpoint.close(0u32.into(), b"stopping");
-        let _ = tokio::time::timeout(Duration::from_secs(1), endpoint.wait_idle()).await;
-    }
-}
-
-/// Serves a new QUIC connection on its own task. It counts as a TCP connection does: a
-/// slot, a descriptor's worth of the budget, and its client's cap; refused at once
-/// without them.
-fn spawn_quic(
-    incoming: quinn::Incoming,
-    proxy: &'static Proxy,
-    slots: &Arc<Semaphore>,
-    handshakes: &Arc<crate::h3_front::Handshakes>,
-    local: SocketAddr,
-) {
-    let admitted = proxy.admit_client(incoming.remote_address().ip());
-    match (try_hold(slots), admitted) {
-        (Some(held), Ok(client_slot)) => {
-            let handshakes = Arc::clone(handshakes);
-            let held = (held, client_slot);
-            tokio::spawn(crate::h3_front::serve(
-                incoming, proxy, handshakes, local, held,
-            ));
-        }
-        _ => incoming.refuse(),
+        endpoint.close().await;
     }
 }
 
@@ -190,17 +171,11 @@ pub(crate) struct HttpsListener {
 impl HttpsListener {
     /// The listener on this worker's runtime, and its QUIC endpoint (none if it cannot
     /// be made: TLS over TCP serves on).
-    fn into_tokio(self) -> std::io::Result<(Https1, Option<quinn::Endpoint>)> {
+    fn into_tokio(self) -> std::io::Result<(Https1, Option<crate::quic::Endpoint>)> {
         let quic = self.quic.and_then(|(socket, config)| {
-            let runtime = Arc::new(quinn::TokioRuntime);
-            quinn::Endpoint::new(
-                quinn::EndpointConfig::default(),
-                Some(config),
-                socket,
-                runtime,
-            )
-            .inspect_err(|e| tracing::error!(error = %e, "cannot serve HTTP/3 on this worker"))
-            .ok()
+            crate::quic::Endpoint::new(socket, config)
+                .inspect_err(|e| tracing::error!(error = %e, "cannot serve HTTP/3 on this worker"))
+                .ok()
         });
         Ok(((TcpListener::from_std(self.listener)?, self.tls), quic))
     }
@@ -210,7 +185,7 @@ impl HttpsListener {
 type Https1 = (TcpListener, Arc<crate::tls::Tls>);
 
 /// The next QUIC connection; never, without HTTP/3 (or once its endpoint is closed).
-async fn accept_quic(quic: &Option<quinn::Endpoint>) -> quinn::Incoming {
+async fn accept_quic(quic: &Option<crate::quic::Endpoint>) -> quinn::Incoming {
     match quic {
         Some(e) => match e.accept().await {
             Some(incoming) => incoming,
@@ -299,6 +274,34 @@ impl Connections {
                 None
             }
             None => Some(a),
+        }
+    }
+
+    /// Serves a new QUIC connection on its own task. It counts as a TCP connection does:
+    /// a slot, a descriptor's worth of the budget, and its client's cap (refused at once
+    /// without them), and the drain waits for it.
+    fn spawn_quic(
+        &self,
+        incoming: quinn::Incoming,
+        slots: &Arc<Semaphore>,
+        handshakes: &Arc<crate::h3_front::Handshakes>,
+        local: SocketAddr,
+    ) {
+        let admitted = self.proxy.admit_client(incoming.remote_address().ip());
+        match (try_hold(slots), admitted) {
+            (Some(held), Ok(client_slot)) => {
+                let handshakes = Arc::clone(handshakes);
+                let held = (held, client_slot, Arc::clone(&self.live));
+                tokio::spawn(crate::h3_front::serve(
+                    incoming,
+                    self.proxy,
+                    handshakes,
+                    local,
+                    held,
+                    self.stop.clone(),
+                ));
+            }
+            _ => incoming.refuse(),
         }
     }
 
@@ -949,10 +952,8 @@ fn launch(
     site.resolvers.set(settings.resolvers.clone());
     let (shutdown, rx) = watch::channel(false);
     let obtained = (settings.tls.acme.as_ref()).map(|a| Arc::new(Obtained::new(a.domains.clone())));
-    // A successor of an upgrade binds its UDP sockets beside the running process's.
-    let probe = !flags.upgrade;
     let (https, tls_listen, tls) =
-        https_listeners(settings, listeners.tls, obtained.clone(), probe)?;
+        https_listeners(settings, listeners.tls, listeners.quic, obtained.clone())?;
     let mut proxy_settings = ProxySettings::from_settings(settings);
     proxy_settings.plain_first = plain_first(settings, &obtained, tls_listen);
     let Control {
@@ -1175,7 +1176,7 @@ fn open_listeners(
         (Some(path), true) => path,
         _ => return Ok((bind_listeners(settings)?, None)),
     };
-    let (listeners, successor) = crate::upgrade::inherit(path)?;
+    let (mut listeners, successor) = crate::upgrade::inherit(path)?;
     same_address(&listeners.proxy[0], settings.listen, "listen")?;
     same_address(&listeners.admin, settings.admin, "admin")?;
     match (settings.tls.listen, listeners.tls.first()) {
@@ -1198,6 +1199,8 @@ fn open_listeners(
             listeners.proxy.len()
         );
     }
+    let kept = std::mem::take(&mut listeners.quic);
+    listeners.quic = udp_sockets(settings, &listeners.tls, kept)?;
     Ok((listeners, Some(successor)))
 }
 
@@ -1209,10 +1212,41 @@ fn bind_listeners(settings: &Settings) -> Result<Listeners, String> {
             .map_err(|e| format!("cannot listen on {addr} (tls_listen): {e}"))?,
         None => Vec::new(),
     };
+    let quic = udp_sockets(settings, &tls, Vec::new())?;
     let admin = bind_workers(settings.admin, 1)
         .map(|mut v| v.remove(0))
         .map_err(|e| format!("cannot listen on {} (admin): {e}", settings.admin))?;
-    Ok(Listeners { proxy, tls, admin })
+    Ok(Listeners {
+        proxy,
+        tls,
+        quic,
+        admin,
+    })
+}
+
+/// With `http3`, one UDP socket per HTTPS listener on its port: those `kept` (received
+/// at an upgrade), else new ones, first checked for a socket already there (this
+/// process's kind or not). Those beyond one per HTTPS listener are closed; without
+/// `http3` there are none, and any received are closed.
+fn udp_sockets(
+    settings: &Settings,
+    tls: &[std::net::TcpListener],
+    kept: Vec<std::net::UdpSocket>,
+) -> Result<Vec<std::net::UdpSocket>, String> {
+    let Some(first) = tls.first().filter(|_| settings.tls.http3) else {
+        return Ok(Vec::new());
+    };
+    let addr = first
+        .local_addr()
+        .map_err(|e| format!("https listener: {e}"))?;
+    let probe = kept.is_empty();
+    let mut sockets = kept;
+    let more = tls.len().saturating_sub(sockets.len());
+    sockets.extend(
+        crate::listeners::bind_udp_workers(addr, more, probe)
+            .map_err(|e| format!("cannot listen on {addr} (http3, udp): {e}"))?,
+    );
+    Ok(sockets)
 }
 
 /// The workers' HTTPS listeners with the certificates they serve, their address, and
@@ -1226,8 +1260,8 @@ type Https = (
 fn https_listeners(
     settings: &Settings,
     sockets: Vec<std::net::TcpListener>,
+    udp: Vec<std::net::UdpSocket>,
     obtained: Option<Arc<crate::obtained::Obtained>>,
-    probe: bool,
 ) -> Result<Https, String> {
     if settings.tls.listen.is_none() || sockets.is_empty() {
         return Ok((Vec::new(), None, None));
@@ -1236,9 +1270,9 @@ fn https_listeners(
     let addr = sockets[0]
         .local_addr()
         .map_err(|e| format!("https listener: {e}"))?;
-    let mut quic = match settings.tls.http3 {
-        true => quic_sockets(&tls, addr, sockets.len(), probe)?,
-        false => Vec::new(),
+    let mut quic = match udp.is_empty() {
+        false => quic_endpoints(&tls, addr, udp)?,
+        true => Vec::new(),
     }
     .into_iter();
     let https = sockets
@@ -1252,16 +1286,13 @@ fn https_listeners(
     Ok((https, Some(addr), Some(tls)))
 }
 
-/// One UDP socket per worker on the HTTPS listener's port, with QUIC's settings; from
+/// The workers' UDP sockets on the HTTPS listener's port, with QUIC's settings; from
 /// now on answers over TLS say `Alt-Svc`.
-fn quic_sockets(
+fn quic_endpoints(
     tls: &crate::tls::Tls,
     addr: SocketAddr,
-    workers: usize,
-    probe: bool,
+    sockets: Vec<std::net::UdpSocket>,
 ) -> Result<Vec<(std::net::UdpSocket, quinn::ServerConfig)>, String> {
-    let sockets = crate::listeners::bind_udp_workers(addr, workers, probe)
-        .map_err(|e| format!("cannot listen on {addr} (http3, udp): {e}"))?;
     let mut config = quinn::ServerConfig::with_crypto(tls.quic_crypto()?);
     config.transport_config(Arc::new(crate::h3_front::transport()));
     // Each worker's socket gets a client's packets by their addresses: a client that

@@ -14,8 +14,8 @@
 
 use std::io::{IoSlice, IoSliceMut, Read, Write};
 use std::mem::MaybeUninit;
-use std::net::TcpListener;
-use std::os::fd::{AsFd, OwnedFd};
+use std::net::{TcpListener, UdpSocket};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -49,6 +49,8 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 enum Role {
     Proxy,
     Tls,
+    /// A worker's UDP socket on the TLS port (HTTP/3).
+    Quic,
     Admin,
 }
 
@@ -57,6 +59,7 @@ impl Role {
         match self {
             Role::Proxy => "proxy",
             Role::Tls => "tls",
+            Role::Quic => "quic",
             Role::Admin => "admin",
         }
     }
@@ -65,6 +68,7 @@ impl Role {
         match s {
             "proxy" => Some(Role::Proxy),
             "tls" => Some(Role::Tls),
+            "quic" => Some(Role::Quic),
             "admin" => Some(Role::Admin),
             _ => None,
         }
@@ -78,6 +82,8 @@ pub(crate) struct Listeners {
     pub(crate) proxy: Vec<TcpListener>,
     /// One per worker on the HTTPS address (`tls_listen`), or none.
     pub(crate) tls: Vec<TcpListener>,
+    /// One per worker on the HTTPS port with `http3`, or none.
+    pub(crate) quic: Vec<UdpSocket>,
     /// The admin API's.
     pub(crate) admin: TcpListener,
 }
@@ -96,16 +102,22 @@ impl Listeners {
                 .iter()
                 .map(TcpListener::try_clone)
                 .collect::<Result<_, _>>()?,
+            quic: self
+                .quic
+                .iter()
+                .map(UdpSocket::try_clone)
+                .collect::<Result<_, _>>()?,
             admin: self.admin.try_clone()?,
         })
     }
 
-    fn roles(&self) -> impl Iterator<Item = (Role, &TcpListener)> {
+    fn roles(&self) -> impl Iterator<Item = (Role, BorrowedFd<'_>)> {
         self.proxy
             .iter()
-            .map(|l| (Role::Proxy, l))
-            .chain(self.tls.iter().map(|l| (Role::Tls, l)))
-            .chain(std::iter::once((Role::Admin, &self.admin)))
+            .map(|l| (Role::Proxy, l.as_fd()))
+            .chain(self.tls.iter().map(|l| (Role::Tls, l.as_fd())))
+            .chain(self.quic.iter().map(|s| (Role::Quic, s.as_fd())))
+            .chain(std::iter::once((Role::Admin, self.admin.as_fd())))
     }
 }
 
@@ -165,22 +177,30 @@ fn decode(text: &str, fds: Vec<OwnedFd>) -> Result<Listeners, String> {
             fds.len()
         ));
     }
-    let (mut proxy, mut tls) = (Vec::new(), Vec::new());
+    let (mut proxy, mut tls, mut quic) = (Vec::new(), Vec::new(), Vec::new());
     let mut admin = None;
     for (name, fd) in roles.into_iter().zip(fds) {
-        let listener = TcpListener::from(fd);
-        listener
-            .set_nonblocking(true)
-            .map_err(|e| format!("socket {name}: {e}"))?;
-        match Role::parse(name) {
-            Some(Role::Proxy) => proxy.push(listener),
-            Some(Role::Tls) => tls.push(listener),
-            Some(Role::Admin) => admin = Some(listener),
-            None => return Err(format!("unknown socket role {name:?}")),
+        let role = Role::parse(name).ok_or_else(|| format!("unknown socket role {name:?}"))?;
+        let nonblocking = |fd: OwnedFd| {
+            rustix::io::ioctl_fionbio(&fd, true)
+                .map(|()| fd)
+                .map_err(|e| format!("socket {name}: {e}"))
+        };
+        let fd = nonblocking(fd)?;
+        match role {
+            Role::Proxy => proxy.push(TcpListener::from(fd)),
+            Role::Tls => tls.push(TcpListener::from(fd)),
+            Role::Quic => quic.push(UdpSocket::from(fd)),
+            Role::Admin => admin = Some(TcpListener::from(fd)),
         }
     }
     match admin {
-        Some(admin) if !proxy.is_empty() => Ok(Listeners { proxy, tls, admin }),
+        Some(admin) if !proxy.is_empty() => Ok(Listeners {
+            proxy,
+            tls,
+            quic,
+            admin,
+        }),
         _ => Err("the hand-over lacks the proxy or the admin socket".into()),
     }
 }
@@ -358,7 +378,7 @@ impl Handover {
             text.push_str(role.name());
         }
         text.push('\n');
-        let fds: Vec<_> = self.sockets.roles().map(|(_, l)| l.as_fd()).collect();
+        let fds: Vec<_> = self.sockets.roles().map(|(_, fd)| fd).collect();
         let send = || {
             let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(fds.len()))];
             let mut control = SendAncillaryBuffer::new(&mut space);

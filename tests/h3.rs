@@ -16,6 +16,15 @@ type Sender = h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>;
 
 /// An HTTP/3 connection to `addr` for `name`, trusting `ca`.
 async fn h3_client(addr: std::net::SocketAddr, name: &str, ca: &CertificateDer<'static>) -> Sender {
+    h3_connection(addr, name, ca).await.0
+}
+
+/// An HTTP/3 connection and its QUIC connection (to see how it was closed).
+async fn h3_connection(
+    addr: std::net::SocketAddr,
+    name: &str,
+    ca: &CertificateDer<'static>,
+) -> (Sender, quinn::Connection) {
     let mut roots = rustls::RootCertStore::empty();
     roots.add(ca.clone()).unwrap();
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -33,6 +42,7 @@ async fn h3_client(addr: std::net::SocketAddr, name: &str, ca: &CertificateDer<'
         .unwrap()
         .await
         .expect("QUIC handshake");
+    let quic = conn.clone();
     let (mut driver, send) = h3::client::new(h3_quinn::Connection::new(conn))
         .await
         .unwrap();
@@ -40,7 +50,26 @@ async fn h3_client(addr: std::net::SocketAddr, name: &str, ca: &CertificateDer<'
         let _ = std::future::poll_fn(|cx| driver.poll_close(cx)).await;
         drop(endpoint);
     });
-    send
+    (send, quic)
+}
+
+/// The HTTP/3 error code `conn` was closed with, within 10 s.
+async fn close_code(conn: &quinn::Connection) -> Option<u64> {
+    let closed = tokio::time::timeout(Duration::from_secs(10), conn.closed()).await;
+    match closed {
+        Ok(quinn::ConnectionError::ApplicationClosed(c)) => Some(c.error_code.into_inner()),
+        _ => None,
+    }
+}
+
+/// The resident set of process `pid`, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
 }
 
 /// One request over `send`: status, headers and the whole body.
@@ -231,4 +260,112 @@ fn http3_without_tls_listen_or_on_a_taken_udp_port_exits_2() {
     assert!(err.contains("http3, udp") && err.contains(&listen), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     drop(taken);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_a_stop_an_h3_request_in_flight_finishes_and_its_connection_closes_cleanly() {
+    let pki = Pki::new("h3-stop");
+    pki.leaf("a", &["a.test"]);
+    let a = TestBackend::start("A");
+    let (mut f, addr) = h3_fulcrum(&pki, "stop", &["--backend", &a.spec()]);
+    let (mut h3, quic) = h3_connection(addr, "a.test", &pki.ca_der()).await;
+    let mut slow = h3.clone();
+    let in_flight = tokio::spawn(async move {
+        h3_request(&mut slow, "GET", "https://a.test/sleep/800", None).await
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    f.signal("TERM");
+    let (status, _, body) = in_flight.await.unwrap();
+    assert_eq!(
+        (status, &body[..]),
+        (200, &b"A"[..]),
+        "the request in flight is answered"
+    );
+    // GOAWAY, then the close once nothing is in flight: HTTP/3's NO_ERROR.
+    assert_eq!(close_code(&quic).await, Some(0x100));
+    let refused = h3
+        .send_request(http::Request::get("https://a.test/").body(()).unwrap())
+        .await;
+    assert!(refused.is_err(), "no new request after the stop");
+    let st = tokio::task::block_in_place(|| f.wait_exit(Duration::from_secs(10)));
+    assert_eq!(st.and_then(|s| s.code()), Some(0), "{}", f.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_hands_the_udp_socket_over_and_closes_open_quic_connections() {
+    let pki = Pki::new("h3-upgrade");
+    pki.leaf("a", &["a.test"]);
+    let a = TestBackend::start("A");
+    let dir = std::env::temp_dir().join(format!("fulcrum-h3-upgrade-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let sock = dir.join("upgrade.sock");
+    let base = [
+        "--backend",
+        &a.spec(),
+        "--upgrade-socket",
+        sock.to_str().unwrap(),
+        "--workers",
+        "2",
+    ];
+    let (mut old, addr) = h3_fulcrum(&pki, "upgrade-old", &base);
+    let (mut h3, quic) = h3_connection(addr, "a.test", &pki.ca_der()).await;
+    let (status, _, _) = h3_request(&mut h3, "GET", "https://a.test/", None).await;
+    assert_eq!(status, 200);
+    let (new, new_addr) = h3_fulcrum(&pki, "upgrade-new", &[&base[..], &["--upgrade"]].concat());
+    assert_eq!(new_addr, addr, "the same port");
+    let st = tokio::task::block_in_place(|| old.wait_exit(Duration::from_secs(15)));
+    assert_eq!(st.and_then(|s| s.code()), Some(0), "{}", old.log());
+    // The connection open at the hand-over was closed by the old process, saying so.
+    assert_eq!(close_code(&quic).await, Some(0x100));
+    // New connections, on the same UDP port, are the new process's.
+    for _ in 0..3 {
+        let mut h3 = h3_client(addr, "a.test", &pki.ca_der()).await;
+        let (status, _, body) = h3_request(&mut h3, "GET", "https://a.test/", None).await;
+        assert_eq!((status, &body[..]), (200, &b"A"[..]));
+    }
+    assert!(new.log().contains("upgrade: serving"), "{}", new.log());
+}
+
+/// A client that opens streams and cancels each at once (HTTP/3's rapid reset): its
+/// connection is closed with H3_EXCESSIVE_LOAD, the backend sees few of its requests,
+/// memory does not follow, and other clients are served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h3_flood_of_cancelled_streams_closes_its_connection() {
+    let pki = Pki::new("h3-resets");
+    pki.leaf("a", &["a.test"]);
+    let a = TestBackend::start("A");
+    let (f, addr) = h3_fulcrum(
+        &pki,
+        "resets",
+        &["--backend", &a.spec(), "--access-log", "off"],
+    );
+    let (mut h3, quic) = h3_connection(addr, "a.test", &pki.ca_der()).await;
+    let before = rss_kib(f.child.id());
+    let streams = 5_000;
+    let mut opened = 0;
+    for _ in 0..streams {
+        let req = http::Request::get("https://a.test/").body(()).unwrap();
+        let Ok(mut s) = h3.send_request(req).await else {
+            break;
+        };
+        s.stop_stream(h3::error::Code::H3_REQUEST_CANCELLED);
+        s.stop_sending(h3::error::Code::H3_REQUEST_CANCELLED);
+        opened += 1;
+    }
+    assert!(
+        opened < streams,
+        "all {streams} streams opened: never cut off"
+    );
+    assert_eq!(close_code(&quic).await, Some(0x107), "H3_EXCESSIVE_LOAD");
+    assert!(
+        a.requests() < 300,
+        "{} of {opened} cancelled streams reached the backend",
+        a.requests()
+    );
+    let grown = rss_kib(f.child.id()).saturating_sub(before);
+    assert!(grown < 16 * 1024, "RSS grew by {grown} KiB");
+    let mut other = h3_client(addr, "a.test", &pki.ca_der()).await;
+    let (status, _, _) = h3_request(&mut other, "GET", "https://a.test/", None).await;
+    assert_eq!(status, 200);
 }

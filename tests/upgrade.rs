@@ -321,7 +321,7 @@ fn an_upgrade_under_tls_load_fails_no_handshake() {
         pki.arg("a.pem"),
         "--tls-key".into(),
         pki.arg("a.key"),
-        // HTTP/3 on too: a successor binds its UDP sockets beside its predecessor's.
+        // HTTP/3 on too: the UDP sockets are handed over with the TCP ones.
         "--http3".into(),
         "on".into(),
     ];

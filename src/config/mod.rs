@@ -534,8 +534,10 @@ fn check_store(s: &Settings, flags: &RawFlags, errors: &mut Vec<ConfigError>) {
 
 /// Checks that concern several settings at once.
 fn check_whole(s: &Settings, flags: &RawFlags, errors: &mut Vec<ConfigError>) {
-    // Each worker has a plain socket, and a TLS one with tls_listen.
-    let per_worker = 1 + usize::from(s.tls.listen.is_some());
+    // Each worker has a plain socket, a TLS one with tls_listen, a UDP one with http3.
+    let per_worker = 1
+        + usize::from(s.tls.listen.is_some())
+        + usize::from(s.tls.listen.is_some() && s.tls.http3);
     let most = (MAX_SOCKETS - 1) / per_worker;
     if s.upgrade_socket.is_some() && s.workers > most {
         errors.push(ConfigError {
