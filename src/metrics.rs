@@ -267,7 +267,23 @@ fn encode_proxy_wide(enc: &mut DescriptorEncoder, site: &Site) -> Result<(), std
     ] {
         counter(enc, name, help, v.load(Relaxed))?;
     }
+    encode_protocols(enc)?;
     encode_routing(enc, &site.routing())
+}
+
+/// Requests by the client's protocol (`h1`, `h2`, `h3`).
+fn encode_protocols(enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    let mut m = enc.encode_descriptor(
+        "fulcrum_client_requests",
+        "Requests by the protocol the client spoke (h1, h2, h3).",
+        None,
+        MetricType::Counter,
+    )?;
+    let totals = crate::stats::protocol_totals();
+    for (name, n) in crate::stats::PROTOCOLS.iter().zip(totals) {
+        ConstCounter::new(n).encode(m.encode_family(&[("protocol", *name)])?)?;
+    }
+    Ok(())
 }
 
 /// The route counters, the first pool's strategy (the single-pool series) and each

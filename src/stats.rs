@@ -267,3 +267,54 @@ mod tests {
         assert!(!s.sample(t0 + Duration::from_secs(5)));
     }
 }
+
+/// The client protocols requests arrive over, as metrics, logs and events name them.
+pub(crate) const PROTOCOLS: [&str; 3] = ["h1", "h2", "h3"];
+
+/// The index in [`PROTOCOLS`] of a request of `version`.
+pub(crate) fn protocol_index(version: http::Version) -> usize {
+    match version {
+        http::Version::HTTP_2 => 1,
+        http::Version::HTTP_3 => 2,
+        _ => 0,
+    }
+}
+
+/// Requests by client protocol, counted by each thread in cells of its own (one writer
+/// each: a load and a store, no cache line shared between workers on the request path)
+/// and summed when read.
+mod by_protocol {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    type Cells = [AtomicU64; super::PROTOCOLS.len()];
+
+    /// Every thread's cells (a thread that ends leaves its counts here).
+    static ALL: Mutex<Vec<Arc<Cells>>> = Mutex::new(Vec::new());
+
+    thread_local! {
+        static MINE: Arc<Cells> = {
+            let cells = Arc::new(Cells::default());
+            ALL.lock().unwrap_or_else(|e| e.into_inner()).push(Arc::clone(&cells));
+            cells
+        };
+    }
+
+    /// Adds one request of protocol `i`.
+    pub(crate) fn count(i: usize) {
+        MINE.with(|cells| {
+            if let Some(c) = cells.get(i) {
+                // This thread is the cell's only writer.
+                c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+            }
+        });
+    }
+
+    /// Requests so far, by protocol.
+    pub(crate) fn totals() -> [u64; super::PROTOCOLS.len()] {
+        let all = ALL.lock().unwrap_or_else(|e| e.into_inner());
+        std::array::from_fn(|i| all.iter().map(|c| c[i].load(Ordering::Relaxed)).sum())
+    }
+}
+
+pub(crate) use by_protocol::{count as count_protocol, totals as protocol_totals};

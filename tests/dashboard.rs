@@ -374,7 +374,7 @@ fn dashboard_shows_the_certificates() {
         "certs",
         &format!(
             "listen = \"127.0.0.1:{http}\"\ntls_listen = \"127.0.0.1:{https}\"\n\
-             [[tls.certs]]\ncert = \"{}\"\nkey = \"{}\"\n\
+             [tls]\nhttp3 = true\n[[tls.certs]]\ncert = \"{}\"\nkey = \"{}\"\n\
              [tls.acme]\ndirectory = \"{}\"\nca_file = \"{}\"\ndomains = [\"a.acme.test\"]\nstorage = \"{}\"\n",
             pki.arg("file.pem"),
             pki.arg("file.key"),
@@ -388,6 +388,33 @@ fn dashboard_shows_the_certificates() {
         &["--config", cfg.to_str().unwrap()],
     );
     common::acme::wait_for_cert(&f, None, Duration::from_secs(20));
+    // Requests over HTTP/1.1 and HTTP/3, for the protocol mix.
+    let a = TestBackend::start("A");
+    let added = raw_exchange(
+        f.admin,
+        format!(
+            "POST /admin/backends HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{{\"url\":\"{}\"}}",
+            a.url().len() + 10,
+            a.url()
+        )
+        .as_bytes(),
+        Duration::from_secs(5),
+    );
+    assert!(added.starts_with("HTTP/1.1 201"), "{added}");
+    let plain = raw_exchange(
+        f.proxy,
+        b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+        Duration::from_secs(5),
+    );
+    assert!(plain.starts_with("HTTP/1.1 200"), "{plain}");
+    let over_h3 = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let addr = format!("127.0.0.1:{https}").parse().unwrap();
+        let mut h3 = common::h3::h3_client(addr, "file.test", &pki.ca_der()).await;
+        common::h3::h3_request(&mut h3, "GET", "https://file.test/", None)
+            .await
+            .0
+    });
+    assert_eq!(over_h3, 200);
     run_tour(f.admin, None, "certs");
     publish_screenshots(&["dashboard-certificates.png"]);
 }

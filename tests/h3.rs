@@ -3,55 +3,13 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Buf as _, Bytes};
-use rustls::pki_types::CertificateDer;
 
+use common::h3::*;
 use common::tls::*;
 use common::*;
-
-type Sender = h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>;
-
-/// An HTTP/3 connection to `addr` for `name`, trusting `ca`.
-async fn h3_client(addr: std::net::SocketAddr, name: &str, ca: &CertificateDer<'static>) -> Sender {
-    h3_connection(addr, name, ca).await.0
-}
-
-/// An HTTP/3 connection and its QUIC connection (to see how it was closed).
-async fn h3_connection(
-    addr: std::net::SocketAddr,
-    name: &str,
-    ca: &CertificateDer<'static>,
-) -> (Sender, quinn::Connection) {
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(ca.clone()).unwrap();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    tls.alpn_protocols = vec![b"h3".to_vec()];
-    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
-    let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
-    endpoint.set_default_client_config(quinn::ClientConfig::new(Arc::new(crypto)));
-    let conn = endpoint
-        .connect(addr, name)
-        .unwrap()
-        .await
-        .expect("QUIC handshake");
-    let quic = conn.clone();
-    let (mut driver, send) = h3::client::new(h3_quinn::Connection::new(conn))
-        .await
-        .unwrap();
-    tokio::spawn(async move {
-        let _ = std::future::poll_fn(|cx| driver.poll_close(cx)).await;
-        drop(endpoint);
-    });
-    (send, quic)
-}
 
 /// The HTTP/3 error code `conn` was closed with, within 10 s.
 async fn close_code(conn: &quinn::Connection) -> Option<u64> {
@@ -70,36 +28,6 @@ fn rss_kib(pid: u32) -> u64 {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap()
-}
-
-/// One request over `send`: status, headers and the whole body.
-async fn h3_request(
-    send: &mut Sender,
-    method: &str,
-    url: &str,
-    body: Option<Bytes>,
-) -> (u16, http::HeaderMap, Vec<u8>) {
-    let mut req = http::Request::builder().method(method).uri(url);
-    if let Some(b) = &body {
-        req = req.header("content-length", b.len());
-    }
-    let mut stream = send.send_request(req.body(()).unwrap()).await.unwrap();
-    if let Some(b) = body {
-        // In pieces, as a client streams an upload.
-        for chunk in b.chunks(64 * 1024) {
-            stream
-                .send_data(Bytes::copy_from_slice(chunk))
-                .await
-                .unwrap();
-        }
-    }
-    stream.finish().await.unwrap();
-    let rsp = stream.recv_response().await.unwrap();
-    let mut got = Vec::new();
-    while let Some(mut chunk) = stream.recv_data().await.unwrap() {
-        got.extend_from_slice(&chunk.copy_to_bytes(chunk.remaining()));
-    }
-    (rsp.status().as_u16(), rsp.headers().clone(), got)
 }
 
 fn h3_fulcrum(pki: &Pki, tag: &str, extra: &[&str]) -> (Fulcrum, std::net::SocketAddr) {
@@ -184,8 +112,21 @@ async fn an_h3_get_and_a_10_mb_post_arrive_whole_and_tls_answers_advertise_h3() 
     let (status, _, body) = h3_request(&mut h3, "HEAD", "https://a.test/hello", None).await;
     assert_eq!(status, 200);
     assert!(body.is_empty());
-    let line = f.log_line(&["path=/echo", "status=200"], Duration::from_secs(3));
-    assert!(line.is_some(), "the access log has it:\n{}", f.log());
+    let line = f.log_line(
+        &["protocol=h3", "path=/echo", "status=200"],
+        Duration::from_secs(3),
+    );
+    assert!(line.is_some(), "the access log names h3:\n{}", f.log());
+    // The metrics and the status count requests by protocol.
+    let c = client();
+    let metrics = get(&c, &f.admin_url("/metrics")).await.text();
+    let h3_count = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("fulcrum_client_requests_total{protocol=\"h3\"} "))
+        .and_then(|n| n.parse::<u64>().ok());
+    assert!(h3_count.is_some_and(|n| n >= 4), "{metrics}");
+    let status = get(&c, &f.admin_url("/admin/status")).await.json();
+    assert!(status["protocols"]["h3"].as_u64() >= Some(4), "{status}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -349,8 +290,8 @@ async fn an_h3_flood_of_cancelled_streams_closes_its_connection() {
         let Ok(mut s) = h3.send_request(req).await else {
             break;
         };
-        s.stop_stream(h3::error::Code::H3_REQUEST_CANCELLED);
-        s.stop_sending(h3::error::Code::H3_REQUEST_CANCELLED);
+        s.stop_stream(::h3::error::Code::H3_REQUEST_CANCELLED);
+        s.stop_sending(::h3::error::Code::H3_REQUEST_CANCELLED);
         opened += 1;
     }
     assert!(

@@ -203,8 +203,16 @@ async fn status(State(ctx): State<AdminCtx>) -> ApiResult<Json<serde_json::Value
     let first = ctx.first()?;
     let backends = views(&first);
     let pools = pools::views(&ctx.site);
-    let mut body =
-        json!({ "strategy": first.strategy().name(), "backends": backends, "pools": pools });
+    let protocols: serde_json::Map<String, serde_json::Value> = (crate::stats::PROTOCOLS.iter())
+        .zip(crate::stats::protocol_totals())
+        .map(|(name, n)| (name.to_string(), n.into()))
+        .collect();
+    let mut body = json!({
+        "strategy": first.strategy().name(),
+        "backends": backends,
+        "pools": pools,
+        "protocols": protocols,
+    });
     if let Some(f) = &ctx.fleet {
         body["store"] = fleet::status(f);
     }

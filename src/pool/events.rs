@@ -134,5 +134,7 @@ pub(crate) enum Event {
         path: String,
         /// Retries it took.
         retries: u32,
+        /// The client's protocol: `h1`, `h2` or `h3`.
+        protocol: &'static str,
     },
 }

@@ -101,7 +101,6 @@ impl PlainFirst {
 /// answer.
 fn combined_fields(head: &RequestHead) -> Box<record::Combined> {
     Box::new(record::Combined {
-        version: head.version,
         referer: head.field(&header::REFERER),
         user_agent: head.field(&header::USER_AGENT),
         bytes: None,
@@ -570,6 +569,7 @@ impl Proxy {
                     .cloned()
                     .unwrap_or_else(|| PathAndQuery::from_static("/")),
                 client: peer.addr.ip(),
+                version: head.version,
                 status: 0,
                 upstream: None,
                 retries: 0,

@@ -23,6 +23,8 @@ pub(crate) struct Finish {
     pub(crate) path: PathAndQuery,
     /// The client (the connection's peer).
     pub(crate) client: IpAddr,
+    /// The client's protocol version.
+    pub(crate) version: http::Version,
     /// Status sent to the client.
     pub(crate) status: u16,
     /// From sending the request upstream until the response headers arrived.
@@ -38,8 +40,6 @@ pub(crate) struct Finish {
 /// The fields of a combined access log line that the others do without.
 #[derive(Debug)]
 pub(crate) struct Combined {
-    /// The client's protocol version.
-    pub(crate) version: http::Version,
     /// `Referer`, as sent.
     pub(crate) referer: Option<http::HeaderValue>,
     /// `User-Agent`, as sent.
@@ -103,6 +103,7 @@ impl Pending {
             method: Method::GET,
             path: PathAndQuery::from_static("/"),
             client: self.fin.client,
+            version: self.fin.version,
             status: self.fin.status,
             upstream: None,
             retries: 0,
@@ -184,6 +185,8 @@ impl Recorder {
     pub(crate) fn finish(&self, f: &Finish, backend: Option<&Backend>) {
         let now = Instant::now();
         let total = now.saturating_duration_since(f.started);
+        let protocol = crate::stats::protocol_index(f.version);
+        crate::stats::count_protocol(protocol);
         if let Some(b) = backend {
             b.stats.finished(f.status, total);
         }
@@ -202,6 +205,7 @@ impl Recorder {
                     method: f.method.to_string(),
                     path: truncated(f.path.path(), EVENT_PATH_MAX).to_string(),
                     retries: f.retries,
+                    protocol: crate::stats::PROTOCOLS[protocol],
                 };
                 hub.send(Tagged {
                     pool: std::sync::Arc::clone(&b.pool),
@@ -359,6 +363,8 @@ fn access_line(
             push_timestamp(buf, now);
             buf.extend_from_slice(b"  INFO access client=");
             push_ip(buf, f.client);
+            buf.extend_from_slice(b" protocol=");
+            buf.extend_from_slice(protocol_name(f.version).as_bytes());
             buf.extend_from_slice(b" method=");
             buf.extend_from_slice(f.method.as_str().as_bytes());
             buf.extend_from_slice(b" path=");
@@ -387,6 +393,8 @@ fn access_line(
                 b"\",\"level\":\"INFO\",\"fields\":{\"message\":\"access\",\"client\":\"",
             );
             push_ip(buf, f.client);
+            buf.extend_from_slice(b"\",\"protocol\":\"");
+            buf.extend_from_slice(protocol_name(f.version).as_bytes());
             buf.extend_from_slice(b"\",\"method\":");
             push_json_str(buf, f.method.as_str());
             buf.extend_from_slice(b",\"path\":");
@@ -411,6 +419,11 @@ fn access_line(
     }
 }
 
+/// `h1`, `h2` or `h3`.
+fn protocol_name(v: http::Version) -> &'static str {
+    crate::stats::PROTOCOLS[crate::stats::protocol_index(v)]
+}
+
 /// Apache's combined format: `CLIENT - - [TIME] "REQUEST" STATUS BYTES "REFERER"
 /// "USER-AGENT"`, the quoted values escaped as Apache escapes them.
 fn combined_line(buf: &mut Vec<u8>, f: &Finish, now: std::time::SystemTime) {
@@ -423,8 +436,7 @@ fn combined_line(buf: &mut Vec<u8>, f: &Finish, now: std::time::SystemTime) {
     buf.push(b' ');
     push_escaped(buf, f.path.as_str().as_bytes());
     buf.push(b' ');
-    let version = c.map_or(http::Version::HTTP_11, |c| c.version);
-    buf.extend_from_slice(format!("{version:?}").as_bytes());
+    buf.extend_from_slice(format!("{:?}", f.version).as_bytes());
     buf.extend_from_slice(b"\" ");
     push_u64(buf, u64::from(f.status));
     buf.push(b' ');
@@ -489,6 +501,7 @@ mod tests {
             method: Method::GET,
             path: PathAndQuery::from_static("/a?b=c%22"),
             client: "10.0.0.7".parse().unwrap(),
+            version: http::Version::HTTP_11,
             status: 502,
             upstream: Some(Duration::from_micros(1018)),
             retries: 1,
@@ -532,7 +545,7 @@ mod tests {
         let (_, rest) = line.split_once("Z  INFO ").unwrap();
         assert_eq!(
             rest,
-            "access client=10.0.0.7 method=GET path=/a?b=c%22 status=502 backend=\"a \\\"b\\\"\" upstream_ms=1.018 total_ms=1.301 retries=1 request_id=abc-123\n"
+            "access client=10.0.0.7 protocol=h1 method=GET path=/a?b=c%22 status=502 backend=\"a \\\"b\\\"\" upstream_ms=1.018 total_ms=1.301 retries=1 request_id=abc-123\n"
         );
     }
 
@@ -540,7 +553,6 @@ mod tests {
     fn combined_line_reads_as_apache_writes_it() {
         let mut f = finish();
         f.combined = Some(Box::new(Combined {
-            version: http::Version::HTTP_11,
             referer: Some(http::HeaderValue::from_static("http://a.example/\"x\"")),
             user_agent: None,
             bytes: Some(2326),

@@ -456,6 +456,11 @@ async function certsTour(page) {
     const listed = await api('GET', '/admin/certificates');
     const shown = listed.find(c => c.source === 'acme').not_after.slice(0, 10);
     if (!acme.text.includes(shown)) throw new Error(`expiry ${shown} not in ${acme.text}`);
+    // The protocol mix: one request over HTTP/1.1 and one over HTTP/3 came before the tour.
+    await waitFor('the protocol mix shown', async () => (await page.$$('[data-testid="protocol"]')).length === 3);
+    const mix = await page.$$eval('[data-testid="protocol"]', ls => Object.fromEntries(ls.map(l => [l.dataset.protocol, { n: Number(l.dataset.requests), text: l.textContent }])));
+    if (!(mix.h1.n >= 1 && mix.h3.n >= 1)) throw new Error('protocol mix: ' + JSON.stringify(mix));
+    if (!/^h3 · \d+ % · \d+ requests?$/.test(mix.h3.text)) throw new Error('h3 entry: ' + mix.h3.text);
     await shot(page, 'dashboard-certificates.png');
     assertNoConsoleErrors();
   });

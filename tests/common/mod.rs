@@ -4,6 +4,7 @@
 pub mod acme;
 pub mod dns;
 pub mod etcd;
+pub mod h3;
 pub mod tls;
 
 use std::collections::HashMap;
