@@ -310,3 +310,56 @@ async fn an_h3_flood_of_cancelled_streams_closes_its_connection() {
     let (status, _, _) = h3_request(&mut other, "GET", "https://a.test/", None).await;
     assert_eq!(status, 200);
 }
+
+/// gRPC over HTTP/3 to an HTTP/2 backend: the answer's trailers (`grpc-status`) reach the
+/// HTTP/3 client after its data, and the client's own trailers reach the backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_over_h3_to_an_h2_backend_passes_trailers_both_ways() {
+    let pki = Pki::new("h3-grpc");
+    pki.leaf("a", &["a.test"]);
+    let backend = H2Backend::plain("grpc");
+    let url = format!("http://127.0.0.1:{}", backend.addr.port());
+    let (_f, addr) = h3_fulcrum(&pki, "grpc", &["--backend", &url, "--protocol", "h2"]);
+    let mut h3 = h3_client(addr, "a.test", &pki.ca_der()).await;
+    // A streaming answer: five chunks, then its trailers.
+    let req = http::Request::post("https://a.test/stream/5")
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("content-length", "0")
+        .body(())
+        .unwrap();
+    let mut stream = h3.send_request(req).await.unwrap();
+    stream.finish().await.unwrap();
+    assert_eq!(stream.recv_response().await.unwrap().status(), 200);
+    let mut data = Vec::new();
+    while let Some(mut chunk) = stream.recv_data().await.unwrap() {
+        data.extend_from_slice(&chunk.copy_to_bytes(chunk.remaining()));
+    }
+    assert_eq!(String::from_utf8_lossy(&data).lines().count(), 5);
+    let t = stream.recv_trailers().await.unwrap().expect("trailers");
+    assert_eq!(t["grpc-status"], "0");
+    assert_eq!(t["grpc-message"], "ok");
+    // The client's trailers reach the backend, which sends them back.
+    let req = http::Request::post("https://a.test/echo")
+        .header("content-type", "application/grpc")
+        .body(())
+        .unwrap();
+    let mut stream = h3.send_request(req).await.unwrap();
+    stream
+        .send_data(Bytes::from_static(b"payload"))
+        .await
+        .unwrap();
+    let mut mine = http::HeaderMap::new();
+    mine.insert("x-checksum", "abc".parse().unwrap());
+    stream.send_trailers(mine).await.unwrap();
+    stream.finish().await.unwrap();
+    assert_eq!(stream.recv_response().await.unwrap().status(), 200);
+    let mut data = Vec::new();
+    while let Some(mut chunk) = stream.recv_data().await.unwrap() {
+        data.extend_from_slice(&chunk.copy_to_bytes(chunk.remaining()));
+    }
+    assert_eq!(data, b"payload");
+    let t = stream.recv_trailers().await.unwrap().expect("trailers");
+    assert_eq!(t["x-checksum"], "abc");
+    assert_eq!(t["grpc-status"], "0");
+}
