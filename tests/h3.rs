@@ -67,6 +67,14 @@ async fn an_h3_get_and_a_10_mb_post_arrive_whole_and_tls_answers_advertise_h3() 
     let rsp = h1.send_request(req).await.unwrap();
     let want = format!("h3=\":{}\"; ma=86400", addr.port());
     assert_eq!(rsp.headers()["alt-svc"], want.as_str());
+    // A backend's own Alt-Svc (its services, not this origin's) is replaced.
+    let req = http::Request::get("/alt-svc")
+        .header("host", "a.test")
+        .body(http_body_util::Empty::<Bytes>::new())
+        .unwrap();
+    let rsp = h1.send_request(req).await.unwrap();
+    let all: Vec<_> = rsp.headers().get_all("alt-svc").iter().collect();
+    assert_eq!(all, [want.as_str()]);
 
     let mut h3 = h3_client(addr, "a.test", &pki.ca_der()).await;
     let (status, headers, body) = h3_request(&mut h3, "GET", "https://a.test/hello", None).await;
@@ -77,6 +85,8 @@ async fn an_h3_get_and_a_10_mb_post_arrive_whole_and_tls_answers_advertise_h3() 
         headers.get("alt-svc").is_none(),
         "an h3 answer needs no Alt-Svc"
     );
+    let (_, headers, _) = h3_request(&mut h3, "GET", "https://a.test/alt-svc", None).await;
+    assert!(headers.get("alt-svc").is_none(), "nor the backend's");
     assert!(headers.get("x-request-id").is_some());
 
     // 10 MB up and back through /echo, whole and in order.

@@ -334,6 +334,9 @@ fn read_fields(
     };
     // Fields that `Connection` names are hop-by-hop too (rare beyond keep-alive/close).
     let mut named = hop::Named::default();
+    // With HTTP/3 on, a backend's `Alt-Svc` (its own services) goes no further: the
+    // answer carries fulcrum's.
+    let own_alt_svc = super::message::alt_svc().is_some();
     for &span in spans {
         let (ns, nl, vs, vl) = (
             span.0 as usize,
@@ -370,6 +373,8 @@ fn read_fields(
             f.has_date = true;
         } else if name.eq_ignore_ascii_case(crate::backend::report::FIELD.as_bytes()) {
             f.report = (span.2, span.3);
+            continue;
+        } else if own_alt_svc && name.eq_ignore_ascii_case(b"alt-svc") {
             continue;
         }
         if !hop::is_hop_by_hop(name) {

@@ -560,6 +560,13 @@ async fn backend_answer(
             tokio::time::sleep(Duration::from_millis(arg.parse().unwrap_or(0))).await;
             Response::new(full(name))
         }
+        // The backend advertises an alternative service of its own.
+        "alt-svc" => {
+            let mut r = Response::new(full(name));
+            r.headers_mut()
+                .insert("alt-svc", "h3=\":9999\"; ma=60".parse().unwrap());
+            r
+        }
         "big" => {
             let n: usize = arg.parse().unwrap_or(0);
             let chunk = Bytes::from(vec![b'x'; 64 * 1024]);
