@@ -280,34 +280,38 @@ pub(crate) fn protocol_index(version: http::Version) -> usize {
     }
 }
 
-/// Requests by client protocol, counted by each thread in cells of its own (one writer
-/// each: a load and a store, no cache line shared between workers on the request path)
-/// and summed when read.
+/// Requests by client protocol: each worker's recorder counts in cells of its own (no
+/// cache line shared between workers on the request path), summed when read.
 mod by_protocol {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::{Arc, Mutex};
 
     type Cells = [AtomicU64; super::PROTOCOLS.len()];
 
-    /// Every thread's cells (a thread that ends leaves its counts here).
+    /// Every recorder's cells (a worker that ends leaves its counts here).
     static ALL: Mutex<Vec<Arc<Cells>>> = Mutex::new(Vec::new());
 
-    thread_local! {
-        static MINE: Arc<Cells> = {
-            let cells = Arc::new(Cells::default());
-            ALL.lock().unwrap_or_else(|e| e.into_inner()).push(Arc::clone(&cells));
-            cells
-        };
-    }
+    /// One worker's counts.
+    #[derive(Debug)]
+    pub(crate) struct ProtocolCounts(Arc<Cells>);
 
-    /// Adds one request of protocol `i`.
-    pub(crate) fn count(i: usize) {
-        MINE.with(|cells| {
-            if let Some(c) = cells.get(i) {
-                // This thread is the cell's only writer.
-                c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    impl ProtocolCounts {
+        /// New cells, counted in [`totals`] from now on.
+        pub(crate) fn new() -> ProtocolCounts {
+            let cells = Arc::new(Cells::default());
+            ALL.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(Arc::clone(&cells));
+            ProtocolCounts(cells)
+        }
+
+        /// Adds one request of protocol `i` (an index in `PROTOCOLS`).
+        #[inline]
+        pub(crate) fn count(&self, i: usize) {
+            if let Some(c) = self.0.get(i) {
+                c.fetch_add(1, Ordering::Relaxed);
             }
-        });
+        }
     }
 
     /// Requests so far, by protocol.
@@ -317,4 +321,4 @@ mod by_protocol {
     }
 }
 
-pub(crate) use by_protocol::{count as count_protocol, totals as protocol_totals};
+pub(crate) use by_protocol::{totals as protocol_totals, ProtocolCounts};

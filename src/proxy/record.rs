@@ -145,6 +145,8 @@ pub(crate) struct Recorder {
     site: std::sync::Arc<Site>,
     /// The access log's format, `None` when it is off.
     access_log: Option<AccessFormat>,
+    /// Requests by the client's protocol (this worker's).
+    protocols: crate::stats::ProtocolCounts,
 }
 
 /// Longest path carried by a `request` event (a subscriber that lags holds up to 1024
@@ -172,7 +174,11 @@ impl Recorder {
     /// A recorder for the backends of `site`; `access_log` writes one line per request
     /// in that format.
     pub(crate) fn new(site: std::sync::Arc<Site>, access_log: Option<AccessFormat>) -> Recorder {
-        Recorder { site, access_log }
+        Recorder {
+            site,
+            access_log,
+            protocols: crate::stats::ProtocolCounts::new(),
+        }
     }
 
     /// Whether records keep the combined format's fields.
@@ -186,7 +192,7 @@ impl Recorder {
         let now = Instant::now();
         let total = now.saturating_duration_since(f.started);
         let protocol = crate::stats::protocol_index(f.version);
-        crate::stats::count_protocol(protocol);
+        self.protocols.count(protocol);
         if let Some(b) = backend {
             b.stats.finished(f.status, total);
         }
