@@ -102,8 +102,9 @@ pub(crate) async fn serve<H: Send>(
 /// Serves a connection's requests, each a future polled here, until the client closes
 /// it (or it idles out: requests still running then are dropped), or until the stop:
 /// then a GOAWAY says no request after those taken will be, those finish, and the
-/// connection is closed. A client that cancels most of its requests (a flood of
-/// resets, as HTTP/2's rapid reset) has its connection closed.
+/// connection is closed. A connection closed under them (by the client, by the
+/// upgrade) drops the requests still running. A client that cancels most of its
+/// requests (a flood of resets, as HTTP/2's rapid reset) has its connection closed.
 async fn requests(
     conn: quinn::Connection,
     proxy: &Proxy,
@@ -120,9 +121,11 @@ async fn requests(
     let mut stop_rx = stop.receiver();
     let mut stopping = stop.is_stopping();
     if stopping {
-        h3.shutdown(0).await?;
+        h3.shutdown(NEXT_REQUEST).await?;
     }
-    loop {
+    let closed = quic.closed();
+    tokio::pin!(closed);
+    while !(stopping && running.is_empty()) {
         tokio::select! {
             accepted = h3.accept(), if !stopping => match accepted? {
                 Some(resolver) => running.push(request(resolver, proxy, peer)),
@@ -137,17 +140,20 @@ async fn requests(
             }
             _ = stop_rx.changed(), if !stopping => {
                 stopping = true;
-                h3.shutdown(0).await?;
+                h3.shutdown(NEXT_REQUEST).await?;
             }
-            else => break,
+            _ = &mut closed => return Ok(()),
         }
     }
-    while running.next().await.is_some() {}
+    tokio::select! {
+        _ = async { while running.next().await.is_some() {} } => {}
+        _ = &mut closed => return Ok(()),
+    }
     if stopping {
         // A close drops what the client has not acknowledged yet, the end of the last
         // answers included: the client may close first, else a few round trips go by.
         let linger = (quic.rtt() * 4).clamp(LINGER_MIN, LINGER_MAX);
-        let _ = tokio::time::timeout(linger, quic.closed()).await;
+        let _ = tokio::time::timeout(linger, &mut closed).await;
         quic.close(NO_ERROR.into(), b"");
     }
     Ok(())
@@ -157,6 +163,10 @@ async fn requests(
 /// acknowledged.
 const LINGER_MIN: Duration = Duration::from_millis(50);
 const LINGER_MAX: Duration = Duration::from_secs(2);
+
+/// The GOAWAY's stream: h3 names the last request taken plus this many, and RFC 9114
+/// (section 5.2) reads the one named as not processed: the next one, then.
+const NEXT_REQUEST: usize = 1;
 
 /// HTTP/3's error codes (RFC 9114, section 8.1) for closing a connection.
 const NO_ERROR: u32 = 0x100;

@@ -58,6 +58,17 @@ impl Endpoint {
         self.endpoint.accept().await
     }
 
+    /// Refuses every new connection from now on (the worker stops): a client is told at
+    /// once, as a TCP client meets a closed port, instead of waiting out its handshake.
+    pub(crate) fn refuse_new(&self) {
+        let endpoint = self.endpoint.clone();
+        tokio::spawn(async move {
+            while let Some(incoming) = endpoint.accept().await {
+                incoming.refuse();
+            }
+        });
+    }
+
     /// The sockets went to a new process: this one reads no more datagrams, and its
     /// QUIC connections are closed now (`H3_NO_ERROR`), so their clients open new ones,
     /// to the new process. Requests in flight on them are cut.

@@ -149,8 +149,10 @@ async fn worker(
     // At an upgrade the UDP socket is the new process's from now on: QUIC connections
     // are closed at once; at a stop they finish their requests as TCP ones do
     // (`docs/tls.md`, "HTTP/3").
-    if let Some(endpoint) = quic.as_ref().filter(|_| conns.stop.is_handed_over()) {
-        endpoint.hand_over();
+    match quic.as_ref() {
+        Some(endpoint) if conns.stop.is_handed_over() => endpoint.hand_over(),
+        Some(endpoint) => endpoint.refuse_new(),
+        None => {}
     }
     conns.drain().await;
     if let Some(endpoint) = quic {
@@ -1200,7 +1202,7 @@ fn open_listeners(
         );
     }
     let kept = std::mem::take(&mut listeners.quic);
-    listeners.quic = udp_sockets(settings, &listeners.tls, kept)?;
+    listeners.quic = udp_sockets(settings, &listeners.tls, kept, false)?;
     Ok((listeners, Some(successor)))
 }
 
@@ -1212,7 +1214,7 @@ fn bind_listeners(settings: &Settings) -> Result<Listeners, String> {
             .map_err(|e| format!("cannot listen on {addr} (tls_listen): {e}"))?,
         None => Vec::new(),
     };
-    let quic = udp_sockets(settings, &tls, Vec::new())?;
+    let quic = udp_sockets(settings, &tls, Vec::new(), true)?;
     let admin = bind_workers(settings.admin, 1)
         .map(|mut v| v.remove(0))
         .map_err(|e| format!("cannot listen on {} (admin): {e}", settings.admin))?;
@@ -1225,13 +1227,16 @@ fn bind_listeners(settings: &Settings) -> Result<Listeners, String> {
 }
 
 /// With `http3`, one UDP socket per HTTPS listener on its port: those `kept` (received
-/// at an upgrade), else new ones, first checked for a socket already there (this
-/// process's kind or not). Those beyond one per HTTPS listener are closed; without
-/// `http3` there are none, and any received are closed.
+/// at an upgrade), then new ones, first checked (`probe`, at a first start) for a socket
+/// already there, this process's kind or not. At an upgrade nothing is checked: a
+/// predecessor that did not hand its UDP sockets over holds them with `SO_REUSEPORT`,
+/// and new ones bind beside them. Any beyond one per HTTPS listener are closed unused
+/// (`https_listeners`); without `http3` there are none, and any received are closed.
 fn udp_sockets(
     settings: &Settings,
     tls: &[std::net::TcpListener],
     kept: Vec<std::net::UdpSocket>,
+    probe: bool,
 ) -> Result<Vec<std::net::UdpSocket>, String> {
     let Some(first) = tls.first().filter(|_| settings.tls.http3) else {
         return Ok(Vec::new());
@@ -1239,7 +1244,6 @@ fn udp_sockets(
     let addr = first
         .local_addr()
         .map_err(|e| format!("https listener: {e}"))?;
-    let probe = kept.is_empty();
     let mut sockets = kept;
     let more = tls.len().saturating_sub(sockets.len());
     sockets.extend(

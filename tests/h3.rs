@@ -13,9 +13,17 @@ use common::*;
 
 /// The HTTP/3 error code `conn` was closed with, within 10 s.
 async fn close_code(conn: &quinn::Connection) -> Option<u64> {
+    close_of(conn).await.map(|(code, _)| code)
+}
+
+/// The HTTP/3 error code and reason `conn` was closed with, within 10 s.
+async fn close_of(conn: &quinn::Connection) -> Option<(u64, String)> {
     let closed = tokio::time::timeout(Duration::from_secs(10), conn.closed()).await;
     match closed {
-        Ok(quinn::ConnectionError::ApplicationClosed(c)) => Some(c.error_code.into_inner()),
+        Ok(quinn::ConnectionError::ApplicationClosed(c)) => Some((
+            c.error_code.into_inner(),
+            String::from_utf8_lossy(&c.reason).into_owned(),
+        )),
         _ => None,
     }
 }
@@ -275,18 +283,38 @@ async fn an_upgrade_hands_the_udp_socket_over_and_closes_open_quic_connections()
     let (mut h3, quic) = h3_connection(addr, "a.test", &pki.ca_der()).await;
     let (status, _, _) = h3_request(&mut h3, "GET", "https://a.test/", None).await;
     assert_eq!(status, 200);
+    // A slow HTTP/1.1 request keeps the old process draining while new QUIC clients come.
+    let proxy = old.proxy;
+    let slow = std::thread::spawn(move || {
+        raw_exchange(
+            proxy,
+            b"GET /sleep/2500 HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+            Duration::from_secs(10),
+        )
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
     let (new, new_addr) = h3_fulcrum(&pki, "upgrade-new", &[&base[..], &["--upgrade"]].concat());
     assert_eq!(new_addr, addr, "the same port");
+    // The connection open at the hand-over was closed by the old process, saying why.
+    assert_eq!(close_of(&quic).await, Some((0x100, "upgrade".to_string())));
+    // While the old process still drains, every new connection on the UDP port is the
+    // new one's: a datagram read by the old one would be refused or lost.
+    for _ in 0..5 {
+        let served = tokio::time::timeout(Duration::from_secs(3), async {
+            let mut h3 = h3_client(addr, "a.test", &pki.ca_der()).await;
+            h3_request(&mut h3, "GET", "https://a.test/", None).await
+        })
+        .await
+        .expect("a new QUIC connection served within 3 s");
+        assert_eq!((served.0, &served.2[..]), (200, &b"A"[..]));
+    }
+    assert!(
+        old.child.try_wait().unwrap().is_none(),
+        "the old process still drains"
+    );
+    assert!(slow.join().unwrap().starts_with("HTTP/1.1 200"));
     let st = tokio::task::block_in_place(|| old.wait_exit(Duration::from_secs(15)));
     assert_eq!(st.and_then(|s| s.code()), Some(0), "{}", old.log());
-    // The connection open at the hand-over was closed by the old process, saying so.
-    assert_eq!(close_code(&quic).await, Some(0x100));
-    // New connections, on the same UDP port, are the new process's.
-    for _ in 0..3 {
-        let mut h3 = h3_client(addr, "a.test", &pki.ca_der()).await;
-        let (status, _, body) = h3_request(&mut h3, "GET", "https://a.test/", None).await;
-        assert_eq!((status, &body[..]), (200, &b"A"[..]));
-    }
     assert!(new.log().contains("upgrade: serving"), "{}", new.log());
 }
 
@@ -309,7 +337,9 @@ async fn an_h3_flood_of_cancelled_streams_closes_its_connection() {
     let mut opened = 0;
     for _ in 0..streams {
         let req = http::Request::get("https://a.test/").body(()).unwrap();
-        let Ok(mut s) = h3.send_request(req).await else {
+        // Bounded: a server that never cut the flood off would leave no stream credit.
+        let opening = tokio::time::timeout(Duration::from_secs(10), h3.send_request(req));
+        let Ok(Ok(mut s)) = opening.await else {
             break;
         };
         s.stop_stream(::h3::error::Code::H3_REQUEST_CANCELLED);
