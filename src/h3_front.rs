@@ -21,7 +21,7 @@ use http_body_util::BodyExt as _;
 use crate::liveness::Stopping;
 use crate::proxy::{ClientBody, Peer, Proxy, RequestHead, RespBody, MAX_HEADER_BYTES};
 
-/// Streams a client may have open at once (HAProxy's and nginx's default for HTTP/3).
+/// Streams a client may have open at once (HAProxy's default for HTTP/3; nginx's is 128).
 const MAX_STREAMS: u32 = 100;
 /// What a stream, and the whole connection, may have in flight from the client: 1 MiB,
 /// as the HTTP/2 front end's windows, so a connection buffers at most that much.
