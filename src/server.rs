@@ -11,8 +11,6 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::obtained::Obtained;
-
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
@@ -21,6 +19,7 @@ use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use crate::descriptors::{self, Descriptor};
 use crate::listeners::{bind_workers, raise_fd_limit, AcceptBackoff, ConnectionCaps};
 use crate::liveness::{Activity, Stopping, Timeouts, Tracked, Verdict, Watchdog, Watched};
+use crate::obtained::Obtained;
 
 use crate::config::Settings;
 use crate::proxy::{Proxy, ProxySettings, MAX_HEADER_BYTES};
@@ -1265,7 +1264,7 @@ fn https_listeners(
     settings: &Settings,
     sockets: Vec<std::net::TcpListener>,
     udp: Vec<std::net::UdpSocket>,
-    obtained: Option<Arc<crate::obtained::Obtained>>,
+    obtained: Option<Arc<Obtained>>,
 ) -> Result<Https, String> {
     if settings.tls.listen.is_none() || sockets.is_empty() {
         return Ok((Vec::new(), None, None));
@@ -1274,9 +1273,10 @@ fn https_listeners(
     let addr = sockets[0]
         .local_addr()
         .map_err(|e| format!("https listener: {e}"))?;
-    let mut quic = match udp.is_empty() {
-        false => quic_endpoints(&tls, addr, udp)?,
-        true => Vec::new(),
+    let mut quic = if udp.is_empty() {
+        Vec::new()
+    } else {
+        quic_configured(&tls, addr, udp)?
     }
     .into_iter();
     let https = sockets
@@ -1290,9 +1290,9 @@ fn https_listeners(
     Ok((https, Some(addr), Some(tls)))
 }
 
-/// The workers' UDP sockets on the HTTPS listener's port, with QUIC's settings; from
-/// now on answers over TLS say `Alt-Svc`.
-fn quic_endpoints(
+/// The workers' UDP sockets on the HTTPS listener's port, each with QUIC's settings;
+/// from now on answers over TLS say `Alt-Svc`.
+fn quic_configured(
     tls: &crate::tls::Tls,
     addr: SocketAddr,
     sockets: Vec<std::net::UdpSocket>,
@@ -1310,7 +1310,7 @@ fn quic_endpoints(
 /// fleet mode over the store, with the task that follows the store's `acme/` keys.
 fn acme_keeper(
     settings: &crate::config::acme::AcmeSettings,
-    obtained: Arc<crate::obtained::Obtained>,
+    obtained: Arc<Obtained>,
     site: &Site,
     fleet: Option<&crate::store::fleet::Fleet>,
 ) -> Result<AcmeTasks, String> {
@@ -1334,7 +1334,7 @@ fn acme_keeper(
 /// `None` when neither is on.
 fn plain_first(
     settings: &Settings,
-    obtained: &Option<Arc<crate::obtained::Obtained>>,
+    obtained: &Option<Arc<Obtained>>,
     tls_listen: Option<SocketAddr>,
 ) -> Option<Arc<crate::proxy::PlainFirst>> {
     let first = crate::proxy::PlainFirst {

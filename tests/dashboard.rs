@@ -369,13 +369,16 @@ fn dashboard_shows_the_certificates() {
     let pebble = common::acme::Pebble::start("dashboard", http, https, None);
     let dir = std::env::temp_dir().join(format!("fulcrum-dash-acme-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
+    let a = TestBackend::start("A");
     let cfg = config_file(
         "dashboard",
         "certs",
         &format!(
             "listen = \"127.0.0.1:{http}\"\ntls_listen = \"127.0.0.1:{https}\"\n\
+             [[backends]]\nurl = \"{}\"\n\
              [tls]\nhttp3 = true\n[[tls.certs]]\ncert = \"{}\"\nkey = \"{}\"\n\
              [tls.acme]\ndirectory = \"{}\"\nca_file = \"{}\"\ndomains = [\"a.acme.test\"]\nstorage = \"{}\"\n",
+            a.url(),
             pki.arg("file.pem"),
             pki.arg("file.key"),
             pebble.directory,
@@ -389,18 +392,6 @@ fn dashboard_shows_the_certificates() {
     );
     common::acme::wait_for_cert(&f, None, Duration::from_secs(20));
     // Requests over HTTP/1.1 and HTTP/3, for the protocol mix.
-    let a = TestBackend::start("A");
-    let added = raw_exchange(
-        f.admin,
-        format!(
-            "POST /admin/backends HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{{\"url\":\"{}\"}}",
-            a.url().len() + 10,
-            a.url()
-        )
-        .as_bytes(),
-        Duration::from_secs(5),
-    );
-    assert!(added.starts_with("HTTP/1.1 201"), "{added}");
     let plain = raw_exchange(
         f.proxy,
         b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",

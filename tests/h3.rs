@@ -28,16 +28,6 @@ async fn close_of(conn: &quinn::Connection) -> Option<(u64, String)> {
     }
 }
 
-/// The resident set of process `pid`, in KiB.
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
-}
-
 fn h3_fulcrum(pki: &Pki, tag: &str, extra: &[&str]) -> (Fulcrum, std::net::SocketAddr) {
     let cfg = config_file(
         "h3",

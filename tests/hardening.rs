@@ -634,15 +634,6 @@ fn goaway_code(s: &mut std::net::TcpStream) -> Option<u32> {
     }
 }
 
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
-}
-
 /// An HPACK block: `:method GET`, `:scheme http`, `:path /`, `:authority a`.
 const GET_A: [u8; 6] = [0x82, 0x86, 0x84, 0x41, 0x01, b'a'];
 

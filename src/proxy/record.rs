@@ -193,12 +193,18 @@ impl Recorder {
         let total = now.saturating_duration_since(f.started);
         let protocol = crate::stats::protocol_index(f.version);
         self.protocols.count(protocol);
+        let protocol = crate::stats::PROTOCOLS[protocol];
         if let Some(b) = backend {
             b.stats.finished(f.status, total);
         }
         if let Some(format) = self.access_log {
             let name = backend.map_or("-", |b| b.name.as_str());
-            crate::logging::write_access_line(|buf| access_line(buf, format, f, name, total));
+            let said = Said {
+                backend: name,
+                protocol,
+                total,
+            };
+            crate::logging::write_access_line(|buf| access_line(buf, format, f, &said));
         }
         if let Some(b) = backend {
             let hub = &self.site.hub;
@@ -211,7 +217,7 @@ impl Recorder {
                     method: f.method.to_string(),
                     path: truncated(f.path.path(), EVENT_PATH_MAX).to_string(),
                     retries: f.retries,
-                    protocol: crate::stats::PROTOCOLS[protocol],
+                    protocol,
                 };
                 hub.send(Tagged {
                     pool: std::sync::Arc::clone(&b.pool),
@@ -355,14 +361,21 @@ fn push_json_str(buf: &mut Vec<u8>, s: &str) {
     let _ = serde_json::to_writer(&mut *buf, s);
 }
 
-/// One access log line.
-fn access_line(
-    buf: &mut Vec<u8>,
-    format: AccessFormat,
-    f: &Finish,
-    backend: &str,
+/// What an access log line says beside the record: who answered, over which protocol
+/// the client asked, and how long it all took.
+struct Said<'a> {
+    backend: &'a str,
+    protocol: &'static str,
     total: Duration,
-) {
+}
+
+/// One access log line.
+fn access_line(buf: &mut Vec<u8>, format: AccessFormat, f: &Finish, said: &Said<'_>) {
+    let Said {
+        backend,
+        protocol,
+        total,
+    } = *said;
     let now = std::time::SystemTime::now();
     match format {
         AccessFormat::Text => {
@@ -370,7 +383,7 @@ fn access_line(
             buf.extend_from_slice(b"  INFO access client=");
             push_ip(buf, f.client);
             buf.extend_from_slice(b" protocol=");
-            buf.extend_from_slice(protocol_name(f.version).as_bytes());
+            buf.extend_from_slice(protocol.as_bytes());
             buf.extend_from_slice(b" method=");
             buf.extend_from_slice(f.method.as_str().as_bytes());
             buf.extend_from_slice(b" path=");
@@ -400,7 +413,7 @@ fn access_line(
             );
             push_ip(buf, f.client);
             buf.extend_from_slice(b"\",\"protocol\":\"");
-            buf.extend_from_slice(protocol_name(f.version).as_bytes());
+            buf.extend_from_slice(protocol.as_bytes());
             buf.extend_from_slice(b"\",\"method\":");
             push_json_str(buf, f.method.as_str());
             buf.extend_from_slice(b",\"path\":");
@@ -423,11 +436,6 @@ fn access_line(
         }
         AccessFormat::Combined => combined_line(buf, f, now),
     }
-}
-
-/// `h1`, `h2` or `h3`.
-fn protocol_name(v: http::Version) -> &'static str {
-    crate::stats::PROTOCOLS[crate::stats::protocol_index(v)]
 }
 
 /// Apache's combined format: `CLIENT - - [TIME] "REQUEST" STATUS BYTES "REFERER"
@@ -501,6 +509,14 @@ fn push_clf_time(buf: &mut Vec<u8>, now: std::time::SystemTime) {
 mod tests {
     use super::*;
 
+    fn said(backend: &str, total_us: u64) -> Said<'_> {
+        Said {
+            backend,
+            protocol: "h1",
+            total: Duration::from_micros(total_us),
+        }
+    }
+
     fn finish() -> Finish {
         Finish {
             started: Instant::now(),
@@ -544,8 +560,7 @@ mod tests {
             &mut b,
             AccessFormat::Text,
             &finish(),
-            "a \"b\"",
-            Duration::from_micros(1_301),
+            &said("a \"b\"", 1_301),
         );
         let line = String::from_utf8(b).unwrap();
         let (_, rest) = line.split_once("Z  INFO ").unwrap();
@@ -564,7 +579,7 @@ mod tests {
             bytes: Some(2326),
         }));
         let mut b = Vec::new();
-        access_line(&mut b, AccessFormat::Combined, &f, "x", Duration::ZERO);
+        access_line(&mut b, AccessFormat::Combined, &f, &said("x", 0));
         let line = String::from_utf8(b).unwrap();
         let (head, rest) = line.split_once(" [").unwrap();
         assert_eq!(head, "10.0.0.7 - -");
@@ -587,8 +602,7 @@ mod tests {
             &mut b,
             AccessFormat::Json,
             &finish(),
-            "a \"b\"",
-            Duration::from_micros(1_301),
+            &said("a \"b\"", 1_301),
         );
         assert_eq!(b.last(), Some(&b'\n'));
         let v: serde_json::Value = serde_json::from_slice(&b).unwrap();
