@@ -14,29 +14,35 @@ use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
-use tokio::time::{Instant, Sleep};
+use tokio::time::Sleep;
+
+use crate::clock::Stamp;
 
 /// A deadline backed by one lazily re-armed timer (see the module documentation).
 #[derive(Debug)]
 pub(crate) struct Deadline {
-    /// Armed on first use; never later than `at`.
-    timer: Option<Pin<Box<Sleep>>>,
-    at: Instant,
+    /// Armed on first use, for the stamp beside it; never later than `at`.
+    timer: Option<(Pin<Box<Sleep>>, Stamp)>,
+    /// On the request path's clock: moving the deadline reads no tokio instant, and
+    /// only arming the timer converts (`Stamp::to_tokio`).
+    at: Stamp,
 }
 
 impl Deadline {
     /// A deadline at `at`; no timer is armed until it is waited for.
-    pub(crate) fn new(at: Instant) -> Deadline {
+    pub(crate) fn new(at: Stamp) -> Deadline {
         Deadline { timer: None, at }
     }
 
     /// Moves the deadline to `at`. Moving it later costs nothing now; moving it earlier
     /// than the armed timer re-arms the timer.
-    pub(crate) fn set(&mut self, at: Instant) {
+    #[inline]
+    pub(crate) fn set(&mut self, at: Stamp) {
         self.at = at;
-        if let Some(t) = &mut self.timer {
-            if t.deadline() > at {
-                t.as_mut().reset(at);
+        if let Some((t, armed)) = &mut self.timer {
+            if *armed > at {
+                t.as_mut().reset(at.to_tokio());
+                *armed = at;
             }
         }
     }
@@ -44,16 +50,17 @@ impl Deadline {
     /// Ready once the deadline has passed.
     pub(crate) fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         let at = self.at;
-        let timer = self
+        let (timer, armed) = self
             .timer
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
+            .get_or_insert_with(|| (Box::pin(tokio::time::sleep_until(at.to_tokio())), at));
         loop {
             ready!(timer.as_mut().poll(cx));
-            if Instant::now() >= at {
+            if Stamp::now() >= self.at {
                 return Poll::Ready(());
             }
             // It went off for an earlier deadline: wait on for the current one.
-            timer.as_mut().reset(at);
+            timer.as_mut().reset(self.at.to_tokio());
+            *armed = self.at;
         }
     }
 
@@ -68,44 +75,52 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    #[tokio::test(start_paused = true)]
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[tokio::test]
     async fn expires_at_the_latest_deadline_not_the_first() {
-        let t0 = Instant::now();
-        let mut d = Deadline::new(t0 + Duration::from_millis(100));
+        let t0 = Stamp::now();
+        let mut d = Deadline::new(t0.after(ms(30)));
         // Arm the timer for the first deadline, then move the deadline later.
         assert!(poll_fn(|cx| Poll::Ready(d.poll_expired(cx)))
             .await
             .is_pending());
-        d.set(t0 + Duration::from_millis(250));
+        d.set(t0.after(ms(120)));
         d.expired().await;
-        assert!(Instant::now() >= t0 + Duration::from_millis(250));
-        assert!(Instant::now() < t0 + Duration::from_millis(260));
+        assert!(Stamp::now() >= t0.after(ms(120)));
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn a_deadline_moved_earlier_rearms_the_timer() {
-        let t0 = Instant::now();
-        let mut d = Deadline::new(t0 + Duration::from_secs(60));
+        let t0 = Stamp::now();
+        let mut d = Deadline::new(t0.after(Duration::from_secs(60)));
         assert!(poll_fn(|cx| Poll::Ready(d.poll_expired(cx)))
             .await
             .is_pending());
-        d.set(t0 + Duration::from_millis(50));
+        d.set(t0.after(ms(50)));
         d.expired().await;
-        let waited = Instant::now() - t0;
-        assert!(waited >= Duration::from_millis(50) && waited < Duration::from_millis(60));
+        let waited = Stamp::now().since(t0);
+        // Far from the first deadline's minute: the timer was re-armed.
+        assert!(
+            waited >= ms(50) && waited < Duration::from_secs(10),
+            "{waited:?}"
+        );
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn expired_stays_expired_until_moved() {
-        let t0 = Instant::now();
-        let mut d = Deadline::new(t0 + Duration::from_millis(10));
+        let t0 = Stamp::now();
+        let mut d = Deadline::new(t0.after(ms(10)));
         d.expired().await;
-        // Already past: resolves at once.
+        // Already past: resolves at once (a poll, no wait).
+        assert!(poll_fn(|cx| Poll::Ready(d.poll_expired(cx)))
+            .await
+            .is_ready());
+        let before = Stamp::now();
+        d.set(before.after(ms(30)));
         d.expired().await;
-        assert!(Instant::now() < t0 + Duration::from_millis(20));
-        d.set(Instant::now() + Duration::from_millis(30));
-        let before = Instant::now();
-        d.expired().await;
-        assert!(Instant::now() - before >= Duration::from_millis(30));
+        assert!(Stamp::now().since(before) >= ms(30));
     }
 }

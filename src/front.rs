@@ -35,6 +35,7 @@ use http_body::Body;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
+use crate::clock::Stamp;
 use crate::deadline::Deadline;
 use crate::liveness::Stopping;
 use crate::proxy::headers::{put_field, put_field_lowercase, ClientFields, Spans};
@@ -105,7 +106,7 @@ pub(crate) async fn serve<S: ClientIo>(
     stream: &mut S,
     proxy: &'static Proxy,
     peer: &Peer,
-    (first_by, header_timeout): (tokio::time::Instant, Duration),
+    (first_by, header_timeout): (Stamp, Duration),
     stop: &Stopping,
 ) -> Outcome {
     let mut conn = ConnState {
@@ -213,8 +214,7 @@ impl ConnState {
     ) -> Result<Parsed, Outcome> {
         // The first head keeps the connection's own deadline.
         if self.served {
-            self.deadline
-                .set(tokio::time::Instant::now() + self.header_timeout);
+            self.deadline.set(Stamp::now().after(self.header_timeout));
         }
         loop {
             if !self.buf.is_empty() {
@@ -493,8 +493,7 @@ impl<S: ClientIo> Client<'_, S> {
         if let Poll::Ready(r) = poll_fn(|cx| Poll::Ready(write.as_mut().poll(cx))).await {
             return r;
         }
-        self.deadline
-            .set(tokio::time::Instant::now() + self.send_timeout);
+        self.deadline.set(Stamp::now().after(self.send_timeout));
         tokio::select! {
             biased;
             r = &mut write => r,

@@ -14,6 +14,7 @@ pub(crate) mod admin;
 pub mod backend;
 pub mod basic_auth;
 pub mod cli;
+pub(crate) mod clock;
 pub mod compress;
 pub mod config;
 pub(crate) mod deadline;

@@ -11,7 +11,9 @@
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 use std::sync::{Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::clock::Stamp;
 
 use crate::config::policy::RateLimit;
 use crate::route::Prehashed;
@@ -46,8 +48,6 @@ pub(crate) struct RateLimiter {
     pub(crate) limit: u32,
     /// The start of every answer's `RateLimit-*` fields, made once: see [`fields_lead`].
     pub(crate) lead: FieldsLead,
-    /// The clock's origin.
-    epoch: Instant,
     shards: Box<[Mutex<Shard>]>,
 }
 
@@ -64,14 +64,13 @@ impl RateLimiter {
             tolerance: interval.saturating_mul(u64::from(spec.burst)),
             limit: spec.rate,
             lead: fields_lead(spec.rate),
-            epoch: Instant::now(),
             shards: (0..n).map(|_| Mutex::new(Shard::new(per_shard))).collect(),
         }
     }
 
     /// Takes a request of `key` (a hash) arriving at `now`.
-    pub(crate) fn check(&self, key: u64, now: Instant) -> Verdict {
-        let t = now.saturating_duration_since(self.epoch).as_nanos() as u64;
+    pub(crate) fn check(&self, key: u64, now: Stamp) -> Verdict {
+        let t = now.ns();
         // The key's high bits pick the shard; the map takes its low bits.
         let shard = &self.shards[(key >> 40) as usize & (self.shards.len() - 1)];
         let mut s = lock(shard);
@@ -105,8 +104,8 @@ impl RateLimiter {
 
     /// Whether [`Self::check`] would let a request of `key` through at `now`, without
     /// counting it nor keeping the key (`POST /admin/explain`).
-    pub(crate) fn would_allow(&self, key: u64, now: Instant) -> bool {
-        let t = now.saturating_duration_since(self.epoch).as_nanos() as u64;
+    pub(crate) fn would_allow(&self, key: u64, now: Stamp) -> bool {
+        let t = now.ns();
         let shard = lock(&self.shards[(key >> 40) as usize & (self.shards.len() - 1)]);
         let tat = match shard.map.get(&key) {
             Some(&i) => shard.slots[i as usize].tat,
@@ -164,7 +163,7 @@ fn secs_up(ns: u64) -> u64 {
 #[derive(Debug, Clone, Copy)]
 struct Slot {
     key: u64,
-    /// Theoretical arrival time, in nanoseconds from the epoch.
+    /// Theoretical arrival time, in [`Stamp`] nanoseconds.
     tat: u64,
     /// Toward the most recently seen.
     newer: u32,
@@ -275,25 +274,25 @@ mod tests {
         // 10 per second (one per 100 ms) with a burst of 4: five at once, then one per
         // 100 ms.
         let l = limiter(10, 1000, 4, 10);
-        let t0 = l.epoch + Duration::from_secs(1);
+        let t0 = Stamp::now().after(Duration::from_secs(1));
         let got: Vec<bool> = (0..6).map(|_| l.check(7, t0).allowed).collect();
         assert_eq!(got, [true, true, true, true, true, false]);
         let refused = l.check(7, t0);
         assert_eq!((refused.retry_after_s, refused.remaining), (1, 0));
-        assert!(!l.check(7, t0 + Duration::from_millis(99)).allowed);
-        let v = l.check(7, t0 + Duration::from_millis(100));
+        assert!(!l.check(7, t0.after(Duration::from_millis(99))).allowed);
+        let v = l.check(7, t0.after(Duration::from_millis(100)));
         assert!(v.allowed);
         assert_eq!(v.remaining, 0);
         // Another key has its own allowance.
         assert_eq!(l.check(8, t0).remaining, 4);
         // Idle for a second: whole again.
-        assert_eq!(l.check(7, t0 + Duration::from_secs(2)).remaining, 4);
+        assert_eq!(l.check(7, t0.after(Duration::from_secs(2))).remaining, 4);
     }
 
     #[test]
     fn keys_stay_bounded_and_the_least_recently_seen_goes_first() {
         let l = limiter(1, 60_000, 0, 64);
-        let t = l.epoch + Duration::from_secs(1);
+        let t = Stamp::now().after(Duration::from_secs(1));
         assert!(l.check(1, t).allowed);
         assert!(!l.check(1, t).allowed, "one per minute");
         for k in 1000..100_000u64 {

@@ -16,6 +16,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
+use crate::clock::Stamp;
 use crate::descriptors::{self, Descriptor};
 use crate::listeners::{bind_workers, raise_fd_limit, AcceptBackoff, ConnectionCaps};
 use crate::liveness::{Activity, Stopping, Timeouts, Tracked, Verdict, Watchdog, Watched};
@@ -342,7 +343,7 @@ impl Connections {
             };
             match tls {
                 None => {
-                    let by = tokio::time::Instant::now() + HEADER_TIMEOUT;
+                    let by = Stamp::now().after(HEADER_TIMEOUT);
                     conn.serve_h1(stream, client, held, by).await
                 }
                 Some(acceptor) => conn.serve_tls(stream, acceptor, client, held).await,
@@ -503,7 +504,7 @@ impl ClientConn<'_> {
         mut stream: S,
         client: crate::proxy::Peer,
         held: Held,
-        first_by: tokio::time::Instant,
+        first_by: Stamp,
     ) where
         S: crate::front::ClientIo + Send + 'static,
     {
@@ -548,8 +549,8 @@ impl ClientConn<'_> {
         let peer = client.addr;
         // The handshake and the first head (or HTTP/2 preface) share one head timeout,
         // as a plain connection's first head has it.
-        let by = tokio::time::Instant::now() + HEADER_TIMEOUT;
-        let Some(tls) = tls_handshake(acceptor, stream, peer, by).await else {
+        let by = Stamp::now().after(HEADER_TIMEOUT);
+        let Some(tls) = tls_handshake(acceptor, stream, peer, by.to_tokio()).await else {
             return;
         };
         match tls.get_ref().1.alpn_protocol() {
@@ -560,7 +561,7 @@ impl ClientConn<'_> {
         }
         // The preface is read here, so that a stop arriving before the HTTP/2 front end
         // has read it does not close a connection whose client already sent it.
-        let Some(io) = first_bytes(tls, peer, by).await else {
+        let Some(io) = first_bytes(tls, peer, by.to_tokio()).await else {
             return;
         };
         if let Err(e) = self.serve_h2(io, client, held).await {

@@ -5,7 +5,9 @@
 //! a lock on every observation; here an observation is two atomic adds.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::clock::Stamp;
 
 /// Upper bounds (seconds) of the request duration histogram, as in most HTTP
 /// instrumentation: 1 ms to 10 s.
@@ -178,7 +180,7 @@ pub(crate) const REQUEST_EVENTS_PER_SEC: u64 = 200;
 #[derive(Debug)]
 pub(crate) struct RequestSampler {
     subscribers: AtomicUsize,
-    epoch: Instant,
+    /// When the next sample is due ([`Stamp`] nanoseconds).
     next_ns: AtomicU64,
 }
 
@@ -186,7 +188,6 @@ impl Default for RequestSampler {
     fn default() -> Self {
         RequestSampler {
             subscribers: AtomicUsize::new(0),
-            epoch: Instant::now(),
             next_ns: AtomicU64::new(0),
         }
     }
@@ -205,11 +206,11 @@ impl RequestSampler {
 
     /// Whether the request finishing at `now` should be sampled.
     #[inline]
-    pub(crate) fn sample(&self, now: Instant) -> bool {
+    pub(crate) fn sample(&self, now: Stamp) -> bool {
         if self.subscribers.load(Ordering::Relaxed) == 0 {
             return false;
         }
-        let t = now.saturating_duration_since(self.epoch).as_nanos() as u64;
+        let t = now.ns();
         let next = self.next_ns.load(Ordering::Relaxed);
         t >= next
             && self
@@ -255,16 +256,16 @@ mod tests {
     #[test]
     fn sampler_is_off_without_subscribers_and_rate_limited_with() {
         let s = RequestSampler::default();
-        let t0 = Instant::now();
+        let t0 = Stamp::now();
         assert!(!s.sample(t0));
         s.subscribe();
         let taken = (0..1000)
-            .filter(|i| s.sample(t0 + Duration::from_micros(i * 100)))
+            .filter(|i| s.sample(t0.after(Duration::from_micros(i * 100))))
             .count();
         // 100 ms of requests every 100 µs: 20 slots at 200 per second.
         assert!((19..=21).contains(&taken), "{taken}");
         s.unsubscribe();
-        assert!(!s.sample(t0 + Duration::from_secs(5)));
+        assert!(!s.sample(t0.after(Duration::from_secs(5))));
     }
 }
 

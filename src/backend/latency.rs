@@ -3,27 +3,18 @@
 //! compare-and-swap: the request path folds a sample in without a lock.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Sentinel for "no latency sample yet" in the EWMA cells.
 const NO_SAMPLE: u64 = u64::MAX;
 /// Sentinel for "never sampled" in the time stamp of the last sample.
 const NEVER: u64 = u64::MAX;
 
-/// Nanoseconds on a process-wide monotonic clock: the time stamps of the latency
-/// estimates. One `Instant::now()`.
+/// Nanoseconds on the monotonic clock (the request path's, `clock::Stamp`): the time
+/// stamps of the latency estimates.
 #[inline]
 pub fn clock_ns() -> u64 {
-    clock_ns_at(Instant::now())
-}
-
-/// [`clock_ns`] at `now`, for a caller that has read the clock already.
-#[inline]
-pub fn clock_ns_at(now: Instant) -> u64 {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
-    let epoch = *EPOCH.get_or_init(|| now);
-    now.saturating_duration_since(epoch).as_nanos() as u64
+    crate::clock::Stamp::now().ns()
 }
 
 /// How many estimate cells a backend has for the strategies ([`Estimates`]).

@@ -33,7 +33,6 @@ use capacity::Capacity;
 use faults::FaultCells;
 pub(crate) use faults::Faults;
 pub use latency::clock_ns;
-pub(crate) use latency::clock_ns_at;
 pub(crate) use latency::{Estimates, Latency, ESTIMATE_CELLS};
 pub(crate) use outlier::{Outlier, OutlierAction};
 pub(crate) use queue::{Queue, QueueError};

@@ -11,7 +11,6 @@
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
-use std::time::Instant;
 
 use http::header::{self, HeaderName, HeaderValue};
 use ipnet::IpNet;
@@ -21,6 +20,7 @@ use super::message::{RequestFields, RequestHead};
 use super::{policy, sticky};
 use crate::backend::{clock_ns, AdminState, Backend};
 use crate::basic_auth::Check;
+use crate::clock::Stamp;
 use crate::config::policy::LimitKey;
 use crate::pool::{Mode, Pool, Snapshot};
 use crate::site::{RoutePolicy, Routing};
@@ -166,7 +166,7 @@ async fn policed(p: &RoutePolicy, head: &RequestHead, ip: IpAddr, index: usize) 
             },
             LimitKey::ClientIp => policy::ip_key(ip),
         };
-        if !limiter.would_allow(key, Instant::now()) {
+        if !limiter.would_allow(key, crate::clock::Stamp::now()) {
             return Some(format!(
                 "route {index}'s rate limit answers 429: its key is over {} requests per {:?}",
                 spec.rate, spec.per

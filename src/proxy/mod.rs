@@ -24,7 +24,7 @@ pub(crate) use wire::{fuzz_chunked, fuzz_response};
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_util::future::Either;
 use http::header::{self, HeaderValue};
@@ -44,6 +44,7 @@ use request_id::RequestId;
 pub(crate) use tunnel::ClientUpgrade;
 pub(crate) use upstream::{Failure, Upstreams};
 
+use crate::clock::Stamp;
 use crate::compress::Coding;
 use crate::config::policy::LimitKey;
 use crate::config::Settings;
@@ -561,7 +562,7 @@ impl Proxy {
     ) -> impl std::future::Future<Output = ProxyResponse> + 'a {
         let mut fin = Pending::new(
             Finish {
-                started: Instant::now(),
+                started: Stamp::now(),
                 method: head.method.clone(),
                 path: head
                     .uri
@@ -879,7 +880,7 @@ impl Proxy {
         p: &RoutePolicy,
         peer: &Peer,
         trusted: bool,
-        now: Instant,
+        now: Stamp,
     ) -> Result<Policed, Box<ProxyResponse>> {
         if let Some(r) = &p.spec.redirect {
             return Err(Box::new(policy::redirect(r, head, peer.tls)));
@@ -1082,10 +1083,9 @@ impl Proxy {
         match result {
             Ok((answer, sent_at)) => {
                 // One clock read for the sample and its time stamp.
-                let now = Instant::now();
-                let upstream_time = now.saturating_duration_since(sent_at) + injected_delay;
-                let at = crate::backend::clock_ns_at(now);
-                crate::strategy::record_latency_at(&backend, upstream_time, at);
+                let now = Stamp::now();
+                let upstream_time = now.since(sent_at) + injected_delay;
+                crate::strategy::record_latency_at(&backend, upstream_time, now.ns());
                 fin.upstream = Some(upstream_time);
                 Ok(self.respond(req, answer, guard, fin, permit.take(), upload))
             }
@@ -1134,10 +1134,7 @@ impl Proxy {
         req: &mut Outgoing<'_>,
         backend: &Backend,
         keep: bool,
-    ) -> (
-        Result<(Answer, Instant), Failure>,
-        Option<Arc<body::Upload>>,
-    ) {
+    ) -> (Result<(Answer, Stamp), Failure>, Option<Arc<body::Upload>>) {
         let timeout = req.pool.settings.upstream_timeout;
         if req.inline && !backend.transport.is_plain_http1() {
             // The inline exchange speaks plain HTTP/1.1 only: this request goes through

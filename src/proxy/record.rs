@@ -3,11 +3,12 @@
 //! its response has been sent whole, when it failed, or when the client went away.
 
 use std::net::IpAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http::uri::PathAndQuery;
 use http::Method;
 
+use crate::clock::Stamp;
 use crate::config::AccessFormat;
 use crate::pool::{Backend, Event, Tagged};
 use crate::site::Site;
@@ -16,7 +17,7 @@ use crate::site::Site;
 #[derive(Debug)]
 pub(crate) struct Finish {
     /// When the request head had arrived.
-    pub(crate) started: Instant,
+    pub(crate) started: Stamp,
     /// Request method.
     pub(crate) method: Method,
     /// Request target.
@@ -189,8 +190,8 @@ impl Recorder {
     /// Records a finished request; `backend` is the one that served it (or failed it),
     /// `None` for fulcrum's own answers that reached no backend.
     pub(crate) fn finish(&self, f: &Finish, backend: Option<&Backend>) {
-        let now = Instant::now();
-        let total = now.saturating_duration_since(f.started);
+        let now = Stamp::now();
+        let total = now.since(f.started);
         let protocol = crate::stats::protocol_index(f.version);
         self.protocols.count(protocol);
         let protocol = crate::stats::PROTOCOLS[protocol];
@@ -310,11 +311,8 @@ thread_local! {
 }
 
 /// Appends the time as `2026-11-29T22:35:51.049566Z`.
-fn push_timestamp(buf: &mut Vec<u8>, now: std::time::SystemTime) {
-    let since = now
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    let secs = since.as_secs();
+fn push_timestamp(buf: &mut Vec<u8>, unix_ns: u64) {
+    let secs = unix_ns / 1_000_000_000;
     let (cached, mut text) = SECOND.with(|c| c.get());
     if cached != secs {
         let (y, m, d) = civil((secs / 86_400) as i64);
@@ -331,7 +329,7 @@ fn push_timestamp(buf: &mut Vec<u8>, now: std::time::SystemTime) {
         }
     }
     buf.extend_from_slice(&text);
-    let us = since.subsec_micros();
+    let us = (unix_ns % 1_000_000_000 / 1_000) as u32;
     let mut frac = [b'.', 0, 0, 0, 0, 0, 0, b'Z'];
     let mut v = us;
     for i in (1..7).rev() {
@@ -376,7 +374,7 @@ fn access_line(buf: &mut Vec<u8>, format: AccessFormat, f: &Finish, said: &Said<
         protocol,
         total,
     } = *said;
-    let now = std::time::SystemTime::now();
+    let now = crate::clock::unix_ns();
     match format {
         AccessFormat::Text => {
             push_timestamp(buf, now);
@@ -440,11 +438,11 @@ fn access_line(buf: &mut Vec<u8>, format: AccessFormat, f: &Finish, said: &Said<
 
 /// Apache's combined format: `CLIENT - - [TIME] "REQUEST" STATUS BYTES "REFERER"
 /// "USER-AGENT"`, the quoted values escaped as Apache escapes them.
-fn combined_line(buf: &mut Vec<u8>, f: &Finish, now: std::time::SystemTime) {
+fn combined_line(buf: &mut Vec<u8>, f: &Finish, unix_ns: u64) {
     let c = f.combined.as_deref();
     push_ip(buf, f.client);
     buf.extend_from_slice(b" - - [");
-    push_clf_time(buf, now);
+    push_clf_time(buf, unix_ns);
     buf.extend_from_slice(b"] \"");
     buf.extend_from_slice(f.method.as_str().as_bytes());
     buf.push(b' ');
@@ -485,14 +483,11 @@ fn push_escaped(buf: &mut Vec<u8>, v: &[u8]) {
 }
 
 /// `10/Oct/2000:13:55:36 +0000` (UTC).
-fn push_clf_time(buf: &mut Vec<u8>, now: std::time::SystemTime) {
+fn push_clf_time(buf: &mut Vec<u8>, unix_ns: u64) {
     const MONTHS: [&str; 12] = [
         "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
     ];
-    let secs = now
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_secs();
+    let secs = unix_ns / 1_000_000_000;
     let (y, m, d) = civil((secs / 86_400) as i64);
     let t = secs % 86_400;
     let month = MONTHS[(m as usize).clamp(1, 12) - 1];
@@ -519,7 +514,7 @@ mod tests {
 
     fn finish() -> Finish {
         Finish {
-            started: Instant::now(),
+            started: Stamp::now(),
             method: Method::GET,
             path: PathAndQuery::from_static("/a?b=c%22"),
             client: "10.0.0.7".parse().unwrap(),
@@ -538,9 +533,8 @@ mod tests {
         assert_eq!(civil(19_723), (2024, 1, 1));
         assert_eq!(civil(20_421), (2025, 11, 29));
         assert_eq!(civil(11_016), (2000, 2, 29));
-        let t = std::time::UNIX_EPOCH + Duration::from_micros(1_764_455_751_049_566);
         let mut b = Vec::new();
-        push_timestamp(&mut b, t);
+        push_timestamp(&mut b, 1_764_455_751_049_566_999);
         assert_eq!(String::from_utf8(b).unwrap(), "2025-11-29T22:35:51.049566Z");
         let mut b = Vec::new();
         push_ms(&mut b, Duration::from_micros(2_005));

@@ -13,7 +13,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
@@ -24,6 +24,7 @@ use tokio::net::TcpStream;
 use super::body::ReqBody;
 use super::wire::{Wire, WireBody, WireError};
 use crate::backend::Backend;
+use crate::clock::Stamp;
 use crate::descriptors::{self, Descriptor};
 use crate::stats::BadAnswer;
 
@@ -145,7 +146,7 @@ struct Idle {
     sender: http1::SendRequest<ReqBody>,
     task: Task,
     fd: Option<Descriptor>,
-    since: Instant,
+    since: Stamp,
 }
 
 /// A shared HTTP/2 connection: its handle, its task, when a request last took it.
@@ -154,7 +155,7 @@ struct Shared {
     sender: http2::SendRequest<ReqBody>,
     /// Requests on it now (see [`MAX_STREAMS`]).
     streams: Arc<AtomicUsize>,
-    used: Instant,
+    used: Stamp,
 }
 
 /// Requests one HTTP/2 connection carries at once before another is opened: the
@@ -214,7 +215,7 @@ pub(crate) struct Upstreams {
     /// held across an await, and only while no usable connection exists.
     h2_connecting: Mutex<ById<Arc<tokio::sync::Mutex<()>>>>,
     /// Connections driven inline (requests without a body), by backend id.
-    wires: Mutex<ById<Vec<(Wire, Instant)>>>,
+    wires: Mutex<ById<Vec<(Wire, Stamp)>>>,
 }
 
 impl Upstreams {
@@ -234,7 +235,7 @@ impl Upstreams {
         let list = idle.get_mut(&backend)?;
         // Most recently used first: it is the least likely to have been closed.
         while let Some(i) = list.pop() {
-            if !i.sender.is_closed() && i.since.elapsed() < IDLE_TIMEOUT {
+            if !i.sender.is_closed() && Stamp::now().since(i.since) < IDLE_TIMEOUT {
                 return Some(i);
             }
         }
@@ -416,7 +417,7 @@ impl Upstreams {
         let c = list
             .iter_mut()
             .find(|c| c.streams.load(Ordering::Relaxed) < MAX_STREAMS)?;
-        c.used = Instant::now();
+        c.used = Stamp::now();
         c.streams.fetch_add(1, Ordering::Relaxed);
         Some((c.sender.clone(), StreamSlot(Arc::clone(&c.streams))))
     }
@@ -462,7 +463,7 @@ impl Upstreams {
         h2.entry(b.id).or_default().push(Shared {
             sender: sender.clone(),
             streams,
-            used: Instant::now(),
+            used: Stamp::now(),
         });
         Ok((sender, slot))
     }
@@ -478,7 +479,7 @@ impl Upstreams {
         mut req: Request<ReqBody>,
         timeout: Duration,
         origin: Option<(SocketAddr, SocketAddr)>,
-    ) -> Result<(Response<Incoming>, Conn, Instant), SendError> {
+    ) -> Result<(Response<Incoming>, Conn, Stamp), SendError> {
         let mut replaced_stale = false;
         loop {
             let mut conn = match self.checkout(b, origin).await {
@@ -490,7 +491,7 @@ impl Upstreams {
                     })
                 }
             };
-            let sent_at = Instant::now();
+            let sent_at = Stamp::now();
             let sending = async {
                 match &mut conn.sender {
                     Sender::H1(s) => s.try_send_request(req).await,
@@ -550,13 +551,13 @@ impl Upstreams {
         head: &[u8],
         method: &http::Method,
         timeout: Duration,
-    ) -> Result<(super::message::ResponseHead, WireBody, Instant), Failure> {
+    ) -> Result<(super::message::ResponseHead, WireBody, Stamp), Failure> {
         let mut replaced_stale = false;
         loop {
             // After a stale pooled connection, a new one: others pooled as long may be
             // just as stale.
             // One clock read serves the pooled connection's age and the send time.
-            let now = Instant::now();
+            let now = Stamp::now();
             let pooled = if replaced_stale {
                 None
             } else {
@@ -566,11 +567,11 @@ impl Upstreams {
                 Some(w) => (w, now),
                 None => {
                     let (stream, fd) = self.dial(b).await?;
-                    (Wire::new(stream, b.id, fd), Instant::now())
+                    (Wire::new(stream, b.id, fd), Stamp::now())
                 }
             };
             let reused = wire.reused;
-            let by = tokio::time::Instant::from_std(sent_at + timeout);
+            let by = sent_at.after(timeout);
             match wire.exchange(head, method, by).await {
                 Err(WireError::Timeout) => return Err(Failure::Timeout),
                 Ok(answered) => {
@@ -596,11 +597,11 @@ impl Upstreams {
 
     /// The most recently pooled inline connection to `backend` that is idle and has
     /// not been idle longer than [`IDLE_TIMEOUT`] at `now`.
-    fn pop_wire(&self, backend: u64, now: Instant) -> Option<Wire> {
+    fn pop_wire(&self, backend: u64, now: Stamp) -> Option<Wire> {
         let mut wires = self.wires.lock().unwrap_or_else(|e| e.into_inner());
         let list = wires.get_mut(&backend)?;
         while let Some((w, since)) = list.pop() {
-            if now.saturating_duration_since(since) < IDLE_TIMEOUT && w.is_idle() {
+            if now.since(since) < IDLE_TIMEOUT && w.is_idle() {
                 return Some(w);
             }
         }
@@ -612,7 +613,7 @@ impl Upstreams {
         let mut wires = self.wires.lock().unwrap_or_else(|e| e.into_inner());
         let list = wires.entry(w.backend).or_default();
         if list.len() < MAX_IDLE_PER_BACKEND {
-            list.push((w, Instant::now()));
+            list.push((w, Stamp::now()));
         }
     }
 
@@ -635,7 +636,7 @@ impl Upstreams {
                 sender,
                 task: conn.task,
                 fd: conn.fd,
-                since: Instant::now(),
+                since: Stamp::now(),
             });
         }
     }
@@ -654,9 +655,10 @@ impl Upstreams {
 
     /// Closes idle connections past their time, and those of backends that are gone.
     pub(crate) fn sweep(&self, live: impl Fn(u64) -> bool) {
+        let now = Stamp::now();
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         idle.retain(|id, list| {
-            list.retain(|i| !i.sender.is_closed() && i.since.elapsed() < IDLE_TIMEOUT);
+            list.retain(|i| !i.sender.is_closed() && now.since(i.since) < IDLE_TIMEOUT);
             live(*id) && !list.is_empty()
         });
         drop(idle);
@@ -664,7 +666,7 @@ impl Upstreams {
         h2.retain(|id, list| {
             list.retain(|c| {
                 let busy = c.streams.load(Ordering::Relaxed) > 0;
-                !c.sender.is_closed() && (busy || c.used.elapsed() < IDLE_TIMEOUT)
+                !c.sender.is_closed() && (busy || now.since(c.used) < IDLE_TIMEOUT)
             });
             live(*id) && !list.is_empty()
         });
@@ -674,7 +676,7 @@ impl Upstreams {
         drop(gates);
         let mut wires = self.wires.lock().unwrap_or_else(|e| e.into_inner());
         wires.retain(|id, list| {
-            list.retain(|(_, since)| since.elapsed() < IDLE_TIMEOUT);
+            list.retain(|(_, since)| now.since(*since) < IDLE_TIMEOUT);
             live(*id) && !list.is_empty()
         });
     }

@@ -19,11 +19,11 @@ use http::{Method, StatusCode, Version};
 use http_body::{Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::time::Instant;
 
 use super::headers::{put_field, Spans};
 use super::hop;
 use super::message::{Fields, ResponseFields, ResponseHead};
+use crate::clock::Stamp;
 use crate::deadline::Deadline;
 use crate::stats::BadAnswer;
 
@@ -108,7 +108,7 @@ impl Wire {
             backend,
             reused: false,
             // Moved to each exchange's own deadline before it waits on it.
-            deadline: Deadline::new(Instant::now()),
+            deadline: Deadline::new(Stamp::from_ns(0)),
             _fd: fd,
         }
     }
@@ -122,7 +122,7 @@ impl Wire {
         &mut self,
         head: &[u8],
         method: &Method,
-        by: Instant,
+        by: Stamp,
     ) -> Result<Answered, WireError> {
         self.deadline.set(by);
         tokio::select! {
