@@ -166,7 +166,7 @@ async fn policed(p: &RoutePolicy, head: &RequestHead, ip: IpAddr, index: usize) 
             },
             LimitKey::ClientIp => policy::ip_key(ip),
         };
-        if !limiter.would_allow(key, crate::clock::Stamp::now()) {
+        if !limiter.would_allow(key, Stamp::now()) {
             return Some(format!(
                 "route {index}'s rate limit answers 429: its key is over {} requests per {:?}",
                 spec.rate, spec.per

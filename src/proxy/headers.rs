@@ -585,6 +585,13 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_copied_name_is_lowered_and_its_value_left_alone() {
+        let mut out = b"GET / HTTP/1.1\r\n".to_vec();
+        put_field_lowercase(&mut out, b"X-Trace-ID", b"AbC");
+        assert_eq!(out, b"GET / HTTP/1.1\r\nx-trace-id: AbC\r\n");
+    }
+
     fn map(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
         for (k, v) in pairs {
