@@ -14,6 +14,12 @@
 # `fulcrum backend` processes; twice: HTTP/1.1 from curl (the plain path), and HTTP/2
 # by prior knowledge from h2load (`-c 1 -m 1`, the h2 front end). Two runs of each
 # (N = 200 and N = 1200) are subtracted, so start-up and shutdown cancel out.
+#
+# Callgrind counts each thread apart (`--separate-threads`). The budgets hold the
+# process's total; what a rate-limited route adds is compared on the worker thread
+# alone, which serves every request: the other threads' work is paced by the clock
+# (the pools' upkeep each second), not by requests, and moved the total by up to ±100
+# between runs of one binary, where the worker's count moves by about ±10.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${1:-target/release/fulcrum}
@@ -69,6 +75,7 @@ count() {
   if [ "$kind" = limited ]; then extra=(--config "$out/limited.toml"); fi
   if [ "$kind" = file ]; then extra=(--access-log "$out/access.$n.log"); fi
   valgrind --tool=callgrind --callgrind-out-file="$out/cg.$kind.$n" --trace-syscalls=yes \
+    --separate-threads=yes \
     "$bin" serve --listen "127.0.0.1:$port" --admin "127.0.0.1:$admin" --workers 1 \
     --health-interval 60s "${extra[@]}" "${backends[@]}" 2>"$out/sys.$kind.$n" &
   local vg=$!
@@ -84,7 +91,8 @@ count() {
     cat "$out/h2load.$n" >&2
     exit 1
   fi
-  grep '^summary:' "$out/cg.$kind.$n" | awk '{print $2}'
+  # The process's total, then the busiest thread's (the worker's).
+  cat "$out/cg.$kind.$n"-* | awk '/^summary:/ {t += $2; if ($2 > m) m = $2} END {print t, m}'
 }
 
 # Socket calls (recvfrom/sendto) in the syscall trace of run $1 ($kind.$n).
@@ -93,13 +101,15 @@ socket_calls() { grep -cE '\) sys_(recvfrom|sendto) \(' "$out/sys.$1" || true; }
 status=0
 # Checks client $1 against instruction budget $2.
 guard() {
-  local kind=$1 limit=$2 small large per sys_per
-  small=$(count 200 "$kind")
-  large=$(count 1200 "$kind")
-  per=$(( (large - small) / 1000 ))
+  local kind=$1 limit=$2 small large per worker sys_per
+  read -r -a small <<<"$(count 200 "$kind")"
+  read -r -a large <<<"$(count 1200 "$kind")"
+  per=$(( (large[0] - small[0]) / 1000 ))
+  worker=$(( (large[1] - small[1]) / 1000 ))
   printf -v "per_$kind" '%d' "$per"
+  printf -v "worker_$kind" '%d' "$worker"
   sys_per=$(( ($(socket_calls "$kind.1200") - $(socket_calls "$kind.200")) / 10 ))
-  echo "cost guard ($kind): $per instructions per request (budget $limit)"
+  echo "cost guard ($kind): $per instructions per request (budget $limit), $worker on the worker thread"
   printf 'cost guard (%s): %d.%02d socket calls per request (budget %d.%02d)\n' "$kind" \
     $((sys_per / 100)) $((sys_per % 100)) $((sys_budget / 100)) $((sys_budget % 100))
   if [ "$per" -gt "$limit" ]; then
@@ -113,10 +123,16 @@ guard() {
 }
 guard h1 "$budget"
 guard h2 "$budget_h2"
-# A rate-limited route: the target is 300 over the plain request, measured 357
-# (docs/performance.md, "Route policies"); the guard holds what is measured.
-guard limited $((per_h1 + 420))
-echo "cost guard (limited): $((per_limited - per_h1)) instructions over the plain request (guard: 420; target: 300)"
+# A rate-limited route: the target is 300 over the plain request, compared on the worker
+# thread (measured 272–294; docs/performance.md, "Route policies"), where the guard holds
+# 340. The total only has to stay within sight of the plain request's.
+guard limited $((per_h1 + 1000))
+limited_extra=$((worker_limited - worker_h1))
+echo "cost guard (limited): $limited_extra instructions over the plain request on the worker thread (guard: 340; target: 300)"
+if [ "$limited_extra" -gt 340 ]; then
+  echo "cost guard (limited): over its guard: a rate-limited route got more expensive" >&2
+  status=1
+fi
 # The access log to a file rather than stderr: at most 1 % more.
 guard file $((per_h1 + per_h1 / 100))
 echo "cost guard (file): $((per_file - per_h1)) instructions over the access log on stderr (guard: 1 %)"
