@@ -91,8 +91,28 @@ count() {
     cat "$out/h2load.$n" >&2
     exit 1
   fi
-  # The process's total, then the busiest thread's (the worker's).
-  cat "$out/cg.$kind.$n"-* | awk '/^summary:/ {t += $2; if ($2 > m) m = $2} END {print t, m}'
+  # The process's total.
+  thread_counts "$kind.$n" | awk '{t += $2} END {printf "%.0f\n", t}'
+}
+
+# Instructions of each thread of run $1 ($kind.$n): one "thread count" line each, from
+# callgrind's file per thread (its name ends in the thread's number).
+thread_counts() {
+  local f
+  for f in "$out/cg.$1"-*; do
+    printf '%s %s\n' "${f##*-}" "$(awk '/^summary:/ {print $2}' "$f")"
+  done
+}
+
+# Instructions of thread $2 in run $1; fails when that run has no such thread.
+thread_count() {
+  local c
+  c=$(thread_counts "$1" | awk -v t="$2" '$1 == t {print $2}')
+  if [ -z "$c" ]; then
+    echo "cost guard: run $1 has no thread $2" >&2
+    return 1
+  fi
+  echo "$c"
 }
 
 # Socket calls (recvfrom/sendto) in the syscall trace of run $1 ($kind.$n).
@@ -101,11 +121,16 @@ socket_calls() { grep -cE '\) sys_(recvfrom|sendto) \(' "$out/sys.$1" || true; }
 status=0
 # Checks client $1 against instruction budget $2.
 guard() {
-  local kind=$1 limit=$2 small large per worker sys_per
-  read -r -a small <<<"$(count 200 "$kind")"
-  read -r -a large <<<"$(count 1200 "$kind")"
-  per=$(( (large[0] - small[0]) / 1000 ))
-  worker=$(( (large[1] - small[1]) / 1000 ))
+  local kind=$1 limit=$2 small large per thread worker_small worker_large worker sys_per
+  small=$(count 200 "$kind")
+  large=$(count 1200 "$kind")
+  per=$(( (large - small) / 1000 ))
+  # The worker: the thread that ran the most in the longer run, and the same thread (by
+  # its number: threads are numbered as they start) in the shorter one.
+  thread=$(thread_counts "$kind.1200" | sort -k2,2n | tail -1 | cut -d' ' -f1)
+  worker_small=$(thread_count "$kind.200" "$thread")
+  worker_large=$(thread_count "$kind.1200" "$thread")
+  worker=$(( (worker_large - worker_small) / 1000 ))
   printf -v "per_$kind" '%d' "$per"
   printf -v "worker_$kind" '%d' "$worker"
   sys_per=$(( ($(socket_calls "$kind.1200") - $(socket_calls "$kind.200")) / 10 ))

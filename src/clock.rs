@@ -2,11 +2,11 @@
 //!
 //! std's `Instant` reads the same clock (`CLOCK_MONOTONIC`), but it checks every
 //! reading and does every subtraction and addition on seconds and nanoseconds apart,
-//! with checks: about 26 instructions to read, 37 to subtract. A request reads the
-//! clock six times and subtracts as often (its start, the send and the answer upstream,
-//! the connection's return to the pool, its end, the deadlines), which came to about
-//! 400 instructions of the cost guard's 20 900 (docs/performance.md, "The request
-//! path's clock"). A [`Stamp`] is the reading as a `u64`: subtracting is one
+//! with checks: about 26 instructions to read, 37 to subtract. A request read the
+//! clock eight times and subtracted six (its start, the send and the answer upstream,
+//! the connection's age and its return to the pool, its end, the deadlines, the log
+//! line's time), about 590 instructions of the cost guard's 20 900 (docs/performance.md,
+//! "The request path's clock"). A [`Stamp`] is the reading as a `u64`: subtracting is one
 //! instruction. No crate offers this without more: `quanta` reads the TSC after a
 //! calibration, `coarsetime` is coarse; this is the plain clock, read plainly.
 
@@ -101,7 +101,8 @@ mod tests {
         let ours = s1.since(s0).as_nanos() as i128;
         let std = i1.duration_since(i0).as_nanos() as i128;
         assert!(ours >= 20_000_000, "{ours}");
-        assert!((ours - std).abs() < 5_000_000, "{ours} vs {std}");
+        // Loose: a thread preempted between the paired reads on a busy machine.
+        assert!((ours - std).abs() < 50_000_000, "{ours} vs {std}");
         assert_eq!(s0.since(s1), Duration::ZERO);
     }
 
@@ -127,6 +128,7 @@ mod tests {
         let later = Stamp::now().after(Duration::from_millis(300));
         let at = later.to_tokio();
         let left = at.saturating_duration_since(tokio::time::Instant::now());
-        assert!(left > Duration::from_millis(250) && left <= Duration::from_millis(300));
+        // Never further than asked; less by however long this thread waited between.
+        assert!(left > Duration::from_millis(150) && left <= Duration::from_millis(300));
     }
 }

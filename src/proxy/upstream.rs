@@ -234,8 +234,9 @@ impl Upstreams {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         let list = idle.get_mut(&backend)?;
         // Most recently used first: it is the least likely to have been closed.
+        let now = Stamp::now();
         while let Some(i) = list.pop() {
-            if !i.sender.is_closed() && Stamp::now().since(i.since) < IDLE_TIMEOUT {
+            if !i.sender.is_closed() && now.since(i.since) < IDLE_TIMEOUT {
                 return Some(i);
             }
         }
