@@ -765,6 +765,11 @@ impl Running {
     }
 }
 
+/// How long a runtime's end waits for its blocking tasks (a file read, a password
+/// check) before the thread goes on without them: a stop never hangs on one
+/// (`docs/operations.md`, "Stopping").
+const BLOCKING_GRACE: Duration = Duration::from_secs(1);
+
 fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -807,8 +812,9 @@ fn spawn_workers(
                 rt.block_on(worker(l, h, proxy, slots, stop, pulse));
                 proxy.close_idle();
                 // Connections still open after the drain end with the runtime; their
-                // access log lines go into the batch, so flush after it.
-                drop(rt);
+                // access log lines go into the batch, so flush after it. A blocking task
+                // (a password check) is not waited for past a moment.
+                rt.shutdown_timeout(BLOCKING_GRACE);
                 crate::logging::flush_this_thread();
             })
             .map_err(|e| format!("cannot start a worker: {e}"))?;
@@ -871,7 +877,10 @@ fn spawn_admin(
                     if let Some(r) = registry {
                         let _ = tokio::time::timeout(Duration::from_secs(2), r).await;
                     }
-                })
+                });
+                // A discovery read or a lookup stuck in the kernel (a hung mount) would
+                // hold a plain drop for good: the process exits without it.
+                rt.shutdown_timeout(BLOCKING_GRACE);
             })
             .map_err(|e| format!("cannot start the admin API: {e}"))?;
     Ok((thread, admin_rt))

@@ -276,11 +276,8 @@ impl Spawner {
             Err(e) => {
                 // `child` is killed on drop.
                 Err(match e {
-                    PoolError::DuplicateUrl(_) | PoolError::DuplicateName(_) => {
-                        SpawnError::Conflict(e.to_string())
-                    }
-                    PoolError::Retired(_) => SpawnError::Conflict(e.to_string()),
                     PoolError::NotFound(_) => SpawnError::Failed(e.to_string()),
+                    _ => SpawnError::Conflict(e.to_string()),
                 })
             }
         }

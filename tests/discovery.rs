@@ -576,3 +576,129 @@ async fn a_reload_between_a_list_and_discover_never_empties_the_pool() {
         &failures[..failures.len().min(5)]
     );
 }
+
+/// The pool's discovery error, once it contains `part`.
+async fn until_error(c: &HttpClient, f: &Fulcrum, name: &str, part: &str) -> String {
+    let ok = eventually(Duration::from_secs(4), || async {
+        let p = pool(c, f, name).await;
+        p["discovery"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains(part))
+    })
+    .await;
+    let p = pool(c, f, name).await;
+    assert!(ok, "no error with {part:?}: {p}\nlog:\n{}", f.log());
+    p["discovery"]["error"].as_str().unwrap_or("").to_string()
+}
+
+/// A link swapped to a FIFO (a reader would wait in `open()` for a writer that never
+/// comes): refused as not a regular file, the last good set kept, the next good file
+/// applied, and a stop still takes its usual time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_behind_the_link_is_refused_and_never_holds_the_reader_or_a_stop() {
+    use std::os::unix::fs::symlink;
+    let a = TestBackend::start("A");
+    let b = TestBackend::start("B");
+    let c = client();
+    let dir = config_file("discovery", "fifo", "").with_file_name("fifo-volume");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("v1.json"), entries(&[(&a, 1)])).unwrap();
+    let fifo = dir.join("fifo");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+    assert!(made.unwrap().success());
+    let link = dir.join("backends.json");
+    symlink("v1.json", &link).unwrap();
+    let discover = format!("file={},interval=1s", link.display());
+    let mut f = Fulcrum::start(&["--discover", &discover]);
+    assert_eq!(urls(&c, &f, "default").await, [a.url()]);
+    let swap = |to: &str| {
+        let tmp = dir.join("link.tmp");
+        let _ = std::fs::remove_file(&tmp);
+        symlink(to, &tmp).unwrap();
+        std::fs::rename(&tmp, &link).unwrap();
+    };
+    swap("fifo");
+    let e = until_error(&c, &f, "default", "not a regular file").await;
+    assert!(e.contains("backends.json"), "{e}");
+    assert_eq!(
+        urls(&c, &f, "default").await,
+        [a.url()],
+        "the last good set"
+    );
+    std::fs::write(dir.join("v2.json"), entries(&[(&b, 1)])).unwrap();
+    swap("v2.json");
+    until_urls(&c, &f, "default", &[b.url()], Duration::from_secs(3)).await;
+    swap("fifo");
+    until_error(&c, &f, "default", "not a regular file").await;
+    let t = Instant::now();
+    f.signal("TERM");
+    let exited = f.wait_exit(Duration::from_secs(10));
+    assert!(exited.is_some(), "still running 10 s after SIGTERM");
+    assert!(t.elapsed() < Duration::from_secs(6), "{:?}", t.elapsed());
+}
+
+/// `max_backends`: a discovered list over it is refused whole (a first one leaves the
+/// pool empty, with the error), an added backend over it gets 409, a config over it
+/// exits 2 at its line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_takes_at_most_max_backends_from_any_source() {
+    let a = TestBackend::start("A");
+    let b = TestBackend::start("B");
+    let d = TestBackend::start("D");
+    let c = client();
+    let path = config_file(
+        "discovery",
+        "max-list",
+        &entries(&[(&a, 1), (&b, 1), (&d, 1)]),
+    );
+    let cfg = config_file(
+        "discovery",
+        "max",
+        &format!(
+            "[[pools]]\nname = \"api\"\nmax_backends = 2\ndiscover = {{ file = \"{}\" }}\n\n\
+             [[pools]]\nname = \"web\"\nmax_backends = 1\nbackends = [{{ url = \"{}\" }}]\n\n\
+             [[routes]]\npool = \"api\"\npath_prefix = \"/api\"\n[[routes]]\npool = \"web\"\n",
+            path.display(),
+            a.url()
+        ),
+    );
+    let f = Fulcrum::start(&["--config", cfg.to_str().unwrap()]);
+    let e = until_error(&c, &f, "api", "max_backends (2)").await;
+    assert!(e.contains("3 backends"), "{e}");
+    assert!(urls(&c, &f, "api").await.is_empty(), "a first list over it");
+    rename_over(&path, &entries(&[(&a, 1), (&b, 1)]));
+    until_urls(
+        &c,
+        &f,
+        "api",
+        &{
+            let mut v = vec![a.url(), b.url()];
+            v.sort();
+            v
+        },
+        Duration::from_secs(3),
+    )
+    .await;
+    rename_over(&path, &entries(&[(&a, 1), (&b, 1), (&d, 1)]));
+    until_error(&c, &f, "api", "max_backends (2)").await;
+    assert_eq!(urls(&c, &f, "api").await.len(), 2, "the last good set");
+    let body = format!(r#"{{"url": "{}"}}"#, b.url());
+    let r = admin(&c, "POST", &f.admin_url("/admin/pools/web/backends"), &body).await;
+    assert_eq!(r.status, 409, "{}", r.text());
+    assert!(r.json()["error"].as_str().unwrap().contains("max_backends"));
+    // A config over it.
+    let over = config_file(
+        "discovery",
+        "max-over",
+        &format!(
+            "[[pools]]\nname = \"web\"\nmax_backends = 1\n\
+             backends = [{{ url = \"{}\" }}, {{ url = \"{}\" }}]\n",
+            a.url(),
+            b.url()
+        ),
+    );
+    let (st, _, err) = run_fulcrum(&["check", "--config", over.to_str().unwrap()]);
+    assert_eq!(st.code(), Some(2), "{err}");
+    assert!(err.contains("max_backends (1)"), "{err}");
+}

@@ -154,9 +154,10 @@ impl From<PoolError> for ApiError {
     fn from(e: PoolError) -> Self {
         let status = match e {
             PoolError::NotFound(_) => StatusCode::NOT_FOUND,
-            PoolError::DuplicateUrl(_) | PoolError::DuplicateName(_) | PoolError::Retired(_) => {
-                StatusCode::CONFLICT
-            }
+            PoolError::DuplicateUrl(_)
+            | PoolError::DuplicateName(_)
+            | PoolError::Retired(_)
+            | PoolError::Full(_) => StatusCode::CONFLICT,
         };
         ApiError::new(status, e.to_string())
     }
@@ -308,6 +309,9 @@ fn not_discovered(pool: &Pool) -> ApiResult<()> {
 async fn add_to(ctx: &AdminCtx, pool: &Pool, body: &Bytes) -> ApiResult<Response> {
     not_discovered(pool)?;
     let spec = (parse_body::<BackendEntry>(body)?.spec()).map_err(ApiError::bad)?;
+    if pool.backends().len() >= pool.settings.max_backends {
+        return Err(PoolError::Full(pool.settings.max_backends).into());
+    }
     let added = match &ctx.fleet {
         Some(f) => {
             let id = f.add_backend(&pool.name, &spec).await?;

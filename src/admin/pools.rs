@@ -115,6 +115,9 @@ pub(crate) async fn create(State(ctx): State<AdminCtx>, body: Bytes) -> ApiResul
     if let Some(dup) = crate::config::duplicate_backends(&spec.backends).first() {
         return Err(ApiError::bad(dup.clone()));
     }
+    if let Some(over) = crate::config::over_max_backends(&spec) {
+        return Err(ApiError::bad(over));
+    }
     let o = &spec.settings.outlier;
     if o.base_ejection > o.max_ejection {
         return Err(ApiError::bad(format!(

@@ -84,10 +84,12 @@ impl Default for LoadReports {
 
 impl LoadReports {
     /// Keeps the report in `value`, read at `now`; a value that cannot be read is
-    /// counted and changes nothing.
+    /// counted and clears the last one: the backend's load is unknown again, so its
+    /// weight goes back to the pool's mean (`docs/strategies.md`, "reported_load").
     pub(crate) fn note(&self, value: &[u8], now: u64) {
         let Some(r) = parse_report(value) else {
             self.malformed.fetch_add(1, Ordering::Relaxed);
+            self.at.store(0, Ordering::Release);
             return;
         };
         let bits = |v: Option<f64>| v.map_or(NONE, f64::to_bits);
@@ -158,13 +160,18 @@ mod tests {
     }
 
     #[test]
-    fn a_report_is_fresh_for_three_minutes_and_a_bad_one_is_counted() {
+    fn a_report_is_fresh_for_three_minutes_and_a_bad_one_clears_it() {
         let r = LoadReports::default();
         assert_eq!(r.fresh(5), None);
         r.note(b"TEXT cpu_utilization=0.25", 10);
-        r.note(b"TEXT cpu_utilization=oops", 11);
-        assert_eq!(r.malformed(), 1);
         assert_eq!(r.fresh(20).unwrap().utilization, Some(0.25));
         assert_eq!(r.fresh(10 + FRESH_FOR.as_nanos() as u64 + 1), None);
+        r.note(b"TEXT cpu_utilization=oops", 30);
+        assert_eq!(r.malformed(), 1);
+        assert_eq!(
+            r.fresh(31),
+            None,
+            "an unreadable report clears the last one"
+        );
     }
 }

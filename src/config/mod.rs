@@ -345,6 +345,7 @@ impl Default for Settings {
                 sticky: StickySettings::default(),
                 queue_timeout: Duration::ZERO,
                 max_queue: 0,
+                max_backends: 0,
                 max_conns: 0,
                 max_conns_auto: (0, 0),
                 retries: 0,
@@ -637,13 +638,19 @@ fn check_backends(pool: &PoolSpec, errors: &mut Vec<ConfigError>) {
         format!("pool '{}': backend", pool.name)
     };
     errors.extend(
-        duplicate_backends(&pool.backends)
-            .into_iter()
+        (duplicate_backends(&pool.backends).into_iter())
+            .chain(over_max_backends(pool))
             .map(|message| ConfigError {
                 origin: origin.clone(),
                 message,
             }),
     );
+}
+
+/// Why `pool` lists more backends than its `max_backends`, if it does.
+pub(crate) fn over_max_backends(pool: &PoolSpec) -> Option<String> {
+    let (n, max) = (pool.backends.len(), pool.settings.max_backends);
+    (n > max).then(|| format!("{n} backends, over the pool's max_backends ({max})"))
 }
 
 /// What is twice in `backends`: a URL, or a name (names label metrics and logs).

@@ -443,6 +443,17 @@ pub(crate) static OPTIONS: &[Opt] = &[
         reload: pool_restart!("max_queue", max_queue),
     },
     Opt {
+        key: "max_backends",
+        table_key: None,
+        value_name: "N",
+        help: "Most backends in a pool, backups and draining ones included; a discovered list over it is refused whole",
+        default: Some("1000"),
+        default_text: None,
+        file_type: FileType::Int,
+        set: |s, v| parse_uint::<usize>(v, 1, 100_000).map(|x| s.pool.max_backends = x),
+        reload: pool_restart!("max_backends", max_backends),
+    },
+    Opt {
         key: "max_conns",
         table_key: None,
         value_name: "N|auto",

@@ -52,6 +52,8 @@ pub(crate) struct PoolSettings {
     pub(crate) queue_timeout: Duration,
     /// Most requests waiting in the queue.
     pub(crate) max_queue: usize,
+    /// Most backends it takes, from every source (`max_backends`).
+    pub(crate) max_backends: usize,
     /// The `max_conns` of its backends that set none: a number (0: no limit) or
     /// [`super::AUTO_CONNS`].
     pub(crate) max_conns: u32,

@@ -20,24 +20,32 @@ const DEBOUNCE: Duration = Duration::from_millis(100);
 /// The largest file read: a list of ten thousand backends fits many times over.
 const MAX_FILE: u64 = 16 << 20;
 
-/// [`read`] on a thread of its own: a file on a hung network mount, or a FIFO, must
-/// not stall the admin API and the health checks that share this runtime.
-pub(super) async fn read_off_runtime(path: &Path) -> Result<Vec<BackendSpec>, String> {
+/// [`read`] on a thread of its own: a file on a hung network mount must not stall the
+/// admin API and the health checks that share this runtime (and a stop does not wait
+/// for it: the runtime's end gives up on it, `server.rs`).
+pub(super) async fn read_off_runtime(
+    path: &Path,
+    max_backends: usize,
+) -> Result<Vec<BackendSpec>, String> {
     let p = path.to_path_buf();
-    (tokio::task::spawn_blocking(move || read(&p)).await)
+    (tokio::task::spawn_blocking(move || read(&p, max_backends)).await)
         .unwrap_or_else(|e| Err(format!("cannot read {}: {e}", path.display())))
 }
 
 /// Reads the backends of `path`: all of them, or an error that says why. An empty
 /// list is an error too: a file being replaced can be read empty, and a failure never
-/// empties a pool.
-pub(super) fn read(path: &Path) -> Result<Vec<BackendSpec>, String> {
+/// empties a pool; so is a list of more than `max_backends`, counted before any entry
+/// is built.
+pub(super) fn read(path: &Path, max_backends: usize) -> Result<Vec<BackendSpec>, String> {
     let shown = path.display();
-    let mut text = Vec::new();
-    (std::fs::File::open(path).and_then(|f| f.take(MAX_FILE + 1).read_to_end(&mut text)))
-        .map_err(|e| format!("cannot read {shown}: {e}"))?;
-    if text.len() as u64 > MAX_FILE {
-        return Err(format!("{shown} is larger than {MAX_FILE} bytes"));
+    let text = read_regular(path).map_err(|e| format!("cannot read {shown}: {e}"))?;
+    let count = serde_json::from_slice::<Vec<serde::de::IgnoredAny>>(&text)
+        .map_err(|e| format!("{shown}: not a JSON list of backends ({e})"))?
+        .len();
+    if count > max_backends {
+        return Err(format!(
+            "{shown}: {count} backends, over the pool's max_backends ({max_backends})"
+        ));
     }
     let list: Vec<serde_json::Value> = serde_json::from_slice(&text)
         .map_err(|e| format!("{shown}: not a JSON list of backends ({e})"))?;
@@ -56,6 +64,37 @@ pub(super) fn read(path: &Path) -> Result<Vec<BackendSpec>, String> {
         return Err(format!("{shown}: {dup}"));
     }
     Ok(out)
+}
+
+/// The bytes of `path` when it is a regular file (after symbolic links), up to
+/// [`MAX_FILE`]. A FIFO, a device or a directory is refused before it is opened, and
+/// the file is opened without blocking and checked again, so one swapped in between
+/// cannot hold the reader in `open()` for good.
+fn read_regular(path: &Path) -> Result<Vec<u8>, String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let described = |e: std::io::Error| match e.raw_os_error() {
+        Some(libc::ELOOP) => "a loop of symbolic links".to_string(),
+        _ => e.to_string(),
+    };
+    if !std::fs::metadata(path).map_err(described)?.is_file() {
+        return Err("not a regular file".into());
+    }
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(described)?;
+    if !f.metadata().map_err(described)?.is_file() {
+        return Err("not a regular file".into());
+    }
+    let mut text = Vec::new();
+    f.take(MAX_FILE + 1)
+        .read_to_end(&mut text)
+        .map_err(described)?;
+    if text.len() as u64 > MAX_FILE {
+        return Err(format!("larger than {MAX_FILE} bytes"));
+    }
+    Ok(text)
 }
 
 /// A watch of a file's directory (see [`watch`]).
@@ -113,7 +152,7 @@ mod tests {
         write(
             r#"[{"url": "http://127.0.0.1:1", "weight": 3, "backup": true}, {"url": "http://127.0.0.1:2", "max_conns": 5}]"#,
         );
-        let list = read(&f).unwrap();
+        let list = read(&f, 1000).unwrap();
         assert_eq!((list[0].weight, list[0].backup), (3, true));
         assert_eq!(list[1].max_conns, 5);
         for (bad, why) in [
@@ -128,12 +167,25 @@ mod tests {
             ("[]", "an empty list"),
         ] {
             write(bad);
-            let e = read(&f).unwrap_err();
+            let e = read(&f, 1000).unwrap_err();
             assert!(e.contains(why), "{bad}: {e}");
         }
-        assert!(read(&dir.join("none.json"))
+        write(r#"[{"url": "http://127.0.0.1:1"}, {"url": "http://127.0.0.1:2"}]"#);
+        let e = read(&f, 1).unwrap_err();
+        assert!(
+            e.contains("2 backends, over the pool's max_backends (1)"),
+            "{e}"
+        );
+        assert!(read(&dir.join("none.json"), 1000)
             .unwrap_err()
             .contains("cannot read"));
+        let (a, b) = (dir.join("loop-a"), dir.join("loop-b"));
+        std::os::unix::fs::symlink(&b, &a).unwrap();
+        std::os::unix::fs::symlink(&a, &b).unwrap();
+        let e = read(&a, 1000).unwrap_err();
+        assert!(e.contains("a loop of symbolic links"), "{e}");
+        let e = read(&dir, 1000).unwrap_err();
+        assert!(e.contains("not a regular file"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -175,7 +175,8 @@ async fn follow_file(pool: &Pool, spec: &DiscoverSpec, path: &std::path::Path) {
         } else {
             MIN_INTERVAL
         };
-        settle(pool, spec, file::read_off_runtime(path).await, period);
+        let found = file::read_off_runtime(path, pool.settings.max_backends).await;
+        settle(pool, spec, found, period);
         file::next_change(&changed, period).await;
     }
 }
@@ -191,6 +192,7 @@ fn settle(
     let now = SystemTime::now();
     // The pool's first set joins at full weight, as backends present at start do.
     let ramp = pool.discovery().updated_at.is_some();
+    let found = found.and_then(|list| within_max(pool, list));
     let outcome = found.map(|list| apply(pool, source_of(spec), list, ramp));
     let mut st = pool.discovery();
     st.next_at = Some(now + next);
@@ -213,6 +215,23 @@ fn settle(
             st.error = Some(e);
             st.errors += 1;
         }
+    }
+}
+
+/// `list` when the pool can take it whole: the discovered backends and those of other
+/// sources (backups and draining ones count) within its `max_backends`. A list over it
+/// is refused whole, so the last good set stays (`docs/discovery.md`, "Limits").
+fn within_max(pool: &Pool, list: Vec<BackendSpec>) -> Result<Vec<BackendSpec>, String> {
+    let max = pool.settings.max_backends;
+    let others = (pool.backends().iter())
+        .filter(|b| !b.source().is_discovered())
+        .count();
+    match list.len() + others {
+        n if n > max => Err(format!(
+            "{} backends found, {n} with the pool's others: over its max_backends ({max})",
+            list.len()
+        )),
+        _ => Ok(list),
     }
 }
 

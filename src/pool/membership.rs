@@ -135,6 +135,9 @@ impl Pool {
         if m.backends.iter().any(|b| b.name == spec.name) {
             return Err(PoolError::DuplicateName(spec.name));
         }
+        if m.backends.len() >= self.settings.max_backends {
+            return Err(PoolError::Full(self.settings.max_backends));
+        }
         let b = self.member(self.hub.next_id(), spec, source, spawn);
         self.welcome(&b, None, true, &mut Outcome::default());
         m.backends.push(Arc::clone(&b));

@@ -88,6 +88,8 @@ pub(crate) enum PoolError {
     DuplicateName(String),
     /// The pool has been removed.
     Retired(String),
+    /// The pool holds its `max_backends` already.
+    Full(usize),
 }
 
 impl std::fmt::Display for PoolError {
@@ -97,6 +99,9 @@ impl std::fmt::Display for PoolError {
             PoolError::DuplicateUrl(u) => write!(f, "backend URL '{u}' is already in the pool"),
             PoolError::DuplicateName(n) => write!(f, "backend name '{n}' is already in the pool"),
             PoolError::Retired(p) => write!(f, "pool '{p}' has been removed"),
+            PoolError::Full(max) => {
+                write!(f, "the pool has its max_backends ({max}) already")
+            }
         }
     }
 }

@@ -403,16 +403,10 @@ impl ProxyResponse {
             r.headers_mut()
                 .insert(super::request_id::X_REQUEST_ID, id.header_value());
         }
-        // With HTTP/3 on, fulcrum's `Alt-Svc` is the only one: a backend's names the
-        // backend's own services (`docs/tls.md`, "HTTP/3").
-        match (self.head.alt_svc, super::message::alt_svc()) {
-            (true, Some(v)) => {
-                r.headers_mut().insert(http::header::ALT_SVC, v.clone());
-            }
-            (false, Some(_)) => {
-                r.headers_mut().remove(http::header::ALT_SVC);
-            }
-            (_, None) => {}
+        // With HTTP/3 on, fulcrum's `Alt-Svc` is the only one: a backend's was dropped
+        // when its answer was read (`headers::strip_answer`).
+        if let (true, Some(v)) = (self.head.alt_svc, super::message::alt_svc()) {
+            r.headers_mut().insert(http::header::ALT_SVC, v.clone());
         }
         if let Some(rl) = self.head.rate_limit {
             for (name, v) in rl.fields() {

@@ -21,7 +21,6 @@ use super::{policy, sticky};
 use crate::backend::{clock_ns, AdminState, Backend};
 use crate::basic_auth::Check;
 use crate::clock::Stamp;
-use crate::config::policy::LimitKey;
 use crate::pool::{Mode, Pool, Snapshot};
 use crate::site::{RoutePolicy, Routing};
 
@@ -158,14 +157,7 @@ async fn policed(p: &RoutePolicy, head: &RequestHead, ip: IpAddr, index: usize) 
         return Some(format!("route {index} redirects it: {} to {to}", r.status));
     }
     if let (Some(limiter), Some(spec)) = (&p.limiter, &p.spec.rate_limit) {
-        let key = match &spec.key {
-            LimitKey::Route => 0,
-            LimitKey::Header(name) => match head.field(name) {
-                Some(v) => xxhash_rust::xxh3::xxh3_64(v.as_bytes()) ^ 1,
-                None => policy::ip_key(ip),
-            },
-            LimitKey::ClientIp => policy::ip_key(ip),
-        };
+        let key = policy::limit_key(&spec.key, head).unwrap_or_else(|| policy::ip_key(ip));
         if !limiter.would_allow(key, Stamp::now()) {
             return Some(format!(
                 "route {index}'s rate limit answers 429: its key is over {} requests per {:?}",

@@ -106,6 +106,9 @@ pub(crate) fn strip_answer(headers: &mut HeaderMap) -> Option<HeaderValue> {
         hop |= hop::is_hop_by_hop(k.as_str().as_bytes());
         report |= k.as_str() == crate::backend::report::FIELD;
     }
+    // A backend's `Alt-Svc` names its own services, never fulcrum's: it goes no further
+    // on any front end (`docs/tls.md`, "HTTP/3").
+    headers.remove(header::ALT_SVC);
     let value = match report {
         true => headers.remove(crate::backend::report::FIELD),
         false => None,

@@ -46,7 +46,6 @@ pub(crate) use upstream::{Failure, Upstreams};
 
 use crate::clock::Stamp;
 use crate::compress::Coding;
-use crate::config::policy::LimitKey;
 use crate::config::Settings;
 use crate::pool::{Backend, Pool, QueueError, RequestGuard};
 use crate::site::RoutePolicy;
@@ -893,15 +892,8 @@ impl Proxy {
             });
         };
         let mut ip = None;
-        let key = match &spec.key {
-            LimitKey::Route => 0,
-            // Apart from the IPs' keys: a field's value is not an address.
-            LimitKey::Header(name) => match head.field(name) {
-                Some(v) => xxhash_rust::xxh3::xxh3_64(v.as_bytes()) ^ 1,
-                None => policy::ip_key(*ip.insert(self.client_ip(head, peer, trusted))),
-            },
-            LimitKey::ClientIp => policy::ip_key(*ip.insert(self.client_ip(head, peer, trusted))),
-        };
+        let key = policy::limit_key(&spec.key, head)
+            .unwrap_or_else(|| policy::ip_key(*ip.insert(self.client_ip(head, peer, trusted))));
         let v = limiter.check(key, now);
         if !v.allowed {
             p.limited.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -13,7 +13,7 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use crate::basic_auth::{Check, Gate};
 use crate::compress::Coding;
-use crate::config::policy::{HeaderEdits, LocationPart, Part, Redirect, Template};
+use crate::config::policy::{HeaderEdits, LimitKey, LocationPart, Part, Redirect, Template};
 use crate::rate_limit::{RateLimiter, Verdict};
 
 /// What a policy's `{…}` stand for, for one request.
@@ -67,11 +67,12 @@ pub(super) fn redirect(r: &Redirect, head: &RequestHead, tls: bool) -> ProxyResp
         match part {
             LocationPart::Text(t) => to.extend_from_slice(t.as_bytes()),
             LocationPart::Scheme => to.extend_from_slice(if tls { b"https" } else { b"http" }),
-            LocationPart::Host => {
-                if let Some(h) = head.host() {
-                    to.extend_from_slice(h.as_bytes());
-                }
-            }
+            LocationPart::Host => match head.host() {
+                Some(h) => to.extend_from_slice(h.as_bytes()),
+                // An HTTP/1.0 request may name no host: `https:///path` would send the
+                // client nowhere (docs/policies.md, "Redirects").
+                None => return ProxyResponse::own(StatusCode::BAD_REQUEST, "bad request\n"),
+            },
             LocationPart::Path => to.extend_from_slice(head.uri.path().as_bytes()),
             LocationPart::Query => {
                 if let Some(q) = head.uri.query() {
@@ -119,16 +120,42 @@ pub(super) async fn authorize(gate: &Gate, head: &RequestHead) -> Result<(), Pro
     )
 }
 
-/// A rate limit's key for a client IP.
+/// A rate limit's bucket key for this request when it does not depend on the client's
+/// address: one for the whole route, or a header's value. `None`: the key is the
+/// client's address (`ip_key`), asked for only then.
+pub(super) fn limit_key(key: &LimitKey, head: &RequestHead) -> Option<u64> {
+    match key {
+        LimitKey::Route => Some(0),
+        LimitKey::Header(name) => head.field(name).map(|v| value_key(v.as_bytes())),
+        LimitKey::ClientIp => None,
+    }
+}
+
+/// The top bit of a key says which space it is in: clear for addresses, set for values.
+const VALUE_SPACE: u64 = 1 << 63;
+
+/// A rate limit's key for a client IP, in the addresses' half of the key space.
 pub(super) fn ip_key(ip: IpAddr) -> u64 {
-    match ip {
+    let mixed = match ip {
         // One wide multiply spreads an IPv4 address's bits as well as a hash would.
         IpAddr::V4(a) => {
             let m = u128::from(u32::from(a)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
             (m as u64) ^ ((m >> 64) as u64)
         }
         IpAddr::V6(a) => xxh3_64(&a.octets()),
-    }
+    };
+    mixed & !VALUE_SPACE
+}
+
+/// A rate limit's key for a header's value: SipHash under a key drawn at start (a
+/// client cannot work out a value that lands on a chosen bucket, as it could invert
+/// an unkeyed hash), in the values' half of the key space, so no value ever shares a
+/// bucket with an address (docs/policies.md, "Rate limits").
+pub(super) fn value_key(value: &[u8]) -> u64 {
+    use std::hash::BuildHasher;
+    static KEYED: std::sync::OnceLock<std::collections::hash_map::RandomState> =
+        std::sync::OnceLock::new();
+    KEYED.get_or_init(Default::default).hash_one(value) | VALUE_SPACE
 }
 
 /// The value of `t` for this request; `None` when what it names makes no field value

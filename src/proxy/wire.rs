@@ -334,9 +334,6 @@ fn read_fields(
     };
     // Fields that `Connection` names are hop-by-hop too (rare beyond keep-alive/close).
     let mut named = hop::Named::default();
-    // With HTTP/3 on, a backend's `Alt-Svc` (its own services) goes no further: the
-    // answer carries fulcrum's.
-    let own_alt_svc = super::message::alt_svc().is_some();
     for &span in spans {
         let (ns, nl, vs, vl) = (
             span.0 as usize,
@@ -374,7 +371,9 @@ fn read_fields(
         } else if name.eq_ignore_ascii_case(crate::backend::report::FIELD.as_bytes()) {
             f.report = (span.2, span.3);
             continue;
-        } else if own_alt_svc && name.eq_ignore_ascii_case(b"alt-svc") {
+        } else if name.eq_ignore_ascii_case(b"alt-svc") {
+            // A backend's `Alt-Svc` names its own services, never fulcrum's: it goes no
+            // further, whatever the protocols (`docs/tls.md`, "HTTP/3").
             continue;
         }
         if !hop::is_hop_by_hop(name) {

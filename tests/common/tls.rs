@@ -402,6 +402,8 @@ async fn answer(
     h.insert("x-backend", name.parse().unwrap());
     h.insert("x-version", version.parse().unwrap());
     h.insert("x-connections", connections.to_string().parse().unwrap());
+    // Its own services, which must never reach a client of fulcrum's.
+    h.insert("alt-svc", "h3=\":18463\"; ma=60".parse().unwrap());
     Ok(resp)
 }
 
