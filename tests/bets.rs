@@ -347,6 +347,13 @@ async fn explain_names_a_redirect_a_rate_limit_and_missing_credentials() {
     assert!(e["why"].as_str().unwrap().contains("401"), "{e}");
     let good = format!("Basic {}", base64_of("alice:s3cret"));
     let body = format!(r#"{{"path": "/ops/x", "headers": {{"authorization": "{good}"}}}}"#);
+    // Credentials no request has verified yet: explain checks no password.
+    let e = explain(&c, &f, &body).await;
+    let why = e["why"].as_str().unwrap_or_default();
+    assert!(why.contains("basic auth would verify these"), "{e}");
+    let r = send(&c, "GET", &f.url("/ops/x"), &[("authorization", &good)], "").await;
+    assert_eq!(r.status, 200);
+    // Verified by that request: explain lets them through to the pool.
     let e = explain(&c, &f, &body).await;
     assert_eq!(e["pool"], "api", "{e}");
     assert_eq!(name_of_in(&e), "api");

@@ -417,3 +417,151 @@ async fn a_client_over_its_connections_has_the_new_one_closed() {
         "the others go on"
     );
 }
+
+/// A route whose basic auth has alice (password `s3cret`, bcrypt `cost`) in front of
+/// `api`; the fulcrum and the `Basic` value of `user:password`.
+fn auth_route(api: &TestBackend, tag: &str, cost: u32) -> Fulcrum {
+    let users = config_file("policies", tag, "").with_file_name(format!("{tag}.htpasswd"));
+    let hash = bcrypt::hash("s3cret", cost).unwrap();
+    std::fs::write(&users, format!("alice:{hash}\n")).unwrap();
+    let cfg = config_file(
+        "policies",
+        tag,
+        &format!(
+            "[[pools]]\nname = \"api\"\nbackends = [{{ url = \"{}\" }}]\n\n\
+             [[routes]]\npool = \"api\"\n\
+             basic_auth = {{ realm = \"ops\", users_file = \"{}\" }}\n",
+            api.url(),
+            users.display()
+        ),
+    );
+    Fulcrum::start(&["--config", cfg.to_str().unwrap()])
+}
+
+fn basic(user: &str, password: &str) -> String {
+    use base64::Engine;
+    let t = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+    format!("Basic {t}")
+}
+
+/// CPU seconds the process has used (user + system).
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    let ticks: f64 = (fields
+        .get(11)
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(0.0))
+        + (fields
+            .get(12)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0));
+    ticks / 100.0
+}
+
+/// The median time of 15 requests with `auth`, each a 401.
+async fn median_401(c: &HttpClient, f: &Fulcrum, auth: &str) -> std::time::Duration {
+    let mut times = Vec::new();
+    for _ in 0..15 {
+        let t = std::time::Instant::now();
+        let r = send(c, "GET", &f.url("/x"), &[("authorization", auth)], "").await;
+        times.push(t.elapsed());
+        assert_eq!(r.status, 401);
+    }
+    times.sort();
+    times[7]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_user_takes_as_long_as_a_wrong_password() {
+    let api = TestBackend::start("api");
+    // htpasswd -B's own cost, far below the old fixed decoy's 10.
+    let f = auth_route(&api, "timing", 5);
+    let c = client();
+    let wrong = median_401(&c, &f, &basic("alice", "wrong")).await;
+    let unknown = median_401(&c, &f, &basic("nosuchuser", "wrong")).await;
+    let (a, b) = (wrong.as_secs_f64(), unknown.as_secs_f64());
+    assert!(
+        a.max(b) / a.min(b) <= 1.5,
+        "wrong password {wrong:?}, unknown user {unknown:?}"
+    );
+    // alice's password under another name lets nobody in.
+    let r = send(
+        &c,
+        "GET",
+        &f.url("/x"),
+        &[("authorization", &basic("bob", "s3cret"))],
+        "",
+    )
+    .await;
+    assert_eq!(r.status, 401);
+}
+
+/// 100 h2 streams with unknown users, each reset 20 ms later: the checks that had not
+/// started never start, so fulcrum's CPU stays near what a core's worth of checks
+/// costs, and checks beyond the cores and the queue are answered 503 at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_auth_streams_cost_what_the_cores_run_not_what_was_asked() {
+    let api = TestBackend::start("api");
+    let f = auth_route(&api, "resets", 7);
+    let c = client();
+    let pid = f.child.id();
+    // One check's cost, for the figure in the failure message.
+    let t = std::time::Instant::now();
+    let r = send(
+        &c,
+        "GET",
+        &f.url("/x"),
+        &[("authorization", &basic("nobody", "x"))],
+        "",
+    )
+    .await;
+    assert_eq!(r.status, 401);
+    let one = t.elapsed();
+    let before = cpu_seconds(pid);
+    let tcp = tokio::net::TcpStream::connect(f.proxy).await.unwrap();
+    let (h2, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    let mut h2 = h2.ready().await.unwrap();
+    let mut answers = Vec::new();
+    for i in 0..100 {
+        let req = http::Request::get(format!("http://a.test/x/{i}"))
+            .header("authorization", basic(&format!("nobody{i}"), "x"))
+            .body(())
+            .unwrap();
+        answers.push(h2.send_request(req, true).unwrap());
+        h2 = h2.ready().await.unwrap();
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    for (_, mut stream) in answers {
+        stream.send_reset(h2::Reason::CANCEL);
+    }
+    drop(h2);
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let spent = cpu_seconds(pid) - before;
+    assert!(
+        spent <= 0.5,
+        "{spent:.2} CPU-seconds after 100 reset checks (one check: {one:?})"
+    );
+    let busy = f.log().lines().filter(|l| l.contains("status=503")).count();
+    assert!(
+        busy >= 1,
+        "100 checks at once exceed the cores and the queue of 64:\n{}",
+        f.log()
+    );
+    // Still answering.
+    let r = send(
+        &c,
+        "GET",
+        &f.url("/x"),
+        &[("authorization", &basic("alice", "s3cret"))],
+        "",
+    )
+    .await;
+    assert_eq!(r.status, 200);
+}

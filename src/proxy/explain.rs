@@ -167,16 +167,16 @@ async fn policed(p: &RoutePolicy, head: &RequestHead, ip: IpAddr, index: usize) 
     }
     let gate = p.gate.as_ref()?;
     let field = head.field(&header::AUTHORIZATION);
-    let good = match gate.check(field.as_ref().map(HeaderValue::as_bytes)) {
-        Check::Known => true,
-        Check::Missing => false,
-        // Checked as the request path checks it, and not remembered.
-        Check::Verify(attempt) => tokio::task::spawn_blocking(move || attempt.verify())
-            .await
-            .unwrap_or(false),
-    };
-    (!good)
-        .then(|| format!("route {index} asks for credentials and these are missing or wrong: 401"))
+    match gate.check(field.as_ref().map(HeaderValue::as_bytes)) {
+        Check::Known => None,
+        Check::Missing => Some(format!(
+            "route {index} asks for credentials and these are missing: 401"
+        )),
+        // Explain checks no password: it would be an oracle no rate limit guards.
+        Check::Verify(_) => Some(format!(
+            "route {index} asks for credentials: basic auth would verify these (explain checks no password); wrong ones get 401"
+        )),
+    }
 }
 
 /// The pool's part: its candidates, the sticky cookie, the strategy's choice.

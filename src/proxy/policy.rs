@@ -11,7 +11,7 @@ use super::answer::{ProxyResponse, RespBody};
 use super::message::{RateLimitFields, RequestHead};
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::basic_auth::{Check, Gate};
+use crate::basic_auth::{Check, Gate, Verified};
 use crate::compress::Coding;
 use crate::config::policy::{HeaderEdits, LimitKey, LocationPart, Part, Redirect, Template};
 use crate::rate_limit::{RateLimiter, Verdict};
@@ -92,24 +92,26 @@ pub(super) fn redirect(r: &Redirect, head: &RequestHead, tls: bool) -> ProxyResp
 }
 
 /// Lets a request through its route's basic auth, or answers `401` with the realm. A
-/// credential not verified before is checked on a blocking thread (bcrypt takes tens
-/// of milliseconds: not on a worker), then remembered.
+/// credential not verified before is checked off the worker (`basic_auth::verify`), then
+/// remembered; with every core busy and a queue full of checks, `503` for a second.
 pub(super) async fn authorize(gate: &Gate, head: &RequestHead) -> Result<(), ProxyResponse> {
     let field = head.field(&header::AUTHORIZATION);
     let ok = match gate.check(field.as_ref().map(HeaderValue::as_bytes)) {
         Check::Known => true,
         Check::Missing => false,
-        Check::Verify(attempt) => {
-            let checked =
-                tokio::task::spawn_blocking(move || attempt.verify().then_some(attempt.field));
-            match checked.await {
-                Ok(Some(field)) => {
-                    gate.remember(field);
-                    true
-                }
-                _ => false,
+        Check::Verify(attempt) => match crate::basic_auth::verify(attempt).await {
+            Verified::Yes(field) => {
+                gate.remember(field);
+                true
             }
-        }
+            Verified::No => false,
+            Verified::Busy => {
+                return Err(
+                    ProxyResponse::own(StatusCode::SERVICE_UNAVAILABLE, "busy\n")
+                        .with_field(header::RETRY_AFTER, HeaderValue::from_static("1")),
+                )
+            }
+        },
     };
     if ok {
         return Ok(());
