@@ -226,7 +226,8 @@ async fn a_dns_server_down_changes_nothing_and_its_return_is_followed() {
     let id = pool(&c, &f, "default").await["backends"][0]["id"].clone();
     let load = Load::start(f.proxy, 2, 0);
     dns.stop();
-    let seen = eventually(Duration::from_secs(6), || async {
+    // Each query is tried twice, 2 s each, before a lookup fails.
+    let seen = eventually(Duration::from_secs(10), || async {
         pool(&c, &f, "default").await["discovery"]["error"].is_string()
     })
     .await;
@@ -701,4 +702,64 @@ async fn a_pool_takes_at_most_max_backends_from_any_source() {
     let (st, _, err) = run_fulcrum(&["check", "--config", over.to_str().unwrap()]);
     assert_eq!(st.code(), Some(2), "{err}");
     assert!(err.contains("max_backends (1)"), "{err}");
+}
+
+/// 300 SRV targets (too many for one UDP answer): their lookups go out a few at a time
+/// and all resolve; a record with port 0 is no backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_hundred_srv_targets_resolve_and_port_zero_is_no_record() {
+    let name = "_http._tcp.many.test";
+    let mut hosts = String::new();
+    let mut records = Vec::new();
+    for i in 0..300u16 {
+        hosts.push_str(&format!(
+            "127.0.{}.{} t{i}.many.test\n",
+            1 + i / 200,
+            1 + i % 200
+        ));
+        records.push(Srv {
+            name: name.into(),
+            target: format!("t{i}.many.test"),
+            port: 20000 + i,
+            priority: 10,
+            weight: 1,
+        });
+    }
+    records.push(Srv {
+        name: name.into(),
+        target: "t0.many.test".into(),
+        port: 0,
+        priority: 0,
+        weight: 1,
+    });
+    let dns = Dnsmasq::start("many", &hosts, &records);
+    let c = client();
+    let cfg = config_file(
+        "discovery",
+        "many",
+        &format!(
+            "resolvers = [\"{}\"]\nhealth_interval = \"60s\"\n\n[[pools]]\nname = \"api\"\n\
+             discover = {{ srv = \"{name}\", interval = \"30s\" }}\n\n[[routes]]\npool = \"api\"\n",
+            dns.addr()
+        ),
+    );
+    let f = Fulcrum::start(&["--config", cfg.to_str().unwrap()]);
+    let ok = eventually(Duration::from_secs(10), || async {
+        pool(&c, &f, "api").await["backends"]
+            .as_array()
+            .is_some_and(|b| b.len() == 300)
+    })
+    .await;
+    let p = pool(&c, &f, "api").await;
+    assert!(ok, "{}\nlog:\n{}", p["discovery"], f.log());
+    let bs = p["backends"].as_array().unwrap();
+    assert!(
+        bs.iter()
+            .all(|b| !b["url"].as_str().unwrap().ends_with(":0")),
+        "port 0 is no record"
+    );
+    assert!(
+        bs.iter().all(|b| b["backup"] == false),
+        "the port-0 record's priority counts for nothing"
+    );
 }

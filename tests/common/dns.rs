@@ -99,7 +99,9 @@ impl Dnsmasq {
     pub fn restart(&mut self) {
         let child = Command::new("dnsmasq")
             .args([
-                "--no-daemon",
+                // In the foreground, and forking for a TCP query as a deployed dnsmasq
+                // does (`--no-daemon` is debug mode: one TCP client stalls every query).
+                "--keep-in-foreground",
                 "--no-resolv",
                 "--no-hosts",
                 "--bind-interfaces",
