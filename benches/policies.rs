@@ -54,7 +54,7 @@ fn json_100k() -> Bytes {
 /// Compresses `data` whole; the compressed size.
 fn compress(data: &Bytes, coding: Coding) -> usize {
     let body = Full::new(data.clone()).map_err(|e: Infallible| -> std::io::Error { match e {} });
-    let mut c = Compressed::new(body, coding);
+    let mut c = Compressed::new(body, coding, fulcrum::compress::Slot::take().unwrap());
     let mut cx = Context::from_waker(Waker::noop());
     let mut size = 0;
     // A whole body is always ready: nothing waits.

@@ -8,6 +8,7 @@
 
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 
 use async_compression::tokio::write::{BrotliEncoder, GzipEncoder, ZstdEncoder};
@@ -19,16 +20,57 @@ use tokio::io::AsyncWrite;
 pub use crate::config::compress::Coding;
 
 /// gzip's level: 1–9. Level 4 keeps most of level 6's ratio on JSON at over 300 MB/s
-/// (`docs/performance.md`, "Basic auth and compression").
+/// (`docs/performance.md`, "Basic auth and compression"); its state is about 300 KiB
+/// whatever the level.
 pub const GZIP_LEVEL: i32 = 4;
-/// Brotli's quality: 0–11. 4 is the quality browsers' CDNs use for dynamic answers;
-/// 11 is for files compressed once.
-pub const BROTLI_QUALITY: i32 = 4;
-/// Zstandard's level: its own default.
-pub const ZSTD_LEVEL: i32 = 3;
-/// Each encoder's window, as log2 of bytes: 256 KiB keeps a stream's memory bounded
-/// (Brotli's and Zstandard's defaults reach megabytes) and loses little on answers.
-const WINDOW_LOG: u32 = 18;
+/// Brotli's quality: 0–11. Qualities 2 to 4 use hash tables of a fixed 0.5–1 MiB and
+/// more that no parameter shrinks, over the 512 KiB an answer may hold; quality 1 holds
+/// about 120 KiB (`docs/performance.md`, "Compression's memory").
+pub const BROTLI_QUALITY: i32 = 1;
+/// Zstandard's level: 1 (its "fast" strategy, which needs no chain table) with the
+/// tables below compresses JSON better than level 3 with tables as small.
+pub const ZSTD_LEVEL: i32 = 1;
+/// Each encoder's window, as log2 of bytes: 64 KiB bounds a stream's memory (Brotli's
+/// and Zstandard's defaults reach megabytes) and loses little on answers.
+const WINDOW_LOG: u32 = 16;
+/// Zstandard's hash table, as log2 of entries (4 bytes each): 64 KiB.
+const ZSTD_HASH_LOG: u32 = 14;
+
+/// Answers compressed at once when nothing says otherwise (`compress_max_in_flight`).
+pub const MAX_IN_FLIGHT: usize = 1024;
+
+static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+static MOST_IN_FLIGHT: AtomicUsize = AtomicUsize::new(MAX_IN_FLIGHT);
+
+/// Sets how many answers may be compressed at once (`compress_max_in_flight`).
+pub fn set_max_in_flight(most: usize) {
+    MOST_IN_FLIGHT.store(most, Ordering::Relaxed);
+}
+
+/// One of the answers being compressed, counted until dropped: beyond
+/// `compress_max_in_flight` of them, answers go out as they came, so that many clients
+/// that stop reading cannot make fulcrum hold an encoder each without bound.
+#[derive(Debug)]
+pub struct Slot(());
+
+impl Slot {
+    /// A slot, when fewer than the most are taken.
+    pub fn take() -> Option<Slot> {
+        let most = MOST_IN_FLIGHT.load(Ordering::Relaxed);
+        let taken = IN_FLIGHT.fetch_add(1, Ordering::AcqRel);
+        if taken >= most {
+            IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(Slot(()))
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
+    }
+}
 
 /// The coding to answer with: among `offered` (most preferred first), the one
 /// `accept` (an `Accept-Encoding` value) gives the highest q-value above 0, ties going to
@@ -134,11 +176,11 @@ impl Encoder {
         match coding {
             Coding::Zstd => {
                 use async_compression::zstd::CParameter;
-                // Level 3's tables sized down with its window (`docs/policies.md`).
+                // Tables sized down with the window (`docs/policies.md`).
                 let params = [
                     CParameter::window_log(WINDOW_LOG),
-                    CParameter::hash_log(WINDOW_LOG - 2),
-                    CParameter::chain_log(WINDOW_LOG - 2),
+                    CParameter::hash_log(ZSTD_HASH_LOG),
+                    CParameter::chain_log(ZSTD_HASH_LOG),
                 ];
                 let level = Level::Precise(ZSTD_LEVEL);
                 Encoder::Zstd(ZstdEncoder::with_quality_and_params(out, level, &params))
@@ -212,15 +254,18 @@ pub struct Compressed<B> {
     encoder: Option<Encoder>,
     /// Data went in since the last flush.
     unflushed: bool,
+    /// Its place among the answers compressed at once.
+    _slot: Slot,
 }
 
 impl<B> Compressed<B> {
-    /// `inner`, compressed with `coding`.
-    pub fn new(inner: B, coding: Coding) -> Compressed<B> {
+    /// `inner`, compressed with `coding`, holding `slot` while it lives.
+    pub fn new(inner: B, coding: Coding, slot: Slot) -> Compressed<B> {
         Compressed {
             inner,
             encoder: Some(Encoder::new(coding)),
             unflushed: false,
+            _slot: slot,
         }
     }
 }
@@ -350,7 +395,7 @@ mod tests {
         for coding in Coding::ALL {
             let body =
                 Full::new(Bytes::from(text.clone())).map_err(|e| -> io::Error { match e {} });
-            let packed = Compressed::new(body, coding)
+            let packed = Compressed::new(body, coding, Slot::take().unwrap())
                 .collect()
                 .await
                 .unwrap()

@@ -966,6 +966,7 @@ fn launch(
     let (https, tls_listen, tls) =
         https_listeners(settings, listeners.tls, listeners.quic, obtained.clone())?;
     let mut proxy_settings = ProxySettings::from_settings(settings);
+    crate::compress::set_max_in_flight(settings.compress_max_in_flight);
     proxy_settings.plain_first = plain_first(settings, &obtained, tls_listen);
     let Control {
         spawner,

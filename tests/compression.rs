@@ -21,6 +21,20 @@ fn big_json() -> Vec<u8> {
     format!("[{}]", items.join(",")).into_bytes()
 }
 
+/// 64 KiB of varied JSON records.
+fn huge_block() -> Vec<u8> {
+    let mut out = Vec::with_capacity(70_000);
+    let mut i: u64 = 0;
+    while out.len() < 65_536 {
+        let x = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40;
+        let rec = format!(r#"{{"id":{i},"user":"u{x}","score":{},"on":{}}},"#, x % 997, i % 3 == 0);
+        out.extend_from_slice(rec.as_bytes());
+        i += 1;
+    }
+    out.truncate(65_536);
+    out
+}
+
 /// Text answered in pieces, without a length.
 fn chunked_text() -> Vec<u8> {
     (0..400)
@@ -100,6 +114,7 @@ fn serve(conn: TcpStream, go: &AtomicBool) {
                 &big_json(),
             ),
             "small.json" => fixed("application/json", "", br#"{"ok":true}"#),
+            "health" => fixed("text/plain", "", b"ok"),
             "photo.png" => fixed("image/png", "", &[7u8; 4096]),
             "module.wasm" => fixed("application/wasm", "", &[0u8; 4096]),
             "encoded.txt" => fixed("text/plain", "content-encoding: gzip\r\n", &[b'x'; 4096]),
@@ -141,6 +156,24 @@ fn serve(conn: TcpStream, go: &AtomicBool) {
                 }
                 r.extend_from_slice(b"0\r\n\r\n");
                 r
+            }
+            "huge.json" => {
+                // 16 MiB of JSON, in 64 KiB chunks, for clients that stop reading.
+                let head = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n";
+                if out.write_all(head.as_bytes()).is_err() {
+                    return;
+                }
+                let block = huge_block();
+                for _ in 0..256 {
+                    let chunk = format!("{:x}\r\n", block.len());
+                    if out.write_all(chunk.as_bytes()).is_err()
+                        || out.write_all(&block).is_err()
+                        || out.write_all(b"\r\n").is_err()
+                    {
+                        return;
+                    }
+                }
+                b"0\r\n\r\n".to_vec()
             }
             "events" | "slow.txt" => {
                 let ty = if path == "events" {
@@ -618,4 +651,100 @@ async fn the_admin_api_shows_compression_as_configured_and_takes_it_checked() {
     let after = get(&c, &f.admin_url("/admin/routes")).await.json();
     assert_eq!(after[2]["compress"], serde_json::json!(["zstd"]), "{after}");
     assert!(after[1].get("compress").is_none(), "{after}");
+}
+
+/// 50 clients that ask for a large compressible answer with `coding` (none: identity),
+/// read its first bytes and stop: fulcrum's RSS growth, in KiB per client.
+fn stalled_clients_kib(f: &Fulcrum, coding: Option<&str>) -> (u64, Vec<TcpStream>) {
+    let pid = f.child.id();
+    let before = rss_kib(pid);
+    let mut held = Vec::new();
+    for _ in 0..50 {
+        // A small receive buffer, so that each answer stalls after a few hundred KiB.
+        let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        sock.set_recv_buffer_size(16 << 10).unwrap();
+        sock.connect(&f.proxy.into()).unwrap();
+        let mut s: TcpStream = sock.into();
+        let accept = coding.map_or(String::new(), |c| format!("accept-encoding: {c}\r\n"));
+        let req = format!("GET /c/huge.json HTTP/1.1\r\nhost: a\r\n{accept}\r\n");
+        s.write_all(req.as_bytes()).unwrap();
+        let head = read_until(&mut s, b"\r\n\r\n", Duration::from_secs(5));
+        let text = String::from_utf8_lossy(&head).to_ascii_lowercase();
+        assert!(text.starts_with("http/1.1 200"), "{text}");
+        if let Some(c) = coding {
+            assert!(text.contains(&format!("content-encoding: {c}")), "{text}");
+        }
+        held.push(s);
+    }
+    // Let every answer run until its client's socket is full.
+    std::thread::sleep(Duration::from_millis(1500));
+    let grown = rss_kib(pid).saturating_sub(before);
+    (grown / 50, held)
+}
+
+/// An answer being compressed holds at most 512 KiB, whatever the coding, and the
+/// memory comes back when its clients leave.
+#[test]
+fn clients_that_stop_reading_hold_at_most_512_kib_each_whatever_the_coding() {
+    let backend = Backend::start();
+    let mut figures = Vec::new();
+    // A fresh process for each coding: memory one freed would be reused by the next.
+    for coding in [None, Some("gzip"), Some("br"), Some("zstd")] {
+        let f = start_fulcrum(&backend);
+        let idle = rss_kib(f.child.id());
+        let (per, held) = stalled_clients_kib(&f, coding);
+        figures.push((coding.unwrap_or("identity"), per));
+        drop(held);
+        let pid = f.child.id();
+        let back = (0..30).any(|_| {
+            std::thread::sleep(Duration::from_millis(100));
+            rss_kib(pid) <= 2 * idle + 10 * 1024
+        });
+        assert!(
+            back,
+            "{coding:?}: RSS {} KiB after the clients left, {idle} KiB idle",
+            rss_kib(pid)
+        );
+    }
+    eprintln!("KiB per stalled client: {figures:?}");
+    for (coding, per) in &figures {
+        assert!(*per <= 512, "{coding}: {per} KiB per client ({figures:?})");
+    }
+}
+
+/// Past `compress_max_in_flight` answers being compressed, the next goes out as it came.
+#[test]
+fn answers_past_compress_max_in_flight_go_out_uncompressed() {
+    let backend = Backend::start();
+    let cfg = config_file(
+        "compression",
+        "max-in-flight",
+        &format!(
+            "compress_max_in_flight = 2\n[[pools]]\nname = \"app\"\n\
+             [[pools.backends]]\nurl = \"http://{}\"\n\n\
+             [[routes]]\npool = \"app\"\ncompress = true\n",
+            backend.addr
+        ),
+    );
+    let f = Fulcrum::start(&["--config", cfg.to_str().unwrap()]);
+    let mut held = Vec::new();
+    let mut codings = Vec::new();
+    for _ in 0..3 {
+        let mut s = TcpStream::connect(f.proxy).unwrap();
+        s.write_all(b"GET /c/huge.json HTTP/1.1\r\nhost: a\r\naccept-encoding: gzip\r\n\r\n")
+            .unwrap();
+        let head = read_until(&mut s, b"\r\n\r\n", Duration::from_secs(5));
+        let text = String::from_utf8_lossy(&head).to_ascii_lowercase();
+        codings.push(text.contains("content-encoding: gzip"));
+        held.push(s);
+    }
+    assert_eq!(codings, [true, true, false]);
+    drop(held);
+    // The slots come back with their answers.
+    let ok = (0..50).any(|_| {
+        std::thread::sleep(Duration::from_millis(100));
+        curl(&f.url("/c/big.json"), &["-H", "accept-encoding: gzip"]).field("content-encoding")
+            == Some("gzip")
+    });
+    assert!(ok, "the slots never came back");
 }

@@ -231,6 +231,8 @@ pub(crate) struct Settings {
     pub(crate) trusted_proxies: Vec<IpNet>,
     /// Shed above this many requests in flight; 0 = off.
     pub(crate) max_inflight: usize,
+    /// Most answers compressed at once.
+    pub(crate) compress_max_in_flight: usize,
     /// Client connections open at once; 0 = derived from the open-file limit.
     pub(crate) max_connections: usize,
     /// Connections one client IP may hold open; 0 = no limit.
@@ -358,6 +360,7 @@ impl Default for Settings {
             },
             trusted_proxies: Vec::new(),
             max_inflight: 0,
+            compress_max_in_flight: 0,
             max_connections: 0,
             max_connections_per_client: 0,
             send_timeout: Duration::ZERO,

@@ -597,6 +597,17 @@ pub(crate) static OPTIONS: &[Opt] = &[
         reload: restart!("max_inflight", max_inflight),
     },
     Opt {
+        key: "compress_max_in_flight",
+        table_key: None,
+        value_name: "N",
+        help: "Most answers compressed at once; beyond it answers go out uncompressed",
+        default: Some("1024"),
+        default_text: None,
+        file_type: FileType::Int,
+        set: |s, v| parse_uint::<usize>(v, 1, 1_000_000).map(|x| s.compress_max_in_flight = x),
+        reload: restart!("compress_max_in_flight", compress_max_in_flight),
+    },
+    Opt {
         key: "max_connections_per_client",
         table_key: None,
         value_name: "N",

@@ -239,8 +239,14 @@ impl RespBody {
     }
 
     /// This body, compressed with `coding` as it streams.
-    pub(crate) fn compressed(self, coding: crate::compress::Coding) -> RespBody {
-        RespBody::Compressed(Box::new(crate::compress::Compressed::new(self, coding)))
+    pub(crate) fn compressed(
+        self,
+        coding: crate::compress::Coding,
+        slot: crate::compress::Slot,
+    ) -> RespBody {
+        RespBody::Compressed(Box::new(crate::compress::Compressed::new(
+            self, coding, slot,
+        )))
     }
 
     /// A fixed body.

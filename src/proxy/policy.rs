@@ -222,9 +222,11 @@ pub(super) fn compress(r: &mut ProxyResponse, coding: Option<Coding>, extra: &[S
     if !compressible {
         return;
     }
+    // Past `compress_max_in_flight` answers at once, this one goes out as it came.
+    let coding = coding.and_then(|c| Some((c, crate::compress::Slot::take()?)));
     r.head.edit_fields(|map| {
         add_vary(map);
-        if let Some(c) = coding {
+        if let Some((c, _)) = &coding {
             // What described the backend's bytes does not describe these.
             for name in DESCRIBE_BYTES {
                 map.remove(name);
@@ -233,9 +235,9 @@ pub(super) fn compress(r: &mut ProxyResponse, coding: Option<Coding>, extra: &[S
             weaken_etag(map);
         }
     });
-    if let Some(c) = coding {
+    if let Some((c, slot)) = coding {
         let body = std::mem::replace(&mut r.body, RespBody::empty());
-        r.body = body.compressed(c);
+        r.body = body.compressed(c, slot);
     }
 }
 
