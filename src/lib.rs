@@ -36,6 +36,7 @@ pub(crate) mod lab_run;
 pub(crate) mod listeners;
 pub(crate) mod liveness;
 pub(crate) mod logging;
+pub(crate) mod loops;
 pub(crate) mod manual;
 pub(crate) mod metrics;
 pub(crate) mod notify;

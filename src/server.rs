@@ -958,6 +958,11 @@ fn launch(
         .admin
         .local_addr()
         .map_err(|e| format!("admin listener: {e}"))?;
+    // A backend on one of these is this fulcrum itself: refused wherever it is named.
+    let own: Vec<SocketAddr> = (listeners.proxy.iter().chain(&listeners.tls))
+        .filter_map(|l| l.local_addr().ok())
+        .collect();
+    crate::loops::set_listeners(&own);
     let site =
         Arc::new(Site::new(&settings.pools, &settings.routes).map_err(|e| format!("routes: {e}"))?);
     site.resolvers.set(settings.resolvers.clone());

@@ -137,3 +137,81 @@ fn a_host_redirect_without_a_host_is_a_400_not_an_empty_authority() {
     );
     assert!(r.contains("\r\nlocation: https://b.test/a\r\n"), "{r}");
 }
+
+/// Open descriptors of a process.
+fn descriptors(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
+/// Two fulcrums, each the other's backend: a request goes round once, is seen by its
+/// `Via` and answered 508; health probes cost one hop each, never a fan-out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loop_through_two_fulcrums_is_answered_508_and_fans_nothing_out() {
+    let c = client();
+    let a = Fulcrum::start(&["--health-interval", "200ms"]);
+    let b_backend = format!("http://{}", a.proxy);
+    let b = Fulcrum::start(&["--backend", &b_backend, "--health-interval", "200ms"]);
+    let body = format!(r#"{{"url": "http://{}"}}"#, b.proxy);
+    let r = admin(&c, "POST", &a.admin_url("/admin/backends"), &body).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let r = send(&c, "GET", &a.url("/x"), &[], "").await;
+    assert_eq!(r.status, 508, "{}", r.text());
+    // Probes go on for a while: each costs one hop and one 508.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for f in [&a, &b] {
+        let (fds, rss) = (descriptors(f.child.id()), rss_kib(f.child.id()));
+        assert!(fds < 200, "{fds} descriptors");
+        assert!(rss < 100 * 1024, "{rss} KiB");
+    }
+    // Every request forwarded carries Via with the client's protocol.
+    let echo = TestBackend::start("echo");
+    let f = Fulcrum::over(&[&echo], &[]);
+    let r = send(&c, "GET", &f.url("/headers"), &[("via", "1.0 squid")], "").await;
+    assert_eq!(r.status, 200);
+    let seen = echo.stats.last_headers.lock().unwrap().clone().unwrap();
+    let via = seen.get("via").map(|v| v.to_str().unwrap().to_string()).unwrap_or_default();
+    assert!(via.starts_with("1.0 squid, 1.1 fulcrum-"), "{via}");
+}
+
+/// A backend that is this fulcrum's own listener is refused: exit 2 from a config, 400
+/// from the admin API, left out with an error by discovery.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_is_this_fulcrum_is_refused_wherever_it_is_named() {
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let cfg = config_file(
+        "audit",
+        "own",
+        &format!("listen = \"{listen}\"\n[[backends]]\nurl = \"http://localhost:{port}\"\n"),
+    );
+    let (st, _, err) = run_fulcrum(&["check", "--config", cfg.to_str().unwrap()]);
+    assert_eq!(st.code(), Some(2), "{err}");
+    assert!(err.contains("own listener"), "{err}");
+    let c = client();
+    let f = Fulcrum::start(&[]);
+    let body = format!(r#"{{"url": "http://{}"}}"#, f.proxy);
+    let r = admin(&c, "POST", &f.admin_url("/admin/backends"), &body).await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.json()["error"].as_str().unwrap().contains("own listener"));
+    // Discovery: the own address left out, the others taken, the error names it.
+    let other = TestBackend::start("other");
+    let list = config_file(
+        "audit",
+        "own-list",
+        &format!(r#"[{{"url": "{}"}}, {{"url": "http://{}"}}]"#, other.url(), f.proxy),
+    );
+    let discover = format!("file={}", list.display());
+    let g = Fulcrum::start(&["--discover", &discover]);
+    let body = format!(r#"[{{"url": "{}"}}, {{"url": "http://{}"}}]"#, other.url(), g.proxy);
+    std::fs::write(&list, body).unwrap();
+    let ok = eventually(Duration::from_secs(4), || async {
+        let p = get(&c, &g.admin_url("/admin/pools/default")).await.json();
+        p["discovery"]["error"].as_str().is_some_and(|e| e.contains("own listener"))
+            && p["backends"].as_array().is_some_and(|b| b.len() == 1)
+    })
+    .await;
+    let p = get(&c, &g.admin_url("/admin/pools/default")).await.json();
+    assert!(ok, "{p}");
+    assert_eq!(p["backends"][0]["url"], other.url());
+}

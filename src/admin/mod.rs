@@ -154,6 +154,7 @@ impl From<PoolError> for ApiError {
     fn from(e: PoolError) -> Self {
         let status = match e {
             PoolError::NotFound(_) => StatusCode::NOT_FOUND,
+            PoolError::Own(_) => StatusCode::BAD_REQUEST,
             PoolError::DuplicateUrl(_)
             | PoolError::DuplicateName(_)
             | PoolError::Retired(_)
@@ -311,6 +312,9 @@ async fn add_to(ctx: &AdminCtx, pool: &Pool, body: &Bytes) -> ApiResult<Response
     let spec = (parse_body::<BackendEntry>(body)?.spec()).map_err(ApiError::bad)?;
     if pool.backends().len() >= pool.settings.max_backends {
         return Err(PoolError::Full(pool.settings.max_backends).into());
+    }
+    if let Some(why) = crate::loops::own_backend_now(spec.authority.as_str(), spec.addr) {
+        return Err(ApiError::bad(why));
     }
     let added = match &ctx.fleet {
         Some(f) => {

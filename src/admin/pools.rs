@@ -118,6 +118,11 @@ pub(crate) async fn create(State(ctx): State<AdminCtx>, body: Bytes) -> ApiResul
     if let Some(over) = crate::config::over_max_backends(&spec) {
         return Err(ApiError::bad(over));
     }
+    let own = (spec.backends.iter())
+        .find_map(|b| crate::loops::own_backend_now(b.authority.as_str(), b.addr));
+    if let Some(why) = own {
+        return Err(ApiError::bad(why));
+    }
     let o = &spec.settings.outlier;
     if o.base_ejection > o.max_ejection {
         return Err(ApiError::bad(format!(

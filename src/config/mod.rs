@@ -555,8 +555,9 @@ fn check_whole(s: &Settings, flags: &RawFlags, errors: &mut Vec<ConfigError>) {
     }
     let mut cookies = std::collections::HashMap::new();
     check_discover_flags(s, flags, errors);
+    let listeners: Vec<SocketAddr> = std::iter::once(s.listen).chain(s.tls.listen).collect();
     for p in &s.pools {
-        check_backends(p, errors);
+        check_backends(p, &listeners, errors);
         let t = &p.settings.transport;
         if t.send_proxy.is_some() && t.protocol == Protocol::H2 {
             errors.push(ConfigError {
@@ -633,8 +634,8 @@ fn check_discover_flags(s: &Settings, flags: &RawFlags, errors: &mut Vec<ConfigE
     });
 }
 
-/// URLs and names are unique within a pool.
-fn check_backends(pool: &PoolSpec, errors: &mut Vec<ConfigError>) {
+/// URLs and names are unique within a pool, and none is one of `listeners`.
+fn check_backends(pool: &PoolSpec, listeners: &[SocketAddr], errors: &mut Vec<ConfigError>) {
     let origin = if pool.name == DEFAULT_POOL {
         "backend".to_string()
     } else {
@@ -643,11 +644,21 @@ fn check_backends(pool: &PoolSpec, errors: &mut Vec<ConfigError>) {
     errors.extend(
         (duplicate_backends(&pool.backends).into_iter())
             .chain(over_max_backends(pool))
+            .chain(own_backends(pool, listeners))
             .map(|message| ConfigError {
                 origin: origin.clone(),
                 message,
             }),
     );
+}
+
+/// Why each backend of `pool` that is one of `listeners` (fulcrum itself) is refused.
+fn own_backends<'a>(
+    pool: &'a PoolSpec,
+    listeners: &'a [SocketAddr],
+) -> impl Iterator<Item = String> + 'a {
+    (pool.backends.iter())
+        .filter_map(|b| crate::loops::own_backend(listeners, b.authority.as_str(), b.addr))
 }
 
 /// Why `pool` lists more backends than its `max_backends`, if it does.

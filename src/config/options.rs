@@ -871,6 +871,6 @@ mod tests {
         );
         assert!(!find("listen").unwrap().per_pool());
         assert!(pool_options().all(|o| o.per_pool()));
-        assert_eq!(pool_options().count(), 30);
+        assert_eq!(pool_options().count(), 31);
     }
 }

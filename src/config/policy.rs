@@ -522,6 +522,12 @@ fn field_name(key: &str, name: &str) -> Result<HeaderName, String> {
             "{key}: '{n}' cannot be set or removed (fulcrum writes the hop's and the message's framing fields itself)"
         ));
     }
+    // A request's `Via` is how a loop is seen (`docs/operations.md`, "Loops").
+    if key.starts_with("request_headers") && n == http::header::VIA {
+        return Err(format!(
+            "{key}: 'via' cannot be set or removed (fulcrum names itself there to see loops)"
+        ));
+    }
     Ok(n)
 }
 
@@ -622,6 +628,7 @@ mod tests {
     fn framing_fields_and_bad_templates_are_refused() {
         for (v, why) in [
             (json!({"set": {"content-length": "1"}}), "cannot be set"),
+            (json!({"remove": ["Via"]}), "'via' cannot be set or removed"),
             (
                 json!({"remove": ["Transfer-Encoding"]}),
                 "cannot be set or removed",

@@ -193,12 +193,25 @@ fn settle(
     // The pool's first set joins at full weight, as backends present at start do.
     let ramp = pool.discovery().updated_at.is_some();
     let found = found.and_then(|list| within_max(pool, list));
+    let (found, own) = match found {
+        Ok(list) => {
+            let (list, own) = without_own(list);
+            (Ok(list), own)
+        }
+        Err(e) => (Err(e), None),
+    };
     let outcome = found.map(|list| apply(pool, source_of(spec), list, ramp));
     let mut st = pool.discovery();
     st.next_at = Some(now + next);
     match outcome {
         Ok(changed) => {
-            if st.error.take().is_some() {
+            if let Some(why) = own {
+                // The rest is applied; the address left out is named until it goes.
+                if st.error.as_deref() != Some(why.as_str()) {
+                    tracing::warn!(pool = %pool.name, error = %why, "a discovered backend was left out");
+                }
+                st.error = Some(why);
+            } else if st.error.take().is_some() {
                 tracing::info!(pool = %pool.name, "discovery answers again");
             }
             st.updated_at = Some(now);
@@ -216,6 +229,21 @@ fn settle(
             st.errors += 1;
         }
     }
+}
+
+/// `list` without the backends that are this fulcrum's own listeners, and why the
+/// first of those was left out (`crate::loops`).
+fn without_own(list: Vec<BackendSpec>) -> (Vec<BackendSpec>, Option<String>) {
+    let mut why = None;
+    let kept = (list.into_iter())
+        .filter(|b| {
+            let own = crate::loops::own_backend_now(b.authority.as_str(), b.addr);
+            let keep = own.is_none();
+            why = why.take().or(own);
+            keep
+        })
+        .collect();
+    (kept, why)
 }
 
 /// `list` when the pool can take it whole: the discovered backends and those of other

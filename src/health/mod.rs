@@ -110,7 +110,11 @@ pub(crate) async fn probe(b: &Backend, path: &str, timeout: Duration) -> bool {
         // Over TLS for an `https://` backend, verified as its traffic is, and in the
         // pool's HTTP version (a gRPC server may speak nothing but HTTP/2).
         let stream = TokioIo::new(b.transport.open(stream).await.ok()?);
-        let req = Request::get(path).header(header::USER_AGENT, "fulcrum-health-check");
+        // `Via` as forwarded requests carry it: a backend that is this fulcrum answers
+        // the probe 508 instead of probing its own backends in turn.
+        let req = Request::get(path)
+            .header(header::USER_AGENT, "fulcrum-health-check")
+            .header(header::VIA, crate::loops::probe_element());
         let resp = if b.transport.h2 {
             let scheme = if b.transport.is_tls() {
                 "https"

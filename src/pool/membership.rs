@@ -138,6 +138,9 @@ impl Pool {
         if m.backends.len() >= self.settings.max_backends {
             return Err(PoolError::Full(self.settings.max_backends));
         }
+        if let Some(why) = crate::loops::own_backend_now(spec.authority.as_str(), spec.addr) {
+            return Err(PoolError::Own(why));
+        }
         let b = self.member(self.hub.next_id(), spec, source, spawn);
         self.welcome(&b, None, true, &mut Outcome::default());
         m.backends.push(Arc::clone(&b));
@@ -270,6 +273,10 @@ impl Pool {
         // Rare (a backend joins): a scan is fine.
         if let Some(c) = members.iter().find(|b| b.name == w.spec.name) {
             refuse(&w, format!("its name is backend {}'s", c.id), out);
+            return None;
+        }
+        if let Some(why) = crate::loops::own_backend_now(w.spec.authority.as_str(), w.spec.addr) {
+            refuse(&w, why, out);
             return None;
         }
         let id = w.id.unwrap_or_else(|| self.hub.next_id());

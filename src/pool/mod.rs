@@ -90,6 +90,8 @@ pub(crate) enum PoolError {
     Retired(String),
     /// The pool holds its `max_backends` already.
     Full(usize),
+    /// The backend is this fulcrum's own listener (why).
+    Own(String),
 }
 
 impl std::fmt::Display for PoolError {
@@ -102,6 +104,7 @@ impl std::fmt::Display for PoolError {
             PoolError::Full(max) => {
                 write!(f, "the pool has its max_backends ({max}) already")
             }
+            PoolError::Own(why) => f.write_str(why),
         }
     }
 }

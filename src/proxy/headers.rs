@@ -157,6 +157,8 @@ pub(crate) struct Hop<'a> {
     pub(crate) https: bool,
     /// Its `X-Request-Id`, in place of any the client sent.
     pub(crate) request_id: &'a [u8],
+    /// This hop's `Via` element (`crate::loops::element`), after the client's.
+    pub(crate) via: &'a [u8],
 }
 
 /// What this hop does to a request's fields (`docs/architecture.md`, "Headers"),
@@ -167,6 +169,7 @@ pub(crate) struct Hop<'a> {
 /// - hop-by-hop fields go, and those `Connection` names ([`hop`]); an upgrade keeps
 ///   `Connection: upgrade` and `Upgrade`;
 /// - `X-Forwarded-For` becomes one line: every entry received, then the peer;
+/// - `Via` becomes one line: every element received, then this hop's;
 /// - `X-Forwarded-Proto` and `X-Forwarded-Host` are this hop's unless a trusted peer
 ///   set them;
 /// - `X-Request-Id` is the request's.
@@ -180,9 +183,9 @@ pub(crate) struct Forwarding<'a, 'f> {
 /// The lengths of the names of every field a [`Forwarding`] may leave out by itself:
 /// the hop-by-hop ones (`te`; `trailer`, `upgrade`; `connection`, `keep-alive`;
 /// `proxy-connection`; `transfer-encoding`; `proxy-authorization`) and those this hop
-/// sets (`x-request-id`, `x-forwarded-for`, `x-forwarded-host`, `x-forwarded-proto`).
-/// A test holds it to the names.
-const DROPPED_LENGTHS: [usize; 8] = [2, 7, 10, 12, 15, 16, 17, 19];
+/// sets (`via`, `x-request-id`, `x-forwarded-for`, `x-forwarded-host`,
+/// `x-forwarded-proto`). A test holds it to the names.
+const DROPPED_LENGTHS: [usize; 9] = [2, 3, 7, 10, 12, 15, 16, 17, 19];
 
 /// The fields this hop sets.
 #[derive(Clone, Copy)]
@@ -269,6 +272,7 @@ impl<'a, 'f> Forwarding<'a, 'f> {
         !(self.is_hop_by_hop(name)
             || super::request_id::is_request_id(name)
             || is(name, &X_FORWARDED_FOR)
+            || is(name, &header::VIA)
             || (is(name, &X_FORWARDED_PROTO) && !self.sets.proto_kept)
             || (is(name, &X_FORWARDED_HOST) && !self.sets.host_kept))
     }
@@ -285,6 +289,7 @@ impl<'a, 'f> Forwarding<'a, 'f> {
             out.extend_from_slice(b": ");
             match v {
                 Added::ForwardedFor => self.write_xff(fields, out),
+                Added::Via => self.write_via(fields, out),
                 Added::Value(v) => out.extend_from_slice(v.as_bytes()),
                 Added::RequestId => out.extend_from_slice(sets.hop.request_id),
             }
@@ -296,7 +301,7 @@ impl<'a, 'f> Forwarding<'a, 'f> {
 impl<'a> Forwarding<'a, '_> {
     /// Carries the rules out on `map`, the request's fields as they came.
     pub(crate) fn apply(map: &mut HeaderMap, hop: Hop<'a>, upgrade: bool) {
-        let (sets, doomed, xff) = {
+        let (sets, doomed, xff, via) = {
             let fields: &HeaderMap = map;
             let f = Forwarding::decide(fields, hop, upgrade);
             let doomed: Vec<HeaderName> = (map.keys())
@@ -305,7 +310,9 @@ impl<'a> Forwarding<'a, '_> {
                 .collect();
             let mut xff = Vec::with_capacity(64);
             f.write_xff(fields, &mut xff);
-            (f.sets, doomed, xff)
+            let mut via = Vec::with_capacity(32);
+            f.write_via(fields, &mut via);
+            (f.sets, doomed, xff, via)
         };
         for name in doomed {
             map.remove(&name);
@@ -314,10 +321,17 @@ impl<'a> Forwarding<'a, '_> {
             map.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         }
         let xff = HeaderValue::from_maybe_shared(bytes::Bytes::from(xff));
+        let via = HeaderValue::from_maybe_shared(bytes::Bytes::from(via));
         sets.each(|name, v| {
             let value = match (v, &xff) {
                 (Added::ForwardedFor, Ok(x)) => x.clone(),
                 (Added::ForwardedFor, Err(_)) => hop.peer.clone(),
+                // The client's elements passed the field grammar, and this hop's is a
+                // token: always a value.
+                (Added::Via, _) => match &via {
+                    Ok(v) => v.clone(),
+                    Err(_) => return,
+                },
                 (Added::Value(v), _) => v.clone(),
                 (Added::RequestId, _) => super::request_id::field_value(hop.request_id),
             };
@@ -341,12 +355,27 @@ impl<'f> Forwarding<'_, 'f> {
         }
         out.extend_from_slice(self.sets.hop.peer.as_bytes());
     }
+
+    /// The value of `Via` into `out`: the request's lines, left to right, then this
+    /// hop's element (RFC 9110 §7.6.3). Lines `Connection` names count for nothing.
+    fn write_via(&self, fields: impl FieldList<'f>, out: &mut Vec<u8>) {
+        let lines = fields
+            .fields()
+            .filter(|(n, _)| is(n, &header::VIA) && !self.is_hop_by_hop(n))
+            .map(|(_, v)| v.trim_ascii());
+        for line in lines.filter(|l| !l.is_empty()) {
+            out.extend_from_slice(line);
+            out.extend_from_slice(b", ");
+        }
+        out.extend_from_slice(self.sets.hop.via);
+    }
 }
 
 impl Sets<'_> {
-    /// Each field this hop sets, after those that go on: `X-Forwarded-For`,
+    /// Each field this hop sets, after those that go on: `Via`, `X-Forwarded-For`,
     /// `X-Forwarded-Proto` and `X-Forwarded-Host` unless kept, `X-Request-Id`.
     fn each(self, mut put: impl FnMut(&HeaderName, Added<'_>)) {
+        put(&header::VIA, Added::Via);
         put(&X_FORWARDED_FOR, Added::ForwardedFor);
         if !self.proto_kept {
             let proto = if self.hop.https { "https" } else { "http" };
@@ -366,6 +395,8 @@ impl Sets<'_> {
 enum Added<'v> {
     /// `X-Forwarded-For`, made from the request's lines.
     ForwardedFor,
+    /// `Via`, made from the request's lines.
+    Via,
     /// This value.
     Value(&'v HeaderValue),
     /// The request's id.
@@ -524,6 +555,7 @@ pub(crate) fn both_rewrites(f: &ClientFields, trusted: bool, https: bool) -> (Li
         host: host.as_ref(),
         https,
         request_id: b"id-1",
+        via: b"1.1 fulcrum-test",
     };
     let mut out = Vec::new();
     f.write_forwarded(&mut out, hop, "backend:80");
@@ -725,6 +757,7 @@ mod tests {
             host: None,
             https: false,
             request_id: b"ours",
+            via: b"2 fulcrum-test",
         };
         Forwarding::apply(&mut h, hop, false);
         assert_eq!(h["x-forwarded-for"], "1.1.1.1, 2.2.2.2, 3.3.3.3, 127.0.0.1");

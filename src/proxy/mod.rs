@@ -252,6 +252,8 @@ struct Outgoing<'p> {
     stuck: bool,
     /// Its `X-Request-Id`, to the backend and back.
     id: RequestId,
+    /// This hop's `Via` element, for the client's protocol.
+    via: &'static [u8],
     /// Its route's policies, when it has any (`docs/policies.md`).
     policies: Option<Arc<RoutePolicy>>,
     /// The client's IP, trusted proxies honoured: found when a policy needs it.
@@ -271,6 +273,7 @@ impl Outgoing<'_> {
             host: self.host.as_ref(),
             https: self.peer.tls,
             request_id: self.id.as_bytes(),
+            via: self.via,
         }
     }
 
@@ -597,6 +600,7 @@ impl Proxy {
             }
             Ok((permit, routed)) => {
                 let mut head = head;
+                let via = crate::loops::element(head.version);
                 // A route's steps before the pool; none without policies.
                 let policed = match &routed.policies {
                     Some(p) => self.police(&mut head, p, peer, trusted, fin.started),
@@ -626,6 +630,7 @@ impl Proxy {
                     peer,
                     peer_trusted: trusted,
                     id,
+                    via,
                     inline: false,
                     key: None,
                     sticky: None,
@@ -737,6 +742,7 @@ impl Proxy {
                 host: req.host.as_ref(),
                 https: req.peer.tls,
                 request_id: req.id.as_bytes(),
+                via: req.via,
             };
             let upgrade = req.client_upgrade.is_some();
             if edits.is_some() && req.client_ip.is_none() {

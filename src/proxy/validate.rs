@@ -9,6 +9,7 @@ use http::{Method, StatusCode, Version};
 
 use super::answer::ProxyResponse;
 use super::message::{RequestFields, RequestHead};
+use crate::loops::names_us;
 
 /// Why a request head is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,13 +28,16 @@ pub(crate) enum Invalid {
     BadHost,
     /// An HTTP/2 request whose `Host` names another authority than `:authority`.
     HostNotAuthority,
+    /// Its `Via` names this process: it went round (`crate::loops`).
+    Loop,
 }
 
 /// The methods a client may use, for a 405's `Allow`.
 const ALLOW: &str = "GET, HEAD, POST, PUT, DELETE, OPTIONS, PATCH, TRACE";
 
 impl Invalid {
-    /// The answer: 405 with `Allow` for `CONNECT`, else 400; each closes the connection
+    /// The answer: 405 with `Allow` for `CONNECT`, 508 for a loop, else 400; each
+    /// closes the connection
     /// (what follows a refused head cannot be trusted to be framed as it says).
     pub(crate) fn answer(self) -> ProxyResponse {
         let (status, text) = match self {
@@ -54,6 +58,10 @@ impl Invalid {
             Invalid::HostNotAuthority => (
                 StatusCode::BAD_REQUEST,
                 "bad request: Host differs from :authority\n",
+            ),
+            Invalid::Loop => (
+                StatusCode::LOOP_DETECTED,
+                "loop detected: this request went through this fulcrum before\n",
             ),
         };
         let mut r = ProxyResponse::own(status, text)
@@ -80,13 +88,17 @@ pub(crate) fn check(head: &RequestHead) -> Result<(), Invalid> {
             m.get_all(header::HOST)
                 .iter()
                 .for_each(|v| hosts.see(v.as_bytes()));
+            if m.get_all(header::VIA).iter().any(|v| names_us(v.as_bytes())) {
+                return Err(Invalid::Loop);
+            }
         }
         RequestFields::Spans(f) => {
-            let (mut length, mut coding) = (false, false);
+            let (mut length, mut coding, mut looped) = (false, false, false);
             // Every request on the fast path comes here: names are told apart by their
             // length before any comparison.
             for (n, v) in f.iter() {
                 match n.len() {
+                    3 if n.eq_ignore_ascii_case(b"via") => looped |= names_us(v),
                     4 if n.eq_ignore_ascii_case(HOST) => hosts.see(v),
                     14 if n.eq_ignore_ascii_case(b"content-length") => length = true,
                     17 if n.eq_ignore_ascii_case(b"transfer-encoding") => coding = true,
@@ -95,6 +107,9 @@ pub(crate) fn check(head: &RequestHead) -> Result<(), Invalid> {
             }
             if length && coding {
                 return Err(Invalid::LengthAndCoding);
+            }
+            if looped {
+                return Err(Invalid::Loop);
             }
         }
     }

@@ -88,10 +88,12 @@ impl Fleet {
         reloader: Arc<Reloader>,
         listen: std::net::SocketAddr,
     ) -> Fleet {
+        let id = instance_id();
+        crate::loops::set_instance(&id);
         Fleet {
             etcd: Etcd::new(&spec.endpoints),
             prefix: spec.prefix.clone(),
-            id: instance_id(),
+            id,
             listen: listen.to_string(),
             site,
             reloader,

@@ -1,0 +1,172 @@
+//! Loops (`docs/operations.md`, "Loops"): a backend that is this fulcrum itself (a
+//! static URL equal to a listener, a wildcard DNS record naming the balancer). Such a
+//! backend is refused where it is named ([`own_backend`]), and every request fulcrum sends a
+//! backend — forwarded, a health probe — names this process in `Via` (RFC 9110
+//! §7.6.3), so one that comes back all the same is seen and answered `508` instead of
+//! going round until descriptors and memory run out.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{OnceLock, RwLock};
+
+use http::Version;
+
+/// This process in `Via`: its pseudonym `fulcrum-ID`, and the element each client
+/// protocol forwards (`1.1 fulcrum-ID`).
+struct Own {
+    token: Box<[u8]>,
+    elements: [Box<[u8]>; 4],
+}
+
+static OWN: OnceLock<Own> = OnceLock::new();
+
+fn own() -> &'static Own {
+    OWN.get_or_init(|| made(&format!("{:08x}", fastrand::u32(..))))
+}
+
+fn made(id: &str) -> Own {
+    let token = format!("fulcrum-{id}");
+    let element = |v: &str| format!("{v} {token}").into_bytes().into_boxed_slice();
+    Own {
+        elements: [element("1.0"), element("1.1"), element("2"), element("3")],
+        token: token.into_bytes().into_boxed_slice(),
+    }
+}
+
+/// Names this process `id` (the fleet instance's name; else a random one is drawn on
+/// first use). Only the first call counts; an id that is not a token is not taken.
+pub(crate) fn set_instance(id: &str) {
+    let token = |c: u8| c.is_ascii_alphanumeric() || b"-._~".contains(&c);
+    if !id.is_empty() && id.bytes().all(token) {
+        let _ = OWN.set(made(id));
+    }
+}
+
+/// This hop's `Via` element for a request the client sent over `version`.
+pub(crate) fn element(version: Version) -> &'static [u8] {
+    let i = match version {
+        Version::HTTP_10 | Version::HTTP_09 => 0,
+        Version::HTTP_2 => 2,
+        Version::HTTP_3 => 3,
+        _ => 1,
+    };
+    &own().elements[i]
+}
+
+/// The element a health probe sends (it speaks HTTP/1.1 or h2 to the backend; it
+/// names the hop all the same).
+pub(crate) fn probe_element() -> &'static str {
+    // Made of a token and digits: always text.
+    std::str::from_utf8(element(Version::HTTP_11)).unwrap_or("1.1 fulcrum")
+}
+
+/// Whether a `Via` line names this process as one of its hops: the request went
+/// through here before.
+pub(crate) fn names_us(value: &[u8]) -> bool {
+    let token = &*own().token;
+    value.split(|&b| b == b',').any(|element| {
+        let mut parts = element.split(u8::is_ascii_whitespace).filter(|p| !p.is_empty());
+        parts.nth(1) == Some(token)
+    })
+}
+
+/// The proxy listeners' addresses, as bound (a port of 0 resolved).
+static LISTENERS: RwLock<Vec<SocketAddr>> = RwLock::new(Vec::new());
+
+/// Records the addresses the proxy listeners are bound to.
+pub(crate) fn set_listeners(addrs: &[SocketAddr]) {
+    let mut l = LISTENERS.write().unwrap_or_else(|e| e.into_inner());
+    *l = addrs.to_vec();
+}
+
+/// Whether `addr` reaches one of `listeners`: one's address, or any local address on
+/// the port of one bound to every address.
+pub(crate) fn reaches(listeners: &[SocketAddr], addr: SocketAddr) -> bool {
+    let ip = canonical(addr.ip());
+    listeners.iter().any(|l| {
+        l.port() == addr.port()
+            && l.port() != 0
+            && (canonical(l.ip()) == ip || (l.ip().is_unspecified() && is_local(ip)))
+    })
+}
+
+/// An IPv4-mapped IPv6 address as IPv4.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// Whether `ip` is one of this host's own addresses: loopback, unspecified, or one a
+/// socket can be bound to.
+fn is_local(ip: IpAddr) -> bool {
+    ip.is_loopback()
+        || ip.is_unspecified()
+        || std::net::UdpSocket::bind(SocketAddr::new(ip, 0)).is_ok()
+}
+
+/// Why `url`'s address is this fulcrum's own listener, if it is: the address it is
+/// reached at (`resolved`, else the URL's own IP or `localhost`).
+pub(crate) fn own_backend(
+    listeners: &[SocketAddr],
+    authority: &str,
+    resolved: Option<SocketAddr>,
+) -> Option<String> {
+    let addr = resolved.or_else(|| literal(authority))?;
+    reaches(listeners, addr).then(|| {
+        format!("{authority} is this fulcrum's own listener {addr}: a backend that is fulcrum itself would send every request round again")
+    })
+}
+
+/// The address of an authority that names one without a lookup: an IP and a port, or
+/// `localhost` and a port.
+fn literal(authority: &str) -> Option<SocketAddr> {
+    if let Ok(a) = authority.parse() {
+        return Some(a);
+    }
+    let (host, port) = authority.rsplit_once(':')?;
+    let port = port.parse().ok()?;
+    host.eq_ignore_ascii_case("localhost")
+        .then(|| SocketAddr::new(IpAddr::from([127, 0, 0, 1]), port))
+}
+
+/// [`own_backend`] against the listeners this process has bound.
+pub(crate) fn own_backend_now(authority: &str, resolved: Option<SocketAddr>) -> Option<String> {
+    let l = LISTENERS.read().unwrap_or_else(|e| e.into_inner());
+    own_backend(&l, authority, resolved)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_line_naming_this_process_anywhere_is_a_loop() {
+        let me = std::str::from_utf8(element(Version::HTTP_11)).unwrap().to_string();
+        let token = me.split(' ').nth(1).unwrap().to_string();
+        assert!(me.starts_with("1.1 fulcrum-"));
+        assert!(std::str::from_utf8(element(Version::HTTP_2)).unwrap().starts_with("2 "));
+        assert!(names_us(me.as_bytes()));
+        assert!(names_us(format!("1.0 squid, 2 {token} (fulcrum)").as_bytes()));
+        assert!(names_us(format!("1.1 a,1.1  {token}").as_bytes()));
+        assert!(!names_us(b"1.1 fulcrum-0000000g"));
+        assert!(!names_us(format!("1.1 {token}x").as_bytes()));
+        assert!(!names_us(format!("{token} 1.1").as_bytes()));
+        assert!(!names_us(b""));
+    }
+
+    #[test]
+    fn a_backend_on_a_listener_or_on_a_wildcards_port_is_ours() {
+        let l: Vec<SocketAddr> = vec!["127.0.0.1:8080".parse().unwrap(), "0.0.0.0:8443".parse().unwrap()];
+        let own = |a: &str, r: Option<&str>| own_backend(&l, a, r.map(|r| r.parse().unwrap())).is_some();
+        assert!(own("127.0.0.1:8080", None));
+        assert!(own("localhost:8080", None));
+        assert!(own("[::ffff:127.0.0.1]:8080", None));
+        assert!(own("127.0.0.2:8443", None), "any local address on the wildcard's port");
+        assert!(own("api.test:8443", Some("127.0.0.1:8443")));
+        assert!(!own("127.0.0.2:8080", None), "another address on the plain listener's port");
+        assert!(!own("127.0.0.1:9090", None));
+        assert!(!own("api.test:8080", None), "a name is checked once resolved");
+        assert!(!own("192.0.2.1:8443", None), "not this host's");
+    }
+}
