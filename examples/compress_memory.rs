@@ -45,7 +45,11 @@ type Chunks = StreamBody<
 fn body(data: &Bytes) -> Chunks {
     let frames: Vec<_> = (0..data.len())
         .step_by(CHUNK)
-        .map(|at| Ok(http_body::Frame::data(data.slice(at..(at + CHUNK).min(data.len())))))
+        .map(|at| {
+            Ok(http_body::Frame::data(
+                data.slice(at..(at + CHUNK).min(data.len())),
+            ))
+        })
         .collect();
     StreamBody::new(futures_util::stream::iter(frames))
 }
@@ -75,14 +79,22 @@ fn measure(coding: Coding) {
     let data = json(4 << 20);
     let before = rss_kib();
     let mut held: Vec<_> = (0..ANSWERS)
-        .map(|_| Compressed::new(body(&data), coding, fulcrum::compress::Slot::take().unwrap()))
+        .map(|_| {
+            Compressed::new(
+                body(&data),
+                coding,
+                fulcrum::compress::Slot::take().unwrap(),
+            )
+        })
         .collect();
     for b in &mut held {
         stream_some(b, 256 << 10);
     }
     let per = (rss_kib().saturating_sub(before)) as f64 / ANSWERS as f64;
     drop(held);
-    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
     let t = Instant::now();
     let out = rt.block_on(async {
         let slot = fulcrum::compress::Slot::take().unwrap();
@@ -96,14 +108,20 @@ fn measure(coding: Coding) {
 
 fn main() {
     let coding = std::env::args().nth(1);
-    if let Some(c) = Coding::ALL.iter().find(|c| Some(c.name()) == coding.as_deref()) {
+    if let Some(c) = Coding::ALL
+        .iter()
+        .find(|c| Some(c.name()) == coding.as_deref())
+    {
         return measure(*c);
     }
     // Each coding in a process of its own: memory one freed would be reused by the next.
     println!("coding  KiB/answer  ratio  ms/MiB");
     for c in [Coding::Gzip, Coding::Br, Coding::Zstd] {
         let me = std::env::current_exe().unwrap();
-        let st = std::process::Command::new(me).arg(c.name()).status().unwrap();
+        let st = std::process::Command::new(me)
+            .arg(c.name())
+            .status()
+            .unwrap();
         assert!(st.success());
     }
 }

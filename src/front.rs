@@ -170,6 +170,7 @@ pub(crate) async fn serve<S: ClientIo>(
             eof: &mut conn.eof,
             deadline: &mut conn.deadline,
             send_timeout: proxy.send_timeout(),
+            socket: peer.socket,
         };
         let written = client.write_response(&mut resp, head_only, keep).await;
         drop(resp);
@@ -452,6 +453,8 @@ struct Client<'a, S> {
     eof: &'a mut bool,
     deadline: &'a mut Deadline,
     send_timeout: Duration,
+    /// The client's TCP socket (`liveness::unsent`).
+    socket: i32,
 }
 
 impl<S: ClientIo> Client<'_, S> {
@@ -478,10 +481,12 @@ impl<S: ClientIo> Client<'_, S> {
         self.write_body(&mut resp.body, out, framing).await
     }
 
-    /// Writes all of `bytes`; fails when the client has not taken them within the send
-    /// timeout (nginx's `send_timeout`, which also bounds each write, not the whole
-    /// answer). A write the socket takes at once touches no timer: the deadline moves
-    /// only when a write has to wait.
+    /// Writes all of `bytes`; fails when the client has taken no byte for the send
+    /// timeout (nginx's `send_timeout` bounds each write; here a wait also goes on while
+    /// the socket's send queue shrinks, `liveness::unsent`: the kernel wakes a writer only
+    /// when a third of a possibly multi-megabyte buffer is free, so a client reading
+    /// 64 KiB a second could otherwise be cut). A write the socket takes at once touches
+    /// no timer: the deadline moves only when a write has to wait.
     async fn send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
         // Flushed: TLS keeps records its socket could not take yet (a no-op on TCP).
         let stream = &mut *self.stream;
@@ -493,11 +498,19 @@ impl<S: ClientIo> Client<'_, S> {
         if let Poll::Ready(r) = poll_fn(|cx| Poll::Ready(write.as_mut().poll(cx))).await {
             return r;
         }
-        self.deadline.set(Stamp::now().after(self.send_timeout));
-        tokio::select! {
-            biased;
-            r = &mut write => r,
-            () = self.deadline.expired() => Err(std::io::ErrorKind::TimedOut.into()),
+        let mut unsent = crate::liveness::unsent(self.socket);
+        loop {
+            self.deadline.set(Stamp::now().after(self.send_timeout));
+            tokio::select! {
+                biased;
+                r = &mut write => return r,
+                () = self.deadline.expired() => {}
+            }
+            let now = crate::liveness::unsent(self.socket);
+            match (now, unsent) {
+                (Some(n), Some(was)) if n < was => unsent = now,
+                _ => return Err(std::io::ErrorKind::TimedOut.into()),
+            }
         }
     }
 

@@ -91,6 +91,7 @@ pub(crate) async fn serve<H: Send>(
         forwarded: crate::proxy::headers::forwarded_value(peer_addr.ip()),
         tls: true,
         local,
+        socket: -1,
     };
     if let Err(e) = requests(conn, proxy, &peer, &stop).await {
         tracing::debug!(error = %e, peer = %peer_addr, "HTTP/3 connection ended with an error");

@@ -47,16 +47,22 @@ pub(crate) struct Activity {
     /// client's PINGs and SETTINGS by itself, and a client that only sends those must
     /// still be idle, or stalled if it opens no window.
     h2: bool,
+    /// The client's TCP socket (`-1`: none to ask), whose send queue shrinking is the
+    /// client's progress too: a write can wait on a multi-megabyte kernel buffer while
+    /// the client reads steadily ([`unsent`]).
+    socket: i32,
 }
 
 impl Activity {
-    /// A connection's, speaking HTTP/2 or not (its preface, or ALPN, tells).
-    pub(crate) fn new(h2: bool) -> Activity {
+    /// A connection's, speaking HTTP/2 or not (its preface, or ALPN, tells), over the
+    /// TCP socket `socket` (`-1`: none).
+    pub(crate) fn new(h2: bool, socket: i32) -> Activity {
         Activity {
             open: AtomicUsize::new(0),
             waiting: AtomicUsize::new(0),
             progress: AtomicU64::new(0),
             h2,
+            socket,
         }
     }
 
@@ -79,12 +85,37 @@ impl Activity {
     }
 
     fn reading(&self) -> Reading {
+        let waiting = self.waiting.load(Ordering::Relaxed);
         Reading {
             open: self.open.load(Ordering::Relaxed),
-            waiting: self.waiting.load(Ordering::Relaxed),
+            waiting,
             progress: self.progress.load(Ordering::Relaxed),
+            // Asked only while an answer waits: an idle connection costs no system call.
+            unsent: if waiting > 0 {
+                unsent(self.socket)
+            } else {
+                None
+            },
         }
     }
+}
+
+/// Bytes the kernel holds for the client on TCP socket `fd` and the client has not
+/// acknowledged (`SIOCOUTQ`); `None` without a socket. When it shrinks the client is
+/// reading, whether or not fulcrum's own write has been woken yet (the kernel wakes a
+/// writer only once a third of its buffer is free: seconds or minutes for a slow
+/// reader of a multi-megabyte buffer).
+pub(crate) fn unsent(fd: i32) -> Option<u32> {
+    if fd < 0 {
+        return None;
+    }
+    let mut n: libc::c_int = 0;
+    // SAFETY: TIOCOUTQ (SIOCOUTQ on a socket) writes one int through the pointer, which
+    // points at `n`; `fd` is the connection's own socket, open while the connection (and
+    // so the caller) lives. On a descriptor of another kind the call fails and writes
+    // nothing.
+    let r = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut n as *mut libc::c_int) };
+    (r == 0 && n >= 0).then_some(n as u32)
 }
 
 /// A request's place in [`Activity::open`].
@@ -262,6 +293,8 @@ struct Reading {
     open: usize,
     waiting: usize,
     progress: u64,
+    /// The socket's [`unsent`] bytes, read while an answer waits.
+    unsent: Option<u32>,
 }
 
 /// Reads a connection's [`Activity`] every quarter of the shorter timeout, and says when
@@ -307,7 +340,8 @@ impl Watchdog {
     /// One look, a period after the last.
     fn look(&mut self) -> Option<Verdict> {
         let now = self.activity.reading();
-        let still = now.progress == self.last.progress;
+        let drained = matches!((now.unsent, self.last.unsent), (Some(n), Some(l)) if n < l);
+        let still = now.progress == self.last.progress && !drained;
         self.idle_for = match still && now.open == 0 && self.last.open == 0 {
             true => self.idle_for + self.period,
             false => Duration::ZERO,
@@ -397,7 +431,7 @@ mod tests {
 
     #[test]
     fn a_connection_without_requests_is_idle_after_the_idle_timeout() {
-        let a = Arc::new(Activity::new(false));
+        let a = Arc::new(Activity::new(false, -1));
         let mut d = dog(&a);
         // A period is a quarter of the send timeout: 1 s. Eight looks make 8 s.
         for _ in 0..7 {
@@ -420,7 +454,7 @@ mod tests {
 
     #[test]
     fn an_answer_the_client_takes_nothing_of_is_stalled_after_the_send_timeout() {
-        let a = Arc::new(Activity::new(true));
+        let a = Arc::new(Activity::new(true, -1));
         let body = Watched::new(http_body_util::Empty::<Bytes>::new(), a.open());
         assert_eq!(a.requests_open(), 1);
         let mut d = dog(&a);
@@ -452,7 +486,7 @@ mod tests {
     #[tokio::test]
     async fn a_body_polled_again_no_longer_waits() {
         use http_body_util::BodyExt;
-        let a = Arc::new(Activity::new(false));
+        let a = Arc::new(Activity::new(false, -1));
         let inner = http_body_util::Full::new(Bytes::from_static(b"abc"));
         let mut body = Watched::new(inner, a.open());
         assert_eq!(a.reading().waiting, 1);

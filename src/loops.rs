@@ -15,6 +15,8 @@ use http::Version;
 struct Own {
     token: Box<[u8]>,
     elements: [Box<[u8]>; 4],
+    /// The same elements as field values, for a request without `Via` of its own.
+    values: [http::HeaderValue; 4],
 }
 
 static OWN: OnceLock<Own> = OnceLock::new();
@@ -26,8 +28,19 @@ fn own() -> &'static Own {
 fn made(id: &str) -> Own {
     let token = format!("fulcrum-{id}");
     let element = |v: &str| format!("{v} {token}").into_bytes().into_boxed_slice();
+    let elements = [element("1.0"), element("1.1"), element("2"), element("3")];
+    // A token of checked bytes after a version: always a field value.
+    let value = |e: &[u8]| {
+        http::HeaderValue::from_bytes(e).unwrap_or(http::HeaderValue::from_static("1.1 fulcrum"))
+    };
     Own {
-        elements: [element("1.0"), element("1.1"), element("2"), element("3")],
+        values: [
+            value(&elements[0]),
+            value(&elements[1]),
+            value(&elements[2]),
+            value(&elements[3]),
+        ],
+        elements,
         token: token.into_bytes().into_boxed_slice(),
     }
 }
@@ -41,15 +54,25 @@ pub(crate) fn set_instance(id: &str) {
     }
 }
 
-/// This hop's `Via` element for a request the client sent over `version`.
-pub(crate) fn element(version: Version) -> &'static [u8] {
-    let i = match version {
+fn index(version: Version) -> usize {
+    match version {
         Version::HTTP_10 | Version::HTTP_09 => 0,
         Version::HTTP_2 => 2,
         Version::HTTP_3 => 3,
         _ => 1,
-    };
-    &own().elements[i]
+    }
+}
+
+/// This hop's `Via` element for a request the client sent over `version`.
+pub(crate) fn element(version: Version) -> &'static [u8] {
+    &own().elements[index(version)]
+}
+
+/// [`element`] as a field value, when the element is the whole field (a shared value:
+/// cloning it copies nothing).
+pub(crate) fn value_of(element: &[u8]) -> Option<&'static http::HeaderValue> {
+    let own = own();
+    (own.elements.iter().position(|e| **e == *element)).map(|i| &own.values[i])
 }
 
 /// The element a health probe sends (it speaks HTTP/1.1 or h2 to the backend; it
@@ -64,7 +87,9 @@ pub(crate) fn probe_element() -> &'static str {
 pub(crate) fn names_us(value: &[u8]) -> bool {
     let token = &*own().token;
     value.split(|&b| b == b',').any(|element| {
-        let mut parts = element.split(u8::is_ascii_whitespace).filter(|p| !p.is_empty());
+        let mut parts = element
+            .split(u8::is_ascii_whitespace)
+            .filter(|p| !p.is_empty());
         parts.nth(1) == Some(token)
     })
 }
@@ -142,12 +167,18 @@ mod tests {
 
     #[test]
     fn a_line_naming_this_process_anywhere_is_a_loop() {
-        let me = std::str::from_utf8(element(Version::HTTP_11)).unwrap().to_string();
+        let me = std::str::from_utf8(element(Version::HTTP_11))
+            .unwrap()
+            .to_string();
         let token = me.split(' ').nth(1).unwrap().to_string();
         assert!(me.starts_with("1.1 fulcrum-"));
-        assert!(std::str::from_utf8(element(Version::HTTP_2)).unwrap().starts_with("2 "));
+        assert!(std::str::from_utf8(element(Version::HTTP_2))
+            .unwrap()
+            .starts_with("2 "));
         assert!(names_us(me.as_bytes()));
-        assert!(names_us(format!("1.0 squid, 2 {token} (fulcrum)").as_bytes()));
+        assert!(names_us(
+            format!("1.0 squid, 2 {token} (fulcrum)").as_bytes()
+        ));
         assert!(names_us(format!("1.1 a,1.1  {token}").as_bytes()));
         assert!(!names_us(b"1.1 fulcrum-0000000g"));
         assert!(!names_us(format!("1.1 {token}x").as_bytes()));
@@ -157,16 +188,29 @@ mod tests {
 
     #[test]
     fn a_backend_on_a_listener_or_on_a_wildcards_port_is_ours() {
-        let l: Vec<SocketAddr> = vec!["127.0.0.1:8080".parse().unwrap(), "0.0.0.0:8443".parse().unwrap()];
-        let own = |a: &str, r: Option<&str>| own_backend(&l, a, r.map(|r| r.parse().unwrap())).is_some();
+        let l: Vec<SocketAddr> = vec![
+            "127.0.0.1:8080".parse().unwrap(),
+            "0.0.0.0:8443".parse().unwrap(),
+        ];
+        let own =
+            |a: &str, r: Option<&str>| own_backend(&l, a, r.map(|r| r.parse().unwrap())).is_some();
         assert!(own("127.0.0.1:8080", None));
         assert!(own("localhost:8080", None));
         assert!(own("[::ffff:127.0.0.1]:8080", None));
-        assert!(own("127.0.0.2:8443", None), "any local address on the wildcard's port");
+        assert!(
+            own("127.0.0.2:8443", None),
+            "any local address on the wildcard's port"
+        );
         assert!(own("api.test:8443", Some("127.0.0.1:8443")));
-        assert!(!own("127.0.0.2:8080", None), "another address on the plain listener's port");
+        assert!(
+            !own("127.0.0.2:8080", None),
+            "another address on the plain listener's port"
+        );
         assert!(!own("127.0.0.1:9090", None));
-        assert!(!own("api.test:8080", None), "a name is checked once resolved");
+        assert!(
+            !own("api.test:8080", None),
+            "a name is checked once resolved"
+        );
         assert!(!own("192.0.2.1:8443", None), "not this host's");
     }
 }

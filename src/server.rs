@@ -441,6 +441,7 @@ async fn client_of(
         forwarded: crate::proxy::headers::forwarded_value(addr.ip()),
         tls,
         local,
+        socket: std::os::fd::AsRawFd::as_raw_fd(&*stream),
     })
 }
 
@@ -582,7 +583,7 @@ impl ClientConn<'_> {
     where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
-        let activity = Arc::new(Activity::new(false));
+        let activity = Arc::new(Activity::new(false, client.socket));
         let io = TokioIo::new(Tracked::new(io, Arc::clone(&activity), held));
         let (proxy, stop, seen) = (self.proxy, self.stop.clone(), Arc::clone(&activity));
         let svc = service_fn(move |req: http::Request<hyper::body::Incoming>| {
@@ -619,7 +620,7 @@ impl ClientConn<'_> {
     where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
-        let activity = Arc::new(Activity::new(true));
+        let activity = Arc::new(Activity::new(true, client.socket));
         let io = Tracked::new(io, Arc::clone(&activity), held);
         let mut dog = Watchdog::new(Arc::clone(&activity), self.timeouts);
         // The start of the preface was read before (the fast path or `first_bytes`); the

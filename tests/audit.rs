@@ -170,7 +170,10 @@ async fn a_loop_through_two_fulcrums_is_answered_508_and_fans_nothing_out() {
     let r = send(&c, "GET", &f.url("/headers"), &[("via", "1.0 squid")], "").await;
     assert_eq!(r.status, 200);
     let seen = echo.stats.last_headers.lock().unwrap().clone().unwrap();
-    let via = seen.get("via").map(|v| v.to_str().unwrap().to_string()).unwrap_or_default();
+    let via = seen
+        .get("via")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
     assert!(via.starts_with("1.0 squid, 1.1 fulcrum-"), "{via}");
 }
 
@@ -199,19 +202,104 @@ async fn a_backend_that_is_this_fulcrum_is_refused_wherever_it_is_named() {
     let list = config_file(
         "audit",
         "own-list",
-        &format!(r#"[{{"url": "{}"}}, {{"url": "http://{}"}}]"#, other.url(), f.proxy),
+        &format!(
+            r#"[{{"url": "{}"}}, {{"url": "http://{}"}}]"#,
+            other.url(),
+            f.proxy
+        ),
     );
     let discover = format!("file={}", list.display());
     let g = Fulcrum::start(&["--discover", &discover]);
-    let body = format!(r#"[{{"url": "{}"}}, {{"url": "http://{}"}}]"#, other.url(), g.proxy);
+    let body = format!(
+        r#"[{{"url": "{}"}}, {{"url": "http://{}"}}]"#,
+        other.url(),
+        g.proxy
+    );
     std::fs::write(&list, body).unwrap();
     let ok = eventually(Duration::from_secs(4), || async {
         let p = get(&c, &g.admin_url("/admin/pools/default")).await.json();
-        p["discovery"]["error"].as_str().is_some_and(|e| e.contains("own listener"))
+        p["discovery"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("own listener"))
             && p["backends"].as_array().is_some_and(|b| b.len() == 1)
     })
     .await;
     let p = get(&c, &g.admin_url("/admin/pools/default")).await.json();
     assert!(ok, "{p}");
     assert_eq!(p["backends"][0]["url"], other.url());
+}
+
+/// Reads an answer of `total` bytes at 1 MiB a second (64 KiB every 62 ms); how many
+/// bytes came before the connection ended or `total`.
+fn read_slowly(mut s: TcpStream, total: usize) -> usize {
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut got = 0;
+    let mut buf = vec![0u8; 64 << 10];
+    while got < total {
+        let mut chunk = 0;
+        while chunk < buf.len() {
+            match s.read(&mut buf[chunk..]) {
+                Ok(0) | Err(_) => return got + chunk,
+                Ok(n) => chunk += n,
+            }
+        }
+        got += chunk;
+        std::thread::sleep(Duration::from_millis(62));
+    }
+    got
+}
+
+/// `send_timeout` counts the client's progress: a client reading steadily is never
+/// cut, on the fast path (GET) as on hyper's (POST), though fulcrum's own writes wait on
+/// the kernel's buffers (the kernel wakes a writer once a third of a multi-megabyte
+/// buffer is free) for longer than the timeout; one that reads nothing is cut.
+#[test]
+fn a_slow_reader_is_not_cut_by_send_timeout_but_a_stalled_one_is() {
+    let b = TestBackend::start("big");
+    let f = Fulcrum::over(&[&b], &["--send-timeout", "1s"]);
+    // More than the kernel buffers hold between fulcrum and the client.
+    let total = 10 << 20;
+    let mut readers = Vec::new();
+    for method in ["GET", "POST"] {
+        let sock =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        sock.set_recv_buffer_size(64 << 10).unwrap();
+        sock.connect(&f.proxy.into()).unwrap();
+        let mut s: TcpStream = sock.into();
+        let req = format!(
+            "{method} /big/{} HTTP/1.1\r\nHost: a\r\ncontent-length: 0\r\n\r\n",
+            64 << 20
+        );
+        s.write_all(req.as_bytes()).unwrap();
+        readers.push(std::thread::spawn(move || read_slowly(s, total)));
+    }
+    // One that reads nothing at all.
+    let mut stalled = TcpStream::connect(f.proxy).unwrap();
+    stalled
+        .write_all(b"GET /big/67108864 HTTP/1.1\r\nHost: a\r\n\r\n")
+        .unwrap();
+    for (r, method) in readers.into_iter().zip(["GET", "POST"]) {
+        let got = r.join().unwrap();
+        assert!(got >= total, "{method}: cut after {got} bytes");
+    }
+    // By now the stalled one was closed: its socket reads to an end.
+    stalled
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut ended = false;
+    for _ in 0..200 {
+        match stalled.read(&mut buf) {
+            Ok(0) => ended = true,
+            Err(e) => {
+                ended = !matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                )
+            }
+            Ok(_) => continue,
+        }
+        break;
+    }
+    assert!(ended, "a client that reads nothing is still closed");
 }

@@ -27,7 +27,11 @@ fn huge_block() -> Vec<u8> {
     let mut i: u64 = 0;
     while out.len() < 65_536 {
         let x = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40;
-        let rec = format!(r#"{{"id":{i},"user":"u{x}","score":{},"on":{}}},"#, x % 997, i % 3 == 0);
+        let rec = format!(
+            r#"{{"id":{i},"user":"u{x}","score":{},"on":{}}},"#,
+            x % 997,
+            i % 3 == 0
+        );
         out.extend_from_slice(rec.as_bytes());
         i += 1;
     }
@@ -661,7 +665,8 @@ fn stalled_clients_kib(f: &Fulcrum, coding: Option<&str>) -> (u64, Vec<TcpStream
     let mut held = Vec::new();
     for _ in 0..50 {
         // A small receive buffer, so that each answer stalls after a few hundred KiB.
-        let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        let sock =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
         sock.set_recv_buffer_size(16 << 10).unwrap();
         sock.connect(&f.proxy.into()).unwrap();
         let mut s: TcpStream = sock.into();

@@ -101,14 +101,17 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
 /// fields removed, and its load report (`endpoint-load-metrics`) taken out and
 /// returned. One pass over the names finds whether either is there.
 pub(crate) fn strip_answer(headers: &mut HeaderMap) -> Option<HeaderValue> {
-    let (mut hop, mut report) = (false, false);
+    let (mut hop, mut report, mut alt_svc) = (false, false, false);
     for k in headers.keys() {
         hop |= hop::is_hop_by_hop(k.as_str().as_bytes());
         report |= k.as_str() == crate::backend::report::FIELD;
+        alt_svc |= k == header::ALT_SVC;
     }
     // A backend's `Alt-Svc` names its own services, never fulcrum's: it goes no further
     // on any front end (`docs/tls.md`, "HTTP/3").
-    headers.remove(header::ALT_SVC);
+    if alt_svc {
+        headers.remove(header::ALT_SVC);
+    }
     let value = match report {
         true => headers.remove(crate::backend::report::FIELD),
         false => None,
@@ -310,8 +313,17 @@ impl<'a> Forwarding<'a, '_> {
                 .collect();
             let mut xff = Vec::with_capacity(64);
             f.write_xff(fields, &mut xff);
-            let mut via = Vec::with_capacity(32);
-            f.write_via(fields, &mut via);
+            // Without a `Via` of the request's own, the field is this hop's element,
+            // shared: no buffer made.
+            let via = match fields.contains_key(header::VIA) {
+                true => {
+                    let mut v = Vec::with_capacity(64);
+                    f.write_via(fields, &mut v);
+                    HeaderValue::from_maybe_shared(bytes::Bytes::from(v)).ok()
+                }
+                false => (crate::loops::value_of(hop.via).cloned())
+                    .or_else(|| HeaderValue::from_bytes(hop.via).ok()),
+            };
             (f.sets, doomed, xff, via)
         };
         for name in doomed {
@@ -321,7 +333,6 @@ impl<'a> Forwarding<'a, '_> {
             map.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         }
         let xff = HeaderValue::from_maybe_shared(bytes::Bytes::from(xff));
-        let via = HeaderValue::from_maybe_shared(bytes::Bytes::from(via));
         sets.each(|name, v| {
             let value = match (v, &xff) {
                 (Added::ForwardedFor, Ok(x)) => x.clone(),
@@ -329,8 +340,8 @@ impl<'a> Forwarding<'a, '_> {
                 // The client's elements passed the field grammar, and this hop's is a
                 // token: always a value.
                 (Added::Via, _) => match &via {
-                    Ok(v) => v.clone(),
-                    Err(_) => return,
+                    Some(v) => v.clone(),
+                    None => return,
                 },
                 (Added::Value(v), _) => v.clone(),
                 (Added::RequestId, _) => super::request_id::field_value(hop.request_id),

@@ -200,6 +200,9 @@ pub(crate) struct Peer {
     pub(crate) tls: bool,
     /// The address it reached (the listener's), for a PROXY header to a backend.
     pub(crate) local: SocketAddr,
+    /// Its TCP socket, whose send queue tells a client's progress (`liveness::unsent`);
+    /// `-1` for none (QUIC).
+    pub(crate) socket: i32,
 }
 
 /// What a route's steps before the pool found.

@@ -88,7 +88,10 @@ pub(crate) fn check(head: &RequestHead) -> Result<(), Invalid> {
             m.get_all(header::HOST)
                 .iter()
                 .for_each(|v| hosts.see(v.as_bytes()));
-            if m.get_all(header::VIA).iter().any(|v| names_us(v.as_bytes())) {
+            if m.get_all(header::VIA)
+                .iter()
+                .any(|v| names_us(v.as_bytes()))
+            {
                 return Err(Invalid::Loop);
             }
         }
