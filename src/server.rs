@@ -328,7 +328,7 @@ impl Connections {
         let builder = Arc::clone(&self.builder);
         let live = Arc::clone(&self.live);
         let (proxy, stop, timeouts) = (self.proxy, self.stop.clone(), self.timeouts);
-        tokio::spawn(async move {
+        let task = async move {
             let _live = live;
             let _client_slot = client_slot;
             let over_tls = tls.is_some();
@@ -346,9 +346,11 @@ impl Connections {
                     let by = Stamp::now().after(HEADER_TIMEOUT);
                     conn.serve_h1(stream, client, held, by).await
                 }
-                Some(acceptor) => conn.serve_tls(stream, acceptor, client, held).await,
+                // Boxed: a TLS session's state is kilobytes (see `serve_h1`).
+                Some(acceptor) => Box::pin(conn.serve_tls(stream, acceptor, client, held)).await,
             }
-        });
+        };
+        tokio::spawn(task);
     }
 
     fn note_open(&self) {
@@ -529,9 +531,12 @@ impl ClientConn<'_> {
         };
         let h2 = pre.starts_with(H2_PREFACE);
         let io = crate::front::Rewind::new(pre, stream);
+        // Boxed: hyper's and h2's connection states are kilobytes, and inline they would
+        // make every fast-path connection's task that large, idle or not
+        // (`docs/performance.md`, "Memory per idle connection").
         let served = match h2 {
-            true => self.serve_h2(io, client, held).await,
-            false => self.serve_hyper(io, client, held).await,
+            true => Box::pin(self.serve_h2(io, client, held)).await,
+            false => Box::pin(self.serve_hyper(io, client, held)).await,
         };
         if let Err(e) = served {
             tracing::debug!(error = %e, %peer, "client connection ended with an error");
