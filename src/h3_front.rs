@@ -113,9 +113,10 @@ async fn requests(
     stop: &Stopping,
 ) -> Result<(), h3::error::ConnectionError> {
     let quic = conn.clone();
+    let (conn, stops) = crate::h3_quic::Conn::new(conn);
     let mut h3 = h3::server::builder()
         .max_field_section_size(MAX_HEADER_BYTES as u64)
-        .build::<_, Bytes>(h3_quinn::Connection::new(conn))
+        .build::<_, Bytes>(conn)
         .await?;
     let mut running = FuturesUnordered::new();
     let mut tally = Tally::default();
@@ -129,7 +130,7 @@ async fn requests(
     while !(stopping && running.is_empty()) {
         tokio::select! {
             accepted = h3.accept(), if !stopping => match accepted? {
-                Some(resolver) => running.push(request(resolver, proxy, peer)),
+                Some(resolver) => running.push(request(resolver, proxy, peer, &stops)),
                 None => break,
             },
             Some(outcome) = running.next(), if !running.is_empty() => {
@@ -210,10 +211,17 @@ fn cancelled(e: &h3::error::StreamError) -> bool {
     matches!(e, h3::error::StreamError::RemoteTerminate { .. })
 }
 
-type Resolver = h3::server::RequestResolver<h3_quinn::Connection, Bytes>;
+type Resolver = h3::server::RequestResolver<crate::h3_quic::Conn, Bytes>;
 
-/// One request: its head and body into the request path, its answer back.
-async fn request(resolver: Resolver, proxy: &Proxy, peer: &Peer) -> Outcome {
+/// One request: its head and body into the request path, its answer back. A client
+/// that stops reading the answer (STOP_SENDING) before it is whole drops the exchange
+/// at once, the backend's request with it, as an h2 `RST_STREAM` does.
+async fn request(
+    resolver: Resolver,
+    proxy: &Proxy,
+    peer: &Peer,
+    stops: &crate::h3_quic::Stops,
+) -> Outcome {
     let (req, stream) = match resolver.resolve_request().await {
         Ok(r) => r,
         Err(e) if cancelled(&e) => return Outcome::Cancelled,
@@ -222,7 +230,27 @@ async fn request(resolver: Resolver, proxy: &Proxy, peer: &Peer) -> Outcome {
             return Outcome::Other;
         }
     };
+    let client_gone = stops.take(stream.id());
     let (mut send, recv) = stream.split();
+    let done = tokio::select! {
+        biased;
+        outcome = exchange(req, recv, &mut send, proxy, peer) => Some(outcome),
+        () = client_gone => None,
+    };
+    done.unwrap_or_else(|| {
+        send.stop_stream(h3::error::Code::H3_REQUEST_CANCELLED);
+        Outcome::Cancelled
+    })
+}
+
+/// The request through the request path and its answer back on `send`.
+async fn exchange(
+    req: http::Request<()>,
+    recv: h3::server::RequestStream<crate::h3_quic::RecvSide, Bytes>,
+    send: &mut SendHalf,
+    proxy: &Proxy,
+    peer: &Peer,
+) -> Outcome {
     let (parts, ()) = req.into_parts();
     let length = crate::proxy::stated_length(&parts.headers);
     // A request that says it has no body is not forwarded with a stream: it can be
@@ -241,7 +269,7 @@ async fn request(resolver: Resolver, proxy: &Proxy, peer: &Peer) -> Outcome {
             .await
         {
             Ok(Ok(())) if head_only => send.finish().await,
-            Ok(Ok(())) => pipe(&mut send, body, give_up).await,
+            Ok(Ok(())) => pipe(send, body, give_up).await,
             Ok(Err(e)) => Err(e),
             Err(_) => {
                 send.stop_stream(h3::error::Code::H3_REQUEST_CANCELLED);
@@ -258,7 +286,7 @@ async fn request(resolver: Resolver, proxy: &Proxy, peer: &Peer) -> Outcome {
     }
 }
 
-type SendHalf = h3::server::RequestStream<h3_quinn::SendStream<Bytes>, Bytes>;
+type SendHalf = h3::server::RequestStream<crate::h3_quic::SendSide<Bytes>, Bytes>;
 
 /// Sends an answer's body: DATA frames as the client's window allows, then the
 /// trailers (gRPC) or the stream's end; a body that breaks off resets the stream, and

@@ -29,6 +29,7 @@ pub mod fuzzing;
 mod fuzzing;
 pub(crate) mod h2_front;
 pub(crate) mod h3_front;
+pub(crate) mod h3_quic;
 pub(crate) mod health;
 pub(crate) mod hyper_front;
 pub(crate) mod lab;

@@ -405,3 +405,46 @@ async fn grpc_over_h3_to_an_h2_backend_passes_trailers_both_ways() {
     assert_eq!(t["x-checksum"], "abc");
     assert_eq!(t["grpc-status"], "0");
 }
+
+/// A client that stops reading its answers (STOP_SENDING) while the backend still
+/// thinks: the backend exchanges end within a second, as an h2 RST_STREAM ends them,
+/// and the connection serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_sending_ends_the_backend_exchange_within_a_second() {
+    let pki = Pki::new("h3-stop");
+    pki.leaf("a", &["a.test"]);
+    let a = TestBackend::start("A");
+    let (f, addr) = h3_fulcrum(&pki, "stop", &["--backend", &a.spec()]);
+    let c = client();
+    let (mut h3, _quic) = h3_connection(addr, "a.test", &pki.ca_der()).await;
+    let mut streams = Vec::new();
+    for _ in 0..20 {
+        let req = http::Request::get("https://a.test/sleep/6000")
+            .body(())
+            .unwrap();
+        let mut s = h3.send_request(req).await.unwrap();
+        s.finish().await.unwrap();
+        streams.push(s);
+    }
+    let all_in = eventually(Duration::from_secs(3), || async {
+        active_conns(&c, &f).await["A"] == 20
+    })
+    .await;
+    assert!(all_in, "{:?}", active_conns(&c, &f).await);
+    for s in &mut streams {
+        s.stop_sending(::h3::error::Code::H3_REQUEST_CANCELLED);
+    }
+    let t = std::time::Instant::now();
+    let freed = eventually(Duration::from_secs(3), || async {
+        active_conns(&c, &f).await["A"] == 0
+    })
+    .await;
+    assert!(
+        freed && t.elapsed() < Duration::from_secs(1),
+        "{:?} after {:?}",
+        active_conns(&c, &f).await,
+        t.elapsed()
+    );
+    let (status, _, _) = h3_request(&mut h3, "GET", "https://a.test/", None).await;
+    assert_eq!(status, 200);
+}

@@ -179,7 +179,7 @@ impl H2Body {
 }
 
 /// The receiving half of an HTTP/3 request's stream.
-pub(crate) type H3Recv = h3::server::RequestStream<h3_quinn::RecvStream, Bytes>;
+pub(crate) type H3Recv = h3::server::RequestStream<crate::h3_quic::RecvSide, Bytes>;
 
 /// Where an HTTP/3 request body is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
