@@ -773,7 +773,7 @@ impl Running {
 
 /// How long a runtime's end waits for its blocking tasks (a file read, a password
 /// check) before the thread goes on without them: a stop never hangs on one
-/// (`docs/operations.md`, "Stopping").
+/// (`docs/operations.md`, "Limits": the drain).
 const BLOCKING_GRACE: Duration = Duration::from_secs(1);
 
 fn runtime() -> std::io::Result<tokio::runtime::Runtime> {

@@ -161,6 +161,7 @@ async fn a_loop_through_two_fulcrums_is_answered_508_and_fans_nothing_out() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     for f in [&a, &b] {
         let (fds, rss) = (descriptors(f.child.id()), rss_kib(f.child.id()));
+        eprintln!("a fulcrum of the loop: {fds} descriptors, {rss} KiB");
         assert!(fds < 200, "{fds} descriptors");
         assert!(rss < 100 * 1024, "{rss} KiB");
     }

@@ -74,6 +74,7 @@ complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l outlier-max-ej
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l outlier-success-rate -d 'Success-rate ejection: interval=10s,min_hosts=3,min_requests=20,stdev_factor=1.9 (any subset), or off [default: off]' -r
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l queue-timeout -d 'Longest wait in a pool\'s queue when every eligible backend is at its max_conns, then 503 [default: 5s]' -r
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l max-queue -d 'Most requests waiting in a pool\'s queue; over it, 503 at once [default: 1024]' -r
+complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l max-backends -d 'Most backends in a pool, backups and draining ones included; a discovered list over it is refused whole [default: 1000]' -r
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l max-conns -d 'Most requests in flight on each backend of a pool that sets none itself: N (0 = no limit), or auto (follows its latency) [default: 0]' -r
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l max-conns-auto -d 'Bounds of an adaptive max_conns: min=N,max=N [default: min=1,max=1000]' -r
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l sticky-cookie -d 'Cookie-insert stickiness: a client\'s cookie NAME sends it back to the same backend [default: off]' -r
@@ -89,6 +90,7 @@ off\t''"
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l upstream-timeout -d 'Request sent → response headers bound, then 504 [default: 30s]' -r
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l retries -d 'Extra attempts for a failed idempotent request [default: 2]' -r
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l max-inflight -d 'Above N requests in flight answer 503 at once; 0 = off [default: 0]' -r
+complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l compress-max-in-flight -d 'Most answers compressed at once; beyond it answers go out uncompressed [default: 1024]' -r
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l max-connections-per-client -d 'Connections one client IP may hold open, all listeners together; a new one over it is closed at once (0 = no limit) [default: 0]' -r
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l max-connections -d 'Client connections open at once on the proxy listener; at the cap new ones wait in the kernel\'s queue; 0 = from the open-file limit [default: 0]' -r
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l send-timeout -d 'A client that takes no byte of an answer for this long is closed, and its slot freed [default: 60s]' -r
