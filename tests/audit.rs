@@ -304,3 +304,42 @@ fn a_slow_reader_is_not_cut_by_send_timeout_but_a_stalled_one_is() {
     }
     assert!(ended, "a client that reads nothing is still closed");
 }
+
+/// 1 000 idle keep-alive HTTP/1.1 connections, each after one request, cost at most
+/// 8 KiB each in fulcrum's RSS (its connection task holds only the fast path's state).
+#[test]
+fn an_idle_keep_alive_connection_costs_at_most_8_kib() {
+    assert!(
+        raise_own_file_limit() > 1100,
+        "this test holds 1 000 connections"
+    );
+    let b = TestBackend::start("A");
+    let f = Fulcrum::over(&[&b], &["--workers", "1", "--access-log", "off"]);
+    let warm = raw_exchange(
+        f.proxy,
+        b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+        Duration::from_secs(4),
+    );
+    assert!(warm.starts_with("HTTP/1.1 200"), "{warm}");
+    std::thread::sleep(Duration::from_millis(300));
+    let before = rss_kib(f.child.id());
+    let mut held = Vec::new();
+    for _ in 0..1000 {
+        let mut s = TcpStream::connect(f.proxy).unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => panic!("no answer"),
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+        held.push(s);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let per = rss_kib(f.child.id()).saturating_sub(before) as f64 / 1000.0;
+    eprintln!("{per:.1} KiB per idle keep-alive connection");
+    assert!(per <= 8.0, "{per:.1} KiB per idle connection");
+}

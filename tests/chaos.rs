@@ -290,22 +290,6 @@ fn a_backend_that_accepts_and_never_answers_costs_gets_nothing() {
     );
 }
 
-/// Raises this process's open-file limit to its hard limit (the idle connections
-/// below need thousands).
-fn raise_own_file_limit() -> u64 {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit only read and write the struct passed to them.
-    unsafe {
-        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
-        lim.rlim_cur = lim.rlim_max;
-        libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-    }
-    lim.rlim_cur
-}
-
 fn open_idle(addr: SocketAddr, n: usize) -> Vec<TcpStream> {
     (0..n)
         .map(|i| TcpStream::connect(addr).unwrap_or_else(|e| panic!("idle connection {i}: {e}")))
