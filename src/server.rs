@@ -951,6 +951,15 @@ pub(crate) fn start(
 
 /// Starts the workers on `listeners.proxy` and the admin thread on `listeners.admin`;
 /// also returns the stop signal's receiver and the sender that reports a hand-over.
+/// Notes the proxy listeners' addresses: a backend on one of them is this fulcrum
+/// itself, refused wherever it is named (`crate::loops`).
+fn note_own_listeners(listeners: &Listeners) {
+    let own: Vec<SocketAddr> = (listeners.proxy.iter().chain(&listeners.tls))
+        .filter_map(|l| l.local_addr().ok())
+        .collect();
+    crate::loops::set_listeners(&own);
+}
+
 fn launch(
     settings: &Settings,
     flags: &crate::config::RawFlags,
@@ -964,11 +973,7 @@ fn launch(
         .admin
         .local_addr()
         .map_err(|e| format!("admin listener: {e}"))?;
-    // A backend on one of these is this fulcrum itself: refused wherever it is named.
-    let own: Vec<SocketAddr> = (listeners.proxy.iter().chain(&listeners.tls))
-        .filter_map(|l| l.local_addr().ok())
-        .collect();
-    crate::loops::set_listeners(&own);
+    note_own_listeners(&listeners);
     let site =
         Arc::new(Site::new(&settings.pools, &settings.routes).map_err(|e| format!("routes: {e}"))?);
     site.resolvers.set(settings.resolvers.clone());

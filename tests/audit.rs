@@ -63,11 +63,7 @@ fn a_header_value_never_spends_an_addresss_rate_limit() {
 
 /// The `alt-svc` fields of a GET of `/` over TLS with HTTP/1.1 through `addr`.
 async fn alt_svcs_over_tls_h1(pki: &common::tls::Pki, addr: SocketAddr) -> Vec<String> {
-    let s = common::tls::connect(pki, addr, "a.test", &[b"http/1.1"]).await;
-    let (mut h1, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(s))
-        .await
-        .unwrap();
-    tokio::spawn(conn);
+    let mut h1 = common::tls::h1_over_tls(pki, addr, "a.test").await;
     let req = http::Request::get("/")
         .header("host", "a.test")
         .body(http_body_util::Empty::<bytes::Bytes>::new())

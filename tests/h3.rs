@@ -53,11 +53,7 @@ async fn an_h3_get_and_a_10_mb_post_arrive_whole_and_tls_answers_advertise_h3() 
     let (f, addr) = h3_fulcrum(&pki, "basic", &["--backend", &b.spec()]);
 
     // Over TLS (HTTP/1.1), the answer says where HTTP/3 is.
-    let s = connect(&pki, addr, "a.test", &[b"http/1.1"]).await;
-    let (mut h1, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(s))
-        .await
-        .unwrap();
-    tokio::spawn(conn);
+    let mut h1 = h1_over_tls(&pki, addr, "a.test").await;
     let req = http::Request::get("/")
         .header("host", "a.test")
         .body(http_body_util::Empty::<Bytes>::new())

@@ -185,6 +185,20 @@ pub async fn connect(
         .expect("handshake")
 }
 
+/// An HTTP/1.1 client connection over TLS to `addr` (SNI `name`), its driver spawned.
+pub async fn h1_over_tls(
+    pki: &Pki,
+    addr: std::net::SocketAddr,
+    name: &str,
+) -> hyper::client::conn::http1::SendRequest<http_body_util::Empty<bytes::Bytes>> {
+    let s = connect(pki, addr, name, &[b"http/1.1"]).await;
+    let (h1, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(s))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    h1
+}
+
 pub fn leaf_of(s: &TlsStream<TcpStream>) -> CertificateDer<'static> {
     s.get_ref().1.peer_certificates().unwrap()[0].clone()
 }
