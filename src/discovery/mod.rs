@@ -194,10 +194,11 @@ fn settle(
     let ramp = pool.discovery().updated_at.is_some();
     let found = found.and_then(|list| within_max(pool, list));
     let (found, own) = match found {
-        Ok(list) => {
-            let (list, own) = without_own(list);
-            (Ok(list), own)
-        }
+        Ok(list) => match without_own(list) {
+            // Nothing left but this fulcrum: a failure, which never empties the pool.
+            (list, Some(why)) if list.is_empty() => (Err(why), None),
+            (list, own) => (Ok(list), own),
+        },
         Err(e) => (Err(e), None),
     };
     let outcome = found.map(|list| apply(pool, source_of(spec), list, ramp));
