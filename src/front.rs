@@ -498,18 +498,26 @@ impl<S: ClientIo> Client<'_, S> {
         if let Poll::Ready(r) = poll_fn(|cx| Poll::Ready(write.as_mut().poll(cx))).await {
             return r;
         }
+        // Looked at every quarter of the timeout: a write woken in between refills the
+        // queue, which a single look a whole timeout later could take for no progress.
+        let quarter = self.send_timeout / 4;
         let mut unsent = crate::liveness::unsent(self.socket);
+        let mut still = Duration::ZERO;
         loop {
-            self.deadline.set(Stamp::now().after(self.send_timeout));
+            self.deadline.set(Stamp::now().after(quarter));
             tokio::select! {
                 biased;
                 r = &mut write => return r,
                 () = self.deadline.expired() => {}
             }
             let now = crate::liveness::unsent(self.socket);
-            match (now, unsent) {
-                (Some(n), Some(was)) if n < was => unsent = now,
-                _ => return Err(std::io::ErrorKind::TimedOut.into()),
+            still = match (now, unsent) {
+                (Some(n), Some(was)) if n < was => Duration::ZERO,
+                _ => still + quarter,
+            };
+            unsent = now;
+            if still >= self.send_timeout {
+                return Err(std::io::ErrorKind::TimedOut.into());
             }
         }
     }

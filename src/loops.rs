@@ -122,16 +122,29 @@ fn canonical(ip: IpAddr) -> IpAddr {
     }
 }
 
-/// Whether `ip` is one of this host's own addresses: loopback, unspecified, or one a
-/// socket can be bound to.
+/// Whether `ip` is one of this host's own addresses: loopback, unspecified, or one the
+/// kernel routes to itself — a UDP socket connected to it (no packet is sent) takes it
+/// as its own source address. (Binding to it would prove nothing on a host that allows
+/// binding to foreign addresses, as VRRP pairs do: `ip_nonlocal_bind`.)
 fn is_local(ip: IpAddr) -> bool {
-    ip.is_loopback()
-        || ip.is_unspecified()
-        || std::net::UdpSocket::bind(SocketAddr::new(ip, 0)).is_ok()
+    if ip.is_loopback() || ip.is_unspecified() {
+        return true;
+    }
+    let any: SocketAddr = match ip {
+        IpAddr::V4(_) => (std::net::Ipv4Addr::UNSPECIFIED, 0).into(),
+        IpAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
+    };
+    let Ok(sock) = std::net::UdpSocket::bind(any) else {
+        return false;
+    };
+    sock.connect(SocketAddr::new(ip, 9)).is_ok()
+        && sock.local_addr().is_ok_and(|a| canonical(a.ip()) == ip)
 }
 
-/// Why `url`'s address is this fulcrum's own listener, if it is: the address it is
-/// reached at (`resolved`, else the URL's own IP or `localhost`).
+/// Why a backend is this fulcrum's own listener, if it is: the address it is reached
+/// at (`resolved`, as SRV and A/AAAA discovery give it, else the URL's own IP or
+/// `localhost`). A host name resolved at each connect is not looked up here: a request
+/// that comes back through it is answered 508.
 pub(crate) fn own_backend(
     listeners: &[SocketAddr],
     authority: &str,

@@ -949,8 +949,6 @@ pub(crate) fn start(
     Ok(running)
 }
 
-/// Starts the workers on `listeners.proxy` and the admin thread on `listeners.admin`;
-/// also returns the stop signal's receiver and the sender that reports a hand-over.
 /// Notes the proxy listeners' addresses: a backend on one of them is this fulcrum
 /// itself, refused wherever it is named (`crate::loops`).
 fn note_own_listeners(listeners: &Listeners) {
@@ -960,6 +958,8 @@ fn note_own_listeners(listeners: &Listeners) {
     crate::loops::set_listeners(&own);
 }
 
+/// Starts the workers on `listeners.proxy` and the admin thread on `listeners.admin`;
+/// also returns the stop signal's receiver and the sender that reports a hand-over.
 fn launch(
     settings: &Settings,
     flags: &crate::config::RawFlags,

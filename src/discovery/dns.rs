@@ -23,8 +23,9 @@ use crate::config::{backend_spec, BackendSpec, MAX_WEIGHT};
 /// How long one server may take to answer one query.
 const QUERY_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Tries of one query before it counts as failed.
-const ATTEMPTS: usize = 2;
+/// Tries of one query before it counts as failed (hickory's `attempts` counts the
+/// retries after the first).
+const TRIES: usize = 2;
 
 /// SRV targets looked up at once: a burst of hundreds of queries is more than a small
 /// resolver (dnsmasq's default of 150 forwarded queries) answers.
@@ -62,7 +63,7 @@ pub(super) fn resolver(
     };
     let o = b.options_mut();
     o.timeout = QUERY_TIMEOUT;
-    o.attempts = ATTEMPTS;
+    o.attempts = TRIES - 1;
     o.positive_max_ttl = Some(interval);
     o.negative_max_ttl = Some(MIN_INTERVAL);
     Ok(b.build())

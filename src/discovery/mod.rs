@@ -252,8 +252,10 @@ fn without_own(list: Vec<BackendSpec>) -> (Vec<BackendSpec>, Option<String>) {
 /// is refused whole, so the last good set stays (`docs/discovery.md`, "Limits").
 fn within_max(pool: &Pool, list: Vec<BackendSpec>) -> Result<Vec<BackendSpec>, String> {
     let max = pool.settings.max_backends;
+    // Another source's backend that the list names passes to discovery: counted once.
+    let listed: std::collections::HashSet<&str> = list.iter().map(|b| b.url.as_str()).collect();
     let others = (pool.backends().iter())
-        .filter(|b| !b.source().is_discovered())
+        .filter(|b| !b.source().is_discovered() && !listed.contains(b.url.as_str()))
         .count();
     match list.len() + others {
         n if n > max => Err(format!(

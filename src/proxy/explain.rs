@@ -168,12 +168,12 @@ async fn policed(p: &RoutePolicy, head: &RequestHead, ip: IpAddr, index: usize) 
     let gate = p.gate.as_ref()?;
     let field = head.field(&header::AUTHORIZATION);
     match gate.check(field.as_ref().map(HeaderValue::as_bytes)) {
-        Check::Known => None,
         Check::Missing => Some(format!(
             "route {index} asks for credentials and these are missing: 401"
         )),
-        // Explain checks no password: it would be an oracle no rate limit guards.
-        Check::Verify(_) => Some(format!(
+        // Explain checks no password, nor says which were verified before: it would be
+        // an oracle no rate limit guards.
+        Check::Known | Check::Verify(_) => Some(format!(
             "route {index} asks for credentials: basic auth would verify these (explain checks no password); wrong ones get 401"
         )),
     }

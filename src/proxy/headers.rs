@@ -339,9 +339,14 @@ impl<'a> Forwarding<'a, '_> {
                 (Added::ForwardedFor, Err(_)) => hop.peer.clone(),
                 // The client's elements passed the field grammar, and this hop's is a
                 // token: always a value.
+                // Never left out (a loop would go unseen): this hop's element alone if
+                // the client's could not be joined to it.
                 (Added::Via, _) => match &via {
                     Some(v) => v.clone(),
-                    None => return,
+                    None => match HeaderValue::from_bytes(hop.via) {
+                        Ok(v) => v,
+                        Err(_) => return,
+                    },
                 },
                 (Added::Value(v), _) => v.clone(),
                 (Added::RequestId, _) => super::request_id::field_value(hop.request_id),
