@@ -503,6 +503,31 @@ async fn an_unknown_user_takes_as_long_as_a_wrong_password() {
     assert_eq!(r.status, 401);
 }
 
+/// `n` requests with unknown users on one h2c connection to `f`, sent at once: the
+/// connection's handle and each request's answer and stream.
+async fn unknown_users_over_h2(
+    f: &Fulcrum,
+    n: usize,
+) -> (
+    h2::client::SendRequest<bytes::Bytes>,
+    Vec<(h2::client::ResponseFuture, h2::SendStream<bytes::Bytes>)>,
+) {
+    let tcp = tokio::net::TcpStream::connect(f.proxy).await.unwrap();
+    let (h2, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    let mut h2 = h2.ready().await.unwrap();
+    let mut answers = Vec::new();
+    for i in 0..n {
+        let req = http::Request::get(format!("http://a.test/x/{i}"))
+            .header("authorization", basic(&format!("nobody{i}"), "x"))
+            .body(())
+            .unwrap();
+        answers.push(h2.send_request(req, true).unwrap());
+        h2 = h2.ready().await.unwrap();
+    }
+    (h2, answers)
+}
+
 /// More h2 streams with unknown users than the cores and the queue of 64 take (100 on
 /// 2 cores), each reset 20 ms later: the checks that had not started never start, so
 /// fulcrum's CPU stays near what the cores' worth of checks costs.
@@ -525,21 +550,9 @@ async fn reset_auth_streams_cost_what_the_cores_run_not_what_was_asked() {
     assert_eq!(r.status, 401);
     let one = t.elapsed();
     let before = cpu_seconds(pid);
-    let tcp = tokio::net::TcpStream::connect(f.proxy).await.unwrap();
-    let (h2, conn) = h2::client::handshake(tcp).await.unwrap();
-    tokio::spawn(conn);
-    let mut h2 = h2.ready().await.unwrap();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let streams = cores + 98;
-    let mut answers = Vec::new();
-    for i in 0..streams {
-        let req = http::Request::get(format!("http://a.test/x/{i}"))
-            .header("authorization", basic(&format!("nobody{i}"), "x"))
-            .body(())
-            .unwrap();
-        answers.push(h2.send_request(req, true).unwrap());
-        h2 = h2.ready().await.unwrap();
-    }
+    let (h2, answers) = unknown_users_over_h2(&f, streams).await;
     tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     for (_, mut stream) in answers {
         stream.send_reset(h2::Reason::CANCEL);
@@ -574,21 +587,9 @@ async fn checks_past_the_cores_and_the_queue_get_503_at_once() {
     let f = auth_route(&api, "busy", 4);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let streams = cores + 98;
-    let tcp = tokio::net::TcpStream::connect(f.proxy).await.unwrap();
-    let (h2, conn) = h2::client::handshake(tcp).await.unwrap();
-    tokio::spawn(conn);
-    let mut h2 = h2.ready().await.unwrap();
-    let mut answers = Vec::new();
-    for i in 0..streams {
-        let req = http::Request::get(format!("http://a.test/x/{i}"))
-            .header("authorization", basic(&format!("nobody{i}"), "x"))
-            .body(())
-            .unwrap();
-        answers.push(h2.send_request(req, true).unwrap().0);
-        h2 = h2.ready().await.unwrap();
-    }
+    let (_h2, answers) = unknown_users_over_h2(&f, streams).await;
     let (mut busy, mut refused) = (0, 0);
-    for answer in answers {
+    for (answer, _) in answers {
         let r = answer.await.unwrap();
         match r.status().as_u16() {
             503 => {
