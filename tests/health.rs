@@ -107,9 +107,7 @@ async fn fail_fail_succeed_never_ejects() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_closed_port_is_unhealthy_within_a_second_of_start_up() {
-    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = dead.local_addr().unwrap().port();
-    drop(dead);
+    let port = free_port();
     let c = client();
     let t = Instant::now();
     let f = Fulcrum::start(&["--backend", &format!("http://127.0.0.1:{port}")]);

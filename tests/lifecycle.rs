@@ -420,10 +420,7 @@ fn check_reports_bad_config_files_with_line_numbers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_backend_answers_as_documented() {
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let port = common::free_port();
     let child = std::process::Command::new(BIN)
         .args([
             "backend",

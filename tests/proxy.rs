@@ -228,9 +228,7 @@ fn hop_by_hop_headers_are_removed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_port_gives_502() {
-    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = dead.local_addr().unwrap().port();
-    drop(dead);
+    let port = free_port();
     // Health checks would take the dead backend out of rotation (then: 503); keep it in.
     let f = Fulcrum::start(&[
         "--backend",
@@ -248,9 +246,7 @@ async fn refused_port_gives_502() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idempotent_requests_are_retried_on_another_backend_after_a_connect_failure() {
     let a = TestBackend::start("A");
-    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = dead.local_addr().unwrap().port();
-    drop(dead);
+    let port = free_port();
     let dead_spec = format!("http://127.0.0.1:{port},name=dead");
     // A high threshold keeps the dead backend in rotation despite its failed probes.
     let keep = ["--unhealthy-threshold", "100"];

@@ -222,11 +222,35 @@ pub fn config_file(group: &str, tag: &str, text: &str) -> std::path::PathBuf {
 }
 
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    // A port the kernel hands out for outgoing connections (pebble's, etcd's, a
+    // backend's) can be taken between this check and the bind of the process that
+    // uses it: pick below the ephemeral range, from a start that differs per test
+    // process, and hand each port out once per process.
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let (low, high) = unassigned_ports();
+    let span = high - low;
+    let start = std::process::id().wrapping_mul(2_654_435_761) % span;
+    for _ in 0..span {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = (low + (start + n) % span) as u16;
+        let tcp = std::net::TcpListener::bind(("127.0.0.1", port));
+        let udp = std::net::UdpSocket::bind(("127.0.0.1", port));
+        if tcp.is_ok() && udp.is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in {low}..{high}");
+}
+
+/// Ports below the kernel's ephemeral range (which no outgoing connection takes),
+/// 10 000 up to it.
+fn unassigned_ports() -> (u32, u32) {
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768);
+    (10_000, ephemeral_low.max(20_000))
 }
 
 /// Runs fulcrum to completion with `args`; returns (status, stderr).
