@@ -8,7 +8,7 @@ use std::time::Duration;
 use toml::de::DeValue;
 use toml::Spanned;
 
-use super::file::Collector;
+use super::collector::Collector;
 use super::options::FileType;
 
 /// Where the account and the certificates are kept by default (the Debian package's

@@ -5,7 +5,8 @@
 use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 
-use super::file::{read_backends, read_discover, Collector};
+use super::collector::Collector;
+use super::file_backends::{read_backends, read_discover};
 use super::options::{self, FileType};
 use super::pools::MAX_ROUTES;
 use super::pools::{self, PoolDraft, RouteText, DEFAULT_POOL};

@@ -6,14 +6,17 @@
 //! the option, the value, and (where there is a list) the valid values.
 
 pub(crate) mod acme;
+mod collector;
 pub mod compress;
 pub(crate) mod discover;
 mod file;
+mod file_backends;
 mod file_pools;
 pub(crate) mod options;
 pub(crate) mod outlier;
 pub(crate) mod pem;
 pub(crate) mod policy;
+mod pool_settings;
 pub(crate) mod pools;
 pub(crate) mod strategy_kind;
 pub(crate) mod tls;

@@ -11,7 +11,7 @@
 
 use std::path::PathBuf;
 
-use super::pools::PoolSettings;
+use super::pool_settings::PoolSettings;
 use super::values::*;
 use super::Settings;
 

@@ -4,14 +4,23 @@
 //! it; the listener (`tls.rs`) and the backends' transport (`transport.rs`) build on
 //! what this reads.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rustls::sign::CertifiedKey;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
-use super::tls::CertPaths;
+/// One certificate chain and its private key, both PEM files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CertPaths {
+    /// The chain, leaf first.
+    pub(crate) cert: PathBuf,
+    /// The leaf's private key (PKCS#8, PKCS#1 or SEC1).
+    pub(crate) key: PathBuf,
+    /// Where it was set, for an error about it: `--tls-cert` or `FILE line N: tls.certs`.
+    pub(crate) origin: String,
+}
 
 /// Reads a chain and its key and checks they belong together; returns the leaf's DNS
 /// names (lower case) and the key ready to sign. The error names the file and what is

@@ -7,16 +7,14 @@
 //! `[[pools]]` the top-level settings form the one pool `default`, with a route that
 //! takes everything: the single-pool form.
 
-use std::time::Duration;
-
 use http::header::{HeaderName, HeaderValue};
 use http::Method;
 
 use serde::{Deserialize, Serialize};
 
 use super::options;
-use super::StrategyKind;
-use super::{BackendSpec, HashKey, HealthSettings, RawFlags, Settings};
+pub(crate) use super::pool_settings::PoolSettings;
+use super::{BackendSpec, RawFlags, Settings};
 use crate::route::{HostPattern, PathPrefix, Route};
 
 /// The pool of the single-pool form.
@@ -28,52 +26,6 @@ pub(crate) const MAX_ROUTES: usize = 4096;
 
 /// Longest pool name.
 const MAX_POOL_NAME: usize = 64;
-
-/// The settings a pool has of its own: the values of the per-pool rows of the options
-/// table (`config/options.rs`). `Settings::pool` holds the top-level ones, which every
-/// pool takes unless it sets its own.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct PoolSettings {
-    /// Balancing strategy.
-    pub(crate) strategy: StrategyKind,
-    /// Key of the hashing strategies.
-    pub(crate) hash_key: HashKey,
-    /// Bounded load for the hashing strategies; `None` = off.
-    pub(crate) hash_balance_factor: Option<f64>,
-    /// Active health checks.
-    pub(crate) health: HealthSettings,
-    /// Passive outlier detection.
-    pub(crate) outlier: super::OutlierSettings,
-    /// Panic mode below this share of eligible primary backends (percent); 0 = off.
-    pub(crate) panic_threshold: u32,
-    /// Cookie-insert stickiness.
-    pub(crate) sticky: super::StickySettings,
-    /// Longest wait in the queue.
-    pub(crate) queue_timeout: Duration,
-    /// Most requests waiting in the queue.
-    pub(crate) max_queue: usize,
-    /// Most backends it takes, from every source (`max_backends`).
-    pub(crate) max_backends: usize,
-    /// The `max_conns` of its backends that set none: a number (0: no limit) or
-    /// [`super::AUTO_CONNS`].
-    pub(crate) max_conns: u32,
-    /// The least and the most an adaptive limit may be (`max_conns_auto`).
-    pub(crate) max_conns_auto: (u32, u32),
-    /// Extra attempts for a failed idempotent request.
-    pub(crate) retries: u32,
-    /// Weight ramp duration; zero = off.
-    pub(crate) slow_start: Duration,
-    /// EWMA smoothing factor.
-    pub(crate) ewma_alpha: f64,
-    /// TCP connect bound.
-    pub(crate) connect_timeout: Duration,
-    /// HTTP version and TLS verification to the backends.
-    pub(crate) transport: super::BackendTransport,
-    /// Request sent → response headers bound.
-    pub(crate) upstream_timeout: Duration,
-    /// Largest request body; `None` = no limit.
-    pub(crate) max_request_body: Option<u64>,
-}
 
 /// A pool: its name, its settings, its backends in order.
 #[derive(Debug, Clone, PartialEq)]
@@ -417,16 +369,6 @@ impl RouteView {
     }
 }
 
-impl PoolSettings {
-    /// The `max_conns` a backend of this pool gets: its own, else the pool's.
-    pub(crate) fn max_conns_of(&self, spec: &super::BackendSpec) -> u32 {
-        match spec.max_conns {
-            0 => self.max_conns,
-            own => own,
-        }
-    }
-}
-
 /// A pool's own values from a JSON object (a `POST /admin/pools` body, a pool's value
 /// in the store), checked as the file's would be; the keys in `skip` are the caller's.
 /// The `health`, `outlier` and `sticky` tables may be nested objects, as in the file.
@@ -541,6 +483,7 @@ pub(crate) fn materialize(s: &mut Settings, flags: &RawFlags) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::StrategyKind;
 
     #[test]
     fn pool_names() {

@@ -7,16 +7,7 @@ use std::path::PathBuf;
 
 use super::{ConfigError, Settings};
 
-/// One certificate chain and its private key, both PEM files.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct CertPaths {
-    /// The chain, leaf first.
-    pub(crate) cert: PathBuf,
-    /// The leaf's private key (PKCS#8, PKCS#1 or SEC1).
-    pub(crate) key: PathBuf,
-    /// Where it was set, for an error about it: `--tls-cert` or `FILE line N: tls.certs`.
-    pub(crate) origin: String,
-}
+pub(crate) use super::pem::CertPaths;
 
 /// The TLS listener's settings.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -104,7 +95,7 @@ pub(crate) fn finish(s: &mut Settings, errors: &mut Vec<ConfigError>) {
 /// against its prefix.
 pub(super) fn read_table(
     s: &mut Settings,
-    c: &mut super::file::Collector<'_>,
+    c: &mut super::collector::Collector<'_>,
     value: &toml::Spanned<toml::de::DeValue<'_>>,
 ) {
     let Some(table) = value.get_ref().as_table() else {
@@ -137,7 +128,7 @@ pub(super) fn read_table(
 }
 
 fn read_certs(
-    c: &mut super::file::Collector<'_>,
+    c: &mut super::collector::Collector<'_>,
     value: &toml::Spanned<toml::de::DeValue<'_>>,
 ) -> Option<Vec<CertPaths>> {
     let Some(list) = value.get_ref().as_array() else {

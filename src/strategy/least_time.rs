@@ -1,7 +1,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::estimate::{fade, idle_ns, ROUTE_EWMA};
+use super::estimate::{fade, idle_ns, FADE, ROUTE_EWMA};
 use super::load_index::Key;
 use super::ramp::{lowest, Ramp};
 use super::{LoadIndex, PickCtx};
@@ -12,9 +12,6 @@ pub(crate) const RENEW_AFTER: Duration = Duration::from_secs(60);
 /// `least_response_time` does not believe an average that no sample has fed for this
 /// long: the next sample seeds it again, as the first one did.
 pub(crate) const QUIET: Duration = Duration::from_secs(1);
-/// Time constant with which the average of a backend that has nothing in flight fades
-/// toward zero as seen by a pick (×1/e per second idle).
-pub(crate) const FADE: Duration = Duration::from_secs(1);
 
 /// Folds a sample of `x` ns, `elapsed` after the previous one, into the route EWMA: the
 /// backend's EWMA weight, seeded again by the first sample after [`QUIET`] without one.
@@ -36,14 +33,6 @@ pub(crate) fn fold(b: &Backend, x: f64, elapsed: Option<u64>) {
 pub(crate) fn estimate(b: &Backend, now: u64, in_flight: u64) -> Option<f64> {
     let avg = b.estimates().get(ROUTE_EWMA)?;
     Some(fade(avg, idle_ns(b, now, in_flight), FADE))
-}
-
-/// What the index ranks by: the average believed (before any fading) and when it was
-/// last sampled; `None` when unsampled.
-#[inline]
-pub(crate) fn sample(b: &Backend) -> Option<(f64, u64)> {
-    let avg = b.estimates().get(ROUTE_EWMA)?;
-    Some((avg, b.sampled_at().unwrap_or(0)))
 }
 
 /// Lowest latency average × (in flight + 1); ties to the lowest index. The bet: the
@@ -241,7 +230,7 @@ mod tests {
         let bs = backends(&[1, 1, 1]);
         let t = 10_000 * MS;
         assert_eq!(pick(&bs, t), 'A');
-        super::super::estimate::record_latency_at(&bs[0], Duration::from_millis(30), t);
+        super::super::record_latency_at(&bs[0], Duration::from_millis(30), t);
         assert_eq!(pick(&bs, t), 'B');
         // An unsampled backend with a request in flight still comes first.
         let _b = bs[1].begin_request();
@@ -253,8 +242,8 @@ mod tests {
         );
         drop(_b);
         drop(_c);
-        super::super::estimate::record_latency_at(&bs[1], Duration::from_millis(10), t);
-        super::super::estimate::record_latency_at(&bs[2], Duration::from_millis(20), t);
+        super::super::record_latency_at(&bs[1], Duration::from_millis(10), t);
+        super::super::record_latency_at(&bs[2], Duration::from_millis(20), t);
         // 30, 10, 20 ms
         assert_eq!(pick(&bs, t), 'B');
         let _b1 = bs[1].begin_request();
@@ -281,8 +270,8 @@ mod tests {
     fn the_average_is_the_ewma_with_alpha() {
         let bs = backends(&[1]);
         let t = 10_000 * MS;
-        super::super::estimate::record_latency_at(&bs[0], Duration::from_millis(100), t);
-        super::super::estimate::record_latency_at(&bs[0], Duration::from_millis(200), t + MS);
+        super::super::record_latency_at(&bs[0], Duration::from_millis(100), t);
+        super::super::record_latency_at(&bs[0], Duration::from_millis(200), t + MS);
         // alpha 0.1: 100 + 0.1 × 100
         let est = estimate(&bs[0], t + MS, 1).unwrap();
         assert!((est - 110.0 * MS as f64).abs() < 1.0, "{est}");
@@ -298,10 +287,10 @@ mod tests {
         let step = 5 * MS;
         // A and B answer in 10 ms, C has turned slow: 100 ms.
         for b in &bs[..2] {
-            super::super::estimate::record_latency_at(b, Duration::from_millis(10), t);
+            super::super::record_latency_at(b, Duration::from_millis(10), t);
         }
         for _ in 0..20 {
-            super::super::estimate::record_latency_at(&bs[2], Duration::from_millis(100), t);
+            super::super::record_latency_at(&bs[2], Duration::from_millis(100), t);
         }
         // C is fast again from now on. Traffic: one request every 5 ms, answered at once.
         let mut first_c = None;
@@ -313,7 +302,7 @@ mod tests {
                 c_picks += 1;
                 first_c.get_or_insert(n * step);
             }
-            super::super::estimate::record_latency_at(&bs[i], Duration::from_millis(10), t);
+            super::super::record_latency_at(&bs[i], Duration::from_millis(10), t);
         }
         let first = Duration::from_nanos(first_c.expect("C is never tried again"));
         assert!(
@@ -328,15 +317,15 @@ mod tests {
     fn a_slow_backend_is_probed_seldom_and_a_busy_one_never_fades() {
         let bs = backends(&[1, 1]);
         let t = 10_000 * MS;
-        super::super::estimate::record_latency_at(&bs[0], Duration::from_millis(10), t);
-        super::super::estimate::record_latency_at(&bs[1], Duration::from_millis(100), t);
+        super::super::record_latency_at(&bs[0], Duration::from_millis(10), t);
+        super::super::record_latency_at(&bs[1], Duration::from_millis(100), t);
         // Fresh samples on A keep it current; B fades: 100 ms × e^(-idle/1 s) < 10 ms
         // only after ln 10 ≈ 2.3 s.
         let mut probes = Vec::new();
         for n in 1..=1000u64 {
             let now = t + n * 5 * MS;
             let i = LeastResponseTime::scan(&bs, &PickCtx::default(), now).unwrap();
-            super::super::estimate::record_latency_at(
+            super::super::record_latency_at(
                 &bs[i],
                 Duration::from_millis(if i == 0 { 10 } else { 100 }),
                 now,

@@ -22,7 +22,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::least_time::{sample, FADE};
+use super::estimate::{route_sample, FADE};
 use super::PickCtx;
 use crate::backend::{Backend, LoadWatch};
 
@@ -160,15 +160,15 @@ impl LoadIndex {
         let key = match &self.key {
             Key::InFlight => k,
             Key::PerWeight(w) => ((k as f64 / w[leaf]) as f32).to_bits() as u64,
-            Key::Unsampled => match sample(b) {
+            Key::Unsampled => match route_sample(b) {
                 None => k,
                 Some(_) => EMPTY_KEY,
             },
-            Key::Busy => match sample(b) {
+            Key::Busy => match route_sample(b) {
                 Some((avg, _)) if k > 0 => ((avg * (k + 1) as f64) as f32).to_bits() as u64,
                 _ => EMPTY_KEY,
             },
-            Key::Idle { base } => match sample(b) {
+            Key::Idle { base } => match route_sample(b) {
                 Some((avg, at)) if k == 0 => {
                     let since = (at as i64).wrapping_sub(*base as i64) as f64;
                     ordered((avg.ln() + since / FADE.as_nanos() as f64) as f32)
@@ -324,7 +324,7 @@ mod tests {
             let mut guards: Vec<Vec<crate::backend::RequestGuard>> = bs.iter().map(|_| Vec::new()).collect();
             // Every backend sampled but the first `unsampled`.
             for (i, b) in bs.iter().enumerate().skip(unsampled) {
-                crate::strategy::estimate::record_latency_at(b, std::time::Duration::from_millis(5 + (i as u64 * 7) % 50), now - (i as u64 % 9) * 700 * MS);
+                crate::strategy::record_latency_at(b, std::time::Duration::from_millis(5 + (i as u64 * 7) % 50), now - (i as u64 % 9) * 700 * MS);
                 refresh(i);
             }
             for (which, op, ms, advance) in ops {
@@ -333,7 +333,7 @@ mod tests {
                 match op {
                     0 => guards[i].push(bs[i].begin_request()),
                     1 => { guards[i].pop(); }
-                    _ => crate::strategy::estimate::record_latency_at(&bs[i], std::time::Duration::from_millis(ms), now),
+                    _ => crate::strategy::record_latency_at(&bs[i], std::time::Duration::from_millis(ms), now),
                 }
                 refresh(i);
                 let ctx = PickCtx::default();
@@ -442,7 +442,7 @@ mod tests {
                 let b = snap.pick(&PickCtx::default()).unwrap();
                 held.push(b.begin_request());
                 if round % 2 == 0 {
-                    crate::strategy::estimate::record_latency(
+                    crate::strategy::record_latency(
                         b,
                         Duration::from_millis(1 + (round as u64 * 13) % 40),
                     );

@@ -30,8 +30,6 @@ use std::sync::Arc;
 
 use crate::backend::{clock_ns, Backend};
 
-pub use estimate::record_latency;
-pub(crate) use estimate::record_latency_at;
 pub use key::{request_key, KeySource};
 pub(crate) use least_conn::LeastConnections;
 pub(crate) use least_time::LeastResponseTime;
@@ -45,6 +43,21 @@ pub(crate) use weighted_least_conn::WeightedLeastConnections;
 pub(crate) use wrr::SmoothWeightedRoundRobin;
 
 pub use crate::config::StrategyKind;
+
+/// Folds one latency sample into the backend's average and into every strategy's
+/// estimate, and tells the strategy's index: the one place a sample arrives.
+pub fn record_latency(b: &Backend, sample: std::time::Duration) {
+    record_latency_at(b, sample, clock_ns());
+}
+
+/// [`record_latency`] at `now` ([`clock_ns`]).
+pub(crate) fn record_latency_at(b: &Backend, sample: std::time::Duration, now: u64) {
+    let elapsed = b.note_latency(sample, now);
+    let x = sample.as_nanos() as f64;
+    least_time::fold(b, x, elapsed);
+    p2c::fold_peak(b, x, elapsed);
+    b.refresh_index();
+}
 
 impl StrategyKind {
     /// Where a hashing strategy takes its request key from; `None` for the others, whose

@@ -206,19 +206,15 @@ mod tests {
         // Unsampled and idle: free; unsampled and waiting: a penalty.
         assert_eq!(peak_cost(&bs[0], t, 0), 0.0);
         assert!(peak_cost(&bs[0], t, 1) >= 1e9);
-        super::super::estimate::record_latency_at(&bs[0], Duration::from_millis(10), t);
-        super::super::estimate::record_latency_at(&bs[0], Duration::from_millis(100), t + s / 100);
+        super::super::record_latency_at(&bs[0], Duration::from_millis(10), t);
+        super::super::record_latency_at(&bs[0], Duration::from_millis(100), t + s / 100);
         assert_eq!(
             peak_latency(&bs[0]),
             Some(Duration::from_millis(100)),
             "peak"
         );
         // A lower sample 1 s later pulls it down by 1 - e^(-1/10) of the way only.
-        super::super::estimate::record_latency_at(
-            &bs[0],
-            Duration::from_millis(10),
-            t + s + s / 100,
-        );
+        super::super::record_latency_at(&bs[0], Duration::from_millis(10), t + s + s / 100);
         let ms = peak_latency(&bs[0]).unwrap().as_secs_f64() * 1e3;
         let expect = 100.0 * (-0.1f64).exp() + 10.0 * (1.0 - (-0.1f64).exp());
         assert!((ms - expect).abs() < 0.01, "{ms} vs {expect}");
