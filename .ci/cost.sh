@@ -38,7 +38,18 @@ if ! command -v valgrind >/dev/null || ! command -v curl >/dev/null || ! command
   fi
 fi
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# Below the kernel's ephemeral range, which an outgoing connection may take between this
+# pick and the bind of the process that uses it.
+free_port() { python3 -c '
+import random, socket
+while True:
+    p = random.randrange(10000, 32000)
+    try:
+        socket.socket().bind(("127.0.0.1", p))
+        print(p)
+        break
+    except OSError:
+        pass'; }
 wait_port() {
   for _ in $(seq 200); do
     (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
@@ -61,7 +72,7 @@ for i in 1 2 3; do
   backends+=(--backend "http://127.0.0.1:$p")
 done
 
-out=$(mktemp -d)
+out=${COST_OUT:-$(mktemp -d)}
 # The plain request's one route, with a rate limit that never refuses: what a limited
 # route adds (docs/performance.md, "Route policies").
 printf '[[routes]]\npool = "default"\nrate_limit = { rate = 1000, per = "1ms", burst = 1000 }\n' \
@@ -148,13 +159,14 @@ guard() {
 }
 guard h1 "$budget"
 guard h2 "$budget_h2"
-# A rate-limited route: the target is 300 over the plain request, compared on the worker
-# thread (measured 272–294; docs/performance.md, "Route policies"), where the guard holds
-# 340. The total only has to stay within sight of the plain request's.
+# A rate-limited route: the target is 420 over the plain request, compared on the worker
+# thread (measured 416–426 since the policy chain, 272–294 before it; docs/performance.md,
+# "Route policies"), where the guard holds 460. The total only has to stay within sight of
+# the plain request's.
 guard limited $((per_h1 + 1000))
 limited_extra=$((worker_limited - worker_h1))
-echo "cost guard (limited): $limited_extra instructions over the plain request on the worker thread (guard: 340; target: 300)"
-if [ "$limited_extra" -gt 340 ]; then
+echo "cost guard (limited): $limited_extra instructions over the plain request on the worker thread (guard: 460; target: 420)"
+if [ "$limited_extra" -gt 460 ]; then
   echo "cost guard (limited): over its guard: a rate-limited route got more expensive" >&2
   status=1
 fi

@@ -86,13 +86,7 @@ pub(crate) async fn serve<H: Send>(
             return;
         }
     };
-    let peer = Peer {
-        addr: peer_addr,
-        forwarded: crate::proxy::headers::forwarded_value(peer_addr.ip()),
-        tls: true,
-        local,
-        socket: -1,
-    };
+    let peer = Peer::new(peer_addr, local, true, -1);
     if let Err(e) = requests(conn, proxy, &peer, &stop).await {
         tracing::debug!(error = %e, peer = %peer_addr, "HTTP/3 connection ended with an error");
     }

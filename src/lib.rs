@@ -21,6 +21,7 @@ pub(crate) mod deadline;
 pub(crate) mod demo;
 pub(crate) mod descriptors;
 pub(crate) mod discovery;
+pub(crate) mod driver;
 pub(crate) mod front;
 #[cfg(fuzzing)]
 #[doc(hidden)]

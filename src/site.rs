@@ -7,8 +7,9 @@
 //! request holds the pool that took it until it ends: a pool removed meanwhile finishes
 //! its requests in flight.
 
+use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use arc_swap::ArcSwap;
 use tokio::sync::watch;
@@ -16,7 +17,6 @@ use tokio::sync::watch;
 use crate::config::policy::Policies;
 use crate::config::{PoolSpec, RouteSpec};
 use crate::pool::{Backend, Hub, Pool, PoolError, Source};
-use crate::rate_limit::RateLimiter;
 use crate::route::{Route, RouteTable};
 
 pub(crate) use crate::config::pools::MAX_ROUTES;
@@ -45,25 +45,32 @@ pub(crate) struct Routing {
 
 /// A route's policies with what they keep while the routing table lives (built with
 /// it: a new table starts them afresh).
-#[derive(Debug)]
 pub(crate) struct RoutePolicy {
     /// As configured.
     pub(crate) spec: Policies,
-    /// The rate limit's buckets.
-    pub(crate) limiter: Option<RateLimiter>,
-    /// Basic authentication's users and verified credentials.
-    pub(crate) gate: Option<crate::basic_auth::Gate>,
-    /// Requests answered `429`.
+    /// Requests its rate limit answered `429`.
     pub(crate) limited: AtomicU64,
+    /// The steps as the request path runs them, with what each keeps (a rate limit's
+    /// buckets, basic auth's verified credentials): built by the request core
+    /// (`proxy/chain/`) from `spec` the first time a request needs them, opaque here.
+    pub(crate) steps: OnceLock<Box<dyn Any + Send + Sync>>,
+}
+
+impl std::fmt::Debug for RoutePolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RoutePolicy")
+            .field("spec", &self.spec)
+            .field("limited", &self.limited)
+            .finish_non_exhaustive()
+    }
 }
 
 impl RoutePolicy {
     fn new(spec: &Policies) -> RoutePolicy {
         RoutePolicy {
-            limiter: spec.rate_limit.as_ref().map(RateLimiter::new),
-            gate: spec.basic_auth.as_ref().map(crate::basic_auth::Gate::new),
             spec: spec.clone(),
             limited: AtomicU64::new(0),
+            steps: OnceLock::new(),
         }
     }
 }

@@ -5,6 +5,7 @@
 //! a freshly built [`Picker`] — through `arc-swap`. The request path does one lock-free
 //! load and one pick; it never takes the control mutex.
 
+mod acquire;
 mod budget;
 mod discovered;
 mod eligible;
@@ -33,6 +34,7 @@ use crate::config::PoolSpec;
 use crate::strategy::{Picker, PickerOptions, StrategyKind};
 #[cfg(test)]
 use crate::{config::BackendSpec, strategy::PickCtx};
+pub(crate) use acquire::{takes_sessions, Ask, NoPick};
 pub(crate) use budget::RetryBudget;
 pub(crate) use discovered::DiscoveryStatus;
 

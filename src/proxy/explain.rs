@@ -16,11 +16,10 @@ use http::header::{self, HeaderName, HeaderValue};
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
+use super::chain::{self, Chain};
 use super::message::{RequestFields, RequestHead};
-use super::{policy, sticky};
+use super::sticky;
 use crate::backend::{clock_ns, AdminState, Backend};
-use crate::basic_auth::Check;
-use crate::clock::Stamp;
 use crate::pool::{Mode, Pool, Snapshot};
 use crate::site::{RoutePolicy, Routing};
 
@@ -135,7 +134,7 @@ pub(crate) async fn explain(
         ..Explanation::default()
     };
     if let Some(p) = hit.policies {
-        if let Some(stop) = policed(p, &head, client_ip, index).await {
+        if let Some(stop) = policed(p, &head, client_ip, index) {
             e.why = stop;
             return Ok(e);
         }
@@ -146,37 +145,16 @@ pub(crate) async fn explain(
     Ok(e)
 }
 
-/// What the route's policies say before the pool: a redirect, a rate limit over its
-/// allowance, credentials missing or wrong — in the request path's order. `None` when
-/// the request goes on to the pool.
-async fn policed(p: &RoutePolicy, head: &RequestHead, ip: IpAddr, index: usize) -> Option<String> {
-    if let Some(r) = &p.spec.redirect {
-        let answer = policy::redirect(r, head, false);
-        let to = answer.head.field(&header::LOCATION);
-        let to = to.as_ref().map_or("", |v| v.to_str().unwrap_or(""));
-        return Some(format!("route {index} redirects it: {} to {to}", r.status));
-    }
-    if let (Some(limiter), Some(spec)) = (&p.limiter, &p.spec.rate_limit) {
-        let key = policy::limit_key(&spec.key, head).unwrap_or_else(|| policy::ip_key(ip));
-        if !limiter.would_allow(key, Stamp::now()) {
-            return Some(format!(
-                "route {index}'s rate limit answers 429: its key is over {} requests per {:?}",
-                spec.rate, spec.per
-            ));
-        }
-    }
-    let gate = p.gate.as_ref()?;
-    let field = head.field(&header::AUTHORIZATION);
-    match gate.check(field.as_ref().map(HeaderValue::as_bytes)) {
-        Check::Missing => Some(format!(
-            "route {index} asks for credentials and these are missing: 401"
-        )),
-        // Explain checks no password, nor says which were verified before: it would be
-        // an oracle no rate limit guards.
-        Check::Known | Check::Verify(_) => Some(format!(
-            "route {index} asks for credentials: basic auth would verify these (explain checks no password); wrong ones get 401"
-        )),
-    }
+/// What the route's steps say before the pool — a redirect, a rate limit over its
+/// allowance, credentials missing or wrong — each step asked in the request path's
+/// order. `None` when the request goes on to the pool.
+fn policed(p: &RoutePolicy, head: &RequestHead, client_ip: IpAddr, index: usize) -> Option<String> {
+    let cx = chain::Explain {
+        head,
+        client_ip,
+        index,
+    };
+    Chain::of(p).explain(&cx)
 }
 
 /// The pool's part: its candidates, the sticky cookie, the strategy's choice.
@@ -200,7 +178,7 @@ fn pick(
         let value = sticky::take(&mut fields, name)?;
         snap.backends
             .iter()
-            .find(|b| b.sticky_value == value && sticky::takes_sessions(b, snap.mode))
+            .find(|b| b.sticky_value == value && crate::pool::takes_sessions(b, snap.mode))
     });
     let place = format!("pool '{}'", pool.name);
     if let Some(b) = stuck {

@@ -9,6 +9,8 @@
 //! the truth whichever path the message took; nothing hides fields in a body or leaves
 //! a map empty.
 
+use std::net::SocketAddr;
+
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, StatusCode, Uri, Version};
 
@@ -399,6 +401,36 @@ pub(crate) fn advertise_h3(port: u16) {
 /// The `Alt-Svc` value of answers over TLS, when HTTP/3 is on.
 pub(crate) fn alt_svc() -> Option<&'static HeaderValue> {
     ALT_SVC.get()
+}
+
+/// The client a request came from.
+#[derive(Debug, Clone)]
+pub(crate) struct Peer {
+    /// The connection's remote address.
+    pub(crate) addr: SocketAddr,
+    /// Its `headers::forwarded_value`, computed once per connection.
+    pub(crate) forwarded: HeaderValue,
+    /// It came over the HTTPS listener.
+    pub(crate) tls: bool,
+    /// The address it reached (the listener's), for a PROXY header to a backend.
+    pub(crate) local: SocketAddr,
+    /// Its TCP socket, whose send queue tells a client's progress (`liveness::unsent`);
+    /// `-1` for none (QUIC).
+    pub(crate) socket: i32,
+}
+
+impl Peer {
+    /// The client at `addr` of a connection that reached `local`; `socket` is its TCP
+    /// socket (`-1` for QUIC).
+    pub(crate) fn new(addr: SocketAddr, local: SocketAddr, tls: bool, socket: i32) -> Peer {
+        Peer {
+            addr,
+            forwarded: super::headers::forwarded_value(addr.ip()),
+            tls,
+            local,
+            socket,
+        }
+    }
 }
 
 #[cfg(test)]

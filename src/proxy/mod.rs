@@ -3,11 +3,11 @@
 
 mod answer;
 mod body;
+mod chain;
 pub(crate) mod explain;
 pub(crate) mod headers;
 pub(crate) mod hop;
 pub(crate) mod message;
-mod policy;
 pub(crate) mod record;
 pub(crate) mod request_id;
 mod sticky;
@@ -21,7 +21,6 @@ pub(crate) use validate::check as validate_head;
 #[cfg(any(fuzzing, test))]
 pub(crate) use wire::{fuzz_chunked, fuzz_response};
 
-use std::net::SocketAddr;
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,9 +34,9 @@ use ipnet::IpNet;
 use answer::Answer;
 pub(crate) use answer::{fit_head, stated_length, Hold, ProxyResponse, RespBody, ShedPermit};
 pub(crate) use body::{BodyError, ClientBody, ReqBody};
-use message::RateLimitFields;
+use chain::{Chain, Ran};
 pub(crate) use message::{
-    advertise_h3, alt_svc, date, RequestFields, RequestHead, ResponseFields, ResponseHead,
+    advertise_h3, alt_svc, date, Peer, RequestFields, RequestHead, ResponseFields, ResponseHead,
 };
 pub(crate) use record::{Finish, Pending, Recorder};
 use request_id::RequestId;
@@ -45,9 +44,8 @@ pub(crate) use tunnel::ClientUpgrade;
 pub(crate) use upstream::{Failure, Upstreams};
 
 use crate::clock::Stamp;
-use crate::compress::Coding;
 use crate::config::Settings;
-use crate::pool::{Backend, Pool, QueueError, RequestGuard};
+use crate::pool::{Ask, Backend, NoPick, Pool, QueueError, RequestGuard};
 use crate::site::RoutePolicy;
 use crate::site::Site;
 use crate::stats::bump;
@@ -189,33 +187,6 @@ impl Failure {
     }
 }
 
-/// The client a request came from.
-#[derive(Debug, Clone)]
-pub(crate) struct Peer {
-    /// The connection's remote address.
-    pub(crate) addr: SocketAddr,
-    /// Its [`headers::forwarded_value`], computed once per connection.
-    pub(crate) forwarded: HeaderValue,
-    /// It came over the HTTPS listener.
-    pub(crate) tls: bool,
-    /// The address it reached (the listener's), for a PROXY header to a backend.
-    pub(crate) local: SocketAddr,
-    /// Its TCP socket, whose send queue tells a client's progress (`liveness::unsent`);
-    /// `-1` for none (QUIC).
-    pub(crate) socket: i32,
-}
-
-/// What a route's steps before the pool found.
-#[derive(Default)]
-struct Policed {
-    /// The client's IP, when a step needed it.
-    client_ip: Option<std::net::IpAddr>,
-    /// What the rate limit said, for the answer's fields.
-    limit: Option<RateLimitFields>,
-    /// The coding the answer may be compressed with (`None`: none the client takes).
-    coding: Option<Coding>,
-}
-
 /// Where a route sends a request.
 struct Routed {
     /// The pool, held until the request ends.
@@ -257,14 +228,8 @@ struct Outgoing<'p> {
     id: RequestId,
     /// This hop's `Via` element, for the client's protocol.
     via: &'static [u8],
-    /// Its route's policies, when it has any (`docs/policies.md`).
-    policies: Option<Arc<RoutePolicy>>,
-    /// The client's IP, trusted proxies honoured: found when a policy needs it.
-    client_ip: Option<std::net::IpAddr>,
-    /// What its route's rate limit said, for the answer's `RateLimit-*` fields.
-    limit: Option<RateLimitFields>,
-    /// The coding its answer may be compressed with, as the client accepts.
-    coding: Option<Coding>,
+    /// What its route's steps found that the rest of the way needs.
+    found: chain::Found,
 }
 
 impl Outgoing<'_> {
@@ -383,14 +348,6 @@ fn to_https(head: &RequestHead, port: u16) -> ProxyResponse {
 fn far_after(d: Duration) -> tokio::time::Instant {
     let now = tokio::time::Instant::now();
     now.checked_add(d).unwrap_or(now)
-}
-
-/// Why [`Proxy::pick`] found no backend.
-enum NoPick {
-    /// Nothing eligible and untried.
-    Nothing,
-    /// Every candidate is at its `max_conns`; the first the strategy proposed is this one.
-    Full(Arc<Backend>),
 }
 
 /// Why a request is refused before any pick.
@@ -602,30 +559,11 @@ impl Proxy {
                 Either::Left(std::future::ready(r))
             }
             Ok((permit, routed)) => {
-                let mut head = head;
                 let via = crate::loops::element(head.version);
-                // A route's steps before the pool; none without policies.
-                let policed = match &routed.policies {
-                    Some(p) => self.police(&mut head, p, peer, trusted, fin.started),
-                    None => Ok(Policed::default()),
-                };
-                let Policed {
-                    client_ip,
-                    limit,
-                    coding,
-                } = match policed {
-                    Ok(found) => found,
-                    Err(r) => {
-                        return Either::Left(std::future::ready(self.own(&mut fin, None, *r)))
-                    }
-                };
                 let req = Outgoing {
                     target: routed.target.unwrap_or_else(|| fin.path.clone()),
                     pool: routed.pool,
-                    policies: routed.policies,
-                    client_ip,
-                    limit,
-                    coding,
+                    found: chain::Found::default(),
                     head,
                     body,
                     client_upgrade,
@@ -639,7 +577,7 @@ impl Proxy {
                     sticky: None,
                     stuck: false,
                 };
-                Either::Right(self.forward(req, fin, permit))
+                Either::Right(self.forward(req, fin, permit, routed.policies))
             }
         }
     }
@@ -708,17 +646,14 @@ impl Proxy {
     /// hop-by-hop fields removed, `X-Forwarded-*` set, HTTP/1.1 towards the backend.
     /// Span fields are only ever exchanged inline and get the same rules as they are
     /// written out; any other request gets its fields as a map first.
-    fn prepare(&self, req: &mut Outgoing<'_>) {
+    fn prepare(&self, req: &mut Outgoing<'_>, chain: Option<&Chain>) {
         let head = &mut req.head;
         req.inline =
             req.body.is_none() && req.client_upgrade.is_none() && is_idempotent(&head.method);
         // A sticky pool reads and removes its cookie, from a map; a route's request
         // headers policy edits one.
         let sticky = req.pool.settings.sticky.cookie.as_deref();
-        let edits = req
-            .policies
-            .as_ref()
-            .and_then(|p| p.spec.request_headers.as_ref());
+        let edits = chain.filter(|c| c.edits_request());
         // Off, it costs nothing; on, a request without one gets a map to add it to.
         let trace = self.settings.trace_context && head.field(&request_id::TRACEPARENT).is_none();
         if !req.inline || sticky.is_some() || edits.is_some() || trace {
@@ -748,21 +683,22 @@ impl Proxy {
                 via: req.via,
             };
             let upgrade = req.client_upgrade.is_some();
-            if edits.is_some() && req.client_ip.is_none() {
+            if edits.is_some() && req.found.client_ip.is_none() {
                 let trusted = &self.settings.trusted_proxies;
-                req.client_ip = Some(crate::trust::client_ip(map, req.peer.addr.ip(), trusted));
+                let ip = crate::trust::client_ip(map, req.peer.addr.ip(), trusted);
+                req.found.client_ip = Some(ip);
             }
             headers::Forwarding::apply(map, hop, upgrade);
             if trace {
                 map.insert(request_id::TRACEPARENT, req.id.traceparent());
             }
-            if let (Some(edits), Some(ip)) = (edits, req.client_ip) {
-                let vars = policy::Vars {
+            if let (Some(chain), Some(ip)) = (edits, req.found.client_ip) {
+                let vars = chain::Vars {
                     client_ip: ip,
                     request_id: req.id.as_bytes(),
                     host: req.host.as_ref(),
                 };
-                policy::edit(map, edits, &vars);
+                chain.forward(map, &vars);
             }
         }
         // The backend pool speaks HTTP/1.1 whatever the client spoke.
@@ -777,15 +713,28 @@ impl Proxy {
         mut req: Outgoing<'_>,
         mut fin: Pending,
         mut permit: Option<ShedPermit>,
+        route: Option<Arc<RoutePolicy>>,
     ) -> ProxyResponse {
-        // Basic auth, after the rate limit (so that guessing is limited too) and before
-        // anything reaches a backend.
-        if let Some(gate) = req.policies.as_ref().and_then(|p| p.gate.as_ref()) {
-            if let Err(r) = policy::authorize(gate, &req.head).await {
+        // The route's steps before the pool; none without policies.
+        let chain = route.as_deref().map(Chain::of);
+        if let (Some(route), Some(chain)) = (route.as_deref(), chain) {
+            let refused = match chain.run(0, &mut self.before_cx(&mut req, route, fin.started)) {
+                Ran::Done => None,
+                Ran::Answer(r) => Some(*r),
+                // Boxed: only a request whose step waits (a credential to verify) pays
+                // for the wait's state.
+                Ran::Wait(next, wait) => {
+                    let now = fin.started;
+                    Box::pin(self.police_after(&mut req, (route, chain), next, wait, now))
+                        .await
+                        .err()
+                }
+            };
+            if let Some(r) = refused {
                 return self.own(&mut fin, None, r);
             }
         }
-        self.prepare(&mut req);
+        self.prepare(&mut req, chain);
         let (req, fin) = (&mut req, &mut fin);
         let max_attempts = 1 + req.pool.settings.retries as usize;
         let resendable = req.resendable();
@@ -829,7 +778,7 @@ impl Proxy {
             // left, and put back if it never did.
             let keep = resendable && !last;
             let failure = match self.attempt(req, guard, fin, &mut permit, keep).await {
-                Ok(r) => return self.on_answer(req, r),
+                Ok(r) => return self.on_answer(req, chain, r),
                 Err(f) => f,
             };
             // Nothing of the answer has reached the client yet: a request none of which
@@ -860,81 +809,64 @@ impl Proxy {
         }
     }
 
-    /// A backend's answer, through the route's response policies.
-    fn on_answer(&self, req: &Outgoing<'_>, mut r: ProxyResponse) -> ProxyResponse {
-        let Some(p) = &req.policies else {
+    /// A backend's answer, through the route's steps after the pool.
+    fn on_answer(
+        &self,
+        req: &Outgoing<'_>,
+        chain: Option<&Chain>,
+        mut r: ProxyResponse,
+    ) -> ProxyResponse {
+        let Some(chain) = chain else {
             return r;
         };
-        r.head.rate_limit = req.limit;
-        if let Some(edits) = &p.spec.response_headers {
-            let vars = policy::Vars {
-                client_ip: req.client_ip.unwrap_or_else(|| req.peer.addr.ip()),
-                request_id: req.id.as_bytes(),
-                host: req.host.as_ref(),
-            };
-            r.head.edit_fields(|map| policy::edit(map, edits, &vars));
-        }
-        if p.spec.compress.is_some() {
-            policy::compress(&mut r, req.coding, &p.spec.compress_types);
-        }
+        let cx = chain::After {
+            found: &req.found,
+            peer: req.peer,
+            id: &req.id,
+            host: req.host.as_ref(),
+        };
+        chain.after(&cx, &mut r);
         r
     }
 
-    /// The route's steps before the pool (`docs/policies.md`): its redirect, its rate
-    /// limit. `Err` with the answer that ends the request here.
-    fn police(
-        &self,
-        head: &mut RequestHead,
-        p: &RoutePolicy,
-        peer: &Peer,
-        trusted: bool,
+    /// A request as the route's steps before the pool see it (`docs/policies.md`).
+    fn before_cx<'r>(
+        &'r self,
+        req: &'r mut Outgoing<'_>,
+        route: &'r RoutePolicy,
         now: Stamp,
-    ) -> Result<Policed, Box<ProxyResponse>> {
-        if let Some(r) = &p.spec.redirect {
-            return Err(Box::new(policy::redirect(r, head, peer.tls)));
-        }
-        let coding = (p.spec.compress.as_deref()).and_then(|offered| policy::coding(head, offered));
-        let (Some(limiter), Some(spec)) = (&p.limiter, &p.spec.rate_limit) else {
-            return Ok(Policed {
-                coding,
-                ..Policed::default()
-            });
-        };
-        let mut ip = None;
-        let key = policy::limit_key(&spec.key, head)
-            .unwrap_or_else(|| policy::ip_key(*ip.insert(self.client_ip(head, peer, trusted))));
-        let v = limiter.check(key, now);
-        if !v.allowed {
-            p.limited.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            return Err(Box::new(policy::too_many(limiter, v)));
-        }
-        Ok(Policed {
-            client_ip: ip,
-            limit: Some(policy::rate_fields(limiter, v)),
-            coding,
-        })
-    }
-
-    /// The client's IP, `--trusted-proxies` honoured. From an untrusted peer it is the
-    /// peer's address, and no field is read.
-    #[inline(always)]
-    fn client_ip(&self, head: &mut RequestHead, peer: &Peer, trusted: bool) -> std::net::IpAddr {
-        match (trusted, peer.addr) {
-            (false, SocketAddr::V4(a)) => std::net::IpAddr::V4(*a.ip()),
-            (false, SocketAddr::V6(a)) => a.ip().to_canonical(),
-            (true, _) => self.forwarded_client_ip(head, peer),
+    ) -> chain::Before<'r> {
+        chain::Before {
+            head: &mut req.head,
+            peer: req.peer,
+            peer_trusted: req.peer_trusted,
+            trusted_proxies: &self.settings.trusted_proxies,
+            now,
+            route,
+            found: &mut req.found,
         }
     }
 
-    /// The client's IP as a trusted peer's forwarding fields give it.
-    #[inline(never)]
-    fn forwarded_client_ip(&self, head: &mut RequestHead, peer: &Peer) -> std::net::IpAddr {
-        head.make_map();
-        match &head.fields {
-            RequestFields::Map(m) => {
-                crate::trust::client_ip(m, peer.addr.ip(), &self.settings.trusted_proxies)
+    /// The route's steps before the pool from the one that waits on: `wait`, then the
+    /// steps from `next` on, each wait in turn. `Err` with the answer that ends the
+    /// request here.
+    async fn police_after(
+        &self,
+        req: &mut Outgoing<'_>,
+        (route, chain): (&RoutePolicy, &Chain),
+        mut next: usize,
+        mut wait: chain::Waiting<'_>,
+        now: Stamp,
+    ) -> Result<(), ProxyResponse> {
+        loop {
+            if let Some(r) = wait.await {
+                return Err(r);
             }
-            RequestFields::Spans(_) => peer.addr.ip().to_canonical(),
+            match chain.run(next, &mut self.before_cx(req, route, now)) {
+                Ran::Done => return Ok(()),
+                Ran::Answer(r) => return Err(*r),
+                Ran::Wait(n, w) => (next, wait) = (n, w),
+            }
         }
     }
 
@@ -968,72 +900,27 @@ impl Proxy {
         Err(self.own(fin, None, r))
     }
 
-    /// Picks a backend for the next attempt and takes its in-flight slot; `None` when
-    /// nothing eligible and untried is left. The strategy proposes, this accepts: a
-    /// backend not tried by this request yet, and, for a half-open backend (after an
-    /// ejection, one request at a time until one has succeeded), only with its trial
-    /// claimed. `fresh`: the request's first pick (not a retry, nor a pick after a wait),
-    /// the one the panic counter counts.
+    /// A backend for the next attempt, its in-flight slot taken (`Pool::acquire`);
+    /// `fresh`: the request's first pick.
     fn pick(
         &self,
         req: &mut Outgoing<'_>,
         tried: &mut Vec<u64>,
         fresh: bool,
     ) -> Result<RequestGuard, NoPick> {
-        // The routing table is read afresh per attempt and not held across the wait
-        // (arc-swap's cheap read slots are few per thread); the guard keeps the backend
-        // itself alive.
-        let snap = req.pool.snapshot();
-        if snap.mode == crate::pool::Mode::Panic && fresh {
-            bump(&req.pool.panic_requests);
-        }
-        if let (Some(value), true) = (req.sticky, tried.is_empty()) {
-            let stuck = snap
-                .backends
-                .iter()
-                .find(|b| b.sticky_value == value && sticky::takes_sessions(b, snap.mode));
-            if let Some(b) = stuck {
-                let Some(counted) = b.claim_slot() else {
-                    return Err(NoPick::Full(Arc::clone(b)));
-                };
-                req.stuck = true;
-                return Ok(b.begin_after_claim(counted));
-            }
-        }
-        // The strategy picks: the answer gets a cookie for the backend it picks.
-        req.stuck = false;
-        if let (None, Some(source)) = (req.key, snap.strategy.key_source()) {
-            req.key = Some(self.request_key(req, source));
-        }
-        let (mut trial, mut counted, mut full) = (false, false, None);
-        let b = snap.select(req.key, |b| {
-            if tried.contains(&b.id) {
-                return false;
-            }
-            // A backend at its `max_conns` is passed over (the request may queue).
-            let Some(c) = b.claim_slot() else {
-                full.get_or_insert_with(|| Arc::clone(b));
-                return false;
-            };
-            trial = b.half_open();
-            if trial && !b.claim_trial() {
-                // Its one trial request is already in flight: this request counts it as
-                // tried, so a retry does not come back to it either.
-                b.unclaim_slot(c);
-                tried.push(b.id);
-                return false;
-            }
-            counted = c;
-            true
-        });
-        let Some(b) = b else {
-            return Err(full.map_or(NoPick::Nothing, NoPick::Full));
+        let mut key = req.key;
+        let ask = Ask {
+            sticky: req.sticky,
+            tried,
+            fresh,
+            key: &mut key,
         };
-        let mut guard = b.begin_after_claim(counted);
-        if trial {
-            guard.set_trial();
-        }
-        Ok(guard)
+        let got = (req.pool).acquire(ask, |source| self.request_key(req, source));
+        req.key = key;
+        let got = got?;
+        // The strategy's pick gets a cookie for the backend it picks.
+        req.stuck = got.stuck;
+        Ok(got.guard)
     }
 
     /// The request key of a hashing strategy, read from the fields as forwarded: the
@@ -1191,7 +1078,7 @@ impl Proxy {
         fin.status = status.as_u16();
         if let Some(c) = fin.combined.as_mut() {
             // A compressed answer's length is not known here: `-`, as for a stream.
-            let compresses = (req.policies.as_ref()).is_some_and(|p| p.spec.compress.is_some());
+            let compresses = req.found.coding.is_some();
             // No body: a HEAD's answer, a 204, a 304.
             let bodiless = req.head.method == Method::HEAD
                 || matches!(status.as_u16(), 204 | 304)

@@ -8,21 +8,7 @@
 
 use http::header::{self, HeaderMap, HeaderValue};
 
-use crate::backend::{AdminState, Backend};
 use crate::config::StickySettings;
-use crate::pool::Mode;
-
-/// Whether a sticky request may still go to `b`: healthy, not ejected, and active or
-/// draining (draining takes no new sessions but keeps its sticky ones). A backup keeps
-/// its sessions only while the backups take the traffic: once a primary is back, its
-/// clients go to the primaries, as its other traffic does.
-pub(crate) fn takes_sessions(b: &Backend, mode: Mode) -> bool {
-    b.healthy()
-        && !b.ejected()
-        && !b.half_open()
-        && matches!(b.state(), AdminState::Active | AdminState::Draining)
-        && (!b.backup || mode == Mode::Backups)
-}
 
 /// Takes the cookie `name` out of the request's `Cookie` fields (joined into one by
 /// then) and returns its value when it is one of ours; the other cookies go on, byte

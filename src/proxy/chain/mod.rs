@@ -1,0 +1,271 @@
+//! A route's policies as one chain of steps (`docs/policies.md`, `docs/architecture.md`,
+//! "The policy chain"): each step is one file under the one [`Step`] trait, and the
+//! chain a route runs holds only the steps its policies use, in the order of
+//! [`STEPS`]. The request path runs the chain's `before` hooks ahead of the pool, its
+//! `forward` hooks on the fields as they go to the backend and its `after` hooks on the
+//! answer; `POST /admin/explain` asks the same steps what they would do, so no rule is
+//! written twice.
+//!
+//! A new step is one file here and one line in [`STEPS`].
+
+mod basic_auth;
+mod compress;
+mod edits;
+mod rate_limit;
+mod redirect;
+mod request_headers;
+mod response_headers;
+
+use std::any::Any;
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+
+use http::header::{HeaderMap, HeaderValue};
+use ipnet::IpNet;
+
+use super::answer::ProxyResponse;
+use super::message::{Peer, RateLimitFields, RequestFields, RequestHead};
+use super::request_id::RequestId;
+use crate::clock::Stamp;
+use crate::compress::Coding;
+use crate::config::policy::Policies;
+use crate::site::RoutePolicy;
+
+/// Builds a route's step from its policies; `None` when the route does not use it.
+type Build = fn(&Policies) -> Option<Box<dyn Step>>;
+
+/// Every step, in the order a request meets them: before the pool — redirect, rate
+/// limit, basic auth; on the fields to the backend — request headers; on the answer —
+/// response headers, compression.
+const STEPS: [Build; 6] = [
+    redirect::build,
+    rate_limit::build,
+    basic_auth::build,
+    request_headers::build,
+    response_headers::build,
+    compress::build,
+];
+
+/// What a step's `before` says.
+pub(super) enum Next<'s> {
+    /// On to the next step.
+    Go,
+    /// The request is answered here.
+    Answer(Box<ProxyResponse>),
+    /// On once this finishes; `Some` answers the request.
+    Wait(Waiting<'s>),
+}
+
+/// A step's wait: on once it finishes; `Some` answers the request.
+pub(super) type Waiting<'s> = Pin<Box<dyn Future<Output = Option<ProxyResponse>> + Send + 's>>;
+
+/// What [`Chain::run`] says.
+pub(super) enum Ran<'s> {
+    /// Every step let the request on.
+    Done,
+    /// The request is answered here.
+    Answer(Box<ProxyResponse>),
+    /// A step waits; the steps from `.0` on run once it finishes.
+    Wait(usize, Waiting<'s>),
+}
+
+/// One policy of a route, on the request path and in `explain`.
+pub(super) trait Step: Send + Sync + std::fmt::Debug {
+    /// Before the pool: on, or the answer that ends the request here.
+    fn before<'s>(&'s self, _cx: &mut Before<'_>) -> Next<'s> {
+        Next::Go
+    }
+
+    /// Whether [`Self::forward`] edits the fields (the request then gets them as a
+    /// map).
+    fn edits_request(&self) -> bool {
+        false
+    }
+
+    /// The request's fields as they go to the backend, this hop's rules applied.
+    fn forward(&self, _map: &mut HeaderMap, _vars: &Vars<'_>) {}
+
+    /// The answer on its way to the client.
+    fn after(&self, _cx: &After<'_>, _r: &mut ProxyResponse) {}
+
+    /// What `before` would do with the request, without changing anything it keeps:
+    /// `Some` with one sentence when it would end the request here.
+    fn explain(&self, _cx: &Explain<'_>) -> Option<String> {
+        None
+    }
+}
+
+/// What the steps found about a request that its answer needs.
+#[derive(Debug, Default)]
+pub(super) struct Found {
+    /// The client's IP, trusted proxies honoured, once a step needed it.
+    pub(super) client_ip: Option<IpAddr>,
+    /// What the rate limit said, for the answer's fields.
+    pub(super) limit: Option<RateLimitFields>,
+    /// The coding the answer may be compressed with (`None`: none the client takes).
+    pub(super) coding: Option<Coding>,
+}
+
+/// A request before the pool, as the steps see it.
+pub(super) struct Before<'a> {
+    pub(super) head: &'a mut RequestHead,
+    /// The client, as its connection knows it.
+    pub(super) peer: &'a Peer,
+    /// Whether the peer is a trusted proxy (its forwarding fields are believed).
+    pub(super) peer_trusted: bool,
+    /// `trusted_proxies`.
+    pub(super) trusted_proxies: &'a [IpNet],
+    /// When it arrived.
+    pub(super) now: Stamp,
+    /// The route's policies and counters.
+    pub(super) route: &'a RoutePolicy,
+    pub(super) found: &'a mut Found,
+}
+
+impl Before<'_> {
+    /// The client's IP, `trusted_proxies` honoured (from an untrusted peer, the peer's
+    /// address, and no field is read); kept for the answer's steps.
+    #[inline(always)]
+    pub(super) fn client_ip(&mut self) -> IpAddr {
+        if let Some(ip) = self.found.client_ip {
+            return ip;
+        }
+        let ip = match (self.peer_trusted, self.peer.addr) {
+            (false, SocketAddr::V4(a)) => IpAddr::V4(*a.ip()),
+            (false, SocketAddr::V6(a)) => a.ip().to_canonical(),
+            (true, _) => self.forwarded_client_ip(),
+        };
+        self.found.client_ip = Some(ip);
+        ip
+    }
+
+    /// The client's IP as a trusted peer's forwarding fields give it.
+    #[inline(never)]
+    fn forwarded_client_ip(&mut self) -> IpAddr {
+        self.head.make_map();
+        match &self.head.fields {
+            RequestFields::Map(m) => {
+                crate::trust::client_ip(m, self.peer.addr.ip(), self.trusted_proxies)
+            }
+            RequestFields::Spans(_) => self.peer.addr.ip().to_canonical(),
+        }
+    }
+}
+
+/// What a policy's `{…}` stand for, for one request.
+pub(super) struct Vars<'a> {
+    /// The client's IP (trusted proxies honoured).
+    pub(super) client_ip: IpAddr,
+    /// Its `X-Request-Id`.
+    pub(super) request_id: &'a [u8],
+    /// The authority it is for.
+    pub(super) host: Option<&'a HeaderValue>,
+}
+
+/// An answer on its way back, as the steps see it.
+pub(super) struct After<'a> {
+    pub(super) found: &'a Found,
+    pub(super) peer: &'a Peer,
+    pub(super) id: &'a RequestId,
+    /// The authority the request was for.
+    pub(super) host: Option<&'a HeaderValue>,
+}
+
+impl After<'_> {
+    /// What a policy's `{…}` stand for: the client's IP a step found, else the peer's.
+    pub(super) fn vars(&self) -> Vars<'_> {
+        Vars {
+            client_ip: (self.found.client_ip).unwrap_or_else(|| self.peer.addr.ip()),
+            request_id: self.id.as_bytes(),
+            host: self.host,
+        }
+    }
+}
+
+/// A request `explain` asks about.
+pub(super) struct Explain<'a> {
+    pub(super) head: &'a RequestHead,
+    /// Its client's IP, trusted proxies honoured.
+    pub(super) client_ip: IpAddr,
+    /// Its route's index.
+    pub(super) index: usize,
+}
+
+/// The steps a route runs, in order; built once per routing table, on the first
+/// request that needs it.
+#[derive(Debug)]
+pub(super) struct Chain {
+    steps: Vec<Box<dyn Step>>,
+    edits_request: bool,
+}
+
+impl Chain {
+    /// The chain of the route whose policies are `route`, built the first time.
+    #[inline]
+    pub(super) fn of(route: &RoutePolicy) -> &Chain {
+        let any: &(dyn Any + Send + Sync) = &**route.steps.get_or_init(|| {
+            let chain: Box<dyn Any + Send + Sync> = Box::new(Chain::build(&route.spec));
+            chain
+        });
+        // Only this module fills the cell, and only with a `Chain`.
+        any.downcast_ref().unwrap_or(&EMPTY)
+    }
+
+    fn build(spec: &Policies) -> Chain {
+        let steps: Vec<Box<dyn Step>> = STEPS.iter().filter_map(|build| build(spec)).collect();
+        Chain {
+            edits_request: steps.iter().any(|s| s.edits_request()),
+            steps,
+        }
+    }
+
+    /// Runs the steps' `before` in order from the step `from` on, up to the first that
+    /// answers or waits. Not an `async fn`: the steps that wait are few, and a request
+    /// on a route without them pays for no future (the caller awaits a [`Ran::Wait`]
+    /// and runs on from its `next`).
+    #[inline]
+    pub(super) fn run(&self, from: usize, cx: &mut Before<'_>) -> Ran<'_> {
+        let rest = self.steps.get(from..).unwrap_or_default();
+        for (i, step) in rest.iter().enumerate() {
+            match step.before(cx) {
+                Next::Go => {}
+                Next::Answer(r) => return Ran::Answer(r),
+                Next::Wait(wait) => return Ran::Wait(from + i + 1, wait),
+            }
+        }
+        Ran::Done
+    }
+
+    /// Whether a step edits the fields to the backend.
+    #[inline]
+    pub(super) fn edits_request(&self) -> bool {
+        self.edits_request
+    }
+
+    /// Runs every step's `forward` on the fields to the backend.
+    pub(super) fn forward(&self, map: &mut HeaderMap, vars: &Vars<'_>) {
+        for step in &self.steps {
+            step.forward(map, vars);
+        }
+    }
+
+    /// Runs every step's `after` on the answer, in order.
+    pub(super) fn after(&self, cx: &After<'_>, r: &mut ProxyResponse) {
+        for step in &self.steps {
+            step.after(cx, r);
+        }
+    }
+
+    /// The first step that would end the request, in its words; `None`: it goes on to
+    /// the pool.
+    pub(super) fn explain(&self, cx: &Explain<'_>) -> Option<String> {
+        self.steps.iter().find_map(|s| s.explain(cx))
+    }
+}
+
+/// What [`Chain::of`] falls back on (never: the cell holds a `Chain`).
+static EMPTY: Chain = Chain {
+    steps: Vec::new(),
+    edits_request: false,
+};
