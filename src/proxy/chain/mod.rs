@@ -38,7 +38,7 @@ type Build = fn(&Policies) -> Option<Box<dyn Step>>;
 /// Every step, in the order a request meets them: before the pool — redirect, rate
 /// limit, basic auth; on the fields to the backend — request headers; on the answer —
 /// response headers, compression.
-const STEPS: [Build; 6] = [
+const STEPS: &[Build] = &[
     redirect::build,
     rate_limit::build,
     basic_auth::build,
