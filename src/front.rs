@@ -41,8 +41,8 @@ use crate::liveness::Stopping;
 use crate::proxy::headers::{put_field, put_field_lowercase, ClientFields, Spans};
 use crate::proxy::hop;
 use crate::proxy::MAX_HEADER_BYTES;
+use crate::proxy::{Added, ResponseFields, ResponseHead};
 use crate::proxy::{Peer, Proxy, ProxyResponse, RequestFields, RequestHead, RespBody};
-use crate::proxy::{ResponseFields, ResponseHead};
 
 /// Most header fields accepted on the fast path; more go to hyper.
 const MAX_FIELDS: usize = 96;
@@ -159,19 +159,11 @@ pub(crate) async fn serve<S: ClientIo>(
             }
         };
         drop(fut);
-        resp.head.request_id = Some(id);
-        resp.head.alt_svc = peer.tls;
+        resp.head.stamp(id, peer, Version::HTTP_11);
 
         // 3. Write it.
         let keep = !close && !stop.is_stopping() && !resp.closes();
-        let mut client = Client {
-            stream: &mut *stream,
-            buf: &mut conn.buf,
-            eof: &mut conn.eof,
-            deadline: &mut conn.deadline,
-            send_timeout: proxy.send_timeout(),
-            socket: peer.socket,
-        };
+        let mut client = conn.client(stream, proxy.send_timeout(), peer.socket);
         let written = client.write_response(&mut resp, head_only, keep).await;
         drop(resp);
         match written {
@@ -205,6 +197,24 @@ struct ConnState {
 }
 
 impl ConnState {
+    /// The connection as an answer's writer sees it.
+    #[inline]
+    fn client<'a, S>(
+        &'a mut self,
+        stream: &'a mut S,
+        send_timeout: Duration,
+        socket: i32,
+    ) -> Client<'a, S> {
+        Client {
+            stream,
+            buf: &mut self.buf,
+            eof: &mut self.eof,
+            deadline: &mut self.deadline,
+            send_timeout,
+            socket,
+        }
+    }
+
     /// Reads until a whole request head the fast path serves is in `buf`; otherwise how
     /// the connection leaves the fast path (a hand-off, a refusal, a close).
     async fn read_head<S: ClientIo, F: Future>(
@@ -653,20 +663,13 @@ fn write_head(
     } else {
         Framing::Chunked
     };
-    if !put_fields(out, &head.fields) {
-        put_field(out, b"date", crate::proxy::date().as_bytes());
-    }
-    if head.alt_svc {
-        if let Some(v) = crate::proxy::alt_svc() {
-            put_field(out, b"alt-svc", v.as_bytes());
-        }
-    }
-    if let Some(id) = &head.request_id {
-        put_field(out, b"x-request-id", id.as_bytes());
-    }
-    if let Some(rl) = &head.rate_limit {
-        rl.write(out);
-    }
+    let has_date = put_fields(out, &head.fields);
+    head.finish(has_date, |added| match added {
+        Added::Date(v) => put_field(out, b"date", v.as_bytes()),
+        Added::AltSvc(v) => put_field(out, b"alt-svc", v.as_bytes()),
+        Added::RequestId(id) => put_field(out, b"x-request-id", id.as_bytes()),
+        Added::RateLimit(rl) => rl.write(out),
+    });
     let own = matches!(body, RespBody::Full(_));
     let length = match framing {
         Framing::Length => stated.or_else(|| exact.map(Length::Number)),

@@ -39,20 +39,8 @@ async fn worker(
     stop: Stopping,
     pulse: (crate::notify::Pulses, usize),
 ) {
-    let listener = match TcpListener::from_std(listener) {
-        Ok(l) => l,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot use the proxy listener");
-            return;
-        }
-    };
-    let (https, quic) = match https.map(HttpsListener::into_tokio).transpose() {
-        Ok(Some((h, q))) => (Some(h), q),
-        Ok(None) => (None, None),
-        Err(e) => {
-            tracing::error!(error = %e, "cannot use the HTTPS listener");
-            return;
-        }
+    let Some((listener, https, quic)) = on_this_runtime(listener, https) else {
+        return;
     };
     let handshakes = Arc::new(crate::h3_front::Handshakes::default());
     let conns = Connections::new(proxy, stop.clone());
@@ -60,8 +48,7 @@ async fn worker(
     // the client reached (without a syscall per connection).
     let unbound = SocketAddr::from(([0, 0, 0, 0], 0));
     let plain_local = listener.local_addr().unwrap_or(unbound);
-    let tls_local = https
-        .as_ref()
+    let tls_local = (https.as_ref())
         .and_then(|(l, _)| l.local_addr().ok())
         .unwrap_or(unbound);
     // A short heartbeat keeps the timer wheel's next wake-up near. tokio wakes its own
@@ -129,6 +116,25 @@ async fn worker(
     conns.drain().await;
     if let Some(endpoint) = quic {
         endpoint.close().await;
+    }
+}
+
+/// A worker's listeners on its own runtime: the plain one, the HTTPS one and its QUIC
+/// endpoint; `None` (logged) when a socket cannot be used.
+fn on_this_runtime(
+    listener: std::net::TcpListener,
+    https: Option<HttpsListener>,
+) -> Option<(TcpListener, Option<Https1>, Option<crate::quic::Endpoint>)> {
+    let listener = TcpListener::from_std(listener)
+        .inspect_err(|e| tracing::error!(error = %e, "cannot use the proxy listener"))
+        .ok()?;
+    match https.map(HttpsListener::into_tokio).transpose() {
+        Ok(Some((h, q))) => Some((listener, Some(h), q)),
+        Ok(None) => Some((listener, None, None)),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot use the HTTPS listener");
+            None
+        }
     }
 }
 
@@ -422,6 +428,25 @@ pub(crate) fn start(
 
 /// Notes the proxy listeners' addresses: a backend on one of them is this fulcrum
 /// itself, refused wherever it is named (`crate::loops`).
+/// The proxy's and the admin API's addresses, as bound.
+fn addresses(listeners: &Listeners) -> Result<(SocketAddr, SocketAddr), String> {
+    let listen = listeners.proxy[0]
+        .local_addr()
+        .map_err(|e| format!("proxy listener: {e}"))?;
+    let admin = (listeners.admin.local_addr()).map_err(|e| format!("admin listener: {e}"))?;
+    Ok((listen, admin))
+}
+
+/// Logs the listeners' addresses once everything serves (what a supervisor, and the
+/// tests, wait for).
+fn announce(listen: SocketAddr, tls_listen: Option<SocketAddr>, admin: SocketAddr) {
+    tracing::info!("proxy listening on {listen}");
+    if let Some(addr) = tls_listen {
+        tracing::info!("https listening on {addr}");
+    }
+    tracing::info!("admin listening on {admin}");
+}
+
 fn note_own_listeners(listeners: &Listeners) {
     let own: Vec<SocketAddr> = (listeners.proxy.iter().chain(&listeners.tls))
         .filter_map(|l| l.local_addr().ok())
@@ -437,13 +462,7 @@ fn launch(
     listeners: Listeners,
     caps: ConnectionCaps,
 ) -> Result<(Running, watch::Receiver<bool>, watch::Sender<bool>), String> {
-    let listen = listeners.proxy[0]
-        .local_addr()
-        .map_err(|e| format!("proxy listener: {e}"))?;
-    let admin = listeners
-        .admin
-        .local_addr()
-        .map_err(|e| format!("admin listener: {e}"))?;
+    let (listen, admin) = addresses(&listeners)?;
     note_own_listeners(&listeners);
     let site =
         Arc::new(Site::new(&settings.pools, &settings.routes).map_err(|e| format!("routes: {e}"))?);
@@ -507,11 +526,7 @@ fn launch(
     ready_tx.send_replace(true);
     admin_rt.spawn(crate::notify::watchdog(pulses, rx.clone()));
     let (upgraded_tx, upgraded) = watch::channel(false);
-    tracing::info!("proxy listening on {listen}");
-    if let Some(addr) = tls_listen {
-        tracing::info!("https listening on {addr}");
-    }
-    tracing::info!("admin listening on {admin}");
+    announce(listen, tls_listen, admin);
     let running = Running {
         listen,
         tls_listen,

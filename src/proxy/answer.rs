@@ -9,6 +9,9 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+
+use super::message::Added;
+use super::request_id::X_REQUEST_ID;
 use http::{Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
@@ -401,26 +404,25 @@ impl ProxyResponse {
         let mut r = Response::new(self.body);
         *r.status_mut() = self.head.status;
         *r.version_mut() = self.head.version;
-        *r.headers_mut() = match self.head.fields {
+        let mut head = self.head;
+        let fields = std::mem::replace(&mut head.fields, ResponseFields::Map(HeaderMap::new()));
+        let mut map = match fields {
             ResponseFields::Map(m) => m,
             ResponseFields::Wire(f) => f.into_map(),
         };
-        if let Some(id) = self.head.request_id {
-            r.headers_mut()
-                .insert(super::request_id::X_REQUEST_ID, id.header_value());
-        }
-        // With HTTP/3 on, fulcrum's `Alt-Svc` is the only one: a backend's was dropped
-        // when its answer was read (`headers::strip_answer`).
-        if let (true, Some(v)) = (self.head.alt_svc, super::message::alt_svc()) {
-            r.headers_mut().insert(http::header::ALT_SVC, v.clone());
-        }
-        if let Some(rl) = self.head.rate_limit {
-            for (name, v) in rl.fields() {
-                let name = http::header::HeaderName::from_static(name);
-                r.headers_mut().insert(name, HeaderValue::from(v));
+        let has_date = map.contains_key(header::DATE);
+        head.finish(has_date, |added| match added {
+            Added::Date(v) => drop(map.insert(header::DATE, v)),
+            Added::AltSvc(v) => drop(map.insert(header::ALT_SVC, v.clone())),
+            Added::RequestId(id) => drop(map.insert(X_REQUEST_ID, id.header_value())),
+            Added::RateLimit(rl) => {
+                for (name, v) in rl.fields() {
+                    map.insert(HeaderName::from_static(name), HeaderValue::from(v));
+                }
             }
-        }
-        if let Some(reason) = self.head.reason {
+        });
+        *r.headers_mut() = map;
+        if let Some(reason) = head.reason {
             r.extensions_mut().insert(reason);
         }
         r
@@ -438,15 +440,12 @@ pub(crate) fn stated_length(fields: &HeaderMap) -> Option<u64> {
         .ok()
 }
 
-/// Makes an answer's head one HTTP/2 (and HTTP/3) carries: a `Date` when it has none, a
-/// `Content-Length` when there is a body of a known length and none is stated (as
+/// Makes an answer's head (as [`ProxyResponse::into_http`] made it) one HTTP/2 (and
+/// HTTP/3) carries: a `Content-Length` when there is a body of a known length and none is stated (as
 /// hyper's server: an answer without a body, to `HEAD` among others, says nothing it
 /// does not know), and no hop-by-hop field (the hop rules' list: RFC 9113 §8.2.2 forbids
 /// the connection-specific ones, and `h2` refuses to send them).
 pub(crate) fn fit_head(fields: &mut HeaderMap, body: &RespBody) {
-    if !fields.contains_key(header::DATE) {
-        fields.insert(header::DATE, super::message::date());
-    }
     if let (Some(n), false) = (body.size_hint().exact(), body.is_end_stream()) {
         if !fields.contains_key(header::CONTENT_LENGTH) {
             fields.insert(header::CONTENT_LENGTH, HeaderValue::from(n));

@@ -284,7 +284,55 @@ fn put_u32(buf: &mut [u8; TAIL_MAX], at: usize, mut v: u32) -> usize {
     end
 }
 
+/// A field this hop adds to every answer, whatever writes the head
+/// ([`ResponseHead::finish`]).
+pub(crate) enum Added<'a> {
+    /// `Date`, when the backend sent none.
+    Date(HeaderValue),
+    /// `Alt-Svc`, over TLS while HTTP/3 is on (a backend's own was dropped when its
+    /// answer was read: `headers::strip_answer`).
+    AltSvc(&'static HeaderValue),
+    /// `X-Request-Id`.
+    RequestId(&'a super::request_id::RequestId),
+    /// `RateLimit-Limit`, `-Remaining` and `-Reset`, on a rate-limited route.
+    RateLimit(&'a RateLimitFields),
+}
+
 impl ResponseHead {
+    /// Marks the answer to `peer`'s request of `version`: its `X-Request-Id`, and
+    /// `Alt-Svc` when it goes over TLS by TCP (an HTTP/3 client is where it points).
+    #[inline]
+    pub(crate) fn stamp(
+        &mut self,
+        id: super::request_id::RequestId,
+        peer: &Peer,
+        version: Version,
+    ) {
+        self.request_id = Some(id);
+        self.alt_svc = peer.tls && version != Version::HTTP_3;
+    }
+
+    /// Every field this hop adds to the head, in the order they are written: `Date`
+    /// unless the head `has_date`, `Alt-Svc`, `X-Request-Id`, the rate limit's. The span
+    /// writer (`front.rs`) and the map writer ([`super::ProxyResponse::into_http`], for
+    /// hyper, HTTP/2 and HTTP/3) both write this list, so no front end adds one of its
+    /// own or misses one.
+    #[inline]
+    pub(crate) fn finish(&self, has_date: bool, mut add: impl FnMut(Added<'_>)) {
+        if !has_date {
+            add(Added::Date(date()));
+        }
+        if let (true, Some(v)) = (self.alt_svc, alt_svc()) {
+            add(Added::AltSvc(v));
+        }
+        if let Some(id) = &self.request_id {
+            add(Added::RequestId(id));
+        }
+        if let Some(rl) = &self.rate_limit {
+            add(Added::RateLimit(rl));
+        }
+    }
+
     /// Adds a field (a sticky cookie); span fields are made into a map for it.
     pub(crate) fn append_field(&mut self, name: HeaderName, value: HeaderValue) {
         self.edit_fields(|map| {

@@ -8,6 +8,7 @@ pub(crate) mod explain;
 pub(crate) mod headers;
 pub(crate) mod hop;
 pub(crate) mod message;
+mod outgoing;
 pub(crate) mod record;
 pub(crate) mod request_id;
 mod sticky;
@@ -27,17 +28,18 @@ use std::time::Duration;
 
 use futures_util::future::Either;
 use http::header::{self, HeaderValue};
-use http::uri::{PathAndQuery, Uri};
-use http::{Method, Request, StatusCode, Version};
+use http::uri::PathAndQuery;
+use http::{Method, StatusCode};
 use ipnet::IpNet;
 
 use answer::Answer;
 pub(crate) use answer::{fit_head, stated_length, Hold, ProxyResponse, RespBody, ShedPermit};
-pub(crate) use body::{BodyError, ClientBody, ReqBody};
+pub(crate) use body::{BodyError, ClientBody};
 use chain::{Chain, Ran};
 pub(crate) use message::{
-    advertise_h3, alt_svc, date, Peer, RequestFields, RequestHead, ResponseFields, ResponseHead,
+    advertise_h3, Added, Peer, RequestFields, RequestHead, ResponseFields, ResponseHead,
 };
+use outgoing::{build_upstream, forwarded_fields, write_inline_head, Outgoing};
 pub(crate) use record::{Finish, Pending, Recorder};
 use request_id::RequestId;
 pub(crate) use tunnel::ClientUpgrade;
@@ -151,13 +153,6 @@ pub(crate) struct Proxy {
 /// Request heads larger than this are refused with 431.
 pub(crate) const MAX_HEADER_BYTES: usize = 64 * 1024;
 
-fn is_idempotent(m: &Method) -> bool {
-    matches!(
-        *m,
-        Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE
-    )
-}
-
 impl Failure {
     fn answer(&self) -> ProxyResponse {
         match self {
@@ -197,79 +192,6 @@ struct Routed {
     policies: Option<Arc<RoutePolicy>>,
 }
 
-/// A request on its way to a backend, as [`Proxy::prepare`] leaves it: its head with
-/// this hop's rules applied (to the map at once; to span fields as they are written
-/// out), its body, and what the attempts need to know about it.
-struct Outgoing<'p> {
-    /// The pool its route sends it to, held until the request ends.
-    pool: Arc<Pool>,
-    head: RequestHead,
-    body: Option<ClientBody>,
-    /// The client side's half of an upgrade, when one is asked for.
-    client_upgrade: Option<ClientUpgrade>,
-    /// The target as forwarded (origin form).
-    target: PathAndQuery,
-    /// The authority the request is for ([`RequestHead::host`]): what the backend gets
-    /// as `Host` and `X-Forwarded-Host`.
-    host: Option<HeaderValue>,
-    /// The client, as its connection knows it (borrowed: a request does not copy it).
-    peer: &'p Peer,
-    peer_trusted: bool,
-    /// Exchanged inline: no body, no upgrade, idempotent (so that a pooled connection
-    /// found closed can be replaced by a new one).
-    inline: bool,
-    /// The request key of a hashing strategy, computed once, when first needed.
-    key: Option<u64>,
-    /// The sticky cookie's value the request came with (its pool is sticky).
-    sticky: Option<u64>,
-    /// Whether the first attempt went to the backend that cookie names.
-    stuck: bool,
-    /// Its `X-Request-Id`, to the backend and back.
-    id: RequestId,
-    /// This hop's `Via` element, for the client's protocol.
-    via: &'static [u8],
-    /// What its route's steps found that the rest of the way needs.
-    found: chain::Found,
-}
-
-impl Outgoing<'_> {
-    /// This hop, as the request's forwarding fields speak of it.
-    fn hop(&self) -> headers::Hop<'_> {
-        headers::Hop {
-            peer: &self.peer.forwarded,
-            peer_trusted: self.peer_trusted,
-            host: self.host.as_ref(),
-            https: self.peer.tls,
-            request_id: self.id.as_bytes(),
-            via: self.via,
-        }
-    }
-
-    /// Whether the request may be sent again after its bytes have left: idempotent,
-    /// without a body. Any request may be sent again when none of it left (a failed
-    /// connect), as nginx and Envoy retry it.
-    fn resendable(&self) -> bool {
-        is_idempotent(&self.head.method) && self.body.is_none()
-    }
-
-    /// Takes back a request that was never written (`upstream::SendError::unsent`):
-    /// its body and its fields, without the `Host` made up for the backend tried.
-    fn restore(&mut self, unsent: Request<ReqBody>) {
-        let (mut parts, body) = unsent.into_parts();
-        if let ReqBody::Stream { inner, .. } = body {
-            self.body = Some(inner);
-        }
-        if let RequestFields::Map(map) = &mut self.head.fields {
-            if map.is_empty() {
-                if self.host.is_none() {
-                    parts.headers.remove(header::HOST);
-                }
-                *map = parts.headers;
-            }
-        }
-    }
-}
-
 /// A request's place in the queue's eyes.
 struct Turn {
     /// The backend the strategy proposed first (its `queued` counts the request).
@@ -279,17 +201,6 @@ struct Turn {
     /// Its place in the queue, from its first wait on (a woken request whose slot was
     /// taken goes back to it); `None` before it waited.
     ticket: Option<u64>,
-}
-
-/// A request's fields as forwarded, as a map: span fields (a bodiless request from the
-/// fast path, prepared for the inline exchange) get the rules [`Proxy::prepare`] gives a
-/// map, and `Host` the authority the request is for.
-fn forwarded_fields(f: &headers::ClientFields, req: &Outgoing<'_>) -> http::HeaderMap {
-    let mut map = f.forwarded_map(req.hop());
-    if let Some(h) = &req.host {
-        map.insert(header::HOST, h.clone());
-    }
-    map
 }
 
 /// `http-01` (RFC 8555 §8.3): the key authorization for a token the ACME task is
@@ -493,10 +404,9 @@ impl Proxy {
     ) -> http::Response<RespBody> {
         let who = self.identify(&head, peer);
         let id = who.1.clone();
-        let h3 = head.version == Version::HTTP_3;
+        let version = head.version;
         let mut r = self.serve(head, body, client_upgrade, peer, who).await;
-        r.head.request_id = Some(id);
-        r.head.alt_svc = peer.tls && !h3;
+        r.head.stamp(id, peer, version);
         r.into_http()
     }
 
@@ -640,71 +550,6 @@ impl Proxy {
         ShedPermit::take(&self.in_flight, max).map(Some).ok_or(())
     }
 
-    /// Applies this hop's rules to the head (see `docs/architecture.md`, "Headers"):
-    /// `Host` set to the request's authority (the target's in absolute form, else the
-    /// client's `Host`, else `:authority` for HTTP/2), HTTP/2 cookies joined,
-    /// hop-by-hop fields removed, `X-Forwarded-*` set, HTTP/1.1 towards the backend.
-    /// Span fields are only ever exchanged inline and get the same rules as they are
-    /// written out; any other request gets its fields as a map first.
-    fn prepare(&self, req: &mut Outgoing<'_>, chain: Option<&Chain>) {
-        let head = &mut req.head;
-        req.inline =
-            req.body.is_none() && req.client_upgrade.is_none() && is_idempotent(&head.method);
-        // A sticky pool reads and removes its cookie, from a map; a route's request
-        // headers policy edits one.
-        let sticky = req.pool.settings.sticky.cookie.as_deref();
-        let edits = chain.filter(|c| c.edits_request());
-        // Off, it costs nothing; on, a request without one gets a map to add it to.
-        let trace = self.settings.trace_context && head.field(&request_id::TRACEPARENT).is_none();
-        if !req.inline || sticky.is_some() || edits.is_some() || trace {
-            head.make_map();
-        }
-        req.host = head.host();
-        if let RequestFields::Map(map) = &mut head.fields {
-            // The one authority `host` names (validated in `admit`): the client's `Host`,
-            // the target's in absolute form, or HTTP/2's `:authority`.
-            if let Some(h) = &req.host {
-                map.insert(header::HOST, h.clone());
-            }
-            // HTTP/2 and HTTP/3 split `cookie` into one field per cookie.
-            if head.version == Version::HTTP_2 || head.version == Version::HTTP_3 {
-                headers::merge_cookies(map);
-            }
-            if let Some(cookie) = sticky {
-                headers::merge_cookies(map);
-                req.sticky = sticky::take(map, cookie);
-            }
-            let hop = headers::Hop {
-                peer: &req.peer.forwarded,
-                peer_trusted: req.peer_trusted,
-                host: req.host.as_ref(),
-                https: req.peer.tls,
-                request_id: req.id.as_bytes(),
-                via: req.via,
-            };
-            let upgrade = req.client_upgrade.is_some();
-            if edits.is_some() && req.found.client_ip.is_none() {
-                let trusted = &self.settings.trusted_proxies;
-                let ip = crate::trust::client_ip(map, req.peer.addr.ip(), trusted);
-                req.found.client_ip = Some(ip);
-            }
-            headers::Forwarding::apply(map, hop, upgrade);
-            if trace {
-                map.insert(request_id::TRACEPARENT, req.id.traceparent());
-            }
-            if let (Some(chain), Some(ip)) = (edits, req.found.client_ip) {
-                let vars = chain::Vars {
-                    client_ip: ip,
-                    request_id: req.id.as_bytes(),
-                    host: req.host.as_ref(),
-                };
-                chain.forward(map, &vars);
-            }
-        }
-        // The backend pool speaks HTTP/1.1 whatever the client spoke.
-        head.version = Version::HTTP_11;
-    }
-
     /// Sends the request to a backend, again to another one after a failure while the
     /// retry rules and the budget allow, and answers with the first answer or the last
     /// failure.
@@ -734,7 +579,8 @@ impl Proxy {
                 return self.own(&mut fin, None, r);
             }
         }
-        self.prepare(&mut req, chain);
+        let trusted = &self.settings.trusted_proxies;
+        outgoing::prepare(&mut req, chain, self.settings.trace_context, trusted);
         let (req, fin) = (&mut req, &mut fin);
         let max_attempts = 1 + req.pool.settings.retries as usize;
         let resendable = req.resendable();
@@ -781,11 +627,7 @@ impl Proxy {
                 Ok(r) => return self.on_answer(req, chain, r),
                 Err(f) => f,
             };
-            // Nothing of the answer has reached the client yet: a request none of which
-            // left, or an idempotent one without a body, may go to another backend, while
-            // the budget allows.
-            let again = failure == Failure::Connect || resendable;
-            let retry = again && !failure.spares_backend() && !last && req.pool.budget.withdraw();
+            let retry = !last && retries_after(failure, resendable, &req.pool);
             last_failure = Some(failure);
             if !retry {
                 break;
@@ -793,9 +635,19 @@ impl Proxy {
             tried.push(id);
             attempt += 1;
         }
+        self.give_up(req, fin, last_failure)
+    }
+
+    /// The answer when no attempt is left: the last failure's (recorded against the
+    /// backend of the last attempt), or `503` when no backend could be picked at all.
+    fn give_up(
+        &self,
+        req: &Outgoing<'_>,
+        fin: &mut Pending,
+        last_failure: Option<Failure>,
+    ) -> ProxyResponse {
         match last_failure {
             Some(f) => {
-                // Recorded against the backend of the last attempt.
                 let r = f.answer();
                 fin.status = r.head.status.as_u16();
                 fin.finish_attempted();
@@ -1141,6 +993,14 @@ impl Proxy {
     }
 }
 
+/// Whether a failed attempt may go to another backend. Nothing of the answer has
+/// reached the client yet: a request none of which left, or an idempotent one without a
+/// body, may, while the pool's retry budget allows.
+fn retries_after(failure: Failure, resendable: bool, pool: &Pool) -> bool {
+    let again = failure == Failure::Connect || resendable;
+    again && !failure.spares_backend() && pool.budget.withdraw()
+}
+
 /// A request whose stated length is over its pool's `max_request_body` is refused
 /// before anything of it is forwarded (a body without a stated length is counted as it
 /// streams: `ReqBody`).
@@ -1158,96 +1018,12 @@ fn within_body_limit(head: &RequestHead, pool: &Pool) -> Result<(), Refusal> {
     }
 }
 
-/// Writes the head of an inline request: the request line and the fields as this hop
-/// forwards them. HTTP/1.1 needs a Host; a request that has none (HTTP/1.0) gets the
-/// backend's `authority`.
-fn write_inline_head(out: &mut Vec<u8>, req: &Outgoing<'_>, authority: &str) {
-    let method = &req.head.method;
-    let target = req.target.as_str();
-    match &req.head.fields {
-        RequestFields::Spans(f) => wire::write_head_with(out, method, target, |out| {
-            f.write_forwarded(out, req.hop(), authority)
-        }),
-        RequestFields::Map(map) => {
-            let default_host = (!map.contains_key(header::HOST)).then_some(authority);
-            wire::write_head(out, method, target, map, default_host)
-        }
-    }
-}
-
-/// The request for one attempt through hyper's client. Only a request without a body
-/// can have several attempts, so the body (when there is one) goes with the first and
-/// only attempt; the last attempt takes the fields, earlier ones copy them.
-fn build_upstream(req: &mut Outgoing<'_>, backend: &Backend, keep: bool) -> Request<ReqBody> {
-    let req_body = match req.body.take() {
-        Some(inner) => ReqBody::streaming(inner, req.pool.settings.max_request_body),
-        None => ReqBody::Empty,
-    };
-    let mut r = Request::new(req_body);
-    *r.method_mut() = req.head.method.clone();
-    // Origin form: the connection already knows which backend it goes to.
-    *r.uri_mut() = Uri::from(req.target.clone());
-    *r.version_mut() = Version::HTTP_11;
-    if let RequestFields::Map(map) = &mut req.head.fields {
-        *r.headers_mut() = if keep {
-            map.clone()
-        } else {
-            std::mem::take(map)
-        };
-    }
-    if backend.transport.h2 {
-        to_h2(&mut r, backend);
-        return r;
-    }
-    // HTTP/1.1 needs a Host; a client that sent none (HTTP/1.0) gets the backend's.
-    if !r.headers().contains_key(header::HOST) {
-        if let Ok(h) = HeaderValue::from_str(backend.authority.as_str()) {
-            r.headers_mut().insert(header::HOST, h);
-        }
-    }
-    r
-}
-
-/// Makes `r` an HTTP/2 request: the target in absolute form, its authority the `Host`
-/// the client asked for (HTTP/2's `:authority`, which replaces the field), else the
-/// backend's. A gRPC call gets back the `te: trailers` its client sent, which the hop
-/// rules removed and which gRPC servers may require.
-fn to_h2(r: &mut Request<ReqBody>, backend: &Backend) {
-    *r.version_mut() = Version::HTTP_2;
-    let host = r.headers_mut().remove(header::HOST);
-    let authority = host
-        .and_then(|h| http::uri::Authority::try_from(h.as_bytes()).ok())
-        .unwrap_or_else(|| backend.authority.clone());
-    let scheme = if backend.transport.is_tls() {
-        http::uri::Scheme::HTTPS
-    } else {
-        http::uri::Scheme::HTTP
-    };
-    let mut parts = r.uri().clone().into_parts();
-    parts.scheme = Some(scheme);
-    parts.authority = Some(authority);
-    if parts.path_and_query.is_none() {
-        parts.path_and_query = Some(PathAndQuery::from_static("/"));
-    }
-    if let Ok(uri) = Uri::from_parts(parts) {
-        *r.uri_mut() = uri;
-    }
-    let grpc = r
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
-    if grpc {
-        r.headers_mut()
-            .insert(header::TE, HeaderValue::from_static("trailers"));
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn head(method: &str, path: &str) -> RequestHead {
-        let req = Request::builder()
+        let req = http::Request::builder()
             .method(method)
             .uri(path)
             .header("host", "a.test")
