@@ -69,13 +69,8 @@ async fn worker(
     loop {
         tokio::select! {
             _ = heartbeat.tick() => {
-                pulse.0.beat(pulse.1);
-                crate::logging::flush_this_thread();
                 beats = beats.wrapping_add(1);
-                if beats % SWEEP_EVERY_BEATS == 0 {
-                    proxy.sweep_idle();
-                }
-                conns.trim_after_flood();
+                beat(beats, &pulse, proxy, &conns);
             }
             held = hold_for(&slots), if waiting.is_some() => {
                 if let Some(a) = waiting.take() {
@@ -105,9 +100,14 @@ async fn worker(
     drop(waiting);
     drop(listener);
     drop(https);
-    // At an upgrade the UDP socket is the new process's from now on: QUIC connections
-    // are closed at once; at a stop they finish their requests as TCP ones do
-    // (`docs/tls.md`, "HTTP/3").
+    wind_down(conns, quic).await;
+}
+
+/// Lets a worker's connections finish after the stop, up to the drain timeout. At an
+/// upgrade the UDP socket is the new process's from now on: QUIC connections are closed
+/// at once; at a stop they finish their requests as TCP ones do (`docs/tls.md`,
+/// "HTTP/3").
+async fn wind_down(conns: Connections, quic: Option<crate::quic::Endpoint>) {
     match quic.as_ref() {
         Some(endpoint) if conns.stop.is_handed_over() => endpoint.hand_over(),
         Some(endpoint) => endpoint.refuse_new(),
@@ -117,6 +117,18 @@ async fn worker(
     if let Some(endpoint) = quic {
         endpoint.close().await;
     }
+}
+
+/// One heartbeat of a worker (the `beats`th): tells the watchdog it is alive, flushes
+/// the access log, sweeps idle upstream connections now and then, and gives memory back
+/// after a flood of connections.
+fn beat(beats: u32, pulse: &(crate::notify::Pulses, usize), proxy: &Proxy, conns: &Connections) {
+    pulse.0.beat(pulse.1);
+    crate::logging::flush_this_thread();
+    if beats % SWEEP_EVERY_BEATS == 0 {
+        proxy.sweep_idle();
+    }
+    conns.trim_after_flood();
 }
 
 /// A worker's listeners on its own runtime: the plain one, the HTTPS one and its QUIC
@@ -474,26 +486,20 @@ fn launch(
     let mut proxy_settings = ProxySettings::from_settings(settings);
     crate::compress::set_max_in_flight(settings.compress_max_in_flight);
     proxy_settings.plain_first = plain_first(settings, &obtained, tls_listen);
-    let Control {
-        spawner,
-        traffic,
-        reloader,
-        fleet,
-        admin: admin_state,
-    } = Control::new(settings, flags, &site, listen, tls);
+    let control = Control::new(settings, flags, &site, listen, tls);
+    let fleet = control.fleet;
     let acme = match (&settings.tls.acme, obtained) {
         (Some(a), Some(obtained)) => Some(acme_keeper(a, obtained, &site, fleet.as_deref())?),
         _ => None,
     };
     let (workers_done, done_rx) = watch::channel(false);
-    let admin_listener = listeners.admin;
     let (loaded_tx, loaded) = std::sync::mpsc::channel();
     let start = fleet.clone().map(|fleet| FleetStart { fleet, loaded_tx });
     let (ready_tx, ready) = watch::channel(false);
     let (admin_thread, admin_rt) = spawn_admin(
-        admin_listener,
+        listeners.admin,
         AdminStart {
-            ctx: admin_state,
+            ctx: control.admin,
             max_connections: caps.admin,
             ready,
         },
@@ -502,12 +508,7 @@ fn launch(
         done_rx,
         start,
     )?;
-    // Nothing is accepted, on any listener, before the real configuration is in force:
-    // connections wait in the kernel's queue meanwhile (docs/fleet.md, "Starting").
-    if let Some(f) = fleet {
-        wait_for_store(&f, &loaded);
-    }
-    wait_for_discovery(&site);
+    in_force(fleet.as_deref(), &loaded, &site);
     if let Some(tasks) = acme {
         start_acme(tasks, &admin_rt, &rx);
     }
@@ -532,9 +533,9 @@ fn launch(
         tls_listen,
         admin,
         site,
-        spawner,
-        traffic,
-        reloader,
+        spawner: control.spawner,
+        traffic: control.traffic,
+        reloader: control.reloader,
         admin_rt,
         shutdown,
         stopping,
@@ -623,6 +624,20 @@ impl FleetStart {
         tokio::spawn(Arc::clone(&self.fleet).run(stop.clone(), self.loaded_tx));
         tokio::spawn(crate::store::registry::run(self.fleet, stop.clone()))
     }
+}
+
+/// Waits until the real configuration is in force: nothing is accepted, on any
+/// listener, before (connections wait in the kernel's queue meanwhile; docs/fleet.md,
+/// "Starting"): the store's first load in fleet mode, then the first discovery.
+fn in_force(
+    fleet: Option<&crate::store::fleet::Fleet>,
+    loaded: &std::sync::mpsc::Receiver<i64>,
+    site: &Site,
+) {
+    if let Some(f) = fleet {
+        wait_for_store(f, loaded);
+    }
+    wait_for_discovery(site);
 }
 
 /// Waits until every pool with `discover` has looked its backends up once (at most

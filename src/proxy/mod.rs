@@ -613,12 +613,7 @@ impl Proxy {
             };
             deadline = None;
             let id = guard.backend().id;
-            fin.backend_id = Some(id);
-            // A retry is counted once it has a backend to go to, not when it is decided.
-            if attempt > 0 {
-                bump(&req.pool.hub.stats.retries);
-            }
-            fin.retries = attempt as u32;
+            note_attempt(req, fin, id, attempt);
             let last = attempt + 1 == max_attempts;
             // The fields are moved into the exchange unless it may be sent again after it
             // left, and put back if it never did.
@@ -991,6 +986,16 @@ impl Proxy {
         fin.finish(backend);
         r
     }
+}
+
+/// Notes the attempt number `attempt` at the backend `id` in the request's record; a
+/// retry is counted once it has a backend to go to, not when it is decided.
+fn note_attempt(req: &Outgoing<'_>, fin: &mut Pending, id: u64, attempt: usize) {
+    fin.backend_id = Some(id);
+    if attempt > 0 {
+        bump(&req.pool.hub.stats.retries);
+    }
+    fin.retries = attempt as u32;
 }
 
 /// Whether a failed attempt may go to another backend. Nothing of the answer has
