@@ -14,17 +14,18 @@ use std::future::poll_fn;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::task::Poll;
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt as _};
 use h2::server::SendResponse;
 use h2::{Reason, RecvStream, SendStream};
 use http::{Request, Response};
-use http_body::Body as _;
+use http_body::{Body as _, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::liveness::{Activity, Opened, Watched};
+use crate::proxy::BodyError;
 use crate::proxy::{
     fit_head, stated_length, ClientBody, Peer, Proxy, RequestHead, RespBody, MAX_HEADER_BYTES,
 };
@@ -136,7 +137,10 @@ async fn stream(
     let (body, _bodiless) = match recv.is_end_stream() {
         true => (None, Some(recv)),
         false => (
-            Some(ClientBody::h2(recv, stated_length(&parts.headers))),
+            Some(ClientBody::stream(H2Body::new(
+                recv,
+                stated_length(&parts.headers),
+            ))),
             None,
         ),
     };
@@ -225,9 +229,78 @@ async fn window(send: &mut SendStream<Bytes>) -> Result<bool, h2::Error> {
     Ok(true)
 }
 
+/// An HTTP/2 request body: each DATA frame's bytes are given back to the client's
+/// window as they are taken (as hyper's `Incoming` does), so the client sends on as
+/// fast as the backend reads.
+#[derive(Debug)]
+struct H2Body {
+    recv: h2::RecvStream,
+    /// What `Content-Length` says is left to come.
+    left: Option<u64>,
+    /// The DATA frames are over; the trailers (if any) are next.
+    data_done: bool,
+}
+
+impl http_body::Body for H2Body {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let this = self.get_mut();
+        if !this.data_done {
+            match std::task::ready!(this.recv.poll_data(cx)) {
+                Some(Ok(data)) => {
+                    let _ = this.recv.flow_control().release_capacity(data.len());
+                    if let Some(left) = &mut this.left {
+                        *left = left.saturating_sub(data.len() as u64);
+                    }
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                // A RST_STREAM with NO_ERROR is a client's early end (RFC 9113 §8.1),
+                // not a failure: the body ends there, as hyper's `Incoming` ends it.
+                Some(Err(e)) if e.reason() == Some(h2::Reason::NO_ERROR) => {
+                    return Poll::Ready(None)
+                }
+                Some(Err(e)) => return Poll::Ready(Some(Err(e.into()))),
+                None => this.data_done = true,
+            }
+        }
+        match std::task::ready!(this.recv.poll_trailers(cx)) {
+            Ok(Some(t)) => Poll::Ready(Some(Ok(Frame::trailers(t)))),
+            Ok(None) => Poll::Ready(None),
+            Err(e) => Poll::Ready(Some(Err(e.into()))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.recv.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.left
+            .map_or_else(SizeHint::default, SizeHint::with_exact)
+    }
+}
+
+impl H2Body {
+    /// The body of the stream `recv`; `length` is the request's `Content-Length`, when it
+    /// states one (h2 holds the stream to it).
+    fn new(recv: h2::RecvStream, length: Option<u64>) -> H2Body {
+        H2Body {
+            recv,
+            left: length,
+            data_done: false,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proxy::ProxyResponse;
     use http::header::{self, HeaderMap, HeaderValue};
 
     #[test]
@@ -237,6 +310,11 @@ mod tests {
         fields.insert("keep-alive", HeaderValue::from_static("timeout=5"));
         fields.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
         let body = RespBody::full(Bytes::from_static(b"hello"));
+        // As an answer goes out: made an `http::Response` (which adds what this hop adds,
+        // `Date` among them), then fitted for HTTP/2.
+        let r = ProxyResponse::new(http::StatusCode::OK, fields, body).into_http();
+        let (parts, body) = r.into_parts();
+        let mut fields = parts.headers;
         fit_head(&mut fields, &body);
         assert!(fields.contains_key(header::DATE));
         assert_eq!(fields[header::CONTENT_LENGTH], "5");

@@ -8,18 +8,20 @@
 //! h3's; this module sets their limits and adapts their types.
 
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt as _};
 use http::Response;
-use http_body::Body as _;
+use http_body::{Body as _, Frame, SizeHint};
 use http_body_util::BodyExt as _;
 
 use crate::liveness::Stopping;
-use crate::proxy::{ClientBody, Peer, Proxy, RequestHead, RespBody, MAX_HEADER_BYTES};
+use crate::proxy::{BodyError, ClientBody, Peer, Proxy, RequestHead, RespBody, MAX_HEADER_BYTES};
 
 /// Streams a client may have open at once (HAProxy's default for HTTP/3; nginx's is 128).
 const MAX_STREAMS: u32 = 100;
@@ -252,7 +254,7 @@ async fn exchange(
     let bodiless = length == Some(0)
         || (length.is_none() && matches!(parts.method, http::Method::GET | http::Method::HEAD));
     let head_only = parts.method == http::Method::HEAD;
-    let body = (!bodiless).then(|| ClientBody::h3(recv, length));
+    let body = (!bodiless).then(|| ClientBody::stream(H3Body::new(recv, length)));
     let head = RequestHead::from_parts(parts);
     let answer = Box::pin(proxy.answer(head, body, None, peer)).await;
     let (mut parts, body) = answer.into_parts();
@@ -317,6 +319,102 @@ async fn pipe(
         }
         if body.is_end_stream() {
             return send.finish().await;
+        }
+    }
+}
+
+/// The receiving half of an HTTP/3 request's stream.
+type H3Recv = h3::server::RequestStream<crate::h3_quic::RecvSide, Bytes>;
+
+/// Where an HTTP/3 request body is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum H3State {
+    Data,
+    Trailers,
+    Done,
+}
+
+/// An HTTP/3 request body: quinn gives the client's window back as the bytes are read.
+struct H3Body {
+    recv: H3Recv,
+    /// What `Content-Length` says is left to come.
+    left: Option<u64>,
+    state: H3State,
+}
+
+impl std::fmt::Debug for H3Body {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("H3Body")
+            .field("left", &self.left)
+            .finish_non_exhaustive()
+    }
+}
+
+impl http_body::Body for H3Body {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let this = self.get_mut();
+        use bytes::Buf as _;
+        if this.state == H3State::Data {
+            match std::task::ready!(this.recv.poll_recv_data(cx)) {
+                Ok(Some(mut buf)) => {
+                    let data = buf.copy_to_bytes(buf.remaining());
+                    if let Some(left) = &mut this.left {
+                        // RFC 9114 §4.1.2: more than the stated length is malformed.
+                        let Some(rest) = left.checked_sub(data.len() as u64) else {
+                            return Poll::Ready(Some(Err(
+                                "the body is longer than its Content-Length".into(),
+                            )));
+                        };
+                        *left = rest;
+                    }
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Ok(None) if this.left.is_some_and(|l| l > 0) => {
+                    return Poll::Ready(Some(Err(
+                        "the body is shorter than its Content-Length".into()
+                    )));
+                }
+                Ok(None) => this.state = H3State::Trailers,
+                Err(e) => return Poll::Ready(Some(Err(Box::new(e)))),
+            }
+        }
+        if this.state == H3State::Done {
+            return Poll::Ready(None);
+        }
+        let trailers = std::task::ready!(this.recv.poll_recv_trailers(cx));
+        this.state = H3State::Done;
+        match trailers {
+            Ok(Some(t)) => Poll::Ready(Some(Ok(Frame::trailers(t)))),
+            Ok(None) => Poll::Ready(None),
+            Err(e) => Poll::Ready(Some(Err(Box::new(e)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        // A stated length read whole is the end: hyper's client stops polling there.
+        self.state == H3State::Done || self.left == Some(0)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.left
+            .map_or_else(SizeHint::default, SizeHint::with_exact)
+    }
+}
+
+impl H3Body {
+    /// The body of the stream `recv`; `length` is the request's `Content-Length`, when
+    /// it states one.
+    fn new(recv: H3Recv, length: Option<u64>) -> H3Body {
+        H3Body {
+            recv,
+            left: length,
+            state: H3State::Data,
         }
     }
 }

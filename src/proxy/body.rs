@@ -1,5 +1,5 @@
 //! The request body on its way upstream: the client's stream, whichever front end
-//! read it, counted and cut at `max_request_body`. No boxing, no buffering.
+//! read it, counted and cut at `max_request_body`. No buffering.
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -61,17 +61,29 @@ impl std::error::Error for BodyTooLarge {}
 
 /// A client's request body, whichever front end read it: the request path streams it
 /// upstream without knowing the protocol it came in. hyper's server reads HTTP/1
-/// requests with a body; the HTTP/2 front end ([`crate::h2_front`]) hands over its
-/// stream; another front end adds its own stream here, and nothing above it changes.
-#[derive(Debug)]
+/// requests with a body; a front end with streams of its own (HTTP/2, HTTP/3) hands over
+/// its stream's body ([`ClientBody::stream`]), defined beside it: nothing here names a
+/// front end's types.
 pub(crate) struct ClientBody(Inner);
 
-#[derive(Debug)]
 enum Inner {
     Hyper(Incoming),
-    H2(H2Body),
-    /// Boxed: an HTTP/3 stream's state is several times the others'.
-    H3(Box<H3Body>),
+    /// Boxed: one allocation per request with a body, the price of the front end's
+    /// type staying in its module.
+    Stream(FrontStream),
+}
+
+/// A front end's own body stream.
+type FrontStream = Pin<Box<dyn Body<Data = Bytes, Error = BodyError> + Send + Sync>>;
+
+impl std::fmt::Debug for ClientBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match &self.0 {
+            Inner::Hyper(_) => "hyper",
+            Inner::Stream(_) => "stream",
+        };
+        f.debug_tuple("ClientBody").field(&kind).finish()
+    }
 }
 
 impl ClientBody {
@@ -80,24 +92,13 @@ impl ClientBody {
         ClientBody(Inner::Hyper(inner))
     }
 
-    /// An HTTP/2 request's body: its DATA frames, then its trailers; `length` is the
-    /// request's `Content-Length`, when it states one (h2 holds the stream to it).
-    pub(crate) fn h2(recv: h2::RecvStream, length: Option<u64>) -> ClientBody {
-        ClientBody(Inner::H2(H2Body {
-            recv,
-            left: length,
-            data_done: false,
-        }))
-    }
-
-    /// An HTTP/3 request's body: its DATA frames, then its trailers; `length` is the
-    /// request's `Content-Length`, when it states one.
-    pub(crate) fn h3(recv: H3Recv, length: Option<u64>) -> ClientBody {
-        ClientBody(Inner::H3(Box::new(H3Body {
-            recv,
-            left: length,
-            state: H3State::Data,
-        })))
+    /// The body of a request a front end read from a stream of its own: its DATA
+    /// frames, then its trailers; `size_hint` exact when a `Content-Length` says it.
+    pub(crate) fn stream<B>(body: B) -> ClientBody
+    where
+        B: Body<Data = Bytes, Error = BodyError> + Send + Sync + 'static,
+    {
+        ClientBody(Inner::Stream(Box::pin(body)))
     }
 
     /// The next frame of the client's body (`http_body::Body::poll_frame` of the stream
@@ -112,138 +113,21 @@ impl ClientBody {
                 let r = Pin::new(b).poll_frame(cx);
                 r.map(|o| o.map(|f| f.map_err(Into::into)))
             }
-            Inner::H2(b) => b.poll_frame(cx),
-            Inner::H3(b) => b.poll_frame(cx),
+            Inner::Stream(b) => b.as_mut().poll_frame(cx),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.0 {
             Inner::Hyper(b) => b.is_end_stream(),
-            Inner::H2(b) => b.recv.is_end_stream(),
-            // A stated length read whole is the end: hyper's client stops polling there.
-            Inner::H3(b) => b.state == H3State::Done || b.left == Some(0),
+            Inner::Stream(b) => b.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.0 {
             Inner::Hyper(b) => b.size_hint(),
-            Inner::H2(b) => b.left.map_or_else(SizeHint::default, SizeHint::with_exact),
-            Inner::H3(b) => b.left.map_or_else(SizeHint::default, SizeHint::with_exact),
-        }
-    }
-}
-
-/// An HTTP/2 request body: each DATA frame's bytes are given back to the client's
-/// window as they are taken (as hyper's `Incoming` does), so the client sends on as
-/// fast as the backend reads.
-#[derive(Debug)]
-struct H2Body {
-    recv: h2::RecvStream,
-    /// What `Content-Length` says is left to come.
-    left: Option<u64>,
-    /// The DATA frames are over; the trailers (if any) are next.
-    data_done: bool,
-}
-
-impl H2Body {
-    fn poll_frame(
-        &mut self,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
-        if !self.data_done {
-            match std::task::ready!(self.recv.poll_data(cx)) {
-                Some(Ok(data)) => {
-                    let _ = self.recv.flow_control().release_capacity(data.len());
-                    if let Some(left) = &mut self.left {
-                        *left = left.saturating_sub(data.len() as u64);
-                    }
-                    return Poll::Ready(Some(Ok(Frame::data(data))));
-                }
-                // A RST_STREAM with NO_ERROR is a client's early end (RFC 9113 §8.1),
-                // not a failure: the body ends there, as hyper's `Incoming` ends it.
-                Some(Err(e)) if e.reason() == Some(h2::Reason::NO_ERROR) => {
-                    return Poll::Ready(None)
-                }
-                Some(Err(e)) => return Poll::Ready(Some(Err(e.into()))),
-                None => self.data_done = true,
-            }
-        }
-        match std::task::ready!(self.recv.poll_trailers(cx)) {
-            Ok(Some(t)) => Poll::Ready(Some(Ok(Frame::trailers(t)))),
-            Ok(None) => Poll::Ready(None),
-            Err(e) => Poll::Ready(Some(Err(e.into()))),
-        }
-    }
-}
-
-/// The receiving half of an HTTP/3 request's stream.
-pub(crate) type H3Recv = h3::server::RequestStream<crate::h3_quic::RecvSide, Bytes>;
-
-/// Where an HTTP/3 request body is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum H3State {
-    Data,
-    Trailers,
-    Done,
-}
-
-/// An HTTP/3 request body: quinn gives the client's window back as the bytes are read.
-struct H3Body {
-    recv: H3Recv,
-    /// What `Content-Length` says is left to come.
-    left: Option<u64>,
-    state: H3State,
-}
-
-impl std::fmt::Debug for H3Body {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("H3Body")
-            .field("left", &self.left)
-            .finish_non_exhaustive()
-    }
-}
-
-impl H3Body {
-    fn poll_frame(
-        &mut self,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
-        use bytes::Buf as _;
-        if self.state == H3State::Data {
-            match std::task::ready!(self.recv.poll_recv_data(cx)) {
-                Ok(Some(mut buf)) => {
-                    let data = buf.copy_to_bytes(buf.remaining());
-                    if let Some(left) = &mut self.left {
-                        // RFC 9114 §4.1.2: more than the stated length is malformed.
-                        let Some(rest) = left.checked_sub(data.len() as u64) else {
-                            return Poll::Ready(Some(Err(
-                                "the body is longer than its Content-Length".into(),
-                            )));
-                        };
-                        *left = rest;
-                    }
-                    return Poll::Ready(Some(Ok(Frame::data(data))));
-                }
-                Ok(None) if self.left.is_some_and(|l| l > 0) => {
-                    return Poll::Ready(Some(Err(
-                        "the body is shorter than its Content-Length".into()
-                    )));
-                }
-                Ok(None) => self.state = H3State::Trailers,
-                Err(e) => return Poll::Ready(Some(Err(Box::new(e)))),
-            }
-        }
-        if self.state == H3State::Done {
-            return Poll::Ready(None);
-        }
-        let trailers = std::task::ready!(self.recv.poll_recv_trailers(cx));
-        self.state = H3State::Done;
-        match trailers {
-            Ok(Some(t)) => Poll::Ready(Some(Ok(Frame::trailers(t)))),
-            Ok(None) => Poll::Ready(None),
-            Err(e) => Poll::Ready(Some(Err(Box::new(e)))),
+            Inner::Stream(b) => b.size_hint(),
         }
     }
 }
