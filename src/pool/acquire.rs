@@ -6,7 +6,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::{Backend, Mode, Pool, RequestGuard};
+use super::{Backend, Mode, Pool, QueueError, RequestGuard};
 use crate::backend::AdminState;
 use crate::strategy::KeySource;
 
@@ -118,4 +118,45 @@ impl Pool {
             stuck: false,
         })
     }
+}
+
+/// A request's place in the queue's eyes.
+pub(crate) struct Turn {
+    /// The backend the strategy proposed first (its `queued` counts the request).
+    pub(crate) preferred: Arc<Backend>,
+    /// The queue's epoch before the pick that found every backend full.
+    pub(crate) seen: u64,
+    /// Its place in the queue, from its first wait on (a woken request whose slot was
+    /// taken goes back to it); `None` before it waited.
+    pub(crate) ticket: Option<u64>,
+}
+
+impl Pool {
+    /// Waits in the queue until a slot comes free: `Ok` to pick again, with its place in
+    /// the queue if it took one; `Err` when the queue is full or the wait ran out by
+    /// `deadline` (set at the first wait: `queue_timeout` from then).
+    pub(crate) async fn wait_turn(
+        &self,
+        turn: Turn,
+        deadline: &mut Option<tokio::time::Instant>,
+    ) -> Result<Option<u64>, QueueError> {
+        let s = &self.settings;
+        let until = *deadline.get_or_insert_with(|| far_after(s.queue_timeout));
+        let q = &self.queue;
+        let place = match turn.ticket {
+            Some(t) => (t, true),
+            None => (q.ticket(), false),
+        };
+        let (preferred, seen) = (Some(turn.preferred), turn.seen);
+        // Boxed: only a request that waits pays for the wait's state.
+        let wait = Box::pin(q.wait(s.max_queue, until, place, preferred, seen));
+        Ok(wait.await?.then_some(place.0))
+    }
+}
+
+/// Now plus `d` (durations are at most ten years: `config::values::MAX_DURATION`),
+/// or now when even that cannot be added.
+fn far_after(d: std::time::Duration) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    now.checked_add(d).unwrap_or(now)
 }

@@ -34,7 +34,7 @@ use crate::config::PoolSpec;
 use crate::strategy::{Picker, PickerOptions, StrategyKind};
 #[cfg(test)]
 use crate::{config::BackendSpec, strategy::PickCtx};
-pub(crate) use acquire::{takes_sessions, Ask, NoPick};
+pub(crate) use acquire::{takes_sessions, Ask, NoPick, Turn};
 pub(crate) use budget::RetryBudget;
 pub(crate) use discovered::DiscoveryStatus;
 

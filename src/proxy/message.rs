@@ -317,7 +317,7 @@ impl ResponseHead {
     /// writer (`front.rs`) and the map writer ([`super::ProxyResponse::into_http`], for
     /// hyper, HTTP/2 and HTTP/3) both write this list, so no front end adds one of its
     /// own or misses one.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn finish(&self, has_date: bool, mut add: impl FnMut(Added<'_>)) {
         if !has_date {
             add(Added::Date(date()));

@@ -47,7 +47,7 @@ pub(crate) use upstream::{Failure, Upstreams};
 
 use crate::clock::Stamp;
 use crate::config::Settings;
-use crate::pool::{Ask, Backend, NoPick, Pool, QueueError, RequestGuard};
+use crate::pool::{Ask, Backend, NoPick, Pool, QueueError, RequestGuard, Turn};
 use crate::site::RoutePolicy;
 use crate::site::Site;
 use crate::stats::bump;
@@ -192,17 +192,6 @@ struct Routed {
     policies: Option<Arc<RoutePolicy>>,
 }
 
-/// A request's place in the queue's eyes.
-struct Turn {
-    /// The backend the strategy proposed first (its `queued` counts the request).
-    preferred: Arc<Backend>,
-    /// The queue's epoch before the pick that found every backend full.
-    seen: u64,
-    /// Its place in the queue, from its first wait on (a woken request whose slot was
-    /// taken goes back to it); `None` before it waited.
-    ticket: Option<u64>,
-}
-
 /// `http-01` (RFC 8555 §8.3): the key authorization for a token the ACME task is
 /// proving, before any route and any redirect; `None` for every other request, which
 /// goes on as usual (an unknown token too, as Caddy passes it on).
@@ -252,13 +241,6 @@ fn to_https(head: &RequestHead, port: u16) -> ProxyResponse {
             "bad request: no host to redirect to\n",
         ),
     }
-}
-
-/// Now plus `d` (durations are at most ten years: `config::values::MAX_DURATION`),
-/// or now when even that cannot be added.
-fn far_after(d: Duration) -> tokio::time::Instant {
-    let now = tokio::time::Instant::now();
-    now.checked_add(d).unwrap_or(now)
 }
 
 /// Why a request is refused before any pick.
@@ -727,18 +709,8 @@ impl Proxy {
         turn: Turn,
         deadline: &mut Option<tokio::time::Instant>,
     ) -> Result<Option<u64>, ProxyResponse> {
-        let s = &req.pool.settings;
-        let until = *deadline.get_or_insert_with(|| far_after(s.queue_timeout));
-        let q = &req.pool.queue;
-        let place = match turn.ticket {
-            Some(t) => (t, true),
-            None => (q.ticket(), false),
-        };
-        let (preferred, seen) = (Some(turn.preferred), turn.seen);
-        // Boxed: only a request that waits pays for the wait's state.
-        let wait = Box::pin(q.wait(s.max_queue, until, place, preferred, seen));
-        let text = match wait.await {
-            Ok(queued) => return Ok(queued.then_some(place.0)),
+        let text = match req.pool.wait_turn(turn, deadline).await {
+            Ok(place) => return Ok(place),
             Err(QueueError::Full) => "queue full, retry later\n",
             Err(QueueError::Timeout) => "queue timeout\n",
         };
