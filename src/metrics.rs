@@ -76,7 +76,7 @@ fn encode_backend_counters(
         MetricType::Counter,
     )?;
     for b in backends {
-        for (class, n) in STATUS_CLASSES.iter().zip(b.stats.by_class()) {
+        for (class, n) in STATUS_CLASSES.iter().zip(b.live.stats.by_class()) {
             let labels = [
                 ("backend", b.name.as_str()),
                 ("code", class),
@@ -93,7 +93,7 @@ fn encode_backend_counters(
         MetricType::Histogram,
     )?;
     for b in backends {
-        let (sum, count, buckets) = b.stats.duration.read();
+        let (sum, count, buckets) = b.live.stats.duration.read();
         let labels = [("backend", b.name.as_str()), ("pool", &*b.pool)];
         m.encode_family(&labels)?
             .encode_histogram::<[(&str, &str); 0]>(sum, count, &buckets, None)?;
@@ -114,7 +114,7 @@ fn encode_backend_checks(
         MetricType::Counter,
     )?;
     for b in backends {
-        let (ok, failed) = b.stats.probes();
+        let (ok, failed) = b.live.stats.probes();
         for (result, n) in [("success", ok), ("failure", failed)] {
             let labels = [
                 ("backend", b.name.as_str()),
@@ -132,7 +132,7 @@ fn encode_backend_checks(
         MetricType::Counter,
     )?;
     for b in backends {
-        let counts = b.stats.bad_answers();
+        let counts = b.live.stats.bad_answers();
         for (why, n) in crate::stats::BadAnswer::ALL.iter().zip(counts) {
             let labels = [
                 ("backend", b.name.as_str()),
@@ -151,7 +151,7 @@ fn encode_backend_checks(
     )?;
     for b in backends {
         let labels = [("backend", b.name.as_str()), ("pool", &*b.pool)];
-        ConstCounter::new(u64::from(b.outlier.count())).encode(m.encode_family(&labels)?)?;
+        ConstCounter::new(u64::from(b.live.outlier.count())).encode(m.encode_family(&labels)?)?;
     }
 
     let mut m = enc.encode_descriptor(
@@ -178,7 +178,7 @@ fn encode_backend_gauges(
         backends,
         "fulcrum_backend_up",
         "1 when the health checks find the backend healthy.",
-        |b| f64::from(u8::from(b.healthy())),
+        |b| f64::from(u8::from(b.control.healthy())),
     )?;
     per_backend_gauge(
         enc,

@@ -368,7 +368,7 @@ async fn patch_backend(
         .transpose()?;
     let max_conns = p.max_conns.map(check_max_conns).transpose()?;
     // A discovered backend is this instance's own, in fleet mode too.
-    let local = (ctx.site.backend(id).ok()).filter(|(_, b)| b.source().is_discovered());
+    let local = (ctx.site.backend(id).ok()).filter(|(_, b)| b.control.source().is_discovered());
     let b = match (&ctx.fleet, local) {
         (Some(f), None) => {
             // The store's object, whether or not this instance took it in.
@@ -381,7 +381,7 @@ async fn patch_backend(
             pool.update(id, weight, state, max_conns)?
         }
     };
-    tracing::info!(id, name = %b.name, weight = b.weight(), state = ?b.state(), "backend updated");
+    tracing::info!(id, name = %b.name, weight = b.control.weight(), state = ?b.control.state(), "backend updated");
     Ok(Json(BackendView::of(&b)))
 }
 
@@ -393,7 +393,7 @@ async fn delete_backend(
     // What discovery found is taken out there; another backend of the pool (added
     // before it had `discover`) may go.
     if let Ok((pool, b)) = ctx.site.backend(id) {
-        if b.source().is_discovered() {
+        if b.control.source().is_discovered() {
             not_discovered(&pool)?;
         }
     }

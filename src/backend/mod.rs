@@ -2,7 +2,8 @@
 //! own: [`capacity`] (its connection limit and requests in flight), [`latency`] (its
 //! average and the strategies' estimates), [`outlier`] (passive outlier detection),
 //! [`ramp`] (slow start), [`faults`] (injected faults), [`queue`] (its pool's
-//! waiting requests, which a freed slot wakes) and [`report`] (the load it reports).
+//! waiting requests, which a freed slot wakes), [`report`] (the load it reports) and
+//! [`observe`] (the fields of its answers meant for fulcrum, the load report among them).
 //!
 //! The backend is the vocabulary the pool, the strategies and the request path share,
 //! and it depends on none of them: what a strategy keeps on it is opaque to it (the
@@ -10,26 +11,28 @@
 //! [`LoadWatch`]). A new strategy is written in `strategy/` only.
 
 mod capacity;
+mod control;
 mod faults;
 mod gradient;
 mod latency;
+pub(crate) mod observe;
 pub(crate) mod outlier;
 pub(crate) mod queue;
 mod ramp;
 pub mod report;
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
 use http::uri::Authority;
-use serde::Serialize;
 use tokio::sync::Notify;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 use crate::config::BackendSpec;
 use capacity::Capacity;
+pub(crate) use control::{pin, AdminState, Control, Source};
 use faults::FaultCells;
 pub(crate) use faults::Faults;
 pub use latency::clock_ns;
@@ -40,88 +43,6 @@ use ramp::Ramp;
 
 /// The bounds of an adaptive limit outside a pool (`max_conns_auto`'s default).
 const DEFAULT_AUTO_BOUNDS: (u32, u32) = (1, 1000);
-
-/// Administrative state, set through the admin API.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub(crate) enum AdminState {
-    /// Takes traffic when healthy.
-    Active,
-    /// No new requests; in-flight ones finish.
-    Draining,
-    /// Out of rotation for maintenance; in-flight ones finish.
-    Maintenance,
-}
-
-impl AdminState {
-    /// Parses `active`, `draining`, `maintenance`.
-    pub(crate) fn parse(s: &str) -> Option<AdminState> {
-        match s {
-            "active" => Some(AdminState::Active),
-            "draining" => Some(AdminState::Draining),
-            "maintenance" => Some(AdminState::Maintenance),
-            _ => None,
-        }
-    }
-
-    fn from_u8(v: u8) -> AdminState {
-        match v {
-            1 => AdminState::Draining,
-            2 => AdminState::Maintenance,
-            _ => AdminState::Active,
-        }
-    }
-}
-
-/// Who put a backend in its pool (`docs/architecture.md`, "Membership"). A source
-/// changes only the backends it owns: a reload touches the config file's, never those
-/// the admin API added or fulcrum spawned.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub(crate) enum Source {
-    /// The config file or the command line (`--backend`).
-    Config,
-    /// `POST /admin/backends`, a pool made through the admin API, the lab's joiners.
-    Admin,
-    /// Fleet mode's store.
-    Store,
-    /// `POST /admin/backends/spawn`: a process fulcrum started.
-    Spawn,
-    /// Discovery: a pool's SRV records (`docs/discovery.md`).
-    Srv,
-    /// Discovery: a name's A and AAAA records.
-    Dns,
-    /// Discovery: a watched file.
-    File,
-}
-
-impl Source {
-    fn from_u8(v: u8) -> Source {
-        match v {
-            1 => Source::Admin,
-            2 => Source::Store,
-            3 => Source::Spawn,
-            4 => Source::Srv,
-            5 => Source::Dns,
-            6 => Source::File,
-            _ => Source::Config,
-        }
-    }
-
-    /// Whether discovery found it: its pool's `discover` setting owns it.
-    pub(crate) fn is_discovered(self) -> bool {
-        matches!(self, Source::Srv | Source::Dns | Source::File)
-    }
-}
-
-/// What the admin API set on a backend that its source must not undo while it stays
-/// (`docs/discovery.md`, "The admin API and the dashboard"): bits of [`Backend::pins`].
-pub(crate) mod pin {
-    /// `PATCH … {"weight"}`.
-    pub(crate) const WEIGHT: u8 = 1;
-    /// `PATCH … {"max_conns"}`.
-    pub(crate) const MAX_CONNS: u8 = 2;
-}
 
 /// The value of the sticky cookie (`docs/operations.md`, "Sticky sessions") of the
 /// backend at `url` in the pool `pool`: XXH3-64 of the URL seeded with the hash of the
@@ -184,22 +105,24 @@ pub struct Backend {
     pub(crate) backup: bool,
     /// Its sticky cookie's value in its pool ([`sticky_value`]).
     pub(crate) sticky_value: u64,
-    weight: AtomicU32,
-    state: AtomicU8,
-    healthy: AtomicBool,
-    /// Its [`Source`] (control side only).
-    source: AtomicU8,
-    /// What the admin API set that its source keeps ([`pin`]; control side only).
-    pins: AtomicU8,
-    /// Its limit and requests in flight.
-    capacity: Capacity,
+    /// What the operator and the health checks decide about it.
+    pub(crate) control: Control,
     /// What it shares with its pool (set once, before it serves).
     link: OnceLock<PoolLink>,
-    /// Whether `load_watch` is set: one plain load on the request path decides whether
-    /// there is an index to keep up to date at all.
-    indexed: AtomicBool,
-    /// The current strategy's hook for load changes ([`LoadWatch`]), if it has one.
-    load_watch: ArcSwapOption<Box<dyn LoadWatch>>,
+    /// What the request path counts and measures on it.
+    pub(crate) live: Live,
+    /// What the current strategy keeps on it.
+    strategy: StrategyCells,
+    /// Set for a backend fulcrum started itself (`POST /admin/backends/spawn`).
+    pub(crate) spawn: Option<SpawnInfo>,
+}
+
+/// The hot half of a backend: what every request through it counts and measures. Its
+/// identity and configuration above it never change once it is shared.
+#[derive(Debug)]
+pub(crate) struct Live {
+    /// Its limit and requests in flight.
+    capacity: Capacity,
     requests: AtomicU64,
     errors: AtomicU64,
     /// Its latency average and the strategies' estimates.
@@ -214,8 +137,19 @@ pub struct Backend {
     reports: report::LoadReports,
     /// What the metrics endpoint reads.
     pub(crate) stats: crate::stats::BackendStats,
-    /// Set for a backend fulcrum started itself (`POST /admin/backends/spawn`).
-    pub(crate) spawn: Option<SpawnInfo>,
+}
+
+/// What a strategy keeps on a backend that must hear of every change of its load
+/// ([`LoadWatch`]). It belongs to the strategy and is opaque here; it sits on the
+/// backend so that a request reaches it without a lookup (Envoy keeps its load
+/// balancers' per-host data on the host the same way).
+#[derive(Debug, Default)]
+struct StrategyCells {
+    /// Whether `load_watch` is set: one plain load on the request path decides whether
+    /// there is an index to keep up to date at all.
+    indexed: AtomicBool,
+    /// The current strategy's hook for load changes, if it has one.
+    load_watch: ArcSwapOption<Box<dyn LoadWatch>>,
 }
 
 /// The process behind a spawned backend.
@@ -276,23 +210,20 @@ impl Backend {
             url: spec.url,
             socket_addr: spec.addr.or_else(|| spec.authority.as_str().parse().ok()),
             authority: spec.authority,
-            weight: AtomicU32::new(spec.weight),
-            state: AtomicU8::new(0),
-            healthy: AtomicBool::new(true),
-            source: AtomicU8::new(Source::Config as u8),
-            pins: AtomicU8::new(0),
-            capacity: Capacity::new(spec.max_conns, DEFAULT_AUTO_BOUNDS),
+            control: Control::new(spec.weight),
             link: OnceLock::new(),
-            indexed: AtomicBool::new(false),
-            load_watch: ArcSwapOption::empty(),
-            requests: AtomicU64::new(0),
-            errors: AtomicU64::new(0),
-            latency: Latency::new(alpha),
-            outlier: Outlier::new(outlier::DEFAULTS),
-            ramp: Ramp::new(Duration::ZERO),
-            faults: FaultCells::default(),
-            reports: report::LoadReports::default(),
-            stats: Default::default(),
+            live: Live {
+                capacity: Capacity::new(spec.max_conns, DEFAULT_AUTO_BOUNDS),
+                requests: AtomicU64::new(0),
+                errors: AtomicU64::new(0),
+                latency: Latency::new(alpha),
+                outlier: Outlier::new(outlier::DEFAULTS),
+                ramp: Ramp::new(Duration::ZERO),
+                faults: FaultCells::default(),
+                reports: report::LoadReports::default(),
+                stats: Default::default(),
+            },
+            strategy: StrategyCells::default(),
             spawn: None,
         }
     }
@@ -315,12 +246,12 @@ impl Backend {
         self.sticky_value = sticky_value(&name, &self.url);
         self.pool = name;
         self.connect_timeout = settings.connect_timeout;
-        self.outlier = Outlier::new(settings.outlier);
-        self.ramp = Ramp::new(settings.slow_start);
+        self.live.outlier = Outlier::new(settings.outlier);
+        self.live.ramp = Ramp::new(settings.slow_start);
         // Its own `max_conns`, else its pool's; an adaptive one within the pool's bounds.
-        let own = self.capacity.configured();
+        let own = self.live.capacity.configured();
         let limit = if own == 0 { settings.max_conns } else { own };
-        self.capacity = Capacity::new(limit, settings.max_conns_auto);
+        self.live.capacity = Capacity::new(limit, settings.max_conns_auto);
         self.transport = crate::transport::Transport::new(
             is_https(&self.url),
             self.authority.host(),
@@ -333,19 +264,19 @@ impl Backend {
     /// Sets `--slow-start` (before the backend is shared).
     #[cfg(test)]
     pub(crate) fn with_slow_start(mut self, d: Duration) -> Backend {
-        self.ramp = Ramp::new(d);
+        self.live.ramp = Ramp::new(d);
         self
     }
 
     /// Starts a weight ramp (the backend joined or recovered); no-op without slow start.
     pub(crate) fn start_ramp(&self, now: Instant) {
-        self.ramp.start(now);
+        self.live.ramp.start(now);
     }
 
     /// The weight the weighted strategies use now (slow start applied).
     pub(crate) fn effective_weight(&self) -> f64 {
-        let w = self.weight() as f64;
-        match self.ramp.share(Instant::now()) {
+        let w = self.control.weight() as f64;
+        match self.live.ramp.share(Instant::now()) {
             Some(share) => w * share,
             None => w,
         }
@@ -354,93 +285,45 @@ impl Backend {
     /// The share of its full traffic a backend has now: its ramp's share while slow start
     /// ramps it, else 1. The pickers of the strategies without weights read it.
     pub(crate) fn ramp_fraction(&self) -> f64 {
-        self.ramp.share(Instant::now()).unwrap_or(1.0)
+        self.live.ramp.share(Instant::now()).unwrap_or(1.0)
     }
 
     /// Ends a ramp whose time is up; returns whether a ramp was running before the call.
     pub(crate) fn ramp_step(&self, now: Instant) -> bool {
-        self.ramp.step(now)
-    }
-
-    /// Configured weight.
-    pub(crate) fn weight(&self) -> u32 {
-        self.weight.load(Ordering::Relaxed)
-    }
-
-    pub(crate) fn set_weight(&self, w: u32) {
-        self.weight.store(w, Ordering::Relaxed);
-    }
-
-    /// Administrative state.
-    pub(crate) fn state(&self) -> AdminState {
-        AdminState::from_u8(self.state.load(Ordering::Relaxed))
-    }
-
-    pub(crate) fn set_state(&self, s: AdminState) {
-        self.state.store(s as u8, Ordering::Relaxed);
-    }
-
-    /// Who put it in its pool.
-    pub(crate) fn source(&self) -> Source {
-        Source::from_u8(self.source.load(Ordering::Relaxed))
-    }
-
-    /// Hands it to another source (control side: a source that lists a backend the
-    /// admin API added takes it over).
-    pub(crate) fn set_source(&self, s: Source) {
-        self.source.store(s as u8, Ordering::Relaxed);
-    }
-
-    /// Whether the admin API set what `bit` ([`pin`]) names.
-    pub(crate) fn pinned(&self, bit: u8) -> bool {
-        self.pins.load(Ordering::Relaxed) & bit != 0
-    }
-
-    /// Notes that the admin API set what `bit` ([`pin`]) names.
-    pub(crate) fn pin(&self, bit: u8) {
-        self.pins.fetch_or(bit, Ordering::Relaxed);
+        self.live.ramp.step(now)
     }
 
     /// Takes what the admin API set on `old`, which this backend replaces (before it is
     /// shared).
     pub(crate) fn keep_pins_of(&self, old: &Backend) {
-        if old.pinned(pin::WEIGHT) {
-            self.set_weight(old.weight());
-            self.pin(pin::WEIGHT);
+        if old.control.pinned(pin::WEIGHT) {
+            self.control.set_weight(old.control.weight());
+            self.control.pin(pin::WEIGHT);
         }
-        if old.pinned(pin::MAX_CONNS) {
+        if old.control.pinned(pin::MAX_CONNS) {
             self.set_max_conns(old.configured_max_conns());
-            self.pin(pin::MAX_CONNS);
+            self.control.pin(pin::MAX_CONNS);
         }
-    }
-
-    /// Result of the active health checks.
-    pub(crate) fn healthy(&self) -> bool {
-        self.healthy.load(Ordering::Relaxed)
-    }
-
-    pub(crate) fn set_healthy(&self, healthy: bool) {
-        self.healthy.store(healthy, Ordering::Relaxed);
     }
 
     /// Whether the backend is half-open (an ejection ended, no trial has passed yet).
     #[inline]
     pub(crate) fn half_open(&self) -> bool {
-        self.outlier.half_open()
+        self.live.outlier.half_open()
     }
 
     /// Claims the single trial request of a half-open backend; `false` when another
     /// request already has it.
     pub(crate) fn claim_trial(&self) -> bool {
-        self.outlier.claim_trial()
+        self.live.outlier.claim_trial()
     }
 
     /// Ends an ejection whose time is up: the backend turns half-open and starts its
     /// ramp. Returns whether it did. Control side only.
     pub(crate) fn end_ejection_if_due(&self, now: Instant) -> bool {
-        let ended = self.outlier.end_if_due(now);
+        let ended = self.live.outlier.end_if_due(now);
         if ended {
-            self.ramp.start(now);
+            self.live.ramp.start(now);
         }
         ended
     }
@@ -448,9 +331,9 @@ impl Backend {
     /// Ends an ejection at once (the backend came back through the health checks): it
     /// turns half-open like at the end of its time. Control side only.
     pub(crate) fn end_ejection_now(&self) -> bool {
-        let ended = self.outlier.end_now();
+        let ended = self.live.outlier.end_now();
         if ended {
-            self.ramp.start(Instant::now());
+            self.live.ramp.start(Instant::now());
         }
         ended
     }
@@ -458,128 +341,128 @@ impl Backend {
     /// Ejected by passive outlier detection.
     #[inline]
     pub(crate) fn ejected(&self) -> bool {
-        self.outlier.ejected()
+        self.live.outlier.ejected()
     }
 
     /// The injected faults, `None` when there are none (the common case: two loads).
     #[inline]
     pub(crate) fn faults(&self) -> Option<Faults> {
-        self.faults.get()
+        self.live.faults.get()
     }
 
     /// Sets injected faults; `None` leaves that one as it is.
     pub(crate) fn degrade(&self, latency_ms: Option<u32>, error_rate: Option<f64>) {
-        self.faults.set(latency_ms, error_rate);
+        self.live.faults.set(latency_ms, error_rate);
     }
 
     /// Clears injected faults and the latency average.
     pub(crate) fn recover(&self) {
-        self.faults.clear();
+        self.live.faults.clear();
         self.clear_latency();
     }
 
     /// Keeps the load report of one of its answers (the value of its
     /// `endpoint-load-metrics` field).
     pub(crate) fn note_load_report(&self, value: &[u8]) {
-        self.reports.note(value, clock_ns());
+        self.live.reports.note(value, clock_ns());
     }
 
     /// Its latest load report, when it is fresh at `now` ([`clock_ns`] time).
     pub(crate) fn load_report(&self, now: u64) -> Option<report::Report> {
-        self.reports.fresh(now)
+        self.live.reports.fresh(now)
     }
 
     /// Load reports it sent that could not be read.
     pub(crate) fn malformed_reports(&self) -> u64 {
-        self.reports.malformed()
+        self.live.reports.malformed()
     }
 
     /// Whether a strategy may pick it: healthy, not ejected, active.
     pub(crate) fn eligible(&self) -> bool {
-        self.healthy() && !self.ejected() && self.state() == AdminState::Active
+        self.control.healthy() && !self.ejected() && self.control.state() == AdminState::Active
     }
 
     /// Requests in flight.
     #[inline]
     pub(crate) fn in_flight(&self) -> u64 {
-        self.capacity.in_flight()
+        self.live.capacity.in_flight()
     }
 
     /// Requests waiting in its pool's queue that the strategy would have sent here.
     pub(crate) fn queued(&self) -> &AtomicU64 {
-        &self.capacity.queued
+        &self.live.capacity.queued
     }
 
     /// Requests sent to it.
     pub(crate) fn requests(&self) -> u64 {
-        self.requests.load(Ordering::Relaxed)
+        self.live.requests.load(Ordering::Relaxed)
     }
 
     /// Requests that failed or answered 5xx.
     pub(crate) fn errors(&self) -> u64 {
-        self.errors.load(Ordering::Relaxed)
+        self.live.errors.load(Ordering::Relaxed)
     }
 
     /// Latency average, `None` until the first sample.
     pub(crate) fn avg_latency(&self) -> Option<Duration> {
-        self.latency.average()
+        self.live.latency.average()
     }
 
     /// The strategies' latency estimates.
     #[inline]
     pub(crate) fn estimates(&self) -> &Estimates {
-        &self.latency.estimates
+        &self.live.latency.estimates
     }
 
     /// Folds one latency sample into the backend's average and notes its time; returns
     /// the time since the sample before it (`None` for the first). The strategies' own
     /// estimates are folded by `strategy::record_latency`, which calls this. Lock-free.
     pub(crate) fn note_latency(&self, sample: Duration, now: u64) -> Option<u64> {
-        if self.capacity.adaptive() {
-            self.capacity.sample(sample);
+        if self.live.capacity.adaptive() {
+            self.live.capacity.sample(sample);
         }
-        self.latency.note(sample, now)
+        self.live.latency.note(sample, now)
     }
 
     /// The EWMA weight of a new sample (`--ewma-alpha`).
     pub(crate) fn alpha(&self) -> f64 {
-        self.latency.alpha()
+        self.live.latency.alpha()
     }
 
     /// Forgets every latency estimate (recovery, or back to healthy).
     pub(crate) fn clear_latency(&self) {
-        self.latency.clear();
+        self.live.latency.clear();
         self.refresh_index();
     }
 
     /// [`clock_ns`] of the last latency sample, `None` before the first.
     #[inline]
     pub(crate) fn sampled_at(&self) -> Option<u64> {
-        self.latency.sampled_at()
+        self.live.latency.sampled_at()
     }
 
     /// Points it at the current strategy's hook for load changes, or at none. Control
     /// path only (`strategy::Picker::attach`).
     pub(crate) fn set_load_watch(&self, watch: Option<Box<dyn LoadWatch>>) {
         let some = watch.is_some();
-        if !some && !self.indexed.load(Ordering::Relaxed) {
+        if !some && !self.strategy.indexed.load(Ordering::Relaxed) {
             return;
         }
-        self.load_watch.store(watch.map(Arc::new));
-        self.indexed.store(some, Ordering::Release);
+        self.strategy.load_watch.store(watch.map(Arc::new));
+        self.strategy.indexed.store(some, Ordering::Release);
     }
 
     /// Whether it has a hook for load changes.
     #[cfg(test)]
     pub(crate) fn is_watched(&self) -> bool {
-        self.load_watch.load().is_some()
+        self.strategy.load_watch.load().is_some()
     }
 
     /// Tells the strategy's hook, if there is one, that its load or latency changed.
     #[inline]
     pub(crate) fn refresh_index(&self) {
-        if self.indexed.load(Ordering::Acquire) {
-            if let Some(watch) = self.load_watch.load().as_ref() {
+        if self.strategy.indexed.load(Ordering::Acquire) {
+            if let Some(watch) = self.strategy.load_watch.load().as_ref() {
                 watch.refresh(self);
             }
         }
@@ -588,35 +471,35 @@ impl Backend {
     /// Counts a request in flight until the returned guard drops.
     #[inline]
     pub fn begin_request(self: &Arc<Self>) -> RequestGuard {
-        self.capacity.enter();
+        self.live.capacity.enter();
         self.begin_claimed()
     }
 
     /// The limit on requests in flight now (an adaptive one's current value); 0 = none.
     pub(crate) fn max_conns(&self) -> u32 {
-        self.capacity.max_conns()
+        self.live.capacity.max_conns()
     }
 
     /// The limit as configured: a number, or [`crate::config::AUTO_CONNS`].
     pub(crate) fn configured_max_conns(&self) -> u32 {
-        self.capacity.configured()
+        self.live.capacity.configured()
     }
 
     /// Whether its limit follows its latency (`max_conns = "auto"`).
     pub(crate) fn adaptive_limit(&self) -> bool {
-        self.capacity.adaptive()
+        self.live.capacity.adaptive()
     }
 
     /// Sets the limit (applies to the next pick): a number, or
     /// [`crate::config::AUTO_CONNS`].
     pub(crate) fn set_max_conns(&self, n: u32) {
-        self.capacity.set_max_conns(n);
+        self.live.capacity.set_max_conns(n);
     }
 
     /// Moves an adaptive limit when its window is due at `now`, and lets waiters take
     /// the slots a rise brings. Control side only (the pool's upkeep).
     pub(crate) fn adjust_limit(&self, now: Instant) {
-        if let Some((was, limit)) = self.capacity.adjust(now) {
+        if let Some((was, limit)) = self.live.capacity.adjust(now) {
             if limit > was {
                 self.wake_waiters(Some((limit - was) as usize));
             }
@@ -635,13 +518,13 @@ impl Backend {
     /// slot is counted in flight already (a limited backend, counted atomically with the
     /// check), `Some(false)` when there is no limit and `begin_after_claim` counts it.
     pub(crate) fn claim_slot(&self) -> Option<bool> {
-        self.capacity.claim()
+        self.live.capacity.claim()
     }
 
     /// Gives back a slot `claim_slot` took (`counted`) for a request that went elsewhere.
     pub(crate) fn unclaim_slot(&self, counted: bool) {
         if counted {
-            self.capacity.leave();
+            self.live.capacity.leave();
             self.release_slot();
         }
     }
@@ -665,7 +548,7 @@ impl Backend {
     /// Records one outcome on live traffic for passive outlier detection; when it asks
     /// the pool for something, rings the pool's doorbell (the control side acts).
     fn record_outcome(&self, ok: bool, was_trial: bool) -> OutlierAction {
-        let action = self.outlier.record(ok, was_trial);
+        let action = self.live.outlier.record(ok, was_trial);
         if action != OutlierAction::None {
             if let Some(l) = self.link.get() {
                 l.news.notify_one();
@@ -677,7 +560,7 @@ impl Backend {
     /// The guard of a request whose in-flight count is taken already.
     fn begin_claimed(self: &Arc<Self>) -> RequestGuard {
         self.refresh_index();
-        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.live.requests.fetch_add(1, Ordering::Relaxed);
         RequestGuard {
             backend: Arc::clone(self),
             failed: false,
@@ -721,7 +604,7 @@ impl RequestGuard {
 
 impl Drop for RequestGuard {
     fn drop(&mut self) {
-        self.backend.capacity.leave();
+        self.backend.live.capacity.leave();
         self.backend.refresh_index();
         // A limited slot came free, or the limit was lifted meanwhile: either way a
         // waiter may go.
@@ -729,10 +612,10 @@ impl Drop for RequestGuard {
             self.backend.release_slot();
         }
         if self.trial {
-            self.backend.outlier.release_trial();
+            self.backend.live.outlier.release_trial();
         }
         if self.failed {
-            self.backend.errors.fetch_add(1, Ordering::Relaxed);
+            self.backend.live.errors.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -779,7 +662,7 @@ mod tests {
             .with_slow_start(Duration::from_secs(10)),
         );
         let t0 = Instant::now();
-        b.outlier.eject(t0);
+        b.live.outlier.eject(t0);
         assert!(b.ejected() && !b.eligible());
         assert!(b.end_ejection_if_due(t0 + outlier::EJECTION_MAX));
         assert!(b.eligible() && b.half_open());
@@ -789,7 +672,7 @@ mod tests {
     #[test]
     fn a_trial_that_ends_without_an_outcome_is_offered_again() {
         let b = b();
-        b.outlier.eject(Instant::now());
+        b.live.outlier.eject(Instant::now());
         assert!(b.end_ejection_if_due(Instant::now() + outlier::EJECTION_MAX));
         assert!(b.claim_trial());
         let mut g = b.begin_request();
@@ -823,7 +706,7 @@ mod tests {
         assert!(!rung(), "one failure of two: no news");
         assert_eq!(b.begin_request().outcome(false), OutlierAction::Eject);
         assert!(rung(), "the control side is woken");
-        assert!(b.outlier.take_news().eject);
+        assert!(b.live.outlier.take_news().eject);
         assert!(!b.ejected(), "the request path ejects nothing itself");
     }
 }

@@ -82,7 +82,7 @@ pub(crate) async fn run(pool: Arc<Pool>, resolvers: Resolvers, mut stop: watch::
 /// only those: a list that took the pool's place keeps what it took over.
 fn clear_discovered(pool: &Pool) {
     let found: Vec<_> = (pool.backends().into_iter())
-        .filter(|b| b.source().is_discovered())
+        .filter(|b| b.control.source().is_discovered())
         .collect();
     let removed: Vec<String> = (found.iter())
         .filter(|b| pool.remove(b.id).is_ok())
@@ -255,7 +255,7 @@ fn within_max(pool: &Pool, list: Vec<BackendSpec>) -> Result<Vec<BackendSpec>, S
     // Another source's backend that the list names passes to discovery: counted once.
     let listed: std::collections::HashSet<&str> = list.iter().map(|b| b.url.as_str()).collect();
     let others = (pool.backends().iter())
-        .filter(|b| !b.source().is_discovered() && !listed.contains(b.url.as_str()))
+        .filter(|b| !b.control.source().is_discovered() && !listed.contains(b.url.as_str()))
         .count();
     match list.len() + others {
         n if n > max => Err(format!(
@@ -292,7 +292,7 @@ fn apply(pool: &Pool, source: Source, list: Vec<BackendSpec>, ramp: bool) -> boo
 
 fn discovered_urls(pool: &Pool) -> BTreeSet<String> {
     (pool.backends().iter())
-        .filter(|b| b.source().is_discovered())
+        .filter(|b| b.control.source().is_discovered())
         .map(|b| b.url.clone())
         .collect()
 }

@@ -210,7 +210,7 @@ pub(crate) async fn run(pool: Arc<Pool>, mut stop: watch::Receiver<bool>) {
                         // probe's slot is given back either way.
                         let mut report = Report { tx, id: b.id, ok: None };
                         let ok = probe(&b, &s.path, s.timeout).await;
-                        b.stats.probe(ok);
+                        b.live.stats.probe(ok);
                         report.ok = Some(ok);
                     });
                 }
@@ -220,7 +220,7 @@ pub(crate) async fn run(pool: Arc<Pool>, mut stop: watch::Receiver<bool>) {
                 let Some(t) = tracks.get_mut(&id) else { continue };
                 t.probing = false;
                 let Ok(b) = pool.get(id) else { continue };
-                let healthy = b.healthy();
+                let healthy = b.control.healthy();
                 match t.streak.record(ok, healthy, &settings) {
                     Verdict::Unchanged => {}
                     Verdict::BecameUnhealthy => {
@@ -234,7 +234,7 @@ pub(crate) async fn run(pool: Arc<Pool>, mut stop: watch::Receiver<bool>) {
                         }
                     }
                 }
-                let healthy = b.healthy();
+                let healthy = b.control.healthy();
                 t.next_at = Instant::now() + jittered(t.streak.next_in(healthy, &settings));
             }
             _ = stop.changed() => return,

@@ -46,10 +46,10 @@ pub(crate) struct Acquired {
 /// its sessions only while the backups take the traffic: once a primary is back, its
 /// clients go to the primaries, as its other traffic does.
 pub(crate) fn takes_sessions(b: &Backend, mode: Mode) -> bool {
-    b.healthy()
+    b.control.healthy()
         && !b.ejected()
         && !b.half_open()
-        && matches!(b.state(), AdminState::Active | AdminState::Draining)
+        && matches!(b.control.state(), AdminState::Active | AdminState::Draining)
         && (!b.backup || mode == Mode::Backups)
 }
 

@@ -59,7 +59,7 @@ impl Pool {
     /// How many of its backends discovery found.
     pub(crate) fn discovered_count(&self) -> usize {
         (self.snapshot().backends.iter())
-            .filter(|b| b.source().is_discovered())
+            .filter(|b| b.control.source().is_discovered())
             .count()
     }
 }

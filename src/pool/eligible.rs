@@ -37,7 +37,7 @@ pub(crate) fn select(backends: &[Arc<Backend>], panic_threshold: u32) -> (Vec<Ar
         return (backups, Mode::Backups);
     }
     if too_few && backups.is_empty() {
-        let active = of(&|b| !b.backup && b.state() == AdminState::Active);
+        let active = of(&|b| !b.backup && b.control.state() == AdminState::Active);
         return (active, Mode::Panic);
     }
     (primaries, Mode::Primaries)
@@ -68,12 +68,12 @@ mod tests {
         let b = backends(2, 2);
         let (set, mode) = select(&b, 0);
         assert_eq!((ids(&set), mode), (vec![0, 1], Mode::Primaries));
-        b[0].set_healthy(false);
+        b[0].control.set_healthy(false);
         assert_eq!(ids(&select(&b, 0).0), [1]);
-        b[1].set_healthy(false);
+        b[1].control.set_healthy(false);
         let (set, mode) = select(&b, 0);
         assert_eq!((ids(&set), mode), (vec![2, 3], Mode::Backups));
-        b[1].set_healthy(true);
+        b[1].control.set_healthy(true);
         assert_eq!(
             ids(&select(&b, 0).0),
             [1],
@@ -84,15 +84,15 @@ mod tests {
     #[test]
     fn panic_below_the_threshold_without_backups() {
         let b = backends(4, 0);
-        b[0].set_healthy(false);
-        b[1].set_healthy(false);
+        b[0].control.set_healthy(false);
+        b[1].control.set_healthy(false);
         // 2 of 4 eligible: 50 % is not below 50 %.
         assert_eq!(select(&b, 50).1, Mode::Primaries);
-        b[2].set_healthy(false);
+        b[2].control.set_healthy(false);
         let (set, mode) = select(&b, 50);
         assert_eq!((ids(&set), mode), (vec![0, 1, 2, 3], Mode::Panic));
         assert_eq!(select(&b, 0).1, Mode::Primaries, "0 = off");
-        b[3].set_state(AdminState::Maintenance);
+        b[3].control.set_state(AdminState::Maintenance);
         assert_eq!(
             ids(&select(&b, 50).0),
             [0, 1, 2],
@@ -103,13 +103,13 @@ mod tests {
     #[test]
     fn an_eligible_backup_comes_before_panic() {
         let b = backends(2, 1);
-        b[0].set_healthy(false);
-        b[1].set_healthy(false);
+        b[0].control.set_healthy(false);
+        b[1].control.set_healthy(false);
         assert_eq!(
             (ids(&select(&b, 50).0), select(&b, 50).1),
             (vec![2], Mode::Backups)
         );
-        b[2].set_healthy(false);
+        b[2].control.set_healthy(false);
         assert_eq!(select(&b, 50).1, Mode::Panic);
     }
 }

@@ -86,9 +86,9 @@ impl Pool {
         }
         if how.remove_unlisted {
             let listed: HashSet<&str> = want.iter().map(|w| w.spec.url.as_str()).collect();
-            let (stay, go) = std::mem::take(&mut m.backends)
-                .into_iter()
-                .partition(|b| !owns(source, b.source()) || listed.contains(b.url.as_str()));
+            let (stay, go) = std::mem::take(&mut m.backends).into_iter().partition(|b| {
+                !owns(source, b.control.source()) || listed.contains(b.url.as_str())
+            });
             m.backends = stay;
             for b in go {
                 leave(b, &mut out);
@@ -180,7 +180,7 @@ impl Pool {
         let b = crate::backend::Backend::new(id, spec, st.ewma_alpha)
             .in_pool(Arc::clone(&self.name), st, &self.link)
             .with_spawn(spawn);
-        b.set_source(source);
+        b.control.set_source(source);
         Arc::new(b)
     }
 
@@ -196,7 +196,7 @@ impl Pool {
         out: &mut Outcome,
     ) {
         let b = Arc::clone(&m.backends[i]);
-        let owner = b.source();
+        let owner = b.control.source();
         if !may_take(source, owner) {
             let why = format!("its URL is backend {}'s, which {owner:?} owns", b.id);
             return refuse(&w, why.to_lowercase(), out);
@@ -210,7 +210,7 @@ impl Pool {
             || b.name != w.spec.name
             || b.backup != w.spec.backup;
         if !replace {
-            b.set_source(source);
+            b.control.set_source(source);
             let limit = self.settings.max_conns_of(&w.spec);
             if update(&b, &w.spec, limit, w.state, &mut out.wakes) {
                 out.changes.updated.push(b.name.clone());
@@ -243,9 +243,9 @@ impl Pool {
         }
         let same = b.name == w.spec.name;
         let id = (w.id).unwrap_or_else(|| if same { b.id } else { self.hub.next_id() });
-        let state = w.state.unwrap_or(b.state());
+        let state = w.state.unwrap_or(b.control.state());
         let fresh = self.member(id, w.spec, source, None);
-        fresh.set_state(state);
+        fresh.control.set_state(state);
         if same {
             fresh.keep_pins_of(&b);
         }
@@ -288,7 +288,7 @@ impl Pool {
     /// Sets a joining backend's admin state and ramp, and notes that it joined.
     fn welcome(&self, b: &Arc<Backend>, state: Option<AdminState>, ramp: bool, out: &mut Outcome) {
         if let Some(s) = state {
-            b.set_state(s);
+            b.control.set_state(s);
         }
         if ramp {
             b.start_ramp(std::time::Instant::now());
@@ -363,14 +363,14 @@ fn update(
     wakes: &mut Vec<(Arc<Backend>, u32, u32)>,
 ) -> bool {
     use crate::backend::pin;
-    let kept = |bit| b.source().is_discovered() && b.pinned(bit);
+    let kept = |bit| b.control.source().is_discovered() && b.control.pinned(bit);
     let mut changed = false;
-    if b.weight() != spec.weight && !kept(pin::WEIGHT) {
-        b.set_weight(spec.weight);
+    if b.control.weight() != spec.weight && !kept(pin::WEIGHT) {
+        b.control.set_weight(spec.weight);
         changed = true;
     }
-    if let Some(s) = state.filter(|s| *s != b.state()) {
-        b.set_state(s);
+    if let Some(s) = state.filter(|s| *s != b.control.state()) {
+        b.control.set_state(s);
         changed = true;
     }
     if b.configured_max_conns() != limit && !kept(pin::MAX_CONNS) {
@@ -428,7 +428,10 @@ mod tests {
         assert_eq!(changes.refused[0].1, Some(13));
         let bs = p.backends();
         assert_eq!(bs.iter().map(|b| b.id).collect::<Vec<_>>(), [11, 12]);
-        assert_eq!((bs[0].weight(), bs[0].state()), (5, AdminState::Draining));
+        assert_eq!(
+            (bs[0].control.weight(), bs[0].control.state()),
+            (5, AdminState::Draining)
+        );
         assert!(!Arc::ptr_eq(&before, &p.snapshot()));
         let events: Vec<Event> = std::iter::from_fn(|| rx.try_recv().ok())
             .map(|t| t.event)
@@ -445,7 +448,7 @@ mod tests {
     fn a_source_changes_only_what_it_owns() {
         let p = Pool::of_backends(vec![spec(3000, 1), spec(3001, 1)], StrategyKind::RoundRobin);
         let kept = p.backends()[0].clone();
-        kept.set_state(AdminState::Draining);
+        kept.control.set_state(AdminState::Draining);
         let added = p.add(spec(3002, 1)).unwrap();
         let spawned = p
             .add_from(
@@ -467,9 +470,12 @@ mod tests {
             Arc::ptr_eq(&p.backends()[0], &kept),
             "the same backend stays"
         );
-        assert_eq!((kept.weight(), kept.state()), (4, AdminState::Draining));
-        assert_eq!(added.source(), Source::Admin);
-        assert_eq!(spawned.source(), Source::Spawn);
+        assert_eq!(
+            (kept.control.weight(), kept.control.state()),
+            (4, AdminState::Draining)
+        );
+        assert_eq!(added.control.source(), Source::Admin);
+        assert_eq!(spawned.control.source(), Source::Spawn);
         // A file that lists what the admin API added takes it over; a spawned one is
         // not the file's to take.
         let want = vec![
@@ -479,8 +485,8 @@ mod tests {
             Wanted::spec(spec(3004, 1)),
         ];
         let changes = p.set_members(Source::Config, want, ALL);
-        assert_eq!(added.source(), Source::Config);
-        assert_eq!(added.weight(), 2);
+        assert_eq!(added.control.source(), Source::Config);
+        assert_eq!(added.control.weight(), 2);
         assert_eq!(changes.refused.len(), 1, "{:?}", changes.refused);
         assert!(
             changes.refused[0].2.contains("spawn"),
@@ -504,23 +510,27 @@ mod tests {
         let mut again = at("127.0.0.9");
         again.weight = 2;
         p.set_members(Source::Srv, vec![Wanted::spec(again)], ALL);
-        assert_eq!((b.weight(), b.max_conns()), (7, 3), "the PATCH sticks");
+        assert_eq!(
+            (b.control.weight(), b.max_conns()),
+            (7, 3),
+            "the PATCH sticks"
+        );
         // The target's address moved: a new backend, with the same id and pins.
         p.set_members(Source::Srv, vec![Wanted::spec(at("127.0.0.10"))], ALL);
         let moved = p.backends()[0].clone();
         assert!(!Arc::ptr_eq(&b, &moved));
         assert_eq!(moved.id, b.id);
-        assert_eq!((moved.weight(), moved.max_conns()), (7, 3));
+        assert_eq!((moved.control.weight(), moved.max_conns()), (7, 3));
         // Another discovery source, then the file, take it over; discovery takes the
         // file's back.
         p.set_members(Source::File, vec![Wanted::spec(at("127.0.0.10"))], ALL);
-        assert_eq!(p.backends()[0].source(), Source::File);
+        assert_eq!(p.backends()[0].control.source(), Source::File);
         let listed = vec![Wanted::spec(spec(5000, 1)), Wanted::spec(spec(5001, 1))];
         p.set_members(Source::Config, listed, ALL);
-        assert_eq!(p.backends()[0].source(), Source::Config);
+        assert_eq!(p.backends()[0].control.source(), Source::Config);
         p.set_members(Source::Dns, vec![Wanted::spec(spec(5001, 1))], ALL);
         let left: Vec<(String, Source)> = (p.backends().iter())
-            .map(|b| (b.url.clone(), b.source()))
+            .map(|b| (b.url.clone(), b.control.source()))
             .collect();
         assert_eq!(left, [("http://127.0.0.1:5001".to_string(), Source::Dns)]);
     }

@@ -249,10 +249,10 @@ impl BackendView {
             id: b.id,
             name: b.name.clone(),
             url: b.url.clone(),
-            weight: b.weight(),
+            weight: b.control.weight(),
             effective_weight: b.effective_weight(),
-            state: b.state(),
-            healthy: b.healthy(),
+            state: b.control.state(),
+            healthy: b.control.healthy(),
             ejected: b.ejected(),
             active_conns: b.in_flight(),
             avg_latency_ms: b.avg_latency().map(|d| d.as_secs_f64() * 1000.0),
@@ -264,7 +264,7 @@ impl BackendView {
             max_conns: b.max_conns(),
             max_conns_mode: if b.adaptive_limit() { "auto" } else { "fixed" },
             queued: b.queued().load(Ordering::Relaxed),
-            source: b.source(),
+            source: b.control.source(),
             reported_utilization: b.load_report(clock_ns()).and_then(|r| r.utilization),
             pid: b.spawn.as_ref().map(|s| s.pid()),
             port: b.spawn.as_ref().map(|s| s.port),
@@ -305,7 +305,7 @@ impl Pool {
             .map(|s| {
                 let b = Backend::new(hub.next_id(), s.clone(), st.ewma_alpha);
                 let b = b.in_pool(Arc::clone(&name), st, &link);
-                b.set_source(source);
+                b.control.set_source(source);
                 Arc::new(b)
             })
             .collect();
@@ -438,10 +438,10 @@ impl Pool {
         let Some(b) = m.backends.iter().find(|b| b.id == id).cloned() else {
             return false;
         };
-        if b.healthy() == healthy {
+        if b.control.healthy() == healthy {
             return false;
         }
-        b.set_healthy(healthy);
+        b.control.set_healthy(healthy);
         self.emit(Event::Health {
             id,
             backend: b.name.clone(),
@@ -476,7 +476,7 @@ impl Pool {
         let mut m = self.lock();
         let mut changed = false;
         for b in m.backends.clone() {
-            let news = b.outlier.take_news();
+            let news = b.live.outlier.take_news();
             if news.restored {
                 tracing::info!(backend = %b.name, "half-open trial succeeded: full traffic again");
                 self.emit(Event::Restored {
@@ -504,7 +504,7 @@ impl Pool {
         let mut qualified = Vec::new();
         let mut windows = Vec::new();
         for b in &m.backends {
-            let (ok, total) = b.outlier.take_window();
+            let (ok, total) = b.live.outlier.take_window();
             if total >= sr.min_requests && total > 0 && !b.ejected() {
                 qualified.push(Arc::clone(b));
                 windows.push((ok, total));
@@ -526,11 +526,11 @@ impl Pool {
             return false;
         }
         let out = m.backends.iter().filter(|b| b.ejected()).count();
-        if !b.outlier.cap_allows(out, m.backends.len()) {
+        if !b.live.outlier.cap_allows(out, m.backends.len()) {
             tracing::debug!(backend = %b.name, ejected = out, pool = m.backends.len(), "not ejecting: the pool's share of ejected backends is at its limit");
             return false;
         }
-        let d = b.outlier.eject(std::time::Instant::now());
+        let d = b.live.outlier.eject(std::time::Instant::now());
         tracing::warn!(backend = %b.name, seconds = d.as_secs(), ?reason, "backend ejected after failures on live traffic");
         self.emit(Event::Ejection {
             id: b.id,
@@ -584,7 +584,7 @@ impl Pool {
         for b in &m.backends {
             if b.ramp_step(now) {
                 ramping = true;
-                ended |= b.effective_weight() == b.weight() as f64;
+                ended |= b.effective_weight() == b.control.weight() as f64;
             }
         }
         let due = m
@@ -668,16 +668,16 @@ impl Pool {
             .cloned()
             .ok_or(PoolError::NotFound(id))?;
         if let Some(w) = weight {
-            b.set_weight(w);
-            b.pin(crate::backend::pin::WEIGHT);
+            b.control.set_weight(w);
+            b.control.pin(crate::backend::pin::WEIGHT);
         }
         if let Some(s) = state {
-            b.set_state(s);
+            b.control.set_state(s);
         }
         let old = max_conns.map(|n| (b.max_conns(), n));
         if let Some(n) = max_conns {
             b.set_max_conns(n);
-            b.pin(crate::backend::pin::MAX_CONNS);
+            b.control.pin(crate::backend::pin::MAX_CONNS);
         }
         self.publish(&mut m);
         if let Some((was, now)) = old {

@@ -22,7 +22,7 @@ use super::message::{ResponseFields, ResponseHead};
 use super::record::{Finish, Recorder};
 use super::upstream::{Conn, Upstreams};
 use super::wire::WireBody;
-use crate::backend::RequestGuard;
+use crate::backend::{observe, RequestGuard};
 use crate::descriptors::Descriptor;
 
 /// A backend's answer, from hyper's client or from an inline exchange.
@@ -85,8 +85,11 @@ impl Answer {
         match self {
             Answer::Hyper(resp, conn) => {
                 let (mut parts, body) = resp.into_parts();
-                if let Some(report) = super::headers::strip_answer(&mut parts.headers) {
-                    hold.guard.backend().note_load_report(report.as_bytes());
+                let observed = super::headers::strip_answer(&mut parts.headers);
+                for (which, value) in observed.iter().enumerate() {
+                    if let Some(v) = value {
+                        observe::hand(hold.guard.backend(), which, v.as_bytes());
+                    }
                 }
                 hold.conn = Some((conn, upstreams));
                 let head = ResponseHead {
@@ -103,11 +106,11 @@ impl Answer {
                     body: RespBody::upstream(body, hold),
                 }
             }
-            // Its hop-by-hop fields and its load report were left out as it was parsed.
+            // Its hop-by-hop fields and those fulcrum keeps were left out as it was parsed.
             Answer::Wire(head, body) => {
                 if let ResponseFields::Wire(f) = &head.fields {
-                    if f.report.1 != 0 {
-                        note_report(f, &hold);
+                    if f.has_observed() {
+                        note_observed(f, &hold);
                     }
                 }
                 ProxyResponse {
@@ -119,13 +122,13 @@ impl Answer {
     }
 }
 
-/// Hands the load report an answer read inline carried to its backend; out of line, as
-/// only the answers of reporting backends come here.
+/// Hands what an answer read inline told about its backend to the backend
+/// (`backend::observe`); out of line, as only some backends' answers come here.
 #[cold]
 #[inline(never)]
-fn note_report(f: &super::message::Fields, hold: &Hold) {
-    if let Some(report) = f.load_report() {
-        hold.guard.backend().note_load_report(report);
+fn note_observed(f: &super::message::Fields, hold: &Hold) {
+    for (which, value) in f.observed() {
+        observe::hand(hold.guard.backend(), which, value);
     }
 }
 

@@ -219,18 +219,18 @@ fn pick(
 /// `b` as the pick sees it now.
 fn candidate(snap: &Snapshot, b: &Arc<Backend>, now: u64) -> Candidate {
     let listed = snap.eligible.iter().any(|x| x.id == b.id);
-    let reason = match b.state() {
+    let reason = match b.control.state() {
         AdminState::Maintenance => Some("maintenance"),
         AdminState::Draining => Some("draining"),
         AdminState::Active if listed => None,
-        AdminState::Active if !b.healthy() => Some("unhealthy"),
+        AdminState::Active if !b.control.healthy() => Some("unhealthy"),
         AdminState::Active if b.ejected() => Some("ejected"),
         AdminState::Active if b.backup => Some("backup"),
         AdminState::Active => Some("unhealthy"),
     };
     let reason = match reason {
         None if at_limit(b) => Some("full"),
-        None if b.half_open() && !b.outlier.trial_free() => Some("ejected"),
+        None if b.half_open() && !b.live.outlier.trial_free() => Some("ejected"),
         r => r,
     };
     Candidate {
@@ -251,5 +251,5 @@ fn at_limit(b: &Backend) -> bool {
 /// Whether the pick would take `b` now: not at its limit, and when half-open, its one
 /// trial request not already in flight.
 fn takes_one_now(b: &Backend) -> bool {
-    !at_limit(b) && (!b.half_open() || b.outlier.trial_free())
+    !at_limit(b) && (!b.half_open() || b.live.outlier.trial_free())
 }

@@ -7,6 +7,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 use super::hop;
 
+use crate::backend::observe;
 use crate::trust::canonical;
 pub(crate) use crate::trust::X_FORWARDED_FOR;
 /// `X-Forwarded-Proto`.
@@ -98,13 +99,13 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
 }
 
 /// Readies a backend's answer given as a header map for the client: its hop-by-hop
-/// fields removed, and its load report (`endpoint-load-metrics`) taken out and
-/// returned. One pass over the names finds whether either is there.
-pub(crate) fn strip_answer(headers: &mut HeaderMap) -> Option<HeaderValue> {
-    let (mut hop, mut report, mut alt_svc) = (false, false, false);
+/// fields removed, and each field fulcrum keeps for itself (`backend::observe`) taken
+/// out and returned in its slot. One pass over the names finds whether any is there.
+pub(crate) fn strip_answer(headers: &mut HeaderMap) -> [Option<HeaderValue>; observe::COUNT] {
+    let (mut hop, mut observed, mut alt_svc) = (false, false, false);
     for k in headers.keys() {
         hop |= hop::is_hop_by_hop(k.as_str().as_bytes());
-        report |= k.as_str() == crate::backend::report::FIELD;
+        observed |= observe::which(k.as_str().as_bytes()).is_some();
         alt_svc |= k == header::ALT_SVC;
     }
     // A backend's `Alt-Svc` names its own services, never fulcrum's: it goes no further
@@ -112,14 +113,16 @@ pub(crate) fn strip_answer(headers: &mut HeaderMap) -> Option<HeaderValue> {
     if alt_svc {
         headers.remove(header::ALT_SVC);
     }
-    let value = match report {
-        true => headers.remove(crate::backend::report::FIELD),
-        false => None,
-    };
+    let mut values = [const { None }; observe::COUNT];
+    if observed {
+        for (slot, o) in values.iter_mut().zip(observe::OBSERVED) {
+            *slot = headers.remove(o.field);
+        }
+    }
     if hop {
         strip_hop_by_hop(headers, false);
     }
-    value
+    values
 }
 
 /// HTTP/2 clients may split `Cookie` into several fields; an HTTP/1.1 backend expects
@@ -619,6 +622,28 @@ fn sorted_map(map: &HeaderMap) -> Lines {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_answer_map_gives_up_what_fulcrum_keeps_and_its_hop_fields() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "endpoint-load-metrics",
+            HeaderValue::from_static("TEXT cpu_utilization=0.5"),
+        );
+        h.insert(header::ALT_SVC, HeaderValue::from_static("h3=\":1\""));
+        h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        let kept = strip_answer(&mut h);
+        assert_eq!(
+            kept[0].as_ref().map(|v| v.as_bytes()),
+            Some(&b"TEXT cpu_utilization=0.5"[..])
+        );
+        assert_eq!(h.len(), 1, "{h:?}");
+        assert!(h.contains_key(header::CONTENT_TYPE));
+        let mut plain = HeaderMap::new();
+        plain.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        assert!(strip_answer(&mut plain).iter().all(Option::is_none));
+    }
 
     #[test]
     fn every_field_left_out_has_a_length_the_quick_check_looks_at() {

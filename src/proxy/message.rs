@@ -15,6 +15,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, StatusCode, Uri, Version};
 
 use super::headers::{ClientFields, Spans};
+use crate::backend::observe;
 
 thread_local! {
     static DATE: std::cell::RefCell<(u64, HeaderValue)> =
@@ -388,9 +389,9 @@ pub(crate) struct Fields {
     pub(crate) length: Option<u64>,
     /// Whether the backend sent a `Date`.
     pub(crate) has_date: bool,
-    /// Where its load report is in the head (offset, length; length 0: none): the
-    /// value of an `endpoint-load-metrics` field, left out of the fields.
-    pub(crate) report: (u32, u32),
+    /// Where the value of each field fulcrum keeps for itself is in the head (offset,
+    /// length; length 0: none; `backend::observe`), left out of the fields.
+    pub(crate) observed: [(u32, u32); observe::COUNT],
 }
 
 impl Fields {
@@ -401,15 +402,23 @@ impl Fields {
             spans,
             length,
             has_date,
-            report: (0, 0),
+            observed: [(0, 0); observe::COUNT],
         }
     }
 
-    /// The backend's load report, when it sent one.
+    /// Whether the backend sent any field fulcrum keeps for itself.
     #[inline]
-    pub(crate) fn load_report(&self) -> Option<&[u8]> {
-        let (at, len) = (self.report.0 as usize, self.report.1 as usize);
-        (len != 0).then(|| self.spans.bytes(at, len))
+    pub(crate) fn has_observed(&self) -> bool {
+        self.observed.iter().any(|&(_, len)| len != 0)
+    }
+
+    /// Each field fulcrum keeps for itself that the backend sent: which
+    /// (`backend::observe::which`), and its value.
+    pub(crate) fn observed(&self) -> impl Iterator<Item = (usize, &[u8])> {
+        let at = |&(at, len): &(u32, u32)| self.spans.bytes(at as usize, len as usize);
+        (self.observed.iter().enumerate())
+            .filter(|(_, &(_, len))| len != 0)
+            .map(move |(i, span)| (i, at(span)))
     }
 
     /// Name (as the backend spelled it) and value of each field, in order.

@@ -196,7 +196,7 @@ impl Recorder {
         self.protocols.count(protocol);
         let protocol = crate::stats::PROTOCOLS[protocol];
         if let Some(b) = backend {
-            b.stats.finished(f.status, total);
+            b.live.stats.finished(f.status, total);
         }
         if let Some(format) = self.access_log {
             let name = backend.map_or("-", |b| b.name.as_str());

@@ -686,7 +686,7 @@ impl Upstreams {
 /// Says why a backend's answer was refused (a warning, and its counter): an operator
 /// sees the 502 explained without a debug log (`docs/operations.md`, "Limits").
 fn refused(b: &Backend, why: BadAnswer) {
-    b.stats.bad_answer(why);
+    b.live.stats.bad_answer(why);
     tracing::warn!(backend = %b.name, pool = %b.pool, reason = why.label(), "{}; answered 502", why.text());
 }
 

@@ -23,6 +23,7 @@ use tokio::net::TcpStream;
 use super::headers::{put_field, Spans};
 use super::hop;
 use super::message::{Fields, ResponseFields, ResponseHead};
+use crate::backend::observe;
 use crate::clock::Stamp;
 use crate::deadline::Deadline;
 use crate::stats::BadAnswer;
@@ -280,7 +281,7 @@ fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, BadAn
     let facts = read_fields(&head, &spans[..count], http11).map_err(malformed)?;
     let (framing, length, close) = framing(method, status, &facts, http11).map_err(malformed)?;
     let mut fields = Fields::new(Spans::new(head, facts.kept), length, facts.has_date);
-    fields.report = facts.report;
+    fields.observed = facts.observed;
     let head = ResponseHead {
         request_id: None,
         rate_limit: None,
@@ -309,9 +310,9 @@ struct FieldFacts {
     /// `Connection: close`, or HTTP/1.0 without `keep-alive`.
     close: bool,
     has_date: bool,
-    /// Where the value of an `endpoint-load-metrics` field is (offset, length; length
-    /// 0: none): the backend's load report, which goes no further.
-    report: (u32, u32),
+    /// Where the value of each field fulcrum keeps for itself is (offset, length;
+    /// length 0: none; `backend::observe`): they go no further.
+    observed: [(u32, u32); observe::COUNT],
 }
 
 /// Reads the fields at `spans` of `head` (name and value offsets and lengths): the
@@ -330,7 +331,7 @@ fn read_fields(
         chunked: false,
         close: !http11,
         has_date: false,
-        report: (0, 0),
+        observed: [(0, 0); observe::COUNT],
     };
     // Fields that `Connection` names are hop-by-hop too (rare beyond keep-alive/close).
     let mut named = hop::Named::default();
@@ -368,8 +369,8 @@ fn read_fields(
             }
         } else if name.eq_ignore_ascii_case(b"date") {
             f.has_date = true;
-        } else if name.eq_ignore_ascii_case(crate::backend::report::FIELD.as_bytes()) {
-            f.report = (span.2, span.3);
+        } else if let Some(i) = observe::which(name) {
+            f.observed[i] = (span.2, span.3);
             continue;
         } else if name.eq_ignore_ascii_case(b"alt-svc") {
             // A backend's `Alt-Svc` names its own services, never fulcrum's: it goes no

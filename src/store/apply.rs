@@ -105,7 +105,7 @@ mod tests {
         let same = site.first().unwrap();
         assert!(Arc::ptr_eq(&pool, &same), "the pool stays");
         assert!(Arc::ptr_eq(&b1, &same.get(1).unwrap()), "the backend stays");
-        assert_eq!(b1.weight(), 7);
+        assert_eq!(b1.control.weight(), 7);
         assert_eq!(site.routing().routes, vec![RouteSpec::catch_all("default")]);
         let gone: DesiredPool = desired(0, 1).pools.remove(0);
         let mut d = desired(0, 1);
@@ -146,7 +146,7 @@ mod tests {
         }
         let pool = site.first().unwrap();
         assert_eq!(pool.backends().len(), 1000);
-        assert_eq!(pool.get(1).unwrap().weight(), 11);
+        assert_eq!(pool.get(1).unwrap().control.weight(), 11);
         println!("one backend changed in a pool of 1000: applied in {best:?} (best of 10)");
     }
 }

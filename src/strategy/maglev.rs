@@ -51,7 +51,7 @@ impl Maglev {
                     (offset, skip)
                 })
                 .collect();
-            let weights: Vec<u64> = eligible.iter().map(|b| b.weight() as u64).collect();
+            let weights: Vec<u64> = eligible.iter().map(|b| b.control.weight() as u64).collect();
             let max_w = weights.iter().copied().max().unwrap_or(1);
             let mut next = vec![0u64; n];
             let mut target = vec![0u64; n];
@@ -293,7 +293,7 @@ mod tests {
             prop_assert!(after.iter().all(|u| *u != gone));
             prop_assert!(rest.iter().all(|b| after.contains(&b.url.as_str())));
             let mut back = rest.clone();
-            back.push(backend_at(99, all[v].url.rsplit(':').next().unwrap().parse().unwrap(), all[v].weight()));
+            back.push(backend_at(99, all[v].url.rsplit(':').next().unwrap().parse().unwrap(), all[v].control.weight()));
             prop_assert_eq!(slots(&back), before);
         }
     }

@@ -120,14 +120,14 @@ fn weights(eligible: &[Arc<Backend>], now: u64, previous: Option<&ReportedLoad>)
     // weight; in a pool weighted 1 : 2 : 4, a backend that has not reported yet is not
     // sent twice what it can take while the others' reports come first.
     let per_unit: Vec<f64> = (own.iter().zip(eligible))
-        .filter_map(|(w, b)| Some(w.as_ref()? / f64::from(b.weight().max(1))))
+        .filter_map(|(w, b)| Some(w.as_ref()? / f64::from(b.control.weight().max(1))))
         .collect();
     if per_unit.is_empty() {
         return eligible.iter().map(|b| b.effective_weight()).collect();
     }
     let mean = per_unit.iter().sum::<f64>() / per_unit.len() as f64;
     (own.into_iter().zip(eligible))
-        .map(|(w, b)| w.unwrap_or(mean * f64::from(b.weight().max(1))) * b.ramp_fraction())
+        .map(|(w, b)| w.unwrap_or(mean * f64::from(b.control.weight().max(1))) * b.ramp_fraction())
         .collect()
 }
 

@@ -41,13 +41,16 @@ struct Point {
 
 /// The (id, weight) of every eligible backend: what a ring or a table depends on.
 pub(super) fn members(eligible: &[Arc<Backend>]) -> Box<[(u64, u32)]> {
-    eligible.iter().map(|b| (b.id, b.weight())).collect()
+    eligible
+        .iter()
+        .map(|b| (b.id, b.control.weight()))
+        .collect()
 }
 
 /// The points of eligible backend `i`, unsorted.
 fn points_of(i: usize, b: &Backend, out: &mut Vec<Point>) {
     let mut key = String::with_capacity(b.url.len() + 8);
-    for p in 0..b.weight() * POINTS_PER_WEIGHT {
+    for p in 0..b.control.weight() * POINTS_PER_WEIGHT {
         key.clear();
         let _ = write!(key, "{}#{}", b.url, p);
         out.push(Point {
@@ -73,7 +76,7 @@ impl Ring {
     pub(crate) fn new(eligible: &[Arc<Backend>]) -> Ring {
         let total: usize = eligible
             .iter()
-            .map(|b| (b.weight() * POINTS_PER_WEIGHT) as usize)
+            .map(|b| (b.control.weight() * POINTS_PER_WEIGHT) as usize)
             .sum();
         let mut points: Vec<Point> = Vec::with_capacity(total);
         for (i, b) in eligible.iter().enumerate() {
@@ -362,7 +365,7 @@ mod tests {
             }
             // Back at the end of the pool (a new id, as the admin API gives it).
             let mut back = rest.clone();
-            back.push(backend_at(99, all[v].url.rsplit(':').next().unwrap().parse().unwrap(), all[v].weight()));
+            back.push(backend_at(99, all[v].url.rsplit(':').next().unwrap().parse().unwrap(), all[v].control.weight()));
             prop_assert_eq!(mapping(&back, &keys), before);
         }
 
