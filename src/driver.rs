@@ -95,7 +95,7 @@ impl Connections {
             builder: Arc::new(http_builder()),
             stop,
             timeouts: Timeouts {
-                idle: HEADER_TIMEOUT,
+                idle: crate::liveness::IDLE_TIMEOUT,
                 send: proxy.send_timeout(),
             },
             live: Arc::new(()),

@@ -20,7 +20,7 @@ use http::Response;
 use http_body::{Body as _, Frame, SizeHint};
 use http_body_util::BodyExt as _;
 
-use crate::liveness::Stopping;
+use crate::liveness::{Stopping, IDLE_TIMEOUT};
 use crate::proxy::{BodyError, ClientBody, Peer, Proxy, RequestHead, RespBody, MAX_HEADER_BYTES};
 
 /// Streams a client may have open at once (HAProxy's default for HTTP/3; nginx's is 128).
@@ -28,8 +28,10 @@ const MAX_STREAMS: u32 = 100;
 /// What a stream, and the whole connection, may have in flight from the client: 1 MiB,
 /// as the HTTP/2 front end's windows, so a connection buffers at most that much.
 const WINDOW: u32 = 1 << 20;
-/// A connection with no packet for this long is closed.
-const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// A connection with no packet at all for this long is gone (a client that vanished
+/// with requests open); one with no request open is closed sooner, after the idle
+/// timeout every front end keeps ([`IDLE_TIMEOUT`]).
+const QUIC_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Handshakes in progress on one worker above which a new client must first prove its
 /// address (a Retry), as a SYN flood meets SYN cookies.
 pub(crate) const RETRY_ABOVE: usize = 64;
@@ -45,7 +47,7 @@ pub(crate) fn transport() -> quinn::TransportConfig {
     t.send_window(u64::from(WINDOW));
     // No DATAGRAM frames: nothing here reads them.
     t.datagram_receive_buffer_size(None);
-    if let Ok(idle) = quinn::IdleTimeout::try_from(IDLE_TIMEOUT) {
+    if let Ok(idle) = quinn::IdleTimeout::try_from(QUIC_IDLE_TIMEOUT) {
         t.max_idle_timeout(Some(idle));
     }
     t
@@ -97,7 +99,8 @@ pub(crate) async fn serve<H: Send>(
 }
 
 /// Serves a connection's requests, each a future polled here, until the client closes
-/// it (or it idles out: requests still running then are dropped), or until the stop:
+/// it (or QUIC finds it gone: requests still running then are dropped), or until the stop
+/// or the idle timeout (no request open for [`IDLE_TIMEOUT`], as on every front end):
 /// then a GOAWAY says no request after those taken will be, those finish, and the
 /// connection is closed. A connection closed under them (by the client, by the
 /// upgrade) drops the requests still running. A client that cancels most of its
@@ -123,6 +126,9 @@ async fn requests(
     }
     let closed = quic.closed();
     tokio::pin!(closed);
+    // No request open for the idle timeout: closed as at a stop (GOAWAY, then the close).
+    let idle = tokio::time::sleep(IDLE_TIMEOUT);
+    tokio::pin!(idle);
     while !(stopping && running.is_empty()) {
         tokio::select! {
             accepted = h3.accept(), if !stopping => match accepted? {
@@ -135,6 +141,13 @@ async fn requests(
                     quic.close(EXCESSIVE_LOAD.into(), b"too many cancelled requests");
                     return Ok(());
                 }
+                if running.is_empty() {
+                    idle.as_mut().reset(tokio::time::Instant::now() + IDLE_TIMEOUT);
+                }
+            }
+            _ = &mut idle, if running.is_empty() && !stopping => {
+                stopping = true;
+                h3.shutdown(NEXT_REQUEST).await?;
             }
             _ = stop_rx.changed(), if !stopping => {
                 stopping = true;

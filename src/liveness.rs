@@ -4,7 +4,8 @@
 //!
 //! - the **idle timeout**: a connection with no request open for that long is closed
 //!   gracefully (`GOAWAY` on HTTP/2), and one that never opens a request (an HTTP/2
-//!   preface and nothing more) too;
+//!   preface and nothing more) too; HTTP/3 keeps the same [`IDLE_TIMEOUT`] in its own
+//!   loop (QUIC's connection has no socket for the watchdog to read);
 //! - the **send timeout**: a connection whose client takes no byte of an answer for that
 //!   long is closed at once, and the backend slots its requests held are freed;
 //! - a **grace** for a graceful close: a connection still open that long after one was
@@ -31,6 +32,11 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::watch;
+
+/// How long a client connection may have no request open before it is closed
+/// gracefully, on every front end: HTTP/1.1's keep-alive, HTTP/2 and HTTP/3 alike
+/// (`docs/operations.md`, "Limits").
+pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What a client connection is doing, as its requests, answers and socket report it.
 #[derive(Debug)]

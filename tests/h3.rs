@@ -249,6 +249,33 @@ async fn at_a_stop_an_h3_request_in_flight_finishes_and_its_connection_closes_cl
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_h3_connection_is_closed_with_goaway_after_the_idle_timeout() {
+    let pki = Pki::new("h3-idle");
+    pki.leaf("a", &["a.test"]);
+    let a = TestBackend::start("A");
+    let (_f, addr) = h3_fulcrum(&pki, "idle", &["--backend", &a.spec()]);
+    // Its client pings every second: QUIC's own idle timeout never fires, and a PING is
+    // not a request.
+    let ping = Some(Duration::from_secs(1));
+    let (mut h3, quic) = h3_connection_with(addr, "a.test", &pki.ca_der(), ping).await;
+    let t = std::time::Instant::now();
+    let (status, _, _) = h3_request(&mut h3, "GET", "https://a.test/one", None).await;
+    assert_eq!(status, 200);
+    let closed = tokio::time::timeout(Duration::from_secs(14), quic.closed()).await;
+    match closed {
+        Ok(quinn::ConnectionError::ApplicationClosed(c)) => {
+            assert_eq!(c.error_code.into_inner(), 0x100, "H3_NO_ERROR")
+        }
+        other => panic!("closed by fulcrum within the idle timeout: {other:?}"),
+    }
+    assert!(
+        t.elapsed() >= Duration::from_secs(9),
+        "not before it: {:?}",
+        t.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upgrade_hands_the_udp_socket_over_and_closes_open_quic_connections() {
     let pki = Pki::new("h3-upgrade");
     pki.leaf("a", &["a.test"]);

@@ -22,6 +22,17 @@ pub async fn h3_connection(
     name: &str,
     ca: &CertificateDer<'static>,
 ) -> (Sender, quinn::Connection) {
+    h3_connection_with(addr, name, ca, None).await
+}
+
+/// [`h3_connection`] whose client sends a QUIC PING every `ping` (a client that keeps
+/// its connection alive at the transport level without sending requests).
+pub async fn h3_connection_with(
+    addr: std::net::SocketAddr,
+    name: &str,
+    ca: &CertificateDer<'static>,
+    ping: Option<std::time::Duration>,
+) -> (Sender, quinn::Connection) {
     let mut roots = rustls::RootCertStore::empty();
     roots.add(ca.clone()).unwrap();
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -33,7 +44,11 @@ pub async fn h3_connection(
     tls.alpn_protocols = vec![b"h3".to_vec()];
     let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
     let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
-    endpoint.set_default_client_config(quinn::ClientConfig::new(Arc::new(crypto)));
+    let mut client = quinn::ClientConfig::new(Arc::new(crypto));
+    let mut transport = quinn::TransportConfig::default();
+    transport.keep_alive_interval(ping);
+    client.transport_config(Arc::new(transport));
+    endpoint.set_default_client_config(client);
     let conn = endpoint
         .connect(addr, name)
         .unwrap()
