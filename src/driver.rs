@@ -293,6 +293,9 @@ async fn tls_handshake(
     match tokio::time::timeout_at(by, acceptor.accept(stream)).await {
         Ok(Ok(tls)) => Some(tls),
         Ok(Err(e)) => {
+            if let Some(e) = e.get_ref().and_then(|e| e.downcast_ref::<rustls::Error>()) {
+                crate::mtls::note_handshake_error(e);
+            }
             tracing::debug!(error = %e, %peer, "TLS handshake failed");
             None
         }
@@ -384,7 +387,7 @@ impl ClientConn<'_> {
         self,
         stream: tokio::net::TcpStream,
         acceptor: crate::tls::Acceptor,
-        client: crate::proxy::Peer,
+        mut client: crate::proxy::Peer,
         held: Held,
     ) {
         let peer = client.addr;
@@ -394,6 +397,8 @@ impl ClientConn<'_> {
         let Some(tls) = tls_handshake(acceptor, stream, peer, by.to_tokio()).await else {
             return;
         };
+        // The identity every request on it carries (`docs/tls.md`, "Mutual TLS").
+        client.client_cert = crate::identity::ClientCert::of(tls.get_ref().1.peer_certificates());
         match tls.get_ref().1.alpn_protocol() {
             // The ACME CA checked the challenge certificate: nothing more is said.
             Some(crate::tls::ACME_TLS_ALPN) => return,

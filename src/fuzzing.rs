@@ -33,6 +33,11 @@ pub fn config(data: &[u8]) {
     crate::config::fuzz_config(data);
 }
 
+/// A client certificate's reading: its names, its dates, its XFCC value.
+pub fn certificate(data: &[u8]) {
+    crate::identity::fuzz_certificate(data);
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::Path;
@@ -62,5 +67,6 @@ mod tests {
         replay("chunked", super::chunked);
         replay("config", super::config);
         replay("route", super::route);
+        replay("certificate", super::certificate);
     }
 }

@@ -19,6 +19,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt as _};
 use http::Response;
 use http_body::{Body as _, Frame, SizeHint};
 use http_body_util::BodyExt as _;
+use rustls::pki_types::CertificateDer;
 
 use crate::liveness::{Stopping, IDLE_TIMEOUT};
 use crate::proxy::{BodyError, ClientBody, Peer, Proxy, RequestHead, RespBody, MAX_HEADER_BYTES};
@@ -86,16 +87,32 @@ pub(crate) async fn serve<H: Send>(
     let conn = match connected {
         Ok(c) => c,
         Err(e) => {
+            note_refused(&e);
             tracing::debug!(error = %e, peer = %peer_addr, "QUIC handshake failed");
             return;
         }
     };
-    let peer = Peer::new(peer_addr, local, true, -1);
+    let mut peer = Peer::new(peer_addr, local, true, -1);
+    // The identity every request on it carries (`docs/tls.md`, "Mutual TLS").
+    let chain = conn
+        .peer_identity()
+        .and_then(|id| id.downcast::<Vec<CertificateDer<'static>>>().ok());
+    peer.client_cert = crate::identity::ClientCert::of(chain.as_deref().map(Vec::as_slice));
     if let Err(e) = requests(conn, proxy, &peer, &stop).await {
         tracing::debug!(error = %e, peer = %peer_addr, "HTTP/3 connection ended with an error");
     }
     // The connection's slot (`max_connections`, its client's cap) is given back now.
     drop(held);
+}
+
+/// Counts a handshake refused for want of a client certificate: QUIC carries rustls's
+/// `certificate_required` alert (116) as a crypto error.
+fn note_refused(e: &quinn::ConnectionError) {
+    if let quinn::ConnectionError::TransportError(t) = e {
+        if t.code == quinn::TransportErrorCode::crypto(116) {
+            crate::mtls::note_missing();
+        }
+    }
 }
 
 /// Serves a connection's requests, each a future polled here, until the client closes

@@ -268,7 +268,23 @@ fn encode_proxy_wide(enc: &mut DescriptorEncoder, site: &Site) -> Result<(), std
         counter(enc, name, help, v.load(Relaxed))?;
     }
     encode_protocols(enc)?;
+    encode_client_auth(enc)?;
     encode_routing(enc, &site.routing())
+}
+
+/// Handshakes refused for their client certificate, by reason (`docs/tls.md`,
+/// "Mutual TLS").
+fn encode_client_auth(enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    let mut m = enc.encode_descriptor(
+        "fulcrum_tls_client_auth_failures",
+        "TLS handshakes refused for their client certificate: unknown_ca, expired, revoked, missing (required and not sent), other.",
+        None,
+        MetricType::Counter,
+    )?;
+    for (reason, n) in crate::mtls::REASONS.iter().zip(crate::mtls::failures()) {
+        ConstCounter::new(n).encode(m.encode_family(&[("reason", *reason)])?)?;
+    }
+    Ok(())
 }
 
 /// Requests by the client's protocol (`h1`, `h2`, `h3`).

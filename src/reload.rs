@@ -155,7 +155,7 @@ impl Reloader {
         // The certificates are read before anything changes: a bad one refuses the
         // whole reload, and the old ones stay.
         let certs = match (&self.tls, next.tls.listen.is_some()) {
-            (Some(tls), true) => Some(tls.prepare(&next.tls.certs).map_err(ReloadError::Invalid)?),
+            (Some(tls), true) => Some(tls.prepare(&next.tls).map_err(ReloadError::Invalid)?),
             _ => None,
         };
         // Before the pools: a pool's new `discover` asks the new servers.
@@ -179,6 +179,9 @@ impl Reloader {
         if let (Some(tls), Some(certs)) = (&self.tls, certs) {
             tls.install(certs);
         }
+        // Pools' client certificates at the same paths, renewed since (the new
+        // configuration checked them).
+        crate::transport::reread_client_certs();
         tracing::info!(
             added = ?report.added,
             removed = ?report.removed,

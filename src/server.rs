@@ -797,7 +797,7 @@ fn https_listeners(
     if settings.tls.listen.is_none() || sockets.is_empty() {
         return Ok((Vec::new(), None, None));
     }
-    let tls = Arc::new(crate::tls::Tls::new(&settings.tls.certs, obtained)?);
+    let tls = Arc::new(crate::tls::Tls::new(&settings.tls, obtained)?);
     let addr = sockets[0]
         .local_addr()
         .map_err(|e| format!("https listener: {e}"))?;

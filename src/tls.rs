@@ -5,16 +5,23 @@
 //! one current when it starts, so new handshakes get new certificates and open
 //! connections keep theirs. The session-ticket key and the session cache outlive a
 //! reload, so a client resumes across it (nginx and HAProxy keep theirs the same way).
+//! Client certificates (`[tls.client_auth]`) are asked for by one verifier
+//! (`mtls::LiveVerifier`) that every configuration, TCP's and QUIC's, holds, and that a
+//! reload swaps the inside of.
 
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
+use rustls::pki_types::CertificateDer;
+use rustls::server::danger::ClientCertVerifier;
 use rustls::server::{ClientHello, ProducesTickets, ResolvesServerCert, StoresServerSessions};
 use rustls::sign::CertifiedKey;
 use rustls::ServerConfig;
 
+use crate::config::client_auth;
 use crate::config::pem::read_cert;
-use crate::config::tls::CertPaths;
+use crate::config::tls::{CertPaths, TlsSettings};
+use crate::mtls::{ClientAuth, LiveVerifier};
 use crate::obtained::Obtained;
 use crate::x509::CertInfo;
 
@@ -39,14 +46,16 @@ struct Served {
 /// One certificate as `GET /admin/certificates` lists it.
 #[derive(Debug, Clone, serde::Serialize, PartialEq)]
 pub(crate) struct CertView {
-    /// The DNS names it is for.
+    /// The DNS names it is for (a client CA: its subject; a pool's client certificate:
+    /// its DNS names, else its subject).
     pub(crate) names: Vec<String>,
     /// Its expiry, RFC 3339.
     pub(crate) not_after: String,
     /// Its issuer's common name.
     pub(crate) issuer: String,
-    /// `file` (`[[tls.certs]]`, `--tls-cert`) or `acme`.
-    pub(crate) source: &'static str,
+    /// `file` (`[[tls.certs]]`, `--tls-cert`), `acme`, `client_ca` (`[tls.client_auth]`)
+    /// or `pool:NAME` (a pool's `tls_client_cert`).
+    pub(crate) source: String,
     /// When it is renewed, RFC 3339 (ACME only).
     pub(crate) renew_at: Option<String>,
 }
@@ -56,14 +65,26 @@ fn rfc3339(t: std::time::SystemTime) -> String {
 }
 
 impl CertView {
-    fn new(names: &[String], info: &CertInfo, source: &'static str) -> CertView {
+    fn new(names: &[String], info: &CertInfo, source: &str) -> CertView {
         CertView {
             names: names.to_vec(),
             not_after: rfc3339(info.not_after),
             issuer: info.issuer.clone(),
-            source,
+            source: source.to_string(),
             renew_at: None,
         }
+    }
+
+    /// The DER certificate `der` as listed under `source`, named by its DNS names, else
+    /// by its subject; `None` when it does not parse.
+    pub(crate) fn of_der(der: &[u8], source: &str) -> Option<CertView> {
+        let info = CertInfo::read(der)?;
+        let names = crate::x509::Names::read(der)?;
+        let shown = match names.dns.is_empty() {
+            true => vec![names.subject],
+            false => names.dns,
+        };
+        Some(CertView::new(&shown, &info, source))
     }
 }
 
@@ -136,38 +157,79 @@ pub(crate) struct Tls {
     /// The resolver inside `config`: for the ACME check before a handshake, and for
     /// QUIC's configuration, which reads it at each handshake ([`LiveSni`]).
     files: Arc<ArcSwap<BySni>>,
-    /// The file certificates of `config`, as listed.
+    /// With ACME: `config` without client certificates, for `acme-tls/1` handshakes.
+    acme_config: ArcSwapOption<ServerConfig>,
+    /// The file certificates of `config` and the client CAs, as listed.
     listed: ArcSwap<Vec<CertView>>,
     ticketer: Arc<dyn ProducesTickets>,
     sessions: Arc<dyn StoresServerSessions>,
     obtained: Option<Arc<Obtained>>,
+    /// `[tls.client_auth]`'s verifier, asked by every handshake, TCP or QUIC.
+    verifier: Arc<LiveVerifier>,
 }
 
 /// A configuration read by [`Tls::prepare`], for [`Tls::install`].
 pub(crate) struct Prepared {
     config: Arc<ServerConfig>,
+    /// With ACME: the same without client certificates, for `acme-tls/1` handshakes.
+    acme_config: Option<Arc<ServerConfig>>,
     sni: Arc<BySni>,
     listed: Vec<CertView>,
+    client_auth: Option<ClientAuth>,
+    /// The client CA bundle, as `GET /admin/certificates` lists it.
+    client_cas: Vec<CertView>,
 }
 
-/// The configuration for `certs` (and ACME's certificate), with its resolver and list.
-fn prepare(
-    certs: &[CertPaths],
-    obtained: &Option<Arc<Obtained>>,
-    ticketer: &Arc<dyn ProducesTickets>,
-    sessions: &Arc<dyn StoresServerSessions>,
-) -> Result<Prepared, String> {
-    let (served, listed) = read_certs(certs)?;
+/// What one [`Tls`] keeps across reloads: its session keys, ACME's certificate and the
+/// client certificate verifier.
+struct Kept<'a> {
+    obtained: &'a Option<Arc<Obtained>>,
+    ticketer: &'a Arc<dyn ProducesTickets>,
+    sessions: &'a Arc<dyn StoresServerSessions>,
+    verifier: &'a Arc<LiveVerifier>,
+}
+
+/// The configuration for `settings`' certificates (and ACME's), with its resolver and
+/// list, and its client certificate verifier.
+fn prepare(settings: &TlsSettings, kept: Kept<'_>) -> Result<Prepared, String> {
+    let (served, listed) = read_certs(&settings.certs)?;
+    let (client_auth, client_cas) = match &settings.client_auth {
+        Some(a) => {
+            let files = client_auth::load(a).map_err(|e| format!("{}: {e}", a.origin))?;
+            let cas = ca_views(&files.cas);
+            (Some(ClientAuth::new(a, files)?), cas)
+        }
+        None => (None, Vec::new()),
+    };
     let sni = Arc::new(BySni {
         certs: served,
-        obtained: obtained.clone(),
+        obtained: kept.obtained.clone(),
     });
-    let config = server_config(Arc::clone(&sni), ticketer, sessions)?;
+    let verifier = Arc::clone(kept.verifier) as Arc<dyn ClientCertVerifier>;
+    let config = server_config(Arc::clone(&sni), &kept, Some(verifier))?;
+    let acme_config = match kept.obtained {
+        Some(_) => Some(Arc::new(server_config(Arc::clone(&sni), &kept, None)?)),
+        None => None,
+    };
     Ok(Prepared {
         config: Arc::new(config),
+        acme_config,
         sni,
         listed,
+        client_auth,
+        client_cas,
     })
+}
+
+/// The client CA bundle's certificates as listed: each CA by its subject.
+fn ca_views(cas: &[CertificateDer<'static>]) -> Vec<CertView> {
+    cas.iter()
+        .filter_map(|der| {
+            let info = CertInfo::read(der)?;
+            let subject = crate::x509::Names::read(der)?.subject;
+            Some(CertView::new(&[subject], &info, "client_ca"))
+        })
+        .collect()
 }
 
 impl std::fmt::Debug for Tls {
@@ -177,34 +239,64 @@ impl std::fmt::Debug for Tls {
 }
 
 impl Tls {
-    /// Loads `certs` (the default first), beside ACME's certificate when there is one.
-    pub(crate) fn new(certs: &[CertPaths], obtained: Option<Arc<Obtained>>) -> Result<Tls, String> {
+    /// Loads `settings`' certificates (the default first), beside ACME's certificate
+    /// when there is one, and its client certificate verifier.
+    pub(crate) fn new(
+        settings: &TlsSettings,
+        obtained: Option<Arc<Obtained>>,
+    ) -> Result<Tls, String> {
         let ticketer = rustls::crypto::ring::Ticketer::new()
             .map_err(|e| format!("cannot make a session-ticket key: {e}"))?;
         let sessions: Arc<dyn StoresServerSessions> =
             rustls::server::ServerSessionMemoryCache::new(SESSION_CACHE);
-        let first = prepare(certs, &obtained, &ticketer, &sessions)?;
-        Ok(Tls {
-            config: ArcSwap::new(first.config),
-            files: Arc::new(ArcSwap::new(first.sni)),
-            listed: ArcSwap::from_pointee(first.listed),
+        let verifier = Arc::new(LiveVerifier::default());
+        let kept = Kept {
+            obtained: &obtained,
+            ticketer: &ticketer,
+            sessions: &sessions,
+            verifier: &verifier,
+        };
+        let first = prepare(settings, kept)?;
+        let tls = Tls {
+            config: ArcSwap::new(Arc::clone(&first.config)),
+            acme_config: ArcSwapOption::empty(),
+            files: Arc::new(ArcSwap::new(Arc::clone(&first.sni))),
+            listed: ArcSwap::default(),
             ticketer,
             sessions,
             obtained,
-        })
+            verifier,
+        };
+        tls.install(first);
+        Ok(tls)
     }
 
-    /// Reads `certs` again into a configuration for [`Self::install`]; the current one
-    /// stays in force until then, and on an error.
-    pub(crate) fn prepare(&self, certs: &[CertPaths]) -> Result<Prepared, String> {
-        prepare(certs, &self.obtained, &self.ticketer, &self.sessions)
+    /// Reads `settings`' certificates and client CAs again into a configuration for
+    /// [`Self::install`]; the current one stays in force until then, and on an error.
+    pub(crate) fn prepare(&self, settings: &TlsSettings) -> Result<Prepared, String> {
+        let kept = Kept {
+            obtained: &self.obtained,
+            ticketer: &self.ticketer,
+            sessions: &self.sessions,
+            verifier: &self.verifier,
+        };
+        prepare(settings, kept)
     }
 
     /// Serves `prepared` from the next handshake on; open connections keep theirs.
     pub(crate) fn install(&self, prepared: Prepared) {
+        self.verifier.set(prepared.client_auth);
         self.config.store(prepared.config);
+        self.acme_config.store(prepared.acme_config);
         self.files.store(prepared.sni);
-        self.listed.store(Arc::new(prepared.listed));
+        let mut listed = prepared.listed;
+        listed.extend(prepared.client_cas);
+        self.listed.store(Arc::new(listed));
+    }
+
+    /// Whether handshakes ask for client certificates.
+    pub(crate) fn asks_client_certs(&self) -> bool {
+        self.verifier.is_on()
     }
 
     /// The TLS of QUIC (HTTP/3): TLS 1.3 only, ALPN `h3`, no early data (0-RTT off),
@@ -218,7 +310,7 @@ impl Tls {
         let mut config = ServerConfig::builder_with_provider(provider)
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(|e| format!("QUIC: {e}"))?
-            .with_no_client_auth()
+            .with_client_cert_verifier(Arc::clone(&self.verifier) as Arc<dyn ClientCertVerifier>)
             .with_cert_resolver(Arc::new(LiveSni(Arc::clone(&self.files))));
         config.alpn_protocols = vec![b"h3".to_vec()];
         config.ticketer = rustls::crypto::ring::Ticketer::new()
@@ -244,10 +336,11 @@ impl Tls {
     pub(crate) fn acceptor(&self) -> Acceptor {
         Acceptor {
             config: self.config.load_full(),
-            acme: self
-                .obtained
-                .as_ref()
-                .map(|o| (Arc::clone(o), self.files.load_full())),
+            acme: self.obtained.as_ref().map(|o| AcmeParts {
+                obtained: Arc::clone(o),
+                files: self.files.load_full(),
+                plain: self.acme_config.load_full(),
+            }),
         }
     }
 }
@@ -277,8 +370,17 @@ const UNRECOGNIZED_NAME: [u8; 7] = [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x70];
 /// One handshake's configuration.
 pub(crate) struct Acceptor {
     config: Arc<ServerConfig>,
-    /// With ACME: its certificate, and the file certificates (which win for their names).
-    acme: Option<(Arc<Obtained>, Arc<BySni>)>,
+    acme: Option<AcmeParts>,
+}
+
+/// What a handshake needs with ACME on.
+struct AcmeParts {
+    /// ACME's certificate.
+    obtained: Arc<Obtained>,
+    /// The file certificates, which win for their names.
+    files: Arc<BySni>,
+    /// The configuration without client certificates, for the CA's `acme-tls/1` check.
+    plain: Option<Arc<ServerConfig>>,
 }
 
 impl Acceptor {
@@ -292,7 +394,12 @@ impl Acceptor {
         self,
         stream: tokio::net::TcpStream,
     ) -> std::io::Result<tokio_rustls::server::TlsStream<tokio::net::TcpStream>> {
-        let Some((obtained, files)) = self.acme else {
+        let Some(AcmeParts {
+            obtained,
+            files,
+            plain,
+        }) = self.acme
+        else {
             return tokio_rustls::TlsAcceptor::from(self.config)
                 .accept(stream)
                 .await;
@@ -315,8 +422,13 @@ impl Acceptor {
                 "no certificate issued yet for the name",
             ));
         }
+        // The CA's check is never asked for a client certificate.
+        let config = match (acme, plain) {
+            (true, Some(plain)) => plain,
+            _ => self.config,
+        };
         tokio_rustls::StartHandshake::from_parts(accepted, stream)
-            .into_stream(self.config)
+            .into_stream(config)
             .await
     }
 }
@@ -356,22 +468,25 @@ async fn read_hello(
 /// http/1.1 (and `acme-tls/1` with ACME), tickets and the session cache.
 fn server_config(
     sni: Arc<BySni>,
-    ticketer: &Arc<dyn ProducesTickets>,
-    sessions: &Arc<dyn StoresServerSessions>,
+    kept: &Kept<'_>,
+    verifier: Option<Arc<dyn ClientCertVerifier>>,
 ) -> Result<ServerConfig, String> {
     let acme = sni.obtained.is_some();
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = ServerConfig::builder_with_provider(provider)
+    let builder = ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-        .map_err(|e| format!("TLS: {e}"))?
-        .with_no_client_auth()
-        .with_cert_resolver(sni);
+        .map_err(|e| format!("TLS: {e}"))?;
+    let builder = match verifier {
+        Some(v) => builder.with_client_cert_verifier(v),
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder.with_cert_resolver(sni);
     config.alpn_protocols = ALPN.iter().map(|p| p.to_vec()).collect();
     if acme {
         config.alpn_protocols.push(ACME_TLS_ALPN.to_vec());
     }
-    config.ticketer = Arc::clone(ticketer);
-    config.session_storage = Arc::clone(sessions);
+    config.ticketer = Arc::clone(kept.ticketer);
+    config.session_storage = Arc::clone(kept.sessions);
     Ok(config)
 }
 

@@ -138,11 +138,18 @@ fn system_roots() -> &'static [CertificateDer<'static>] {
 
 /// The client configuration for `settings`, made once per distinct setting (the CA
 /// file is read when the first pool with it is made; `tls_ca_file` is fixed until a
-/// restart).
+/// restart; a client certificate is read again on every reload,
+/// [`reread_client_certs`]).
 pub(crate) fn client_config(settings: &BackendTransport) -> Arc<ClientConfig> {
-    type Key = (Option<PathBuf>, bool, Protocol);
+    type Key = (Option<PathBuf>, bool, Protocol, Option<(PathBuf, PathBuf)>);
     static MADE: OnceLock<Mutex<HashMap<Key, Arc<ClientConfig>>>> = OnceLock::new();
-    let key = (settings.ca_file.clone(), settings.verify, settings.protocol);
+    let pair = settings.client_pair().map(|c| (c.cert, c.key));
+    let key = (
+        settings.ca_file.clone(),
+        settings.verify,
+        settings.protocol,
+        pair,
+    );
     let mut made = MADE
         .get_or_init(Default::default)
         .lock()
@@ -175,18 +182,104 @@ fn build_client_config(settings: &BackendTransport) -> ClientConfig {
                 "root certificates that could not be parsed were ignored"
             );
         }
-        builder.with_root_certificates(roots).with_no_client_auth()
+        with_client_cert(builder.with_root_certificates(roots), settings)
     } else {
-        builder
+        let builder = builder
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(Unverified(provider)))
-            .with_no_client_auth()
+            .with_custom_certificate_verifier(Arc::new(Unverified(provider)));
+        with_client_cert(builder, settings)
     };
     config.alpn_protocols = match settings.protocol {
         Protocol::H2 => vec![b"h2".to_vec()],
         Protocol::Http1 => vec![b"http/1.1".to_vec()],
     };
     config
+}
+
+/// The configuration presenting the pool's `tls_client_cert`, if it has one.
+fn with_client_cert(
+    builder: rustls::ConfigBuilder<ClientConfig, rustls::client::WantsClientCert>,
+    settings: &BackendTransport,
+) -> ClientConfig {
+    match settings.client_pair().and_then(|pair| PoolCert::of(&pair)) {
+        Some(cert) => builder.with_client_cert_resolver(cert),
+        None => builder.with_no_client_auth(),
+    }
+}
+
+/// A pool's client certificate (`tls_client_cert` and `tls_client_key`): read when the
+/// first pool with it is made, and again on every reload (the configuration checked
+/// the pair first), so a renewed certificate at the same paths is presented from the
+/// next handshake on.
+#[derive(Debug)]
+struct PoolCert {
+    paths: crate::config::pem::CertPaths,
+    current: arc_swap::ArcSwap<rustls::sign::CertifiedKey>,
+}
+
+/// Pool client certificates by their paths (chain, key).
+type PoolCerts = HashMap<(PathBuf, PathBuf), Arc<PoolCert>>;
+
+/// Every pool client certificate made.
+fn pool_certs() -> &'static Mutex<PoolCerts> {
+    static MADE: OnceLock<Mutex<PoolCerts>> = OnceLock::new();
+    MADE.get_or_init(Default::default)
+}
+
+impl PoolCert {
+    /// The certificate at `paths`, shared by every configuration that names them;
+    /// `None` (logged) when it cannot be read.
+    fn of(paths: &crate::config::pem::CertPaths) -> Option<Arc<PoolCert>> {
+        let mut made = pool_certs().lock().unwrap_or_else(|e| e.into_inner());
+        let key = (paths.cert.clone(), paths.key.clone());
+        if let Some(c) = made.get(&key) {
+            return Some(Arc::clone(c));
+        }
+        let (_, certified) = crate::config::pem::read_cert(paths)
+            .map_err(|e| tracing::error!("tls_client_cert: {e}"))
+            .ok()?;
+        let cert = Arc::new(PoolCert {
+            paths: paths.clone(),
+            current: arc_swap::ArcSwap::new(certified),
+        });
+        made.insert(key, Arc::clone(&cert));
+        Some(cert)
+    }
+}
+
+impl rustls::client::ResolvesClientCert for PoolCert {
+    fn resolve(
+        &self,
+        _root_hint_subjects: &[&[u8]],
+        _sigschemes: &[rustls::SignatureScheme],
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        Some(self.current.load_full())
+    }
+
+    fn has_certs(&self) -> bool {
+        true
+    }
+}
+
+/// Reads every pool client certificate again (a reload): one that cannot be read now
+/// keeps the one in use, with an error logged.
+pub(crate) fn reread_client_certs() {
+    let made = pool_certs().lock().unwrap_or_else(|e| e.into_inner());
+    for cert in made.values() {
+        match crate::config::pem::read_cert(&cert.paths) {
+            Ok((_, certified)) => cert.current.store(certified),
+            Err(e) => tracing::error!("tls_client_cert: {e}; the one read before is kept"),
+        }
+    }
+}
+
+/// The leaf of the client certificate at `paths` as presented now.
+pub(crate) fn client_cert_leaf(
+    paths: &crate::config::pem::CertPaths,
+) -> Option<CertificateDer<'static>> {
+    let cert = PoolCert::of(paths)?;
+    let leaf = cert.current.load().cert.first()?.clone();
+    Some(leaf)
 }
 
 /// `tls_verify = false`: any certificate for any name is taken; the handshake's

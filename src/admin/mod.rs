@@ -226,14 +226,21 @@ fn views(pool: &Pool) -> Vec<BackendView> {
     pool.backends().iter().map(|b| BackendView::of(b)).collect()
 }
 
-/// `GET /admin/certificates`: every certificate the HTTPS listener serves.
+/// `GET /admin/certificates`: every certificate the HTTPS listener serves, the client
+/// CA bundle, and each pool's client certificate.
 async fn certificates(State(ctx): State<AdminCtx>) -> Json<Vec<crate::tls::CertView>> {
-    Json(
-        ctx.reloader
-            .tls()
-            .map(|t| t.certificates())
-            .unwrap_or_default(),
-    )
+    let mut list = (ctx.reloader.tls())
+        .map(|t| t.certificates())
+        .unwrap_or_default();
+    for pool in ctx.site.pools() {
+        let Some(pair) = pool.settings.transport.client_pair() else {
+            continue;
+        };
+        let source = format!("pool:{}", pool.name);
+        let leaf = crate::transport::client_cert_leaf(&pair);
+        list.extend(leaf.and_then(|der| crate::tls::CertView::of_der(&der, &source)));
+    }
+    Json(list)
 }
 
 async fn get_strategy(State(ctx): State<AdminCtx>) -> ApiResult<Json<serde_json::Value>> {

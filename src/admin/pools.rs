@@ -266,6 +266,14 @@ pub(crate) async fn set_routes(
                 .map_err(|e| ApiError::bad(format!("route {i}: {e}")))
         })
         .collect::<ApiResult<Vec<_>>>()?;
+    let verifies = ctx.reloader.tls().is_some_and(|t| t.asks_client_certs());
+    if let Some(i) = specs.iter().position(|r| r.policies.client_cert.is_some()) {
+        if !verifies {
+            return Err(ApiError::bad(format!(
+                "route {i}: client_cert needs [tls.client_auth]: no client certificate is verified without it"
+            )));
+        }
+    }
     match &ctx.fleet {
         Some(f) => f.set_routes(&specs).await?,
         None => ctx.site.set_routes(specs)?,

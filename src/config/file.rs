@@ -59,6 +59,10 @@ fn apply_document(s: &mut Settings, c: &mut Collector<'_>) {
         }
     }
     file_pools::check_layout(c, &layout);
+    if let (Some(at), None) = (layout.client_cert_at, &s.tls.client_auth) {
+        let msg = "it needs [tls.client_auth]: no client certificate is verified without it";
+        c.push(at, Some("routes.client_cert"), msg.into());
+    }
 }
 
 fn unknown_key(key: &str) -> String {

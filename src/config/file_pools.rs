@@ -39,6 +39,8 @@ pub(super) struct Layout {
     pub(super) pools: Vec<(String, usize)>,
     /// Each route's pool and where it is named.
     pub(super) routes: Vec<(String, usize)>,
+    /// The first route's `client_cert`, which needs `[tls.client_auth]`.
+    pub(super) client_cert_at: Option<usize>,
 }
 
 /// The `[[pools]]` list: each entry becomes a [`PoolDraft`].
@@ -211,6 +213,12 @@ pub(super) fn apply_routes(
             continue;
         };
         let at = entry.span().start;
+        if let Some((_, v)) = table
+            .iter()
+            .find(|(k, _)| k.get_ref().as_ref() == "client_cert")
+        {
+            layout.client_cert_at = layout.client_cert_at.or(Some(v.span().start));
+        }
         let (text, named) = read_route(c, at, table);
         // A route with a bad value still names its pool: that pool is not "unreached".
         if let Some(named) = named {

@@ -6,6 +6,7 @@
 //! the option, the value, and (where there is a list) the valid values.
 
 pub(crate) mod acme;
+pub(crate) mod client_auth;
 mod collector;
 pub mod compress;
 pub(crate) mod discover;
@@ -192,6 +193,21 @@ pub(crate) struct BackendTransport {
     pub(crate) verify: bool,
     /// `send_proxy_protocol`: the PROXY header sent on each new connection.
     pub(crate) send_proxy: Option<crate::proxy_protocol::Version>,
+    /// `tls_client_cert`: the chain presented to `https://` backends that ask for one.
+    pub(crate) client_cert: Option<PathBuf>,
+    /// `tls_client_key`: its private key.
+    pub(crate) client_key: Option<PathBuf>,
+}
+
+impl BackendTransport {
+    /// The client certificate and its key, when both are set.
+    pub(crate) fn client_pair(&self) -> Option<pem::CertPaths> {
+        Some(pem::CertPaths {
+            cert: self.client_cert.clone()?,
+            key: self.client_key.clone()?,
+            origin: "tls_client_cert".into(),
+        })
+    }
 }
 
 impl Default for BackendTransport {
@@ -201,6 +217,8 @@ impl Default for BackendTransport {
             ca_file: None,
             verify: true,
             send_proxy: None,
+            client_cert: None,
+            client_key: None,
         }
     }
 }
@@ -540,6 +558,31 @@ fn check_store(s: &Settings, flags: &RawFlags, errors: &mut Vec<ConfigError>) {
 }
 
 /// Checks that concern several settings at once.
+/// A pool's `tls_client_cert` and `tls_client_key`: both or neither, a chain and the key
+/// that belongs to it.
+fn check_client_pair(p: &PoolSpec, errors: &mut Vec<ConfigError>) {
+    let t = &p.settings.transport;
+    let (origin, message) = match (&t.client_cert, &t.client_key) {
+        (None, None) => return,
+        (Some(_), None) => (
+            "tls_client_cert",
+            "it needs tls_client_key FILE".to_string(),
+        ),
+        (None, Some(_)) => (
+            "tls_client_key",
+            "it needs tls_client_cert FILE".to_string(),
+        ),
+        (Some(_), Some(_)) => match t.client_pair().map(|c| pem::load_cert(&c)) {
+            Some(Err(e)) => ("tls_client_key", e),
+            _ => return,
+        },
+    };
+    errors.push(ConfigError {
+        origin: format!("pool '{}': {origin}", p.name),
+        message,
+    });
+}
+
 fn check_whole(s: &Settings, flags: &RawFlags, errors: &mut Vec<ConfigError>) {
     // Each worker has a plain socket, a TLS one with tls_listen, a UDP one with http3.
     let per_worker = 1
@@ -568,6 +611,7 @@ fn check_whole(s: &Settings, flags: &RawFlags, errors: &mut Vec<ConfigError>) {
                 message: "a PROXY header names one client per connection, and protocol = \"h2\" shares connections between clients: use protocol = \"http1\" with it".into(),
             });
         }
+        check_client_pair(p, errors);
         if let Some(ca) = &p.settings.transport.ca_file {
             if let Err(message) = pem::read_ca_file(ca) {
                 errors.push(ConfigError {

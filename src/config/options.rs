@@ -553,6 +553,28 @@ pub(crate) static OPTIONS: &[Opt] = &[
         reload: pool_restart!("tls_ca_file", transport.ca_file),
     },
     Opt {
+        key: "tls_client_cert",
+        table_key: None,
+        value_name: "FILE",
+        help: "Certificate chain (PEM) presented to https:// backends that ask for a client certificate (with tls_client_key)",
+        default: None,
+        default_text: None,
+        file_type: FileType::Str,
+        set: |s, v| non_empty_path(v).map(|p| s.pool.transport.client_cert = Some(p)),
+        reload: pool_restart!("tls_client_cert", transport.client_cert),
+    },
+    Opt {
+        key: "tls_client_key",
+        table_key: None,
+        value_name: "FILE",
+        help: "The private key (PEM) of tls_client_cert",
+        default: None,
+        default_text: None,
+        file_type: FileType::Str,
+        set: |s, v| non_empty_path(v).map(|p| s.pool.transport.client_key = Some(p)),
+        reload: pool_restart!("tls_client_key", transport.client_key),
+    },
+    Opt {
         key: "tls_verify",
         table_key: None,
         value_name: "on|off",
@@ -871,6 +893,6 @@ mod tests {
         );
         assert!(!find("listen").unwrap().per_pool());
         assert!(pool_options().all(|o| o.per_pool()));
-        assert_eq!(pool_options().count(), 31);
+        assert_eq!(pool_options().count(), 33);
     }
 }

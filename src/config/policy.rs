@@ -3,7 +3,7 @@
 //! store's JSON all come down to a JSON value per key, checked here, so each key has
 //! one parser and one message.
 //!
-//! Today: `redirect`, `rate_limit`, `basic_auth`, `request_headers`,
+//! Today: `redirect`, `rate_limit`, `client_cert`, `basic_auth`, `request_headers`,
 //! `response_headers`, `compress` and `compress_types`.
 
 use std::time::Duration;
@@ -12,11 +12,13 @@ use http::header::{HeaderName, HeaderValue};
 use serde_json::{Map, Value};
 
 pub(crate) use super::compress::Coding;
+use crate::identity::San;
 
 /// The policy keys a route takes.
-pub(crate) const KEYS: [&str; 7] = [
+pub(crate) const KEYS: [&str; 8] = [
     "redirect",
     "rate_limit",
+    "client_cert",
     "basic_auth",
     "request_headers",
     "response_headers",
@@ -31,6 +33,8 @@ pub(crate) struct Policies {
     pub(crate) redirect: Option<Redirect>,
     /// Requests per key and time, over which a request is answered `429`.
     pub(crate) rate_limit: Option<RateLimit>,
+    /// A verified client certificate, with one of these names: else `403`.
+    pub(crate) client_cert: Option<ClientCertRule>,
     /// Users and their bcrypt hashes: a request without good credentials gets `401`.
     pub(crate) basic_auth: Option<BasicAuth>,
     /// Fields set or removed on the way to the backend.
@@ -48,6 +52,7 @@ impl Policies {
     pub(crate) fn is_empty(&self) -> bool {
         self.redirect.is_none()
             && self.rate_limit.is_none()
+            && self.client_cert.is_none()
             && self.basic_auth.is_none()
             && self.request_headers.is_none()
             && self.response_headers.is_none()
@@ -61,6 +66,7 @@ impl Policies {
         match key {
             "redirect" => self.redirect = Some(Redirect::from_json(v)?),
             "rate_limit" => self.rate_limit = Some(RateLimit::from_json(v)?),
+            "client_cert" => self.client_cert = Some(ClientCertRule::from_json(v)?),
             "basic_auth" => self.basic_auth = Some(BasicAuth::from_json(v)?),
             "request_headers" => self.request_headers = Some(HeaderEdits::from_json(key, v)?),
             "response_headers" => self.response_headers = Some(HeaderEdits::from_json(key, v)?),
@@ -86,6 +92,9 @@ impl Policies {
         if let Some(r) = &self.rate_limit {
             out.push(("rate_limit", r.to_json()));
         }
+        if let Some(c) = &self.client_cert {
+            out.push(("client_cert", c.to_json()));
+        }
         if let Some(a) = &self.basic_auth {
             out.push(("basic_auth", a.to_json()));
         }
@@ -103,6 +112,48 @@ impl Policies {
             out.push(("compress_types", Value::Array(types.collect())));
         }
         out
+    }
+}
+
+/// A route's client certificate rule (`docs/tls.md`, "Mutual TLS"): the connection must
+/// carry a certificate `[tls.client_auth]` verified and, when `sans` has entries, one of
+/// its URI or DNS names must be one of them (exactly, or below a `*.SUFFIX`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ClientCertRule {
+    /// The names taken; empty: any verified certificate.
+    pub(crate) sans: Vec<San>,
+}
+
+impl ClientCertRule {
+    fn from_json(v: &Value) -> Result<ClientCertRule, String> {
+        let Some(table) = v.as_object() else {
+            return Err("client_cert: expected a table such as { sans = [\"spiffe://prod.example/web\", \"*.svc.example\"] } or {}".into());
+        };
+        let mut sans = Vec::new();
+        for (k, v) in table {
+            if k != "sans" {
+                return Err(format!("unknown key 'client_cert.{k}' (valid: sans)"));
+            }
+            let list = v
+                .as_array()
+                .ok_or("client_cert.sans: expected a list of strings")?;
+            for item in list {
+                let text = item
+                    .as_str()
+                    .ok_or("client_cert.sans: expected a list of strings")?;
+                sans.push(San::parse(text).map_err(|e| format!("client_cert.sans: {e}"))?);
+            }
+        }
+        Ok(ClientCertRule { sans })
+    }
+
+    fn to_json(&self) -> Value {
+        let mut m = Map::new();
+        if !self.sans.is_empty() {
+            let sans = self.sans.iter().map(|s| Value::from(s.to_text()));
+            m.insert("sans".into(), Value::Array(sans.collect()));
+        }
+        Value::Object(m)
     }
 }
 

@@ -264,6 +264,9 @@ pub(crate) struct RouteView {
     /// Requests per key and time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     rate_limit: Option<serde_json::Value>,
+    /// The client certificate it asks for (`docs/tls.md`, "Mutual TLS").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    client_cert: Option<serde_json::Value>,
     /// Its realm and users file (never the file's content).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     basic_auth: Option<serde_json::Value>,
@@ -307,6 +310,7 @@ impl RouteView {
             strip_path_prefix: r.strip_path_prefix,
             redirect: None,
             rate_limit: None,
+            client_cert: None,
             basic_auth: None,
             request_headers: None,
             response_headers: None,
@@ -331,6 +335,7 @@ impl RouteView {
             match key {
                 "redirect" => self.redirect = Some(v),
                 "rate_limit" => self.rate_limit = Some(v),
+                "client_cert" => self.client_cert = Some(v),
                 "basic_auth" => self.basic_auth = Some(v),
                 "request_headers" => self.request_headers = Some(v),
                 "response_headers" => self.response_headers = Some(v),
@@ -347,6 +352,7 @@ impl RouteView {
         for (key, v) in [
             ("redirect", &self.redirect),
             ("rate_limit", &self.rate_limit),
+            ("client_cert", &self.client_cert),
             ("basic_auth", &self.basic_auth),
             ("request_headers", &self.request_headers),
             ("response_headers", &self.response_headers),

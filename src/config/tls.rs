@@ -1,6 +1,7 @@
 //! TLS termination settings (`docs/tls.md`): `tls_listen`, the certificates
-//! (`[[tls.certs]]` in the file, `--tls-cert`/`--tls-key` on the command line) and
-//! `redirect_https`, checked together once every layer is applied.
+//! (`[[tls.certs]]` in the file, `--tls-cert`/`--tls-key` on the command line),
+//! `redirect_https` and `[tls.client_auth]`, checked together once every layer is
+//! applied.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -25,6 +26,8 @@ pub(crate) struct TlsSettings {
     pub(crate) acme: Option<super::acme::AcmeSettings>,
     /// `http3`: QUIC and HTTP/3 on `listen`'s port, over UDP.
     pub(crate) http3: bool,
+    /// `[tls.client_auth]`: client certificates verified against these CAs.
+    pub(crate) client_auth: Option<super::client_auth::ClientAuthSettings>,
 }
 
 /// Puts the command line's certificate first and checks the settings against each
@@ -88,6 +91,14 @@ pub(crate) fn finish(s: &mut Settings, errors: &mut Vec<ConfigError>) {
             errors.push(err(&c.origin, e));
         }
     }
+    if let Some(auth) = &t.client_auth {
+        if t.listen.is_none() {
+            let msg = "it needs tls_listen: client certificates come in TLS handshakes";
+            errors.push(err(&auth.origin, msg.into()));
+        } else if let Err(e) = super::client_auth::load(auth) {
+            errors.push(err(&auth.origin, e));
+        }
+    }
 }
 
 /// The file's `[tls]` table: `certs`, a list of `{ cert, key }` (`[[tls.certs]]`).
@@ -110,6 +121,7 @@ pub(super) fn read_table(
                 }
             }
             "acme" => s.tls.acme = super::acme::read_table(c, v),
+            "client_auth" => s.tls.client_auth = super::client_auth::read_table(c, v),
             "http3" => {
                 let on = c.text_of(v, super::options::FileType::Switch, "tls.http3");
                 match on.map(|t| super::values::parse_on_off(&t)) {
@@ -121,7 +133,7 @@ pub(super) fn read_table(
             k => c.push(
                 key.span().start,
                 None,
-                format!("unknown key 'tls.{k}' (valid: tls.certs, tls.acme, tls.http3)"),
+                format!("unknown key 'tls.{k}' (valid: tls.certs, tls.acme, tls.client_auth, tls.http3)"),
             ),
         }
     }

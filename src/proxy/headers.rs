@@ -165,7 +165,15 @@ pub(crate) struct Hop<'a> {
     pub(crate) request_id: &'a [u8],
     /// This hop's `Via` element (`crate::loops::element`), after the client's.
     pub(crate) via: &'a [u8],
+    /// The verified client certificate's `X-Forwarded-Client-Cert`, in place of any the
+    /// client sent (`docs/tls.md`, "Mutual TLS").
+    pub(crate) client_cert: Option<&'a HeaderValue>,
 }
+
+/// `X-Forwarded-Client-Cert` (Envoy's name and form): the verified client
+/// certificate's identity; a client's own is always removed.
+pub(crate) const X_FORWARDED_CLIENT_CERT: HeaderName =
+    HeaderName::from_static("x-forwarded-client-cert");
 
 /// What this hop does to a request's fields (`docs/architecture.md`, "Headers"),
 /// decided once from the fields as they came, whatever form they are in, and carried out
@@ -190,8 +198,8 @@ pub(crate) struct Forwarding<'a, 'f> {
 /// the hop-by-hop ones (`te`; `trailer`, `upgrade`; `connection`, `keep-alive`;
 /// `proxy-connection`; `transfer-encoding`; `proxy-authorization`) and those this hop
 /// sets (`via`, `x-request-id`, `x-forwarded-for`, `x-forwarded-host`,
-/// `x-forwarded-proto`). A test holds it to the names.
-const DROPPED_LENGTHS: [usize; 9] = [2, 3, 7, 10, 12, 15, 16, 17, 19];
+/// `x-forwarded-proto`, `x-forwarded-client-cert`). A test holds it to the names.
+const DROPPED_LENGTHS: [usize; 10] = [2, 3, 7, 10, 12, 15, 16, 17, 19, 23];
 
 /// The fields this hop sets.
 #[derive(Clone, Copy)]
@@ -279,6 +287,7 @@ impl<'a, 'f> Forwarding<'a, 'f> {
             || super::request_id::is_request_id(name)
             || is(name, &X_FORWARDED_FOR)
             || is(name, &header::VIA)
+            || is(name, &X_FORWARDED_CLIENT_CERT)
             || (is(name, &X_FORWARDED_PROTO) && !self.sets.proto_kept)
             || (is(name, &X_FORWARDED_HOST) && !self.sets.host_kept))
     }
@@ -407,6 +416,9 @@ impl Sets<'_> {
             put(&X_FORWARDED_HOST, Added::Value(h));
         }
         put(&super::request_id::X_REQUEST_ID, Added::RequestId);
+        if let Some(cert) = self.hop.client_cert {
+            put(&X_FORWARDED_CLIENT_CERT, Added::Value(cert));
+        }
     }
 }
 
@@ -575,6 +587,7 @@ pub(crate) fn both_rewrites(f: &ClientFields, trusted: bool, https: bool) -> (Li
         https,
         request_id: b"id-1",
         via: b"1.1 fulcrum-test",
+        client_cert: None,
     };
     let mut out = Vec::new();
     f.write_forwarded(&mut out, hop, "backend:80");
@@ -651,6 +664,7 @@ mod tests {
             X_FORWARDED_FOR,
             X_FORWARDED_PROTO,
             X_FORWARDED_HOST,
+            X_FORWARDED_CLIENT_CERT,
             super::super::request_id::X_REQUEST_ID,
         ];
         let names = hop::FIXED
@@ -799,6 +813,7 @@ mod tests {
             https: false,
             request_id: b"ours",
             via: b"2 fulcrum-test",
+            client_cert: None,
         };
         Forwarding::apply(&mut h, hop, false);
         assert_eq!(h["x-forwarded-for"], "1.1.1.1, 2.2.2.2, 3.3.3.3, 127.0.0.1");

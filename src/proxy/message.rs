@@ -474,6 +474,8 @@ pub(crate) struct Peer {
     /// Its TCP socket, whose send queue tells a client's progress (`liveness::unsent`);
     /// `-1` for none (QUIC).
     pub(crate) socket: i32,
+    /// The client certificate its handshake verified (`[tls.client_auth]`), if any.
+    pub(crate) client_cert: Option<std::sync::Arc<crate::identity::ClientCert>>,
 }
 
 impl Peer {
@@ -486,6 +488,7 @@ impl Peer {
             tls,
             local,
             socket,
+            client_cert: None,
         }
     }
 }

@@ -430,6 +430,7 @@ impl Proxy {
                 retries: 0,
                 id: id.clone(),
                 combined: self.rec.combined().then(|| combined_fields(&head)),
+                client_cert: peer.client_cert.clone(),
             },
             self.rec,
         );

@@ -62,6 +62,7 @@ impl Outgoing<'_> {
             https: self.peer.tls,
             request_id: self.id.as_bytes(),
             via: self.via,
+            client_cert: self.peer.client_cert.as_ref().map(|c| &c.xfcc),
         }
     }
 
@@ -146,6 +147,7 @@ pub(super) fn prepare(
             https: req.peer.tls,
             request_id: req.id.as_bytes(),
             via: req.via,
+            client_cert: req.peer.client_cert.as_ref().map(|c| &c.xfcc),
         };
         let upgrade = req.client_upgrade.is_some();
         if edits.is_some() && req.found.client_ip.is_none() {

@@ -36,6 +36,8 @@ pub(crate) struct Finish {
     pub(crate) id: super::request_id::RequestId,
     /// What Apache's combined format adds, kept only when the access log uses it.
     pub(crate) combined: Option<Box<Combined>>,
+    /// The connection's verified client certificate (the json log names its subject).
+    pub(crate) client_cert: Option<std::sync::Arc<crate::identity::ClientCert>>,
 }
 
 /// The fields of a combined access log line that the others do without.
@@ -110,6 +112,7 @@ impl Pending {
             retries: 0,
             id: super::request_id::RequestId::Ours([b'0'; 32]),
             combined: None,
+            client_cert: None,
         };
         (std::mem::replace(&mut self.fin, left), self.rec)
     }
@@ -456,7 +459,12 @@ fn access_line(buf: &mut Vec<u8>, format: AccessFormat, f: &Finish, said: &Said<
             push_u64(buf, u64::from(f.retries));
             buf.extend_from_slice(b",\"request_id\":\"");
             buf.extend_from_slice(f.id.as_bytes());
-            buf.extend_from_slice(b"\"}}\n");
+            buf.extend_from_slice(b"\",\"client_cert\":");
+            match &f.client_cert {
+                Some(c) => push_json_str(buf, &c.subject),
+                None => buf.extend_from_slice(b"null"),
+            }
+            buf.extend_from_slice(b"}}\n");
         }
         AccessFormat::Combined => combined_line(buf, f, now),
     }
@@ -550,6 +558,7 @@ mod tests {
             retries: 1,
             id: super::super::request_id::RequestId::from_peer(b"abc-123").unwrap(),
             combined: None,
+            client_cert: None,
         }
     }
 
@@ -665,5 +674,6 @@ mod tests {
         assert_eq!(f["upstream_ms"], 1.018);
         assert_eq!(f["retries"], 1);
         assert_eq!(f["request_id"], "abc-123");
+        assert!(f["client_cert"].is_null(), "{f}");
     }
 }

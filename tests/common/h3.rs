@@ -36,11 +36,22 @@ pub async fn h3_connection_with(
     let mut roots = rustls::RootCertStore::empty();
     roots.add(ca.clone()).unwrap();
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+    let tls = rustls::ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])
         .unwrap()
         .with_root_certificates(roots)
         .with_no_client_auth();
+    h3_connection_tls(addr, name, tls, ping).await
+}
+
+/// An HTTP/3 connection over the client configuration `tls` (TLS 1.3; its ALPN is set
+/// here), for a client that presents a certificate of its own.
+pub async fn h3_connection_tls(
+    addr: std::net::SocketAddr,
+    name: &str,
+    mut tls: rustls::ClientConfig,
+    ping: Option<std::time::Duration>,
+) -> (Sender, quinn::Connection) {
     tls.alpn_protocols = vec![b"h3".to_vec()];
     let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
     let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();

@@ -429,7 +429,8 @@ pub struct BackendStats {
 /// - `/status/N` answers N; `/sleep/MS` sleeps first; `/big/N` streams N bytes;
 /// - `/echo` streams the request body back; `/stall` sends headers and never ends;
 /// - `/ws` upgrades (101) and echoes bytes over the raw connection;
-/// - anything else: 200 with body `NAME` and headers `x-backend`, `x-method`, `x-uri`.
+/// - anything else: 200 with body `NAME` and headers `x-backend`, `x-method`, `x-uri`;
+///   every answer tells the `X-Forwarded-Client-Cert` it got as `x-seen-xfcc`.
 pub struct TestBackend {
     pub name: String,
     pub addr: SocketAddr,
@@ -571,6 +572,7 @@ async fn backend_answer(
     let uri = req.uri().to_string();
     let method = req.method().to_string();
     let proto = req.headers().get("x-forwarded-proto").cloned();
+    let xfcc = req.headers().get("x-forwarded-client-cert").cloned();
     let mut parts = path.trim_start_matches('/').splitn(2, '/');
     let head = parts.next().unwrap_or("");
     let arg = parts.next().unwrap_or("");
@@ -664,6 +666,9 @@ async fn backend_answer(
     h.insert("x-uri", uri.parse().unwrap());
     if let Some(p) = proto {
         h.insert("x-seen-proto", p);
+    }
+    if let Some(x) = xfcc {
+        h.insert("x-seen-xfcc", x);
     }
     resp
 }

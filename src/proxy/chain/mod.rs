@@ -9,6 +9,7 @@
 //! A new step is one file here and one line in [`STEPS`].
 
 mod basic_auth;
+mod client_cert;
 mod compress;
 mod edits;
 mod rate_limit;
@@ -36,11 +37,12 @@ use crate::site::RoutePolicy;
 type Build = fn(&Policies) -> Option<Box<dyn Step>>;
 
 /// Every step, in the order a request meets them: before the pool — redirect, rate
-/// limit, basic auth; on the fields to the backend — request headers; on the answer —
+/// limit, client certificate, basic auth; on the fields to the backend — request headers; on the answer —
 /// response headers, compression.
 const STEPS: &[Build] = &[
     redirect::build,
     rate_limit::build,
+    client_cert::build,
     basic_auth::build,
     request_headers::build,
     response_headers::build,

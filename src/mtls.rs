@@ -1,0 +1,233 @@
+//! Client certificates on the HTTPS listener (`docs/tls.md`, "Mutual TLS"): rustls's
+//! `WebPkiClientVerifier` over `[tls.client_auth]`'s CAs and CRLs, behind one verifier
+//! every handshake asks (TCP and QUIC alike) whose inside a reload swaps, and the count
+//! of refused handshakes by reason.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use arc_swap::{ArcSwap, ArcSwapOption};
+use rustls::client::danger::HandshakeSignatureValid;
+use rustls::pki_types::{CertificateDer, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{CertificateError, DigitallySignedStruct, DistinguishedName, Error, SignatureScheme};
+
+use crate::config::client_auth::{ClientAuthFiles, ClientAuthSettings, Mode};
+
+/// The reasons a client certificate is refused, as `fulcrum_tls_client_auth_failures_total`
+/// labels them.
+pub(crate) const REASONS: [&str; 5] = ["unknown_ca", "expired", "revoked", "missing", "other"];
+
+/// Refused handshakes per reason in [`REASONS`] order, for the whole process.
+static FAILURES: [AtomicU64; 5] = [const { AtomicU64::new(0) }; 5];
+
+/// Refused handshakes per reason, in [`REASONS`] order.
+pub(crate) fn failures() -> [u64; 5] {
+    std::array::from_fn(|i| FAILURES[i].load(Ordering::Relaxed))
+}
+
+fn count(reason: usize) {
+    FAILURES[reason].fetch_add(1, Ordering::Relaxed);
+}
+
+/// Counts a handshake that failed because a client sent no certificate where one is
+/// required (rustls refuses it before any verifier is asked).
+pub(crate) fn note_handshake_error(e: &Error) {
+    if matches!(e, Error::NoCertificatesPresented) {
+        note_missing();
+    }
+}
+
+/// Counts a handshake refused because the client sent no certificate.
+pub(crate) fn note_missing() {
+    count(3);
+}
+
+/// The reason a verification error counts under.
+fn reason_of(e: &Error) -> usize {
+    match e {
+        Error::InvalidCertificate(c) => match c {
+            CertificateError::UnknownIssuer => 0,
+            CertificateError::Expired | CertificateError::ExpiredContext { .. } => 1,
+            CertificateError::Revoked => 2,
+            _ => 4,
+        },
+        _ => 4,
+    }
+}
+
+/// One `[tls.client_auth]` made into a verifier.
+#[derive(Debug)]
+pub(crate) struct ClientAuth {
+    inner: Arc<dyn ClientCertVerifier>,
+}
+
+impl ClientAuth {
+    /// The verifier for `settings` over the files [`crate::config::client_auth::load`]
+    /// read: every presented chain checked against the CAs and, when given, the CRLs
+    /// (the whole chain; an issuer without a CRL is not taken as revoked).
+    pub(crate) fn new(
+        settings: &ClientAuthSettings,
+        files: ClientAuthFiles,
+    ) -> Result<ClientAuth, String> {
+        let mut roots = rustls::RootCertStore::empty();
+        for ca in files.cas {
+            roots.add(ca).map_err(|e| {
+                format!(
+                    "{}: a CA rustls cannot use: {e}",
+                    settings.ca_file.display()
+                )
+            })?;
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut b = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
+        if !files.crls.is_empty() {
+            b = b.with_crls(files.crls).allow_unknown_revocation_status();
+        }
+        if settings.mode == Mode::Optional {
+            b = b.allow_unauthenticated();
+        }
+        let inner = b.build().map_err(|e| format!("tls.client_auth: {e}"))?;
+        Ok(ClientAuth { inner })
+    }
+}
+
+/// The verifier the listener's configurations hold: the current [`ClientAuth`], or none
+/// (no certificate asked for). A reload swaps it; a handshake in progress keeps the
+/// configuration it started with, but asks this one.
+#[derive(Debug)]
+pub(crate) struct LiveVerifier {
+    current: ArcSwapOption<ClientAuth>,
+    /// The CAs' names sent to clients. rustls borrows them from the verifier for the
+    /// length of a handshake, so each list made is kept for the process's life: a
+    /// reload that changes the bundle adds one (a few hundred bytes).
+    hints: ArcSwap<&'static [DistinguishedName]>,
+}
+
+impl LiveVerifier {
+    /// Asks for client certificates as `auth` says from the next handshake on; `None`:
+    /// asks for none.
+    pub(crate) fn set(&self, auth: Option<ClientAuth>) {
+        let hints = auth.as_ref().map(|a| a.inner.root_hint_subjects().to_vec());
+        let now: &[DistinguishedName] = **self.hints.load();
+        match hints {
+            Some(h)
+                if !h
+                    .iter()
+                    .map(|d| d.as_ref())
+                    .eq(now.iter().map(|d| d.as_ref())) =>
+            {
+                self.hints.store(Arc::new(Vec::leak(h)));
+            }
+            _ => {}
+        }
+        self.current.store(auth.map(Arc::new));
+    }
+
+    /// Whether client certificates are asked for now.
+    pub(crate) fn is_on(&self) -> bool {
+        self.current.load().is_some()
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&dyn ClientCertVerifier) -> T, none: T) -> T {
+        match self.current.load().as_deref() {
+            Some(a) => f(&*a.inner),
+            None => none,
+        }
+    }
+}
+
+impl Default for LiveVerifier {
+    fn default() -> Self {
+        let none: &'static [DistinguishedName] = &[];
+        LiveVerifier {
+            current: ArcSwapOption::empty(),
+            hints: ArcSwap::from_pointee(none),
+        }
+    }
+}
+
+impl ClientCertVerifier for LiveVerifier {
+    fn offer_client_auth(&self) -> bool {
+        self.with(|v| v.offer_client_auth(), false)
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        self.with(|v| v.client_auth_mandatory(), false)
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        **self.hints.load()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, Error> {
+        let verdict = self.with(
+            |v| v.verify_client_cert(end_entity, intermediates, now),
+            Err(Error::General("no client certificate was asked for".into())),
+        );
+        if let Err(e) = &verdict {
+            count(reason_of(e));
+        }
+        verdict
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, Error> {
+        let none = Err(Error::General("no client certificate was asked for".into()));
+        self.with(|v| v.verify_tls12_signature(message, cert, dss), none)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, Error> {
+        let none = Err(Error::General("no client certificate was asked for".into()));
+        self.with(|v| v.verify_tls13_signature(message, cert, dss), none)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        let all = || {
+            rustls::crypto::ring::default_provider()
+                .signature_verification_algorithms
+                .supported_schemes()
+        };
+        self.with(|v| v.supported_verify_schemes(), all())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verification_errors_count_under_their_reason() {
+        let unknown = Error::InvalidCertificate(CertificateError::UnknownIssuer);
+        let revoked = Error::InvalidCertificate(CertificateError::Revoked);
+        let expired = Error::InvalidCertificate(CertificateError::Expired);
+        let bad = Error::InvalidCertificate(CertificateError::BadEncoding);
+        let named: Vec<_> = [unknown, expired, revoked, bad]
+            .iter()
+            .map(|e| REASONS[reason_of(e)])
+            .collect();
+        assert_eq!(named, ["unknown_ca", "expired", "revoked", "other"]);
+    }
+
+    #[test]
+    fn without_client_auth_nothing_is_asked() {
+        let v = LiveVerifier::default();
+        assert!(!v.offer_client_auth() && !v.client_auth_mandatory() && !v.is_on());
+        assert!(v.root_hint_subjects().is_empty());
+    }
+}
