@@ -61,6 +61,58 @@ fn reason_of(e: &Error) -> usize {
 #[derive(Debug)]
 pub(crate) struct ClientAuth {
     inner: Arc<dyn ClientCertVerifier>,
+    /// Its number among those made: a worker's remembered chains are this one's only.
+    generation: u64,
+}
+
+/// Chains a worker verified, by the SHA-256 of their certificates, with the time they
+/// are valid in (`[not_before, not_after]`, Unix seconds), for the [`ClientAuth`] of
+/// `generation`. Per worker thread: no lock on the handshake path.
+#[derive(Default)]
+struct Verified {
+    generation: u64,
+    chains: std::collections::HashMap<[u8; 32], (u64, u64)>,
+}
+
+/// Chains remembered per worker at most; the whole set is dropped when it is full.
+const REMEMBERED: usize = 4096;
+
+thread_local! {
+    static VERIFIED: std::cell::RefCell<Verified> = std::cell::RefCell::default();
+}
+
+/// The key of a presented chain: the SHA-256 of its certificates, each prefixed by its
+/// length.
+fn chain_key(end_entity: &CertificateDer<'_>, intermediates: &[CertificateDer<'_>]) -> [u8; 32] {
+    let mut h = ring::digest::Context::new(&ring::digest::SHA256);
+    for c in std::iter::once(end_entity).chain(intermediates) {
+        h.update(&(c.len() as u64).to_be_bytes());
+        h.update(c.as_ref());
+    }
+    let mut key = [0u8; 32];
+    key.copy_from_slice(h.finish().as_ref());
+    key
+}
+
+/// When every presented certificate is valid: the latest `notBefore` and the earliest
+/// `notAfter`, Unix seconds.
+fn valid_span(
+    end_entity: &CertificateDer<'_>,
+    intermediates: &[CertificateDer<'_>],
+) -> Option<(u64, u64)> {
+    let secs = |t: std::time::SystemTime| {
+        t.duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+    };
+    let mut span = (0, u64::MAX);
+    for c in std::iter::once(end_entity).chain(intermediates) {
+        let info = crate::x509::CertInfo::read(c)?;
+        span = (
+            span.0.max(secs(info.not_before)),
+            span.1.min(secs(info.not_after)),
+        );
+    }
+    Some(span)
 }
 
 impl ClientAuth {
@@ -89,7 +141,49 @@ impl ClientAuth {
             b = b.allow_unauthenticated();
         }
         let inner = b.build().map_err(|e| format!("tls.client_auth: {e}"))?;
-        Ok(ClientAuth { inner })
+        static MADE: AtomicU64 = AtomicU64::new(1);
+        let generation = MADE.fetch_add(1, Ordering::Relaxed);
+        Ok(ClientAuth { inner, generation })
+    }
+
+    /// Verifies a presented chain, or finds it verified before on this worker and still
+    /// within its validity: a service that reconnects pays the chain's signature checks
+    /// once per worker, not per handshake (`docs/performance.md`, "Mutual TLS"). The
+    /// handshake's own signature (`CertificateVerify`, the proof that the client holds
+    /// the key) is checked every time. A reload makes a new `ClientAuth`, whose
+    /// remembered chains start empty, so a new bundle or CRL applies at once.
+    fn verify(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, Error> {
+        let key = chain_key(end_entity, intermediates);
+        let at = now.as_secs();
+        let known = VERIFIED.with_borrow_mut(|v| {
+            if v.generation != self.generation {
+                v.generation = self.generation;
+                v.chains.clear();
+            }
+            v.chains
+                .get(&key)
+                .is_some_and(|&(from, to)| from <= at && at <= to)
+        });
+        if known {
+            return Ok(ClientCertVerified::assertion());
+        }
+        let verdict = self
+            .inner
+            .verify_client_cert(end_entity, intermediates, now)?;
+        if let Some(span) = valid_span(end_entity, intermediates) {
+            VERIFIED.with_borrow_mut(|v| {
+                if v.chains.len() >= REMEMBERED {
+                    v.chains.clear();
+                }
+                v.chains.insert(key, span);
+            });
+        }
+        Ok(verdict)
     }
 }
 
@@ -167,10 +261,10 @@ impl ClientCertVerifier for LiveVerifier {
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<ClientCertVerified, Error> {
-        let verdict = self.with(
-            |v| v.verify_client_cert(end_entity, intermediates, now),
-            Err(Error::General("no client certificate was asked for".into())),
-        );
+        let verdict = match self.current.load().as_deref() {
+            Some(auth) => auth.verify(end_entity, intermediates, now),
+            None => Err(Error::General("no client certificate was asked for".into())),
+        };
         if let Err(e) = &verdict {
             count(reason_of(e));
         }
@@ -222,6 +316,52 @@ mod tests {
             .map(|e| REASONS[reason_of(e)])
             .collect();
         assert_eq!(named, ["unknown_ca", "expired", "revoked", "other"]);
+    }
+
+    #[test]
+    fn a_verified_chain_is_remembered_until_it_expires_or_the_bundle_changes() {
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let ca = ca_params.self_signed(&ca_key).unwrap();
+        let issuer = rcgen::Issuer::new(ca_params, ca_key);
+        let mut params = rcgen::CertificateParams::new(vec!["web.svc.example".into()]).unwrap();
+        params.not_before = rcgen::date_time_ymd(2026, 1, 1);
+        params.not_after = rcgen::date_time_ymd(2027, 1, 1);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let leaf = params.signed_by(&key, &issuer).unwrap();
+        let settings = ClientAuthSettings {
+            ca_file: "ca.pem".into(),
+            mode: Mode::Require,
+            crl_files: Vec::new(),
+            origin: "test".into(),
+        };
+        let files = || ClientAuthFiles {
+            cas: vec![ca.der().clone()],
+            crls: Vec::new(),
+        };
+        let auth = ClientAuth::new(&settings, files()).unwrap();
+        let at = |y, m, d| {
+            UnixTime::since_unix_epoch(std::time::Duration::from_secs(
+                rcgen::date_time_ymd(y, m, d).unix_timestamp() as u64,
+            ))
+        };
+        let key_of = chain_key(leaf.der(), &[]);
+        let remembered = || VERIFIED.with_borrow(|v| v.chains.contains_key(&key_of));
+        assert!(auth.verify(leaf.der(), &[], at(2026, 6, 1)).is_ok());
+        assert!(remembered());
+        assert!(
+            auth.verify(leaf.der(), &[], at(2026, 7, 1)).is_ok(),
+            "from memory"
+        );
+        let late = auth.verify(leaf.der(), &[], at(2027, 6, 1));
+        assert!(
+            matches!(late, Err(Error::InvalidCertificate(_))),
+            "expired since: {late:?}"
+        );
+        let reloaded = ClientAuth::new(&settings, files()).unwrap();
+        assert!(reloaded.verify(leaf.der(), &[], at(2026, 6, 1)).is_ok());
+        assert_eq!(VERIFIED.with_borrow(|v| v.generation), reloaded.generation);
     }
 
     #[test]

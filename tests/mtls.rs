@@ -226,7 +226,7 @@ async fn a_routes_names_rule_holds_over_h1_h2_and_h3_and_xfcc_is_ours_alone() {
 
     // h1: the URI name, then the wildcard; a forged XFCC never reaches the backend.
     let forged = "x-forwarded-client-cert: Hash=forged;Subject=\"CN=admin\"\r\n";
-    let (status, text) = h1_get(&pki, addr, Some(&web), "/secure/a", forged)
+    let (status, text) = h1_get(&pki, addr, Some(&web), "/secure/web", forged)
         .await
         .unwrap();
     assert_eq!(status, 200, "{text}");
@@ -284,12 +284,26 @@ async fn a_routes_names_rule_holds_over_h1_h2_and_h3_and_xfcc_is_ours_alone() {
         );
         if want == 200 {
             let seen = resp.headers()["x-seen-xfcc"].to_str().unwrap();
-            assert!(
-                seen.starts_with(&format!("Hash={}", sha256_hex(&web.0[0]))),
-                "{seen}"
-            );
+            assert_eq!(seen, expected, "ours alone, the forged one gone");
         }
         let _ = resp.into_body().collect().await;
+        // The open route: whatever the certificate, the client's own XFCC never passes.
+        let req = http::Request::get("https://a.test/open/h2")
+            .header("x-forwarded-client-cert", "forged")
+            .body(Empty::<Bytes>::new())
+            .unwrap();
+        let resp = h2.send_request(req).await.unwrap();
+        assert_eq!(resp.status(), 200);
+        let seen = resp
+            .headers()
+            .get("x-seen-xfcc")
+            .map(|v| v.to_str().unwrap().to_string());
+        let ours = id.map(|i| format!("Hash={}", sha256_hex(&i.0[0])));
+        assert_eq!(
+            seen.as_deref().map(|s| &s[..69]),
+            ours.as_deref(),
+            "h2 open route"
+        );
     }
 
     // h3: the identity from QUIC's handshake.
@@ -307,7 +321,7 @@ async fn a_routes_names_rule_holds_over_h1_h2_and_h3_and_xfcc_is_ours_alone() {
     // The json access log names the subject, or null.
     let line = f
         .log_line(
-            &["\"path\":\"/secure/a\"", "\"status\":200"],
+            &["\"path\":\"/secure/web\"", "\"status\":200"],
             Duration::from_secs(5),
         )
         .expect("an access line");
