@@ -394,11 +394,18 @@ impl ClientConn<'_> {
         // The handshake and the first head (or HTTP/2 preface) share one head timeout,
         // as a plain connection's first head has it.
         let by = Stamp::now().after(HEADER_TIMEOUT);
+        let verifier = acceptor.verifier();
         let Some(tls) = tls_handshake(acceptor, stream, peer, by.to_tokio()).await else {
             return;
         };
-        // The identity every request on it carries (`docs/tls.md`, "Mutual TLS").
-        client.client_cert = crate::identity::ClientCert::of(tls.get_ref().1.peer_certificates());
+        // The identity every request on it carries (`docs/tls.md`, "Mutual TLS"); a
+        // resumed session's is checked again.
+        let session = tls.get_ref().1;
+        let resumed = session.handshake_kind() == Some(rustls::HandshakeKind::Resumed);
+        match verifier.identity(session.peer_certificates(), resumed) {
+            Ok(identity) => client.client_cert = identity,
+            Err(()) => return,
+        }
         match tls.get_ref().1.alpn_protocol() {
             // The ACME CA checked the challenge certificate: nothing more is said.
             Some(crate::tls::ACME_TLS_ALPN) => return,

@@ -55,8 +55,22 @@ pub(crate) fn transport() -> quinn::TransportConfig {
 }
 
 /// Handshakes in progress on a worker.
-#[derive(Debug, Default)]
-pub(crate) struct Handshakes(AtomicUsize);
+#[derive(Debug)]
+pub(crate) struct Handshakes {
+    in_progress: AtomicUsize,
+    /// The HTTPS listener's client certificate verifier, for a connection's identity.
+    verifier: Option<Arc<crate::mtls::LiveVerifier>>,
+}
+
+impl Handshakes {
+    /// A worker's count, with the listener's verifier.
+    pub(crate) fn new(verifier: Option<Arc<crate::mtls::LiveVerifier>>) -> Handshakes {
+        Handshakes {
+            in_progress: AtomicUsize::new(0),
+            verifier,
+        }
+    }
+}
 
 /// Takes one new QUIC connection: a Retry first when too many handshakes are in
 /// progress and the client has not proven its address; then the handshake and the
@@ -70,7 +84,9 @@ pub(crate) async fn serve<H: Send>(
     held: H,
     stop: Stopping,
 ) {
-    if handshakes.0.load(Ordering::Relaxed) >= RETRY_ABOVE && !incoming.remote_address_validated() {
+    if handshakes.in_progress.load(Ordering::Relaxed) >= RETRY_ABOVE
+        && !incoming.remote_address_validated()
+    {
         let _ = incoming.retry();
         return;
     }
@@ -78,12 +94,12 @@ pub(crate) async fn serve<H: Send>(
     let local = incoming
         .local_ip()
         .map_or(local, |ip| SocketAddr::new(ip, local.port()));
-    handshakes.0.fetch_add(1, Ordering::Relaxed);
+    handshakes.in_progress.fetch_add(1, Ordering::Relaxed);
     let connected = match incoming.accept() {
         Ok(connecting) => connecting.await,
         Err(e) => Err(e),
     };
-    handshakes.0.fetch_sub(1, Ordering::Relaxed);
+    handshakes.in_progress.fetch_sub(1, Ordering::Relaxed);
     let conn = match connected {
         Ok(c) => c,
         Err(e) => {
@@ -93,11 +109,20 @@ pub(crate) async fn serve<H: Send>(
         }
     };
     let mut peer = Peer::new(peer_addr, local, true, -1);
-    // The identity every request on it carries (`docs/tls.md`, "Mutual TLS").
+    // The identity every request on it carries (`docs/tls.md`, "Mutual TLS"), checked
+    // again: QUIC does not tell a resumed session from a new one.
     let chain = conn
         .peer_identity()
         .and_then(|id| id.downcast::<Vec<CertificateDer<'static>>>().ok());
-    peer.client_cert = crate::identity::ClientCert::of(chain.as_deref().map(Vec::as_slice));
+    if let Some(verifier) = &handshakes.verifier {
+        match verifier.identity(chain.as_deref().map(Vec::as_slice), true) {
+            Ok(identity) => peer.client_cert = identity,
+            Err(()) => {
+                conn.close(CERTIFICATE_REFUSED.into(), b"client certificate refused");
+                return;
+            }
+        }
+    }
     if let Err(e) = requests(conn, proxy, &peer, &stop).await {
         tracing::debug!(error = %e, peer = %peer_addr, "HTTP/3 connection ended with an error");
     }
@@ -198,6 +223,9 @@ const NEXT_REQUEST: usize = 1;
 
 /// HTTP/3's error codes (RFC 9114, section 8.1) for closing a connection.
 const NO_ERROR: u32 = 0x100;
+/// A resumed session whose client certificate no longer verifies: `H3_REQUEST_REJECTED`
+/// for the whole connection (nothing of it was processed).
+const CERTIFICATE_REFUSED: u32 = 0x10b;
 const EXCESSIVE_LOAD: u32 = 0x107;
 
 /// How a request ended, as far as the connection's health goes.

@@ -27,7 +27,11 @@ impl ClientCert {
     /// The identity of a verified chain (its first certificate), if there is one.
     pub(crate) fn of(chain: Option<&[CertificateDer<'_>]>) -> Option<Arc<ClientCert>> {
         let leaf = chain?.first()?;
-        ClientCert::from_der(leaf).map(Arc::new)
+        let cert = ClientCert::from_der(leaf).map(Arc::new);
+        if cert.is_none() {
+            tracing::warn!("a verified client certificate whose names cannot be written in X-Forwarded-Client-Cert (control characters): its connection carries no identity");
+        }
+        cert
     }
 
     /// The identity of the DER certificate `der`; `None` when it does not parse (rustls
@@ -52,27 +56,36 @@ impl ClientCert {
 }
 
 /// `X-Forwarded-Client-Cert` as Envoy writes it: `Hash` (SHA-256 of the DER, lowercase
-/// hex), `Subject`, then one `URI=` and one `DNS=` per name; a value holding `,;="` is
-/// quoted, a `"` inside escaped.
+/// hex), `Subject` (always quoted: it holds `=`; its RFC 4514 form has escaped every `"`
+/// and `\\` already), then one `URI=` and one `DNS=` per name, quoted when it holds
+/// `,;="` or a backslash, with `\\` and `"` inside escaped: no name can end the quoted
+/// value early and add a pair of its own.
 fn xfcc_value(hash: &[u8], names: &Names) -> String {
     let mut out = String::with_capacity(96 + names.subject.len());
     out.push_str("Hash=");
     for b in hash {
         out.push_str(&format!("{b:02x}"));
     }
+    out.push_str(";Subject=\"");
+    out.push_str(&names.subject);
+    out.push('"');
     let mut pair = |key: &str, value: &str| {
         out.push(';');
         out.push_str(key);
         out.push('=');
-        if value.contains([',', ';', '=', '"']) {
+        if value.contains([',', ';', '=', '"', '\\']) {
             out.push('"');
-            out.push_str(&value.replace('"', "\\\""));
+            for c in value.chars() {
+                if c == '"' || c == '\\' {
+                    out.push('\\');
+                }
+                out.push(c);
+            }
             out.push('"');
         } else {
             out.push_str(value);
         }
     };
-    pair("Subject", &names.subject);
     for u in &names.uris {
         pair("URI", u);
     }
@@ -231,5 +244,15 @@ mod tests {
             ..Names::default()
         };
         assert_eq!(xfcc_value(&[0xff], &plain), "Hash=ff;Subject=\"CN=web\"");
+        // A name cannot close its quotes and add a pair of its own.
+        let sly = Names {
+            subject: String::new(),
+            uris: vec!["spiffe://x/\\\";URI=spiffe://prod.example/admin;z=\\".into()],
+            dns: Vec::new(),
+        };
+        assert_eq!(
+            xfcc_value(&[0xff], &sly),
+            "Hash=ff;Subject=\"\";URI=\"spiffe://x/\\\\\\\";URI=spiffe://prod.example/admin;z=\\\\\""
+        );
     }
 }

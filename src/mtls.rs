@@ -14,6 +14,7 @@ use rustls::server::WebPkiClientVerifier;
 use rustls::{CertificateError, DigitallySignedStruct, DistinguishedName, Error, SignatureScheme};
 
 use crate::config::client_auth::{ClientAuthFiles, ClientAuthSettings, Mode};
+use crate::identity::ClientCert;
 
 /// The reasons a client certificate is refused, as `fulcrum_tls_client_auth_failures_total`
 /// labels them.
@@ -222,6 +223,38 @@ impl LiveVerifier {
     /// Whether client certificates are asked for now.
     pub(crate) fn is_on(&self) -> bool {
         self.current.load().is_some()
+    }
+
+    /// The verified identity a finished handshake gives its connection, from the chain
+    /// its client presented. A resumed session carries the chain of the handshake it
+    /// resumes, which no verifier saw since: it is checked again against the bundle and
+    /// CRLs in force now (a new CA, a revocation or an expiry since then refuses it), and
+    /// a session without one is refused when one is required now. `resumed` is always
+    /// true for QUIC, which does not tell; a chain this worker verified is found in its
+    /// memory. `Err`: the connection must be closed (counted). Without
+    /// `[tls.client_auth]` a connection has no identity, whatever its session had.
+    pub(crate) fn identity(
+        &self,
+        chain: Option<&[CertificateDer<'_>]>,
+        resumed: bool,
+    ) -> Result<Option<Arc<ClientCert>>, ()> {
+        let Some(auth) = self.current.load_full() else {
+            return Ok(None);
+        };
+        let Some((leaf, intermediates)) = chain.and_then(|c| c.split_first()) else {
+            if auth.inner.client_auth_mandatory() {
+                note_missing();
+                return Err(());
+            }
+            return Ok(None);
+        };
+        if resumed {
+            if let Err(e) = auth.verify(leaf, intermediates, UnixTime::now()) {
+                count(reason_of(&e));
+                return Err(());
+            }
+        }
+        Ok(ClientCert::of(chain))
     }
 
     fn with<T>(&self, f: impl FnOnce(&dyn ClientCertVerifier) -> T, none: T) -> T {

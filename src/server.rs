@@ -42,7 +42,8 @@ async fn worker(
     let Some((listener, https, quic)) = on_this_runtime(listener, https) else {
         return;
     };
-    let handshakes = Arc::new(crate::h3_front::Handshakes::default());
+    let verifier = https.as_ref().map(|(_, tls)| tls.client_verifier());
+    let handshakes = Arc::new(crate::h3_front::Handshakes::new(verifier));
     let conns = Connections::new(proxy, stop.clone());
     // The addresses the listeners are bound to: what a PROXY header to a backend says
     // the client reached (without a syscall per connection).

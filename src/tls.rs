@@ -206,9 +206,9 @@ fn prepare(settings: &TlsSettings, kept: Kept<'_>) -> Result<Prepared, String> {
         obtained: kept.obtained.clone(),
     });
     let verifier = Arc::clone(kept.verifier) as Arc<dyn ClientCertVerifier>;
-    let config = server_config(Arc::clone(&sni), &kept, Some(verifier))?;
+    let config = server_config(Arc::clone(&sni), &kept, verifier)?;
     let acme_config = match kept.obtained {
-        Some(_) => Some(Arc::new(server_config(Arc::clone(&sni), &kept, None)?)),
+        Some(_) => Some(Arc::new(acme_check_config(Arc::clone(&sni))?)),
         None => None,
     };
     Ok(Prepared {
@@ -299,6 +299,11 @@ impl Tls {
         self.verifier.is_on()
     }
 
+    /// The client certificate verifier, for the identity of a finished handshake.
+    pub(crate) fn client_verifier(&self) -> Arc<LiveVerifier> {
+        Arc::clone(&self.verifier)
+    }
+
     /// The TLS of QUIC (HTTP/3): TLS 1.3 only, ALPN `h3`, no early data (0-RTT off),
     /// over the same certificates, read at each handshake so a reload reaches it. Its
     /// tickets and session cache are its own: a ticket from a TCP connection does not
@@ -336,6 +341,7 @@ impl Tls {
     pub(crate) fn acceptor(&self) -> Acceptor {
         Acceptor {
             config: self.config.load_full(),
+            verifier: Arc::clone(&self.verifier),
             acme: self.obtained.as_ref().map(|o| AcmeParts {
                 obtained: Arc::clone(o),
                 files: self.files.load_full(),
@@ -370,6 +376,8 @@ const UNRECOGNIZED_NAME: [u8; 7] = [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x70];
 /// One handshake's configuration.
 pub(crate) struct Acceptor {
     config: Arc<ServerConfig>,
+    /// The client certificate verifier, for the identity once the handshake is done.
+    verifier: Arc<LiveVerifier>,
     acme: Option<AcmeParts>,
 }
 
@@ -384,6 +392,11 @@ struct AcmeParts {
 }
 
 impl Acceptor {
+    /// The client certificate verifier ([`LiveVerifier::identity`]).
+    pub(crate) fn verifier(&self) -> Arc<LiveVerifier> {
+        Arc::clone(&self.verifier)
+    }
+
     /// Runs the handshake on `stream`.
     ///
     /// With ACME, the ClientHello is read first: a name ACME orders but has no
@@ -469,18 +482,12 @@ async fn read_hello(
 fn server_config(
     sni: Arc<BySni>,
     kept: &Kept<'_>,
-    verifier: Option<Arc<dyn ClientCertVerifier>>,
+    verifier: Arc<dyn ClientCertVerifier>,
 ) -> Result<ServerConfig, String> {
     let acme = sni.obtained.is_some();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = ServerConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-        .map_err(|e| format!("TLS: {e}"))?;
-    let builder = match verifier {
-        Some(v) => builder.with_client_cert_verifier(v),
-        None => builder.with_no_client_auth(),
-    };
-    let mut config = builder.with_cert_resolver(sni);
+    let mut config = config_builder()?
+        .with_client_cert_verifier(verifier)
+        .with_cert_resolver(sni);
     config.alpn_protocols = ALPN.iter().map(|p| p.to_vec()).collect();
     if acme {
         config.alpn_protocols.push(ACME_TLS_ALPN.to_vec());
@@ -488,6 +495,27 @@ fn server_config(
     config.ticketer = Arc::clone(kept.ticketer);
     config.session_storage = Arc::clone(kept.sessions);
     Ok(config)
+}
+
+/// The configuration of the ACME CA's `tls-alpn-01` check: `acme-tls/1` alone (a client
+/// offering it with other protocols gets that one or none, never HTTP without its client
+/// certificate), no client certificate asked, no session to resume later.
+fn acme_check_config(sni: Arc<BySni>) -> Result<ServerConfig, String> {
+    let mut config = config_builder()?
+        .with_no_client_auth()
+        .with_cert_resolver(sni);
+    config.alpn_protocols = vec![ACME_TLS_ALPN.to_vec()];
+    config.send_tls13_tickets = 0;
+    config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+    Ok(config)
+}
+
+/// TLS 1.3 and 1.2 on `ring`.
+fn config_builder() -> Result<rustls::ConfigBuilder<ServerConfig, rustls::WantsVerifier>, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .map_err(|e| format!("TLS: {e}"))
 }
 
 #[cfg(test)]

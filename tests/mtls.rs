@@ -133,9 +133,35 @@ async fn tls_as(
     alpn: &[&[u8]],
 ) -> Option<tokio_rustls::client::TlsStream<TcpStream>> {
     let connector = tokio_rustls::TlsConnector::from(Arc::new(client_config(pki, id, alpn)));
+    tls_with(&connector, addr).await
+}
+
+/// A TLS connection through `connector`, which resumes a session it holds a ticket for.
+async fn tls_with(
+    connector: &tokio_rustls::TlsConnector,
+    addr: std::net::SocketAddr,
+) -> Option<tokio_rustls::client::TlsStream<TcpStream>> {
     let tcp = TcpStream::connect(addr).await.unwrap();
     let name = ServerName::try_from("a.test").unwrap();
     connector.connect(name, tcp).await.ok()
+}
+
+/// One GET over `s`, read to its close: the status, the answer, and whether the session
+/// was resumed; `None` when the connection was refused.
+async fn get_over(
+    mut s: tokio_rustls::client::TlsStream<TcpStream>,
+    path: &str,
+) -> Option<(u16, bool)> {
+    let resumed = s.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed);
+    let req = format!("GET {path} HTTP/1.1\r\nhost: a.test\r\nconnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.ok()?;
+    let mut got = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut got))
+        .await
+        .ok()?
+        .ok()?;
+    let status = String::from_utf8_lossy(got.get(9..12)?).parse().ok()?;
+    Some((status, resumed))
 }
 
 /// One HTTP/1.1 GET over a new TLS connection as `id`, with `extra` header lines:
@@ -242,7 +268,7 @@ async fn a_routes_names_rule_holds_over_h1_h2_and_h3_and_xfcc_is_ours_alone() {
     assert_eq!(status, 200, "{text}");
     let xfcc = field(&text, "x-seen-xfcc").unwrap();
     assert!(
-        xfcc.contains(r#"Subject="CN=api\, the \\"edge\\"";DNS=api.svc.example"#),
+        xfcc.contains(r#"Subject="CN=api\, the \"edge\"";DNS=api.svc.example"#),
         "{xfcc}"
     );
     // Another name, and none at all: 403; the plain route still answers, without XFCC.
@@ -382,7 +408,7 @@ async fn strangers_expired_revoked_and_missing_certificates_are_refused_and_coun
     let c = client();
     let metrics = get(&c, &f.admin_url("/metrics")).await.text();
     for reason in ["unknown_ca", "expired", "revoked", "missing"] {
-        let line = format!("fulcrum_tls_client_auth_failures_total{{reason=\"{reason}\"}} 1");
+        let line = format!("\nfulcrum_tls_client_auth_failures_total{{reason=\"{reason}\"}} 1\n");
         assert!(metrics.contains(&line), "{line} in:\n{metrics}");
     }
     // The admin API lists the client CA bundle.
@@ -416,6 +442,20 @@ async fn a_reload_swaps_the_ca_bundle_and_open_connections_keep_going() {
     assert!(h1_get(&pki, addr, Some(&by_two), "/open", "")
         .await
         .is_none());
+    // A client that resumes its sessions: its second connection is a resumed one.
+    let resuming = tokio_rustls::TlsConnector::from(Arc::new(client_config(
+        &pki,
+        Some(&by_one),
+        &[b"http/1.1"],
+    )));
+    let first = get_over(tls_with(&resuming, addr).await.unwrap(), "/secure/full").await;
+    assert_eq!(first, Some((200, false)));
+    let second = get_over(tls_with(&resuming, addr).await.unwrap(), "/secure/resumed").await;
+    assert_eq!(
+        second,
+        Some((200, true)),
+        "the session resumed before the reload"
+    );
     let text = std::fs::read_to_string(&cfg)
         .unwrap()
         .replace(&pki.arg("one.pem"), &pki.arg("two.pem"));
@@ -437,6 +477,12 @@ async fn a_reload_swaps_the_ca_bundle_and_open_connections_keep_going() {
             .is_none(),
         "CA one is no longer trusted"
     );
+    // A session of CA one's certificate does not resume past the reload.
+    let again = match tls_with(&resuming, addr).await {
+        Some(s) => get_over(s, "/secure/after").await,
+        None => None,
+    };
+    assert_eq!(again, None, "refused, though it holds a ticket");
     assert_eq!(
         h1_get(&pki, addr, Some(&by_two), "/secure/3", "")
             .await

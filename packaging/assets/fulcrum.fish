@@ -85,6 +85,8 @@ complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l protocol -d 'H
 h2\t''"
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l send-proxy-protocol -d 'Send a PROXY protocol header naming the client in front of every backend connection (each then carries one client\'s requests) [default: off]' -r
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l tls-ca-file -d 'CA certificates (PEM) that https:// backends are verified against, instead of the system roots' -r
+complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l tls-client-cert -d 'Certificate chain (PEM) presented to https:// backends that ask for a client certificate (with tls_client_key)' -r
+complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l tls-client-key -d 'The private key (PEM) of tls_client_cert' -r
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l tls-verify -d 'Verify https:// backends\' certificates and names; off only for testing (a warning is logged) [default: on]' -r -f -a "on\t''
 off\t''"
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l upstream-timeout -d 'Request sent → response headers bound, then 504 [default: 30s]' -r
