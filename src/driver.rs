@@ -129,6 +129,15 @@ impl Connections {
         handshakes: &Arc<crate::h3_front::Handshakes>,
         local: SocketAddr,
     ) {
+        // `deny_clients`/`allow_clients`: nothing is sent back to a refused address.
+        if !self
+            .proxy
+            .site()
+            .admits_client(incoming.remote_address().ip())
+        {
+            incoming.ignore();
+            return;
+        }
         let admitted = self.proxy.admit_client(incoming.remote_address().ip());
         match (try_hold(slots), admitted) {
             (Some(held), Ok(client_slot)) => {
@@ -159,6 +168,12 @@ impl Connections {
             local,
             tls,
         } = a;
+        // `deny_clients`/`allow_clients` judge the peer before any byte is read, unless
+        // it is a trusted proxy whose PROXY header names the client (judged below).
+        let named_later = self.proxy.proxy_protocol_from(peer.ip()) == Some(true);
+        if !named_later && !self.proxy.site().admits_client(peer.ip()) {
+            return;
+        }
         // A client at its `max_connections_per_client` has this one closed at once.
         let Ok(client_slot) = self.proxy.admit_client(peer.ip()) else {
             return;
@@ -175,6 +190,9 @@ impl Connections {
             let Some(client) = client_of(&mut stream, peer, local, over_tls, proxy).await else {
                 return;
             };
+            if named_later && !proxy.site().admits_client(client.addr.ip()) {
+                return;
+            }
             let conn = ClientConn {
                 proxy,
                 builder: &builder,

@@ -34,6 +34,7 @@ pub(crate) mod h3_quic;
 pub(crate) mod health;
 pub(crate) mod hyper_front;
 pub(crate) mod identity;
+pub(crate) mod ipset;
 pub(crate) mod lab;
 pub(crate) mod lab_run;
 pub(crate) mod listeners;

@@ -269,6 +269,7 @@ fn encode_proxy_wide(enc: &mut DescriptorEncoder, site: &Site) -> Result<(), std
     }
     encode_protocols(enc)?;
     encode_client_auth(enc)?;
+    encode_denied(enc)?;
     encode_routing(enc, &site.routing())
 }
 
@@ -283,6 +284,22 @@ fn encode_client_auth(enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error
     )?;
     for (reason, n) in crate::mtls::REASONS.iter().zip(crate::mtls::failures()) {
         ConstCounter::new(n).encode(m.encode_family(&[("reason", *reason)])?)?;
+    }
+    Ok(())
+}
+
+/// Clients kept out by the address lists, by where (`docs/policies.md`, "Who may come
+/// in").
+fn encode_denied(enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    let mut m = enc.encode_descriptor(
+        "fulcrum_clients_denied",
+        "Clients kept out by address: connections closed at accept (deny_clients, allow_clients), requests answered 403 by a route's allow/deny.",
+        None,
+        MetricType::Counter,
+    )?;
+    let counts = crate::stats::clients_denied();
+    for (at, n) in crate::stats::Denied::ALL.iter().zip(counts) {
+        ConstCounter::new(n).encode(m.encode_family(&[("where", *at)])?)?;
     }
     Ok(())
 }

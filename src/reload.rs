@@ -160,6 +160,7 @@ impl Reloader {
         };
         // Before the pools: a pool's new `discover` asks the new servers.
         self.site.resolvers.set(next.resolvers.clone());
+        self.site.set_clients(&next.clients);
         // In fleet mode pools, backends and routes are the store's: the file has none.
         // A store given or taken away by the file only counts after a restart
         // (`restart_required`); until then, the running mode holds.

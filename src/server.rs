@@ -480,6 +480,7 @@ fn launch(
     let site =
         Arc::new(Site::new(&settings.pools, &settings.routes).map_err(|e| format!("routes: {e}"))?);
     site.resolvers.set(settings.resolvers.clone());
+    site.set_clients(&settings.clients);
     let (shutdown, rx) = watch::channel(false);
     let obtained = (settings.tls.acme.as_ref()).map(|a| Arc::new(Obtained::new(a.domains.clone())));
     let (https, tls_listen, tls) =

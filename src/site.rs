@@ -201,6 +201,10 @@ pub(crate) struct Site {
     pub(crate) hub: Arc<Hub>,
     /// The DNS servers the pools' discovery asks (`docs/discovery.md`).
     pub(crate) resolvers: crate::discovery::Resolvers,
+    /// `deny_clients`/`allow_clients`, which a reload replaces; `clients_open` says
+    /// whether they refuse anybody, so that a listener without lists reads one flag.
+    pub(crate) clients: ArcSwap<crate::ipset::Admission>,
+    clients_open: std::sync::atomic::AtomicBool,
     control: Mutex<Control>,
     routing: ArcSwap<Routing>,
 }
@@ -219,9 +223,33 @@ impl Site {
         Ok(Site {
             hub,
             resolvers: Default::default(),
+            clients: ArcSwap::from_pointee(crate::ipset::Admission::default()),
+            clients_open: std::sync::atomic::AtomicBool::new(true),
             control: Mutex::new(Control { hits, tasks: None }),
             routing: ArcSwap::from_pointee(routing),
         })
+    }
+
+    /// Sets `deny_clients`/`allow_clients` for the connections accepted from now on.
+    pub(crate) fn set_clients(&self, clients: &crate::ipset::Admission) {
+        let open = clients.is_open();
+        self.clients.store(Arc::new(clients.clone()));
+        self.clients_open
+            .store(open, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether a connection from `ip` may come in (`deny_clients`, `allow_clients`);
+    /// one refused is counted.
+    #[inline]
+    pub(crate) fn admits_client(&self, ip: std::net::IpAddr) -> bool {
+        if self.clients_open.load(std::sync::atomic::Ordering::Acquire) {
+            return true;
+        }
+        let admitted = self.clients.load().admits(ip);
+        if !admitted {
+            crate::stats::client_denied(crate::stats::Denied::Accept);
+        }
+        admitted
     }
 
     fn lock(&self) -> MutexGuard<'_, Control> {

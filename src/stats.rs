@@ -171,6 +171,33 @@ pub(crate) fn bump(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
 }
 
+/// Where a client was kept out (`fulcrum_clients_denied_total{where}`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Denied {
+    /// `deny_clients`/`allow_clients`: its connection closed at accept.
+    Accept,
+    /// A route's `allow`/`deny`: its request answered 403.
+    Route,
+}
+
+impl Denied {
+    /// The label values, in the order of the variants.
+    pub(crate) const ALL: [&'static str; 2] = ["accept", "route"];
+}
+
+/// Clients kept out, by [`Denied`], for the whole process.
+static DENIED: [AtomicU64; 2] = [const { AtomicU64::new(0) }; 2];
+
+/// Counts a client kept out.
+pub(crate) fn client_denied(at: Denied) {
+    DENIED[at as usize].fetch_add(1, Ordering::Relaxed);
+}
+
+/// Clients kept out, in [`Denied::ALL`] order.
+pub(crate) fn clients_denied() -> [u64; 2] {
+    std::array::from_fn(|i| DENIED[i].load(Ordering::Relaxed))
+}
+
 /// At most this many `request` events per second reach the event stream.
 pub(crate) const REQUEST_EVENTS_PER_SEC: u64 = 200;
 

@@ -250,6 +250,8 @@ pub(crate) struct Settings {
     pub(crate) pool: PoolSettings,
     /// Peers whose forwarding headers are believed.
     pub(crate) trusted_proxies: Vec<IpNet>,
+    /// `deny_clients`/`allow_clients`: who may connect to the proxy listeners.
+    pub(crate) clients: crate::ipset::Admission,
     /// Shed above this many requests in flight; 0 = off.
     pub(crate) max_inflight: usize,
     /// Most answers compressed at once.
@@ -380,6 +382,7 @@ impl Default for Settings {
                 max_request_body: None,
             },
             trusted_proxies: Vec::new(),
+            clients: Default::default(),
             max_inflight: 0,
             compress_max_in_flight: 0,
             max_connections: 0,

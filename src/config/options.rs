@@ -289,6 +289,28 @@ pub(crate) static OPTIONS: &[Opt] = &[
         reload: pool_restart!("hash_key", hash_key),
     },
     Opt {
+        key: "deny_clients",
+        table_key: None,
+        value_name: "CIDRS",
+        help: "Client addresses whose connections to the proxy listeners are closed at accept, before any byte or handshake, CIDR[,CIDR…]",
+        default: None,
+        default_text: None,
+        file_type: FileType::StrOrList,
+        set: |s, v| parse_ip_set(v).map(|x| s.clients.deny = x),
+        reload: Reload::Live,
+    },
+    Opt {
+        key: "allow_clients",
+        table_key: None,
+        value_name: "CIDRS",
+        help: "When set, the only client addresses the proxy listeners take (deny_clients first), CIDR[,CIDR…]",
+        default: None,
+        default_text: None,
+        file_type: FileType::StrOrList,
+        set: |s, v| parse_ip_set(v).map(|x| s.clients.allow = x),
+        reload: Reload::Live,
+    },
+    Opt {
         key: "trusted_proxies",
         table_key: None,
         value_name: "CIDRS",
@@ -841,6 +863,16 @@ pub(crate) fn pool_restart_required(a: &PoolSettings, b: &PoolSettings) -> Vec<&
             _ => None,
         })
         .collect()
+}
+
+/// A list of addresses and CIDRs, comma-separated (or a list in the file).
+fn parse_ip_set(v: &str) -> Result<crate::ipset::IpSet, String> {
+    let entries: Vec<&str> = v
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .collect();
+    crate::ipset::IpSet::parse(&entries)
 }
 
 #[cfg(test)]

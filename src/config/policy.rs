@@ -3,7 +3,7 @@
 //! store's JSON all come down to a JSON value per key, checked here, so each key has
 //! one parser and one message.
 //!
-//! Today: `redirect`, `rate_limit`, `client_cert`, `basic_auth`, `request_headers`,
+//! Today: `redirect`, `allow`, `deny`, `rate_limit`, `client_cert`, `basic_auth`, `request_headers`,
 //! `response_headers`, `compress` and `compress_types`.
 
 use std::time::Duration;
@@ -13,10 +13,13 @@ use serde_json::{Map, Value};
 
 pub(crate) use super::compress::Coding;
 use crate::identity::San;
+use crate::ipset::IpSet;
 
 /// The policy keys a route takes.
-pub(crate) const KEYS: [&str; 8] = [
+pub(crate) const KEYS: [&str; 10] = [
     "redirect",
+    "allow",
+    "deny",
     "rate_limit",
     "client_cert",
     "basic_auth",
@@ -31,6 +34,10 @@ pub(crate) const KEYS: [&str; 8] = [
 pub(crate) struct Policies {
     /// An answer sending the client elsewhere: the route has no pool.
     pub(crate) redirect: Option<Redirect>,
+    /// Client addresses taken (others get `403`).
+    pub(crate) allow: Option<IpSet>,
+    /// Client addresses refused with `403`.
+    pub(crate) deny: Option<IpSet>,
     /// Requests per key and time, over which a request is answered `429`.
     pub(crate) rate_limit: Option<RateLimit>,
     /// A verified client certificate, with one of these names: else `403`.
@@ -51,6 +58,8 @@ impl Policies {
     /// Whether the route has none.
     pub(crate) fn is_empty(&self) -> bool {
         self.redirect.is_none()
+            && self.allow.is_none()
+            && self.deny.is_none()
             && self.rate_limit.is_none()
             && self.client_cert.is_none()
             && self.basic_auth.is_none()
@@ -65,6 +74,13 @@ impl Policies {
     pub(crate) fn set(&mut self, key: &str, v: &Value) -> Result<(), String> {
         match key {
             "redirect" => self.redirect = Some(Redirect::from_json(v)?),
+            "allow" | "deny" => {
+                let set = ip_list(key, v)?;
+                match key {
+                    "allow" => self.allow = Some(set),
+                    _ => self.deny = Some(set),
+                }
+            }
             "rate_limit" => self.rate_limit = Some(RateLimit::from_json(v)?),
             "client_cert" => self.client_cert = Some(ClientCertRule::from_json(v)?),
             "basic_auth" => self.basic_auth = Some(BasicAuth::from_json(v)?),
@@ -88,6 +104,12 @@ impl Policies {
         let mut out = Vec::new();
         if let Some(r) = &self.redirect {
             out.push(("redirect", r.to_json()));
+        }
+        for (key, set) in [("allow", &self.allow), ("deny", &self.deny)] {
+            if let Some(set) = set {
+                let entries = set.entries().iter().map(|e| Value::from(e.as_str()));
+                out.push((key, Value::Array(entries.collect())));
+            }
         }
         if let Some(r) = &self.rate_limit {
             out.push(("rate_limit", r.to_json()));
@@ -113,6 +135,18 @@ impl Policies {
         }
         out
     }
+}
+
+/// `allow` or `deny`: a list of IP addresses and CIDRs.
+fn ip_list(key: &str, v: &Value) -> Result<IpSet, String> {
+    let expected =
+        || format!("{key}: expected a list of IP addresses or CIDRs, such as [\"10.0.0.0/8\"]");
+    let list = v.as_array().ok_or_else(expected)?;
+    let entries = list
+        .iter()
+        .map(|e| e.as_str().ok_or_else(expected))
+        .collect::<Result<Vec<_>, _>>()?;
+    IpSet::parse(&entries).map_err(|e| format!("{key}: {e}"))
 }
 
 /// A route's client certificate rule (`docs/tls.md`, "Mutual TLS"): the connection must

@@ -261,6 +261,12 @@ pub(crate) struct RouteView {
     /// The answer it sends instead of a pool (`docs/policies.md`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     redirect: Option<serde_json::Value>,
+    /// Client addresses taken (others get 403).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    allow: Option<serde_json::Value>,
+    /// Client addresses refused with 403.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    deny: Option<serde_json::Value>,
     /// Requests per key and time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     rate_limit: Option<serde_json::Value>,
@@ -309,6 +315,8 @@ impl RouteView {
                 .collect(),
             strip_path_prefix: r.strip_path_prefix,
             redirect: None,
+            allow: None,
+            deny: None,
             rate_limit: None,
             client_cert: None,
             basic_auth: None,
@@ -334,6 +342,8 @@ impl RouteView {
         for (key, v) in p.to_json() {
             match key {
                 "redirect" => self.redirect = Some(v),
+                "allow" => self.allow = Some(v),
+                "deny" => self.deny = Some(v),
                 "rate_limit" => self.rate_limit = Some(v),
                 "client_cert" => self.client_cert = Some(v),
                 "basic_auth" => self.basic_auth = Some(v),
@@ -351,6 +361,8 @@ impl RouteView {
         let mut policies = super::policy::Policies::default();
         for (key, v) in [
             ("redirect", &self.redirect),
+            ("allow", &self.allow),
+            ("deny", &self.deny),
             ("rate_limit", &self.rate_limit),
             ("client_cert", &self.client_cert),
             ("basic_auth", &self.basic_auth),

@@ -355,6 +355,11 @@ impl Proxy {
             .then(|| crate::trust::is_trusted(&self.settings.trusted_proxies, peer))
     }
 
+    /// The pools, routes and what a reload changes beside them.
+    pub(crate) fn site(&self) -> &Site {
+        &self.site
+    }
+
     /// `upgrade_protocols`: the protocols an `Upgrade` is tunnelled for, in lower case.
     pub(crate) fn upgrade_protocols(&self) -> &[String] {
         &self.settings.upgrade_protocols

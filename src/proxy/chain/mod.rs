@@ -8,6 +8,7 @@
 //!
 //! A new step is one file here and one line in [`STEPS`].
 
+mod access;
 mod basic_auth;
 mod client_cert;
 mod compress;
@@ -36,11 +37,12 @@ use crate::site::RoutePolicy;
 /// Builds a route's step from its policies; `None` when the route does not use it.
 type Build = fn(&Policies) -> Option<Box<dyn Step>>;
 
-/// Every step, in the order a request meets them: before the pool — redirect, rate
-/// limit, client certificate, basic auth; on the fields to the backend — request headers; on the answer —
+/// Every step, in the order a request meets them: before the pool — redirect, allow and
+/// deny, rate limit, client certificate, basic auth; on the fields to the backend — request headers; on the answer —
 /// response headers, compression.
 const STEPS: &[Build] = &[
     redirect::build,
+    access::build,
     rate_limit::build,
     client_cert::build,
     basic_auth::build,
