@@ -77,13 +77,22 @@ out=${COST_OUT:-$(mktemp -d)}
 # route adds (docs/performance.md, "Route policies").
 printf '[[routes]]\npool = "default"\nrate_limit = { rate = 1000, per = "1ms", burst = 1000 }\n' \
   >"$out/limited.toml"
+# The plain request's one route with a deny list of 10 000 addresses that does not hold
+# the client: what a route's allow/deny costs (docs/performance.md, "Who may come in").
+{
+  printf '[[routes]]\npool = "default"\ndeny = ['
+  for i in $(seq 0 9999); do printf '"10.%d.%d.0/24",' $((i / 256)) $((i % 256)); done
+  printf '"192.0.2.1"]\n'
+} >"$out/access.toml"
 # Instructions of one `fulcrum serve` under callgrind serving $1 requests from client $2
-# (h1: curl; h2: h2load over h2c; limited: curl, on the rate-limited route).
+# (h1: curl; h2: h2load over h2c; limited: curl, on the rate-limited route; access: curl,
+# on the route with the deny list).
 count() {
   local n=$1 kind=$2 port admin extra=()
   port=$(free_port)
   admin=$(free_port)
   if [ "$kind" = limited ]; then extra=(--config "$out/limited.toml"); fi
+  if [ "$kind" = access ]; then extra=(--config "$out/access.toml"); fi
   if [ "$kind" = file ]; then extra=(--access-log "$out/access.$n.log"); fi
   valgrind --tool=callgrind --callgrind-out-file="$out/cg.$kind.$n" --trace-syscalls=yes \
     --separate-threads=yes \
@@ -92,7 +101,7 @@ count() {
   local vg=$!
   wait_port "$port"
   case $kind in
-    h1 | limited | file) curl -s -o /dev/null "http://127.0.0.1:$port/cost?[1-$n]" ;;
+    h1 | limited | file | access) curl -s -o /dev/null "http://127.0.0.1:$port/cost?[1-$n]" ;;
     h2) h2load -c 1 -m 1 -n "$n" "http://127.0.0.1:$port/cost" >"$out/h2load.$n" 2>&1 || true ;;
   esac
   kill -INT "$vg"
@@ -169,6 +178,15 @@ limited_extra=$((worker_limited - worker_h1))
 echo "cost guard (limited): $limited_extra instructions over the plain request on the worker thread (guard: 480; target: 420)"
 if [ "$limited_extra" -gt 480 ]; then
   echo "cost guard (limited): over its guard: a rate-limited route got more expensive" >&2
+  status=1
+fi
+# A route with a 10 000-entry deny list: at most 100 over the plain request on the worker
+# thread (docs/performance.md, "Who may come in").
+guard access $((per_h1 + 1000))
+access_extra=$((worker_access - worker_h1))
+echo "cost guard (access): $access_extra instructions over the plain request on the worker thread (guard: 100)"
+if [ "$access_extra" -gt 100 ]; then
+  echo "cost guard (access): over its guard: a route's allow/deny list got more expensive" >&2
   status=1
 fi
 # The access log to a file rather than stderr: at most 1 % more.

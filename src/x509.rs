@@ -30,6 +30,9 @@ pub(crate) struct CertInfo {
 impl CertInfo {
     /// Reads a DER certificate; `None` when it is not one.
     pub(crate) fn read(der: &[u8]) -> Option<CertInfo> {
+        if !well_formed(der) {
+            return None;
+        }
         yasna::parse_der(der, |r| {
             r.read_sequence(|r| {
                 let info = r.next().read_sequence(read_tbs)?;
@@ -47,6 +50,15 @@ impl CertInfo {
             .duration_since(self.not_before)
             .unwrap_or_default()
     }
+}
+
+/// Whether `der` is a certificate webpki's strict DER reader takes, every length inside
+/// its buffer: yasna adds a length to its position unchecked, so a length near
+/// `usize::MAX` (a peer's garbage; the `certificate` fuzz target found one) must never
+/// reach it.
+fn well_formed(der: &[u8]) -> bool {
+    let cert = rustls_pki_types::CertificateDer::from(der);
+    webpki::EndEntityCert::try_from(&cert).is_ok()
 }
 
 /// `TBSCertificate`: version, serial, signature, issuer, validity, then the rest skipped.
@@ -117,6 +129,9 @@ const SUBJECT_ALT_NAME: [u64; 4] = [2, 5, 29, 17];
 impl Names {
     /// Reads a DER certificate's names; `None` when it is not a certificate.
     pub(crate) fn read(der: &[u8]) -> Option<Names> {
+        if !well_formed(der) {
+            return None;
+        }
         yasna::parse_der(der, |r| {
             r.read_sequence(|r| {
                 let names = r.next().read_sequence(read_names)?;
