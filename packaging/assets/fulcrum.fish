@@ -60,6 +60,8 @@ ip_hash\t''
 maglev\t''
 reported_load\t''"
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l hash-key -d 'Key of the hashing strategies: client_ip, header:NAME, cookie:NAME [default: client_ip]' -r
+complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l deny-clients -d 'Client addresses whose connections to the proxy listeners are closed at accept, before any byte or handshake, CIDR[,CIDR…]' -r
+complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l allow-clients -d 'When set, the only client addresses the proxy listeners take (deny_clients first), CIDR[,CIDR…]' -r
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l trusted-proxies -d 'Peers whose X-Forwarded-For is believed, CIDR[,CIDR…]' -r
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l hash-balance-factor -d 'Bounded load for the hashing strategies: a backend may hold at most F times its share of the requests in flight, F > 1; 0 = off [default: 0]' -r
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l health-path -d 'Active health check path [default: /health]' -r
