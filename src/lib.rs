@@ -22,6 +22,7 @@ pub(crate) mod demo;
 pub(crate) mod descriptors;
 pub(crate) mod discovery;
 pub(crate) mod driver;
+pub(crate) mod fetch;
 pub(crate) mod front;
 #[cfg(fuzzing)]
 #[doc(hidden)]
@@ -35,6 +36,8 @@ pub(crate) mod health;
 pub(crate) mod hyper_front;
 pub(crate) mod identity;
 pub(crate) mod ipset;
+pub(crate) mod jwks;
+pub(crate) mod jwt;
 pub(crate) mod lab;
 pub(crate) mod lab_run;
 pub(crate) mod listeners;

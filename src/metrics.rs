@@ -270,7 +270,57 @@ fn encode_proxy_wide(enc: &mut DescriptorEncoder, site: &Site) -> Result<(), std
     encode_protocols(enc)?;
     encode_client_auth(enc)?;
     encode_denied(enc)?;
-    encode_routing(enc, &site.routing())
+    let routing = site.routing();
+    encode_access(enc, &routing)?;
+    encode_routing(enc, &routing)
+}
+
+/// What each route's `jwt` refused, its key set's failed fetches and how its
+/// `forward_auth` ended, by route index (routes with the policy only; `docs/policies.md`).
+fn encode_access(
+    enc: &mut DescriptorEncoder,
+    routing: &crate::site::Routing,
+) -> Result<(), std::fmt::Error> {
+    use crate::stats::{AuthResult, JwtRefusal};
+    let with = |f: fn(&crate::site::RoutePolicy) -> bool| {
+        let all = routing.route_policies().iter().enumerate();
+        all.filter_map(move |(i, p)| Some((i.to_string(), p.as_deref().filter(|p| f(p))?)))
+    };
+    let mut m = enc.encode_descriptor(
+        "fulcrum_jwt_refused",
+        "Requests a route's jwt answered 401, by route index and reason.",
+        None,
+        MetricType::Counter,
+    )?;
+    for (route, p) in with(|p| p.spec.jwt.is_some()) {
+        for (reason, n) in JwtRefusal::ALL.iter().zip(p.access.jwt()) {
+            let labels = [("route", route.as_str()), ("reason", reason)];
+            ConstCounter::new(n).encode(m.encode_family(&labels)?)?;
+        }
+    }
+    let mut m = enc.encode_descriptor(
+        "fulcrum_jwks_fetch_failures",
+        "Fetches of a route's jwks_url that failed (the last good key set is kept), by route index.",
+        None,
+        MetricType::Counter,
+    )?;
+    for (route, p) in with(|p| p.jwks.is_some()) {
+        let n = p.jwks.as_ref().map_or(0, |s| s.failures());
+        ConstCounter::new(n).encode(m.encode_family(&[("route", route.as_str())])?)?;
+    }
+    let mut m = enc.encode_descriptor(
+        "fulcrum_forward_auth",
+        "Subrequests of a route's forward_auth, by route index and result (allowed, refused, unavailable).",
+        None,
+        MetricType::Counter,
+    )?;
+    for (route, p) in with(|p| p.spec.forward_auth.is_some()) {
+        for (result, n) in AuthResult::ALL.iter().zip(p.access.forward_auths()) {
+            let labels = [("route", route.as_str()), ("result", result)];
+            ConstCounter::new(n).encode(m.encode_family(&labels)?)?;
+        }
+    }
+    Ok(())
 }
 
 /// Handshakes refused for their client certificate, by reason (`docs/tls.md`,

@@ -510,6 +510,7 @@ fn launch(
         done_rx,
         start,
     )?;
+    crate::jwks::start(&admin_rt);
     in_force(fleet.as_deref(), &loaded, &site);
     if let Some(tasks) = acme {
         start_acme(tasks, &admin_rt, &rx);
@@ -640,6 +641,7 @@ fn in_force(
         wait_for_store(f, loaded);
     }
     wait_for_discovery(site);
+    crate::jwks::wait_first_fetches();
 }
 
 /// Waits until every pool with `discover` has looked its backends up once (at most

@@ -50,6 +50,11 @@ pub(crate) struct RoutePolicy {
     pub(crate) spec: Policies,
     /// Requests its rate limit answered `429`.
     pub(crate) limited: AtomicU64,
+    /// What its `jwt` refused and how its `forward_auth` ended.
+    pub(crate) access: Arc<crate::stats::AccessCounts>,
+    /// The keys of its `jwt` when they come from a `jwks_url` (shared by every route
+    /// and routing table naming the URL).
+    pub(crate) jwks: Option<Arc<crate::jwks::Source>>,
     /// The steps as the request path runs them, with what each keeps (a rate limit's
     /// buckets, basic auth's verified credentials): built by the request core
     /// (`proxy/chain/`) from `spec` the first time a request needs them, opaque here.
@@ -70,6 +75,13 @@ impl RoutePolicy {
         RoutePolicy {
             spec: spec.clone(),
             limited: AtomicU64::new(0),
+            access: Default::default(),
+            jwks: match spec.jwt.as_ref().map(|j| &j.keys) {
+                Some(crate::config::auth::Jwks::Url { url, refresh }) => {
+                    Some(crate::jwks::source(url, *refresh))
+                }
+                _ => None,
+            },
             steps: OnceLock::new(),
         }
     }
@@ -126,6 +138,11 @@ impl Routing {
         (self.policies.iter())
             .map(|p| p.as_ref().map_or(0, |p| p.limited.load(Ordering::Relaxed)))
             .collect()
+    }
+
+    /// Each route's policies and what they keep, in route order (`None`: none).
+    pub(crate) fn route_policies(&self) -> &[Option<Arc<RoutePolicy>>] {
+        &self.policies
     }
 
     /// Requests each route took, in route order.

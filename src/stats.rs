@@ -198,6 +198,97 @@ pub(crate) fn clients_denied() -> [u64; 2] {
     std::array::from_fn(|i| DENIED[i].load(Ordering::Relaxed))
 }
 
+/// Why a route's `jwt` refused a request (`fulcrum_jwt_refused_total{route,reason}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum JwtRefusal {
+    /// No bearer token (nor the `token_cookie`).
+    Missing,
+    /// Not a JWS of three parts, or its header, claims or encoding unreadable.
+    Malformed,
+    /// An algorithm not taken (`none`, HMAC, …), or one its key does not name.
+    Algorithm,
+    /// Its `kid` names no key of the set.
+    UnknownKey,
+    /// No key of the set verifies its signature.
+    Signature,
+    /// Past `exp` (leeway counted), or no `exp`.
+    Expired,
+    /// Before `nbf` (leeway counted).
+    NotYetValid,
+    /// `iss` missing or not the configured issuer.
+    Issuer,
+    /// `aud` missing or naming none of the configured audiences.
+    Audience,
+    /// The route holds no key set yet (its `jwks_url` never answered).
+    NoKeys,
+}
+
+impl JwtRefusal {
+    /// The label values, in the order of the variants.
+    pub(crate) const ALL: [&'static str; 10] = [
+        "missing",
+        "malformed",
+        "algorithm",
+        "unknown_key",
+        "signature",
+        "expired",
+        "not_yet_valid",
+        "issuer",
+        "audience",
+        "no_keys",
+    ];
+
+    /// Its label value.
+    pub(crate) fn label(self) -> &'static str {
+        Self::ALL[self as usize]
+    }
+}
+
+/// How a route's `forward_auth` ended (`fulcrum_forward_auth_total{route,result}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AuthResult {
+    /// A `2xx`: the request went on.
+    Allowed,
+    /// Another answer, passed to the client.
+    Refused,
+    /// No answer within `timeout`, or none at all: `503`.
+    Unavailable,
+}
+
+impl AuthResult {
+    /// The label values, in the order of the variants.
+    pub(crate) const ALL: [&'static str; 3] = ["allowed", "refused", "unavailable"];
+}
+
+/// A route's access counters: what its `jwt` refused, how its `forward_auth` ended.
+#[derive(Debug, Default)]
+pub(crate) struct AccessCounts {
+    jwt: [AtomicU64; 10],
+    forward_auth: [AtomicU64; 3],
+}
+
+impl AccessCounts {
+    /// Counts a request `jwt` refused.
+    pub(crate) fn jwt_refused(&self, why: JwtRefusal) {
+        self.jwt[why as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a `forward_auth` outcome.
+    pub(crate) fn forward_auth(&self, r: AuthResult) {
+        self.forward_auth[r as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Refusals, in [`JwtRefusal::ALL`] order.
+    pub(crate) fn jwt(&self) -> [u64; 10] {
+        std::array::from_fn(|i| self.jwt[i].load(Ordering::Relaxed))
+    }
+
+    /// Outcomes, in [`AuthResult::ALL`] order.
+    pub(crate) fn forward_auths(&self) -> [u64; 3] {
+        std::array::from_fn(|i| self.forward_auth[i].load(Ordering::Relaxed))
+    }
+}
+
 /// At most this many `request` events per second reach the event stream.
 pub(crate) const REQUEST_EVENTS_PER_SEC: u64 = 200;
 

@@ -6,6 +6,7 @@
 //! the option, the value, and (where there is a list) the valid values.
 
 pub(crate) mod acme;
+pub(crate) mod auth;
 pub(crate) mod client_auth;
 mod collector;
 pub mod compress;

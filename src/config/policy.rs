@@ -3,26 +3,29 @@
 //! store's JSON all come down to a JSON value per key, checked here, so each key has
 //! one parser and one message.
 //!
-//! Today: `redirect`, `allow`, `deny`, `rate_limit`, `client_cert`, `basic_auth`, `request_headers`,
-//! `response_headers`, `compress` and `compress_types`.
+//! Today: `redirect`, `allow`, `deny`, `rate_limit`, `client_cert`, `basic_auth`, `jwt`,
+//! `forward_auth`, `request_headers`, `response_headers`, `compress` and `compress_types`.
 
 use std::time::Duration;
 
 use http::header::{HeaderName, HeaderValue};
 use serde_json::{Map, Value};
 
+pub(crate) use super::auth::{ForwardAuth, Jwt};
 pub(crate) use super::compress::Coding;
 use crate::identity::San;
 use crate::ipset::IpSet;
 
 /// The policy keys a route takes.
-pub(crate) const KEYS: [&str; 10] = [
+pub(crate) const KEYS: [&str; 12] = [
     "redirect",
     "allow",
     "deny",
     "rate_limit",
     "client_cert",
     "basic_auth",
+    "jwt",
+    "forward_auth",
     "request_headers",
     "response_headers",
     "compress",
@@ -44,6 +47,10 @@ pub(crate) struct Policies {
     pub(crate) client_cert: Option<ClientCertRule>,
     /// Users and their bcrypt hashes: a request without good credentials gets `401`.
     pub(crate) basic_auth: Option<BasicAuth>,
+    /// A bearer token verified against a key set: else `401`.
+    pub(crate) jwt: Option<Jwt>,
+    /// An auth service asked first: its refusal is the answer.
+    pub(crate) forward_auth: Option<ForwardAuth>,
     /// Fields set or removed on the way to the backend.
     pub(crate) request_headers: Option<HeaderEdits>,
     /// Fields set or removed on the backend's answer.
@@ -63,6 +70,8 @@ impl Policies {
             && self.rate_limit.is_none()
             && self.client_cert.is_none()
             && self.basic_auth.is_none()
+            && self.jwt.is_none()
+            && self.forward_auth.is_none()
             && self.request_headers.is_none()
             && self.response_headers.is_none()
             && self.compress.is_none()
@@ -84,6 +93,8 @@ impl Policies {
             "rate_limit" => self.rate_limit = Some(RateLimit::from_json(v)?),
             "client_cert" => self.client_cert = Some(ClientCertRule::from_json(v)?),
             "basic_auth" => self.basic_auth = Some(BasicAuth::from_json(v)?),
+            "jwt" => self.jwt = Some(Jwt::from_json(v)?),
+            "forward_auth" => self.forward_auth = Some(ForwardAuth::from_json(v)?),
             "request_headers" => self.request_headers = Some(HeaderEdits::from_json(key, v)?),
             "response_headers" => self.response_headers = Some(HeaderEdits::from_json(key, v)?),
             "compress" => self.compress = super::compress::codings_from_json(v)?,
@@ -96,6 +107,20 @@ impl Policies {
             }
         }
         Ok(())
+    }
+
+    /// Policies that cannot go together on one route: `basic_auth` with `jwt` or
+    /// `forward_auth` (each wants `Authorization`).
+    pub(crate) fn conflict(&self) -> Option<&'static str> {
+        match (&self.basic_auth, &self.jwt, &self.forward_auth) {
+            (Some(_), Some(_), _) => {
+                Some("basic_auth and jwt cannot go on one route: both read Authorization")
+            }
+            (Some(_), _, Some(_)) => {
+                Some("basic_auth and forward_auth cannot go on one route: both read Authorization")
+            }
+            _ => None,
+        }
     }
 
     /// The policies as configured, by key: what `GET /admin/routes` shows and the
@@ -119,6 +144,12 @@ impl Policies {
         }
         if let Some(a) = &self.basic_auth {
             out.push(("basic_auth", a.to_json()));
+        }
+        if let Some(j) = &self.jwt {
+            out.push(("jwt", j.to_json()));
+        }
+        if let Some(f) = &self.forward_auth {
+            out.push(("forward_auth", f.to_json()));
         }
         if let Some(e) = &self.request_headers {
             out.push(("request_headers", e.to_json()));
@@ -599,7 +630,7 @@ impl HeaderEdits {
 }
 
 /// A field name a policy may touch.
-fn field_name(key: &str, name: &str) -> Result<HeaderName, String> {
+pub(super) fn field_name(key: &str, name: &str) -> Result<HeaderName, String> {
     let n = HeaderName::from_bytes(name.as_bytes())
         .map_err(|_| format!("{key}: invalid header name '{name}'"))?;
     if REFUSED.contains(&n.as_str()) {

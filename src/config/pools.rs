@@ -156,6 +156,9 @@ pub(crate) fn route_spec(t: RouteText) -> Result<RouteSpec, String> {
         .as_deref()
         .map(PathPrefix::parse)
         .transpose()?;
+    if let Some(why) = t.policies.conflict() {
+        return Err(why.into());
+    }
     if !t.policies.compress_types.is_empty() && t.policies.compress.is_none() {
         return Err("compress_types needs compress".into());
     }
@@ -276,6 +279,12 @@ pub(crate) struct RouteView {
     /// Its realm and users file (never the file's content).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     basic_auth: Option<serde_json::Value>,
+    /// Its bearer-token check (`docs/policies.md`, "Bearer tokens (JWT)").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    jwt: Option<serde_json::Value>,
+    /// Its auth service (`docs/policies.md`, "Forward auth").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    forward_auth: Option<serde_json::Value>,
     /// Fields set or removed on the way to the backend.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     request_headers: Option<serde_json::Value>,
@@ -320,6 +329,8 @@ impl RouteView {
             rate_limit: None,
             client_cert: None,
             basic_auth: None,
+            jwt: None,
+            forward_auth: None,
             request_headers: None,
             response_headers: None,
             compress: None,
@@ -347,6 +358,8 @@ impl RouteView {
                 "rate_limit" => self.rate_limit = Some(v),
                 "client_cert" => self.client_cert = Some(v),
                 "basic_auth" => self.basic_auth = Some(v),
+                "jwt" => self.jwt = Some(v),
+                "forward_auth" => self.forward_auth = Some(v),
                 "request_headers" => self.request_headers = Some(v),
                 "response_headers" => self.response_headers = Some(v),
                 "compress" => self.compress = Some(v),
@@ -366,6 +379,8 @@ impl RouteView {
             ("rate_limit", &self.rate_limit),
             ("client_cert", &self.client_cert),
             ("basic_auth", &self.basic_auth),
+            ("jwt", &self.jwt),
+            ("forward_auth", &self.forward_auth),
             ("request_headers", &self.request_headers),
             ("response_headers", &self.response_headers),
             ("compress", &self.compress),

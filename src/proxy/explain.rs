@@ -153,6 +153,7 @@ fn policed(p: &RoutePolicy, head: &RequestHead, client_ip: IpAddr, index: usize)
         head,
         client_ip,
         index,
+        route: p,
     };
     Chain::of(p).explain(&cx)
 }

@@ -324,7 +324,9 @@ impl Proxy {
                     .collect::<Vec<_>>()
             })
             .collect();
-        self.upstreams.sweep(|id| live.contains(&id));
+        // An auth service (`forward_auth`) is in no pool: its idle connections age out.
+        self.upstreams
+            .sweep(|id| id >= chain::AUX_IDS || live.contains(&id));
     }
 
     /// How long a client may take no byte of an answer (`send_timeout`).
@@ -673,6 +675,7 @@ impl Proxy {
     ) -> chain::Before<'r> {
         chain::Before {
             head: &mut req.head,
+            upstreams: self.upstreams,
             peer: req.peer,
             peer_trusted: req.peer_trusted,
             trusted_proxies: &self.settings.trusted_proxies,
@@ -694,10 +697,9 @@ impl Proxy {
         now: Stamp,
     ) -> Result<(), ProxyResponse> {
         loop {
-            if let Some(r) = wait.await {
-                return Err(r);
-            }
-            match chain.run(next, &mut self.before_cx(req, route, now)) {
+            let mut cx = self.before_cx(req, route, now);
+            cx.grant(wait.await?);
+            match chain.run(next, &mut cx) {
                 Ran::Done => return Ok(()),
                 Ran::Answer(r) => return Err(*r),
                 Ran::Wait(n, w) => (next, wait) = (n, w),

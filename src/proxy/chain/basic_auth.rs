@@ -37,13 +37,14 @@ impl Step for BasicAuthStep {
                 match crate::basic_auth::verify(attempt).await {
                     Verified::Yes(field) => {
                         self.gate.remember(field);
-                        None
+                        Ok(Default::default())
                     }
-                    Verified::No => Some(self.unauthorized()),
-                    Verified::Busy => Some(
-                        ProxyResponse::own(StatusCode::SERVICE_UNAVAILABLE, "busy\n")
-                            .with_field(header::RETRY_AFTER, HeaderValue::from_static("1")),
-                    ),
+                    Verified::No => Err(self.unauthorized()),
+                    Verified::Busy => Err(ProxyResponse::own(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "busy\n",
+                    )
+                    .with_field(header::RETRY_AFTER, HeaderValue::from_static("1"))),
                 }
             })),
         }

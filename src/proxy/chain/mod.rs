@@ -13,6 +13,8 @@ mod basic_auth;
 mod client_cert;
 mod compress;
 mod edits;
+mod forward_auth;
+mod jwt;
 mod rate_limit;
 mod redirect;
 mod request_headers;
@@ -23,8 +25,10 @@ use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 
-use http::header::{HeaderMap, HeaderValue};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 use ipnet::IpNet;
+
+pub(super) use forward_auth::AUX_IDS;
 
 use super::answer::ProxyResponse;
 use super::message::{Peer, RateLimitFields, RequestFields, RequestHead};
@@ -38,14 +42,17 @@ use crate::site::RoutePolicy;
 type Build = fn(&Policies) -> Option<Box<dyn Step>>;
 
 /// Every step, in the order a request meets them: before the pool — redirect, allow and
-/// deny, rate limit, client certificate, basic auth; on the fields to the backend — request headers; on the answer —
-/// response headers, compression.
+/// deny, rate limit, client certificate, basic auth, bearer token, forward auth; on the
+/// fields to the backend — request headers; on the answer — response headers,
+/// compression.
 const STEPS: &[Build] = &[
     redirect::build,
     access::build,
     rate_limit::build,
     client_cert::build,
     basic_auth::build,
+    jwt::build,
+    forward_auth::build,
     request_headers::build,
     response_headers::build,
     compress::build,
@@ -61,8 +68,17 @@ pub(super) enum Next<'s> {
     Wait(Waiting<'s>),
 }
 
-/// A step's wait: on once it finishes; `Some` answers the request.
-pub(super) type Waiting<'s> = Pin<Box<dyn Future<Output = Option<ProxyResponse>> + Send + 's>>;
+/// A step's wait: on once it finishes, with what it grants; `Err` answers the request.
+pub(super) type Waiting<'s> =
+    Pin<Box<dyn Future<Output = Result<Grant, ProxyResponse>> + Send + 's>>;
+
+/// What a step that waited lets the request on with: fields set on the request
+/// (replacing any of their names) and fields added to its answer.
+#[derive(Debug, Default)]
+pub(super) struct Grant {
+    pub(super) request: Vec<(HeaderName, HeaderValue)>,
+    pub(super) answer: Vec<(HeaderName, HeaderValue)>,
+}
 
 /// What [`Chain::run`] says.
 pub(super) enum Ran<'s> {
@@ -109,11 +125,15 @@ pub(super) struct Found {
     pub(super) limit: Option<RateLimitFields>,
     /// The coding the answer may be compressed with (`None`: none the client takes).
     pub(super) coding: Option<Coding>,
+    /// Fields a step granted the answer (an auth service's `Set-Cookie`).
+    pub(super) answer_fields: Vec<(HeaderName, HeaderValue)>,
 }
 
 /// A request before the pool, as the steps see it.
 pub(super) struct Before<'a> {
     pub(super) head: &'a mut RequestHead,
+    /// The worker's backend connections (an auth service's subrequest takes one).
+    pub(super) upstreams: &'static super::upstream::Upstreams,
     /// The client, as its connection knows it.
     pub(super) peer: &'a Peer,
     /// Whether the peer is a trusted proxy (its forwarding fields are believed).
@@ -128,6 +148,29 @@ pub(super) struct Before<'a> {
 }
 
 impl Before<'_> {
+    /// Removes the fields named `remove`, then sets `set` (each replacing its name's):
+    /// fields a step writes into the request. Nothing to do leaves the fields' form.
+    pub(super) fn set_fields(&mut self, remove: &[HeaderName], set: &[(HeaderName, HeaderValue)]) {
+        if remove.is_empty() && set.is_empty() {
+            return;
+        }
+        self.head.make_map();
+        if let RequestFields::Map(m) = &mut self.head.fields {
+            for n in remove {
+                m.remove(n);
+            }
+            for (n, v) in set {
+                m.insert(n.clone(), v.clone());
+            }
+        }
+    }
+
+    /// Takes what a waiting step granted.
+    pub(super) fn grant(&mut self, g: Grant) {
+        self.set_fields(&[], &g.request);
+        self.found.answer_fields.extend(g.answer);
+    }
+
     /// The client's IP, `trusted_proxies` honoured (from an untrusted peer, the peer's
     /// address, and no field is read); kept for the answer's steps.
     #[inline(always)]
@@ -194,6 +237,8 @@ pub(super) struct Explain<'a> {
     pub(super) client_ip: IpAddr,
     /// Its route's index.
     pub(super) index: usize,
+    /// Its route's policies and what they hold (a key set).
+    pub(super) route: &'a RoutePolicy,
 }
 
 /// The steps a route runs, in order; built once per routing table, on the first
@@ -254,10 +299,14 @@ impl Chain {
         }
     }
 
-    /// Runs every step's `after` on the answer, in order.
+    /// Runs every step's `after` on the answer, in order, then adds the fields steps
+    /// granted it.
     pub(super) fn after(&self, cx: &After<'_>, r: &mut ProxyResponse) {
         for step in &self.steps {
             step.after(cx, r);
+        }
+        for (n, v) in &cx.found.answer_fields {
+            r.head.append_field(n.clone(), v.clone());
         }
     }
 
