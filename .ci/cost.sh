@@ -85,15 +85,38 @@ printf '[[routes]]\npool = "default"\nrate_limit = { rate = 1000, per = "1ms", b
   for i in $(seq 0 9999); do printf '"10.%d.%d.%d",' $((i / 32768)) $((i / 128 % 256)) $((i % 128 * 2)); done
   printf '"192.0.2.1"]\n'
 } >"$out/access.toml"
+# The plain request's one route with a bearer token to verify, and one good token (RS256,
+# an RSA key made by openssl): what a cached valid token costs (docs/performance.md,
+# "Who may come in").
+python3 - "$out" <<'PY'
+import base64, json, subprocess, sys, time
+out = sys.argv[1]
+b64 = lambda b: base64.urlsafe_b64encode(b).rstrip(b"=").decode()
+run = lambda args, **kw: subprocess.run(args, check=True, capture_output=True, **kw).stdout
+run(["openssl", "genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", f"{out}/jwt.key"])
+modulus = run(["openssl", "rsa", "-in", f"{out}/jwt.key", "-noout", "-modulus"], text=True)
+n = bytes.fromhex(modulus.strip().split("=", 1)[1])
+json.dump({"keys": [{"kty": "RSA", "kid": "k", "n": b64(n), "e": "AQAB"}]}, open(f"{out}/jwks.json", "w"))
+head = b64(json.dumps({"alg": "RS256", "kid": "k", "typ": "JWT"}).encode())
+claims = b64(json.dumps({"sub": "cost", "exp": int(time.time()) + 86400}).encode())
+sig = run(["openssl", "dgst", "-sha256", "-sign", f"{out}/jwt.key"], input=f"{head}.{claims}".encode())
+open(f"{out}/jwt.token", "w").write(f"{head}.{claims}.{b64(sig)}")
+PY
+printf '[[routes]]\npool = "default"\njwt = { jwks_file = "%s" }\n' "$out/jwks.json" >"$out/jwt.toml"
+# The same request (token and all) through the same route without the check: jwt's base.
+printf '[[routes]]\npool = "default"\n' >"$out/bearer.toml"
 # Instructions of one `fulcrum serve` under callgrind serving $1 requests from client $2
 # (h1: curl; h2: h2load over h2c; limited: curl, on the rate-limited route; access: curl,
-# on the route with the deny list).
+# on the route with the deny list; jwt: curl with the token, on the route that checks it;
+# bearer: the same on a route without the check).
 count() {
   local n=$1 kind=$2 port admin extra=()
   port=$(free_port)
   admin=$(free_port)
   if [ "$kind" = limited ]; then extra=(--config "$out/limited.toml"); fi
   if [ "$kind" = access ]; then extra=(--config "$out/access.toml"); fi
+  if [ "$kind" = jwt ]; then extra=(--config "$out/jwt.toml"); fi
+  if [ "$kind" = bearer ]; then extra=(--config "$out/bearer.toml"); fi
   if [ "$kind" = file ]; then extra=(--access-log "$out/access.$n.log"); fi
   valgrind --tool=callgrind --callgrind-out-file="$out/cg.$kind.$n" --trace-syscalls=yes \
     --separate-threads=yes \
@@ -103,6 +126,14 @@ count() {
   wait_port "$port"
   case $kind in
     h1 | limited | file | access) curl -s -o /dev/null "http://127.0.0.1:$port/cost?[1-$n]" ;;
+    jwt | bearer)
+      curl -s -o /dev/null -H "authorization: Bearer $(cat "$out/jwt.token")" \
+        -w '%{http_code}\n' "http://127.0.0.1:$port/cost?[1-$n]" >"$out/jwt.codes.$n"
+      if grep -qv '^200$' "$out/jwt.codes.$n"; then
+        echo "cost guard: the token was refused" >&2
+        exit 1
+      fi
+      ;;
     h2) h2load -c 1 -m 1 -n "$n" "http://127.0.0.1:$port/cost" >"$out/h2load.$n" 2>&1 || true ;;
   esac
   kill -INT "$vg"
@@ -185,12 +216,25 @@ fi
 # (reading the list at start is the main thread's biggest work, so the worker thread is
 # not the busiest here; start and stop cancel out between the two runs). Target 100; the
 # chain's fixed cost for a route with any policy is most of what is measured
-# (docs/performance.md, "Who may come in"), and the guard holds 400 (measured 339).
+# (docs/performance.md, "Who may come in"), and the guard holds 400 (measured 321–339).
 guard access $((per_h1 + 1000))
 access_extra=$((per_access - per_h1))
 echo "cost guard (access): $access_extra instructions over the plain request (guard: 400; target: 100)"
 if [ "$access_extra" -gt 400 ]; then
   echo "cost guard (access): over its guard: a route's allow/deny list got more expensive" >&2
+  status=1
+fi
+# A route that checks a bearer token, with a good one remembered since the first request,
+# over the same request (the same token, whose bytes cost their reading and forwarding)
+# through the same route without the check: target and guard 500, in the process's total
+# (the one signature check cancels out between the two runs; measured 440–449;
+# docs/performance.md, "Who may come in").
+guard bearer $((per_h1 + 4000))
+guard jwt $((per_bearer + 1000))
+jwt_extra=$((per_jwt - per_bearer))
+echo "cost guard (jwt): $jwt_extra instructions over the same request on a route without jwt (guard: 500)"
+if [ "$jwt_extra" -gt 500 ]; then
+  echo "cost guard (jwt): over its guard: a remembered bearer token got more expensive" >&2
   status=1
 fi
 # The access log to a file rather than stderr: at most 1 % more.

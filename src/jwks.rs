@@ -128,6 +128,14 @@ impl Source {
         self.failures.load(Ordering::Relaxed)
     }
 
+    /// While the first fetch has not ended (a URL new at a reload): a receiver that
+    /// changes when it does.
+    pub(crate) fn first_fetch(&self) -> Option<watch::Receiver<u64>> {
+        // Subscribed before the check: a fetch ending in between still changes it.
+        let rx = self.ended.subscribe();
+        (!self.tried.load(Ordering::Acquire)).then_some(rx)
+    }
+
     /// Starts a fetch for an unknown `kid`, unless one started within [`KID_REFETCH`];
     /// `Some` with a receiver that changes when it ends.
     pub(crate) fn fetch_for_kid(&self) -> Option<watch::Receiver<u64>> {

@@ -13,7 +13,51 @@ use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, Jwk, KeyAlgorithm, P
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde_json::{Map, Value};
 
-use crate::stats::JwtRefusal;
+/// Why a route's `jwt` refused a request (`fulcrum_jwt_refused_total{route,reason}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum JwtRefusal {
+    /// No bearer token (nor the `token_cookie`).
+    Missing,
+    /// Not a JWS of three parts, or its header, claims or encoding unreadable.
+    Malformed,
+    /// An algorithm not taken (`none`, HMAC, …), or one its key does not name.
+    Algorithm,
+    /// Its `kid` names no key of the set.
+    UnknownKey,
+    /// No key of the set verifies its signature.
+    Signature,
+    /// Past `exp` (leeway counted), or no `exp`.
+    Expired,
+    /// Before `nbf` (leeway counted).
+    NotYetValid,
+    /// `iss` missing or not the configured issuer.
+    Issuer,
+    /// `aud` missing or naming none of the configured audiences.
+    Audience,
+    /// The route holds no key set yet (its `jwks_url` never answered).
+    NoKeys,
+}
+
+impl JwtRefusal {
+    /// The label values, in the order of the variants.
+    pub(crate) const ALL: [&'static str; 10] = [
+        "missing",
+        "malformed",
+        "algorithm",
+        "unknown_key",
+        "signature",
+        "expired",
+        "not_yet_valid",
+        "issuer",
+        "audience",
+        "no_keys",
+    ];
+
+    /// Its label value.
+    pub(crate) fn label(self) -> &'static str {
+        Self::ALL[self as usize]
+    }
+}
 
 /// The algorithms a token may be signed with.
 pub(crate) const ALGORITHMS: [Algorithm; 7] = [

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::clock::Stamp;
+pub(crate) use crate::jwt::JwtRefusal;
 
 /// Upper bounds (seconds) of the request duration histogram, as in most HTTP
 /// instrumentation: 1 ms to 10 s.
@@ -196,52 +197,6 @@ pub(crate) fn client_denied(at: Denied) {
 /// Clients kept out, in [`Denied::ALL`] order.
 pub(crate) fn clients_denied() -> [u64; 2] {
     std::array::from_fn(|i| DENIED[i].load(Ordering::Relaxed))
-}
-
-/// Why a route's `jwt` refused a request (`fulcrum_jwt_refused_total{route,reason}`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum JwtRefusal {
-    /// No bearer token (nor the `token_cookie`).
-    Missing,
-    /// Not a JWS of three parts, or its header, claims or encoding unreadable.
-    Malformed,
-    /// An algorithm not taken (`none`, HMAC, …), or one its key does not name.
-    Algorithm,
-    /// Its `kid` names no key of the set.
-    UnknownKey,
-    /// No key of the set verifies its signature.
-    Signature,
-    /// Past `exp` (leeway counted), or no `exp`.
-    Expired,
-    /// Before `nbf` (leeway counted).
-    NotYetValid,
-    /// `iss` missing or not the configured issuer.
-    Issuer,
-    /// `aud` missing or naming none of the configured audiences.
-    Audience,
-    /// The route holds no key set yet (its `jwks_url` never answered).
-    NoKeys,
-}
-
-impl JwtRefusal {
-    /// The label values, in the order of the variants.
-    pub(crate) const ALL: [&'static str; 10] = [
-        "missing",
-        "malformed",
-        "algorithm",
-        "unknown_key",
-        "signature",
-        "expired",
-        "not_yet_valid",
-        "issuer",
-        "audience",
-        "no_keys",
-    ];
-
-    /// Its label value.
-    pub(crate) fn label(self) -> &'static str {
-        Self::ALL[self as usize]
-    }
 }
 
 /// How a route's `forward_auth` ended (`fulcrum_forward_auth_total{route,result}`).

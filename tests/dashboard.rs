@@ -296,7 +296,9 @@ fn dashboard_shows_routes_pools_and_backends() {
          [[pools]]\nname = \"lost\"\ndiscover = {{ file = \"{}\" }}\n\
          [[routes]]\npool = \"disc\"\npath_prefix = \"/disc\"\n\
          rate_limit = {{ rate = 1000, burst = 10 }}\ncompress = [\"br\", \"gzip\"]\n\
-         [[routes]]\npool = \"lost\"\npath_prefix = \"/lost\"\n",
+         [[routes]]\npool = \"lost\"\npath_prefix = \"/lost\"\ndeny = [\"192.0.2.0/24\"]\n\
+         jwt = {{ jwks_url = \"http://127.0.0.1:9/jwks.json\" }}\n\
+         forward_auth = {{ url = \"http://127.0.0.1:9/check\" }}\n",
         disc.display(),
         dir.join("gone.json").display()
     );

@@ -401,6 +401,16 @@ async fn a_jwks_url_is_fetched_rotated_on_an_unknown_kid_and_kept_when_its_serve
     let r = with_token(&f, &b.sign(&claims(json!({"sub": "bob"})))).await;
     assert_eq!(r.status, 200, "the last good set is kept");
     assert!(f.log().contains("jwks: fetch failed"), "{}", f.log());
+    // A URL new with `PUT /admin/routes`: the first request waits for its first fetch.
+    let x = Signer::rsa("x", config_file("jwt", "url", "").parent().unwrap());
+    let other = KeyServer::start(jwks(&[&x])).await;
+    let url = format!("http://{}/keys", other.addr);
+    let body = json!([{"pool": "api", "jwt": {"jwks_url": url}}]).to_string();
+    let r = admin(&client(), "PUT", &f.admin_url("/admin/routes"), &body).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = with_token(&f, &x.sign(&claims(json!({})))).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(other.fetches(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -236,14 +236,44 @@ pub(crate) async fn routes(State(ctx): State<AdminCtx>) -> Json<Vec<RouteView>> 
     let routing = ctx.site.routing();
     let counts = routing.route_requests();
     let limited = routing.rate_limited();
+    let policies = routing.route_policies();
     Json(
         routing
             .routes
             .iter()
             .zip(counts.into_iter().zip(limited))
-            .map(|(r, (n, l))| RouteView::of(r, n).with_rate_limited(l))
+            .enumerate()
+            .map(|(i, (r, (n, l)))| {
+                let access = policies.get(i).and_then(|p| access_view(p.as_deref()?));
+                RouteView::of(r, n).with_rate_limited(l).with_access(access)
+            })
             .collect(),
     )
+}
+
+/// What a route's `jwt` and `forward_auth` did: refusals, the key set held and its
+/// failed fetches, the auth service's outcomes (`docs/policies.md`).
+fn access_view(p: &crate::site::RoutePolicy) -> Option<serde_json::Value> {
+    use crate::stats::{AuthResult, JwtRefusal};
+    let mut m = serde_json::Map::new();
+    if p.spec.jwt.is_some() {
+        let by: serde_json::Map<_, _> = (JwtRefusal::ALL.iter().zip(p.access.jwt()))
+            .filter(|(_, n)| *n > 0)
+            .map(|(k, n)| (k.to_string(), n.into()))
+            .collect();
+        m.insert("jwt_refused".into(), by.into());
+    }
+    if let Some(s) = &p.jwks {
+        m.insert("jwks_keys".into(), s.keys().map_or(0, |k| k.len()).into());
+        m.insert("jwks_fetch_failures".into(), s.failures().into());
+    }
+    if p.spec.forward_auth.is_some() {
+        let by: serde_json::Map<_, _> = (AuthResult::ALL.iter().zip(p.access.forward_auths()))
+            .map(|(k, n)| (k.to_string(), n.into()))
+            .collect();
+        m.insert("forward_auth".into(), by.into());
+    }
+    (!m.is_empty()).then_some(serde_json::Value::Object(m))
 }
 
 /// `PUT /admin/routes`: replaces the list, all valid or nothing changed.

@@ -275,7 +275,7 @@ fn claims_to_headers(v: Option<&Value>) -> Result<Vec<(String, HeaderName)>, Str
 /// A field a policy writes into the request: neither framing nor hop-by-hop (the
 /// framing and hop fields `field_name` refuses, and `Proxy-Authorization`), nor `Via`.
 fn request_field(key: &str, name: &str) -> Result<HeaderName, String> {
-    let n = super::policy::field_name(key, name)?;
+    let n = super::fields::field_name(key, name)?;
     if n == http::header::PROXY_AUTHORIZATION || n == http::header::VIA {
         return Err(format!("{key}: '{n}' is a hop-by-hop field"));
     }

@@ -11,6 +11,7 @@ pub(crate) mod client_auth;
 mod collector;
 pub mod compress;
 pub(crate) mod discover;
+mod fields;
 mod file;
 mod file_backends;
 mod file_pools;

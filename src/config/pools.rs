@@ -304,6 +304,10 @@ pub(crate) struct RouteView {
     /// given).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     rate_limited: Option<u64>,
+    /// What its `jwt` and `forward_auth` did (shown for a route with either; ignored
+    /// when given).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    access: Option<serde_json::Value>,
 }
 
 impl RouteView {
@@ -337,6 +341,7 @@ impl RouteView {
             compress_types: None,
             requests,
             rate_limited: None,
+            access: None,
         }
         .with_policies(&r.policies)
     }
@@ -346,6 +351,12 @@ impl RouteView {
         if self.rate_limit.is_some() {
             self.rate_limited = Some(n);
         }
+        self
+    }
+
+    /// With what its access steps did (`None`: it has none that count).
+    pub(crate) fn with_access(mut self, access: Option<serde_json::Value>) -> RouteView {
+        self.access = access;
         self
     }
 

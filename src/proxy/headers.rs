@@ -486,6 +486,22 @@ impl Spans {
         })
     }
 
+    /// The value of the first field named `name` (lower case), borrowed: the names
+    /// compared only where their lengths agree.
+    #[inline]
+    pub(crate) fn value_bytes(&self, name: &[u8]) -> Option<&[u8]> {
+        let &(_, _, vs, vl) = self.spans.iter().find(|&&(ns, nl, _, _)| {
+            // Most clients send names in lower case (HTTP/2 and 3 must): a plain
+            // comparison first, the case-blind one only when that fails.
+            nl as usize == name.len()
+                && self
+                    .head
+                    .get(ns as usize..(ns + nl) as usize)
+                    .is_some_and(|n| n == name || n.eq_ignore_ascii_case(name))
+        })?;
+        self.head.get(vs as usize..(vs + vl) as usize)
+    }
+
     /// The value of the first field named `name` (lower case), as a slice of the head.
     pub(crate) fn value(&self, name: &[u8]) -> Option<HeaderValue> {
         let &(_, _, vs, vl) = self.spans.iter().find(|&&(ns, nl, _, _)| {
@@ -543,6 +559,12 @@ impl ClientFields {
     /// The value of the first field named `name` (lower case; no copy).
     pub(crate) fn value(&self, name: &[u8]) -> Option<HeaderValue> {
         self.0.value(name)
+    }
+
+    /// The value of the first field named `name` (lower case), borrowed.
+    #[inline]
+    pub(crate) fn value_bytes(&self, name: &[u8]) -> Option<&[u8]> {
+        self.0.value_bytes(name)
     }
 
     /// What the fields count toward the request head limit (as a header map's would).

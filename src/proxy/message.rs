@@ -98,6 +98,16 @@ impl RequestHead {
         }
     }
 
+    /// The first value of the field `name`, borrowed: no copy, whichever form the
+    /// fields are in (a rule read on every request, such as a bearer token).
+    #[inline]
+    pub(crate) fn first_value(&self, name: &HeaderName) -> Option<&[u8]> {
+        match &self.fields {
+            RequestFields::Map(m) => m.get(name).map(HeaderValue::as_bytes),
+            RequestFields::Spans(f) => f.value_bytes(name.as_str().as_bytes()),
+        }
+    }
+
     /// Whether any field named `name` has a value `pred` holds for (every line of a
     /// list-valued field).
     pub(crate) fn any_value(&self, name: &HeaderName, mut pred: impl FnMut(&[u8]) -> bool) -> bool {

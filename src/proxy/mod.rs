@@ -653,7 +653,7 @@ impl Proxy {
         chain: Option<&Chain>,
         mut r: ProxyResponse,
     ) -> ProxyResponse {
-        let Some(chain) = chain else {
+        let Some(chain) = chain.filter(|c| c.edits_answer(&req.found)) else {
             return r;
         };
         let cx = chain::After {

@@ -551,6 +551,11 @@ async function poolsTour(page) {
     // A route's policies beside it, with its rate limit's count (docs/policies.md).
     const routes = await text(page, '[data-testid="pool-routes-disc"]');
     if (!/\[rate 1000\/1s \+10 by client_ip · 0 limited; compress br, gzip\]/.test(routes)) throw new Error('disc routes: ' + routes);
+    // Its access steps, with what they did: the key set's failed fetches (nothing listens
+    // on port 9), the auth service's outcomes.
+    const lostRoutes = await text(page, '[data-testid="pool-routes-lost"]');
+    const access = /deny 1 range; jwt \(http:\/\/127\.0\.0\.1:9\/jwks\.json\) · 0 refused · 0 keys · [1-9]\d* fetches failed; forward auth \(http:\/\/127\.0\.0\.1:9\/check\) · 0 allowed, 0 refused, 0 unavailable/;
+    if (!access.test(lostRoutes)) throw new Error('lost routes: ' + lostRoutes);
   });
 
   await step('a strategy switch in one pool leaves the other and the header alone', async () => {

@@ -30,6 +30,10 @@ impl Step for CompressStep {
         Next::Go
     }
 
+    fn edits_answer(&self) -> bool {
+        true
+    }
+
     fn after(&self, cx: &After<'_>, r: &mut ProxyResponse) {
         compress(r, cx.found.coding, &self.types);
     }

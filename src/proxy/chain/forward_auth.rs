@@ -87,7 +87,14 @@ impl ForwardAuthStep {
     /// The subrequest for the request `cx` holds.
     fn subrequest(&self, cx: &mut Before<'_>) -> Option<Request<ReqBody>> {
         let host = cx.head.host();
-        let uri = cx.head.uri.to_string();
+        // The target as received, in origin form whatever the client's protocol (an
+        // HTTP/2 request's is built from `:path`).
+        let uri = cx
+            .head
+            .uri
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .to_string();
         let client = cx.client_ip().to_string();
         let proto = if cx.peer.tls { "https" } else { "http" };
         let method = cx.head.method.clone();

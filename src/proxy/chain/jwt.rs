@@ -8,15 +8,13 @@
 //! `exp` (with the leeway), for as long as the route holds the same key set: later
 //! requests with it pay a hash of the token and one lookup under the route's own lock.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex};
 
 use http::header::{self, HeaderName, HeaderValue};
 use http::{Method, StatusCode};
-use xxhash_rust::xxh3::xxh3_64;
 
 use super::{Before, Explain, Grant, Next, Step};
+use crate::clock::Stamp;
 use crate::config::auth::{Jwks, Jwt};
 use crate::config::policy::Policies;
 use crate::jwt::{claim_fields, verify, KeySet, LEEWAY_SECS};
@@ -24,9 +22,9 @@ use crate::proxy::answer::ProxyResponse;
 use crate::proxy::message::RequestHead;
 use crate::stats::JwtRefusal;
 
-/// Tokens remembered per route; past this the cache starts again (only tokens that
-/// verified enter it).
-const CACHE: usize = 4096;
+/// Tokens remembered per route: one slot each by its key, a newer token taking an older
+/// one's slot (only tokens that verified enter).
+const SLOTS: usize = 4096;
 
 #[derive(Debug)]
 struct JwtStep {
@@ -35,10 +33,9 @@ struct JwtStep {
     file_keys: Option<Arc<KeySet>>,
     /// The fields `claims_to_headers` names: the client's own are removed.
     claim_names: Vec<HeaderName>,
-    cache: Mutex<Cache>,
+    /// [`SLOTS`] slots, made with the first token that verified.
+    cache: Mutex<Vec<Option<Remembered>>>,
 }
-
-type Cache = HashMap<u64, Remembered, BuildHasherDefault<Prehashed>>;
 
 /// A token that verified.
 #[derive(Debug)]
@@ -46,23 +43,31 @@ struct Remembered {
     token: Box<[u8]>,
     /// The key set it verified with: another set (a fetch, a rotation) checks it again.
     keys: Arc<KeySet>,
-    exp: u64,
-    fields: Arc<[(HeaderName, HeaderValue)]>,
+    /// Its `exp` (leeway added) on the monotonic clock: the request's own stamp is all a
+    /// lookup reads, no wall clock.
+    until: Stamp,
+    /// The fields its claims make (`None`: none).
+    fields: Option<Arc<[(HeaderName, HeaderValue)]>>,
 }
 
-/// The map's keys are xxh3 hashes already.
-#[derive(Default)]
-struct Prehashed(u64);
-
-impl Hasher for Prehashed {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, _: &[u8]) {}
-    fn write_u64(&mut self, h: u64) {
-        self.0 = h;
-    }
+/// A token's slot in the cache: from its last 8 bytes, which are its signature's (as
+/// good as random: 48 bits of base64url), mixed by one multiplication, so a lookup reads
+/// 8 bytes, not the whole token; the token is then compared whole. Tokens that share a
+/// slot only take each other's place.
+#[inline]
+fn slot_of(token: &[u8]) -> usize {
+    // A token shorter than 8 bytes is no JWS: any slot does.
+    let tail = token
+        .len()
+        .checked_sub(8)
+        .and_then(|from| token.get(from..));
+    let tail: [u8; 8] = tail.and_then(|t| t.try_into().ok()).unwrap_or_default();
+    let mixed = u64::from_le_bytes(tail).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (mixed >> 52) as usize % SLOTS
 }
+
+/// Fields a token's claims make.
+type ClaimFields = Option<Arc<[(HeaderName, HeaderValue)]>>;
 
 pub(super) fn build(p: &Policies) -> Option<Box<dyn Step>> {
     let spec = p.jwt.clone()?;
@@ -84,6 +89,7 @@ pub(super) fn build(p: &Policies) -> Option<Box<dyn Step>> {
 
 /// A CORS preflight: `OPTIONS` with `Origin` and `Access-Control-Request-Method`
 /// (browsers send it without credentials).
+#[inline]
 fn is_preflight(head: &RequestHead) -> bool {
     head.method == Method::OPTIONS
         && head.any_value(&header::ORIGIN, |_| true)
@@ -91,11 +97,17 @@ fn is_preflight(head: &RequestHead) -> bool {
 }
 
 /// The token of an `Authorization: Bearer …` value.
+#[inline]
 fn bearer(v: &[u8]) -> Option<&[u8]> {
     let (scheme, rest) = v.split_at_checked(7)?;
-    scheme
-        .eq_ignore_ascii_case(b"bearer ")
-        .then(|| rest.trim_ascii())
+    let (word, space) = scheme.split_at(6);
+    // One comparison for the six letters: setting bit 0x20 lower-cases a letter, and
+    // only `B` or `b` becomes `b` so (and so on for each letter of the word).
+    let mut eight = [0u8; 8];
+    eight[..6].copy_from_slice(word);
+    let lower = u64::from_le_bytes(eight) | 0x0000_2020_2020_2020;
+    let ok = lower == u64::from_le_bytes(*b"bearer\0\0") && space == b" ";
+    ok.then(|| rest.trim_ascii())
 }
 
 /// The value of cookie `name` in a `Cookie` value.
@@ -112,34 +124,27 @@ enum Seen {
     /// None found.
     Missing,
     /// Remembered and still good: these fields go on.
-    Known(Arc<[(HeaderName, HeaderValue)]>),
+    Known(ClaimFields),
     /// To verify.
     New(String),
 }
 
 impl JwtStep {
-    /// The keys the route holds now.
-    fn keys(&self, cx: &Before<'_>) -> Option<Arc<KeySet>> {
-        match &self.file_keys {
-            Some(k) => Some(Arc::clone(k)),
-            None => cx.route.jwks.as_ref()?.keys(),
-        }
+    /// The keys a `jwks_url` route holds now (a `jwks_file` route's are `file_keys`).
+    fn url_keys(&self, cx: &Before<'_>) -> Option<Arc<KeySet>> {
+        cx.route.jwks.as_ref()?.keys()
     }
 
-    /// The request's token, looked up among those remembered.
-    fn seen(&self, head: &RequestHead, keys: &Arc<KeySet>) -> Seen {
-        let mut seen = Seen::Missing;
-        head.any_value(&header::AUTHORIZATION, |v| match bearer(v) {
-            Some(t) => {
-                seen = self.lookup(t, keys);
-                true
-            }
-            None => false,
-        });
+    /// The request's token, looked up among those remembered at `now`.
+    fn seen(&self, head: &RequestHead, keys: &Arc<KeySet>, now: Stamp) -> Seen {
+        let mut seen = match head.first_value(&header::AUTHORIZATION).and_then(bearer) {
+            Some(t) => self.lookup(t, keys, now),
+            None => Seen::Missing,
+        };
         if let (Seen::Missing, Some(name)) = (&seen, &self.spec.token_cookie) {
             head.any_value(&header::COOKIE, |v| match cookie(v, name.as_bytes()) {
                 Some(t) => {
-                    seen = self.lookup(t, keys);
+                    seen = self.lookup(t, keys, now);
                     true
                 }
                 None => false,
@@ -148,15 +153,33 @@ impl JwtStep {
         seen
     }
 
-    fn lookup(&self, token: &[u8], keys: &Arc<KeySet>) -> Seen {
+    /// The request's token as text, without a lookup.
+    fn token_text(&self, head: &RequestHead) -> Option<String> {
+        let text = |t: &[u8]| String::from_utf8_lossy(t).into_owned();
+        let mut found = head
+            .first_value(&header::AUTHORIZATION)
+            .and_then(bearer)
+            .map(text);
+        if let (None, Some(name)) = (&found, &self.spec.token_cookie) {
+            let mut take = |t: &[u8]| {
+                found = Some(String::from_utf8_lossy(t).into_owned());
+                true
+            };
+            head.any_value(&header::COOKIE, |v| {
+                cookie(v, name.as_bytes()).is_some_and(&mut take)
+            });
+        }
+        found.filter(|t| !t.is_empty())
+    }
+
+    fn lookup(&self, token: &[u8], keys: &Arc<KeySet>, now: Stamp) -> Seen {
         if token.is_empty() {
             return Seen::Missing;
         }
         let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(r) = cache.get(&xxh3_64(token)) {
-            let good = r.exp.saturating_add(LEEWAY_SECS) >= crate::jwt::now_secs();
-            if good && *r.token == *token && Arc::ptr_eq(&r.keys, keys) {
-                return Seen::Known(Arc::clone(&r.fields));
+        if let Some(Some(r)) = cache.get(slot_of(token)) {
+            if now < r.until && *r.token == *token && Arc::ptr_eq(&r.keys, keys) {
+                return Seen::Known(r.fields.clone());
             }
         }
         drop(cache);
@@ -168,26 +191,31 @@ impl JwtStep {
     }
 
     /// Verifies `token`; remembers it when it is good.
-    fn check(
-        &self,
-        token: &str,
-        keys: &Arc<KeySet>,
-    ) -> Result<Arc<[(HeaderName, HeaderValue)]>, JwtRefusal> {
+    fn check(&self, token: &str, keys: &Arc<KeySet>) -> Result<ClaimFields, JwtRefusal> {
         let v = verify(token, keys, &self.spec.claims)?;
-        let fields: Arc<[_]> = claim_fields(&v.claims, &self.spec.claims_to_headers).into();
+        let made = claim_fields(&v.claims, &self.spec.claims_to_headers);
+        let fields: ClaimFields = (!made.is_empty()).then(|| made.into());
+        // `exp` on the monotonic clock: the wall clock read once, here.
+        let left = v
+            .exp
+            .saturating_add(LEEWAY_SECS)
+            .saturating_sub(crate::jwt::now_secs());
+        let until = Stamp::now().after(std::time::Duration::from_secs(left));
+        let remembered = Remembered {
+            token: token.as_bytes().into(),
+            keys: Arc::clone(keys),
+            until,
+            fields: fields.clone(),
+        };
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        if cache.len() >= CACHE {
-            cache.clear();
+        if cache.is_empty() {
+            cache.resize_with(SLOTS, || None);
         }
-        cache.insert(
-            xxh3_64(token.as_bytes()),
-            Remembered {
-                token: token.as_bytes().into(),
-                keys: Arc::clone(keys),
-                exp: v.exp,
-                fields: Arc::clone(&fields),
-            },
-        );
+        if let Some(slot) = cache.get_mut(slot_of(token.as_bytes())) {
+            // The one it replaces is dropped after the lock.
+            let _old = slot.replace(remembered);
+            drop(cache);
+        }
         Ok(fields)
     }
 
@@ -217,7 +245,7 @@ impl JwtStep {
             };
             match outcome {
                 Ok(fields) => Ok(Grant {
-                    request: fields.to_vec(),
+                    request: fields.map(|f| f.to_vec()).unwrap_or_default(),
                     answer: Vec::new(),
                 }),
                 Err(why) => {
@@ -239,17 +267,32 @@ fn unauthorized() -> ProxyResponse {
 
 impl Step for JwtStep {
     fn before<'s>(&'s self, cx: &mut Before<'_>) -> Next<'s> {
-        if is_preflight(cx.head) {
+        if cx.head.method == Method::OPTIONS && is_preflight(cx.head) {
             cx.set_fields(&self.claim_names, &[]);
             return Next::Go;
         }
-        let Some(keys) = self.keys(cx) else {
-            return Next::Answer(Box::new(self.refuse(cx, JwtRefusal::NoKeys)));
+        let fetched;
+        let keys = match &self.file_keys {
+            Some(k) => Some(k),
+            None => {
+                fetched = self.url_keys(cx);
+                fetched.as_ref()
+            }
         };
-        let fields = match self.seen(cx.head, &keys) {
+        let Some(keys) = keys else {
+            // A URL new at a reload: the request waits for its first fetch.
+            let first = cx.route.jwks.as_ref().and_then(|s| s.first_fetch());
+            let why = match (first, self.token_text(cx.head)) {
+                (Some(ended), Some(token)) => return self.after_fetch(cx, ended, token),
+                (_, None) => JwtRefusal::Missing,
+                (None, Some(_)) => JwtRefusal::NoKeys,
+            };
+            return Next::Answer(Box::new(self.refuse(cx, why)));
+        };
+        let fields = match self.seen(cx.head, keys, cx.now) {
             Seen::Missing => return Next::Answer(Box::new(self.refuse(cx, JwtRefusal::Missing))),
             Seen::Known(fields) => fields,
-            Seen::New(token) => match self.check(&token, &keys) {
+            Seen::New(token) => match self.check(&token, keys) {
                 Ok(fields) => fields,
                 Err(JwtRefusal::UnknownKey) => {
                     let fetch = cx.route.jwks.as_ref().and_then(|s| s.fetch_for_kid());
@@ -264,7 +307,9 @@ impl Step for JwtStep {
                 Err(why) => return Next::Answer(Box::new(self.refuse(cx, why))),
             },
         };
-        cx.set_fields(&self.claim_names, &fields);
+        if fields.is_some() || !self.claim_names.is_empty() {
+            cx.set_fields(&self.claim_names, fields.as_deref().unwrap_or_default());
+        }
         Next::Go
     }
 
@@ -282,7 +327,7 @@ impl Step for JwtStep {
                 "route {index} holds no key set yet (jwks_url): 401"
             ));
         };
-        let token = match self.seen(cx.head, &keys) {
+        let token = match self.seen(cx.head, &keys, Stamp::now()) {
             Seen::Missing => {
                 return Some(format!(
                     "route {index} asks for a bearer token (jwt) and none is given: 401"
@@ -311,6 +356,10 @@ mod tests {
         assert_eq!(bearer(b"bearer  abc "), Some(&b"abc"[..]));
         assert_eq!(bearer(b"Basic abc"), None);
         assert_eq!(bearer(b"Bearer"), None);
+        assert_eq!(bearer(b"BEARER x"), Some(&b"x"[..]));
+        assert_eq!(bearer(b"Bearer\tx"), None);
+        assert_eq!(bearer(b"Dearer x"), None);
+        assert_eq!(bearer(b"bearez x"), None);
         assert_eq!(cookie(b"a=1; tok=xyz; b=2", b"tok"), Some(&b"xyz"[..]));
         assert_eq!(cookie(b"atok=1", b"tok"), None);
         assert_eq!(cookie(b"tokx=1", b"tok"), None);

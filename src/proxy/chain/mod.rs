@@ -106,6 +106,11 @@ pub(super) trait Step: Send + Sync + std::fmt::Debug {
     /// The request's fields as they go to the backend, this hop's rules applied.
     fn forward(&self, _map: &mut HeaderMap, _vars: &Vars<'_>) {}
 
+    /// Whether [`Self::after`] changes answers (a chain whose steps do not skips it).
+    fn edits_answer(&self) -> bool {
+        false
+    }
+
     /// The answer on its way to the client.
     fn after(&self, _cx: &After<'_>, _r: &mut ProxyResponse) {}
 
@@ -247,6 +252,7 @@ pub(super) struct Explain<'a> {
 pub(super) struct Chain {
     steps: Vec<Box<dyn Step>>,
     edits_request: bool,
+    edits_answer: bool,
 }
 
 impl Chain {
@@ -265,6 +271,7 @@ impl Chain {
         let steps: Vec<Box<dyn Step>> = STEPS.iter().filter_map(|build| build(spec)).collect();
         Chain {
             edits_request: steps.iter().any(|s| s.edits_request()),
+            edits_answer: steps.iter().any(|s| s.edits_answer()),
             steps,
         }
     }
@@ -299,11 +306,20 @@ impl Chain {
         }
     }
 
+    /// Whether the answer is changed on its way: a step edits answers, or one granted
+    /// fields to this one (`found`).
+    #[inline]
+    pub(super) fn edits_answer(&self, found: &Found) -> bool {
+        self.edits_answer || !found.answer_fields.is_empty()
+    }
+
     /// Runs every step's `after` on the answer, in order, then adds the fields steps
     /// granted it.
     pub(super) fn after(&self, cx: &After<'_>, r: &mut ProxyResponse) {
-        for step in &self.steps {
-            step.after(cx, r);
+        if self.edits_answer {
+            for step in &self.steps {
+                step.after(cx, r);
+            }
         }
         for (n, v) in &cx.found.answer_fields {
             r.head.append_field(n.clone(), v.clone());
@@ -321,4 +337,5 @@ impl Chain {
 static EMPTY: Chain = Chain {
     steps: Vec::new(),
     edits_request: false,
+    edits_answer: false,
 };

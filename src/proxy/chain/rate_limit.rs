@@ -47,6 +47,10 @@ impl Step for RateLimitStep {
         Next::Go
     }
 
+    fn edits_answer(&self) -> bool {
+        true
+    }
+
     fn after(&self, cx: &After<'_>, r: &mut ProxyResponse) {
         r.head.rate_limit = cx.found.limit;
     }

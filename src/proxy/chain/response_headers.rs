@@ -14,6 +14,10 @@ pub(super) fn build(p: &Policies) -> Option<Box<dyn Step>> {
 }
 
 impl Step for ResponseHeaders {
+    fn edits_answer(&self) -> bool {
+        true
+    }
+
     fn after(&self, cx: &After<'_>, r: &mut ProxyResponse) {
         let vars = cx.vars();
         r.head.edit_fields(|map| edit(map, &self.0, &vars));
