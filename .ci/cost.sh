@@ -200,30 +200,31 @@ guard() {
 }
 guard h1 "$budget"
 guard h2 "$budget_h2"
+# extra KIND EXTRA GUARD OVER WHAT: prints what KIND costs beyond its base (OVER WHAT),
+# and fails when that is over GUARD.
+extra() {
+  echo "cost guard ($1): $2 instructions over $4 (guard: $3)"
+  if [ "$2" -gt "$3" ]; then
+    echo "cost guard ($1): over its guard: $5 got more expensive" >&2
+    status=1
+  fi
+}
 # A rate-limited route: the target is 420 over the plain request, compared on the worker
 # thread (measured 438–455 since the one finisher of the answer's head, 416–426 with the
 # policy chain before it, 272–294 before the chain; docs/performance.md, "Route policies"),
 # where the guard holds 480. The total only has to stay within sight of
 # the plain request's.
 guard limited $((per_h1 + 1000))
-limited_extra=$((worker_limited - worker_h1))
-echo "cost guard (limited): $limited_extra instructions over the plain request on the worker thread (guard: 480; target: 420)"
-if [ "$limited_extra" -gt 480 ]; then
-  echo "cost guard (limited): over its guard: a rate-limited route got more expensive" >&2
-  status=1
-fi
+extra limited $((worker_limited - worker_h1)) 480 \
+  "the plain request on the worker thread (target: 420)" "a rate-limited route"
 # A route with a 10 000-entry deny list, over the plain request, in the process's total
 # (reading the list at start is the main thread's biggest work, so the worker thread is
 # not the busiest here; start and stop cancel out between the two runs). Target 100; the
 # chain's fixed cost for a route with any policy is most of what is measured
 # (docs/performance.md, "Who may come in"), and the guard holds 400 (measured 321–339).
 guard access $((per_h1 + 1000))
-access_extra=$((per_access - per_h1))
-echo "cost guard (access): $access_extra instructions over the plain request (guard: 400; target: 100)"
-if [ "$access_extra" -gt 400 ]; then
-  echo "cost guard (access): over its guard: a route's allow/deny list got more expensive" >&2
-  status=1
-fi
+extra access $((per_access - per_h1)) 400 "the plain request (target: 100)" \
+  "a route's allow/deny list"
 # A route that checks a bearer token, with a good one remembered since the first request,
 # over the same request (the same token, whose bytes cost their reading and forwarding)
 # through the same route without the check: target and guard 500, in the process's total
@@ -231,12 +232,8 @@ fi
 # docs/performance.md, "Who may come in").
 guard bearer $((per_h1 + 4000))
 guard jwt $((per_bearer + 1000))
-jwt_extra=$((per_jwt - per_bearer))
-echo "cost guard (jwt): $jwt_extra instructions over the same request on a route without jwt (guard: 500)"
-if [ "$jwt_extra" -gt 500 ]; then
-  echo "cost guard (jwt): over its guard: a remembered bearer token got more expensive" >&2
-  status=1
-fi
+extra jwt $((per_jwt - per_bearer)) 500 "the same request on a route without jwt" \
+  "a remembered bearer token"
 # The access log to a file rather than stderr: at most 1 % more.
 guard file $((per_h1 + per_h1 / 100))
 echo "cost guard (file): $((per_file - per_h1)) instructions over the access log on stderr (guard: 1 %)"

@@ -38,6 +38,11 @@ pub fn certificate(data: &[u8]) {
     crate::identity::fuzz_certificate(data);
 }
 
+/// A bearer token's reading and check, and a JWK set's reading.
+pub fn bearer_token(data: &[u8]) {
+    crate::jwt::fuzz_token(data);
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::Path;
@@ -68,5 +73,6 @@ mod tests {
         replay("config", super::config);
         replay("route", super::route);
         replay("certificate", super::certificate);
+        replay("bearer_token", super::bearer_token);
     }
 }

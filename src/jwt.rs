@@ -349,6 +349,37 @@ pub(crate) fn claim_fields(
         .collect()
 }
 
+/// The fuzz target `bearer_token` (`src/fuzzing.rs`): whatever the bytes, reading them
+/// as a JWK set and checking them as a token never panics; a token that verifies against
+/// the fixed set has an `exp`, and its claims make field values without a panic.
+#[cfg(any(fuzzing, test))]
+pub(crate) fn fuzz_token(data: &[u8]) {
+    use std::sync::OnceLock;
+    static KEYS: OnceLock<Option<KeySet>> = OnceLock::new();
+    if let Ok(set) = KeySet::parse(data) {
+        assert!(set.len() > 0, "a set is made of usable keys only");
+    }
+    let keys = KEYS.get_or_init(|| {
+        let jwks = br#"{"keys":[{"kty":"OKP","crv":"Ed25519","x":"11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo","kid":"a"},
+            {"kty":"EC","crv":"P-256","x":"f83OJ3D2xF1Bg8vub9tLe1gHMzV76e8Tus9uPHvRVEU","y":"x_FEzRu9m36HLN_tue659LNpXW6pCyStikYjKIWI5a0"}]}"#;
+        KeySet::parse(jwks).ok()
+    });
+    let Some(keys) = keys else {
+        return;
+    };
+    let text = String::from_utf8_lossy(data);
+    let rules = Claims {
+        issuer: Some("https://id.test".into()),
+        audiences: vec!["api".into()],
+        algorithms: Vec::new(),
+    };
+    if let Ok(v) = verify(&text, keys, &rules) {
+        assert!(v.exp > 0, "a verified token has an exp");
+        let to_headers = [("sub".to_string(), HeaderName::from_static("x-user"))];
+        let _ = claim_fields(&v.claims, &to_headers);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

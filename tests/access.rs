@@ -41,11 +41,11 @@ fn status_of(answer: &str) -> u16 {
 
 /// The value of `fulcrum_clients_denied_total{where=…}`.
 async fn denied(f: &Fulcrum, at: &str) -> u64 {
-    let text = get(&client(), &f.admin_url("/metrics")).await.text();
-    let key = format!("fulcrum_clients_denied_total{{where=\"{at}\"}} ");
-    text.lines()
-        .find_map(|l| l.strip_prefix(&key)?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{key} in:\n{text}"))
+    metric(
+        f,
+        &format!("fulcrum_clients_denied_total{{where=\"{at}\"}}"),
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -59,6 +59,12 @@ async fn decide(req: Request<Incoming>, seen: Arc<Mutex<Vec<Seen>>>) -> Response
     if uri.starts_with("/slow") {
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
+    if uri.starts_with("/big") {
+        return Response::builder()
+            .status(StatusCode::UNAUTHORIZED)
+            .body(Full::new(Bytes::from(vec![b'x'; 100 * 1024])))
+            .unwrap();
+    }
     if uri.starts_with("/ok") {
         return Response::builder()
             .header("x-user", "alice")
@@ -123,11 +129,11 @@ fn route_with(api: &TestBackend, url: &str) -> String {
 }
 
 async fn outcomes(f: &Fulcrum, result: &str) -> u64 {
-    let text = get(&client(), &f.admin_url("/metrics")).await.text();
-    let key = format!("fulcrum_forward_auth_total{{route=\"0\",result=\"{result}\"}} ");
-    text.lines()
-        .find_map(|l| l.strip_prefix(&key)?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{key} in:\n{text}"))
+    metric(
+        f,
+        &format!("fulcrum_forward_auth_total{{route=\"0\",result=\"{result}\"}}"),
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -183,14 +189,24 @@ async fn the_auth_service_allows_refuses_and_times_out() {
         "the client's fields go to the service"
     );
     assert_eq!(sub.headers["x-trace"], "t1");
-    // Refused: the service's answer is the client's, whole; the backend sees nothing.
+    // Refused: the service's answer is the client's, whole; the backend sees nothing. A
+    // client's own X-Forwarded-* cannot change what the service is told.
     let forwarded = api.requests();
-    let r = send(&c, "GET", &f.url("/admin-area"), &[], "").await;
+    let forged = [
+        ("x-forwarded-uri", "/ok/forged"),
+        ("x-forwarded-method", "GET"),
+    ];
+    let r = send(&c, "GET", &f.url("/admin-area"), &forged, "").await;
     assert_eq!(r.status, 403);
     assert_eq!(r.header("x-why"), Some("not on the list"));
     assert_eq!(r.header("www-authenticate"), Some("Bearer realm=\"sso\""));
     assert_eq!(r.text(), "go away\n");
     assert!(r.header("set-cookie").is_none());
+    assert_eq!(auth.last().headers["x-forwarded-uri"], "/admin-area");
+    // A refusal with a body over 64 KiB: its status and fields, without the body.
+    let r = send(&c, "GET", &f.url("/big"), &[], "").await;
+    assert_eq!(r.status, 401);
+    assert!(r.body.is_empty(), "{} bytes", r.body.len());
     // Slower than the timeout: 503.
     let r = send(&c, "GET", &f.url("/slow"), &[], "").await;
     assert_eq!(r.status, 503);
@@ -211,7 +227,7 @@ async fn the_auth_service_allows_refuses_and_times_out() {
         "{opened} connections for 20 sequential subrequests"
     );
     assert_eq!(outcomes(&f, "allowed").await, 21);
-    assert_eq!(outcomes(&f, "refused").await, 1);
+    assert_eq!(outcomes(&f, "refused").await, 2);
     assert_eq!(outcomes(&f, "unavailable").await, 1);
 }
 

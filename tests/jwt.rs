@@ -162,16 +162,9 @@ fn route_with(api: &TestBackend, jwt: &str) -> String {
 async fn refused(f: &Fulcrum, reason: &str) -> u64 {
     metric(
         f,
-        &format!("fulcrum_jwt_refused_total{{route=\"0\",reason=\"{reason}\"}} "),
+        &format!("fulcrum_jwt_refused_total{{route=\"0\",reason=\"{reason}\"}}"),
     )
     .await
-}
-
-async fn metric(f: &Fulcrum, key: &str) -> u64 {
-    let text = get(&client(), &f.admin_url("/metrics")).await.text();
-    text.lines()
-        .find_map(|l| l.strip_prefix(key)?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{key} in:\n{text}"))
 }
 
 async fn with_token(f: &Fulcrum, token: &str) -> Got {
@@ -389,7 +382,7 @@ async fn a_jwks_url_is_fetched_rotated_on_an_unknown_kid_and_kept_when_its_serve
     // The server stops: fetches fail and are counted; the last good set still verifies
     // new tokens.
     let _ = keys.stop.take().map(|s| s.send(()));
-    let failures = "fulcrum_jwks_fetch_failures_total{route=\"0\"} ";
+    let failures = "fulcrum_jwks_fetch_failures_total{route=\"0\"}";
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while metric(&f, failures).await == 0 {
         assert!(

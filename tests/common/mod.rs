@@ -760,6 +760,16 @@ pub async fn get(c: &HttpClient, url: &str) -> Got {
     send(c, "GET", url, &[], Bytes::new()).await
 }
 
+/// The value of the series `series` (name and labels, as `/metrics` writes them) of
+/// `f`'s metrics; panics, with the page, when it has none.
+pub async fn metric(f: &Fulcrum, series: &str) -> u64 {
+    let text = get(&client(), &f.admin_url("/metrics")).await.text();
+    let key = format!("{series} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&key)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{key} in:\n{text}"))
+}
+
 pub async fn admin(c: &HttpClient, method: &str, url: &str, json: &str) -> Got {
     send(
         c,
