@@ -49,14 +49,20 @@ impl IpSet {
     }
 
     /// Whether `ip` is in the set; an IPv4-mapped IPv6 address counts as its IPv4 one.
-    #[inline]
+    #[cfg(test)]
     pub(crate) fn contains(&self, ip: IpAddr) -> bool {
         match canonical(ip) {
-            IpAddr::V4(a) => match &self.buckets {
-                Some(b) => b.holds(&self.v4, u32::from(a)),
-                None => holds(&self.v4, u32::from(a)),
-            },
+            IpAddr::V4(a) => self.holds_v4(u32::from(a)),
             IpAddr::V6(a) => holds(&self.v6, u128::from(a)),
+        }
+    }
+
+    /// Whether the set holds the IPv4 address `x`.
+    #[inline(always)]
+    fn holds_v4(&self, x: u32) -> bool {
+        match &self.buckets {
+            Some(b) => b.holds(&self.v4, x),
+            None => holds(&self.v4, x),
         }
     }
 }
@@ -99,7 +105,7 @@ impl Buckets {
     }
 
     /// Whether one of `ranges` (those the index was made of) holds `x`.
-    #[inline]
+    #[inline(always)]
     fn holds(&self, ranges: &[(u32, u32)], x: u32) -> bool {
         let h = (x >> 16) as usize;
         let (Some(&lo), Some(&hi)) = (self.starts.get(h), self.starts.get(h + 1)) else {
@@ -128,15 +134,29 @@ impl Admission {
         self.deny.is_empty() && self.allow.is_empty()
     }
 
-    /// Whether `ip` may come in.
-    #[inline]
+    /// Whether the IPv4 address `x` may come in.
+    #[inline(always)]
+    pub(crate) fn admits_v4(&self, x: u32) -> bool {
+        !self.deny.holds_v4(x) && (self.allow.is_empty() || self.allow.holds_v4(x))
+    }
+
+    /// Whether `ip` may come in. The address is made canonical once and each list
+    /// searched by its family's number: this runs on every request of a route with a
+    /// list (`docs/performance.md`, "Who may come in").
+    #[inline(always)]
     pub(crate) fn admits(&self, ip: IpAddr) -> bool {
-        !self.deny.contains(ip) && (self.allow.is_empty() || self.allow.contains(ip))
+        match canonical(ip) {
+            IpAddr::V4(a) => self.admits_v4(u32::from(a)),
+            IpAddr::V6(a) => {
+                let x = u128::from(a);
+                !holds(&self.deny.v6, x) && (self.allow.is_empty() || holds(&self.allow.v6, x))
+            }
+        }
     }
 }
 
 /// An IPv4-mapped IPv6 address (`::ffff:a.b.c.d`) as the IPv4 address it carries.
-#[inline]
+#[inline(always)]
 fn canonical(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),

@@ -39,6 +39,17 @@ fn status_of(answer: &str) -> u16 {
     answer.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0)
 }
 
+/// fulcrum with the configuration `text` (written as `access-NAME`), health checks slow.
+fn start_with(name: &str, text: &str) -> Fulcrum {
+    let cfg = config_file("access", name, text);
+    Fulcrum::start(&[
+        "--config",
+        cfg.to_str().unwrap(),
+        "--health-interval",
+        "60s",
+    ])
+}
+
 /// The value of `fulcrum_clients_denied_total{where=…}`.
 async fn denied(f: &Fulcrum, at: &str) -> u64 {
     metric(
@@ -126,13 +137,7 @@ async fn a_routes_allow_and_deny_judge_the_client_through_trusted_proxies() {
         "trusted_proxies = [\"127.0.0.1\"]\n[[pools]]\nname = \"web\"\nbackends = [{{ url = \"{}\" }}]\n[[routes]]\npool = \"web\"\npath_prefix = \"/inside\"\nallow = [\"10.0.0.0/8\", \"2001:db8::/32\"]\ndeny = [\"10.6.6.6\"]\n[[routes]]\npool = \"web\"\npath_prefix = \"/open\"\ndeny = [\"192.0.2.0/24\"]\n",
         a.url()
     );
-    let cfg = config_file("access", "route", &text);
-    let f = Fulcrum::start(&[
-        "--config",
-        cfg.to_str().unwrap(),
-        "--health-interval",
-        "60s",
-    ]);
+    let f = start_with("route", &text);
     let before = a.requests();
     for (path, xff, want) in [
         ("/inside/a", "10.1.2.3", 200),
@@ -175,6 +180,49 @@ async fn a_routes_allow_and_deny_judge_the_client_through_trusted_proxies() {
     assert!(got.text().contains("10.0.0.1/8"), "{}", got.text());
 }
 
+/// `n` addresses two apart from `10.0.0.0` on, as TOML list items: a list long enough to be
+/// indexed by /16.
+fn long_list(n: u32) -> String {
+    (0..n)
+        .map(|i| format!("\"10.{}.{}.{}\"", i / 32768, i / 128 % 256, i % 128 * 2))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_routes_long_lists_judge_an_untrusted_peer_by_its_own_address() {
+    let a = TestBackend::start("A");
+    let list = long_list(600);
+    // Without trusted proxies the client is the peer, 127.0.0.1, whatever it forwards.
+    let text = format!(
+        "[[pools]]\nname = \"web\"\nbackends = [{{ url = \"{}\" }}]\n\
+         [[routes]]\npool = \"web\"\npath_prefix = \"/shut\"\ndeny = [{list}, \"127.0.0.0/31\"]\n\
+         [[routes]]\npool = \"web\"\npath_prefix = \"/near\"\ndeny = [{list}, \"126.255.255.255\", \"127.0.0.2\"]\n\
+         [[routes]]\npool = \"web\"\npath_prefix = \"/only\"\nallow = [{list}]\n\
+         [[routes]]\npool = \"web\"\npath_prefix = \"/mine\"\nallow = [{list}, \"127.0.0.1\"]\n",
+        a.url()
+    );
+    let f = start_with("long", &text);
+    let before = a.requests();
+    for (path, want) in [
+        ("/shut", 403),
+        ("/near", 200),
+        ("/only", 403),
+        ("/mine", 200),
+    ] {
+        // A forged forwarded address from the list's other side changes nothing.
+        let forged = "x-forwarded-for: 10.0.0.2\r\n";
+        let answer = exchange(f.proxy, &get_line(path, forged)).unwrap();
+        assert_eq!(status_of(&answer), want, "{path}: {answer}");
+    }
+    assert_eq!(
+        a.requests() - before,
+        2,
+        "no refused request reached the backend"
+    );
+    assert_eq!(denied(&f, "route").await, 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn behind_a_trusted_proxy_the_proxy_protocol_names_whom_the_lists_judge() {
     let a = TestBackend::start("A");
@@ -182,13 +230,7 @@ async fn behind_a_trusted_proxy_the_proxy_protocol_names_whom_the_lists_judge() 
         "accept_proxy_protocol = true\ntrusted_proxies = [\"127.0.0.1\"]\ndeny_clients = [\"203.0.113.0/24\"]\n[[pools]]\nname = \"web\"\nbackends = [{{ url = \"{}\" }}]\n[[routes]]\npool = \"web\"\nallow = [\"10.0.0.0/8\"]\n",
         a.url()
     );
-    let cfg = config_file("access", "proxy", &text);
-    let f = Fulcrum::start(&[
-        "--config",
-        cfg.to_str().unwrap(),
-        "--health-interval",
-        "60s",
-    ]);
+    let f = start_with("proxy", &text);
     let via = |src: &str| {
         let mut r = format!("PROXY TCP4 {src} 10.0.0.1 5555 80\r\n").into_bytes();
         r.extend_from_slice(&get_line("/x", ""));

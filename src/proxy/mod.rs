@@ -551,24 +551,29 @@ impl Proxy {
         route: Option<Arc<RoutePolicy>>,
     ) -> ProxyResponse {
         // The route's steps before the pool; none without policies.
-        let chain = route.as_deref().map(Chain::of);
-        if let (Some(route), Some(chain)) = (route.as_deref(), chain) {
-            let refused = match chain.run(0, &mut self.before_cx(&mut req, route, fin.started)) {
-                Ran::Done => None,
-                Ran::Answer(r) => Some(*r),
-                // Boxed: only a request whose step waits (a credential to verify) pays
-                // for the wait's state.
-                Ran::Wait(next, wait) => {
-                    let now = fin.started;
-                    Box::pin(self.police_after(&mut req, (route, chain), next, wait, now))
-                        .await
-                        .err()
+        let chain = match route.as_deref() {
+            None => None,
+            Some(route) => {
+                let chain = Chain::of(route);
+                let refused = match chain.run(0, &mut self.before_cx(&mut req, route, fin.started))
+                {
+                    Ran::Done => None,
+                    Ran::Answer(r) => Some(*r),
+                    // Boxed: only a request whose step waits (a credential to verify) pays
+                    // for the wait's state.
+                    Ran::Wait(next, wait) => {
+                        let now = fin.started;
+                        Box::pin(self.police_after(&mut req, (route, chain), next, wait, now))
+                            .await
+                            .err()
+                    }
+                };
+                if let Some(r) = refused {
+                    return self.own(&mut fin, None, r);
                 }
-            };
-            if let Some(r) = refused {
-                return self.own(&mut fin, None, r);
+                Some(chain)
             }
-        }
+        };
         let trusted = &self.settings.trusted_proxies;
         outgoing::prepare(&mut req, chain, self.settings.trace_context, trusted);
         let (req, fin) = (&mut req, &mut fin);
@@ -693,12 +698,12 @@ impl Proxy {
         req: &mut Outgoing<'_>,
         (route, chain): (&RoutePolicy, &Chain),
         mut next: usize,
-        mut wait: chain::Waiting<'_>,
+        mut wait: Box<chain::Waiting<'_>>,
         now: Stamp,
     ) -> Result<(), ProxyResponse> {
         loop {
             let mut cx = self.before_cx(req, route, now);
-            cx.grant(wait.await?);
+            cx.grant((&mut *wait).await?);
             match chain.run(next, &mut cx) {
                 Ran::Done => return Ok(()),
                 Ran::Answer(r) => return Err(*r),

@@ -33,7 +33,7 @@ impl Step for BasicAuthStep {
         match self.gate.check(field.as_ref().map(HeaderValue::as_bytes)) {
             Check::Known => Next::Go,
             Check::Missing => Next::Answer(Box::new(self.unauthorized())),
-            Check::Verify(attempt) => Next::Wait(Box::pin(async move {
+            Check::Verify(attempt) => Next::wait(async move {
                 match crate::basic_auth::verify(attempt).await {
                     Verified::Yes(field) => {
                         self.gate.remember(field);
@@ -46,7 +46,7 @@ impl Step for BasicAuthStep {
                     )
                     .with_field(header::RETRY_AFTER, HeaderValue::from_static("1"))),
                 }
-            })),
+            }),
         }
     }
 

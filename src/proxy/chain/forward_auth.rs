@@ -232,7 +232,7 @@ impl Step for ForwardAuthStep {
         // its own, or none go on.
         cx.set_fields(&self.spec.copy_headers, &[]);
         let upstreams = cx.upstreams;
-        Next::Wait(Box::pin(async move {
+        Next::wait(async move {
             let Some(answer) = ask(upstreams, &self.service, req, self.spec.timeout).await else {
                 counts.forward_auth(AuthResult::Unavailable);
                 tracing::warn!(url = %self.spec.url, "forward_auth: the auth service did not answer in time");
@@ -247,7 +247,7 @@ impl Step for ForwardAuthStep {
             }
             counts.forward_auth(AuthResult::Refused);
             Err(refusal(answer))
-        }))
+        })
     }
 
     fn explain(&self, cx: &Explain<'_>) -> Option<String> {

@@ -236,7 +236,7 @@ impl JwtStep {
     ) -> Next<'s> {
         let source = cx.route.jwks.clone();
         let counts = Arc::clone(&cx.route.access);
-        Next::Wait(Box::pin(async move {
+        Next::wait(async move {
             let _ = tokio::time::timeout(crate::jwks::FETCH_TIMEOUT, ended.changed()).await;
             let keys = source.as_ref().and_then(|s| s.keys());
             let outcome = match keys {
@@ -254,7 +254,7 @@ impl JwtStep {
                     Err(unauthorized())
                 }
             }
-        }))
+        })
     }
 }
 

@@ -64,8 +64,18 @@ pub(super) enum Next<'s> {
     Go,
     /// The request is answered here.
     Answer(Box<ProxyResponse>),
-    /// On once this finishes; `Some` answers the request.
-    Wait(Waiting<'s>),
+    /// On once this finishes; `Err` answers the request. Boxed once more, so that a
+    /// `Next` is two words, returned in registers by every step on every request.
+    Wait(Box<Waiting<'s>>),
+}
+
+impl<'s> Next<'s> {
+    /// Waits for `f` before going on.
+    pub(super) fn wait(
+        f: impl Future<Output = Result<Grant, ProxyResponse>> + Send + 's,
+    ) -> Next<'s> {
+        Next::Wait(Box::new(Box::pin(f)))
+    }
 }
 
 /// A step's wait: on once it finishes, with what it grants; `Err` answers the request.
@@ -87,7 +97,7 @@ pub(super) enum Ran<'s> {
     /// The request is answered here.
     Answer(Box<ProxyResponse>),
     /// A step waits; the steps from `.0` on run once it finishes.
-    Wait(usize, Waiting<'s>),
+    Wait(usize, Box<Waiting<'s>>),
 }
 
 /// One policy of a route, on the request path and in `explain`.
@@ -176,32 +186,52 @@ impl Before<'_> {
         self.found.answer_fields.extend(g.answer);
     }
 
-    /// The client's IP, `trusted_proxies` honoured (from an untrusted peer, the peer's
-    /// address, and no field is read); kept for the answer's steps.
+    /// The client's IP, `trusted_proxies` honoured: from an untrusted peer, the peer's
+    /// address (no field is read, nothing kept: it is as cheap to read again); from a
+    /// trusted one, what its forwarding fields say, kept for the answer's steps.
     #[inline(always)]
     pub(super) fn client_ip(&mut self) -> IpAddr {
-        if let Some(ip) = self.found.client_ip {
-            return ip;
+        if !self.peer_trusted {
+            return peer_ip(self.peer);
         }
-        let ip = match (self.peer_trusted, self.peer.addr) {
-            (false, SocketAddr::V4(a)) => IpAddr::V4(*a.ip()),
-            (false, SocketAddr::V6(a)) => a.ip().to_canonical(),
-            (true, _) => self.forwarded_client_ip(),
-        };
-        self.found.client_ip = Some(ip);
-        ip
+        match self.found.client_ip {
+            Some(ip) => ip,
+            None => self.forwarded_client_ip(),
+        }
     }
 
-    /// The client's IP as a trusted peer's forwarding fields give it.
+    /// The client's IPv4 address as a number when it is the peer's own (an untrusted
+    /// IPv4 peer, the common case): a list is searched by it without an [`IpAddr`] built
+    /// and matched on again (`docs/performance.md`, "Who may come in").
+    #[inline(always)]
+    pub(super) fn peer_v4(&self) -> Option<u32> {
+        match (self.peer_trusted, self.peer.addr) {
+            (false, SocketAddr::V4(a)) => Some(u32::from(*a.ip())),
+            _ => None,
+        }
+    }
+
+    /// The client's IP as a trusted peer's forwarding fields give it, kept.
     #[inline(never)]
     fn forwarded_client_ip(&mut self) -> IpAddr {
         self.head.make_map();
-        match &self.head.fields {
+        let ip = match &self.head.fields {
             RequestFields::Map(m) => {
                 crate::trust::client_ip(m, self.peer.addr.ip(), self.trusted_proxies)
             }
             RequestFields::Spans(_) => self.peer.addr.ip().to_canonical(),
-        }
+        };
+        self.found.client_ip = Some(ip);
+        ip
+    }
+}
+
+/// The peer's address as a client IP (an IPv4-mapped IPv6 address as its IPv4 one).
+#[inline(always)]
+fn peer_ip(peer: &Peer) -> IpAddr {
+    match peer.addr {
+        SocketAddr::V4(a) => IpAddr::V4(*a.ip()),
+        SocketAddr::V6(a) => a.ip().to_canonical(),
     }
 }
 
@@ -228,7 +258,7 @@ impl After<'_> {
     /// What a policy's `{…}` stand for: the client's IP a step found, else the peer's.
     pub(super) fn vars(&self) -> Vars<'_> {
         Vars {
-            client_ip: (self.found.client_ip).unwrap_or_else(|| self.peer.addr.ip()),
+            client_ip: (self.found.client_ip).unwrap_or_else(|| peer_ip(self.peer)),
             request_id: self.id.as_bytes(),
             host: self.host,
         }
@@ -282,12 +312,13 @@ impl Chain {
     /// and runs on from its `next`).
     #[inline]
     pub(super) fn run(&self, from: usize, cx: &mut Before<'_>) -> Ran<'_> {
-        let rest = self.steps.get(from..).unwrap_or_default();
-        for (i, step) in rest.iter().enumerate() {
+        let mut next = from;
+        for step in self.steps.get(from..).unwrap_or_default() {
+            next += 1;
             match step.before(cx) {
                 Next::Go => {}
                 Next::Answer(r) => return Ran::Answer(r),
-                Next::Wait(wait) => return Ran::Wait(from + i + 1, wait),
+                Next::Wait(wait) => return Ran::Wait(next, wait),
             }
         }
         Ran::Done
