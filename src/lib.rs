@@ -60,6 +60,7 @@ pub mod route;
 pub(crate) mod server;
 pub(crate) mod site;
 pub(crate) mod spawn;
+pub(crate) mod split;
 pub(crate) mod stats;
 pub(crate) mod store;
 pub mod strategy;

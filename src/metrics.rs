@@ -397,6 +397,19 @@ fn encode_routing(
         ConstCounter::new(n).encode(m.encode_family(&[("route", index.as_str())])?)?;
     }
     let mut m = enc.encode_descriptor(
+        "fulcrum_route_split",
+        "Requests a split route sent to each of its pools, by the route's index (split routes only).",
+        None,
+        MetricType::Counter,
+    )?;
+    for (i, sides) in routing.split_counts() {
+        let index = i.to_string();
+        for (pool, n) in sides {
+            let labels = [("route", index.as_str()), ("pool", pool)];
+            ConstCounter::new(n).encode(m.encode_family(&labels)?)?;
+        }
+    }
+    let mut m = enc.encode_descriptor(
         "fulcrum_panic",
         "Requests a pool balanced in panic mode, over all its backends, healthy or not.",
         None,

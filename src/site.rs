@@ -18,6 +18,7 @@ use crate::config::policy::Policies;
 use crate::config::{PoolSpec, RouteSpec};
 use crate::pool::{Backend, Hub, Pool, PoolError, Source};
 use crate::route::{Route, RouteTable};
+use crate::split::Splitter;
 
 pub(crate) use crate::config::pools::MAX_ROUTES;
 
@@ -41,6 +42,8 @@ pub(crate) struct Routing {
     /// Each route's policies, by route index; `None` for a route without any, which
     /// runs none (`docs/policies.md`).
     policies: Vec<Option<Arc<RoutePolicy>>>,
+    /// Each split route's sides, by route index (`docs/traffic.md`, "Splits").
+    splits: Vec<Option<Splitter>>,
 }
 
 /// A route's policies with what they keep while the routing table lives (built with
@@ -96,6 +99,9 @@ pub(crate) struct Hit<'r> {
     pub(crate) pool: &'r Arc<Pool>,
     /// Its policies, when it has any.
     pub(crate) policies: Option<&'r Arc<RoutePolicy>>,
+    /// Its sides, when it splits its requests among pools (then `pool` is the first
+    /// side's; [`Routing::side`] picks).
+    pub(crate) split: Option<&'r Splitter>,
 }
 
 impl Routing {
@@ -113,23 +119,38 @@ impl Routing {
     pub(crate) fn find(&self, req: &crate::route::Request<'_>) -> Option<Hit<'_>> {
         let (i, r) = self.table.find(req)?;
         self.hits[i].fetch_add(1, Ordering::Relaxed);
-        Some(Hit {
+        Some(self.hit(i, r))
+    }
+
+    fn hit<'r>(&'r self, i: usize, r: &'r Route) -> Hit<'r> {
+        Hit {
             route: r,
             pool: &self.pools[r.pool],
             policies: self.policies.get(i).and_then(Option::as_ref),
-        })
+            split: self.splits.get(i).and_then(Option::as_ref),
+        }
+    }
+
+    /// The pool a split route's next request goes to, whose key hashed to `key`;
+    /// counted.
+    #[inline]
+    pub(crate) fn side(&self, split: &Splitter, key: Option<u64>) -> &Arc<Pool> {
+        let i = split.pick(key);
+        self.pools.get(i).unwrap_or(&self.pools[0])
+    }
+
+    /// Each split route's index and its sides' pool names and counts.
+    pub(crate) fn split_counts(&self) -> Vec<(usize, Vec<(&str, u64)>)> {
+        (self.splits.iter().enumerate())
+            .filter_map(|(i, s)| Some((i, s.as_ref()?.taken())))
+            .collect()
     }
 
     /// What [`Self::find`] would say, with the route's index, without counting anything
     /// (`POST /admin/explain`).
     pub(crate) fn peek(&self, req: &crate::route::Request<'_>) -> Option<(usize, Hit<'_>)> {
         let (i, r) = self.table.find(req)?;
-        let hit = Hit {
-            route: r,
-            pool: &self.pools[r.pool],
-            policies: self.policies.get(i).and_then(Option::as_ref),
-        };
-        Some((i, hit))
+        Some((i, self.hit(i, r)))
     }
 
     /// Requests each route's rate limit answered `429`, in route order (0 for a route
@@ -155,7 +176,7 @@ impl Routing {
     /// The indices of the routes to `pool`.
     pub(crate) fn routes_to(&self, pool: &str) -> Vec<usize> {
         (0..self.routes.len())
-            .filter(|&i| self.routes[i].pool == pool)
+            .filter(|&i| self.routes[i].names_pool(pool))
             .collect()
     }
 }
@@ -236,7 +257,7 @@ impl Site {
             .map(|p| Arc::new(Pool::new(p, Arc::clone(&hub), Source::Config)))
             .collect();
         let hits = counters(routes.len(), None);
-        let routing = build(pools, routes.to_vec(), Arc::clone(&hits))?;
+        let routing = build(pools, routes.to_vec(), Arc::clone(&hits), None)?;
         Ok(Site {
             hub,
             resolvers: Default::default(),
@@ -428,7 +449,7 @@ impl Site {
             Arc::clone(&c.hits)
         };
         let n = routes.len();
-        let routing = build(pools, routes, Arc::clone(&hits))?;
+        let routing = build(pools, routes, Arc::clone(&hits), Some(&self.routing()))?;
         self.routing.store(Arc::new(routing));
         // A route that takes an index later starts from zero, not from the count of the
         // route that had it before.
@@ -453,31 +474,38 @@ fn counters(n: usize, old: Option<&Arc<[AtomicU64]>>) -> Arc<[AtomicU64]> {
         .collect()
 }
 
-/// The routing of `pools` and `routes`; every route must name one of the pools.
+/// The routing of `pools` and `routes`; every route must name pools among them. A split
+/// route goes on from its place in `old` when it keeps its index and conditions.
 fn build(
     pools: Vec<Arc<Pool>>,
     routes: Vec<RouteSpec>,
     hits: Arc<[AtomicU64]>,
+    old: Option<&Routing>,
 ) -> Result<Routing, SiteError> {
     if routes.len() > MAX_ROUTES {
         return Err(SiteError::TooManyRoutes(routes.len()));
     }
     let mut table = Vec::with_capacity(routes.len());
+    let mut splits = Vec::with_capacity(routes.len());
     for (i, r) in routes.iter().enumerate() {
-        // A redirect route answers itself: its pool index is never read.
-        let pool = match r.is_redirect() {
-            true => 0,
-            false => (pools.iter())
-                .position(|p| *p.name == *r.pool)
-                .ok_or_else(|| SiteError::UnknownPool(i, r.pool.clone()))?,
+        let index = |name: &str| {
+            (pools.iter())
+                .position(|p| *p.name == *name)
+                .ok_or_else(|| SiteError::UnknownPool(i, name.to_string()))
         };
-        table.push(r.to_route(pool));
+        // A redirect route answers itself: its pool index is never read.
+        let named: Vec<usize> = r.pools().map(index).collect::<Result<_, _>>()?;
+        table.push(r.to_route(named.first().copied().unwrap_or(0)));
+        let before = old
+            .filter(|o| o.routes.get(i).is_some_and(|o| o.same_conditions(r)))
+            .and_then(|o| o.splits.get(i)?.as_ref());
+        splits.push((r.split.as_ref()).map(|s| Splitter::new(s, named, before)));
     }
     let policies: Vec<Option<Arc<RoutePolicy>>> = (routes.iter())
         .map(|r| (!r.policies.is_empty()).then(|| Arc::new(RoutePolicy::new(&r.policies))))
         .collect();
-    let only = match (table.as_slice(), policies.as_slice()) {
-        ([r], [p]) if r.is_catch_all() => Some((Arc::clone(&pools[r.pool]), p.clone())),
+    let only = match (table.as_slice(), policies.as_slice(), splits.as_slice()) {
+        ([r], [p], [None]) if r.is_catch_all() => Some((Arc::clone(&pools[r.pool]), p.clone())),
         _ => None,
     };
     Ok(Routing {
@@ -487,6 +515,7 @@ fn build(
         hits,
         only,
         policies,
+        splits,
     })
 }
 

@@ -14,8 +14,10 @@ use super::Settings;
 use crate::route::{HostPattern, PathPrefix};
 
 /// Keys of a `[[routes]]` entry, beside its policies ([`super::policy::KEYS`]).
-const ROUTE_KEYS: [&str; 6] = [
+const ROUTE_KEYS: [&str; 8] = [
     "pool",
+    "split",
+    "split_key",
     "host",
     "path_prefix",
     "methods",
@@ -220,10 +222,8 @@ pub(super) fn apply_routes(
             layout.client_cert_at = layout.client_cert_at.or(Some(v.span().start));
         }
         let (text, named) = read_route(c, at, table);
-        // A route with a bad value still names its pool: that pool is not "unreached".
-        if let Some(named) = named {
-            layout.routes.push(named);
-        }
+        // A route with a bad value still names its pools: they are not "unreached".
+        layout.routes.extend(named);
         let Some(text) = text else {
             continue;
         };
@@ -239,12 +239,13 @@ pub(super) fn apply_routes(
 }
 
 /// One `[[routes]]` entry's values when every one is good, each checked where it is;
-/// and its pool's name and where it is, when that is good.
+/// and the names of its pools (its pool's, or its split's sides') and where they are,
+/// when they are good.
 fn read_route(
     c: &mut Collector<'_>,
     at: usize,
     table: &DeTable<'_>,
-) -> (Option<RouteText>, Option<(String, usize)>) {
+) -> (Option<RouteText>, Vec<(String, usize)>) {
     let mut t = RouteText::default();
     let mut pool_at = None;
     let mut ok = true;
@@ -262,7 +263,7 @@ fn read_route(
             continue;
         }
         match read_route_value(c, k, v, &mut t) {
-            Ok(()) if k == "pool" => pool_at = Some(v.span().start),
+            Ok(()) if k == "pool" || k == "split" => pool_at = Some(v.span().start),
             Ok(()) => {}
             Err(e) => {
                 if let Some(e) = e {
@@ -280,14 +281,20 @@ fn read_route(
     let Some(pool_at) = pool_at else {
         // A redirect route has no pool.
         if has_key(table, "redirect") {
-            return (ok.then_some(t), None);
+            return (ok.then_some(t), Vec::new());
         }
-        if !has_key(table, "pool") {
+        if !has_key(table, "pool") && !has_key(table, "split") {
             c.push(at, Some("routes"), "missing field 'pool'".into());
         }
-        return (None, None);
+        return (None, Vec::new());
     };
-    let named = Some((t.pool.clone(), pool_at));
+    let sides = t.split.iter().flatten().map(|s| s.pool.clone());
+    let pool = (!t.pool.is_empty()).then(|| t.pool.clone());
+    let named = pool
+        .into_iter()
+        .chain(sides)
+        .map(|p| (p, pool_at))
+        .collect();
     (ok.then_some(t), named)
 }
 
@@ -316,6 +323,14 @@ fn read_route_value(
         "pool" => {
             t.pool = text(c)?;
             pools::check_pool_name(&t.pool).map_err(Some)
+        }
+        "split" => {
+            t.split = Some(super::split::sides(&json_of(v.get_ref())).map_err(Some)?);
+            Ok(())
+        }
+        "split_key" => {
+            t.split_key = Some(super::split::key(&json_of(v.get_ref())).map_err(Some)?);
+            Ok(())
         }
         "host" => {
             let h = text(c)?;

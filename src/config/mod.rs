@@ -21,6 +21,7 @@ pub(crate) mod pem;
 pub(crate) mod policy;
 mod pool_settings;
 pub(crate) mod pools;
+pub(crate) mod split;
 pub(crate) mod strategy_kind;
 pub(crate) mod tls;
 mod values;

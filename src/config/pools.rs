@@ -56,8 +56,11 @@ pub(crate) struct PoolDraft {
 /// A route as configured: conditions and the pool they send to, by name.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct RouteSpec {
-    /// The pool's name; empty for a redirect route, which has none.
+    /// The pool's name; empty for a redirect route, which has none, and for a split
+    /// route, whose pools are its sides'.
     pub(crate) pool: String,
+    /// The pools it shares its requests among instead (`docs/traffic.md`, "Splits").
+    pub(crate) split: Option<super::split::SplitSpec>,
     /// Host condition.
     pub(crate) host: Option<HostPattern>,
     /// Path condition.
@@ -73,15 +76,33 @@ pub(crate) struct RouteSpec {
 }
 
 impl RouteSpec {
-    /// Whether it answers with a redirect (and so has no pool).
-    pub(crate) fn is_redirect(&self) -> bool {
-        self.policies.redirect.is_some()
+    /// The names of the pools it sends to: its pool, or its split's sides (none for a
+    /// redirect).
+    pub(crate) fn pools(&self) -> impl Iterator<Item = &str> {
+        let sides = self.split.iter().flat_map(|s| s.sides.iter());
+        let pool = (!self.pool.is_empty()).then_some(self.pool.as_str());
+        pool.into_iter().chain(sides.map(|s| s.pool.as_str()))
+    }
+
+    /// Whether it sends to the pool `name`.
+    pub(crate) fn names_pool(&self, name: &str) -> bool {
+        self.pools().any(|p| p == name)
+    }
+
+    /// Whether `other` has the same conditions (what keeps a route's running figures
+    /// across a change of the routes).
+    pub(crate) fn same_conditions(&self, other: &RouteSpec) -> bool {
+        self.host == other.host
+            && self.path_prefix == other.path_prefix
+            && self.methods == other.methods
+            && self.headers == other.headers
     }
 
     /// A route without conditions, to `pool`.
     pub(crate) fn catch_all(pool: &str) -> RouteSpec {
         RouteSpec {
             pool: pool.to_string(),
+            split: None,
             host: None,
             path_prefix: None,
             methods: Vec::new(),
@@ -109,6 +130,10 @@ impl RouteSpec {
 pub(crate) struct RouteText {
     /// The pool's name.
     pub(crate) pool: String,
+    /// `split`'s sides.
+    pub(crate) split: Option<Vec<super::split::Side>>,
+    /// `split_key`.
+    pub(crate) split_key: Option<super::HashKey>,
     /// `api.example.com` or `*.example.com`.
     pub(crate) host: Option<String>,
     /// `/v1`.
@@ -139,16 +164,26 @@ fn only_redirect(p: &super::policy::Policies) -> super::policy::Policies {
     }
 }
 
+/// Why a route with both `pool` and `split` is refused.
+pub(crate) const SPLIT_AND_POOL: &str =
+    "a route with a split has no pool: its sides name the pools (split = [{ pool, weight }, …])";
+
 /// Checks a route's conditions; the message names what is wrong.
 pub(crate) fn route_spec(t: RouteText) -> Result<RouteSpec, String> {
     // A redirect answers itself: its route names no pool and runs no other step.
-    match (t.policies.redirect.is_some(), t.pool.is_empty()) {
-        (true, false) => return Err(REDIRECT_AND_POOL.into()),
-        (true, true) if t.policies != only_redirect(&t.policies) => {
+    let redirect = t.policies.redirect.is_some();
+    match (redirect, t.pool.is_empty(), t.split.is_some()) {
+        (true, false, _) | (true, _, true) => return Err(REDIRECT_AND_POOL.into()),
+        (true, true, false) if t.policies != only_redirect(&t.policies) => {
             return Err(REDIRECT_ALONE.into());
         }
-        (true, true) => {}
-        (false, _) => check_pool_name(&t.pool)?,
+        (true, true, false) => {}
+        (false, false, true) => return Err(SPLIT_AND_POOL.into()),
+        (false, true, true) => {}
+        (false, _, false) => check_pool_name(&t.pool)?,
+    }
+    if t.split_key.is_some() && t.split.is_none() {
+        return Err("split_key needs a split".into());
     }
     let host = t.host.as_deref().map(HostPattern::parse).transpose()?;
     let path_prefix = t
@@ -167,8 +202,13 @@ pub(crate) fn route_spec(t: RouteText) -> Result<RouteSpec, String> {
     }
     let methods = check_methods(&t.methods)?;
     let headers = check_fields(&t.headers)?;
+    let split = (t.split).map(|sides| super::split::SplitSpec {
+        sides,
+        key: t.split_key,
+    });
     Ok(RouteSpec {
         pool: t.pool,
+        split,
         host,
         path_prefix,
         methods,
@@ -251,6 +291,12 @@ pub(crate) struct RouteView {
     /// Left out for a redirect route, which has none.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pool: String,
+    /// The pools it shares its requests among instead (`docs/traffic.md`, "Splits").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    split: Option<serde_json::Value>,
+    /// What keeps a client on one side.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    split_key: Option<serde_json::Value>,
     #[serde(default)]
     host: Option<String>,
     #[serde(default)]
@@ -313,8 +359,12 @@ pub(crate) struct RouteView {
 impl RouteView {
     /// The view of `r`, which took `requests`.
     pub(crate) fn of(r: &RouteSpec, requests: u64) -> RouteView {
+        let split = r.split.as_ref();
         RouteView {
             pool: r.pool.clone(),
+            split: split.map(|s| s.sides_json()),
+            split_key: (split.and_then(|s| s.key.as_ref()))
+                .map(|k| super::split::key_text(k).into()),
             host: r.host.as_ref().map(|h| h.to_text()),
             path_prefix: r.path_prefix.as_ref().map(|p| p.as_str().to_string()),
             methods: r.methods.iter().map(|m| m.as_str().to_string()).collect(),
@@ -403,6 +453,8 @@ impl RouteView {
         }
         route_spec(RouteText {
             pool: self.pool,
+            split: self.split.as_ref().map(super::split::sides).transpose()?,
+            split_key: self.split_key.as_ref().map(super::split::key).transpose()?,
             host: self.host,
             path_prefix: self.path_prefix,
             methods: self.methods,

@@ -44,8 +44,11 @@ pub(crate) struct Question {
 pub(crate) struct Explanation {
     /// The index of the route that takes it.
     route: Option<usize>,
-    /// That route's pool.
+    /// That route's pool (for a split route, the side it would take).
     pool: Option<String>,
+    /// For a split route: the side and what placed it (`docs/traffic.md`, "Splits").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    split: Option<SplitSide>,
     /// The pool's strategy.
     strategy: Option<&'static str>,
     /// The backend it would go to.
@@ -56,6 +59,14 @@ pub(crate) struct Explanation {
     sticky: Option<u64>,
     /// One sentence.
     why: String,
+}
+
+/// The side a split route would send the request to.
+#[derive(Debug, Serialize)]
+struct SplitSide {
+    pool: String,
+    /// `split_key` (the request has the key) or `round_robin` (the next place).
+    by: &'static str,
 }
 
 /// One backend of the pool as the pick sees it.
@@ -139,7 +150,21 @@ pub(crate) async fn explain(
             return Ok(e);
         }
     }
-    let pool = Arc::clone(hit.pool);
+    let pool = match hit.split {
+        None => Arc::clone(hit.pool),
+        Some(split) => {
+            let key =
+                (split.key()).and_then(|k| super::placement::split_key(k, &head, || client_ip));
+            let (i, keyed) = split.peek(key);
+            let pool = Arc::clone(routing.pools.get(i).unwrap_or(hit.pool));
+            let by = if keyed { "split_key" } else { "round_robin" };
+            e.split = Some(SplitSide {
+                pool: pool.name.to_string(),
+                by,
+            });
+            pool
+        }
+    };
     drop(routing);
     pick(&mut e, &pool, fields, peer, trusted);
     Ok(e)

@@ -9,6 +9,7 @@ pub(crate) mod headers;
 pub(crate) mod hop;
 pub(crate) mod message;
 mod outgoing;
+mod placement;
 pub(crate) mod record;
 pub(crate) mod request_id;
 mod sticky;
@@ -448,7 +449,7 @@ impl Proxy {
         }
         let admitted = self
             .admit(&head)
-            .and_then(|permit| Ok((permit, self.route(&head)?)))
+            .and_then(|permit| Ok((permit, self.route(&head, (peer, trusted))?)))
             .and_then(|(permit, routed)| {
                 within_body_limit(&head, &routed.pool)?;
                 Ok((permit, routed))
@@ -497,9 +498,10 @@ impl Proxy {
         })
     }
 
-    /// Where the first route that takes the request sends it ([`Routed`]). The
-    /// single-pool form (one route without conditions or policies) looks nothing up.
-    fn route(&self, head: &RequestHead) -> Result<Routed, Refusal> {
+    /// Where the first route that takes the request sends it ([`Routed`]): its pool, or
+    /// for a split route the side its key or the round robin picks. The single-pool form
+    /// (one route without conditions or policies) looks nothing up.
+    fn route(&self, head: &RequestHead, client: (&Peer, bool)) -> Result<Routed, Refusal> {
         let routing = self.site.routing();
         if let Some((pool, policies)) = routing.only() {
             return Ok(Routed {
@@ -524,8 +526,17 @@ impl Proxy {
         let rewritten = (hit.route)
             .rewrite(target)
             .and_then(|t| PathAndQuery::try_from(t).ok());
+        let pool = match hit.split {
+            None => hit.pool,
+            Some(split) => {
+                let trusted = &self.settings.trusted_proxies;
+                let ip = || placement::client_ip(head, client.0, client.1, trusted);
+                let key = (split.key()).and_then(|k| placement::split_key(k, head, ip));
+                routing.side(split, key)
+            }
+        };
         Ok(Routed {
-            pool: Arc::clone(hit.pool),
+            pool: Arc::clone(pool),
             target: rewritten,
             policies: hit.policies.cloned(),
         })

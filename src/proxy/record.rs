@@ -205,6 +205,7 @@ impl Recorder {
             let name = backend.map_or("-", |b| b.name.as_str());
             let said = Said {
                 backend: name,
+                pool: backend.map_or("-", |b| &b.pool),
                 protocol,
                 total,
             };
@@ -392,6 +393,8 @@ fn push_json_str(buf: &mut Vec<u8>, s: &str) {
 /// the client asked, and how long it all took.
 struct Said<'a> {
     backend: &'a str,
+    /// The backend's pool (a split route's side).
+    pool: &'a str,
     protocol: &'static str,
     total: Duration,
 }
@@ -400,6 +403,7 @@ struct Said<'a> {
 fn access_line(buf: &mut Vec<u8>, format: AccessFormat, f: &Finish, said: &Said<'_>) {
     let Said {
         backend,
+        pool,
         protocol,
         total,
     } = *said;
@@ -419,6 +423,8 @@ fn access_line(buf: &mut Vec<u8>, format: AccessFormat, f: &Finish, said: &Said<
             push_u64(buf, u64::from(f.status));
             buf.extend_from_slice(b" backend=");
             push_quoted(buf, backend);
+            buf.extend_from_slice(b" pool=");
+            push_quoted(buf, pool);
             if let Some(up) = f.upstream {
                 buf.extend_from_slice(b" upstream_ms=");
                 push_ms(buf, up);
@@ -449,6 +455,8 @@ fn access_line(buf: &mut Vec<u8>, format: AccessFormat, f: &Finish, said: &Said<
             push_u64(buf, u64::from(f.status));
             buf.extend_from_slice(b",\"backend\":");
             push_json_str(buf, backend);
+            buf.extend_from_slice(b",\"pool\":");
+            push_json_str(buf, pool);
             if let Some(up) = f.upstream {
                 buf.extend_from_slice(b",\"upstream_ms\":");
                 push_ms(buf, up);
@@ -541,6 +549,7 @@ mod tests {
     fn said(backend: &str, total_us: u64) -> Said<'_> {
         Said {
             backend,
+            pool: "web",
             protocol: "h1",
             total: Duration::from_micros(total_us),
         }
@@ -624,7 +633,7 @@ mod tests {
         let (_, rest) = line.split_once("Z  INFO ").unwrap();
         assert_eq!(
             rest,
-            "access client=10.0.0.7 protocol=h1 method=GET path=/a?b=c%22 status=502 backend=\"a \\\"b\\\"\" upstream_ms=1.018 total_ms=1.301 retries=1 request_id=abc-123\n"
+            "access client=10.0.0.7 protocol=h1 method=GET path=/a?b=c%22 status=502 backend=\"a \\\"b\\\"\" pool=\"web\" upstream_ms=1.018 total_ms=1.301 retries=1 request_id=abc-123\n"
         );
     }
 

@@ -376,14 +376,14 @@ impl Mirror {
                 .iter()
                 .enumerate()
                 .filter(|(i, r)| {
-                    let known = r.is_redirect() || pools.iter().any(|p| p.spec.name == r.pool);
-                    if !known {
+                    let unknown = r.pools().find(|&n| pools.iter().all(|p| p.spec.name != n));
+                    if let Some(n) = unknown {
                         left_out.push((
                             ROUTES_KEY.to_string(),
-                            format!("route {i} names the unknown pool '{}'", r.pool),
+                            format!("route {i} names the unknown pool '{n}'"),
                         ));
                     }
-                    known
+                    unknown.is_none()
                 })
                 .map(|(_, r)| r.clone())
                 .collect(),

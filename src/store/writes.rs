@@ -318,9 +318,9 @@ impl Fleet {
             let m = self.mirror();
             let routes = m.entries.get(ROUTES_KEY);
             let naming: Vec<usize> = match routes.map(|e| &e.object) {
-                Some(Object::Routes(list)) => {
-                    (0..list.len()).filter(|&i| list[i].pool == name).collect()
-                }
+                Some(Object::Routes(list)) => (0..list.len())
+                    .filter(|&i| list[i].names_pool(name))
+                    .collect(),
                 _ => Vec::new(),
             };
             let generation = m.entries.get(GENERATION).map_or(0, |e| e.mod_revision);

@@ -79,15 +79,16 @@ pub fn request_key(
 
 /// The value of cookie `name` (case-sensitive, RFC 6265), across every `Cookie` line.
 fn cookie_value<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h [u8]> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .flat_map(|line| line.as_bytes().split(|&b| b == b';'))
-        .find_map(|pair| {
-            let pair = pair.trim_ascii();
-            let eq = pair.iter().position(|&b| b == b'=')?;
-            (pair[..eq].trim_ascii() == name.as_bytes()).then(|| pair[eq + 1..].trim_ascii())
-        })
+    (headers.get_all(header::COOKIE).iter()).find_map(|line| cookie_in(line.as_bytes(), name))
+}
+
+/// The value of cookie `name` in one `Cookie` line.
+pub(crate) fn cookie_in<'l>(line: &'l [u8], name: &str) -> Option<&'l [u8]> {
+    line.split(|&b| b == b';').find_map(|pair| {
+        let pair = pair.trim_ascii();
+        let eq = pair.iter().position(|&b| b == b'=')?;
+        (pair[..eq].trim_ascii() == name.as_bytes()).then(|| pair[eq + 1..].trim_ascii())
+    })
 }
 
 #[cfg(test)]
