@@ -103,6 +103,14 @@ sig = run(["openssl", "dgst", "-sha256", "-sign", f"{out}/jwt.key"], input=f"{he
 open(f"{out}/jwt.token", "w").write(f"{head}.{claims}.{b64(sig)}")
 PY
 printf '[[routes]]\npool = "default"\njwt = { jwks_file = "%s" }\n' "$out/jwks.json" >"$out/jwt.toml"
+# The plain request's one route split evenly between two pools of the same three backends
+# (the flags' backends form the first): what a split route costs (docs/performance.md,
+# "Shift and shadow traffic").
+{
+  printf '[[pools]]\nname = "a"\n[[pools]]\nname = "b"\nbackends = ['
+  for b in "${backends[@]}"; do [ "$b" = --backend ] || printf '{ url = "%s" },' "$b"; done
+  printf ']\n[[routes]]\nsplit = [{ pool = "a", weight = 1 }, { pool = "b", weight = 1 }]\n'
+} >"$out/split.toml"
 # The same request (token and all) through the same route without the check: jwt's base.
 printf '[[routes]]\npool = "default"\n' >"$out/bearer.toml"
 # Instructions of one `fulcrum serve` under callgrind serving $1 requests from client $2
@@ -117,6 +125,7 @@ count() {
   if [ "$kind" = access ]; then extra=(--config "$out/access.toml"); fi
   if [ "$kind" = jwt ]; then extra=(--config "$out/jwt.toml"); fi
   if [ "$kind" = bearer ]; then extra=(--config "$out/bearer.toml"); fi
+  if [ "$kind" = split ]; then extra=(--config "$out/split.toml"); fi
   if [ "$kind" = file ]; then extra=(--access-log "$out/access.$n.log"); fi
   valgrind --tool=callgrind --callgrind-out-file="$out/cg.$kind.$n" --trace-syscalls=yes \
     --separate-threads=yes \
@@ -125,7 +134,7 @@ count() {
   local vg=$!
   wait_port "$port"
   case $kind in
-    h1 | limited | file | access) curl -s -o /dev/null "http://127.0.0.1:$port/cost?[1-$n]" ;;
+    h1 | limited | file | access | split) curl -s -o /dev/null "http://127.0.0.1:$port/cost?[1-$n]" ;;
     jwt | bearer)
       curl -s -o /dev/null -H "authorization: Bearer $(cat "$out/jwt.token")" \
         -w '%{http_code}\n' "http://127.0.0.1:$port/cost?[1-$n]" >"$out/jwt.codes.$n"
@@ -244,6 +253,11 @@ guard bearer $((per_h1 + 4000))
 guard jwt $((per_bearer + 1000))
 extra jwt $((per_jwt - per_bearer)) 500 "the same request on a route without jwt" \
   "a remembered bearer token"
+# A route split between two pools, over the plain request, on the worker thread: target
+# and guard 150 (docs/performance.md, "Shift and shadow traffic").
+guard split $((per_h1 + 1000))
+extra split $((worker_split - worker_h1)) 150 "the plain request on the worker thread" \
+  "a split route"
 # The access log to a file rather than stderr: at most 1 % more.
 guard file $((per_h1 + per_h1 / 100))
 echo "cost guard (file): $((per_file - per_h1)) instructions over the access log on stderr (guard: 1 %)"

@@ -90,6 +90,13 @@ impl RoutePolicy {
     }
 }
 
+/// The pool, policies and split of the single-pool form's one route.
+pub(crate) type Only<'r> = (
+    &'r Arc<Pool>,
+    Option<&'r Arc<RoutePolicy>>,
+    Option<&'r Splitter>,
+);
+
 /// What the first route that takes a request says.
 #[derive(Debug)]
 pub(crate) struct Hit<'r> {
@@ -106,12 +113,14 @@ pub(crate) struct Hit<'r> {
 
 impl Routing {
     /// The pool (and the route's policies) every request goes to, when one route
-    /// without conditions is all there is; counts the request for it.
+    /// without conditions is all there is; counts the request for it. A split route
+    /// without conditions is such a route too: its splitter comes with it.
     #[inline]
-    pub(crate) fn only(&self) -> Option<(&Arc<Pool>, Option<&Arc<RoutePolicy>>)> {
+    pub(crate) fn only(&self) -> Option<Only<'_>> {
         let (pool, policy) = self.only.as_ref()?;
         self.hits[0].fetch_add(1, Ordering::Relaxed);
-        Some((pool, policy.as_ref()))
+        let split = self.splits.first().and_then(Option::as_ref);
+        Some((pool, policy.as_ref(), split))
     }
 
     /// The first route that takes `req`, its pool and policies; counts the request for
@@ -141,9 +150,14 @@ impl Routing {
 
     /// Each split route's index and its sides' pool names and counts.
     pub(crate) fn split_counts(&self) -> Vec<(usize, Vec<(&str, u64)>)> {
-        (self.splits.iter().enumerate())
-            .filter_map(|(i, s)| Some((i, s.as_ref()?.taken())))
+        (0..self.splits.len())
+            .filter_map(|i| Some((i, self.split_taken(i)?)))
             .collect()
+    }
+
+    /// The sides' pool names and counts of route `i`, when it splits.
+    pub(crate) fn split_taken(&self, i: usize) -> Option<Vec<(&str, u64)>> {
+        Some(self.splits.get(i)?.as_ref()?.taken())
     }
 
     /// What [`Self::find`] would say, with the route's index, without counting anything
@@ -505,7 +519,8 @@ fn build(
         .map(|r| (!r.policies.is_empty()).then(|| Arc::new(RoutePolicy::new(&r.policies))))
         .collect();
     let only = match (table.as_slice(), policies.as_slice(), splits.as_slice()) {
-        ([r], [p], [None]) if r.is_catch_all() => Some((Arc::clone(&pools[r.pool]), p.clone())),
+        // `pools[r.pool]` is the first side's when the route splits.
+        ([r], [p], [_]) if r.is_catch_all() => Some((Arc::clone(&pools[r.pool]), p.clone())),
         _ => None,
     };
     Ok(Routing {

@@ -306,6 +306,7 @@ fn dashboard_shows_routes_pools_and_backends() {
         &cfg,
         "[[pools]]\nname = \"web\"\n[[pools]]\nname = \"api\"\n".to_string()
             + &discovered
+            + "[[routes]]\npath_prefix = \"/split\"\nsplit = [{ pool = \"web\", weight = 90 }, { pool = \"api\", weight = 10 }]\n"
             + "[[routes]]\npool = \"api\"\npath_prefix = \"/api\"\n[[routes]]\npool = \"web\"\n",
     )
     .unwrap();

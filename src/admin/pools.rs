@@ -245,7 +245,10 @@ pub(crate) async fn routes(State(ctx): State<AdminCtx>) -> Json<Vec<RouteView>> 
             .enumerate()
             .map(|(i, (r, (n, l)))| {
                 let access = policies.get(i).and_then(|p| access_view(p.as_deref()?));
-                RouteView::of(r, n).with_rate_limited(l).with_access(access)
+                RouteView::of(r, n)
+                    .with_rate_limited(l)
+                    .with_access(access)
+                    .with_split_taken(routing.split_taken(i))
             })
             .collect(),
     )

@@ -354,6 +354,10 @@ pub(crate) struct RouteView {
     /// when given).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     access: Option<serde_json::Value>,
+    /// Requests each side of its split took, by pool (shown for a split route; ignored
+    /// when given).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    split_taken: Option<std::collections::BTreeMap<String, u64>>,
 }
 
 impl RouteView {
@@ -392,6 +396,7 @@ impl RouteView {
             requests,
             rate_limited: None,
             access: None,
+            split_taken: None,
         }
         .with_policies(&r.policies)
     }
@@ -401,6 +406,12 @@ impl RouteView {
         if self.rate_limit.is_some() {
             self.rate_limited = Some(n);
         }
+        self
+    }
+
+    /// With the requests each side of its split took (`None`: it does not split).
+    pub(crate) fn with_split_taken(mut self, taken: Option<Vec<(&str, u64)>>) -> RouteView {
+        self.split_taken = taken.map(|t| t.into_iter().map(|(p, n)| (p.to_string(), n)).collect());
         self
     }
 

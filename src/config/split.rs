@@ -83,9 +83,11 @@ fn side(item: &Value) -> Result<Side, String> {
     super::pools::check_pool_name(&pool).map_err(|e| format!("invalid split: {e}"))?;
     let weight = match m.get("weight").map(Value::as_u64) {
         Some(Some(w)) if w <= u64::from(MAX_WEIGHT) => w as u32,
-        Some(_) => return Err(format!(
+        Some(_) => {
+            return Err(format!(
             "invalid split: the weight of '{pool}' must be a whole number from 0 to {MAX_WEIGHT}"
-        )),
+        ))
+        }
         None => return Err(format!("invalid split: the side '{pool}' has no weight")),
     };
     Ok(Side { pool, weight })

@@ -191,6 +191,8 @@ struct Routed {
     target: Option<PathAndQuery>,
     /// The route's policies, when it has any.
     policies: Option<Arc<RoutePolicy>>,
+    /// The route split its requests among pools.
+    split: bool,
 }
 
 /// `http-01` (RFC 8555 §8.3): the key authorization for a token the ACME task is
@@ -439,6 +441,7 @@ impl Proxy {
                 id: id.clone(),
                 combined: self.rec.combined().then(|| combined_fields(&head)),
                 client_cert: peer.client_cert.clone(),
+                split: false,
             },
             self.rec,
         );
@@ -460,6 +463,7 @@ impl Proxy {
                 Either::Left(std::future::ready(r))
             }
             Ok((permit, routed)) => {
+                fin.split = routed.split;
                 let via = crate::loops::element(head.version);
                 let req = Outgoing {
                     target: routed.target.unwrap_or_else(|| fin.path.clone()),
@@ -503,11 +507,16 @@ impl Proxy {
     /// (one route without conditions or policies) looks nothing up.
     fn route(&self, head: &RequestHead, client: (&Peer, bool)) -> Result<Routed, Refusal> {
         let routing = self.site.routing();
-        if let Some((pool, policies)) = routing.only() {
+        if let Some((pool, policies, split)) = routing.only() {
+            let pool = match split {
+                None => pool,
+                Some(split) => self.side(&routing, split, head, client),
+            };
             return Ok(Routed {
                 pool: Arc::clone(pool),
                 target: None,
                 policies: policies.cloned(),
+                split: split.is_some(),
             });
         }
         let host = head.host();
@@ -528,18 +537,30 @@ impl Proxy {
             .and_then(|t| PathAndQuery::try_from(t).ok());
         let pool = match hit.split {
             None => hit.pool,
-            Some(split) => {
-                let trusted = &self.settings.trusted_proxies;
-                let ip = || placement::client_ip(head, client.0, client.1, trusted);
-                let key = (split.key()).and_then(|k| placement::split_key(k, head, ip));
-                routing.side(split, key)
-            }
+            Some(split) => self.side(&routing, split, head, client),
         };
         Ok(Routed {
             pool: Arc::clone(pool),
             target: rewritten,
             policies: hit.policies.cloned(),
+            split: hit.split.is_some(),
         })
+    }
+
+    /// The pool of the side a split route's request takes: its key's, or the next place
+    /// of the round robin.
+    #[inline(never)]
+    fn side<'r>(
+        &self,
+        routing: &'r crate::site::Routing,
+        split: &crate::split::Splitter,
+        head: &RequestHead,
+        client: (&Peer, bool),
+    ) -> &'r Arc<crate::pool::Pool> {
+        let trusted = &self.settings.trusted_proxies;
+        let ip = || placement::client_ip(head, client.0, client.1, trusted);
+        let key = (split.key()).and_then(|k| placement::split_key(k, head, ip));
+        routing.side(split, key)
     }
 
     /// `Err(())` when the proxy is over `--max-inflight` and must shed this request.

@@ -38,6 +38,9 @@ pub(crate) struct Finish {
     pub(crate) combined: Option<Box<Combined>>,
     /// The connection's verified client certificate (the json log names its subject).
     pub(crate) client_cert: Option<std::sync::Arc<crate::identity::ClientCert>>,
+    /// Its route split its requests among pools: the access log names the pool taken
+    /// (`docs/traffic.md`).
+    pub(crate) split: bool,
 }
 
 /// The fields of a combined access log line that the others do without.
@@ -113,6 +116,7 @@ impl Pending {
             id: super::request_id::RequestId::Ours([b'0'; 32]),
             combined: None,
             client_cert: None,
+            split: false,
         };
         (std::mem::replace(&mut self.fin, left), self.rec)
     }
@@ -205,7 +209,7 @@ impl Recorder {
             let name = backend.map_or("-", |b| b.name.as_str());
             let said = Said {
                 backend: name,
-                pool: backend.map_or("-", |b| &b.pool),
+                pool: backend.filter(|_| f.split).map(|b| &*b.pool),
                 protocol,
                 total,
             };
@@ -393,8 +397,8 @@ fn push_json_str(buf: &mut Vec<u8>, s: &str) {
 /// the client asked, and how long it all took.
 struct Said<'a> {
     backend: &'a str,
-    /// The backend's pool (a split route's side).
-    pool: &'a str,
+    /// The backend's pool, on a split route (its side).
+    pool: Option<&'a str>,
     protocol: &'static str,
     total: Duration,
 }
@@ -423,8 +427,10 @@ fn access_line(buf: &mut Vec<u8>, format: AccessFormat, f: &Finish, said: &Said<
             push_u64(buf, u64::from(f.status));
             buf.extend_from_slice(b" backend=");
             push_quoted(buf, backend);
-            buf.extend_from_slice(b" pool=");
-            push_quoted(buf, pool);
+            if let Some(pool) = pool {
+                buf.extend_from_slice(b" pool=");
+                push_quoted(buf, pool);
+            }
             if let Some(up) = f.upstream {
                 buf.extend_from_slice(b" upstream_ms=");
                 push_ms(buf, up);
@@ -455,8 +461,10 @@ fn access_line(buf: &mut Vec<u8>, format: AccessFormat, f: &Finish, said: &Said<
             push_u64(buf, u64::from(f.status));
             buf.extend_from_slice(b",\"backend\":");
             push_json_str(buf, backend);
-            buf.extend_from_slice(b",\"pool\":");
-            push_json_str(buf, pool);
+            if let Some(pool) = pool {
+                buf.extend_from_slice(b",\"pool\":");
+                push_json_str(buf, pool);
+            }
             if let Some(up) = f.upstream {
                 buf.extend_from_slice(b",\"upstream_ms\":");
                 push_ms(buf, up);
@@ -549,7 +557,7 @@ mod tests {
     fn said(backend: &str, total_us: u64) -> Said<'_> {
         Said {
             backend,
-            pool: "web",
+            pool: Some("web"),
             protocol: "h1",
             total: Duration::from_micros(total_us),
         }
@@ -568,6 +576,7 @@ mod tests {
             id: super::super::request_id::RequestId::from_peer(b"abc-123").unwrap(),
             combined: None,
             client_cert: None,
+            split: false,
         }
     }
 

@@ -558,6 +558,19 @@ async function poolsTour(page) {
     if (!access.test(lostRoutes)) throw new Error('lost routes: ' + lostRoutes);
   });
 
+  await step('a split route: a slider per side sets its weight live', async () => {
+    await waitFor('split row', () => page.$('[data-testid="split-2"]'), 5000);
+    await waitFor('api side', async () => /^api 10 · \d+ taken$/.test((await text(page, '[data-testid="split-side-2-api"]')) || ''), 5000);
+    const routes = await text(page, '[data-testid="pool-routes-api"]');
+    if (!/#2 \/split \[split web 90 · api 10\]/.test(routes)) throw new Error('api routes: ' + routes);
+    await page.$eval('[data-testid="split-weight-2-api"]', el => { el.value = '500'; el.dispatchEvent(new Event('change')); });
+    await waitFor('weight set', async () => (await api('GET', '/admin/routes'))[2].split[1].weight === 500, 5000);
+    const r = await api('GET', '/admin/routes');
+    if (r[2].split[0].weight !== 90) throw new Error('the web side changed: ' + JSON.stringify(r[2].split));
+    await waitFor('its label follows', async () => /^api 500 · /.test((await text(page, '[data-testid="split-side-2-api"]')) || ''), 5000);
+    assertNoConsoleErrors();
+  });
+
   await step('a strategy switch in one pool leaves the other and the header alone', async () => {
     await page.selectOption('[data-testid="pool-strategy-api"]', 'least_connections');
     await waitFor('api switched', async () => (await pools()).get('api').strategy === 'least_connections', 5000);
