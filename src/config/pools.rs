@@ -185,6 +185,9 @@ pub(crate) fn route_spec(t: RouteText) -> Result<RouteSpec, String> {
     if t.split_key.is_some() && t.split.is_none() {
         return Err("split_key needs a split".into());
     }
+    for side in t.split.iter().flatten() {
+        check_pool_name(&side.pool).map_err(|e| format!("invalid split: {e}"))?;
+    }
     let host = t.host.as_deref().map(HostPattern::parse).transpose()?;
     let path_prefix = t
         .path_prefix
@@ -621,6 +624,16 @@ mod tests {
         assert!(t(&|r| r.methods = vec!["get".into()]).is_ok());
         assert!(t(&|r| r.methods = vec!["G T".into()]).is_err());
         assert!(t(&|r| r.headers = vec![("x y".into(), "1".into())]).is_err());
+        let side = |pool: &str| super::super::split::Side {
+            pool: pool.into(),
+            weight: 1,
+        };
+        let split = |r: &mut RouteText, p: &str| {
+            r.pool.clear();
+            r.split = Some(vec![side(p)]);
+        };
+        assert!(t(&|r| split(r, "v1")).is_ok());
+        assert!(t(&|r| split(r, "V 1")).unwrap_err().contains("a-z"));
         let m = t(&|r| r.methods = vec!["get".into()]).unwrap();
         assert_eq!(m.methods, [Method::GET]);
     }
