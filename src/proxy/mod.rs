@@ -191,8 +191,6 @@ struct Routed {
     target: Option<PathAndQuery>,
     /// The route's policies, when it has any.
     policies: Option<Arc<RoutePolicy>>,
-    /// The route split its requests among pools.
-    split: bool,
 }
 
 /// `http-01` (RFC 8555 §8.3): the key authorization for a token the ACME task is
@@ -452,7 +450,7 @@ impl Proxy {
         }
         let admitted = self
             .admit(&head)
-            .and_then(|permit| Ok((permit, self.route(&head, (peer, trusted))?)))
+            .and_then(|permit| Ok((permit, self.route(&head, (peer, trusted), &mut fin.split)?)))
             .and_then(|(permit, routed)| {
                 within_body_limit(&head, &routed.pool)?;
                 Ok((permit, routed))
@@ -463,7 +461,6 @@ impl Proxy {
                 Either::Left(std::future::ready(r))
             }
             Ok((permit, routed)) => {
-                fin.split = routed.split;
                 let via = crate::loops::element(head.version);
                 let req = Outgoing {
                     target: routed.target.unwrap_or_else(|| fin.path.clone()),
@@ -505,18 +502,27 @@ impl Proxy {
     /// Where the first route that takes the request sends it ([`Routed`]): its pool, or
     /// for a split route the side its key or the round robin picks. The single-pool form
     /// (one route without conditions or policies) looks nothing up.
-    fn route(&self, head: &RequestHead, client: (&Peer, bool)) -> Result<Routed, Refusal> {
+    ///
+    /// `split` is set when the route splits (the access log then names the pool).
+    fn route(
+        &self,
+        head: &RequestHead,
+        client: (&Peer, bool),
+        split_taken: &mut bool,
+    ) -> Result<Routed, Refusal> {
         let routing = self.site.routing();
         if let Some((pool, policies, split)) = routing.only() {
             let pool = match split {
                 None => pool,
-                Some(split) => self.side(&routing, split, head, client),
+                Some(split) => {
+                    *split_taken = true;
+                    self.side(&routing, split, head, client)
+                }
             };
             return Ok(Routed {
                 pool: Arc::clone(pool),
                 target: None,
                 policies: policies.cloned(),
-                split: split.is_some(),
             });
         }
         let host = head.host();
@@ -537,13 +543,15 @@ impl Proxy {
             .and_then(|t| PathAndQuery::try_from(t).ok());
         let pool = match hit.split {
             None => hit.pool,
-            Some(split) => self.side(&routing, split, head, client),
+            Some(split) => {
+                *split_taken = true;
+                self.side(&routing, split, head, client)
+            }
         };
         Ok(Routed {
             pool: Arc::clone(pool),
             target: rewritten,
             policies: hit.policies.cloned(),
-            split: hit.split.is_some(),
         })
     }
 
@@ -1012,7 +1020,7 @@ fn note_attempt(req: &Outgoing<'_>, fin: &mut Pending, id: u64, attempt: usize) 
     if attempt > 0 {
         bump(&req.pool.hub.stats.retries);
     }
-    fin.retries = attempt as u32;
+    fin.retries = u16::try_from(attempt).unwrap_or(u16::MAX);
 }
 
 /// Whether a failed attempt may go to another backend. Nothing of the answer has
