@@ -46,8 +46,8 @@ pub(crate) struct Routing {
     splits: Vec<Option<Splitter>>,
 }
 
-/// A route's policies with what they keep while the routing table lives (built with
-/// it: a new table starts them afresh).
+/// A route's policies with what they keep while the routing table lives, and after it
+/// for a route that keeps its index, conditions and policies in the next table.
 pub(crate) struct RoutePolicy {
     /// As configured.
     pub(crate) spec: Policies,
@@ -515,8 +515,8 @@ fn build(
             .and_then(|o| o.splits.get(i)?.as_ref());
         splits.push((r.split.as_ref()).map(|s| Splitter::new(s, named, before)));
     }
-    let policies: Vec<Option<Arc<RoutePolicy>>> = (routes.iter())
-        .map(|r| (!r.policies.is_empty()).then(|| Arc::new(RoutePolicy::new(&r.policies))))
+    let policies: Vec<Option<Arc<RoutePolicy>>> = (routes.iter().enumerate())
+        .map(|(i, r)| policy_of(i, r, old))
         .collect();
     let only = match (table.as_slice(), policies.as_slice(), splits.as_slice()) {
         // `pools[r.pool]` is the first side's when the route splits.
@@ -532,6 +532,22 @@ fn build(
         policies,
         splits,
     })
+}
+
+/// Route `i`'s policies and what they keep: `old`'s when the route there had the same
+/// conditions and policies (its rate limit's buckets, its counts and remembered
+/// credentials go on across a change of the routes or a reload, `docs/traffic.md`), else
+/// afresh. `None` for a route without any.
+fn policy_of(i: usize, r: &RouteSpec, old: Option<&Routing>) -> Option<Arc<RoutePolicy>> {
+    if r.policies.is_empty() {
+        return None;
+    }
+    let kept = old.and_then(|o| {
+        let before = o.routes.get(i)?;
+        let same = before.same_conditions(r) && before.policies == r.policies;
+        same.then(|| o.policies.get(i)?.clone())?
+    });
+    Some(kept.unwrap_or_else(|| Arc::new(RoutePolicy::new(&r.policies))))
 }
 
 /// Starts `pool`'s health checks, upkeep and discovery.

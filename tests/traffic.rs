@@ -179,3 +179,41 @@ async fn the_admin_api_refuses_a_bad_split_and_keeps_the_routes() {
     let del = admin(&c, "DELETE", &f.admin_url("/admin/pools/v2"), "").await;
     assert_eq!(del.status, 409, "{}", del.text());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_that_keeps_its_conditions_keeps_its_rate_limit_across_changes() {
+    let (a, b) = (TestBackend::start("A"), TestBackend::start("B"));
+    let limited = "[[routes]]\npool = \"v1\"\npath_prefix = \"/l\"\nrate_limit = { rate = 1, per = \"1m\", burst = 1 }\n";
+    let f = start(
+        "kept",
+        &two_pools(&a, &b, &format!("{limited}[[routes]]\npool = \"v2\"\n")),
+    );
+    let c = client();
+    let status = |got: Got| got.status.as_u16();
+    for _ in 0..2 {
+        assert_eq!(status(get(&c, &f.url("/l")).await), 200);
+    }
+    assert_eq!(status(get(&c, &f.url("/l")).await), 429);
+    // The list changes after it (a route added): the limited route keeps its bucket.
+    let url = f.admin_url("/admin/routes");
+    let same = r#"[{"pool": "v1", "path_prefix": "/l", "rate_limit": {"rate": 1, "per": "1m", "burst": 1}},
+                   {"pool": "v2", "path_prefix": "/b"}, {"pool": "v2"}]"#;
+    assert_eq!(admin(&c, "PUT", &url, same).await.status, 200);
+    assert_eq!(
+        status(get(&c, &f.url("/l")).await),
+        429,
+        "the bucket was kept"
+    );
+    assert_eq!(
+        metric(&f, "fulcrum_rate_limited_total{route=\"0\"}").await,
+        2
+    );
+    // Its conditions change: a new route, a new bucket.
+    let moved = same.replace("\"/l\"", "\"/m\"");
+    assert_eq!(admin(&c, "PUT", &url, &moved).await.status, 200);
+    assert_eq!(
+        status(get(&c, &f.url("/m")).await),
+        200,
+        "a new route starts afresh"
+    );
+}
