@@ -255,7 +255,7 @@ guard jwt $((per_bearer + 1000))
 extra jwt $((per_jwt - per_bearer)) 530 "the same request on a route without jwt (target: 500)" \
   "a remembered bearer token"
 # A route split between two pools, over the plain request, on the worker thread: target
-# and guard 150, measured 121 (the side's pick about 40, the pool its access log line
+# and guard 150, measured 108–128 (the side's pick about 40, the pool its access log line
 # names about 80; docs/performance.md, "Shift and shadow traffic").
 guard split $((per_h1 + 1000))
 extra split $((worker_split - worker_h1)) 150 "the plain request on the worker thread" \
