@@ -230,10 +230,14 @@ impl JwtStep {
     /// timeout), then checks the token against what it brought.
     fn after_fetch<'s>(
         &'s self,
-        cx: &Before<'_>,
+        cx: &mut Before<'_>,
         mut ended: tokio::sync::watch::Receiver<u64>,
         token: String,
     ) -> Next<'s> {
+        // The client cannot name itself while the keys come: its own fields of the
+        // claims' names go now, as on the direct path (the grant only sets those the
+        // token has).
+        cx.set_fields(&self.claim_names, &[]);
         let source = cx.route.jwks.clone();
         let counts = Arc::clone(&cx.route.access);
         Next::wait(async move {
