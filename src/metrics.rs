@@ -369,22 +369,11 @@ fn encode_protocols(enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> 
     Ok(())
 }
 
-/// The route counters, the first pool's strategy (the single-pool series) and each
-/// pool's.
-fn encode_routing(
+/// The per-route counts of routes with a rate limit or a split.
+fn encode_route_counts(
     enc: &mut DescriptorEncoder,
     routing: &crate::site::Routing,
 ) -> Result<(), std::fmt::Error> {
-    let mut m = enc.encode_descriptor(
-        "fulcrum_route_requests",
-        "Requests each route took, by its index in the route list.",
-        None,
-        MetricType::Counter,
-    )?;
-    for (i, n) in routing.route_requests().into_iter().enumerate() {
-        let index = i.to_string();
-        ConstCounter::new(n).encode(m.encode_family(&[("route", index.as_str())])?)?;
-    }
     let mut m = enc.encode_descriptor(
         "fulcrum_rate_limited",
         "Requests a route's rate limit answered 429, by the route's index (routes with a rate limit only).",
@@ -409,6 +398,26 @@ fn encode_routing(
             ConstCounter::new(n).encode(m.encode_family(&labels)?)?;
         }
     }
+    Ok(())
+}
+
+/// The route counters, the first pool's strategy (the single-pool series) and each
+/// pool's.
+fn encode_routing(
+    enc: &mut DescriptorEncoder,
+    routing: &crate::site::Routing,
+) -> Result<(), std::fmt::Error> {
+    let mut m = enc.encode_descriptor(
+        "fulcrum_route_requests",
+        "Requests each route took, by its index in the route list.",
+        None,
+        MetricType::Counter,
+    )?;
+    for (i, n) in routing.route_requests().into_iter().enumerate() {
+        let index = i.to_string();
+        ConstCounter::new(n).encode(m.encode_family(&[("route", index.as_str())])?)?;
+    }
+    encode_route_counts(enc, routing)?;
     let mut m = enc.encode_descriptor(
         "fulcrum_panic",
         "Requests a pool balanced in panic mode, over all its backends, healthy or not.",
