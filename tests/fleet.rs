@@ -114,6 +114,7 @@ async fn three_instances_share_one_configuration() {
 
     concurrent_patches_one_wins(&c, &fs, id).await;
     hashing_and_sticky_agree_everywhere(&c, &fs, &a, &b).await;
+    a_split_route_reaches_every_instance(&c, &fs).await;
     malformed_values_are_skipped(&c, &etcd, f2).await;
     the_registry_follows_the_leases(&c, fs).await;
 }
@@ -159,6 +160,37 @@ async fn concurrent_patches_one_wins(c: &HttpClient, fs: &[Fulcrum], id: u64) {
         }
     }
     assert!(raced, "no two concurrent PATCHes ever met");
+}
+
+/// A route split between the pools `api` and `web` (made by the previous step), put
+/// through one instance: each instance holds it and sends half of its requests to each
+/// pool; a split naming a pool etcd does not have is refused.
+async fn a_split_route_reaches_every_instance(c: &HttpClient, fs: &[Fulcrum]) {
+    let bad = r#"[{"split": [{"pool": "api", "weight": 1}, {"pool": "nowhere", "weight": 1}]}]"#;
+    let r = admin(c, "PUT", &fs[0].admin_url("/admin/routes"), bad).await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("nowhere"), "{}", r.text());
+    let routes = r#"[{"path_prefix": "/split", "split": [{"pool": "api", "weight": 1}, {"pool": "web", "weight": 1}]}, {"pool": "default"}]"#;
+    let r = admin(c, "PUT", &fs[1].admin_url("/admin/routes"), routes).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    for f in fs {
+        let ok = eventually(Duration::from_secs(2), || async {
+            let v = get(c, &f.admin_url("/admin/routes")).await.json();
+            v[0]["split"][1]["pool"] == "web"
+        })
+        .await;
+        assert!(ok, "{}", f.log());
+        for _ in 0..10 {
+            assert_eq!(get(c, &f.url("/split/x")).await.status, 200);
+        }
+        let v = get(c, &f.admin_url("/admin/routes")).await.json();
+        let taken = &v[0]["split_taken"];
+        assert_eq!(
+            (taken["api"].as_u64(), taken["web"].as_u64()),
+            (Some(5), Some(5)),
+            "{v}"
+        );
+    }
 }
 
 /// A pool hashing on a header and one with sticky cookies, routed by path: the same

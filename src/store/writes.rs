@@ -363,14 +363,18 @@ impl Fleet {
         }
         let pools = self.pools_now().await?;
         let mut named: Vec<(String, i64)> = Vec::new();
-        for (i, r) in routes.iter().enumerate() {
-            let Some((_, rev)) = pools.iter().find(|(n, _)| *n == r.pool) else {
+        // A split route names each of its sides' pools.
+        let names = routes
+            .iter()
+            .enumerate()
+            .flat_map(|(i, r)| r.pools().map(move |p| (i, p)));
+        for (i, pool) in names {
+            let Some((_, rev)) = pools.iter().find(|(n, _)| n == pool) else {
                 return Err(WriteError::Invalid(format!(
-                    "route {i} names the unknown pool '{}'",
-                    r.pool
+                    "route {i} names the unknown pool '{pool}'"
                 )));
             };
-            let key = self.key(&model::pool_key(&r.pool));
+            let key = self.key(&model::pool_key(pool));
             if !named.iter().any(|(k, _)| *k == key) {
                 named.push((key, *rev));
             }
