@@ -159,6 +159,7 @@ impl Source {
                 "application/jwk-set+json, application/json",
             )
             .header(http::header::USER_AGENT, "fulcrum")
+            .header(http::header::VIA, crate::loops::probe_value())
             .body(http_body_util::Empty::<bytes::Bytes>::new())
             .map_err(|e| e.to_string())?;
         let sent = crate::fetch::send(tls, req, MAX_BODY);

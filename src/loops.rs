@@ -82,6 +82,12 @@ pub(crate) fn probe_element() -> &'static str {
     std::str::from_utf8(element(Version::HTTP_11)).unwrap_or("1.1 fulcrum")
 }
 
+/// [`probe_element`] as a field value (a shared value: cloning it copies nothing), for
+/// the requests fulcrum makes of its own: probes, auth subrequests, key-set fetches.
+pub(crate) fn probe_value() -> http::HeaderValue {
+    own().values[index(Version::HTTP_11)].clone()
+}
+
 /// Whether a `Via` line names this process as one of its hops: the request went
 /// through here before.
 pub(crate) fn names_us(value: &[u8]) -> bool {
@@ -156,6 +162,15 @@ pub(crate) fn own_backend(
     })
 }
 
+/// [`own_backend`] for a service's `url` (an auth service, a key set), its port the
+/// scheme's when it names none.
+pub(crate) fn own_url(listeners: &[SocketAddr], url: &http::Uri) -> Option<String> {
+    let a = url.authority()?;
+    let https = url.scheme_str() == Some("https");
+    let port = a.port_u16().unwrap_or(if https { 443 } else { 80 });
+    own_backend(listeners, &format!("{}:{port}", a.host()), None)
+}
+
 /// The address of an authority that names one without a lookup: an IP and a port, or
 /// `localhost` and a port.
 fn literal(authority: &str) -> Option<SocketAddr> {
@@ -166,6 +181,12 @@ fn literal(authority: &str) -> Option<SocketAddr> {
     let port = port.parse().ok()?;
     host.eq_ignore_ascii_case("localhost")
         .then(|| SocketAddr::new(IpAddr::from([127, 0, 0, 1]), port))
+}
+
+/// [`own_url`] against the listeners this process has bound.
+pub(crate) fn own_url_now(url: &http::Uri) -> Option<String> {
+    let l = LISTENERS.read().unwrap_or_else(|e| e.into_inner());
+    own_url(&l, url)
 }
 
 /// [`own_backend`] against the listeners this process has bound.

@@ -65,6 +65,13 @@ async fn decide(req: Request<Incoming>, seen: Arc<Mutex<Vec<Seen>>>) -> Response
             .body(Full::new(Bytes::from(vec![b'x'; 100 * 1024])))
             .unwrap();
     }
+    if uri.starts_with("/ok-two") {
+        return Response::builder()
+            .header("x-user", "alice")
+            .header("x-user", "ops")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+    }
     if uri.starts_with("/ok") {
         return Response::builder()
             .header("x-user", "alice")
@@ -77,6 +84,9 @@ async fn decide(req: Request<Incoming>, seen: Arc<Mutex<Vec<Seen>>>) -> Response
         .status(StatusCode::FORBIDDEN)
         .header("x-why", "not on the list")
         .header("www-authenticate", "Bearer realm=\"sso\"")
+        .header("connection", "x-hop")
+        .header("x-hop", "the service's hop only")
+        .header("keep-alive", "timeout=5")
         .body(Full::new(Bytes::from_static(b"go away\n")))
         .unwrap()
 }
@@ -189,12 +199,28 @@ async fn the_auth_service_allows_refuses_and_times_out() {
         "the client's fields go to the service"
     );
     assert_eq!(sub.headers["x-trace"], "t1");
+    let via = sub.headers["via"].to_str().unwrap();
+    assert!(via.starts_with("1.1 fulcrum-"), "this hop in Via: {via}");
+    // Several values of a copied field: all of them go on, in order.
+    let r = get(&c, &f.url("/ok-two")).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let seen_by_api = api.stats.last_headers.lock().unwrap().clone().unwrap();
+    assert_eq!(
+        seen_by_api.get_all("x-user").iter().collect::<Vec<_>>(),
+        ["alice", "ops"]
+    );
     // Refused: the service's answer is the client's, whole; the backend sees nothing. A
     // client's own X-Forwarded-* cannot change what the service is told.
     let forwarded = api.requests();
     let forged = [
         ("x-forwarded-uri", "/ok/forged"),
         ("x-forwarded-method", "GET"),
+        ("x-forwarded-port", "443"),
+        ("x-forwarded-prefix", "/ok"),
+        ("x-real-ip", "10.9.9.9"),
+        ("forwarded", "for=10.9.9.9;proto=https"),
+        ("x-original-url", "/ok/forged"),
+        ("x-original-method", "GET"),
     ];
     let r = send(&c, "GET", &f.url("/admin-area"), &forged, "").await;
     assert_eq!(r.status, 403);
@@ -202,7 +228,21 @@ async fn the_auth_service_allows_refuses_and_times_out() {
     assert_eq!(r.header("www-authenticate"), Some("Bearer realm=\"sso\""));
     assert_eq!(r.text(), "go away\n");
     assert!(r.header("set-cookie").is_none());
-    assert_eq!(auth.last().headers["x-forwarded-uri"], "/admin-area");
+    for hop in ["x-hop", "keep-alive"] {
+        assert!(
+            r.header(hop).is_none(),
+            "the service's {hop} went to the client"
+        );
+    }
+    let sub = auth.last();
+    assert_eq!(sub.headers["x-forwarded-uri"], "/admin-area");
+    assert_eq!(sub.headers["x-forwarded-for"], "127.0.0.1");
+    for (name, _) in &forged[2..] {
+        assert!(
+            sub.headers.get(*name).is_none(),
+            "the client's {name} reached the service"
+        );
+    }
     // A refusal with a body over 64 KiB: its status and fields, without the body.
     let r = send(&c, "GET", &f.url("/big"), &[], "").await;
     assert_eq!(r.status, 401);
@@ -226,7 +266,7 @@ async fn the_auth_service_allows_refuses_and_times_out() {
         opened <= 2,
         "{opened} connections for 20 sequential subrequests"
     );
-    assert_eq!(outcomes(&f, "allowed").await, 21);
+    assert_eq!(outcomes(&f, "allowed").await, 22);
     assert_eq!(outcomes(&f, "refused").await, 2);
     assert_eq!(outcomes(&f, "unavailable").await, 1);
 }
@@ -251,4 +291,52 @@ async fn an_auth_service_that_is_down_gives_503_and_others_are_unaffected() {
     assert_eq!(get(&c, &f.url("/open/x")).await.status, 200);
     assert_eq!(api.requests(), 1);
     assert_eq!(outcomes(&f, "unavailable").await, 1);
+}
+
+/// An auth service at this fulcrum's own listener would ask itself again for every
+/// subrequest: refused when the configuration is read (exit 2) and by the admin API
+/// (400); and a subrequest that comes back all the same (through another fulcrum, or a
+/// name resolving here) names this hop in `Via`, so it is answered 508, not asked
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_auth_service_that_is_fulcrum_itself_is_refused() {
+    let api = TestBackend::start("api");
+    let port = free_port();
+    let own = format!("http://127.0.0.1:{port}/check");
+    let cfg = config_file("forward_auth", "own", &route_with(&api, &own));
+    let listen = format!("127.0.0.1:{port}");
+    let (status, _, err) = run_fulcrum(&[
+        "serve",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--listen",
+        &listen,
+    ]);
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("route 0") && err.contains("forward_auth.url"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    let f = Fulcrum::over(&[&api], &[]);
+    let c = client();
+    let own = f.url("/check");
+    let routes = format!(r#"[{{"pool": "default", "forward_auth": {{"url": "{own}"}}}}]"#);
+    let r = admin(&c, "PUT", &f.admin_url("/admin/routes"), &routes).await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("forward_auth.url"), "{}", r.text());
+    // Two fulcrums, each the other's auth service: a subrequest goes round once, comes
+    // back naming the first one's hop in Via, and is answered 508 — no recursion.
+    let g = Fulcrum::over(&[&api], &[]);
+    for (from, to) in [(&f, &g), (&g, &f)] {
+        let url = to.url("/check");
+        let routes = format!(r#"[{{"pool": "default", "forward_auth": {{"url": "{url}"}}}}]"#);
+        let r = admin(&c, "PUT", &from.admin_url("/admin/routes"), &routes).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let r = get(&c, &f.url("/x")).await;
+    assert_eq!(r.status, 508, "{}", r.text());
+    assert_eq!(api.requests(), 0);
+    assert_eq!(outcomes(&f, "refused").await, 1);
+    assert_eq!(outcomes(&g, "refused").await, 1);
 }

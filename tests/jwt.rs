@@ -227,6 +227,27 @@ async fn tokens_of_rsa_ec_and_ed25519_keys_pass_and_every_bad_one_gets_401() {
     let cookie = format!("a=1; tok={ps}");
     let r = send(&c, "GET", &f.url("/x"), &[("cookie", cookie.as_str())], "").await;
     assert_eq!(r.status, 200, "{}", r.text());
+    // Two sets of credentials (which would the backend read?): neither is taken, even
+    // when one is good — two Authorization fields, or the token cookie twice.
+    let good = format!("Bearer {}", ec.sign(&claims(json!({}))));
+    let before = refused(&f, "malformed").await;
+    let twice = [
+        ("authorization", good.as_str()),
+        ("authorization", "Bearer forged"),
+    ];
+    let r = send(&c, "GET", &f.url("/x"), &twice, "").await;
+    assert_eq!(r.status, 401, "{}", r.text());
+    let twice = [
+        ("authorization", good.as_str()),
+        ("authorization", good.as_str()),
+    ];
+    assert_eq!(send(&c, "GET", &f.url("/x"), &twice, "").await.status, 401);
+    let two = format!("tok={ps}; tok=forged");
+    let r = send(&c, "GET", &f.url("/x"), &[("cookie", two.as_str())], "").await;
+    assert_eq!(r.status, 401, "{}", r.text());
+    let two = [("cookie", cookie.as_str()), ("cookie", "tok=forged")];
+    assert_eq!(send(&c, "GET", &f.url("/x"), &two, "").await.status, 401);
+    assert_eq!(refused(&f, "malformed").await, before + 4);
     // Each bad token: 401 with the challenge, nothing forwarded, counted by reason.
     let other_ec = Signer::ec("e", false);
     let hmac = {
@@ -479,6 +500,9 @@ fn bad_jwt_and_forward_auth_settings_exit_2_naming_them() {
         ("forward_auth = { url = \"http://127.0.0.1/check\", timeout = \"soon\" }".into(), "forward_auth.timeout"),
         (format!("jwt = {{ jwks_url = \"https://id.test/k\" }}\nbasic_auth = {{ realm = \"r\", users_file = \"{}\" }}", htpasswd.display()), "basic_auth and jwt"),
         ("allow = [\"10.0.0.0/33\"]".into(), "allow"),
+        // This fulcrum's own listener (127.0.0.1:8080 by default) as the key server.
+        ("jwt = { jwks_url = \"http://127.0.0.1:8080/k\" }".into(), "jwt.jwks_url: 127.0.0.1:8080 is this fulcrum's own listener"),
+        ("forward_auth = { url = \"http://localhost:8080/check\" }".into(), "forward_auth.url"),
     ];
     for (i, (policy, expected)) in cases.iter().enumerate() {
         let text = format!("[[pools]]\nname = \"api\"\n\n[[routes]]\npool = \"api\"\n{policy}\n");

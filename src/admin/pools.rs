@@ -299,6 +299,11 @@ pub(crate) async fn set_routes(
                 .map_err(|e| ApiError::bad(format!("route {i}: {e}")))
         })
         .collect::<ApiResult<Vec<_>>>()?;
+    let own = (specs.iter().enumerate())
+        .find_map(|(i, r)| Some((i, r.policies.own_service(crate::loops::own_url_now)?)));
+    if let Some((i, why)) = own {
+        return Err(ApiError::bad(format!("route {i}: {why}")));
+    }
     let verifies = ctx.reloader.tls().is_some_and(|t| t.asks_client_certs());
     if let Some(i) = specs.iter().position(|r| r.policies.client_cert.is_some()) {
         if !verifies {

@@ -63,6 +63,21 @@ pub(crate) struct Policies {
 }
 
 impl Policies {
+    /// Why a service the route's steps call (`forward_auth.url`, `jwt.jwks_url`) is
+    /// this fulcrum's own listener (as `own` tells), if one is: its calls would come back as requests
+    /// naming this hop, each answered `508` (`docs/operations.md`, "Loops").
+    pub(crate) fn own_service(&self, own: impl Fn(&http::Uri) -> Option<String>) -> Option<String> {
+        let jwks = self.jwt.as_ref().and_then(|j| match &j.keys {
+            super::auth::Jwks::Url { url, .. } => Some(("jwt.jwks_url", url)),
+            super::auth::Jwks::File { .. } => None,
+        });
+        let auth = (self.forward_auth.as_ref()).map(|f| ("forward_auth.url", &f.url));
+        auth.into_iter().chain(jwks).find_map(|(key, url)| {
+            let why = own(url)?;
+            Some(format!("{key}: {why}"))
+        })
+    }
+
     /// Whether the route has none.
     pub(crate) fn is_empty(&self) -> bool {
         self.redirect.is_none()

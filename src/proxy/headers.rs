@@ -490,16 +490,27 @@ impl Spans {
     /// compared only where their lengths agree.
     #[inline]
     pub(crate) fn value_bytes(&self, name: &[u8]) -> Option<&[u8]> {
-        let &(_, _, vs, vl) = self.spans.iter().find(|&&(ns, nl, _, _)| {
-            // Most clients send names in lower case (HTTP/2 and 3 must): a plain
-            // comparison first, the case-blind one only when that fails.
-            nl as usize == name.len()
-                && self
-                    .head
-                    .get(ns as usize..(ns + nl) as usize)
-                    .is_some_and(|n| n == name || n.eq_ignore_ascii_case(name))
-        })?;
+        let &(_, _, vs, vl) = self.spans.iter().find(|s| self.is_named(s, name))?;
         self.head.get(vs as usize..(vs + vl) as usize)
+    }
+
+    /// [`Self::value_bytes`], and whether another field of that name follows.
+    #[inline]
+    pub(crate) fn sole_value_bytes(&self, name: &[u8]) -> Option<(&[u8], bool)> {
+        let i = self.spans.iter().position(|s| self.is_named(s, name))?;
+        let (_, _, vs, vl) = self.spans[i];
+        let more = self.spans[i + 1..].iter().any(|s| self.is_named(s, name));
+        Some((self.head.get(vs as usize..(vs + vl) as usize)?, more))
+    }
+
+    /// Whether the field at `span` is named `name` (lower case).
+    #[inline(always)]
+    fn is_named(&self, &(ns, nl, _, _): &(u32, u32, u32, u32), name: &[u8]) -> bool {
+        // Most clients send names in lower case (HTTP/2 and 3 must): a plain comparison
+        // first, the case-blind one only when that fails.
+        nl as usize == name.len()
+            && (self.head.get(ns as usize..(ns + nl) as usize))
+                .is_some_and(|n| n == name || n.eq_ignore_ascii_case(name))
     }
 
     /// The value of the first field named `name` (lower case), as a slice of the head.
@@ -565,6 +576,13 @@ impl ClientFields {
     #[inline]
     pub(crate) fn value_bytes(&self, name: &[u8]) -> Option<&[u8]> {
         self.0.value_bytes(name)
+    }
+
+    /// The value of the first field named `name` (lower case), borrowed, and whether
+    /// another field of that name follows.
+    #[inline]
+    pub(crate) fn sole_value_bytes(&self, name: &[u8]) -> Option<(&[u8], bool)> {
+        self.0.sole_value_bytes(name)
     }
 
     /// What the fields count toward the request head limit (as a header map's would).

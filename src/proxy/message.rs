@@ -108,6 +108,20 @@ impl RequestHead {
         }
     }
 
+    /// [`Self::first_value`], and whether another field of that name follows (a field
+    /// that must come once, such as the credentials a step checks).
+    #[inline]
+    pub(crate) fn sole_value(&self, name: &HeaderName) -> Option<(&[u8], bool)> {
+        match &self.fields {
+            RequestFields::Map(m) => {
+                let mut all = m.get_all(name).iter();
+                let first = all.next()?.as_bytes();
+                Some((first, all.next().is_some()))
+            }
+            RequestFields::Spans(f) => f.sole_value_bytes(name.as_str().as_bytes()),
+        }
+    }
+
     /// Whether any field named `name` has a value `pred` holds for (every line of a
     /// list-valued field).
     pub(crate) fn any_value(&self, name: &HeaderName, mut pred: impl FnMut(&[u8]) -> bool) -> bool {

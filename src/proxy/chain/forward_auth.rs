@@ -73,14 +73,26 @@ pub(super) fn build(p: &Policies) -> Option<Box<dyn Step>> {
 }
 
 /// Whether `name` stays on the subrequest: not hop-by-hop, not one the connection's
-/// `Connection` names, not the message's framing, not `Host` (the service's own).
+/// `Connection` names, not the message's framing, not `Host` (the service's own), and
+/// not one that says where the request came from or what it asked for — the client's
+/// own `Forwarded`, `X-Real-IP`, `X-Forwarded-*` and `X-Original-*` could tell the
+/// service another address or URL than the real ones (this hop sets its own).
 fn end_to_end(name: &HeaderName, connection_names: &[Vec<u8>]) -> bool {
-    let n = name.as_str().as_bytes();
-    !crate::proxy::hop::is_hop_by_hop(n)
+    let n = name.as_str();
+    !crate::proxy::hop::is_hop_by_hop(n.as_bytes())
         && *name != header::CONTENT_LENGTH
         && *name != header::HOST
         && *name != header::EXPECT
-        && !connection_names.iter().any(|c| c.eq_ignore_ascii_case(n))
+        && !says_origin(n)
+        && !(connection_names.iter()).any(|c| c.eq_ignore_ascii_case(n.as_bytes()))
+}
+
+/// A field (lower-case, as `HeaderName` keeps it) that names the request's origin.
+fn says_origin(name: &str) -> bool {
+    name == "forwarded"
+        || name == "x-real-ip"
+        || name.starts_with("x-forwarded-")
+        || name.starts_with("x-original-")
 }
 
 impl ForwardAuthStep {
@@ -119,6 +131,9 @@ impl ForwardAuthStep {
             out.append(n.clone(), v.clone());
         }
         out.insert(header::HOST, self.host.clone());
+        // This hop, after the client's: a subrequest that comes back here (the service's
+        // name resolving to this fulcrum) is answered 508, not asked again.
+        out.append(header::VIA, crate::loops::probe_value());
         out.insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
         let forwarded = [
             (
@@ -131,10 +146,8 @@ impl ForwardAuthStep {
             ("x-forwarded-for", HeaderValue::from_str(&client).ok()),
         ];
         for (n, v) in forwarded {
-            let name = HeaderName::from_static(n);
-            out.remove(&name);
             if let Some(v) = v {
-                out.insert(name, v);
+                out.insert(HeaderName::from_static(n), v);
             }
         }
         let mut req = Request::new(ReqBody::Empty);
@@ -188,10 +201,14 @@ async fn ask(
     tokio::time::timeout(timeout, exchange).await.ok().flatten()
 }
 
-/// The client's answer for a refusal: the service's status and fields (less the hop's
-/// and the framing, which the client's connection writes itself) and its body.
+/// The client's answer for a refusal: the service's status and fields (less the hop's,
+/// fulcrum's own and the framing, which the client's connection writes itself) and its
+/// body.
 fn refusal(a: Answer) -> ProxyResponse {
     let mut fields = a.fields;
+    // As a backend's answer: the hop's fields, fulcrum's own feedback fields and
+    // `Alt-Svc` go no further.
+    let _ = crate::proxy::headers::strip_answer(&mut fields);
     for n in [header::CONTENT_LENGTH, header::TRANSFER_ENCODING] {
         fields.remove(n);
     }
@@ -206,12 +223,16 @@ fn refusal(a: Answer) -> ProxyResponse {
     ProxyResponse::new(a.status, fields, body)
 }
 
+/// `503 auth unavailable`: the service could not be asked or did not answer.
+fn unavailable() -> ProxyResponse {
+    ProxyResponse::own(StatusCode::SERVICE_UNAVAILABLE, "auth unavailable\n")
+}
+
 /// The fields a `2xx` grants: `copy` taken into the request, `Set-Cookie` added to the
 /// answer.
 fn granted(a: &Answer, copy: &[HeaderName]) -> Grant {
-    let request = copy
-        .iter()
-        .filter_map(|n| Some((n.clone(), a.fields.get(n)?.clone())))
+    let request = (copy.iter())
+        .flat_map(|n| a.fields.get_all(n).iter().map(|v| (n.clone(), v.clone())))
         .collect();
     let answer = a
         .fields
@@ -226,7 +247,9 @@ impl Step for ForwardAuthStep {
     fn before<'s>(&'s self, cx: &mut Before<'_>) -> Next<'s> {
         let counts: Arc<AccessCounts> = Arc::clone(&cx.route.access);
         let Some(req) = self.subrequest(cx) else {
-            return Next::Go;
+            // Never let a request by unasked: the service cannot be asked, as when down.
+            counts.forward_auth(AuthResult::Unavailable);
+            return Next::Answer(Box::new(unavailable()));
         };
         // The client cannot name itself: the service's fields of these names replace
         // its own, or none go on.
@@ -236,10 +259,7 @@ impl Step for ForwardAuthStep {
             let Some(answer) = ask(upstreams, &self.service, req, self.spec.timeout).await else {
                 counts.forward_auth(AuthResult::Unavailable);
                 tracing::warn!(url = %self.spec.url, "forward_auth: the auth service did not answer in time");
-                return Err(ProxyResponse::own(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "auth unavailable\n",
-                ));
+                return Err(unavailable());
             };
             if answer.status.is_success() {
                 counts.forward_auth(AuthResult::Allowed);

@@ -111,8 +111,13 @@ fn bearer(v: &[u8]) -> Option<&[u8]> {
 }
 
 /// The value of cookie `name` in a `Cookie` value.
-fn cookie<'v>(v: &'v [u8], name: &[u8]) -> Option<&'v [u8]> {
-    v.split(|&b| b == b';').find_map(|pair| {
+fn cookie<'v>(v: &'v [u8], name: &'v [u8]) -> Option<&'v [u8]> {
+    cookies(v, name).next()
+}
+
+/// Each value of cookie `name` in a `Cookie` value.
+fn cookies<'v>(v: &'v [u8], name: &'v [u8]) -> impl Iterator<Item = &'v [u8]> + 'v {
+    v.split(|&b| b == b';').filter_map(move |pair| {
         let pair = pair.trim_ascii();
         let rest = pair.strip_prefix(name)?;
         rest.strip_prefix(b"=")
@@ -137,18 +142,24 @@ impl JwtStep {
 
     /// The request's token, looked up among those remembered at `now`.
     fn seen(&self, head: &RequestHead, keys: &Arc<KeySet>, now: Stamp) -> Seen {
-        let mut seen = match head.first_value(&header::AUTHORIZATION).and_then(bearer) {
-            Some(t) => self.lookup(t, keys, now),
+        let mut seen = match head.sole_value(&header::AUTHORIZATION) {
+            // Two sets of credentials: which would the backend read? Neither is taken.
+            Some((_, true)) => return Seen::New(String::new()),
+            Some((v, false)) => bearer(v).map_or(Seen::Missing, |t| self.lookup(t, keys, now)),
             None => Seen::Missing,
         };
         if let (Seen::Missing, Some(name)) = (&seen, &self.spec.token_cookie) {
-            head.any_value(&header::COOKIE, |v| match cookie(v, name.as_bytes()) {
-                Some(t) => {
+            let mut found = 0;
+            head.any_value(&header::COOKIE, |v| {
+                for t in cookies(v, name.as_bytes()) {
+                    found += 1;
                     seen = self.lookup(t, keys, now);
-                    true
                 }
-                None => false,
+                found > 1
             });
+            if found > 1 {
+                return Seen::New(String::new());
+            }
         }
         seen
     }

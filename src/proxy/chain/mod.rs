@@ -174,8 +174,12 @@ impl Before<'_> {
             for n in remove {
                 m.remove(n);
             }
-            for (n, v) in set {
-                m.insert(n.clone(), v.clone());
+            // A name given twice keeps both values (an auth service's multi-valued field).
+            for (i, (n, v)) in set.iter().enumerate() {
+                match set[..i].iter().any(|(seen, _)| seen == n) {
+                    true => m.append(n.clone(), v.clone()),
+                    false => m.insert(n.clone(), v.clone()).is_some(),
+                };
             }
         }
     }
