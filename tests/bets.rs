@@ -324,6 +324,7 @@ async fn explain_names_a_redirect_a_rate_limit_and_missing_credentials() {
             "[[pools]]\nname = \"api\"\nbackends = [{{ url = \"{}\", name = \"api\" }}]\n\n\
              [[routes]]\nhost = \"old.example\"\nredirect = {{ to = \"https://new.example{{path}}\", status = 301 }}\n\n\
              [[routes]]\npool = \"api\"\npath_prefix = \"/ops\"\nbasic_auth = {{ realm = \"ops\", users_file = \"{}\" }}\n\n\
+             [[routes]]\npool = \"api\"\npath_prefix = \"/lan\"\ndeny = [\"10.0.0.0/8\"]\n\n\
              [[routes]]\npool = \"api\"\nrate_limit = {{ rate = 1, per = \"1m\", burst = 0 }}\n",
             api.url(),
             users.display()
@@ -336,6 +337,7 @@ async fn explain_names_a_redirect_a_rate_limit_and_missing_credentials() {
         (e["route"].clone(), e["backend"].clone()),
         (0.into(), serde_json::Value::Null)
     );
+    assert_eq!(e["step"], "redirect", "{e}");
     assert!(
         e["why"]
             .as_str()
@@ -345,6 +347,20 @@ async fn explain_names_a_redirect_a_rate_limit_and_missing_credentials() {
     );
     let e = explain(&c, &f, r#"{"path": "/ops/x"}"#).await;
     assert!(e["why"].as_str().unwrap().contains("401"), "{e}");
+    assert_eq!(e["step"], "basic_auth", "{e}");
+    // The client lists: a denied address is named by the `allow` step.
+    let e = explain(&c, &f, r#"{"path": "/lan/x", "client_ip": "10.1.2.3"}"#).await;
+    assert_eq!(
+        (e["route"].clone(), e["step"].clone()),
+        (2.into(), "allow".into()),
+        "{e}"
+    );
+    let e = explain(&c, &f, r#"{"path": "/lan/x"}"#).await;
+    assert_eq!(
+        (e["step"].clone(), e["backend"].is_u64()),
+        (serde_json::Value::Null, true),
+        "{e}"
+    );
     let good = format!("Basic {}", base64_of("alice:s3cret"));
     let body = format!(r#"{{"path": "/ops/x", "headers": {{"authorization": "{good}"}}}}"#);
     // Credentials no request has verified yet: explain checks no password.
@@ -360,12 +376,14 @@ async fn explain_names_a_redirect_a_rate_limit_and_missing_credentials() {
     // The rate limit: explain spends nothing of the allowance.
     for _ in 0..5 {
         let e = explain(&c, &f, r#"{"path": "/x"}"#).await;
-        assert_eq!(e["route"], 2, "{e}");
+        assert_eq!(e["route"], 3, "{e}");
         assert!(e["backend"].is_u64(), "{e}");
+        assert!(e["step"].is_null(), "{e}");
     }
     assert_eq!(get(&c, &f.url("/x")).await.status, 200);
     let e = explain(&c, &f, r#"{"path": "/x"}"#).await;
     assert!(e["why"].as_str().unwrap().contains("429"), "{e}");
+    assert_eq!(e["step"], "rate_limit", "{e}");
     assert_eq!(get(&c, &f.url("/x")).await.status, 429);
 }
 

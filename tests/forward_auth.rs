@@ -266,6 +266,21 @@ async fn the_auth_service_allows_refuses_and_times_out() {
         opened <= 2,
         "{opened} connections for 20 sequential subrequests"
     );
+    // Explain names the step that would ask, and asks nothing.
+    let asked = auth.seen.lock().unwrap().len();
+    let e = admin(
+        &c,
+        "POST",
+        &f.admin_url("/admin/explain"),
+        r#"{"path": "/ok/x"}"#,
+    )
+    .await;
+    assert_eq!(e.json()["step"], "forward_auth", "{}", e.text());
+    assert_eq!(
+        auth.seen.lock().unwrap().len(),
+        asked,
+        "explain called the service"
+    );
     assert_eq!(outcomes(&f, "allowed").await, 22);
     assert_eq!(outcomes(&f, "refused").await, 2);
     assert_eq!(outcomes(&f, "unavailable").await, 1);

@@ -315,6 +315,7 @@ async fn tokens_of_rsa_ec_and_ed25519_keys_pass_and_every_bad_one_gets_401() {
     let body = json!({"method": "GET", "path": "/x"}).to_string();
     let e = admin(&c, "POST", &f.admin_url("/admin/explain"), &body).await;
     assert!(e.text().contains("bearer token"), "{}", e.text());
+    assert_eq!(e.json()["step"], "jwt", "{}", e.text());
 }
 
 /// A key set served over HTTP: what it serves can change, it counts fetches, and it

@@ -287,6 +287,25 @@ async fn a_routes_names_rule_holds_over_h1_h2_and_h3_and_xfcc_is_ours_alone() {
         "the client's own XFCC is removed: {text}"
     );
 
+    // Explain, told the connection's certificate by its names: the rule's answer.
+    let c = client();
+    for (cert, step) in [
+        (r#"{"sans": ["spiffe://prod.example/web"]}"#, None),
+        (r#"{"sans": ["API.svc.example"]}"#, None),
+        (r#"{"sans": ["api.other.example"]}"#, Some("client_cert")),
+        ("null", Some("client_cert")),
+    ] {
+        let q = format!(r#"{{"path": "/secure/x", "client_cert": {cert}}}"#);
+        let e = admin(&c, "POST", &f.admin_url("/admin/explain"), &q).await;
+        assert_eq!(e.status, 200, "{}", e.text());
+        let e = e.json();
+        assert_eq!(e["step"].as_str(), step, "{cert}: {e}");
+        assert_eq!(e["backend"].is_u64(), step.is_none(), "{cert}: {e}");
+    }
+    let q = r#"{"path": "/secure/x", "client_cert": {"names": []}}"#;
+    let e = admin(&c, "POST", &f.admin_url("/admin/explain"), q).await;
+    assert_eq!(e.status, 400, "{}", e.text());
+
     // h2 (the fast path hands nothing over: hyper's h2 front end).
     for (id, want) in [(Some(&web), 200), (Some(&other), 403), (None, 403)] {
         let s = tls_as(&pki, addr, id, &[b"h2"]).await.unwrap();

@@ -37,6 +37,15 @@ pub(crate) struct Question {
     headers: Option<BTreeMap<String, String>>,
     /// The address the request comes from; 127.0.0.1 when not given.
     client_ip: Option<IpAddr>,
+    /// The verified client certificate its connection carries; none when not given.
+    client_cert: Option<GivenCert>,
+}
+
+/// A client certificate, by its alternative names.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GivenCert {
+    sans: Vec<String>,
 }
 
 /// What fulcrum would do with it.
@@ -44,6 +53,9 @@ pub(crate) struct Question {
 pub(crate) struct Explanation {
     /// The index of the route that takes it.
     route: Option<usize>,
+    /// The route's step that answers it (`redirect`, `allow`, `rate_limit`,
+    /// `client_cert`, `basic_auth`, `jwt`, `forward_auth`); none when it reaches a pool.
+    step: Option<&'static str>,
     /// That route's pool (for a split route, the side it would take).
     pool: Option<String>,
     /// For a split route: the side and what placed it (`docs/traffic.md`, "Splits").
@@ -145,8 +157,9 @@ pub(crate) async fn explain(
         ..Explanation::default()
     };
     if let Some(p) = hit.policies {
-        if let Some(stop) = policed(p, &head, client_ip, index) {
-            e.why = stop;
+        let cert = (q.client_cert.as_ref()).map(|c| crate::identity::ClientCert::named(&c.sans));
+        if let Some((step, why)) = policed(p, &head, client_ip, index, cert.as_ref()) {
+            (e.step, e.why) = (Some(step), why);
             return Ok(e);
         }
     }
@@ -172,13 +185,20 @@ pub(crate) async fn explain(
 
 /// What the route's steps say before the pool — a redirect, a rate limit over its
 /// allowance, credentials missing or wrong — each step asked in the request path's
-/// order. `None` when the request goes on to the pool.
-fn policed(p: &RoutePolicy, head: &RequestHead, client_ip: IpAddr, index: usize) -> Option<String> {
+/// order: the step's name and its words. `None` when the request goes on to the pool.
+fn policed(
+    p: &RoutePolicy,
+    head: &RequestHead,
+    client_ip: IpAddr,
+    index: usize,
+    client_cert: Option<&crate::identity::ClientCert>,
+) -> Option<(&'static str, String)> {
     let cx = chain::Explain {
         head,
         client_ip,
         index,
         route: p,
+        client_cert,
     };
     Chain::of(p).explain(&cx)
 }

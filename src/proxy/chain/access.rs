@@ -31,6 +31,10 @@ pub(super) fn build(p: &Policies) -> Option<Box<dyn Step>> {
 }
 
 impl Step for Access {
+    fn name(&self) -> &'static str {
+        "allow"
+    }
+
     fn before<'s>(&'s self, cx: &mut Before<'_>) -> Next<'s> {
         let admitted = match cx.peer_v4() {
             Some(x) => self.0.admits_v4(x),

@@ -25,6 +25,10 @@ pub(super) fn build(p: &Policies) -> Option<Box<dyn Step>> {
 }
 
 impl Step for BasicAuthStep {
+    fn name(&self) -> &'static str {
+        "basic_auth"
+    }
+
     /// A credential not verified before is checked off the worker
     /// (`basic_auth::verify`), then remembered; with every core busy and a queue full of
     /// checks, `503` for a second.

@@ -16,6 +16,10 @@ pub(super) fn build(p: &Policies) -> Option<Box<dyn Step>> {
 }
 
 impl Step for ClientCertStep {
+    fn name(&self) -> &'static str {
+        "client_cert"
+    }
+
     fn before<'s>(&'s self, cx: &mut Before<'_>) -> Next<'s> {
         match &cx.peer.client_cert {
             Some(cert) if cert.matches(&self.0.sans) => Next::Go,
@@ -27,6 +31,9 @@ impl Step for ClientCertStep {
     }
 
     fn explain(&self, cx: &Explain<'_>) -> Option<String> {
+        if cx.client_cert.is_some_and(|c| c.matches(&self.0.sans)) {
+            return None;
+        }
         let index = cx.index;
         let names = match self.0.sans.is_empty() {
             true => "any name".to_string(),
@@ -35,7 +42,11 @@ impl Step for ClientCertStep {
                 .join(", "),
         };
         Some(format!(
-            "route {index} asks for a verified client certificate ({names}); explain has no connection's certificate: without one, 403"
+            "route {index} asks for a verified client certificate ({names}); {}: 403",
+            match cx.client_cert {
+                Some(_) => "the one given has none of those names",
+                None => "none is given (\"client_cert\": {\"sans\": […]})",
+            }
         ))
     }
 }

@@ -25,6 +25,10 @@ pub(super) fn build(p: &Policies) -> Option<Box<dyn Step>> {
 }
 
 impl Step for CompressStep {
+    fn name(&self) -> &'static str {
+        "compress"
+    }
+
     fn before<'s>(&'s self, cx: &mut Before<'_>) -> Next<'s> {
         cx.found.coding = coding(cx.head, &self.offered);
         Next::Go

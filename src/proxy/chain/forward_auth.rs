@@ -244,6 +244,10 @@ fn granted(a: &Answer, copy: &[HeaderName]) -> Grant {
 }
 
 impl Step for ForwardAuthStep {
+    fn name(&self) -> &'static str {
+        "forward_auth"
+    }
+
     fn before<'s>(&'s self, cx: &mut Before<'_>) -> Next<'s> {
         let counts: Arc<AccessCounts> = Arc::clone(&cx.route.access);
         let Some(req) = self.subrequest(cx) else {

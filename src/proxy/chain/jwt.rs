@@ -281,6 +281,10 @@ fn unauthorized() -> ProxyResponse {
 }
 
 impl Step for JwtStep {
+    fn name(&self) -> &'static str {
+        "jwt"
+    }
+
     fn before<'s>(&'s self, cx: &mut Before<'_>) -> Next<'s> {
         if cx.head.method == Method::OPTIONS && is_preflight(cx.head) {
             cx.set_fields(&self.claim_names, &[]);

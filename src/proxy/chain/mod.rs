@@ -102,6 +102,10 @@ pub(super) enum Ran<'s> {
 
 /// One policy of a route, on the request path and in `explain`.
 pub(super) trait Step: Send + Sync + std::fmt::Debug {
+    /// The step as `POST /admin/explain` names it (`"step"`): its route key (`allow`
+    /// for the client lists, deny included).
+    fn name(&self) -> &'static str;
+
     /// Before the pool: on, or the answer that ends the request here.
     fn before<'s>(&'s self, _cx: &mut Before<'_>) -> Next<'s> {
         Next::Go
@@ -278,6 +282,8 @@ pub(super) struct Explain<'a> {
     pub(super) index: usize,
     /// Its route's policies and what they hold (a key set).
     pub(super) route: &'a RoutePolicy,
+    /// The verified client certificate the question names, if any.
+    pub(super) client_cert: Option<&'a crate::identity::ClientCert>,
 }
 
 /// The steps a route runs, in order; built once per routing table, on the first
@@ -361,10 +367,10 @@ impl Chain {
         }
     }
 
-    /// The first step that would end the request, in its words; `None`: it goes on to
-    /// the pool.
-    pub(super) fn explain(&self, cx: &Explain<'_>) -> Option<String> {
-        self.steps.iter().find_map(|s| s.explain(cx))
+    /// The first step that would end the request: its name and its words; `None`: it
+    /// goes on to the pool.
+    pub(super) fn explain(&self, cx: &Explain<'_>) -> Option<(&'static str, String)> {
+        (self.steps.iter()).find_map(|s| Some((s.name(), s.explain(cx)?)))
     }
 }
 

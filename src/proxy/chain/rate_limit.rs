@@ -32,6 +32,10 @@ pub(super) fn build(p: &Policies) -> Option<Box<dyn Step>> {
 }
 
 impl Step for RateLimitStep {
+    fn name(&self) -> &'static str {
+        "rate_limit"
+    }
+
     #[inline]
     fn before<'s>(&'s self, cx: &mut Before<'_>) -> Next<'s> {
         let key = match limit_key(&self.spec.key, cx.head) {

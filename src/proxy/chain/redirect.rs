@@ -17,6 +17,10 @@ pub(super) fn build(p: &Policies) -> Option<Box<dyn Step>> {
 }
 
 impl Step for RedirectStep {
+    fn name(&self) -> &'static str {
+        "redirect"
+    }
+
     fn before<'s>(&'s self, cx: &mut Before<'_>) -> Next<'s> {
         Next::Answer(Box::new(answer(&self.0, cx.head, cx.peer.tls)))
     }

@@ -15,6 +15,10 @@ pub(super) fn build(p: &Policies) -> Option<Box<dyn Step>> {
 }
 
 impl Step for RequestHeaders {
+    fn name(&self) -> &'static str {
+        "request_headers"
+    }
+
     fn edits_request(&self) -> bool {
         true
     }

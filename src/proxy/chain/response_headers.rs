@@ -14,6 +14,10 @@ pub(super) fn build(p: &Policies) -> Option<Box<dyn Step>> {
 }
 
 impl Step for ResponseHeaders {
+    fn name(&self) -> &'static str {
+        "response_headers"
+    }
+
     fn edits_answer(&self) -> bool {
         true
     }
