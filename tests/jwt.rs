@@ -318,6 +318,60 @@ async fn tokens_of_rsa_ec_and_ed25519_keys_pass_and_every_bad_one_gets_401() {
     assert_eq!(e.json()["step"], "jwt", "{}", e.text());
 }
 
+/// The rules at their edges: a route without `issuer` or `audiences` takes tokens
+/// without them; a token naming no `kid` is tried with each key of its kind; a key
+/// naming an `alg` takes no other; `nbf` within the leeway passes; a CORS preflight
+/// passes without a token but never with the client's own claim fields.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rules_hold_at_their_edges() {
+    let api = TestBackend::start("api");
+    let dir = config_file("jwt", "edges", "")
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let (first, second) = (Signer::ec("one", false), Signer::ec("two", false));
+    let mut pinned = Signer::rsa("pinned", &dir);
+    pinned.jwk["alg"] = "RS256".into();
+    let file = dir.join("edges.jwks.json");
+    std::fs::write(&file, jwks(&[&first, &second, &pinned])).unwrap();
+    let jwt = format!(
+        "{{ jwks_file = \"{}\", claims_to_headers = {{ sub = \"x-user-id\" }} }}",
+        file.display()
+    );
+    let cfg = config_file("jwt", "edges", &route_with(&api, &jwt));
+    let f = Fulcrum::start(&["--config", cfg.to_str().unwrap()]);
+    let bare = claims(json!({"iss": null, "aud": null}));
+    assert_eq!(with_token(&f, &first.sign(&bare)).await.status, 200);
+    // No kid: the second EC key verifies it after the first fails.
+    let no_kid =
+        |s: &Signer, c: &Value| jsonwebtoken::encode(&Header::new(s.alg), c, &s.key).unwrap();
+    let r = with_token(&f, &no_kid(&second, &bare)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let before = refused(&f, "signature").await;
+    let stranger = Signer::ec("x", false);
+    assert_eq!(with_token(&f, &no_kid(&stranger, &bare)).await.status, 401);
+    assert_eq!(refused(&f, "signature").await, before + 1);
+    // The key names RS256: a PS256 token of that key is refused.
+    assert_eq!(with_token(&f, &pinned.sign(&bare)).await.status, 200);
+    let before = refused(&f, "algorithm").await;
+    let ps = pinned.sign_as(Algorithm::PS256, &bare);
+    assert_eq!(with_token(&f, &ps).await.status, 401);
+    assert_eq!(refused(&f, "algorithm").await, before + 1);
+    // nbf 30 s ahead: within the 60 s leeway.
+    let soon = claims(json!({"iss": null, "aud": null, "nbf": now() + 30}));
+    assert_eq!(with_token(&f, &first.sign(&soon)).await.status, 200);
+    // A preflight with the client's own claim field: on, without that field.
+    let pre = [
+        ("origin", "https://app.test"),
+        ("access-control-request-method", "POST"),
+        ("x-user-id", "mallory"),
+    ];
+    let r = send(&client(), "OPTIONS", &f.url("/x"), &pre, "").await;
+    assert_eq!(r.status, 200);
+    let seen = api.stats.last_headers.lock().unwrap().clone().unwrap();
+    assert!(seen.get("x-user-id").is_none(), "{seen:?}");
+}
+
 /// A key set served over HTTP: what it serves can change, it counts fetches, and it
 /// can stop.
 struct KeyServer {
@@ -501,6 +555,8 @@ fn bad_jwt_and_forward_auth_settings_exit_2_naming_them() {
         ("forward_auth = { url = \"http://127.0.0.1/check\", timeout = \"soon\" }".into(), "forward_auth.timeout"),
         (format!("jwt = {{ jwks_url = \"https://id.test/k\" }}\nbasic_auth = {{ realm = \"r\", users_file = \"{}\" }}", htpasswd.display()), "basic_auth and jwt"),
         ("allow = [\"10.0.0.0/33\"]".into(), "allow"),
+        ("jwt = { jwks_url = \"https://id.test/k\", jwks_refresh = \"100ms\" }".into(), "jwt.jwks_refresh: '100ms' is under 1s"),
+        ("jwt = { jwks_url = \"https://id.test/k\", claims_to_headers = { sub = \"Authorization\" } }".into(), "carries the token"),
         // This fulcrum's own listener (127.0.0.1:8080 by default) as the key server.
         ("jwt = { jwks_url = \"http://127.0.0.1:8080/k\" }".into(), "jwt.jwks_url: 127.0.0.1:8080 is this fulcrum's own listener"),
         ("forward_auth = { url = \"http://localhost:8080/check\" }".into(), "forward_auth.url"),

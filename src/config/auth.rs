@@ -120,9 +120,7 @@ impl Jwt {
             (None, Some(u)) => Jwks::Url {
                 url: jwks_url(&u)?,
                 refresh: match text(m, "jwt", "jwks_refresh")? {
-                    Some(d) => {
-                        parse_positive_duration(&d).map_err(|e| format!("jwt.jwks_refresh: {e}"))?
-                    }
+                    Some(d) => jwks_refresh(&d)?,
                     None => JWKS_REFRESH,
                 },
             },
@@ -253,6 +251,21 @@ fn algorithms(v: Option<&Value>) -> Result<Vec<jsonwebtoken::Algorithm>, String>
         .collect()
 }
 
+/// The shortest `jwks_refresh`: a typo such as `"10ms"` must not turn into a flood of
+/// fetches at the key server (`docs/policies.md`, "Bearer tokens (JWT)").
+const MIN_JWKS_REFRESH: Duration = Duration::from_secs(1);
+
+/// `jwks_refresh = "DURATION"`, at least [`MIN_JWKS_REFRESH`].
+fn jwks_refresh(d: &str) -> Result<Duration, String> {
+    let refresh = parse_positive_duration(d).map_err(|e| format!("jwt.jwks_refresh: {e}"))?;
+    if refresh < MIN_JWKS_REFRESH {
+        return Err(format!(
+            "jwt.jwks_refresh: '{d}' is under 1s: a key server is polled at most once a second"
+        ));
+    }
+    Ok(refresh)
+}
+
 /// `claims_to_headers = { CLAIM = "FIELD", … }`.
 fn claims_to_headers(v: Option<&Value>) -> Result<Vec<(String, HeaderName)>, String> {
     let Some(v) = v else {
@@ -267,6 +280,10 @@ fn claims_to_headers(v: Option<&Value>) -> Result<Vec<(String, HeaderName)>, Str
                 .as_str()
                 .ok_or_else(|| format!("jwt.claims_to_headers.{claim}: expected a field name"))?;
             let name = request_field("jwt.claims_to_headers", field)?;
+            // The token goes on unchanged: a claim cannot take its place.
+            if name == http::header::AUTHORIZATION || name == http::header::COOKIE {
+                return Err(format!("jwt.claims_to_headers.{claim}: '{name}' carries the token, which goes to the backend unchanged: name another field"));
+            }
             Ok((claim.clone(), name))
         })
         .collect()

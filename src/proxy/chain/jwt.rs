@@ -167,10 +167,12 @@ impl JwtStep {
     /// The request's token as text, without a lookup.
     fn token_text(&self, head: &RequestHead) -> Option<String> {
         let text = |t: &[u8]| String::from_utf8_lossy(t).into_owned();
-        let mut found = head
-            .first_value(&header::AUTHORIZATION)
-            .and_then(bearer)
-            .map(text);
+        let mut found = match head.sole_value(&header::AUTHORIZATION) {
+            // Two sets of credentials: a token that cannot verify (`malformed`).
+            Some((_, true)) => return Some("two Authorization fields".into()),
+            Some((v, false)) => bearer(v).map(text),
+            None => None,
+        };
         if let (None, Some(name)) = (&found, &self.spec.token_cookie) {
             let mut take = |t: &[u8]| {
                 found = Some(String::from_utf8_lossy(t).into_owned());
