@@ -37,8 +37,8 @@ pub(crate) struct Source {
     failures: AtomicU64,
     /// A fetch has ended, well or not (start waits for it).
     tried: AtomicBool,
-    /// When an unknown `kid` last started a fetch.
-    kid_fetch: Mutex<Option<Instant>>,
+    /// When an unknown `kid` last started a fetch, and how many fetches had ended then.
+    kid_fetch: Mutex<Option<(Instant, u64)>>,
     /// Wakes the task for a fetch now.
     wake: Arc<Notify>,
     /// Counts fetches that ended: waiters for a fetch watch it.
@@ -137,15 +137,22 @@ impl Source {
     }
 
     /// Starts a fetch for an unknown `kid`, unless one started within [`KID_REFETCH`];
-    /// `Some` with a receiver that changes when it ends.
+    /// `Some` with a receiver that changes when it ends (or when the one started then
+    /// ends, while it runs); `None` when one started and ended within it.
     pub(crate) fn fetch_for_kid(&self) -> Option<watch::Receiver<u64>> {
         let now = Instant::now();
-        let mut last = self.kid_fetch.lock().unwrap_or_else(|e| e.into_inner());
-        if last.is_some_and(|t| now.duration_since(t) < KID_REFETCH) {
-            return None;
-        }
-        *last = Some(now);
+        // Subscribed first: a fetch ending after the count is read still changes it.
         let rx = self.ended.subscribe();
+        let ended = *rx.borrow();
+        let mut last = self.kid_fetch.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((at, count)) = *last {
+            if now.duration_since(at) < KID_REFETCH {
+                // The fetch asked for then has not ended yet: wait for it too (a key
+                // rotation sends many new tokens at once).
+                return (ended == count).then_some(rx);
+            }
+        }
+        *last = Some((now, ended));
         self.wake.notify_one();
         Some(rx)
     }

@@ -256,9 +256,7 @@ pub(crate) fn verify(token: &str, keys: &KeySet, rules: &Claims) -> Result<Verif
     let validation = validation(head.alg, rules);
     let mut refusal = match &head.kid {
         // A key of that id for another algorithm: no fetch will change that.
-        Some(kid) if keys.keys.iter().any(|k| k.kid.as_ref() == Some(kid)) => {
-            JwtRefusal::Algorithm
-        }
+        Some(kid) if keys.keys.iter().any(|k| k.kid.as_ref() == Some(kid)) => JwtRefusal::Algorithm,
         Some(_) => JwtRefusal::UnknownKey,
         None => JwtRefusal::Signature,
     };

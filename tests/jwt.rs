@@ -430,7 +430,7 @@ async fn a_jwks_url_is_fetched_rotated_on_an_unknown_kid_and_kept_when_its_serve
     let (a, b) = (Signer::ec("a", false), Signer::ed("b"));
     let mut keys = KeyServer::start(jwks(&[&a])).await;
     let jwt = format!(
-        "{{ jwks_url = \"http://{}/jwks.json\", jwks_refresh = \"1s\" }}",
+        "{{ jwks_url = \"http://{}/jwks.json\", jwks_refresh = \"1s\", claims_to_headers = {{ sub = \"x-user-id\" }} }}",
         keys.addr
     );
     let cfg = config_file("jwt", "url", &route_with(&api, &jwt));
@@ -443,9 +443,22 @@ async fn a_jwks_url_is_fetched_rotated_on_an_unknown_kid_and_kept_when_its_serve
     );
     // Rotation: the server now has b only; a token of b names an unknown kid, which
     // fetches the set again at once.
+    // Eight requests at once with the new key, each with a forged claim field: all
+    // wait for the one fetch, all pass, and the backend sees the token's claim only.
     *keys.body.lock().unwrap() = jwks(&[&b]);
-    let r = with_token(&f, &b.sign(&claims(json!({})))).await;
-    assert_eq!(r.status, 200, "{}", r.text());
+    let bearer = format!("Bearer {}", b.sign(&claims(json!({}))));
+    let c = client();
+    let h = [("authorization", bearer.as_str()), ("x-user-id", "mallory")];
+    let url = f.url("/x");
+    let sent = (0..8).map(|_| send(&c, "GET", &url, &h, ""));
+    for r in futures_util::future::join_all(sent).await {
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let seen = api.stats.last_headers.lock().unwrap().clone().unwrap();
+    assert_eq!(
+        seen.get_all("x-user-id").iter().collect::<Vec<_>>(),
+        ["alice"]
+    );
     // Another unknown kid right after: refused without a fetch (at most one per 10 s).
     let fetched = keys.fetches();
     let r = with_token(&f, &Signer::ed("c").sign(&claims(json!({})))).await;
