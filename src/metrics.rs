@@ -224,16 +224,35 @@ fn reported_utilization(b: &Backend) -> Option<f64> {
     b.load_report(crate::backend::clock_ns())?.utilization
 }
 
+/// `fulcrum_retries_total{pool,reason}`: retries each pool sent to another backend, by
+/// the `retry_on` entry that sent them.
+fn encode_retries(
+    enc: &mut DescriptorEncoder,
+    routing: &crate::site::Routing,
+) -> Result<(), std::fmt::Error> {
+    let mut m = enc.encode_descriptor(
+        "fulcrum_retries",
+        "Retries sent to another backend, by pool and by the retry_on entry that sent them (connect, reset, timeout, a status or a class).",
+        None,
+        MetricType::Counter,
+    )?;
+    for p in &routing.pools {
+        let labels: Vec<String> = (p.settings.retry_on.statuses.iter())
+            .map(|s| s.label())
+            .collect();
+        for (reason, n) in p.retried.each(&labels) {
+            let labels = [("pool", &*p.name), ("reason", reason.as_str())];
+            ConstCounter::new(n).encode(m.encode_family(&labels)?)?;
+        }
+    }
+    Ok(())
+}
+
 /// Proxy-wide counters, the routes' and each pool's strategy.
 fn encode_proxy_wide(enc: &mut DescriptorEncoder, site: &Site) -> Result<(), std::fmt::Error> {
     use std::sync::atomic::Ordering::Relaxed;
     let s = &site.hub.stats;
     for (name, help, v) in [
-        (
-            "fulcrum_retries",
-            "Retries sent to another backend.",
-            &s.retries,
-        ),
         (
             "fulcrum_shed",
             "Requests answered 503 by --max-inflight.",
@@ -428,6 +447,7 @@ fn encode_routing(
         let n = p.panic_requests.load(std::sync::atomic::Ordering::Relaxed);
         ConstCounter::new(n).encode(m.encode_family(&[("pool", &*p.name)])?)?;
     }
+    encode_retries(enc, routing)?;
     let mut m = enc.encode_descriptor(
         "fulcrum_pool_queue_length",
         "Requests waiting in a pool's queue for a backend under its max_conns.",

@@ -150,8 +150,6 @@ impl BackendStats {
 /// Proxy-wide counters.
 #[derive(Debug, Default)]
 pub(crate) struct ProxyStats {
-    /// Retries sent.
-    pub(crate) retries: AtomicU64,
     /// Requests answered 503 by `--max-inflight`.
     pub(crate) shed: AtomicU64,
     /// Requests answered 503 because nothing was eligible.

@@ -209,13 +209,19 @@ async fn a_stalled_upload_is_the_clients_doing_not_the_backends() {
     assert_eq!(get(&c, &f.url("/after")).await.status, 200);
 }
 
-/// The `fulcrum_retries_total` line of the metrics.
+/// The `fulcrum_retries_total` series of the metrics summed over pools and reasons,
+/// as one line.
 async fn retries_line(c: &HttpClient, f: &Fulcrum) -> String {
     let m = get(c, &f.admin_url("/metrics")).await.text();
-    m.lines()
-        .find(|l| l.starts_with("fulcrum_retries_total"))
-        .unwrap_or_else(|| panic!("{m}"))
-        .to_string()
+    let series: Vec<&str> = m
+        .lines()
+        .filter(|l| l.starts_with("fulcrum_retries_total{"))
+        .collect();
+    assert!(!series.is_empty(), "{m}");
+    let n: u64 = (series.iter())
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    format!("fulcrum_retries_total {n}")
 }
 
 /// A fresh connection's GET through the proxy answers 200.

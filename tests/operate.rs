@@ -99,7 +99,7 @@ async fn metrics_count_every_request_exactly_and_follow_health() {
         "fulcrum_backend_effective_weight{backend=\"A\",pool=\"default\"}",
         "fulcrum_backend_effective_load{backend=\"A\",pool=\"default\"}",
         "fulcrum_ejections_total{backend=\"A\",pool=\"default\"}",
-        "fulcrum_retries_total",
+        "fulcrum_retries_total{pool=\"default\",reason=\"connect\"}",
         "fulcrum_shed_total",
         "fulcrum_no_backend_total",
     ] {

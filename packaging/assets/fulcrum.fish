@@ -93,6 +93,11 @@ complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l tls-verify -d 
 off\t''"
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l upstream-timeout -d 'Request sent → response headers bound, then 504 [default: 30s]' -r
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l retries -d 'Extra attempts for a failed idempotent request [default: 2]' -r
+complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l retry-on -d 'What sends a request to another backend: connect (always), reset, timeout, a status (503) or a class (5xx), ENTRY[,ENTRY…] [default: connect,reset,timeout]' -r
+complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l retry-non-idempotent -d 'Send any method again after a failure or a retry_on status, not only GET, HEAD, OPTIONS, PUT and DELETE [default: off]' -r -f -a "on\t''
+off\t''"
+complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l retry-body-limit -d 'Largest request body (of stated length) kept so that a retry_on status can send it again; a larger one is not retried on status [default: 64k]' -r
+complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l try-timeout -d 'Each try\'s bound on its answer head, retried as timeout; upstream_timeout bounds them all [default: none]' -r
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l max-inflight -d 'Above N requests in flight answer 503 at once; 0 = off [default: 0]' -r
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l compress-max-in-flight -d 'Most answers compressed at once; beyond it answers go out uncompressed [default: 1024]' -r
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l max-connections-per-client -d 'Connections one client IP may hold open, all listeners together; a new one over it is closed at once (0 = no limit) [default: 0]' -r

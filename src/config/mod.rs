@@ -21,6 +21,7 @@ pub(crate) mod pem;
 pub(crate) mod policy;
 mod pool_settings;
 pub(crate) mod pools;
+pub(crate) mod retry;
 pub(crate) mod split;
 pub(crate) mod strategy_kind;
 pub(crate) mod tls;
@@ -383,6 +384,10 @@ impl Default for Settings {
                 transport: BackendTransport::default(),
                 upstream_timeout: Duration::ZERO,
                 max_request_body: None,
+                retry_on: retry::RetryOn::default(),
+                retry_non_idempotent: false,
+                retry_body_limit: 0,
+                try_timeout: None,
             },
             trusted_proxies: Vec::new(),
             clients: Default::default(),

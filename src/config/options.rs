@@ -630,6 +630,50 @@ pub(crate) static OPTIONS: &[Opt] = &[
         reload: pool_restart!("retries", retries),
     },
     Opt {
+        key: "retry_on",
+        table_key: None,
+        value_name: "LIST",
+        help: "What sends a request to another backend: connect (always), reset, timeout, a status (503) or a class (5xx), ENTRY[,ENTRY…]",
+        default: Some("connect,reset,timeout"),
+        default_text: None,
+        file_type: FileType::StrOrList,
+        set: |s, v| super::retry::RetryOn::parse(v).map(|x| s.pool.retry_on = x),
+        reload: pool_restart!("retry_on", retry_on),
+    },
+    Opt {
+        key: "retry_non_idempotent",
+        table_key: None,
+        value_name: "on|off",
+        help: "Send any method again after a failure or a retry_on status, not only GET, HEAD, OPTIONS, PUT and DELETE",
+        default: Some("off"),
+        default_text: None,
+        file_type: FileType::Switch,
+        set: |s, v| parse_on_off(v).map(|x| s.pool.retry_non_idempotent = x),
+        reload: pool_restart!("retry_non_idempotent", retry_non_idempotent),
+    },
+    Opt {
+        key: "retry_body_limit",
+        table_key: None,
+        value_name: "SIZE",
+        help: "Largest request body (of stated length) kept so that a retry_on status can send it again; a larger one is not retried on status",
+        default: Some("64k"),
+        default_text: None,
+        file_type: FileType::Size,
+        set: |s, v| parse_size(v).map(|x| s.pool.retry_body_limit = x.unwrap_or(0)),
+        reload: pool_restart!("retry_body_limit", retry_body_limit),
+    },
+    Opt {
+        key: "try_timeout",
+        table_key: None,
+        value_name: "DUR",
+        help: "Each try's bound on its answer head, retried as timeout; upstream_timeout bounds them all [default: none]",
+        default: None,
+        default_text: None,
+        file_type: FileType::Str,
+        set: |s, v| positive(v).map(|x| s.pool.try_timeout = Some(x)),
+        reload: pool_restart!("try_timeout", try_timeout),
+    },
+    Opt {
         key: "max_inflight",
         table_key: None,
         value_name: "N",
@@ -925,6 +969,6 @@ mod tests {
         );
         assert!(!find("listen").unwrap().per_pool());
         assert!(pool_options().all(|o| o.per_pool()));
-        assert_eq!(pool_options().count(), 33);
+        assert_eq!(pool_options().count(), 37);
     }
 }

@@ -49,6 +49,14 @@ pub(crate) struct PoolSettings {
     pub(crate) upstream_timeout: Duration,
     /// Largest request body; `None` = no limit.
     pub(crate) max_request_body: Option<u64>,
+    /// What sends a request to another backend (`retry_on`).
+    pub(crate) retry_on: super::retry::RetryOn,
+    /// Whether any method may be sent again, not only the idempotent ones.
+    pub(crate) retry_non_idempotent: bool,
+    /// The largest request body kept so that it can be sent again.
+    pub(crate) retry_body_limit: u64,
+    /// Each try's bound on its answer head (`upstream_timeout` bounds them all).
+    pub(crate) try_timeout: Option<Duration>,
 }
 
 impl PoolSettings {

@@ -15,6 +15,70 @@ const RATIO: f64 = 0.2;
 /// Retries allowed per second whatever the traffic.
 const MIN_PER_SEC: u64 = 3;
 
+/// Why a request went to another backend: a `retry_on` entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RetryReason {
+    /// No connection could be made.
+    Connect,
+    /// The connection broke before any answer byte.
+    Reset,
+    /// No answer head in time.
+    Timeout,
+    /// An answer whose status the entry at this index of `retry_on`'s statuses lists.
+    Status(usize),
+}
+
+/// Retries sent to another backend, by the entry that sent them
+/// (`fulcrum_retries_total{pool,reason}`).
+#[derive(Debug)]
+pub(crate) struct Retried {
+    connect: AtomicU64,
+    reset: AtomicU64,
+    timeout: AtomicU64,
+    /// One per status entry of `retry_on`, in its order.
+    statuses: Box<[AtomicU64]>,
+}
+
+impl Retried {
+    /// Counts for a pool whose `retry_on` lists `statuses` entries of status.
+    pub(crate) fn new(statuses: usize) -> Retried {
+        Retried {
+            connect: AtomicU64::new(0),
+            reset: AtomicU64::new(0),
+            timeout: AtomicU64::new(0),
+            statuses: (0..statuses).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// Counts one retry sent for `reason`.
+    pub(crate) fn count(&self, reason: RetryReason) {
+        let c = match reason {
+            RetryReason::Connect => &self.connect,
+            RetryReason::Reset => &self.reset,
+            RetryReason::Timeout => &self.timeout,
+            RetryReason::Status(i) => match self.statuses.get(i) {
+                Some(c) => c,
+                None => return,
+            },
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Each reason's count, named as `retry_on` writes it (`labels` its status
+    /// entries').
+    pub(crate) fn each(&self, labels: &[String]) -> Vec<(String, u64)> {
+        let fixed = [
+            ("connect", &self.connect),
+            ("reset", &self.reset),
+            ("timeout", &self.timeout),
+        ];
+        let fixed = fixed.map(|(n, c)| (n.to_string(), c.load(Ordering::Relaxed)));
+        let statuses = (labels.iter().zip(self.statuses.iter()))
+            .map(|(l, c)| (l.clone(), c.load(Ordering::Relaxed)));
+        fixed.into_iter().chain(statuses).collect()
+    }
+}
+
 #[derive(Debug, Default)]
 struct Slot {
     /// The second this slot currently counts (seconds since `start`).

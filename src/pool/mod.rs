@@ -35,7 +35,7 @@ use crate::strategy::{Picker, PickerOptions, StrategyKind};
 #[cfg(test)]
 use crate::{config::BackendSpec, strategy::PickCtx};
 pub(crate) use acquire::{takes_sessions, Ask, NoPick, Turn};
-pub(crate) use budget::RetryBudget;
+pub(crate) use budget::{Retried, RetryBudget, RetryReason};
 pub(crate) use discovered::DiscoveryStatus;
 
 /// How often a running slow-start ramp republishes the routing table.
@@ -183,6 +183,8 @@ pub(crate) struct Pool {
     pub(crate) settings: crate::config::PoolSettings,
     /// Its own retry budget: a sick pool does not spend another's.
     pub(crate) budget: RetryBudget,
+    /// Retries it sent, by reason.
+    pub(crate) retried: Retried,
     /// Requests balanced in panic mode.
     pub(crate) panic_requests: AtomicU64,
     /// Requests waiting for a backend under its `max_conns`.
@@ -326,6 +328,7 @@ impl Pool {
             table,
             settings: st.clone(),
             budget: RetryBudget::new(),
+            retried: Retried::new(st.retry_on.statuses.len()),
             panic_requests: AtomicU64::new(0),
             queue: Arc::clone(&link.queue),
             link,

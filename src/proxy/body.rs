@@ -124,6 +124,11 @@ impl ClientBody {
         }
     }
 
+    /// The body's length when its request stated it.
+    pub(crate) fn stated_length(&self) -> Option<u64> {
+        self.size_hint().exact()
+    }
+
     fn size_hint(&self) -> SizeHint {
         match &self.0 {
             Inner::Hyper(b) => b.size_hint(),

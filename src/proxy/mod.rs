@@ -13,6 +13,7 @@ mod placement;
 mod plain_first;
 pub(crate) mod record;
 pub(crate) mod request_id;
+mod retry;
 mod sticky;
 mod tunnel;
 mod upstream;
@@ -50,7 +51,7 @@ pub(crate) use upstream::{Failure, Upstreams};
 
 use crate::clock::Stamp;
 use crate::config::Settings;
-use crate::pool::{Ask, Backend, NoPick, Pool, QueueError, RequestGuard, Turn};
+use crate::pool::{Ask, Backend, NoPick, Pool, QueueError, RequestGuard, RetryReason, Turn};
 use crate::site::RoutePolicy;
 use crate::site::Site;
 use crate::stats::bump;
@@ -518,7 +519,7 @@ impl Proxy {
         &self,
         mut req: Outgoing<'_>,
         mut fin: Pending,
-        mut permit: Option<ShedPermit>,
+        permit: Option<ShedPermit>,
         route: Option<Arc<RoutePolicy>>,
     ) -> ProxyResponse {
         // The route's steps before the pool; none without policies.
@@ -548,13 +549,37 @@ impl Proxy {
         let trusted = &self.settings.trusted_proxies;
         outgoing::prepare(&mut req, chain, self.settings.trace_context, trusted);
         let (req, fin) = (&mut req, &mut fin);
+        // What the tries may do again; a body to keep is read whole first. Boxed: only
+        // a request with a body, or on a pool that retries on status, waits here.
+        let again = match req.body.is_none() && req.pool.settings.retry_on.statuses.is_empty() {
+            true => retry::Again::plain(req),
+            false => match Box::pin(retry::again(req)).await {
+                Ok(a) => a,
+                Err(f) => return self.own(fin, None, f.answer()),
+            },
+        };
+        self.tries(req, fin, permit, chain, again).await
+    }
+
+    /// Sends the request to a backend, again to another one after a failure or an
+    /// answer `retry_on` lists while the rules and the budget allow, and answers with the
+    /// first answer or the last failure.
+    async fn tries(
+        &self,
+        req: &mut Outgoing<'_>,
+        fin: &mut Pending,
+        mut permit: Option<ShedPermit>,
+        chain: Option<&Chain>,
+        again: retry::Again,
+    ) -> ProxyResponse {
         let max_attempts = 1 + req.pool.settings.retries as usize;
-        let resendable = req.resendable();
         // Every request funds its pool's budget; only retryable ones may draw on it.
         req.pool.budget.deposit();
+        let settings = &req.pool.settings;
+        let until =
+            (settings.try_timeout).map(|_| tokio::time::Instant::now() + settings.upstream_timeout);
         let mut tried: Vec<u64> = Vec::new();
-        let mut last_failure = None;
-        let mut attempt = 0;
+        let (mut last, mut reason, mut attempt) = (Last::Nothing, None, 0);
         // The queue's deadline, from the first wait of an attempt on; and whether this
         // request waited.
         let (mut deadline, mut ticket) = (None, None);
@@ -579,42 +604,66 @@ impl Proxy {
             };
             deadline = None;
             let id = guard.backend().id;
-            note_attempt(req, fin, id, attempt);
-            let last = attempt + 1 == max_attempts;
-            // The fields are moved into the exchange unless it may be sent again after it
-            // left, and put back if it never did.
-            let keep = resendable && !last;
-            let failure = match self.attempt(req, guard, fin, &mut permit, keep).await {
-                Ok(r) => return self.on_answer(req, chain, r),
-                Err(f) => f,
+            note_attempt(req, fin, id, attempt, reason);
+            let final_try = attempt + 1 == max_attempts;
+            if again.body.is_some() {
+                req.body = again.next_body();
+            }
+            let t = Try {
+                // The fields are moved into the exchange unless it may be sent again
+                // after it left, and put back if it never did.
+                keep: again.resendable && !final_try,
+                on_status: again.on_status && !final_try,
+                bound: retry::try_bound(&req.pool, until),
             };
-            let retry = !last && retries_after(failure, resendable, &req.pool);
-            last_failure = Some(failure);
+            let (retry, why) = match self.attempt(req, guard, fin, &mut permit, t).await {
+                Ok(r) => return self.on_answer(req, chain, r),
+                Err(Miss::Status(i, status)) => {
+                    last = Last::Status(status);
+                    (true, RetryReason::Status(i))
+                }
+                Err(Miss::Failed(f)) => {
+                    last = Last::Failure(f);
+                    let left = until.is_none_or(|u| tokio::time::Instant::now() < u);
+                    let retry =
+                        !final_try && left && retry::retries_after(f, again.resendable, &req.pool);
+                    (retry, retry::reason_of(f))
+                }
+            };
             if !retry {
                 break;
             }
+            reason = Some(why);
             tried.push(id);
             attempt += 1;
         }
-        self.give_up(req, fin, last_failure)
+        self.give_up(req, fin, last)
     }
 
     /// The answer when no attempt is left: the last failure's (recorded against the
     /// backend of the last attempt), or `503` when no backend could be picked at all.
-    fn give_up(
-        &self,
-        req: &Outgoing<'_>,
-        fin: &mut Pending,
-        last_failure: Option<Failure>,
-    ) -> ProxyResponse {
-        match last_failure {
-            Some(f) => {
+    fn give_up(&self, req: &Outgoing<'_>, fin: &mut Pending, last: Last) -> ProxyResponse {
+        match last {
+            Last::Failure(f) => {
                 let r = f.answer();
                 fin.status = r.head.status.as_u16();
                 fin.finish_attempted();
                 r
             }
-            None => {
+            // An answer sent elsewhere, and no backend left to try: its status, in
+            // fulcrum's words.
+            Last::Status(status) => {
+                let text = format!("{status}: every backend tried answered so\n");
+                let r = ProxyResponse::new(
+                    status,
+                    Default::default(),
+                    RespBody::full(bytes::Bytes::from(text)),
+                );
+                fin.status = status.as_u16();
+                fin.finish_attempted();
+                r
+            }
+            Last::Nothing => {
                 bump(&req.pool.hub.stats.no_backend);
                 let r = ProxyResponse::own(StatusCode::SERVICE_UNAVAILABLE, "no healthy backend\n");
                 self.own(fin, None, r)
@@ -757,8 +806,8 @@ impl Proxy {
         mut guard: RequestGuard,
         fin: &mut Pending,
         permit: &mut Option<ShedPermit>,
-        keep: bool,
-    ) -> Result<ProxyResponse, Failure> {
+        t: Try,
+    ) -> Result<ProxyResponse, Miss> {
         let backend = Arc::clone(guard.backend());
         let injected_delay = match self.inject_faults(&backend).await {
             Ok(delay) => delay,
@@ -770,7 +819,7 @@ impl Proxy {
                 return Ok(self.own(fin, Some(&backend), r));
             }
         };
-        let (result, upload) = self.exchange(req, &backend, keep).await;
+        let (result, upload) = self.exchange(req, &backend, t).await;
         match result {
             Ok((answer, sent_at)) => {
                 // One clock read for the sample and its time stamp.
@@ -778,6 +827,11 @@ impl Proxy {
                 let upstream_time = now.since(sent_at) + injected_delay;
                 crate::strategy::record_latency_at(&backend, upstream_time, now.ns());
                 fin.upstream = Some(upstream_time);
+                if t.on_status {
+                    if let Some(i) = retry::on_status(&req.pool, answer.status()) {
+                        return Err(Self::drop_for_retry(answer, guard, i));
+                    }
+                }
                 Ok(self.respond(req, answer, guard, fin, permit.take(), upload))
             }
             Err(failure) => {
@@ -796,9 +850,24 @@ impl Proxy {
                     guard.fail();
                     guard.outcome(false);
                 }
-                Err(failure)
+                Err(Miss::Failed(failure))
             }
         }
+    }
+
+    /// An answer `retry_on` lists, dropped for another try: counted for its backend as
+    /// any answer of its status is (a 5xx a failure), its connection closed with it.
+    #[cold]
+    fn drop_for_retry(answer: Answer, mut guard: RequestGuard, entry: usize) -> Miss {
+        let status = answer.status();
+        let failed = status.is_server_error();
+        if failed {
+            guard.fail();
+        }
+        guard.outcome(!failed);
+        tracing::debug!(backend = %guard.backend().name, %status, "answer sent to another backend (retry_on)");
+        drop(answer);
+        Miss::Status(entry, status)
     }
 
     /// Faults injected with `degrade`: the proxy itself waits first (returns how long),
@@ -824,9 +893,9 @@ impl Proxy {
         &self,
         req: &mut Outgoing<'_>,
         backend: &Backend,
-        keep: bool,
+        t: Try,
     ) -> (Result<(Answer, Stamp), Failure>, Option<Arc<body::Upload>>) {
-        let timeout = req.pool.settings.upstream_timeout;
+        let (timeout, keep) = (t.bound, t.keep);
         if req.inline && !backend.transport.is_plain_http1() {
             // The inline exchange speaks plain HTTP/1.1 only: this request goes through
             // hyper, with its fields as a map.
@@ -945,21 +1014,51 @@ impl Proxy {
 }
 
 /// Notes the attempt number `attempt` at the backend `id` in the request's record; a
-/// retry is counted once it has a backend to go to, not when it is decided.
-fn note_attempt(req: &Outgoing<'_>, fin: &mut Pending, id: u64, attempt: usize) {
+/// retry is counted, under the `retry_on` entry that sent it, once it has a backend to
+/// go to, not when it is decided.
+fn note_attempt(
+    req: &Outgoing<'_>,
+    fin: &mut Pending,
+    id: u64,
+    attempt: usize,
+    reason: Option<RetryReason>,
+) {
     fin.backend_id = Some(id);
-    if attempt > 0 {
-        bump(&req.pool.hub.stats.retries);
+    if let Some(reason) = reason {
+        req.pool.retried.count(reason);
     }
     fin.retries = u16::try_from(attempt).unwrap_or(u16::MAX);
 }
 
-/// Whether a failed attempt may go to another backend. Nothing of the answer has
-/// reached the client yet: a request none of which left, or an idempotent one without a
-/// body, may, while the pool's retry budget allows.
-fn retries_after(failure: Failure, resendable: bool, pool: &Pool) -> bool {
-    let again = failure == Failure::Connect || resendable;
-    again && !failure.spares_backend() && pool.budget.withdraw()
+/// How one try goes.
+#[derive(Debug, Clone, Copy)]
+struct Try {
+    /// The request's fields are kept for another try.
+    keep: bool,
+    /// An answer `retry_on` lists is dropped and the request tried elsewhere.
+    on_status: bool,
+    /// Its bound on the answer head.
+    bound: Duration,
+}
+
+/// Why a try gave no answer for the client.
+#[derive(Debug)]
+enum Miss {
+    /// It failed before any answer.
+    Failed(Failure),
+    /// Its answer had a status the entry at this index of `retry_on` lists; the budget
+    /// paid for another try.
+    Status(usize, StatusCode),
+}
+
+/// What the last try left when none is left to make.
+#[derive(Debug)]
+enum Last {
+    /// No try was made: no backend could be picked.
+    Nothing,
+    Failure(Failure),
+    /// Its answer was dropped for a retry that found no backend.
+    Status(StatusCode),
 }
 
 /// A request whose stated length is over its pool's `max_request_body` is refused

@@ -66,13 +66,6 @@ impl Outgoing<'_> {
         }
     }
 
-    /// Whether the request may be sent again after its bytes have left: idempotent,
-    /// without a body. Any request may be sent again when none of it left (a failed
-    /// connect), as nginx and Envoy retry it.
-    pub(super) fn resendable(&self) -> bool {
-        is_idempotent(&self.head.method) && self.body.is_none()
-    }
-
     /// Takes back a request that was never written (`upstream::SendError::unsent`):
     /// its body and its fields, without the `Host` made up for the backend tried.
     pub(super) fn restore(&mut self, unsent: Request<ReqBody>) {

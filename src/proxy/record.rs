@@ -210,6 +210,7 @@ impl Recorder {
             let name = backend.map_or("-", |b| b.name.as_str());
             let said = Said {
                 backend: name,
+                tries: backend.map_or(0, |_| u64::from(f.retries) + 1),
                 pool: backend.filter(|_| f.split).map(|b| &*b.pool),
                 protocol,
                 total,
@@ -408,6 +409,8 @@ fn push_json_str(buf: &mut Vec<u8>, s: &str) {
 /// the client asked, and how long it all took.
 struct Said<'a> {
     backend: &'a str,
+    /// Tries sent to backends (0 for an answer of fulcrum's own).
+    tries: u64,
     /// The backend's pool, on a split route (its side).
     pool: Option<&'a str>,
     protocol: &'static str,
@@ -418,6 +421,7 @@ struct Said<'a> {
 fn access_line(buf: &mut Vec<u8>, format: AccessFormat, f: &Finish, said: &Said<'_>) {
     let Said {
         backend,
+        tries,
         pool,
         protocol,
         total,
@@ -449,6 +453,8 @@ fn access_line(buf: &mut Vec<u8>, format: AccessFormat, f: &Finish, said: &Said<
             push_ms(buf, total);
             buf.extend_from_slice(b" retries=");
             push_u64(buf, u64::from(f.retries));
+            buf.extend_from_slice(b" tries=");
+            push_u64(buf, tries);
             // Its characters need no quoting (see `RequestId::from_peer`).
             buf.extend_from_slice(b" request_id=");
             buf.extend_from_slice(f.id.as_bytes());
@@ -483,6 +489,8 @@ fn access_line(buf: &mut Vec<u8>, format: AccessFormat, f: &Finish, said: &Said<
             push_ms(buf, total);
             buf.extend_from_slice(b",\"retries\":");
             push_u64(buf, u64::from(f.retries));
+            buf.extend_from_slice(b",\"tries\":");
+            push_u64(buf, tries);
             buf.extend_from_slice(b",\"request_id\":\"");
             buf.extend_from_slice(f.id.as_bytes());
             buf.extend_from_slice(b"\",\"client_cert\":");
@@ -567,6 +575,7 @@ mod tests {
     fn said(backend: &str, total_us: u64) -> Said<'_> {
         Said {
             backend,
+            tries: 2,
             pool: Some("web"),
             protocol: "h1",
             total: Duration::from_micros(total_us),
@@ -652,7 +661,7 @@ mod tests {
         let (_, rest) = line.split_once("Z  INFO ").unwrap();
         assert_eq!(
             rest,
-            "access client=10.0.0.7 protocol=h1 method=GET path=/a?b=c%22 status=502 backend=\"a \\\"b\\\"\" pool=\"web\" upstream_ms=1.018 total_ms=1.301 retries=1 request_id=abc-123\n"
+            "access client=10.0.0.7 protocol=h1 method=GET path=/a?b=c%22 status=502 backend=\"a \\\"b\\\"\" pool=\"web\" upstream_ms=1.018 total_ms=1.301 retries=1 tries=2 request_id=abc-123\n"
         );
     }
 
