@@ -613,13 +613,7 @@ fn check_whole(s: &Settings, flags: &RawFlags, errors: &mut Vec<ConfigError>) {
     let mut cookies = std::collections::HashMap::new();
     check_discover_flags(s, flags, errors);
     let listeners: Vec<SocketAddr> = std::iter::once(s.listen).chain(s.tls.listen).collect();
-    for (i, r) in s.routes.iter().enumerate() {
-        let own = |u: &http::Uri| crate::loops::own_url(&listeners, u);
-        if let Some(message) = r.policies.own_service(own) {
-            let origin = format!("route {i}");
-            errors.push(ConfigError { origin, message });
-        }
-    }
+    check_route_services(s, &listeners, errors);
     for p in &s.pools {
         check_backends(p, &listeners, errors);
         let t = &p.settings.transport;
@@ -673,6 +667,17 @@ fn check_whole(s: &Settings, flags: &RawFlags, errors: &mut Vec<ConfigError>) {
                 s.admin
             ),
         });
+    }
+}
+
+/// No route's auth service or key set is one of `listeners` (fulcrum itself).
+fn check_route_services(s: &Settings, listeners: &[SocketAddr], errors: &mut Vec<ConfigError>) {
+    for (i, r) in s.routes.iter().enumerate() {
+        let own = |u: &http::Uri| crate::loops::own_url(listeners, u);
+        if let Some(message) = r.policies.own_service(own) {
+            let origin = format!("route {i}");
+            errors.push(ConfigError { origin, message });
+        }
     }
 }
 

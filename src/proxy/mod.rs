@@ -579,7 +579,7 @@ impl Proxy {
         let until =
             (settings.try_timeout).map(|_| tokio::time::Instant::now() + settings.upstream_timeout);
         let mut tried: Vec<u64> = Vec::new();
-        let (mut last, mut reason, mut attempt) = (Last::Nothing, None, 0);
+        let (mut last, mut reason, mut attempt) = (retry::Last::Nothing, None, 0);
         // The queue's deadline, from the first wait of an attempt on; and whether this
         // request waited.
         let (mut deadline, mut ticket) = (None, None);
@@ -604,12 +604,12 @@ impl Proxy {
             };
             deadline = None;
             let id = guard.backend().id;
-            note_attempt(req, fin, id, attempt, reason);
+            retry::note_attempt(req, fin, id, attempt, reason);
             let final_try = attempt + 1 == max_attempts;
             if again.body.is_some() {
                 req.body = again.next_body();
             }
-            let t = Try {
+            let t = retry::Try {
                 // The fields are moved into the exchange unless it may be sent again
                 // after it left, and put back if it never did.
                 keep: again.resendable && !final_try,
@@ -618,12 +618,12 @@ impl Proxy {
             };
             let (retry, why) = match self.attempt(req, guard, fin, &mut permit, t).await {
                 Ok(r) => return self.on_answer(req, chain, r),
-                Err(Miss::Status(i, status)) => {
-                    last = Last::Status(status);
+                Err(retry::Miss::Status(i, status)) => {
+                    last = retry::Last::Status(status);
                     (true, RetryReason::Status(i))
                 }
-                Err(Miss::Failed(f)) => {
-                    last = Last::Failure(f);
+                Err(retry::Miss::Failed(f)) => {
+                    last = retry::Last::Failure(f);
                     let left = until.is_none_or(|u| tokio::time::Instant::now() < u);
                     let retry =
                         !final_try && left && retry::retries_after(f, again.resendable, &req.pool);
@@ -642,9 +642,9 @@ impl Proxy {
 
     /// The answer when no attempt is left: the last failure's (recorded against the
     /// backend of the last attempt), or `503` when no backend could be picked at all.
-    fn give_up(&self, req: &Outgoing<'_>, fin: &mut Pending, last: Last) -> ProxyResponse {
+    fn give_up(&self, req: &Outgoing<'_>, fin: &mut Pending, last: retry::Last) -> ProxyResponse {
         match last {
-            Last::Failure(f) => {
+            retry::Last::Failure(f) => {
                 let r = f.answer();
                 fin.status = r.head.status.as_u16();
                 fin.finish_attempted();
@@ -652,7 +652,7 @@ impl Proxy {
             }
             // An answer sent elsewhere, and no backend left to try: its status, in
             // fulcrum's words.
-            Last::Status(status) => {
+            retry::Last::Status(status) => {
                 let text = format!("{status}: every backend tried answered so\n");
                 let r = ProxyResponse::new(
                     status,
@@ -663,7 +663,7 @@ impl Proxy {
                 fin.finish_attempted();
                 r
             }
-            Last::Nothing => {
+            retry::Last::Nothing => {
                 bump(&req.pool.hub.stats.no_backend);
                 let r = ProxyResponse::own(StatusCode::SERVICE_UNAVAILABLE, "no healthy backend\n");
                 self.own(fin, None, r)
@@ -806,8 +806,8 @@ impl Proxy {
         mut guard: RequestGuard,
         fin: &mut Pending,
         permit: &mut Option<ShedPermit>,
-        t: Try,
-    ) -> Result<ProxyResponse, Miss> {
+        t: retry::Try,
+    ) -> Result<ProxyResponse, retry::Miss> {
         let backend = Arc::clone(guard.backend());
         let injected_delay = match self.inject_faults(&backend).await {
             Ok(delay) => delay,
@@ -829,7 +829,7 @@ impl Proxy {
                 fin.upstream = Some(upstream_time);
                 if t.on_status {
                     if let Some(i) = retry::on_status(&req.pool, answer.status()) {
-                        return Err(Self::drop_for_retry(answer, guard, i));
+                        return Err(retry::drop_for_retry(answer, guard, i));
                     }
                 }
                 Ok(self.respond(req, answer, guard, fin, permit.take(), upload))
@@ -850,24 +850,9 @@ impl Proxy {
                     guard.fail();
                     guard.outcome(false);
                 }
-                Err(Miss::Failed(failure))
+                Err(retry::Miss::Failed(failure))
             }
         }
-    }
-
-    /// An answer `retry_on` lists, dropped for another try: counted for its backend as
-    /// any answer of its status is (a 5xx a failure), its connection closed with it.
-    #[cold]
-    fn drop_for_retry(answer: Answer, mut guard: RequestGuard, entry: usize) -> Miss {
-        let status = answer.status();
-        let failed = status.is_server_error();
-        if failed {
-            guard.fail();
-        }
-        guard.outcome(!failed);
-        tracing::debug!(backend = %guard.backend().name, %status, "answer sent to another backend (retry_on)");
-        drop(answer);
-        Miss::Status(entry, status)
     }
 
     /// Faults injected with `degrade`: the proxy itself waits first (returns how long),
@@ -893,7 +878,7 @@ impl Proxy {
         &self,
         req: &mut Outgoing<'_>,
         backend: &Backend,
-        t: Try,
+        t: retry::Try,
     ) -> (Result<(Answer, Stamp), Failure>, Option<Arc<body::Upload>>) {
         let (timeout, keep) = (t.bound, t.keep);
         if req.inline && !backend.transport.is_plain_http1() {
@@ -1011,54 +996,6 @@ impl Proxy {
         fin.finish(backend);
         r
     }
-}
-
-/// Notes the attempt number `attempt` at the backend `id` in the request's record; a
-/// retry is counted, under the `retry_on` entry that sent it, once it has a backend to
-/// go to, not when it is decided.
-fn note_attempt(
-    req: &Outgoing<'_>,
-    fin: &mut Pending,
-    id: u64,
-    attempt: usize,
-    reason: Option<RetryReason>,
-) {
-    fin.backend_id = Some(id);
-    if let Some(reason) = reason {
-        req.pool.retried.count(reason);
-    }
-    fin.retries = u16::try_from(attempt).unwrap_or(u16::MAX);
-}
-
-/// How one try goes.
-#[derive(Debug, Clone, Copy)]
-struct Try {
-    /// The request's fields are kept for another try.
-    keep: bool,
-    /// An answer `retry_on` lists is dropped and the request tried elsewhere.
-    on_status: bool,
-    /// Its bound on the answer head.
-    bound: Duration,
-}
-
-/// Why a try gave no answer for the client.
-#[derive(Debug)]
-enum Miss {
-    /// It failed before any answer.
-    Failed(Failure),
-    /// Its answer had a status the entry at this index of `retry_on` lists; the budget
-    /// paid for another try.
-    Status(usize, StatusCode),
-}
-
-/// What the last try left when none is left to make.
-#[derive(Debug)]
-enum Last {
-    /// No try was made: no backend could be picked.
-    Nothing,
-    Failure(Failure),
-    /// Its answer was dropped for a retry that found no backend.
-    Status(StatusCode),
 }
 
 /// A request whose stated length is over its pool's `max_request_body` is refused

@@ -14,10 +14,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::BodyExt;
 
+use super::answer::Answer;
 use super::body::{ClientBody, ReqBody};
 use super::outgoing::{is_idempotent, Outgoing};
+use super::record::Pending;
 use super::upstream::Failure;
-use crate::pool::{Pool, RetryReason};
+use crate::pool::{Pool, RequestGuard, RetryReason};
+use http::StatusCode;
 
 /// What the request's tries may do again.
 #[derive(Debug, Default)]
@@ -137,4 +140,67 @@ pub(super) fn try_bound(pool: &Pool, until: Option<tokio::time::Instant>) -> Dur
         }
         _ => whole,
     }
+}
+
+/// Notes the attempt number `attempt` at the backend `id` in the request's record; a
+/// retry is counted, under the `retry_on` entry that sent it, once it has a backend to
+/// go to, not when it is decided.
+pub(super) fn note_attempt(
+    req: &Outgoing<'_>,
+    fin: &mut Pending,
+    id: u64,
+    attempt: usize,
+    reason: Option<RetryReason>,
+) {
+    fin.backend_id = Some(id);
+    if let Some(reason) = reason {
+        req.pool.retried.count(reason);
+    }
+    fin.retries = u16::try_from(attempt).unwrap_or(u16::MAX);
+}
+
+/// How one try goes.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Try {
+    /// The request's fields are kept for another try.
+    pub(super) keep: bool,
+    /// An answer `retry_on` lists is dropped and the request tried elsewhere.
+    pub(super) on_status: bool,
+    /// Its bound on the answer head.
+    pub(super) bound: Duration,
+}
+
+/// Why a try gave no answer for the client.
+#[derive(Debug)]
+pub(super) enum Miss {
+    /// It failed before any answer.
+    Failed(Failure),
+    /// Its answer had a status the entry at this index of `retry_on` lists; the budget
+    /// paid for another try.
+    Status(usize, StatusCode),
+}
+
+/// What the last try left when none is left to make.
+#[derive(Debug)]
+pub(super) enum Last {
+    /// No try was made: no backend could be picked.
+    Nothing,
+    Failure(Failure),
+    /// Its answer was dropped for a retry that found no backend.
+    Status(StatusCode),
+}
+
+/// An answer `retry_on` lists, dropped for another try: counted for its backend as
+/// any answer of its status is (a 5xx a failure), its connection closed with it.
+#[cold]
+pub(super) fn drop_for_retry(answer: Answer, mut guard: RequestGuard, entry: usize) -> Miss {
+    let status = answer.status();
+    let failed = status.is_server_error();
+    if failed {
+        guard.fail();
+    }
+    guard.outcome(!failed);
+    tracing::debug!(backend = %guard.backend().name, %status, "answer sent to another backend (retry_on)");
+    drop(answer);
+    Miss::Status(entry, status)
 }
