@@ -111,6 +111,14 @@ printf '[[routes]]\npool = "default"\njwt = { jwks_file = "%s" }\n' "$out/jwks.j
   for b in "${backends[@]}"; do [ "$b" = --backend ] || printf '{ url = "%s" },' "$b"; done
   printf ']\n[[routes]]\nsplit = [{ pool = "a", weight = 1 }, { pool = "b", weight = 1 }]\n'
 } >"$out/split.toml"
+# The plain request's one route to a pool of the same three backends that retries on
+# `503` and `504` too, which none answers: what `retry_on` with statuses costs when no
+# retry is made (docs/performance.md, "Retries on status").
+{
+  printf '[[pools]]\nname = "r"\nretry_on = ["connect", "reset", "timeout", "503", "504"]\nbackends = ['
+  for b in "${backends[@]}"; do [ "$b" = --backend ] || printf '{ url = "%s" },' "$b"; done
+  printf ']\n[[routes]]\npool = "r"\n'
+} >"$out/retry.toml"
 # The same request (token and all) through the same route without the check: jwt's base.
 printf '[[routes]]\npool = "default"\n' >"$out/bearer.toml"
 # Instructions of one `fulcrum serve` under callgrind serving $1 requests from client $2
@@ -126,6 +134,7 @@ count() {
   if [ "$kind" = jwt ]; then extra=(--config "$out/jwt.toml"); fi
   if [ "$kind" = bearer ]; then extra=(--config "$out/bearer.toml"); fi
   if [ "$kind" = split ]; then extra=(--config "$out/split.toml"); fi
+  if [ "$kind" = retry ]; then extra=(--config "$out/retry.toml"); fi
   if [ "$kind" = file ]; then extra=(--access-log "$out/access.$n.log"); fi
   valgrind --tool=callgrind --callgrind-out-file="$out/cg.$kind.$n" --trace-syscalls=yes \
     --separate-threads=yes \
@@ -134,7 +143,7 @@ count() {
   local vg=$!
   wait_port "$port"
   case $kind in
-    h1 | limited | file | access | split) curl -s -o /dev/null "http://127.0.0.1:$port/cost?[1-$n]" ;;
+    h1 | limited | file | access | split | retry) curl -s -o /dev/null "http://127.0.0.1:$port/cost?[1-$n]" ;;
     jwt | bearer)
       curl -s -o /dev/null -H "authorization: Bearer $(cat "$out/jwt.token")" \
         -w '%{http_code}\n' "http://127.0.0.1:$port/cost?[1-$n]" >"$out/jwt.codes.$n"
@@ -260,6 +269,11 @@ extra jwt $((per_jwt - per_bearer)) 530 "the same request on a route without jwt
 guard split $((per_h1 + 1000))
 extra split $((worker_split - worker_h1)) 150 "the plain request on the worker thread" \
   "a split route"
+# A pool whose `retry_on` lists statuses, over the plain request, on the worker thread:
+# target and guard 100 (docs/performance.md, "Retries on status").
+guard retry $((per_h1 + 1000))
+extra retry $((worker_retry - worker_h1)) 100 "the plain request on the worker thread" \
+  "a pool's retry_on with statuses"
 # The access log to a file rather than stderr: at most 1 % more.
 guard file $((per_h1 + per_h1 / 100))
 echo "cost guard (file): $((per_file - per_h1)) instructions over the access log on stderr (guard: 1 %)"

@@ -51,7 +51,7 @@ pub(crate) use upstream::{Failure, Upstreams};
 
 use crate::clock::Stamp;
 use crate::config::Settings;
-use crate::pool::{Ask, Backend, NoPick, Pool, QueueError, RequestGuard, RetryReason, Turn};
+use crate::pool::{Ask, Backend, NoPick, Pool, QueueError, RequestGuard, Turn};
 use crate::site::RoutePolicy;
 use crate::site::Site;
 use crate::stats::bump;
@@ -512,81 +512,38 @@ impl Proxy {
         ShedPermit::take(&self.in_flight, max).map(Some).ok_or(())
     }
 
-    /// Sends the request to a backend, again to another one after a failure while the
-    /// retry rules and the budget allow, and answers with the first answer or the last
-    /// failure.
+    /// Sends the request to a backend, again to another one after a failure or an
+    /// answer `retry_on` lists while the rules and the budget allow, and answers with the
+    /// first answer or the last failure.
+    ///
+    /// One future for the steps before the pool and every try: a nested one would be
+    /// moved whole into this one's state on every request (`docs/performance.md`).
     async fn forward(
         &self,
         mut req: Outgoing<'_>,
         mut fin: Pending,
-        permit: Option<ShedPermit>,
+        mut permit: Option<ShedPermit>,
         route: Option<Arc<RoutePolicy>>,
     ) -> ProxyResponse {
-        // The route's steps before the pool; none without policies.
-        let chain = match route.as_deref() {
-            None => None,
-            Some(route) => {
-                let chain = Chain::of(route);
-                let refused = match chain.run(0, &mut self.before_cx(&mut req, route, fin.started))
-                {
-                    Ran::Done => None,
-                    Ran::Answer(r) => Some(*r),
-                    // Boxed: only a request whose step waits (a credential to verify) pays
-                    // for the wait's state.
-                    Ran::Wait(next, wait) => {
-                        let now = fin.started;
-                        Box::pin(self.police_after(&mut req, (route, chain), next, wait, now))
-                            .await
-                            .err()
-                    }
-                };
-                if let Some(r) = refused {
-                    return self.own(&mut fin, None, r);
-                }
-                Some(chain)
-            }
-        };
-        let trusted = &self.settings.trusted_proxies;
-        outgoing::prepare(&mut req, chain, self.settings.trace_context, trusted);
-        let (req, fin) = (&mut req, &mut fin);
-        // What the tries may do again; a body to keep is read whole first. Boxed: only
-        // a request with a body, or on a pool that retries on status, waits here.
-        let again = match req.body.is_none() && req.pool.settings.retry_on.statuses.is_empty() {
-            true => retry::Again::plain(req),
-            false => match Box::pin(retry::again(req)).await {
-                Ok(a) => a,
-                Err(f) => return self.own(fin, None, f.answer()),
+        let (chain, again) = match self.before_pool(&mut req, route.as_deref(), fin.started) {
+            Before::Ready(chain, again) => (chain, again),
+            Before::Refused(r) => return self.own(&mut fin, None, *r),
+            Before::Wait(wait) => match wait.await {
+                Ok(ready) => ready,
+                Err(r) => return self.own(&mut fin, None, r),
             },
         };
-        self.tries(req, fin, permit, chain, again).await
-    }
-
-    /// Sends the request to a backend, again to another one after a failure or an
-    /// answer `retry_on` lists while the rules and the budget allow, and answers with the
-    /// first answer or the last failure.
-    async fn tries(
-        &self,
-        req: &mut Outgoing<'_>,
-        fin: &mut Pending,
-        mut permit: Option<ShedPermit>,
-        chain: Option<&Chain>,
-        again: retry::Again,
-    ) -> ProxyResponse {
-        let max_attempts = 1 + req.pool.settings.retries as usize;
+        let (req, fin) = (&mut req, &mut fin);
         // Every request funds its pool's budget; only retryable ones may draw on it.
         req.pool.budget.deposit();
-        let settings = &req.pool.settings;
-        let until =
-            (settings.try_timeout).map(|_| tokio::time::Instant::now() + settings.upstream_timeout);
-        let mut tried: Vec<u64> = Vec::new();
-        let (mut last, mut reason, mut attempt) = (retry::Last::Nothing, None, 0);
+        let mut tries = retry::Tries::new(&req.pool, again);
         // The queue's deadline, from the first wait of an attempt on; and whether this
         // request waited.
         let (mut deadline, mut ticket) = (None, None);
-        while attempt < max_attempts {
+        while tries.left() {
             let seen = req.pool.queue.epoch();
-            let fresh = tried.is_empty() && ticket.is_none();
-            let guard = match self.pick(req, &mut tried, fresh) {
+            let fresh = tries.tried.is_empty() && ticket.is_none();
+            let guard = match self.pick(req, &mut tries.tried, fresh) {
                 Ok(g) => g,
                 Err(NoPick::Nothing) => break,
                 Err(NoPick::Full(preferred)) => {
@@ -604,40 +561,65 @@ impl Proxy {
             };
             deadline = None;
             let id = guard.backend().id;
-            retry::note_attempt(req, fin, id, attempt, reason);
-            let final_try = attempt + 1 == max_attempts;
-            if again.body.is_some() {
-                req.body = again.next_body();
-            }
-            let t = retry::Try {
-                // The fields are moved into the exchange unless it may be sent again
-                // after it left, and put back if it never did.
-                keep: again.resendable && !final_try,
-                on_status: again.on_status && !final_try,
-                bound: retry::try_bound(&req.pool, until),
-            };
-            let (retry, why) = match self.attempt(req, guard, fin, &mut permit, t).await {
+            let t = tries.next(req, fin, id);
+            match self.attempt(req, guard, fin, &mut permit, t).await {
                 Ok(r) => return self.on_answer(req, chain, r),
-                Err(retry::Miss::Status(i, status)) => {
-                    last = retry::Last::Status(status);
-                    (true, RetryReason::Status(i))
+                Err(miss) => {
+                    if !tries.again_after(miss, (id, t), &req.pool) {
+                        break;
+                    }
                 }
-                Err(retry::Miss::Failed(f)) => {
-                    last = retry::Last::Failure(f);
-                    let left = until.is_none_or(|u| tokio::time::Instant::now() < u);
-                    let retry =
-                        !final_try && left && retry::retries_after(f, again.resendable, &req.pool);
-                    (retry, retry::reason_of(f))
-                }
-            };
-            if !retry {
-                break;
             }
-            reason = Some(why);
-            tried.push(id);
-            attempt += 1;
         }
-        self.give_up(req, fin, last)
+        self.give_up(req, fin, tries.last)
+    }
+
+    /// The route's steps before the pool (none without policies), then the request's
+    /// forwarded fields set and what its tries may do again found: a body to keep is
+    /// read whole first. Only a request whose step waits (a credential to verify) or
+    /// whose body is kept waits, in a future of its own.
+    fn before_pool<'w, 'c: 'w>(
+        &'w self,
+        req: &'w mut Outgoing<'_>,
+        route: Option<&'c RoutePolicy>,
+        now: Stamp,
+    ) -> Before<'w, 'c> {
+        let (chain, next) = match route {
+            None => (None, None),
+            Some(route) => {
+                let chain = Chain::of(route);
+                match chain.run(0, &mut self.before_cx(req, route, now)) {
+                    Ran::Done => (Some(chain), None),
+                    Ran::Answer(r) => return Before::Refused(r),
+                    Ran::Wait(next, wait) => (Some(chain), Some((route, next, wait))),
+                }
+            }
+        };
+        if next.is_none() {
+            self.prepare(req, chain);
+            if let Some(again) = retry::Again::now(req) {
+                return Before::Ready(chain, again);
+            }
+        }
+        Before::Wait(Box::pin(async move {
+            if let (Some((route, next, wait)), Some(chain)) = (next, chain) {
+                self.police_after(req, (route, chain), next, wait, now)
+                    .await?;
+                self.prepare(req, Some(chain));
+            }
+            let again = match retry::Again::now(req) {
+                Some(again) => again,
+                None => retry::Again::kept(req).await.map_err(|f| f.answer())?,
+            };
+            Ok((chain, again))
+        }))
+    }
+
+    /// The request's fields as its backend is to see them (`outgoing::prepare`).
+    #[inline]
+    fn prepare(&self, req: &mut Outgoing<'_>, chain: Option<&Chain>) {
+        let trusted = &self.settings.trusted_proxies;
+        outgoing::prepare(req, chain, self.settings.trace_context, trusted);
     }
 
     /// The answer when no attempt is left: the last failure's (recorded against the
@@ -997,6 +979,20 @@ impl Proxy {
         r
     }
 }
+
+/// What the steps before the pool leave ([`Proxy::before_pool`]).
+enum Before<'w, 'c> {
+    /// The request goes on to the pool: the route's steps, and what its tries may do
+    /// again.
+    Ready(Option<&'c Chain>, retry::Again),
+    /// A step answered it.
+    Refused(Box<ProxyResponse>),
+    /// A step waits, or its body is read whole first: the same, once that is done.
+    Wait(std::pin::Pin<Box<dyn std::future::Future<Output = Readied<'c>> + Send + 'w>>),
+}
+
+/// What a wait before the pool ends in: [`Before::Ready`]'s fields, or the answer.
+type Readied<'c> = Result<(Option<&'c Chain>, retry::Again), ProxyResponse>;
 
 /// A request whose stated length is over its pool's `max_request_body` is refused
 /// before anything of it is forwarded (a body without a stated length is counted as it

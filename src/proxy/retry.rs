@@ -35,15 +35,51 @@ pub(super) struct Again {
 }
 
 impl Again {
-    /// A request without a body on a pool that lists no status: what every plain
-    /// request gets, without a look at anything else.
+    /// What `req`'s tries may do again, when finding it needs no wait: `None` when its
+    /// body is to be kept, read whole first ([`Again::kept`]).
     #[inline]
-    pub(super) fn plain(req: &Outgoing<'_>) -> Again {
-        Again {
-            resendable: resends_method(req),
-            on_status: false,
-            body: None,
+    pub(super) fn now(req: &Outgoing<'_>) -> Option<Again> {
+        let settings = &req.pool.settings;
+        let method = resends_method(req);
+        let lists = !settings.retry_on.statuses.is_empty();
+        if req.body.is_none() || req.client_upgrade.is_some() {
+            let on = method && req.client_upgrade.is_none();
+            return Some(Again {
+                resendable: on,
+                on_status: on && lists,
+                body: None,
+            });
         }
+        // The length the client stated (its `Content-Length`, which the hop's rules have
+        // taken off the fields by now; an HTTP/2 or 3 stream's, when it gave one).
+        let stated = req.body.as_ref().and_then(ClientBody::stated_length);
+        let fits = stated.is_some_and(|n| n <= settings.retry_body_limit);
+        if !(method && fits && settings.retries > 0) {
+            return Some(Again::default());
+        }
+        None
+    }
+
+    /// What the tries of `req`, whose body is to be kept ([`Again::now`] said `None`),
+    /// may do again, its body read whole. `Err` when that read fails (the client's
+    /// doing: its body broke off, stalled or grew too large).
+    pub(super) async fn kept(req: &mut Outgoing<'_>) -> Result<Again, Failure> {
+        let settings = &req.pool.settings;
+        let Some(inner) = req.body.take() else {
+            return Ok(Again::default());
+        };
+        let read = ReqBody::streaming(inner, settings.max_request_body).collect();
+        let body = match tokio::time::timeout(settings.upstream_timeout, read).await {
+            Ok(Ok(b)) => b.to_bytes(),
+            Ok(Err(e)) if e.is::<super::body::BodyTooLarge>() => return Err(Failure::BodyTooLarge),
+            Ok(Err(_)) => return Err(Failure::ClientGone),
+            Err(_) => return Err(Failure::ClientStalled),
+        };
+        Ok(Again {
+            resendable: true,
+            on_status: !settings.retry_on.statuses.is_empty(),
+            body: Some(body),
+        })
     }
 
     /// The body for the next try (the kept one again), if it has one.
@@ -59,48 +95,8 @@ fn resends_method(req: &Outgoing<'_>) -> bool {
     req.pool.settings.retry_non_idempotent || is_idempotent(&req.head.method)
 }
 
-/// What `req`'s tries may do again; its body is read whole first when it is to be
-/// kept. `Err` when that read fails (the client's doing: its body broke off, stalled or
-/// grew too large).
-pub(super) async fn again(req: &mut Outgoing<'_>) -> Result<Again, Failure> {
-    let settings = &req.pool.settings;
-    let method = resends_method(req);
-    let lists = !settings.retry_on.statuses.is_empty();
-    if req.body.is_none() || req.client_upgrade.is_some() {
-        let on = method && req.client_upgrade.is_none();
-        return Ok(Again {
-            resendable: on,
-            on_status: on && lists,
-            body: None,
-        });
-    }
-    // The length the client stated (its `Content-Length`, which the hop's rules have
-    // taken off the fields by now; an HTTP/2 or 3 stream's, when it gave one).
-    let stated = req.body.as_ref().and_then(ClientBody::stated_length);
-    let fits = stated.is_some_and(|n| n <= settings.retry_body_limit);
-    if !(method && fits && settings.retries > 0) {
-        return Ok(Again::default());
-    }
-    let Some(inner) = req.body.take() else {
-        return Ok(Again::default());
-    };
-    let limit = settings.max_request_body;
-    let read = ReqBody::streaming(inner, limit).collect();
-    let body = match tokio::time::timeout(settings.upstream_timeout, read).await {
-        Ok(Ok(b)) => b.to_bytes(),
-        Ok(Err(e)) if e.is::<super::body::BodyTooLarge>() => return Err(Failure::BodyTooLarge),
-        Ok(Err(_)) => return Err(Failure::ClientGone),
-        Err(_) => return Err(Failure::ClientStalled),
-    };
-    Ok(Again {
-        resendable: true,
-        on_status: lists,
-        body: Some(body),
-    })
-}
-
 /// The `retry_on` entry a failure before any answer matches.
-pub(super) fn reason_of(f: Failure) -> RetryReason {
+fn reason_of(f: Failure) -> RetryReason {
     match f {
         Failure::Connect => RetryReason::Connect,
         Failure::Timeout => RetryReason::Timeout,
@@ -112,7 +108,7 @@ pub(super) fn reason_of(f: Failure) -> RetryReason {
 /// the client yet: a request none of which left may always go (nginx and Envoy retry
 /// it so); one that left, when it is resendable and its pool's `retry_on` names the
 /// failure; each while the pool's retry budget allows.
-pub(super) fn retries_after(failure: Failure, resendable: bool, pool: &Pool) -> bool {
+fn retries_after(failure: Failure, resendable: bool, pool: &Pool) -> bool {
     let on = &pool.settings.retry_on;
     let again = match failure {
         Failure::Connect => true,
@@ -132,7 +128,7 @@ pub(super) fn on_status(pool: &Pool, status: http::StatusCode) -> Option<usize> 
 
 /// This try's bound on its answer head: `try_timeout`, within what is left of
 /// `upstream_timeout` since the first try (`until`).
-pub(super) fn try_bound(pool: &Pool, until: Option<tokio::time::Instant>) -> Duration {
+fn try_bound(pool: &Pool, until: Option<tokio::time::Instant>) -> Duration {
     let whole = pool.settings.upstream_timeout;
     match (pool.settings.try_timeout, until) {
         (Some(t), Some(until)) => {
@@ -142,10 +138,94 @@ pub(super) fn try_bound(pool: &Pool, until: Option<tokio::time::Instant>) -> Dur
     }
 }
 
+/// A request's tries so far, and what the next may do.
+#[derive(Debug)]
+pub(super) struct Tries {
+    /// The tries made before this one.
+    attempt: usize,
+    /// How many may be made in all: the pool's `retries`, and one.
+    most: usize,
+    /// The backends tried, which a retry does not go back to.
+    pub(super) tried: Vec<u64>,
+    /// What the last try left.
+    pub(super) last: Last,
+    /// The `retry_on` entry that sent the request on, after the first try.
+    reason: Option<RetryReason>,
+    /// When `upstream_timeout` runs out over all tries, with `try_timeout` set.
+    until: Option<tokio::time::Instant>,
+    again: Again,
+}
+
+impl Tries {
+    /// None made yet, on `pool`.
+    #[inline]
+    pub(super) fn new(pool: &Pool, again: Again) -> Tries {
+        let s = &pool.settings;
+        Tries {
+            attempt: 0,
+            most: 1 + s.retries as usize,
+            tried: Vec::new(),
+            last: Last::Nothing,
+            reason: None,
+            until: (s.try_timeout).map(|_| tokio::time::Instant::now() + s.upstream_timeout),
+            again,
+        }
+    }
+
+    /// Whether another try may be made.
+    #[inline]
+    pub(super) fn left(&self) -> bool {
+        self.attempt < self.most
+    }
+
+    /// The next try, at the backend `id`: noted in the request's record, the kept body
+    /// set on the request again.
+    #[inline]
+    pub(super) fn next(&self, req: &mut Outgoing<'_>, fin: &mut Pending, id: u64) -> Try {
+        note_attempt(req, fin, id, self.attempt, self.reason);
+        let final_try = self.attempt + 1 == self.most;
+        if self.again.body.is_some() {
+            req.body = self.again.next_body();
+        }
+        Try {
+            // The fields are moved into the exchange unless it may be sent again after
+            // it left, and put back if it never did.
+            keep: self.again.resendable && !final_try,
+            on_status: self.again.on_status && !final_try,
+            final_try,
+            bound: try_bound(&req.pool, self.until),
+        }
+    }
+
+    /// Whether the request goes to another backend after the try `t` at the backend
+    /// `id` missed; the miss is what the tries leave if not.
+    pub(super) fn again_after(&mut self, miss: Miss, (id, t): (u64, Try), pool: &Pool) -> bool {
+        let (retry, why) = match miss {
+            // The budget paid for it already.
+            Miss::Status(i, status) => {
+                self.last = Last::Status(status);
+                (true, RetryReason::Status(i))
+            }
+            Miss::Failed(f) => {
+                self.last = Last::Failure(f);
+                let left = self.until.is_none_or(|u| tokio::time::Instant::now() < u);
+                let retry = !t.final_try && left && retries_after(f, self.again.resendable, pool);
+                (retry, reason_of(f))
+            }
+        };
+        if retry {
+            self.reason = Some(why);
+            self.tried.push(id);
+            self.attempt += 1;
+        }
+        retry
+    }
+}
+
 /// Notes the attempt number `attempt` at the backend `id` in the request's record; a
 /// retry is counted, under the `retry_on` entry that sent it, once it has a backend to
 /// go to, not when it is decided.
-pub(super) fn note_attempt(
+fn note_attempt(
     req: &Outgoing<'_>,
     fin: &mut Pending,
     id: u64,
@@ -166,6 +246,8 @@ pub(super) struct Try {
     pub(super) keep: bool,
     /// An answer `retry_on` lists is dropped and the request tried elsewhere.
     pub(super) on_status: bool,
+    /// No other try may follow it.
+    pub(super) final_try: bool,
     /// Its bound on the answer head.
     pub(super) bound: Duration,
 }
