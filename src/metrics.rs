@@ -248,6 +248,29 @@ fn encode_retries(
     Ok(())
 }
 
+/// `fulcrum_hedges_total{pool,result}`: hedges each hedging pool sent, `won` when the
+/// hedge's answer was the one used, `lost` otherwise.
+fn encode_hedges(
+    enc: &mut DescriptorEncoder,
+    routing: &crate::site::Routing,
+) -> Result<(), std::fmt::Error> {
+    let mut m = enc.encode_descriptor(
+        "fulcrum_hedges",
+        "Hedged tries sent, by pool and by result (won: its answer was used; lost: another's was).",
+        None,
+        MetricType::Counter,
+    )?;
+    for p in &routing.pools {
+        let Some(h) = &p.hedging else { continue };
+        let (won, lost) = h.counts();
+        for (result, n) in [("won", won), ("lost", lost)] {
+            let labels = [("pool", &*p.name), ("result", result)];
+            ConstCounter::new(n).encode(m.encode_family(&labels)?)?;
+        }
+    }
+    Ok(())
+}
+
 /// Proxy-wide counters, the routes' and each pool's strategy.
 fn encode_proxy_wide(enc: &mut DescriptorEncoder, site: &Site) -> Result<(), std::fmt::Error> {
     use std::sync::atomic::Ordering::Relaxed;
@@ -448,6 +471,7 @@ fn encode_routing(
         ConstCounter::new(n).encode(m.encode_family(&[("pool", &*p.name)])?)?;
     }
     encode_retries(enc, routing)?;
+    encode_hedges(enc, routing)?;
     let mut m = enc.encode_descriptor(
         "fulcrum_pool_queue_length",
         "Requests waiting in a pool's queue for a backend under its max_conns.",

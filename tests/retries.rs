@@ -187,6 +187,69 @@ async fn a_slow_try_is_left_after_try_timeout_and_the_last_answers_504() {
     assert!(took < Duration::from_millis(1200), "{took:?}");
 }
 
+/// A pool `web` of a backend answering after 700 ms and a fast one, both named, that
+/// hedges with `hedge` (a TOML table).
+fn hedging_pool(slow: &str, fast: &str, hedge: &str) -> String {
+    format!(
+        "[[pools]]\nname = \"web\"\nhedge = {hedge}\n{KEEP_PICKING}\nbackends = [\
+         {{ url = \"{slow}\", name = \"slow\" }}, {{ url = \"{fast}\", name = \"fast\" }}]\n\
+         [[routes]]\npool = \"web\"\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hedge_answers_well_before_a_slow_backend_and_its_loser_is_released() {
+    let fast = TestBackend::start("fast");
+    let slow = slow_backend(Duration::from_millis(700));
+    let pool = hedging_pool(&slow, &fast.url(), "{ after = \"50ms\", max = 1 }");
+    let f = start("hedge", &pool);
+    let c = client();
+    for _ in 0..4 {
+        tokio::time::sleep(PACE).await;
+        let t = Instant::now();
+        let r = get(&c, &f.url("/x")).await;
+        let took = t.elapsed();
+        assert_eq!((r.status.as_u16(), r.backend()), (200, "fast".to_string()));
+        assert!(took < Duration::from_millis(400), "{took:?}");
+        // The slow backend's try was dropped with the race: no slot held for it.
+        assert_eq!(active_conns(&c, &f).await["slow"], 0);
+    }
+    let won = metric(&f, "fulcrum_hedges_total{pool=\"web\",result=\"won\"}").await;
+    assert!(
+        won >= 1,
+        "round robin met the slow backend first at least once"
+    );
+    // Hedges are not retries.
+    assert_eq!(retried(&f, "timeout").await + retried(&f, "reset").await, 0);
+    let log = f.log();
+    assert!(
+        log.contains("tries=2"),
+        "a hedged request made two tries: {log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_percentile_hedges_nothing_before_100_answers() {
+    let fast = TestBackend::start("fast");
+    let slow = slow_backend(Duration::from_millis(700));
+    let f = start(
+        "hedge-p",
+        &hedging_pool(&slow, &fast.url(), "{ after = \"p50\" }"),
+    );
+    let c = client();
+    let mut slowest = Duration::ZERO;
+    for _ in 0..2 {
+        let t = Instant::now();
+        assert_eq!(get(&c, &f.url("/x")).await.status, 200);
+        slowest = slowest.max(t.elapsed());
+    }
+    assert!(slowest >= Duration::from_millis(700), "{slowest:?}");
+    assert_eq!(
+        metric(&f, "fulcrum_hedges_total{pool=\"web\",result=\"won\"}").await,
+        0
+    );
+}
+
 #[test]
 fn bad_retry_settings_exit_2_naming_them() {
     for (line, expected) in [
@@ -195,6 +258,12 @@ fn bad_retry_settings_exit_2_naming_them() {
         ("try_timeout = \"soon\"", "try_timeout"),
         ("retry_body_limit = \"lots\"", "retry_body_limit"),
         ("retry_non_idempotent = \"maybe\"", "retry_non_idempotent"),
+        (
+            "hedge = { after = \"soon\" }",
+            "'soon' is neither a duration",
+        ),
+        ("hedge = { after = \"p100\" }", "'p100' is neither"),
+        ("hedge = { after = \"50ms\", max = 9 }", "hedge_max"),
     ] {
         let text = pool_of(&["http://127.0.0.1:9".to_string()], line);
         let cfg = config_file("retries", "bad", &text);

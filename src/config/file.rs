@@ -38,7 +38,7 @@ fn apply_document(s: &mut Settings, c: &mut Collector<'_>) {
     for (key, value) in doc.get_ref() {
         let at = key.span().start;
         match key.get_ref().as_ref() {
-            t @ ("health" | "outlier" | "sticky") => apply_table(s, c, t, value),
+            t @ ("health" | "outlier" | "sticky" | "hedge") => apply_table(s, c, t, value),
             "backends" => {
                 layout.backends_at = Some(at);
                 if let Some(list) = read_backends(c, value, "backends") {
@@ -68,7 +68,7 @@ fn apply_document(s: &mut Settings, c: &mut Collector<'_>) {
 fn unknown_key(key: &str) -> String {
     let mut valid: Vec<&str> = options::OPTIONS.iter().map(|o| o.key).collect();
     valid.extend([
-        "health", "outlier", "sticky", "tls", "backends", "discover", "pools", "routes",
+        "health", "outlier", "sticky", "hedge", "tls", "backends", "discover", "pools", "routes",
     ]);
     format!("unknown key '{key}' (valid: {})", valid.join(", "))
 }

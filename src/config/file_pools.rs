@@ -112,7 +112,9 @@ fn read_pool(
                 Some(spec) => draft.discover = Some(spec),
                 None => ok = false,
             },
-            t @ ("health" | "outlier" | "sticky") => ok &= read_pool_table(c, t, v, &mut draft),
+            t @ ("health" | "outlier" | "sticky" | "hedge") => {
+                ok &= read_pool_table(c, t, v, &mut draft)
+            }
             _ => ok &= read_pool_value(c, key.span().start, k, v, &mut draft),
         }
     }

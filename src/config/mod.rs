@@ -22,6 +22,7 @@ pub(crate) mod policy;
 mod pool_settings;
 pub(crate) mod pools;
 pub(crate) mod retry;
+pub(crate) use retry::HedgeAfter;
 pub(crate) mod split;
 pub(crate) mod strategy_kind;
 pub(crate) mod tls;
@@ -388,6 +389,8 @@ impl Default for Settings {
                 retry_non_idempotent: false,
                 retry_body_limit: 0,
                 try_timeout: None,
+                hedge_after: None,
+                hedge_max: 0,
             },
             trusted_proxies: Vec::new(),
             clients: Default::default(),

@@ -674,6 +674,28 @@ pub(crate) static OPTIONS: &[Opt] = &[
         reload: pool_restart!("try_timeout", try_timeout),
     },
     Opt {
+        key: "hedge_after",
+        table_key: Some(("hedge", "after")),
+        value_name: "DUR|pNN",
+        help: "Send an idempotent request without a body to another backend too when no answer head came after DUR, or after the pool's pNN latency (p95); the first answer wins [default: off]",
+        default: None,
+        default_text: None,
+        file_type: FileType::Str,
+        set: |s, v| super::retry::HedgeAfter::parse(v).map(|x| s.pool.hedge_after = Some(x)),
+        reload: pool_restart!("hedge.after", hedge_after),
+    },
+    Opt {
+        key: "hedge_max",
+        table_key: Some(("hedge", "max")),
+        value_name: "N",
+        help: "Most hedges one request sends, each after hedge.after more; within retries and the retry budget",
+        default: Some("1"),
+        default_text: None,
+        file_type: FileType::Int,
+        set: |s, v| parse_uint::<u32>(v, 1, 5).map(|x| s.pool.hedge_max = x),
+        reload: pool_restart!("hedge.max", hedge_max),
+    },
+    Opt {
         key: "max_inflight",
         table_key: None,
         value_name: "N",
@@ -969,6 +991,6 @@ mod tests {
         );
         assert!(!find("listen").unwrap().per_pool());
         assert!(pool_options().all(|o| o.per_pool()));
-        assert_eq!(pool_options().count(), 37);
+        assert_eq!(pool_options().count(), 39);
     }
 }

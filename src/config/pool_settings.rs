@@ -57,6 +57,10 @@ pub(crate) struct PoolSettings {
     pub(crate) retry_body_limit: u64,
     /// Each try's bound on its answer head (`upstream_timeout` bounds them all).
     pub(crate) try_timeout: Option<Duration>,
+    /// When a hedge goes out (`hedge.after`); `None`: never.
+    pub(crate) hedge_after: Option<super::retry::HedgeAfter>,
+    /// How many hedges a request may send (`hedge.max`).
+    pub(crate) hedge_max: u32,
 }
 
 impl PoolSettings {

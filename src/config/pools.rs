@@ -491,7 +491,7 @@ pub(crate) fn values_of_json(
     for (key, v) in fields {
         match key.as_str() {
             k if skip.contains(&k) => {}
-            table @ ("health" | "outlier" | "sticky") => {
+            table @ ("health" | "outlier" | "sticky" | "hedge") => {
                 let Value::Object(h) = v else {
                     return Err(format!("invalid {table}: expected an object"));
                 };

@@ -98,6 +98,44 @@ fn status_rule(e: &str) -> Option<StatusRule> {
     Some(StatusRule::Code(code))
 }
 
+/// When a hedge goes out (`hedge.after`): a fixed delay, or a percentile of the pool's
+/// recent answer-head latency.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum HedgeAfter {
+    /// After this long without an answer head.
+    Fixed(std::time::Duration),
+    /// After the pool's `pNN` (this percentile, above 0 and below 100) of its last
+    /// answer heads.
+    Percentile(f64),
+}
+
+impl HedgeAfter {
+    /// Reads `hedge.after`: a duration (`50ms`) or `pNN` (`p95`, `p99.9`).
+    pub(crate) fn parse(text: &str) -> Result<HedgeAfter, String> {
+        let bad = || format!("'{text}' is neither a duration (50ms) nor a percentile (p95)");
+        if let Some(n) = text.strip_prefix('p') {
+            let digits = !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit() || b == b'.');
+            let q: f64 = n.parse().ok().filter(|_| digits).ok_or_else(bad)?;
+            return match q > 0.0 && q < 100.0 {
+                true => Ok(HedgeAfter::Percentile(q)),
+                false => Err(bad()),
+            };
+        }
+        super::values::parse_positive_duration(text)
+            .map(HedgeAfter::Fixed)
+            .map_err(|_| bad())
+    }
+}
+
+impl std::fmt::Display for HedgeAfter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HedgeAfter::Fixed(d) => write!(f, "{}", super::values::duration_text(*d)),
+            HedgeAfter::Percentile(q) => write!(f, "p{q}"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -127,6 +165,29 @@ mod tests {
             "600", "099", "5x", "6xx", "50", "5000", "", "retry", "+503", "5 3",
         ] {
             let e = RetryOn::parse(bad).unwrap_err();
+            assert!(e.contains(&format!("'{bad}'")), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn hedge_after_is_a_duration_or_a_percentile() {
+        use std::time::Duration;
+        assert_eq!(
+            HedgeAfter::parse("50ms").unwrap(),
+            HedgeAfter::Fixed(Duration::from_millis(50))
+        );
+        assert_eq!(
+            HedgeAfter::parse("p95").unwrap(),
+            HedgeAfter::Percentile(95.0)
+        );
+        assert_eq!(
+            HedgeAfter::parse("p99.9").unwrap(),
+            HedgeAfter::Percentile(99.9)
+        );
+        for bad in [
+            "p100", "p0", "p", "p-5", "pfast", "95", "0s", "soon", "p9 5", "pinf",
+        ] {
+            let e = HedgeAfter::parse(bad).unwrap_err();
             assert!(e.contains(&format!("'{bad}'")), "{bad}: {e}");
         }
     }

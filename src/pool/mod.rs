@@ -10,6 +10,7 @@ mod budget;
 mod discovered;
 mod eligible;
 mod events;
+mod hedge;
 pub(crate) mod maintenance;
 mod membership;
 
@@ -37,6 +38,7 @@ use crate::{config::BackendSpec, strategy::PickCtx};
 pub(crate) use acquire::{takes_sessions, Ask, NoPick, Turn};
 pub(crate) use budget::{Retried, RetryBudget, RetryReason};
 pub(crate) use discovered::DiscoveryStatus;
+pub(crate) use hedge::Hedging;
 
 /// How often a running slow-start ramp republishes the routing table.
 pub(crate) const RAMP_REPUBLISH: std::time::Duration = std::time::Duration::from_millis(250);
@@ -185,6 +187,8 @@ pub(crate) struct Pool {
     pub(crate) budget: RetryBudget,
     /// Retries it sent, by reason.
     pub(crate) retried: Retried,
+    /// Its hedging, when `hedge.after` is set.
+    pub(crate) hedging: Option<Box<Hedging>>,
     /// Requests balanced in panic mode.
     pub(crate) panic_requests: AtomicU64,
     /// Requests waiting for a backend under its `max_conns`.
@@ -329,6 +333,7 @@ impl Pool {
             settings: st.clone(),
             budget: RetryBudget::new(),
             retried: Retried::new(st.retry_on.statuses.len()),
+            hedging: (st.hedge_after).map(|after| Box::new(Hedging::new(after, st.hedge_max))),
             panic_requests: AtomicU64::new(0),
             queue: Arc::clone(&link.queue),
             link,

@@ -6,6 +6,7 @@ mod body;
 mod chain;
 pub(crate) mod explain;
 pub(crate) mod headers;
+mod hedge;
 pub(crate) mod hop;
 pub(crate) mod message;
 mod outgoing;
@@ -39,10 +40,11 @@ use answer::Answer;
 pub(crate) use answer::{fit_head, stated_length, Hold, ProxyResponse, RespBody, ShedPermit};
 pub(crate) use body::{BodyError, ClientBody};
 use chain::{Chain, Ran};
+use hedge::Outcome;
 pub(crate) use message::{
     advertise_h3, Added, Peer, RequestFields, RequestHead, ResponseFields, ResponseHead,
 };
-use outgoing::{build_upstream, forwarded_fields, write_inline_head, Outgoing};
+use outgoing::{build_upstream, write_inline_head, Outgoing};
 pub(crate) use plain_first::PlainFirst;
 pub(crate) use record::{Finish, Pending, Recorder};
 use request_id::RequestId;
@@ -562,10 +564,17 @@ impl Proxy {
             deadline = None;
             let id = guard.backend().id;
             let t = tries.next(req, fin, id);
-            match self.attempt(req, guard, fin, &mut permit, t).await {
+            let tried = match hedge::delay(req, &t) {
+                None => self.attempt(req, guard, fin, &mut permit, t).await,
+                Some(delay) => {
+                    let race = (guard, &mut tries, t, delay);
+                    hedge::race(self, req, race, (fin, &mut permit)).await
+                }
+            };
+            match tried {
                 Ok(r) => return self.on_answer(req, chain, r),
                 Err(miss) => {
-                    if !tries.again_after(miss, (id, t), &req.pool) {
+                    if !tries.again_after(miss, id, &req.pool) {
                         break;
                     }
                 }
@@ -780,8 +789,7 @@ impl Proxy {
 
     /// One attempt at the backend `guard` holds a slot of: faults injected with
     /// `degrade`, the exchange, and on an answer the response for the client; on a
-    /// failure another backend may be tried. `last`: no attempt follows (the request's
-    /// fields can be moved rather than copied).
+    /// failure another backend may be tried.
     async fn attempt(
         &self,
         req: &mut Outgoing<'_>,
@@ -791,30 +799,14 @@ impl Proxy {
         t: retry::Try,
     ) -> Result<ProxyResponse, retry::Miss> {
         let backend = Arc::clone(guard.backend());
-        let injected_delay = match self.inject_faults(&backend).await {
-            Ok(delay) => delay,
-            Err(()) => {
-                guard.fail();
-                guard.outcome(false);
-                drop(guard);
-                let r = ProxyResponse::own(StatusCode::SERVICE_UNAVAILABLE, "injected failure\n");
-                return Ok(self.own(fin, Some(&backend), r));
-            }
+        let Ok(injected_delay) = upstream::inject_faults(&backend).await else {
+            return Ok(self.injected(guard, fin));
         };
         let (result, upload) = self.exchange(req, &backend, t).await;
         match result {
             Ok((answer, sent_at)) => {
-                // One clock read for the sample and its time stamp.
-                let now = Stamp::now();
-                let upstream_time = now.since(sent_at) + injected_delay;
-                crate::strategy::record_latency_at(&backend, upstream_time, now.ns());
-                fin.upstream = Some(upstream_time);
-                if t.on_status {
-                    if let Some(i) = retry::on_status(&req.pool, answer.status()) {
-                        return Err(retry::drop_for_retry(answer, guard, i));
-                    }
-                }
-                Ok(self.respond(req, answer, guard, fin, permit.take(), upload))
+                let head = (answer, sent_at, injected_delay);
+                self.on_head(req, guard, (fin, permit), t, (head, upload))
             }
             Err(failure) => {
                 // A timeout while the upload waits on the client is the client's: the
@@ -827,30 +819,52 @@ impl Proxy {
                     Failure::Timeout if stalled => Failure::ClientStalled,
                     f => f,
                 };
-                tracing::debug!(backend = %backend.name, ?failure, "attempt failed");
-                if !failure.spares_backend() {
-                    guard.fail();
-                    guard.outcome(false);
-                }
-                Err(retry::Miss::Failed(failure))
+                Err(retry::failed(&mut guard, failure))
             }
         }
     }
 
-    /// Faults injected with `degrade`: the proxy itself waits first (returns how long),
-    /// or answers 503 as if the backend had (`Err`); both count like the real thing.
-    async fn inject_faults(&self, backend: &Backend) -> Result<Duration, ()> {
-        let Some(faults) = backend.faults() else {
-            return Ok(Duration::ZERO);
-        };
-        if !faults.latency.is_zero() {
-            // Boxed: rare, and it would otherwise enlarge every request's future.
-            Box::pin(tokio::time::sleep(faults.latency)).await;
+    /// A failure `degrade` injected at the backend `guard` holds: `503`, counted like
+    /// the real thing.
+    #[cold]
+    fn injected(&self, mut guard: RequestGuard, fin: &mut Pending) -> ProxyResponse {
+        guard.fail();
+        guard.outcome(false);
+        let backend = Arc::clone(guard.backend());
+        drop(guard);
+        let r = ProxyResponse::own(StatusCode::SERVICE_UNAVAILABLE, "injected failure\n");
+        self.own(fin, Some(&backend), r)
+    }
+
+    /// An answer head from the backend `guard` holds, sent at `sent_at` after `degrade`'s
+    /// delay: its latency noted, then the response for the client, unless `retry_on`
+    /// lists its status.
+    #[inline(always)]
+    fn on_head(
+        &self,
+        req: &mut Outgoing<'_>,
+        guard: RequestGuard,
+        (fin, permit): (&mut Pending, &mut Option<ShedPermit>),
+        t: retry::Try,
+        ((answer, sent_at, injected_delay), upload): (
+            (Answer, Stamp, Duration),
+            Option<Arc<body::Upload>>,
+        ),
+    ) -> Result<ProxyResponse, retry::Miss> {
+        // One clock read for the sample and its time stamp.
+        let now = Stamp::now();
+        let upstream_time = now.since(sent_at) + injected_delay;
+        crate::strategy::record_latency_at(guard.backend(), upstream_time, now.ns());
+        if let Some(h) = &req.pool.hedging {
+            h.sample(upstream_time);
         }
-        if faults.error_rate > 0.0 && fastrand::f64() < faults.error_rate {
-            return Err(());
+        fin.upstream = Some(upstream_time);
+        if t.on_status {
+            if let Some(i) = retry::on_status(&req.pool, answer.status()) {
+                return Err(retry::drop_for_retry(answer, guard, i));
+            }
         }
-        Ok(faults.latency)
+        Ok(self.respond(req, answer, guard, fin, permit.take(), upload))
     }
 
     /// Sends the request to `backend` and waits for the answer's head: inline for a
@@ -863,15 +877,7 @@ impl Proxy {
         t: retry::Try,
     ) -> (Result<(Answer, Stamp), Failure>, Option<Arc<body::Upload>>) {
         let (timeout, keep) = (t.bound, t.keep);
-        if req.inline && !backend.transport.is_plain_http1() {
-            // The inline exchange speaks plain HTTP/1.1 only: this request goes through
-            // hyper, with its fields as a map.
-            req.inline = false;
-            if let RequestFields::Spans(f) = &req.head.fields {
-                let map = forwarded_fields(f, req);
-                req.head.fields = RequestFields::Map(map);
-            }
-        }
+        outgoing::fit_to(req, backend);
         if req.inline {
             let mut out = Vec::with_capacity(256 + req.target.as_str().len());
             write_inline_head(&mut out, req, backend.authority.as_str());
@@ -977,6 +983,43 @@ impl Proxy {
         }
         fin.finish(backend);
         r
+    }
+}
+
+impl hedge::Racer for Proxy {
+    fn upstreams(&self) -> &'static Upstreams {
+        self.upstreams
+    }
+
+    fn pick_hedge(
+        &self,
+        req: &mut Outgoing<'_>,
+        tries: &mut retry::Tries,
+        fin: &mut Pending,
+    ) -> Option<RequestGuard> {
+        if !req.pool.budget.withdraw() {
+            return None;
+        }
+        let guard = self.pick(req, &mut tries.tried, false).ok()?;
+        tries.hedge(fin, guard.backend().id);
+        Some(guard)
+    }
+
+    fn settle(
+        &self,
+        req: &mut Outgoing<'_>,
+        (mut guard, outcome): (RequestGuard, Outcome),
+        held: (&mut Pending, &mut Option<ShedPermit>),
+        t: retry::Try,
+    ) -> Result<ProxyResponse, retry::Miss> {
+        held.0.backend_id = Some(guard.backend().id);
+        match outcome {
+            Outcome::Injected => Ok(self.injected(guard, held.0)),
+            Outcome::Sent(Ok((answer, sent_at)), delay) => {
+                self.on_head(req, guard, held, t, ((answer, sent_at, delay), None))
+            }
+            Outcome::Sent(Err(failure), _) => Err(retry::failed(&mut guard, failure)),
+        }
     }
 }
 

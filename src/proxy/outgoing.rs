@@ -182,6 +182,24 @@ pub(super) fn write_inline_head(out: &mut Vec<u8>, req: &Outgoing<'_>, authority
     }
 }
 
+/// The inline exchange speaks plain HTTP/1.1 only: a request for another backend goes
+/// through hyper, with its fields as a map.
+#[inline]
+pub(super) fn fit_to(req: &mut Outgoing<'_>, backend: &Backend) {
+    if req.inline && !backend.transport.is_plain_http1() {
+        leave_inline(req);
+    }
+}
+
+/// The request goes through hyper's client: its fields as a map.
+pub(super) fn leave_inline(req: &mut Outgoing<'_>) {
+    req.inline = false;
+    if let RequestFields::Spans(f) = &req.head.fields {
+        let map = forwarded_fields(f, req);
+        req.head.fields = RequestFields::Map(map);
+    }
+}
+
 /// The request for one attempt through hyper's client. Only a request without a body
 /// can have several attempts, so the body (when there is one) goes with the first and
 /// only attempt; the last attempt takes the fields, earlier ones copy them.

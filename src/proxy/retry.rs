@@ -197,9 +197,9 @@ impl Tries {
         }
     }
 
-    /// Whether the request goes to another backend after the try `t` at the backend
-    /// `id` missed; the miss is what the tries leave if not.
-    pub(super) fn again_after(&mut self, miss: Miss, (id, t): (u64, Try), pool: &Pool) -> bool {
+    /// Whether the request goes to another backend after the try at the backend `id`
+    /// missed; the miss is what the tries leave if not.
+    pub(super) fn again_after(&mut self, miss: Miss, id: u64, pool: &Pool) -> bool {
         let (retry, why) = match miss {
             // The budget paid for it already.
             Miss::Status(i, status) => {
@@ -209,7 +209,8 @@ impl Tries {
             Miss::Failed(f) => {
                 self.last = Last::Failure(f);
                 let left = self.until.is_none_or(|u| tokio::time::Instant::now() < u);
-                let retry = !t.final_try && left && retries_after(f, self.again.resendable, pool);
+                let more = self.attempt + 1 < self.most;
+                let retry = more && left && retries_after(f, self.again.resendable, pool);
                 (retry, reason_of(f))
             }
         };
@@ -219,6 +220,20 @@ impl Tries {
             self.attempt += 1;
         }
         retry
+    }
+}
+
+impl Tries {
+    /// Tries that may still follow the one under way (hedges among them).
+    pub(super) fn spare(&self) -> usize {
+        self.most.saturating_sub(self.attempt + 1)
+    }
+
+    /// A hedge goes out to the backend `id`: a try, noted in the request's record.
+    pub(super) fn hedge(&mut self, fin: &mut Pending, id: u64) {
+        self.attempt += 1;
+        self.tried.push(id);
+        fin.retries = u16::try_from(self.attempt).unwrap_or(u16::MAX);
     }
 }
 
@@ -270,6 +285,18 @@ pub(super) enum Last {
     Failure(Failure),
     /// Its answer was dropped for a retry that found no backend.
     Status(StatusCode),
+}
+
+/// A try at the backend `guard` holds failed before any answer: the backend charged
+/// unless the failure spares it.
+#[inline]
+pub(super) fn failed(guard: &mut RequestGuard, failure: Failure) -> Miss {
+    tracing::debug!(backend = %guard.backend().name, ?failure, "attempt failed");
+    if !failure.spares_backend() {
+        guard.fail();
+        guard.outcome(false);
+    }
+    Miss::Failed(failure)
 }
 
 /// An answer `retry_on` lists, dropped for another try: counted for its backend as

@@ -690,6 +690,22 @@ fn refused(b: &Backend, why: BadAnswer) {
     tracing::warn!(backend = %b.name, pool = %b.pool, reason = why.label(), "{}; answered 502", why.text());
 }
 
+/// Faults injected with `degrade`: the proxy itself waits first (returns how long), or
+/// answers 503 as if the backend had (`Err`); both count like the real thing.
+pub(super) async fn inject_faults(backend: &Backend) -> Result<Duration, ()> {
+    let Some(faults) = backend.faults() else {
+        return Ok(Duration::ZERO);
+    };
+    if !faults.latency.is_zero() {
+        // Boxed: rare, and it would otherwise enlarge every request's future.
+        Box::pin(tokio::time::sleep(faults.latency)).await;
+    }
+    if faults.error_rate > 0.0 && fastrand::f64() < faults.error_rate {
+        return Err(());
+    }
+    Ok(faults.latency)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

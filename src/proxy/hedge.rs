@@ -1,0 +1,211 @@
+//! Hedged requests (`docs/traffic.md`, "Hedged requests"): when no answer head has come
+//! after the pool's `hedge.after`, the same request goes to another backend too (at
+//! most `hedge.max` more, each within `retries` and the retry budget); the first answer
+//! head wins and the others are dropped at once — their connections closed, their
+//! backends' in-flight slots released, their elapsed time a latency sample (a lower
+//! bound, so a slow backend's estimate still rises) and neither an error nor a success.
+//!
+//! Only an idempotent request without a body is hedged: its head can be sent to several
+//! backends at the same time. Each try goes through hyper's client (`docs/performance.md`,
+//! "Hedged requests").
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::stream::{FuturesUnordered, StreamExt};
+
+use super::answer::ShedPermit;
+use super::answer::{Answer, ProxyResponse};
+use super::outgoing::{self, build_upstream, is_idempotent, Outgoing};
+use super::record::Pending;
+use super::retry::{Miss, Tries, Try};
+use super::upstream::{inject_faults, Failure, Upstreams};
+use crate::clock::Stamp;
+use crate::pool::{Backend, Hedging, RequestGuard};
+
+/// A hedged try's future, boxed: only a request on a pool that hedges pays for it.
+pub(super) type Hedged<'a> = Pin<Box<dyn Future<Output = Result<ProxyResponse, Miss>> + Send + 'a>>;
+
+/// How long the try `t` of `req` waits for an answer head before a hedge goes out;
+/// `None`: it is not hedged (its pool does not hedge, no other try may follow it, it
+/// is not idempotent or has a body or an upgrade, or the pool's percentile is not
+/// known yet).
+#[inline]
+pub(super) fn delay(req: &Outgoing<'_>, t: &Try) -> Option<Duration> {
+    let hedging = req.pool.hedging.as_deref()?;
+    let hedged = !t.final_try
+        && req.body.is_none()
+        && req.client_upgrade.is_none()
+        && is_idempotent(&req.head.method);
+    hedged.then(|| hedging.delay()).flatten()
+}
+
+/// What a race needs of the proxy.
+pub(super) trait Racer: Sync {
+    /// The worker's connections to the backends.
+    fn upstreams(&self) -> &'static Upstreams;
+
+    /// A backend for a hedge, not yet tried, paid for by the retry budget; counted as a
+    /// try.
+    fn pick_hedge(
+        &self,
+        req: &mut Outgoing<'_>,
+        tries: &mut Tries,
+        fin: &mut Pending,
+    ) -> Option<RequestGuard>;
+
+    /// A try that ended: the client's answer, or why it gave none (its backend charged
+    /// as a plain attempt's would be).
+    fn settle(
+        &self,
+        req: &mut Outgoing<'_>,
+        end: (RequestGuard, Outcome),
+        held: (&mut Pending, &mut Option<ShedPermit>),
+        t: Try,
+    ) -> Result<ProxyResponse, Miss>;
+}
+
+/// How a try ended. Not boxed: every plain attempt makes one, on its stack.
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Outcome {
+    /// `degrade` made it fail before it was sent.
+    Injected,
+    /// Its answer head, or why none came; with the delay `degrade` added.
+    Sent(Result<(Answer, Stamp), Failure>, Duration),
+}
+
+/// A racing try that ended: which one (0 the first), its backend slot, how.
+struct Ended {
+    index: usize,
+    guard: RequestGuard,
+    outcome: Outcome,
+}
+
+/// A try still racing: which one, its backend, when it went out.
+struct Racing {
+    index: usize,
+    backend: Arc<Backend>,
+    since: Stamp,
+}
+
+/// The try `t` at the backend `guard` holds, hedged: `delay` without an answer head
+/// sends it to another backend too, and so on up to `hedge.max`; the first answer is the
+/// client's, the others are dropped.
+pub(super) fn race<'a, R: Racer>(
+    r: &'a R,
+    req: &'a mut Outgoing<'_>,
+    (guard, tries, t, delay): (RequestGuard, &'a mut Tries, Try, Duration),
+    (fin, permit): (&'a mut Pending, &'a mut Option<ShedPermit>),
+) -> Hedged<'a> {
+    Box::pin(async move {
+        let pool = Arc::clone(&req.pool);
+        let Some(hedging) = pool.hedging.as_deref() else {
+            return Err(Miss::Failed(Failure::Connect));
+        };
+        let mut spare = (hedging.max as usize).min(tries.spare());
+        tries.tried.push(guard.backend().id);
+        let mut racing = vec![Racing::of(0, &guard)];
+        let (mut ends, mut launched) = (FuturesUnordered::new(), 1);
+        ends.push(launch(r.upstreams(), req, guard, 0, t.bound));
+        let timer = tokio::time::sleep(delay);
+        tokio::pin!(timer);
+        let mut last = None;
+        loop {
+            tokio::select! {
+                Some(end) = ends.next() => {
+                    racing.retain(|x| x.index != end.index);
+                    let index = end.index;
+                    match r.settle(req, (end.guard, end.outcome), (fin, permit), t) {
+                        Ok(answer) => {
+                            cancel(&racing);
+                            count(hedging, launched, Some(index));
+                            return Ok(answer);
+                        }
+                        Err(miss) if ends.is_empty() => {
+                            count(hedging, launched, None);
+                            return Err(miss);
+                        }
+                        Err(miss) => last = Some(miss),
+                    }
+                }
+                () = &mut timer, if spare > 0 => {
+                    spare -= 1;
+                    let Some(g) = r.pick_hedge(req, tries, fin) else {
+                        spare = 0;
+                        continue;
+                    };
+                    racing.push(Racing::of(launched, &g));
+                    ends.push(launch(r.upstreams(), req, g, launched, t.bound));
+                    launched += 1;
+                    timer.as_mut().reset(tokio::time::Instant::now() + delay);
+                }
+                else => return Err(last.unwrap_or(Miss::Failed(Failure::Connect))),
+            }
+        }
+    })
+}
+
+impl Racing {
+    fn of(index: usize, guard: &RequestGuard) -> Racing {
+        Racing {
+            index,
+            backend: Arc::clone(guard.backend()),
+            since: Stamp::now(),
+        }
+    }
+}
+
+/// Sends the request to the backend `guard` holds, the fields copied (others may be sent
+/// the same): a future that borrows nothing of the request, so that several race.
+fn launch(
+    up: &'static Upstreams,
+    req: &mut Outgoing<'_>,
+    guard: RequestGuard,
+    index: usize,
+    bound: Duration,
+) -> impl Future<Output = Ended> + Send + 'static {
+    let backend = Arc::clone(guard.backend());
+    // Through hyper's client whatever the backend: the inline exchange's future stays
+    // in one place on the plain path, where it is laid out with the request's.
+    outgoing::leave_inline(req);
+    let sent = Box::new(build_upstream(req, &backend, true));
+    let origin = Some((req.peer.addr, req.peer.local));
+    async move {
+        let Ok(delay) = inject_faults(&backend).await else {
+            let outcome = Outcome::Injected;
+            return Ended {
+                index,
+                guard,
+                outcome,
+            };
+        };
+        let result = (up.send(&backend, *sent, bound, origin).await)
+            .map(|(r, c, at)| (Answer::Hyper(r, c), at))
+            .map_err(|e| e.failure);
+        let outcome = Outcome::Sent(result, delay);
+        Ended {
+            index,
+            guard,
+            outcome,
+        }
+    }
+}
+
+/// The tries still racing when another won: their elapsed time a latency sample for
+/// their backends. They are dropped with the race (their slots released at once).
+fn cancel(racing: &[Racing]) {
+    let now = Stamp::now();
+    for r in racing {
+        crate::strategy::record_latency_at(&r.backend, now.since(r.since), now.ns());
+    }
+}
+
+/// Counts the race's hedges (`launched` tries in all, the first among them): each won
+/// when it is the `winner`, lost otherwise.
+fn count(hedging: &Hedging, launched: usize, winner: Option<usize>) {
+    for index in 1..launched {
+        hedging.count(winner == Some(index));
+    }
+}
