@@ -395,7 +395,7 @@ _fulcrum() {
             return 0
             ;;
         fulcrum__subcmd__serve)
-            opts="-h --config --upgrade --listen --tls-listen --accept-proxy-protocol --tls-cert --tls-key --redirect-https --http3 --admin --backend --discover --strategy --hash-key --deny-clients --allow-clients --trusted-proxies --hash-balance-factor --health-path --health-interval --health-timeout --healthy-threshold --unhealthy-threshold --outlier-consecutive-failures --outlier-base-ejection --outlier-max-ejection --outlier-max-ejected-percent --outlier-success-rate --queue-timeout --max-queue --max-backends --max-conns --max-conns-auto --sticky-cookie --sticky-max-age --panic-threshold --connect-timeout --protocol --send-proxy-protocol --tls-ca-file --tls-client-cert --tls-client-key --tls-verify --upstream-timeout --retries --retry-on --retry-non-idempotent --retry-body-limit --try-timeout --max-inflight --compress-max-in-flight --max-connections-per-client --max-connections --send-timeout --max-request-body --upgrade-protocols --slow-start --ewma-alpha --admin-token-file --store --resolvers --upgrade-socket --workers --log-format --access-log --trace-context --access-log-format --help"
+            opts="-h --config --upgrade --listen --tls-listen --accept-proxy-protocol --tls-cert --tls-key --redirect-https --http3 --admin --backend --discover --strategy --hash-key --deny-clients --allow-clients --trusted-proxies --hash-balance-factor --health-path --health-interval --health-timeout --healthy-threshold --unhealthy-threshold --outlier-consecutive-failures --outlier-base-ejection --outlier-max-ejection --outlier-max-ejected-percent --outlier-success-rate --queue-timeout --max-queue --max-backends --max-conns --max-conns-auto --sticky-cookie --sticky-max-age --panic-threshold --connect-timeout --protocol --send-proxy-protocol --tls-ca-file --tls-client-cert --tls-client-key --tls-verify --upstream-timeout --retries --retry-on --retry-non-idempotent --retry-body-limit --try-timeout --hedge-after --hedge-max --max-inflight --compress-max-in-flight --max-connections-per-client --max-connections --send-timeout --max-request-body --upgrade-protocols --slow-start --ewma-alpha --admin-token-file --store --resolvers --upgrade-socket --workers --log-format --access-log --trace-context --access-log-format --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -590,6 +590,14 @@ _fulcrum() {
                     return 0
                     ;;
                 --try-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --hedge-after)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --hedge-max)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

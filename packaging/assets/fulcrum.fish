@@ -98,6 +98,8 @@ complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l retry-non-idem
 off\t''"
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l retry-body-limit -d 'Largest request body (of stated length) kept so that a retry_on status can send it again; a larger one is not retried on status [default: 64k]' -r
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l try-timeout -d 'Each try\'s bound on its answer head, retried as timeout; upstream_timeout bounds them all [default: none]' -r
+complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l hedge-after -d 'Send an idempotent request without a body to another backend too when no answer head came after DUR, or after the pool\'s pNN latency (p95); the first answer wins [default: off]' -r
+complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l hedge-max -d 'Most hedges one request sends, each after hedge.after more; within retries and the retry budget [default: 1]' -r
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l max-inflight -d 'Above N requests in flight answer 503 at once; 0 = off [default: 0]' -r
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l compress-max-in-flight -d 'Most answers compressed at once; beyond it answers go out uncompressed [default: 1024]' -r
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand serve" -l max-connections-per-client -d 'Connections one client IP may hold open, all listeners together; a new one over it is closed at once (0 = no limit) [default: 0]' -r
