@@ -243,12 +243,13 @@ fn fulcrum_flags(plan: &Plan, row: Variant, backends: &[Started]) -> RawFlags {
         Tweak::SuccessRate => {
             flags = flags.with("outlier_success_rate", scenario::SUCCESS_RATE.to_string())
         }
+        Tweak::Hedge => flags = flags.with("hedge_after", scenario::HEDGE_AFTER.to_string()),
         Tweak::NoLimit | Tweak::None => {}
     }
     // A row that sets the limit its own way leaves out the scenario's fixed one.
     let fixed = matches!(
         row.tweak,
-        Tweak::None | Tweak::Bounded(_) | Tweak::SuccessRate
+        Tweak::None | Tweak::Bounded(_) | Tweak::SuccessRate | Tweak::Hedge
     );
     flags.backend = backends
         .iter()

@@ -104,15 +104,18 @@ pub(crate) enum Tweak {
     NoLimit,
     /// Success-rate ejection on (`+success_rate`).
     SuccessRate,
+    /// Hedged requests on (`+hedge`): a second try after [`scenario::HEDGE_AFTER`].
+    Hedge,
 }
 
 impl Tweak {
     /// The suffixes of the rows' names, and what they mean.
-    const SUFFIXES: [(&'static str, Tweak); 4] = [
+    const SUFFIXES: [(&'static str, Tweak); 5] = [
         ("bounded", Tweak::Bounded(scenario::HOT_KEY_FACTOR)),
         ("auto", Tweak::AutoLimit),
         ("unlimited", Tweak::NoLimit),
         ("success_rate", Tweak::SuccessRate),
+        ("hedge", Tweak::Hedge),
     ];
 
     fn suffix(self) -> Option<&'static str> {
@@ -136,8 +139,8 @@ impl Variant {
         Variant { kind, tweak }
     }
 
-    /// Its name in the results: the strategy's, with `+bounded`, `+auto`, `+unlimited`
-    /// or `+success_rate` after it for a row that changes the scenario.
+    /// Its name in the results: the strategy's, with `+bounded`, `+auto`, `+unlimited`,
+    /// `+success_rate` or `+hedge` after it for a row that changes the scenario.
     pub(crate) fn label(&self) -> String {
         match self.tweak.suffix() {
             Some(s) => format!("{}+{s}", self.kind.name()),
@@ -164,7 +167,7 @@ impl Variant {
                 .map(|(_, t)| *t)
                 .ok_or_else(|| {
                     format!(
-                        "unknown row '{text}' (after '+': bounded, auto, unlimited, success_rate)"
+                        "unknown row '{text}' (after '+': bounded, auto, unlimited, success_rate, hedge)"
                     )
                 })?,
         };

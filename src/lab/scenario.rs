@@ -42,6 +42,10 @@ pub(crate) const SCENARIOS: [(Scenario, &str); 7] = [
 /// the mean: 1.73 for four).
 pub(crate) const SUCCESS_RATE: &str = "interval=500ms,min_hosts=3,min_requests=10,stdev_factor=1.5";
 
+/// The `+hedge` rows' `hedge.after`: about twice a fast backend's answer in
+/// `slow-backend`, a fifth of the slow one's.
+pub(crate) const HEDGE_AFTER: &str = "25ms";
+
 /// A demo backend as a scenario starts it.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct BackendPlan {
@@ -171,6 +175,8 @@ impl Scenario {
                 .into_iter()
                 .flat_map(|k| [Variant::plain(k), Variant::with(k, Tweak::SuccessRate)])
                 .collect(),
+            // Every strategy, then round robin with hedged requests.
+            Scenario::SlowBackend => every().chain([Variant::with(rr, Tweak::Hedge)]).collect(),
             _ => every().collect(),
         }
     }
@@ -281,7 +287,7 @@ mod tests {
             assert!(!s.default_strategies().is_empty(), "{name}");
         }
         assert_eq!(Scenario::parse("nope"), None);
-        assert_eq!(Scenario::SlowBackend.default_strategies().len(), 11);
+        assert_eq!(Scenario::SlowBackend.default_strategies().len(), 12);
         assert_eq!(Scenario::HotKey.default_strategies().len(), 6);
         assert_eq!(Scenario::Overload.default_strategies().len(), 13);
         assert_eq!(Scenario::Brownout.default_strategies().len(), 6);
