@@ -117,8 +117,16 @@ fn a_slow_backend_costs_round_robin_its_tail_and_not_the_latency_aware() {
     // Hedged requests leave the slow backend's answers to another backend after 25 ms:
     // round robin's tail, cut (a full run: p99 41 ms against 123).
     let hedged = "round_robin+hedge";
-    assert!(p90(hedged) * 2.0 <= p90("round_robin"), "{}", row(&r, hedged));
-    assert!(p99(&r, hedged) * 2.0 <= p99(&r, "round_robin"), "{}", row(&r, hedged));
+    assert!(
+        p90(hedged) * 2.0 <= p90("round_robin"),
+        "{}",
+        row(&r, hedged)
+    );
+    assert!(
+        p99(&r, hedged) * 2.0 <= p99(&r, "round_robin"),
+        "{}",
+        row(&r, hedged)
+    );
     // The same seed, the same requests for every strategy.
     let n = row(&r, "round_robin")["requests"].clone();
     assert!(r["results"]

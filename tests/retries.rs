@@ -229,6 +229,51 @@ async fn a_hedge_answers_well_before_a_slow_backend_and_its_loser_is_released() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hedge_that_fails_leaves_the_race_to_the_slow_try_and_h2_clients_are_hedged_too() {
+    // Nothing listens on the second backend: a hedge sent there fails at once, and the
+    // slow try still answers; a request that meets it first is retried as usual.
+    let slow = slow_backend(Duration::from_millis(700));
+    let gone = format!("http://127.0.0.1:{}", free_port());
+    let f = start(
+        "hedge-fail",
+        &hedging_pool(&slow, &gone, "{ after = \"50ms\" }"),
+    );
+    let c = client();
+    for _ in 0..2 {
+        tokio::time::sleep(PACE).await;
+        let r = get(&c, &f.url("/x")).await;
+        assert_eq!((r.status.as_u16(), r.text()), (200, "slow".to_string()));
+    }
+    assert_eq!(active_conns(&c, &f).await["slow"], 0);
+    // HTTP/2 from the client (prior knowledge): the race goes through hyper's client.
+    let fast = TestBackend::start("fast");
+    let slow = slow_backend(Duration::from_millis(700));
+    let g = start(
+        "hedge-h2",
+        &hedging_pool(&slow, &fast.url(), "{ after = \"50ms\" }"),
+    );
+    for _ in 0..2 {
+        tokio::time::sleep(PACE).await;
+        let out = std::process::Command::new("curl")
+            .args([
+                "-s",
+                "--http2-prior-knowledge",
+                "-w",
+                " %{http_version} %{time_total}",
+            ])
+            .arg(g.url("/x"))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let parts: Vec<&str> = text.split_whitespace().collect();
+        assert_eq!(parts[parts.len() - 2], "2", "{text}");
+        let took: f64 = parts[parts.len() - 1].parse().unwrap();
+        assert!(took < 0.4, "{text}");
+        assert!(!text.starts_with("slow"), "{text}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_percentile_hedges_nothing_before_100_answers() {
     let fast = TestBackend::start("fast");
     let slow = slow_backend(Duration::from_millis(700));
