@@ -274,6 +274,35 @@ async fn a_hedge_that_fails_leaves_the_race_to_the_slow_try_and_h2_clients_are_h
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hedge_answering_a_listed_status_is_dropped_only_while_a_try_may_follow() {
+    let bad = TestBackend::start("bad");
+    bad.set_failing(true);
+    // retries = 2: the hedge's 500 is dropped and the slow try's answer wins.
+    let slow = slow_backend(Duration::from_millis(700));
+    let rules = "{ after = \"50ms\" }\nretry_on = [\"5xx\"]\nretries = 2";
+    let f = start("hedge-500", &hedging_pool(&slow, &bad.url(), rules));
+    let c = client();
+    for _ in 0..2 {
+        tokio::time::sleep(PACE).await;
+        let r = get(&c, &f.url("/x")).await;
+        assert_eq!((r.status.as_u16(), r.text()), (200, "slow".to_string()));
+    }
+    // retries = 1: the hedge is the last try, and its own answer is the client's.
+    let slow = slow_backend(Duration::from_millis(700));
+    let rules = "{ after = \"50ms\" }\nretry_on = [\"5xx\"]\nretries = 1";
+    let g = start("hedge-500-last", &hedging_pool(&slow, &bad.url(), rules));
+    // Round robin meets the slow backend first each time (the hedge's pick moves the
+    // rotation on): the hedge's 500, the backend's own body, long before the slow one.
+    for _ in 0..2 {
+        tokio::time::sleep(PACE).await;
+        let t = Instant::now();
+        let r = get(&c, &g.url("/x")).await;
+        assert_eq!((r.status.as_u16(), r.text()), (500, "bad".to_string()));
+        assert!(t.elapsed() < Duration::from_millis(400), "{:?}", t.elapsed());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_percentile_hedges_nothing_before_100_answers() {
     let fast = TestBackend::start("fast");
     let slow = slow_backend(Duration::from_millis(700));

@@ -28,9 +28,10 @@ pub(crate) struct Hedging {
     window: Box<[AtomicU32]>,
     /// Samples written so far (the next one goes at this modulo the window).
     written: AtomicU64,
-    /// The percentile last found, in microseconds, and the count it was found at.
+    /// The percentile last found: the low 32 bits of the count it was found at, then
+    /// its value in microseconds; one word, so that no worker reads one without the
+    /// other. 0: none found yet.
     found: AtomicU64,
-    found_at: AtomicU64,
     /// Hedges whose answer was used, and the others.
     won: AtomicU64,
     lost: AtomicU64,
@@ -49,7 +50,6 @@ impl Hedging {
             window: (0..len).map(|_| AtomicU32::new(0)).collect(),
             written: AtomicU64::new(0),
             found: AtomicU64::new(0),
-            found_at: AtomicU64::new(0),
             won: AtomicU64::new(0),
             lost: AtomicU64::new(0),
         }
@@ -77,27 +77,38 @@ impl Hedging {
         if written < MIN_SAMPLES {
             return None;
         }
-        let at = self.found_at.load(Ordering::Relaxed);
-        if at == 0 || written >= at + REFRESH {
-            // Two requests may find it at once; both store the same figure.
-            let us = self.percentile(q, written);
-            self.found.store(us, Ordering::Relaxed);
-            self.found_at.store(written, Ordering::Relaxed);
+        let found = self.found.load(Ordering::Relaxed);
+        let (at, us) = (found >> 32, found & u64::from(u32::MAX));
+        let stale = u64::from((written as u32).wrapping_sub(at as u32)) >= REFRESH;
+        if found != 0 && !stale {
             return Some(Duration::from_micros(us));
         }
-        Some(Duration::from_micros(self.found.load(Ordering::Relaxed)))
+        // Two requests may find it at once; both store about the same figure.
+        let us = self.percentile(q, written)?;
+        self.found.store(
+            (written & u64::from(u32::MAX)) << 32 | us,
+            Ordering::Relaxed,
+        );
+        Some(Duration::from_micros(us))
     }
 
-    /// The `q`th percentile of the samples in the window, `written` of them so far.
-    fn percentile(&self, q: f64, written: u64) -> u64 {
+    /// The `q`th percentile of the samples in the window, `written` of them so far
+    /// (a slot counted but not written yet, still 0, left out).
+    fn percentile(&self, q: f64, written: u64) -> Option<u64> {
         let len = written.min(WINDOW as u64) as usize;
         let mut v: Vec<u32> = (self.window[..len].iter())
             .map(|s| s.load(Ordering::Relaxed))
+            .filter(|&us| us != 0)
             .collect();
-        let rank = ((q / 100.0) * len as f64).ceil() as usize;
-        let i = rank.clamp(1, len) - 1;
+        if v.is_empty() {
+            return None;
+        }
+        // The nearest rank; the small subtraction keeps `99.9 × 1000 / 100` at 999
+        // where floating point makes it 999.0000000000001.
+        let rank = ((q * v.len() as f64) / 100.0 - 1e-9).ceil() as usize;
+        let i = rank.clamp(1, v.len()) - 1;
         let (_, nth, _) = v.select_nth_unstable(i);
-        u64::from(*nth)
+        Some(u64::from((*nth).max(1)))
     }
 
     /// Counts a hedge sent: `won` when its answer was the one used.
@@ -139,5 +150,14 @@ mod tests {
             h.sample(Duration::from_millis(700));
         }
         assert_eq!(h.delay(), Some(Duration::from_millis(700)));
+    }
+
+    #[test]
+    fn p99_9_of_a_thousand_is_the_999th() {
+        let h = Hedging::new(HedgeAfter::Percentile(99.9), 1);
+        for ms in 1..=1000 {
+            h.sample(Duration::from_millis(ms));
+        }
+        assert_eq!(h.delay(), Some(Duration::from_millis(999)));
     }
 }

@@ -56,12 +56,13 @@ pub(super) trait Racer: Sync {
         fin: &mut Pending,
     ) -> Option<RequestGuard>;
 
-    /// A try that ended: the client's answer, or why it gave none (its backend charged
-    /// as a plain attempt's would be).
+    /// A try that ended (its guard, how, whether its pick was the sticky one): the
+    /// client's answer, or why it gave none (its backend charged as a plain attempt's
+    /// would be).
     fn settle(
         &self,
         req: &mut Outgoing<'_>,
-        end: (RequestGuard, Outcome),
+        end: (RequestGuard, Outcome, bool),
         held: (&mut Pending, &mut Option<ShedPermit>),
         t: Try,
     ) -> Result<ProxyResponse, Miss>;
@@ -81,6 +82,8 @@ struct Ended {
     index: usize,
     guard: RequestGuard,
     outcome: Outcome,
+    /// Whether its pick was the sticky one.
+    stuck: bool,
 }
 
 /// A try still racing: which one, its backend, when it went out.
@@ -109,6 +112,7 @@ pub(super) fn race<'a, R: Racer>(
         let mut racing = vec![Racing::of(0, &guard)];
         let (mut ends, mut launched) = (FuturesUnordered::new(), 1);
         ends.push(launch(r.upstreams(), req, guard, 0, t.bound));
+        let bound_of = |tries: &Tries, req: &Outgoing<'_>| tries.bound(&req.pool);
         let timer = tokio::time::sleep(delay);
         tokio::pin!(timer);
         let mut last = None;
@@ -117,7 +121,10 @@ pub(super) fn race<'a, R: Racer>(
                 Some(end) = ends.next() => {
                     racing.retain(|x| x.index != end.index);
                     let index = end.index;
-                    match r.settle(req, (end.guard, end.outcome), (fin, permit), t) {
+                    // A listed status is dropped only while another try may follow.
+                    let t = Try { on_status: t.on_status && tries.spare() > 0, ..t };
+                    let ended = (end.guard, end.outcome, end.stuck);
+                    match r.settle(req, ended, (fin, permit), t) {
                         Ok(answer) => {
                             cancel(&racing);
                             count(hedging, launched, Some(index));
@@ -137,7 +144,8 @@ pub(super) fn race<'a, R: Racer>(
                         continue;
                     };
                     racing.push(Racing::of(launched, &g));
-                    ends.push(launch(r.upstreams(), req, g, launched, t.bound));
+                    let bound = bound_of(tries, req);
+                    ends.push(launch(r.upstreams(), req, g, launched, bound));
                     launched += 1;
                     timer.as_mut().reset(tokio::time::Instant::now() + delay);
                 }
@@ -171,7 +179,7 @@ fn launch(
     // in one place on the plain path, where it is laid out with the request's.
     outgoing::leave_inline(req);
     let sent = Box::new(build_upstream(req, &backend, true));
-    let origin = Some((req.peer.addr, req.peer.local));
+    let (origin, stuck) = (Some((req.peer.addr, req.peer.local)), req.stuck);
     async move {
         let Ok(delay) = inject_faults(&backend).await else {
             let outcome = Outcome::Injected;
@@ -179,6 +187,7 @@ fn launch(
                 index,
                 guard,
                 outcome,
+                stuck,
             };
         };
         let result = (up.send(&backend, *sent, bound, origin).await)
@@ -189,6 +198,7 @@ fn launch(
             index,
             guard,
             outcome,
+            stuck,
         }
     }
 }

@@ -997,10 +997,12 @@ impl hedge::Racer for Proxy {
         tries: &mut retry::Tries,
         fin: &mut Pending,
     ) -> Option<RequestGuard> {
+        // Picked first: the budget pays only for a hedge that goes out (a guard
+        // dropped here frees its slot and any trial).
+        let guard = self.pick(req, &mut tries.tried, false).ok()?;
         if !req.pool.budget.withdraw() {
             return None;
         }
-        let guard = self.pick(req, &mut tries.tried, false).ok()?;
         tries.hedge(fin, guard.backend().id);
         Some(guard)
     }
@@ -1008,11 +1010,13 @@ impl hedge::Racer for Proxy {
     fn settle(
         &self,
         req: &mut Outgoing<'_>,
-        (mut guard, outcome): (RequestGuard, Outcome),
+        (mut guard, outcome, stuck): (RequestGuard, Outcome, bool),
         held: (&mut Pending, &mut Option<ShedPermit>),
         t: retry::Try,
     ) -> Result<ProxyResponse, retry::Miss> {
         held.0.backend_id = Some(guard.backend().id);
+        // Whether this try's pick was the sticky one (a later pick changed it).
+        req.stuck = stuck;
         match outcome {
             Outcome::Injected => Ok(self.injected(guard, held.0)),
             Outcome::Sent(Ok((answer, sent_at)), delay) => {

@@ -229,6 +229,11 @@ impl Tries {
         self.most.saturating_sub(self.attempt + 1)
     }
 
+    /// The bound on the answer head of a try that starts now (a hedge's).
+    pub(super) fn bound(&self, pool: &Pool) -> Duration {
+        try_bound(pool, self.until)
+    }
+
     /// A hedge goes out to the backend `id`: a try, noted in the request's record.
     pub(super) fn hedge(&mut self, fin: &mut Pending, id: u64) {
         self.attempt += 1;
