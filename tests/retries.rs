@@ -298,8 +298,34 @@ async fn a_hedge_answering_a_listed_status_is_dropped_only_while_a_try_may_follo
         let t = Instant::now();
         let r = get(&c, &g.url("/x")).await;
         assert_eq!((r.status.as_u16(), r.text()), (500, "bad".to_string()));
-        assert!(t.elapsed() < Duration::from_millis(400), "{:?}", t.elapsed());
+        assert!(
+            t.elapsed() < Duration::from_millis(400),
+            "{:?}",
+            t.elapsed()
+        );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_mid_race_releases_every_try_and_its_hedge_is_lost() {
+    let (one, two) = (
+        slow_backend(Duration::from_millis(700)),
+        slow_backend(Duration::from_millis(700)),
+    );
+    let f = start("hedge-gone", &hedging_pool(&one, &two, "{ after = \"50ms\" }"));
+    let mut s = std::net::TcpStream::connect(f.proxy).unwrap();
+    s.write_all(b"GET /x HTTP/1.1\r\nhost: t\r\n\r\n").unwrap();
+    // Both tries are out by now; the client goes away before either answers.
+    std::thread::sleep(Duration::from_millis(250));
+    drop(s);
+    let c = client();
+    let lost = "fulcrum_hedges_total{pool=\"web\",result=\"lost\"}";
+    let released = eventually(Duration::from_secs(2), || async {
+        let conns = active_conns(&c, &f).await;
+        conns.values().all(|&n| n == 0) && metric(&f, lost).await == 1
+    })
+    .await;
+    assert!(released, "{:?}", active_conns(&c, &f).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -109,8 +109,13 @@ pub(super) fn race<'a, R: Racer>(
         };
         let mut spare = (hedging.max as usize).min(tries.spare());
         tries.tried.push(guard.backend().id);
-        let mut racing = vec![Racing::of(0, &guard)];
-        let (mut ends, mut launched) = (FuturesUnordered::new(), 1);
+        let mut tally = Tally {
+            hedging,
+            racing: vec![Racing::of(0, &guard)],
+            launched: 1,
+            over: false,
+        };
+        let mut ends = FuturesUnordered::new();
         ends.push(launch(r.upstreams(), req, guard, 0, t.bound));
         let bound_of = |tries: &Tries, req: &Outgoing<'_>| tries.bound(&req.pool);
         let timer = tokio::time::sleep(delay);
@@ -119,19 +124,18 @@ pub(super) fn race<'a, R: Racer>(
         loop {
             tokio::select! {
                 Some(end) = ends.next() => {
-                    racing.retain(|x| x.index != end.index);
+                    tally.racing.retain(|x| x.index != end.index);
                     let index = end.index;
                     // A listed status is dropped only while another try may follow.
                     let t = Try { on_status: t.on_status && tries.spare() > 0, ..t };
                     let ended = (end.guard, end.outcome, end.stuck);
                     match r.settle(req, ended, (fin, permit), t) {
                         Ok(answer) => {
-                            cancel(&racing);
-                            count(hedging, launched, Some(index));
+                            tally.end(Some(index));
                             return Ok(answer);
                         }
                         Err(miss) if ends.is_empty() => {
-                            count(hedging, launched, None);
+                            tally.end(None);
                             return Err(miss);
                         }
                         Err(miss) => last = Some(miss),
@@ -143,10 +147,10 @@ pub(super) fn race<'a, R: Racer>(
                         spare = 0;
                         continue;
                     };
-                    racing.push(Racing::of(launched, &g));
+                    tally.racing.push(Racing::of(tally.launched, &g));
                     let bound = bound_of(tries, req);
-                    ends.push(launch(r.upstreams(), req, g, launched, bound));
-                    launched += 1;
+                    ends.push(launch(r.upstreams(), req, g, tally.launched, bound));
+                    tally.launched += 1;
                     timer.as_mut().reset(tokio::time::Instant::now() + delay);
                 }
                 else => return Err(last.unwrap_or(Miss::Failed(Failure::Connect))),
@@ -203,19 +207,37 @@ fn launch(
     }
 }
 
-/// The tries still racing when another won: their elapsed time a latency sample for
-/// their backends. They are dropped with the race (their slots released at once).
-fn cancel(racing: &[Racing]) {
-    let now = Stamp::now();
-    for r in racing {
-        crate::strategy::record_latency_at(&r.backend, now.since(r.since), now.ns());
+/// A race's bookkeeping: the tries still racing, how many went out (the first among
+/// them), whether it is over. A race dropped before it is over (its client went away)
+/// ends as one that no try won.
+struct Tally<'h> {
+    hedging: &'h Hedging,
+    racing: Vec<Racing>,
+    launched: usize,
+    over: bool,
+}
+
+impl Tally<'_> {
+    /// The race is over, won by the try `winner` if any: the tries still racing are
+    /// dropped with it (their slots released at once), their elapsed time a latency
+    /// sample for their backends; each hedge is counted won when it is the winner, lost
+    /// otherwise.
+    fn end(&mut self, winner: Option<usize>) {
+        self.over = true;
+        let now = Stamp::now();
+        for r in &self.racing {
+            crate::strategy::record_latency_at(&r.backend, now.since(r.since), now.ns());
+        }
+        for index in 1..self.launched {
+            self.hedging.count(winner == Some(index));
+        }
     }
 }
 
-/// Counts the race's hedges (`launched` tries in all, the first among them): each won
-/// when it is the `winner`, lost otherwise.
-fn count(hedging: &Hedging, launched: usize, winner: Option<usize>) {
-    for index in 1..launched {
-        hedging.count(winner == Some(index));
+impl Drop for Tally<'_> {
+    fn drop(&mut self) {
+        if !self.over {
+            self.end(None);
+        }
     }
 }
