@@ -396,39 +396,15 @@ fn base64_of(s: &str) -> String {
 /// `endpoint-load-metrics` field (none when empty), keeping connections alive; its name
 /// in `x-backend`.
 fn reporting_backend(name: &'static str, report: &'static str) -> std::net::SocketAddr {
-    use std::io::{Read, Write};
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap();
-    std::thread::spawn(move || {
-        for s in l.incoming() {
-            let Ok(mut s) = s else { continue };
-            std::thread::spawn(move || {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
-                loop {
-                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match s.read(&mut chunk) {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                    }
-                    let end = buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
-                    buf.drain(..end);
-                    let field = match report {
-                        "" => String::new(),
-                        r => format!("endpoint-load-metrics: {r}\r\n"),
-                    };
-                    let answer = format!(
-                        "HTTP/1.1 200 OK\r\nx-backend: {name}\r\n{field}content-length: 2\r\n\r\nok"
-                    );
-                    if s.write_all(answer.as_bytes()).is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    addr
+    let field = match report {
+        "" => String::new(),
+        r => format!("endpoint-load-metrics: {r}\r\n"),
+    };
+    raw_backend(
+        Duration::ZERO,
+        format!("x-backend: {name}\r\n{field}"),
+        "ok",
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -130,27 +130,7 @@ async fn retries_stop_at_the_budget_when_the_whole_pool_fails() {
 
 /// A backend that answers each request after `delay`.
 fn slow_backend(delay: Duration) -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap();
-    std::thread::spawn(move || {
-        for s in l.incoming() {
-            let Ok(mut s) = s else { continue };
-            std::thread::spawn(move || {
-                let mut buf = [0u8; 4096];
-                while let Ok(n) = s.read(&mut buf) {
-                    if n == 0 {
-                        return;
-                    }
-                    std::thread::sleep(delay);
-                    let answer =
-                        "HTTP/1.1 200 OK\r\nx-backend: slow\r\ncontent-length: 4\r\n\r\nslow";
-                    if s.write_all(answer.as_bytes()).is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
+    let addr = raw_backend(delay, "x-backend: slow\r\n".to_string(), "slow");
     format!("http://{addr}")
 }
 
@@ -312,7 +292,10 @@ async fn a_client_that_leaves_mid_race_releases_every_try_and_its_hedge_is_lost(
         slow_backend(Duration::from_millis(700)),
         slow_backend(Duration::from_millis(700)),
     );
-    let f = start("hedge-gone", &hedging_pool(&one, &two, "{ after = \"50ms\" }"));
+    let f = start(
+        "hedge-gone",
+        &hedging_pool(&one, &two, "{ after = \"50ms\" }"),
+    );
     let mut s = std::net::TcpStream::connect(f.proxy).unwrap();
     s.write_all(b"GET /x HTTP/1.1\r\nhost: t\r\n\r\n").unwrap();
     // Both tries are out by now; the client goes away before either answers.

@@ -304,6 +304,9 @@ impl Pool {
         if !st.transport.verify {
             tracing::warn!(pool = %name, "tls_verify = false: the certificates of this pool's https backends are not verified");
         }
+        if st.hedge_after.is_some() && st.retries == 0 {
+            tracing::warn!(pool = %name, "hedge is set but retries = 0: a hedge is a try, so none can go out");
+        }
         let link = PoolLink::new();
         let backends: Vec<Arc<Backend>> = spec
             .backends

@@ -870,3 +870,39 @@ pub fn raise_own_file_limit() -> u64 {
     }
     lim.rlim_cur
 }
+
+/// A bare HTTP/1.1 backend on a thread per connection, for what `TestBackend` cannot
+/// do: each request (its head read whole; keep-alive) answered after `delay` with `200`,
+/// the header lines `fields` (each ending in CRLF) and `body`.
+pub fn raw_backend(delay: Duration, fields: String, body: &'static str) -> std::net::SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let answer = format!(
+        "HTTP/1.1 200 OK\r\n{fields}content-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let answer: &'static str = Box::leak(answer.into_boxed_str());
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { continue };
+            std::thread::spawn(move || {
+                let (mut buf, mut chunk) = (Vec::new(), [0u8; 4096]);
+                loop {
+                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match s.read(&mut chunk) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    let end = buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+                    buf.drain(..end);
+                    std::thread::sleep(delay);
+                    if s.write_all(answer.as_bytes()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
