@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use super::{BackendSpec, HashKey, HealthSettings, StrategyKind};
+use super::{retry, BackendSpec, BackendTransport, HashKey, HealthSettings, OutlierSettings};
+use super::{StickySettings, StrategyKind};
 
 /// The settings a pool has of its own: the values of the per-pool rows of the options
 /// table (`config/options.rs`). `Settings::pool` holds the top-level ones, which every
@@ -64,6 +65,50 @@ pub(crate) struct PoolSettings {
 }
 
 impl PoolSettings {
+    /// Every value zero or empty: what the options table's defaults are then set on
+    /// (`Settings::default`).
+    pub(crate) fn blank() -> PoolSettings {
+        PoolSettings {
+            strategy: StrategyKind::RoundRobin,
+            hash_key: HashKey::ClientIp,
+            hash_balance_factor: None,
+            health: HealthSettings {
+                path: String::new(),
+                interval: Duration::ZERO,
+                timeout: Duration::ZERO,
+                healthy_threshold: 0,
+                unhealthy_threshold: 0,
+            },
+            outlier: OutlierSettings {
+                consecutive_failures: 0,
+                base_ejection: Duration::ZERO,
+                max_ejection: Duration::ZERO,
+                max_ejected_percent: 0,
+                success_rate: None,
+            },
+            panic_threshold: 0,
+            sticky: StickySettings::default(),
+            queue_timeout: Duration::ZERO,
+            max_queue: 0,
+            max_backends: 0,
+            max_conns: 0,
+            max_conns_auto: (0, 0),
+            retries: 0,
+            slow_start: Duration::ZERO,
+            ewma_alpha: 0.0,
+            connect_timeout: Duration::ZERO,
+            transport: BackendTransport::default(),
+            upstream_timeout: Duration::ZERO,
+            max_request_body: None,
+            retry_on: retry::RetryOn::default(),
+            retry_non_idempotent: false,
+            retry_body_limit: 0,
+            try_timeout: None,
+            hedge_after: None,
+            hedge_max: 0,
+        }
+    }
+
     /// The `max_conns` a backend of this pool gets: its own, else the pool's.
     pub(crate) fn max_conns_of(&self, spec: &BackendSpec) -> u32 {
         match spec.max_conns {
