@@ -46,6 +46,7 @@ pub(crate) mod logging;
 pub(crate) mod loops;
 pub(crate) mod manual;
 pub(crate) mod metrics;
+pub(crate) mod mirror;
 pub(crate) mod mtls;
 pub(crate) mod notify;
 pub(crate) mod obtained;

@@ -440,6 +440,22 @@ fn encode_route_counts(
             ConstCounter::new(n).encode(m.encode_family(&labels)?)?;
         }
     }
+    let mut m = enc.encode_descriptor(
+        "fulcrum_mirror_requests",
+        "Copies of a mirrored route's requests, by the route's index and what came of them: sent, skipped (too many on their way, a body over the limit) or error (no answer).",
+        None,
+        MetricType::Counter,
+    )?;
+    for mirror in routing.mirrors() {
+        let index = mirror.route.to_string();
+        for (result, n) in ["sent", "skipped", "error"]
+            .into_iter()
+            .zip(mirror.counts())
+        {
+            let labels = [("route", index.as_str()), ("result", result)];
+            ConstCounter::new(n).encode(m.encode_family(&labels)?)?;
+        }
+    }
     Ok(())
 }
 

@@ -16,6 +16,7 @@ use tokio::sync::watch;
 
 use crate::config::policy::Policies;
 use crate::config::{PoolSpec, RouteSpec};
+use crate::mirror::Mirror;
 use crate::pool::{Backend, Hub, Pool, PoolError, Source};
 use crate::route::{Route, RouteTable};
 use crate::split::Splitter;
@@ -44,6 +45,8 @@ pub(crate) struct Routing {
     policies: Vec<Option<Arc<RoutePolicy>>>,
     /// Each split route's sides, by route index (`docs/traffic.md`, "Splits").
     splits: Vec<Option<Splitter>>,
+    /// Each mirrored route's mirror, by route index (`docs/traffic.md`, "Mirrors").
+    mirrors: Vec<Option<Arc<Mirror>>>,
 }
 
 /// A route's policies with what they keep while the routing table lives, and after it
@@ -90,11 +93,12 @@ impl RoutePolicy {
     }
 }
 
-/// The pool, policies and split of the single-pool form's one route.
+/// The pool, policies, split and mirror of the single-pool form's one route.
 pub(crate) type Only<'r> = (
     &'r Arc<Pool>,
     Option<&'r Arc<RoutePolicy>>,
     Option<&'r Splitter>,
+    Option<&'r Arc<Mirror>>,
 );
 
 /// What the first route that takes a request says.
@@ -109,6 +113,8 @@ pub(crate) struct Hit<'r> {
     /// Its sides, when it splits its requests among pools (then `pool` is the first
     /// side's; [`Routing::side`] picks).
     pub(crate) split: Option<&'r Splitter>,
+    /// Its mirror, when it has one.
+    pub(crate) mirror: Option<&'r Arc<Mirror>>,
 }
 
 impl Routing {
@@ -120,7 +126,8 @@ impl Routing {
         let (pool, policy) = self.only.as_ref()?;
         self.hits[0].fetch_add(1, Ordering::Relaxed);
         let split = self.splits.first().and_then(Option::as_ref);
-        Some((pool, policy.as_ref(), split))
+        let mirror = self.mirrors.first().and_then(Option::as_ref);
+        Some((pool, policy.as_ref(), split, mirror))
     }
 
     /// The first route that takes `req`, its pool and policies; counts the request for
@@ -137,7 +144,18 @@ impl Routing {
             pool: &self.pools[r.pool],
             policies: self.policies.get(i).and_then(Option::as_ref),
             split: self.splits.get(i).and_then(Option::as_ref),
+            mirror: self.mirrors.get(i).and_then(Option::as_ref),
         }
+    }
+
+    /// Route `i`'s mirror, when it has one.
+    pub(crate) fn mirror(&self, i: usize) -> Option<&Arc<Mirror>> {
+        self.mirrors.get(i)?.as_ref()
+    }
+
+    /// Each mirror, in route order.
+    pub(crate) fn mirrors(&self) -> impl Iterator<Item = &Arc<Mirror>> {
+        self.mirrors.iter().flatten()
     }
 
     /// The pool a split route's next request goes to, whose key hashed to `key`;
@@ -501,6 +519,7 @@ fn build(
     }
     let mut table = Vec::with_capacity(routes.len());
     let mut splits = Vec::with_capacity(routes.len());
+    let mut mirrors = Vec::with_capacity(routes.len());
     for (i, r) in routes.iter().enumerate() {
         let index = |name: &str| {
             (pools.iter())
@@ -510,9 +529,14 @@ fn build(
         // A redirect route answers itself: its pool index is never read.
         let named: Vec<usize> = r.pools().map(index).collect::<Result<_, _>>()?;
         table.push(r.to_route(named.first().copied().unwrap_or(0)));
-        let before = old
-            .filter(|o| o.routes.get(i).is_some_and(|o| o.same_conditions(r)))
-            .and_then(|o| o.splits.get(i)?.as_ref());
+        let kept = old.filter(|o| o.routes.get(i).is_some_and(|o| o.same_conditions(r)));
+        let before = kept.and_then(|o| o.mirrors.get(i)?.as_deref());
+        mirrors.push((r.mirror.as_ref()).map(|m| {
+            // The mirror's pool is the last named.
+            let pool = Arc::clone(&pools[named.last().copied().unwrap_or(0)]);
+            Arc::new(Mirror::new(i, m, pool, before))
+        }));
+        let before = kept.and_then(|o| o.splits.get(i)?.as_ref());
         splits.push((r.split.as_ref()).map(|s| Splitter::new(s, named, before)));
     }
     let policies: Vec<Option<Arc<RoutePolicy>>> = (routes.iter().enumerate())
@@ -531,6 +555,7 @@ fn build(
         only,
         policies,
         splits,
+        mirrors,
     })
 }
 

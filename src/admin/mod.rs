@@ -881,6 +881,10 @@ pub(crate) fn router(ctx: AdminCtx) -> Router {
             get(pools::list_backends).post(pools::add_backend),
         )
         .route("/admin/routes", get(pools::routes).put(pools::set_routes))
+        .route(
+            "/admin/routes/{index}/mirror",
+            get(pools::mirror).delete(pools::reset_mirror),
+        )
         .route("/admin/fleet", get(fleet::list))
         .route(
             "/admin/lab",

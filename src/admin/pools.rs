@@ -254,6 +254,48 @@ pub(crate) async fn routes(State(ctx): State<AdminCtx>) -> Json<Vec<RouteView>> 
     )
 }
 
+/// `GET /admin/routes/{index}/mirror`: the route's mirror, its counts and, with
+/// `compare`, its running comparison (`docs/traffic.md`, "Compare"); `404` for a route
+/// without one.
+pub(crate) async fn mirror(
+    State(ctx): State<AdminCtx>,
+    Path(index): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let routing = ctx.site.routing();
+    Ok(Json(mirror_of(&routing, &index)?.to_json()))
+}
+
+/// `DELETE /admin/routes/{index}/mirror`: its counts and figures start afresh; answers
+/// them.
+pub(crate) async fn reset_mirror(
+    State(ctx): State<AdminCtx>,
+    Path(index): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let routing = ctx.site.routing();
+    let m = mirror_of(&routing, &index)?;
+    m.reset();
+    tracing::info!(route = m.route, "mirror figures reset");
+    Ok(Json(m.to_json()))
+}
+
+/// Route `index`'s mirror; `404` naming what is missing.
+fn mirror_of<'r>(routing: &'r Routing, index: &str) -> ApiResult<&'r Arc<crate::mirror::Mirror>> {
+    let i: usize = (index.parse()).map_err(|_| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("no route '{index}' (routes are numbered from 0)"),
+        )
+    })?;
+    if i >= routing.routes.len() {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("no route {i}"),
+        ));
+    }
+    (routing.mirror(i))
+        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("route {i} has no mirror")))
+}
+
 /// What a route's `jwt` and `forward_auth` did: refusals, the key set held and its
 /// failed fetches, the auth service's outcomes (`docs/policies.md`).
 fn access_view(p: &crate::site::RoutePolicy) -> Option<serde_json::Value> {

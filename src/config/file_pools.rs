@@ -14,10 +14,11 @@ use super::Settings;
 use crate::route::{HostPattern, PathPrefix};
 
 /// Keys of a `[[routes]]` entry, beside its policies ([`super::policy::KEYS`]).
-const ROUTE_KEYS: [&str; 8] = [
+const ROUTE_KEYS: [&str; 9] = [
     "pool",
     "split",
     "split_key",
+    "mirror",
     "host",
     "path_prefix",
     "methods",
@@ -292,9 +293,11 @@ fn read_route(
     };
     let sides = t.split.iter().flatten().map(|s| s.pool.clone());
     let pool = (!t.pool.is_empty()).then(|| t.pool.clone());
+    let mirror = t.mirror.as_ref().map(|m| m.pool.clone());
     let named = pool
         .into_iter()
         .chain(sides)
+        .chain(mirror)
         .map(|p| (p, pool_at))
         .collect();
     (ok.then_some(t), named)
@@ -332,6 +335,10 @@ fn read_route_value(
         }
         "split_key" => {
             t.split_key = Some(super::split::key(&json_of(v.get_ref())).map_err(Some)?);
+            Ok(())
+        }
+        "mirror" => {
+            t.mirror = Some(super::mirror::parse(&json_of(v.get_ref())).map_err(Some)?);
             Ok(())
         }
         "host" => {

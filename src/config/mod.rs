@@ -23,6 +23,7 @@ mod pool_settings;
 pub(crate) mod pools;
 pub(crate) mod retry;
 pub(crate) use retry::HedgeAfter;
+pub(crate) mod mirror;
 pub(crate) mod split;
 pub(crate) mod strategy_kind;
 pub(crate) mod tls;

@@ -61,6 +61,8 @@ pub(crate) struct RouteSpec {
     pub(crate) pool: String,
     /// The pools it shares its requests among instead (`docs/traffic.md`, "Splits").
     pub(crate) split: Option<super::split::SplitSpec>,
+    /// The pool a share of its requests is copied to (`docs/traffic.md`, "Mirrors").
+    pub(crate) mirror: Option<super::mirror::MirrorSpec>,
     /// Host condition.
     pub(crate) host: Option<HostPattern>,
     /// Path condition.
@@ -77,11 +79,14 @@ pub(crate) struct RouteSpec {
 
 impl RouteSpec {
     /// The names of the pools it sends to: its pool, or its split's sides (none for a
-    /// redirect).
+    /// redirect), then its mirror's.
     pub(crate) fn pools(&self) -> impl Iterator<Item = &str> {
         let sides = self.split.iter().flat_map(|s| s.sides.iter());
         let pool = (!self.pool.is_empty()).then_some(self.pool.as_str());
-        pool.into_iter().chain(sides.map(|s| s.pool.as_str()))
+        let mirror = self.mirror.iter().map(|m| m.pool.as_str());
+        pool.into_iter()
+            .chain(sides.map(|s| s.pool.as_str()))
+            .chain(mirror)
     }
 
     /// Whether it sends to the pool `name`.
@@ -103,6 +108,7 @@ impl RouteSpec {
         RouteSpec {
             pool: pool.to_string(),
             split: None,
+            mirror: None,
             host: None,
             path_prefix: None,
             methods: Vec::new(),
@@ -134,6 +140,8 @@ pub(crate) struct RouteText {
     pub(crate) split: Option<Vec<super::split::Side>>,
     /// `split_key`.
     pub(crate) split_key: Option<super::HashKey>,
+    /// `mirror`.
+    pub(crate) mirror: Option<super::mirror::MirrorSpec>,
     /// `api.example.com` or `*.example.com`.
     pub(crate) host: Option<String>,
     /// `/v1`.
@@ -174,6 +182,7 @@ pub(crate) fn route_spec(t: RouteText) -> Result<RouteSpec, String> {
     let redirect = t.policies.redirect.is_some();
     match (redirect, t.pool.is_empty(), t.split.is_some()) {
         (true, false, _) | (true, _, true) => return Err(REDIRECT_AND_POOL.into()),
+        (true, true, false) if t.mirror.is_some() => return Err(REDIRECT_ALONE.into()),
         (true, true, false) if t.policies != only_redirect(&t.policies) => {
             return Err(REDIRECT_ALONE.into());
         }
@@ -212,6 +221,7 @@ pub(crate) fn route_spec(t: RouteText) -> Result<RouteSpec, String> {
     Ok(RouteSpec {
         pool: t.pool,
         split,
+        mirror: t.mirror,
         host,
         path_prefix,
         methods,
@@ -300,6 +310,9 @@ pub(crate) struct RouteView {
     /// What keeps a client on one side.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     split_key: Option<serde_json::Value>,
+    /// The pool a share of its requests is copied to (`docs/traffic.md`, "Mirrors").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    mirror: Option<serde_json::Value>,
     #[serde(default)]
     host: Option<String>,
     #[serde(default)]
@@ -372,6 +385,7 @@ impl RouteView {
             split: split.map(|s| s.sides_json()),
             split_key: (split.and_then(|s| s.key.as_ref()))
                 .map(|k| super::split::key_text(k).into()),
+            mirror: r.mirror.as_ref().map(super::mirror::MirrorSpec::to_json),
             host: r.host.as_ref().map(|h| h.to_text()),
             path_prefix: r.path_prefix.as_ref().map(|p| p.as_str().to_string()),
             methods: r.methods.iter().map(|m| m.as_str().to_string()).collect(),
@@ -469,6 +483,7 @@ impl RouteView {
             pool: self.pool,
             split: self.split.as_ref().map(super::split::sides).transpose()?,
             split_key: self.split_key.as_ref().map(super::split::key).transpose()?,
+            mirror: self.mirror.as_ref().map(super::mirror::parse).transpose()?,
             host: self.host,
             path_prefix: self.path_prefix,
             methods: self.methods,

@@ -118,6 +118,16 @@ pub(crate) enum Event {
         #[serde(skip_serializing_if = "Option::is_none")]
         next: Option<String>,
     },
+    /// A mirrored route's comparison came to another verdict (`docs/traffic.md`,
+    /// "Compare"); the pool is the mirror's.
+    MirrorVerdict {
+        /// The route's index.
+        route: usize,
+        /// `same`, `differs`, `slower` or `insufficient`.
+        verdict: &'static str,
+        /// The verdict before.
+        was: &'static str,
+    },
     /// A proxied request finished (sampled: at most a few hundred per second).
     Request {
         /// Backend id.

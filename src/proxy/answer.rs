@@ -215,6 +215,9 @@ pub(crate) enum RespBody {
     Full(Option<Bytes>),
     /// A body compressed on its way (`docs/policies.md`, "Compression").
     Compressed(Box<crate::compress::Compressed<RespBody>>),
+    /// A body hashed on its way, for a mirror's comparison (`docs/traffic.md`,
+    /// "Compare").
+    Watched(Box<crate::mirror::Watched<RespBody>>),
 }
 
 impl RespBody {
@@ -324,6 +327,7 @@ impl Body for RespBody {
             }
             RespBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
             RespBody::Compressed(c) => Pin::new(&mut **c).poll_frame(cx),
+            RespBody::Watched(w) => Pin::new(&mut **w).poll_frame(cx),
         }
     }
 
@@ -333,6 +337,7 @@ impl Body for RespBody {
             RespBody::Upstream { inner, .. } => inner.is_end_stream(),
             RespBody::Full(b) => b.is_none(),
             RespBody::Compressed(c) => c.is_end_stream(),
+            RespBody::Watched(w) => w.is_end_stream(),
         }
     }
 
@@ -343,6 +348,7 @@ impl Body for RespBody {
             RespBody::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
             RespBody::Full(None) => SizeHint::with_exact(0),
             RespBody::Compressed(c) => c.size_hint(),
+            RespBody::Watched(w) => w.size_hint(),
         }
     }
 }

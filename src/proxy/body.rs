@@ -104,7 +104,7 @@ impl ClientBody {
     /// The next frame of the client's body (`http_body::Body::poll_frame` of the stream
     /// inside; only [`ReqBody`] polls it, so it is not a `Body` itself).
     #[inline]
-    fn poll_frame(
+    pub(super) fn poll_frame(
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
@@ -117,7 +117,7 @@ impl ClientBody {
         }
     }
 
-    fn is_end_stream(&self) -> bool {
+    pub(super) fn is_end_stream(&self) -> bool {
         match &self.0 {
             Inner::Hyper(b) => b.is_end_stream(),
             Inner::Stream(b) => b.is_end_stream(),
@@ -129,7 +129,7 @@ impl ClientBody {
         self.size_hint().exact()
     }
 
-    fn size_hint(&self) -> SizeHint {
+    pub(super) fn size_hint(&self) -> SizeHint {
         match &self.0 {
             Inner::Hyper(b) => b.size_hint(),
             Inner::Stream(b) => b.size_hint(),

@@ -175,6 +175,10 @@ pub(crate) struct Hop<'a> {
 pub(crate) const X_FORWARDED_CLIENT_CERT: HeaderName =
     HeaderName::from_static("x-forwarded-client-cert");
 
+/// `X-Fulcrum-Mirror: 1` marks a mirror's copy of a request (`docs/traffic.md`,
+/// "Mirrors"); a client's own is always removed.
+pub(crate) const X_FULCRUM_MIRROR: HeaderName = HeaderName::from_static("x-fulcrum-mirror");
+
 /// What this hop does to a request's fields (`docs/architecture.md`, "Headers"),
 /// decided once from the fields as they came, whatever form they are in, and carried out
 /// either on a header map ([`Forwarding::apply`]) or while the fields are written out
@@ -198,7 +202,8 @@ pub(crate) struct Forwarding<'a, 'f> {
 /// the hop-by-hop ones (`te`; `trailer`, `upgrade`; `connection`, `keep-alive`;
 /// `proxy-connection`; `transfer-encoding`; `proxy-authorization`) and those this hop
 /// sets (`via`, `x-request-id`, `x-forwarded-for`, `x-forwarded-host`,
-/// `x-forwarded-proto`, `x-forwarded-client-cert`). A test holds it to the names.
+/// `x-forwarded-proto`, `x-forwarded-client-cert`) or never lets through
+/// (`x-fulcrum-mirror`). A test holds it to the names.
 const DROPPED_LENGTHS: [usize; 10] = [2, 3, 7, 10, 12, 15, 16, 17, 19, 23];
 
 /// The fields this hop sets.
@@ -288,6 +293,7 @@ impl<'a, 'f> Forwarding<'a, 'f> {
             || is(name, &X_FORWARDED_FOR)
             || is(name, &header::VIA)
             || is(name, &X_FORWARDED_CLIENT_CERT)
+            || is(name, &X_FULCRUM_MIRROR)
             || (is(name, &X_FORWARDED_PROTO) && !self.sets.proto_kept)
             || (is(name, &X_FORWARDED_HOST) && !self.sets.host_kept))
     }
@@ -705,6 +711,7 @@ mod tests {
             X_FORWARDED_PROTO,
             X_FORWARDED_HOST,
             X_FORWARDED_CLIENT_CERT,
+            X_FULCRUM_MIRROR,
             super::super::request_id::X_REQUEST_ID,
         ];
         let names = hop::FIXED

@@ -9,6 +9,7 @@ pub(crate) mod headers;
 mod hedge;
 pub(crate) mod hop;
 pub(crate) mod message;
+mod mirror;
 mod outgoing;
 mod placement;
 mod plain_first;
@@ -176,6 +177,8 @@ struct Routed {
     target: Option<PathAndQuery>,
     /// The route's policies, when it has any.
     policies: Option<Arc<RoutePolicy>>,
+    /// The route's mirror, when it has one.
+    mirror: Option<Arc<crate::mirror::Mirror>>,
 }
 
 /// Why a request is refused before any pick.
@@ -412,6 +415,7 @@ impl Proxy {
                     key: None,
                     sticky: None,
                     stuck: false,
+                    mirror: routed.mirror,
                 };
                 Either::Right(self.forward(req, fin, permit, routed.policies))
             }
@@ -445,7 +449,7 @@ impl Proxy {
         split_taken: &mut bool,
     ) -> Result<Routed, Refusal> {
         let routing = self.site.routing();
-        if let Some((pool, policies, split)) = routing.only() {
+        if let Some((pool, policies, split, mirror)) = routing.only() {
             let pool = match split {
                 None => pool,
                 Some(split) => {
@@ -457,6 +461,7 @@ impl Proxy {
                 pool: Arc::clone(pool),
                 target: None,
                 policies: policies.cloned(),
+                mirror: mirror.cloned(),
             });
         }
         let host = head.host();
@@ -486,6 +491,7 @@ impl Proxy {
             pool: Arc::clone(pool),
             target: rewritten,
             policies: hit.policies.cloned(),
+            mirror: hit.mirror.cloned(),
         })
     }
 
@@ -536,6 +542,10 @@ impl Proxy {
             },
         };
         let (req, fin) = (&mut req, &mut fin);
+        let watch = match req.mirror.is_some() {
+            true => mirror::copy(self.upstreams, req, again.body.as_ref(), self.trusted()),
+            false => None,
+        };
         // Every request funds its pool's budget; only retryable ones may draw on it.
         req.pool.budget.deposit();
         let mut tries = retry::Tries::new(&req.pool, again);
@@ -572,7 +582,7 @@ impl Proxy {
                 }
             };
             match tried {
-                Ok(r) => return self.on_answer(req, chain, r),
+                Ok(r) => return self.on_answer(req, chain, mirror::watched(watch, r)),
                 Err(miss) => {
                     if !tries.again_after(miss, id, &req.pool) {
                         break;
@@ -580,7 +590,12 @@ impl Proxy {
                 }
             }
         }
-        self.give_up(req, fin, tries.last)
+        mirror::watched(watch, self.give_up(req, fin, tries.last))
+    }
+
+    /// `trusted_proxies`.
+    fn trusted(&self) -> &[IpNet] {
+        &self.settings.trusted_proxies
     }
 
     /// The route's steps before the pool (none without policies), then the request's

@@ -50,6 +50,8 @@ pub(super) struct Outgoing<'p> {
     pub(super) via: &'static [u8],
     /// What its route's steps found that the rest of the way needs.
     pub(super) found: chain::Found,
+    /// Its route's mirror, until the copy is made (`docs/traffic.md`, "Mirrors").
+    pub(super) mirror: Option<Arc<crate::mirror::Mirror>>,
 }
 
 impl Outgoing<'_> {
@@ -224,16 +226,36 @@ pub(super) fn build_upstream(
             std::mem::take(map)
         };
     }
+    for_backend(&mut r, backend);
+    r
+}
+
+/// Readies `r` for `backend`: HTTP/2 when the backend speaks it; else HTTP/1.1, which
+/// needs a Host (a client that sent none, as HTTP/1.0 may, gets the backend's).
+#[inline]
+pub(super) fn for_backend(r: &mut Request<ReqBody>, backend: &Backend) {
     if backend.transport.h2 {
-        to_h2(&mut r, backend);
-        return r;
+        to_h2(r, backend);
+        return;
     }
-    // HTTP/1.1 needs a Host; a client that sent none (HTTP/1.0) gets the backend's.
     if !r.headers().contains_key(header::HOST) {
         if let Ok(h) = HeaderValue::from_str(backend.authority.as_str()) {
             r.headers_mut().insert(header::HOST, h);
         }
     }
+}
+
+/// A copy of the request as this hop forwards it, without its body, for another pool
+/// than its own (a mirror): its fields as a map of their own.
+pub(super) fn copy_of(req: &Outgoing<'_>) -> Request<ReqBody> {
+    let mut r = Request::new(ReqBody::Empty);
+    *r.method_mut() = req.head.method.clone();
+    *r.uri_mut() = Uri::from(req.target.clone());
+    *r.version_mut() = Version::HTTP_11;
+    *r.headers_mut() = match &req.head.fields {
+        RequestFields::Map(map) => map.clone(),
+        RequestFields::Spans(f) => forwarded_fields(f, req),
+    };
     r
 }
 
