@@ -307,6 +307,7 @@ fn dashboard_shows_routes_pools_and_backends() {
         "[[pools]]\nname = \"web\"\n[[pools]]\nname = \"api\"\n".to_string()
             + &discovered
             + "[[routes]]\npath_prefix = \"/split\"\nsplit = [{ pool = \"web\", weight = 90 }, { pool = \"api\", weight = 10 }]\n"
+            + "mirror = { pool = \"api\", compare = true }\n"
             + "[[routes]]\npool = \"api\"\npath_prefix = \"/api\"\n[[routes]]\npool = \"web\"\n",
     )
     .unwrap();
@@ -341,7 +342,7 @@ fn dashboard_shows_routes_pools_and_backends() {
         assert!(found, "the disc pool did not find its backend");
     });
     run_tour(f.admin, None, "pools");
-    publish_screenshots(&["dashboard-pools.png"]);
+    publish_screenshots(&["dashboard-pools.png", "dashboard-mirror.png"]);
 }
 
 #[test]

@@ -249,6 +249,7 @@ pub(crate) async fn routes(State(ctx): State<AdminCtx>) -> Json<Vec<RouteView>> 
                     .with_rate_limited(l)
                     .with_access(access)
                     .with_split_taken(routing.split_taken(i))
+                    .with_mirror_figures(routing.mirror(i).map(|m| m.to_json()))
             })
             .collect(),
     )

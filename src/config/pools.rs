@@ -374,6 +374,10 @@ pub(crate) struct RouteView {
     /// when given).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     split_taken: Option<std::collections::BTreeMap<String, u64>>,
+    /// What its mirror did and, with `compare`, its figures and verdict (shown for a
+    /// mirrored route, as `GET /admin/routes/{index}/mirror`; ignored when given).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    mirror_figures: Option<serde_json::Value>,
 }
 
 impl RouteView {
@@ -414,6 +418,7 @@ impl RouteView {
             rate_limited: None,
             access: None,
             split_taken: None,
+            mirror_figures: None,
         }
         .with_policies(&r.policies)
     }
@@ -429,6 +434,12 @@ impl RouteView {
     /// With the requests each side of its split took (`None`: it does not split).
     pub(crate) fn with_split_taken(mut self, taken: Option<Vec<(&str, u64)>>) -> RouteView {
         self.split_taken = taken.map(|t| t.into_iter().map(|(p, n)| (p.to_string(), n)).collect());
+        self
+    }
+
+    /// With what its mirror did (`None`: it has none).
+    pub(crate) fn with_mirror_figures(mut self, figures: Option<serde_json::Value>) -> RouteView {
+        self.mirror_figures = figures;
         self
     }
 

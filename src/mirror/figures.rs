@@ -146,6 +146,7 @@ impl Figures {
     }
 
     /// The verdict now.
+    #[cfg(test)]
     pub(crate) fn verdict(&self) -> Verdict {
         self.verdict
     }

@@ -156,11 +156,6 @@ impl Mirror {
         self.spec.compare.is_some()
     }
 
-    /// The verdict so far (`insufficient` without `compare`).
-    pub(crate) fn verdict(&self) -> &'static str {
-        self.figures().verdict().name()
-    }
-
     /// Starts the counts and figures afresh (`DELETE /admin/routes/{index}/mirror`).
     pub(crate) fn reset(&self) {
         let k = &self.kept;

@@ -61,6 +61,10 @@ pub(crate) struct Explanation {
     /// For a split route: the side and what placed it (`docs/traffic.md`, "Splits").
     #[serde(skip_serializing_if = "Option::is_none")]
     split: Option<SplitSide>,
+    /// For a mirrored route: its mirror and whether this request would be copied
+    /// (`docs/traffic.md`, "Mirrors").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mirror: Option<MirrorSide>,
     /// The pool's strategy.
     strategy: Option<&'static str>,
     /// The backend it would go to.
@@ -79,6 +83,17 @@ struct SplitSide {
     pool: String,
     /// `split_key` (the request has the key) or `round_robin` (the next place).
     by: &'static str,
+}
+
+/// A mirrored route's copy of the request.
+#[derive(Debug, Serialize)]
+struct MirrorSide {
+    pool: String,
+    percent: f64,
+    /// Whether it would be copied: known for a share of 0 or 100 %, and for a request
+    /// whose `X-Request-Id` a trusted peer gives (the id decides); else `null` (a new id
+    /// is drawn for each request).
+    mirrored: Option<bool>,
 }
 
 /// One backend of the pool as the pick sees it.
@@ -163,6 +178,7 @@ pub(crate) async fn explain(
             return Ok(e);
         }
     }
+    e.mirror = hit.mirror.map(|m| mirror_side(m, &head, peer, trusted));
     let pool = match hit.split {
         None => Arc::clone(hit.pool),
         Some(split) => {
@@ -181,6 +197,31 @@ pub(crate) async fn explain(
     drop(routing);
     pick(&mut e, &pool, fields, peer, trusted);
     Ok(e)
+}
+
+/// What `m` would do with the request from `peer`.
+fn mirror_side(
+    m: &crate::mirror::Mirror,
+    head: &RequestHead,
+    peer: IpAddr,
+    trusted: &[IpNet],
+) -> MirrorSide {
+    use crate::config::mirror::ALL;
+    let given = (crate::trust::is_trusted(trusted, peer))
+        .then(|| head.field(&super::request_id::X_REQUEST_ID))
+        .flatten()
+        .and_then(|v| super::request_id::RequestId::from_peer(v.as_bytes()));
+    let mirrored = match (m.spec.share, given) {
+        (0, _) => Some(false),
+        (ALL, _) => Some(true),
+        (_, Some(id)) => Some(m.takes(id.as_bytes())),
+        (_, None) => None,
+    };
+    MirrorSide {
+        pool: m.pool.name.to_string(),
+        percent: m.spec.percent(),
+        mirrored,
+    }
 }
 
 /// What the route's steps say before the pool — a redirect, a rate limit over its

@@ -562,12 +562,33 @@ async function poolsTour(page) {
     await waitFor('split row', () => page.$('[data-testid="split-2"]'), 5000);
     await waitFor('api side', async () => /^api 10 · \d+ taken$/.test((await text(page, '[data-testid="split-side-2-api"]')) || ''), 5000);
     const routes = await text(page, '[data-testid="pool-routes-api"]');
-    if (!/#2 \/split \[split web 90 · api 10\]/.test(routes)) throw new Error('api routes: ' + routes);
+    if (!/#2 \/split \[split web 90 · api 10; mirror api 100% compared\]/.test(routes)) throw new Error('api routes: ' + routes);
     await page.$eval('[data-testid="split-weight-2-api"]', el => { el.value = '500'; el.dispatchEvent(new Event('change')); });
     await waitFor('weight set', async () => (await api('GET', '/admin/routes'))[2].split[1].weight === 500, 5000);
     const r = await api('GET', '/admin/routes');
     if (r[2].split[0].weight !== 90) throw new Error('the web side changed: ' + JSON.stringify(r[2].split));
     await waitFor('its label follows', async () => /^api 500 · /.test((await text(page, '[data-testid="split-side-2-api"]')) || ''), 5000);
+    assertNoConsoleErrors();
+  });
+
+  await step('a mirrored route: its verdict, what its copies came to, both latency distributions', async () => {
+    await waitFor('mirror row', () => page.$('[data-testid="mirror-2"]'), 5000);
+    if ((await attr(page, '[data-testid="mirror-verdict-2"]', 'data-verdict')) !== 'insufficient') throw new Error('a verdict before any traffic');
+    await page.fill('[data-testid="traffic-rps"]', '60');
+    await page.fill('[data-testid="traffic-seconds"]', '3');
+    await page.fill('[data-testid="traffic-path"]', '/split/m');
+    await page.click('[data-testid="traffic-start"]');
+    const drawn = async side => Number((await attr(page, '[data-testid="mirror-chart-2"]', 'data-' + side)) || 0);
+    await waitFor('100 answers compared and drawn', async () => (await drawn('primary')) >= 100 && (await drawn('mirror')) >= 100, 15_000);
+    const figures = await api('GET', '/admin/routes/2/mirror');
+    await waitFor('the verdict shown', async () => (await attr(page, '[data-testid="mirror-verdict-2"]', 'data-verdict')) !== 'insufficient', 5000);
+    const verdict = await attr(page, '[data-testid="mirror-verdict-2"]', 'data-verdict');
+    if (!['same', 'differs', 'slower'].includes(verdict)) throw new Error('verdict ' + verdict);
+    if (figures.compared < 100) throw new Error('compared ' + figures.compared);
+    const bars = await page.$$('[data-testid="mirror-chart-2"] rect[data-side="mirror"]');
+    if (!bars.length) throw new Error('no bar for the mirror');
+    if (!/\d+ mirrored · \d+ skipped · \d+ errors · \d+ compared/.test((await text(page, '[data-testid="mirror-counts-2"]')) || '')) throw new Error('counts');
+    await shot(page, 'dashboard-mirror.png');
     assertNoConsoleErrors();
   });
 
