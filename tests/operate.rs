@@ -842,6 +842,7 @@ async fn admin_safety_tokens_origins_and_documents() {
         "/admin/traffic",
         "/admin/lab",
         "/admin/fleet",
+        "/admin/routes/{index}/mirror",
         "/admin/certificates",
         "/admin/events",
         "/metrics",
