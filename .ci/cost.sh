@@ -119,6 +119,18 @@ printf '[[routes]]\npool = "default"\njwt = { jwks_file = "%s" }\n' "$out/jwks.j
   for b in "${backends[@]}"; do [ "$b" = --backend ] || printf '{ url = "%s" },' "$b"; done
   printf ']\n[[routes]]\npool = "r"\n'
 } >"$out/retry.toml"
+# The plain request's one route (its pool the flags' backends) mirroring every request,
+# compared or not, to a pool of the same three backends: what a mirror's copy costs (docs/performance.md, "Shift and shadow
+# traffic").
+mirror_config() {
+  {
+    printf '[[pools]]\nname = "p"\n[[pools]]\nname = "m"\nbackends = ['
+    for b in "${backends[@]}"; do [ "$b" = --backend ] || printf '{ url = "%s" },' "$b"; done
+    printf ']\n[[routes]]\npool = "p"\nmirror = { pool = "m", compare = %s }\n' "$1"
+  } >"$2"
+}
+mirror_config false "$out/mirror.toml"
+mirror_config true "$out/compare.toml"
 # The same request (token and all) through the same route without the check: jwt's base.
 printf '[[routes]]\npool = "default"\n' >"$out/bearer.toml"
 # Instructions of one `fulcrum serve` under callgrind serving $1 requests from client $2
@@ -135,6 +147,8 @@ count() {
   if [ "$kind" = bearer ]; then extra=(--config "$out/bearer.toml"); fi
   if [ "$kind" = split ]; then extra=(--config "$out/split.toml"); fi
   if [ "$kind" = retry ]; then extra=(--config "$out/retry.toml"); fi
+  if [ "$kind" = mirror ]; then extra=(--config "$out/mirror.toml"); fi
+  if [ "$kind" = compare ]; then extra=(--config "$out/compare.toml"); fi
   if [ "$kind" = file ]; then extra=(--access-log "$out/access.$n.log"); fi
   valgrind --tool=callgrind --callgrind-out-file="$out/cg.$kind.$n" --trace-syscalls=yes \
     --separate-threads=yes \
@@ -143,7 +157,7 @@ count() {
   local vg=$!
   wait_port "$port"
   case $kind in
-    h1 | limited | file | access | split | retry) curl -s -o /dev/null "http://127.0.0.1:$port/cost?[1-$n]" ;;
+    h1 | limited | file | access | split | retry | mirror | compare) curl -s -o /dev/null "http://127.0.0.1:$port/cost?[1-$n]" ;;
     jwt | bearer)
       curl -s -o /dev/null -H "authorization: Bearer $(cat "$out/jwt.token")" \
         -w '%{http_code}\n' "http://127.0.0.1:$port/cost?[1-$n]" >"$out/jwt.codes.$n"
@@ -199,9 +213,10 @@ worker_thread() {
 socket_calls() { grep -cE '\) sys_(recvfrom|sendto) \(' "$out/sys.$1" || true; }
 
 status=0
-# Checks client $1 against instruction budget $2.
+# Checks client $1 against instruction budget $2 (and socket calls per request against
+# $3 hundredths, when given).
 guard() {
-  local kind=$1 limit=$2 small large per thread worker_small worker_large worker sys_per
+  local kind=$1 limit=$2 sys_limit=${3:-$sys_budget} small large per thread worker_small worker_large worker sys_per
   small=$(count 200 "$kind")
   large=$(count 1200 "$kind")
   per=$(( (large - small) / 1000 ))
@@ -217,12 +232,12 @@ guard() {
   sys_per=$(( ($(socket_calls "$kind.1200") - $(socket_calls "$kind.200")) / 10 ))
   echo "cost guard ($kind): $per instructions per request (budget $limit), $worker on the worker thread"
   printf 'cost guard (%s): %d.%02d socket calls per request (budget %d.%02d)\n' "$kind" \
-    $((sys_per / 100)) $((sys_per % 100)) $((sys_budget / 100)) $((sys_budget % 100))
+    $((sys_per / 100)) $((sys_per % 100)) $((sys_limit / 100)) $((sys_limit % 100))
   if [ "$per" -gt "$limit" ]; then
     echo "cost guard ($kind): over budget: the request path got more expensive" >&2
     status=1
   fi
-  if [ "$sys_per" -gt "$sys_budget" ] || [ "$sys_per" -lt 300 ]; then
+  if [ "$sys_per" -gt "$sys_limit" ] || [ "$sys_per" -lt 300 ]; then
     echo "cost guard ($kind): socket calls per request out of bounds: a system call was added (or the trace is not counting)" >&2
     status=1
   fi
@@ -274,6 +289,14 @@ extra split $((worker_split - worker_h1)) 150 "the plain request on the worker t
 guard retry $((per_h1 + 1000))
 extra retry $((worker_retry - worker_h1)) 100 "the plain request on the worker thread" \
   "a pool's retry_on with statuses"
+# Mirroring every request, over the plain request, in the process's total (the copy runs
+# in a task of its own, through hyper's client, with its own socket calls: 2 more per
+# request): at most 1.3 × (docs/performance.md, "Shift and shadow traffic").
+for kind in mirror compare; do
+  guard "$kind" $((per_h1 * 13 / 10)) 700
+  per=per_$kind
+  echo "cost guard ($kind): $(( ${!per} * 100 / per_h1 ))% of the plain request (guard: 130%)"
+done
 # The access log to a file rather than stderr: at most 1 % more.
 guard file $((per_h1 + per_h1 / 100))
 echo "cost guard (file): $((per_file - per_h1)) instructions over the access log on stderr (guard: 1 %)"

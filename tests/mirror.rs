@@ -185,10 +185,14 @@ async fn a_slow_mirror_never_delays_the_client_and_sees_each_copy_marked() {
 async fn copies_are_bounded_in_flight_and_by_body() {
     let app = TestBackend::start("app");
     let shadow = TestBackend::start("shadow");
-    let text = config(
-        &app.url(),
-        &shadow.url(),
-        "body_limit = \"4k\", max_in_flight = 2",
+    let mirror = "body_limit = \"4k\", max_in_flight = 2";
+    // Route 1 mirrors `/sleep/…` the same way: the backends take their time there.
+    let slow = format!(
+        "[[routes]]\npath_prefix = \"/sleep\"\npool = \"app\"\nmirror = {{ pool = \"shadow\", {mirror} }}\n"
+    );
+    let text = config(&app.url(), &shadow.url(), mirror).replace(
+        "[[routes]]\npool = \"app\"\n",
+        &format!("{slow}[[routes]]\npool = \"app\"\n"),
     );
     let f = start("bounds", &text, &[]);
     let c = client();
@@ -234,24 +238,29 @@ async fn copies_are_bounded_in_flight_and_by_body() {
     let m = figures(&c, &f).await;
     assert_eq!(m["skipped"], 2, "{m}");
     // At most 2 copies on their way: slow ones fill the places, the rest are skipped.
-    let skipped_before = m["skipped"].as_u64().unwrap();
     let fire: Vec<_> = (0..8)
         .map(|_| {
-            let (c, url) = (c.clone(), f.url("/m/sleep/400"));
+            let (c, url) = (c.clone(), f.url("/sleep/400"));
             tokio::spawn(async move { get(&c, &url).await.status.as_u16() })
         })
         .collect();
     for h in fire {
         assert_eq!(h.await.unwrap(), 200);
     }
-    let m = figures(&c, &f).await;
-    let skipped = m["skipped"].as_u64().unwrap() - skipped_before;
+    let slow = admin(&c, "GET", &f.admin_url("/admin/routes/1/mirror"), "")
+        .await
+        .json();
+    let skipped = slow["skipped"].as_u64().unwrap();
     assert!(
         skipped >= 4,
-        "only {skipped} of 8 skipped with 2 places: {m}"
+        "only {skipped} of 8 skipped with 2 places: {slow}"
     );
+    assert_eq!(slow["mirrored"].as_u64().unwrap() + skipped, 8, "{slow}");
     let gone = eventually(Duration::from_secs(5), || async {
-        figures(&c, &f).await["in_flight"] == 0
+        let m = admin(&c, "GET", &f.admin_url("/admin/routes/1/mirror"), "")
+            .await
+            .json();
+        m["in_flight"] == 0
     })
     .await;
     assert!(gone, "every place came free");

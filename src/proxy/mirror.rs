@@ -8,28 +8,30 @@
 //! primary reads it (never faster: the copy is sent once it is whole), up to the
 //! mirror's `body_limit` — a longer one drops the copy (skipped).
 
+use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+
 use http::header::HeaderValue;
-use http::Request;
+use http::{Method, Request, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use ipnet::IpNet;
 use tokio::sync::oneshot;
 
 use super::answer::{ProxyResponse, RespBody};
 use super::body::{BodyError, ClientBody, ReqBody};
 use super::headers::X_FULCRUM_MIRROR;
-use super::outgoing::{self, Outgoing};
+use super::outgoing::{self, is_idempotent, Outgoing};
 use super::upstream::Upstreams;
 use crate::clock::Stamp;
-use crate::mirror::{Flight, Outcome, Pair, Report, Side, Watched};
-use crate::pool::{Ask, Pool, RequestGuard};
+use crate::mirror::{Digest, Flight, Mirror, Outcome, Pair, Report, Side, Watched};
+use crate::pool::{Ask, Backend, Pool, RequestGuard};
 
 /// The primary's side of a compared request: its report, and when its tries began.
 pub(super) struct Watch {
@@ -72,8 +74,7 @@ pub(super) fn copy(
         mirror.count(Outcome::Error);
         return None;
     };
-    let mut copy = outgoing::copy_of(req);
-    (copy.headers_mut()).insert(X_FULCRUM_MIRROR, HeaderValue::from_static("1"));
+    let copy = Copy::of(req, guard.backend(), body);
     let (primary, mirrored) = match mirror.compares() {
         true => {
             let [p, m] = Pair::new(Arc::clone(&mirror), req.id.as_bytes(), req.target.path());
@@ -82,13 +83,41 @@ pub(super) fn copy(
         false => (None, None),
     };
     let origin = Some((req.peer.addr, req.peer.local));
-    tokio::spawn(send(up, flight, guard, (copy, body), mirrored, origin));
+    tokio::spawn(send(up, flight, guard, copy, mirrored, origin));
     primary.map(|report| {
         Box::new(Watch {
             report,
             since: Stamp::now(),
         })
     })
+}
+
+/// The copy as it goes out.
+enum Copy {
+    /// Bodiless and idempotent, to a plain HTTP/1.1 backend: its head written out and
+    /// exchanged inline, as the client's own request is.
+    Inline { head: Vec<u8>, method: Method },
+    /// Any other: through hyper's client, its body to follow.
+    Hyper(Request<ReqBody>, CopyBody),
+}
+
+impl Copy {
+    /// The copy of `req` for `backend`, marked.
+    fn of(req: &Outgoing<'_>, backend: &Backend, body: CopyBody) -> Copy {
+        let inline = backend.transport.is_plain_http1() && is_idempotent(&req.head.method);
+        if let (CopyBody::Empty, true) = (&body, inline) {
+            let mut head = Vec::with_capacity(256 + req.target.as_str().len());
+            outgoing::write_inline_head(&mut head, req, backend.authority.as_str());
+            // Before the blank line that ends the head.
+            head.truncate(head.len() - 2);
+            head.extend_from_slice(b"x-fulcrum-mirror: 1\r\n\r\n");
+            let method = req.head.method.clone();
+            return Copy::Inline { head, method };
+        }
+        let mut copy = outgoing::copy_of(req);
+        (copy.headers_mut()).insert(X_FULCRUM_MIRROR, HeaderValue::from_static("1"));
+        Copy::Hyper(copy, body)
+    }
 }
 
 /// The primary's answer, watched when its request was compared.
@@ -168,58 +197,49 @@ fn pick(pool: &Pool, req: &Outgoing<'_>, trusted: &[IpNet]) -> Option<RequestGua
     got.ok().map(|g| g.guard)
 }
 
-/// Sends the copy once its body is whole, reads the mirror's answer (its body hashed for
-/// the comparison, up to the limit) and reports it.
+/// The mirror's answer: its status, its latency, and — when it was read whole within the
+/// limit — the digest of its body (`Some(None)` when it is not compared).
+struct Answered {
+    status: StatusCode,
+    latency: Duration,
+    body: Option<Option<Digest>>,
+}
+
+/// Sends the copy (once its body is whole), reads the mirror's answer and reports it.
 async fn send(
     up: &'static Upstreams,
     flight: Flight,
     mut guard: RequestGuard,
-    (mut copy, body): (Request<ReqBody>, CopyBody),
+    copy: Copy,
     report: Option<Report>,
     origin: Option<(std::net::SocketAddr, std::net::SocketAddr)>,
 ) {
     let mirror = Arc::clone(flight.mirror());
-    let bytes = match body {
-        CopyBody::Empty => None,
-        CopyBody::Ready(b) => Some(b),
-        CopyBody::Later(rx) => match rx.await {
-            Ok(b) => Some(b),
-            Err(_) => return mirror.count(Outcome::Skipped),
-        },
-    };
-    if let Some(b) = bytes {
-        let full = http_body_util::Full::new(b).map_err(|e: std::convert::Infallible| match e {});
-        *copy.body_mut() = ReqBody::streaming(ClientBody::stream(full), None);
-    }
-    let backend = Arc::clone(guard.backend());
-    outgoing::for_backend(&mut copy, &backend);
-    let timeout = mirror.pool.settings.upstream_timeout;
-    mirror.count(Outcome::Sent);
-    let started = Stamp::now();
-    let (answer, conn, _) = match up.send(&backend, copy, timeout, origin).await {
-        Ok(a) => a,
-        Err(_) => {
-            guard.fail();
-            guard.outcome(false);
-            return mirror.count(Outcome::Error);
+    let digest = report.as_ref().map(Report::digest);
+    let answered = match copy {
+        Copy::Inline { head, method } => {
+            let head = (head.as_slice(), &method);
+            inline(up, &mirror, &mut guard, head, digest).await
+        }
+        Copy::Hyper(mut req, body) => {
+            let Some(body) = whole(body).await else {
+                return mirror.count(Outcome::Skipped);
+            };
+            if let Some(b) = body {
+                let full = http_body_util::Full::new(b).map_err(|e: Infallible| match e {});
+                *req.body_mut() = ReqBody::streaming(ClientBody::stream(full), None);
+            }
+            through_hyper(up, &mirror, &mut guard, (req, origin), digest).await
         }
     };
-    let now = Stamp::now();
-    let latency = now.since(started);
-    crate::strategy::record_latency_at(&backend, latency, now.ns());
-    let status = answer.status();
-    if status.is_server_error() {
+    let Ok(a) = answered else {
         guard.fail();
-    }
-    guard.outcome(!status.is_server_error());
-    let digest = report.as_ref().map(Report::digest);
-    let read = read_answer(answer.into_body(), digest, mirror.spec.body_limit, timeout).await;
-    if read.is_some() {
-        up.checkin(conn);
-    }
+        guard.outcome(false);
+        return mirror.count(Outcome::Error);
+    };
     if let Some(report) = report {
-        let body = read.flatten().and_then(|d| report.finish(d));
-        let status = status.as_u16();
+        let body = a.body.flatten().and_then(|d| report.finish(d));
+        let (status, latency) = (a.status.as_u16(), a.latency);
         report.send(Some(Side {
             status,
             latency,
@@ -229,18 +249,99 @@ async fn send(
     drop((guard, flight));
 }
 
-/// Reads the mirror's answer body whole within `timeout`, hashing it into `digest`;
-/// `None` when it broke off, took too long or ran past `limit` (the connection is then
-/// not reused), else the digest.
-async fn read_answer(
-    mut body: Incoming,
-    mut digest: Option<crate::mirror::Digest>,
-    limit: u64,
-    timeout: Duration,
-) -> Option<Option<crate::mirror::Digest>> {
+/// The copy's body once it is whole: `Some(None)` without one, `None` when it cannot be
+/// copied after all (over the limit, broken off).
+async fn whole(body: CopyBody) -> Option<Option<Bytes>> {
+    match body {
+        CopyBody::Empty => Some(None),
+        CopyBody::Ready(b) => Some(Some(b)),
+        CopyBody::Later(rx) => rx.await.ok().map(Some),
+    }
+}
+
+/// The copy exchanged inline; `Err` without an answer.
+async fn inline(
+    up: &'static Upstreams,
+    mirror: &Mirror,
+    guard: &mut RequestGuard,
+    (head, method): (&[u8], &Method),
+    digest: Option<Digest>,
+) -> Result<Answered, ()> {
+    let backend = Arc::clone(guard.backend());
+    let timeout = mirror.pool.settings.upstream_timeout;
+    mirror.count(Outcome::Sent);
+    let started = Stamp::now();
+    let sent = up.send_head::<true>(&backend, head, method, timeout);
+    let (answer, mut body, _) = sent.await.map_err(drop)?;
+    let latency = noted(guard, started, answer.status);
+    let limits = (mirror.spec.body_limit, timeout);
+    let read = read_body(|cx| body.poll_frame(cx), digest, limits).await;
+    if read.is_some() {
+        if let Some(w) = body.take_reusable() {
+            up.checkin_wire(w);
+        }
+    }
+    Ok(Answered {
+        status: answer.status,
+        latency,
+        body: read,
+    })
+}
+
+/// The copy through hyper's client; `Err` without an answer.
+async fn through_hyper(
+    up: &'static Upstreams,
+    mirror: &Mirror,
+    guard: &mut RequestGuard,
+    (mut req, origin): (Request<ReqBody>, Option<(SocketAddr, SocketAddr)>),
+    digest: Option<Digest>,
+) -> Result<Answered, ()> {
+    let backend = Arc::clone(guard.backend());
+    outgoing::for_backend(&mut req, &backend);
+    let timeout = mirror.pool.settings.upstream_timeout;
+    mirror.count(Outcome::Sent);
+    let started = Stamp::now();
+    let (answer, conn, _) = (up.send(&backend, req, timeout, origin).await).map_err(drop)?;
+    let status = answer.status();
+    let latency = noted(guard, started, status);
+    let mut body = answer.into_body();
+    let limits = (mirror.spec.body_limit, timeout);
+    let read = read_body(|cx| Pin::new(&mut body).poll_frame(cx), digest, limits).await;
+    if read.is_some() {
+        up.checkin(conn);
+    }
+    Ok(Answered {
+        status,
+        latency,
+        body: read,
+    })
+}
+
+/// Notes an answer of `status` whose head came after the try `started`: its backend's
+/// latency sample and outcome, as any answer's. Returns the latency.
+fn noted(guard: &mut RequestGuard, started: Stamp, status: StatusCode) -> Duration {
+    let now = Stamp::now();
+    let latency = now.since(started);
+    crate::strategy::record_latency_at(guard.backend(), latency, now.ns());
+    let failed = status.is_server_error();
+    if failed {
+        guard.fail();
+    }
+    guard.outcome(!failed);
+    latency
+}
+
+/// Reads an answer body whole (`next` gives its frames) within `timeout`, hashing it
+/// into `digest`; `None` when it broke off, took too long or ran past `limit` (its
+/// connection is then not reused), else the digest.
+async fn read_body<E>(
+    mut next: impl FnMut(&mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, E>>>,
+    mut digest: Option<Digest>,
+    (limit, timeout): (u64, Duration),
+) -> Option<Option<Digest>> {
     let read = async {
         let mut len = 0u64;
-        while let Some(frame) = body.frame().await {
+        while let Some(frame) = std::future::poll_fn(&mut next).await {
             let frame = frame.ok()?;
             if let Some(data) = frame.data_ref() {
                 len += data.len() as u64;

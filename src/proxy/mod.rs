@@ -898,7 +898,7 @@ impl Proxy {
             write_inline_head(&mut out, req, backend.authority.as_str());
             let r = self
                 .upstreams
-                .send_head(backend, &out, &req.head.method, timeout)
+                .send_head::<false>(backend, &out, &req.head.method, timeout)
                 .await
                 .map(|(h, b, at)| (Answer::Wire(h, b), at));
             return (r, None);
