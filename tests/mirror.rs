@@ -440,3 +440,68 @@ fn bad_mirrors_are_refused_naming_the_key() {
     assert_eq!(status.code(), Some(2), "{err}");
     assert!(err.contains("nowhere"), "{err}");
 }
+
+/// `{"item": N, "at": <a count of its own>}`: the same item, a different time stamp on
+/// each side and each request.
+fn stamped(target: &str) -> (u16, String) {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let at = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let n = target.rsplit('/').next().unwrap_or("");
+    (
+        200,
+        format!("{{\"at\": {at}, \"item\": \"{n}\", \"meta\": {{\"trace\": \"{at}\"}}}}"),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn named_noise_is_ignored_and_a_broken_mirror_harms_no_client() {
+    let (app, _) = text_backend(Duration::ZERO, stamped);
+    let (shadow, _) = text_backend(Duration::ZERO, stamped);
+    // Route 0 ignores the stamps; route 1 (`/raw`) compares the bodies whole; route 2
+    // (`/gone`) mirrors to a pool whose one backend refuses every connection.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let text = format!(
+        "{}[[pools]]\nname = \"gone\"\nbackends = [{{ url = \"http://{closed}\" }}]\n\
+         [[routes]]\npath_prefix = \"/raw\"\npool = \"app\"\nmirror = {{ pool = \"shadow\", compare = true }}\n\
+         [[routes]]\npath_prefix = \"/gone\"\npool = \"app\"\nmirror = {{ pool = \"gone\", compare = true }}\n",
+        config(&app, &shadow, "compare = { ignore_json = [\"at\", \"meta.trace\"] }")
+            .replace("[[routes]]\npool = \"app\"\n", "")
+    ) + "[[routes]]\npool = \"app\"\n";
+    let f = start("noise", &text, &[]);
+    let c = client();
+    for i in 0..20 {
+        for prefix in ["/m", "/raw", "/gone"] {
+            let r = get(&c, &f.url(&format!("{prefix}/{i}"))).await;
+            assert_eq!(r.status, 200, "{prefix}: {}", r.text());
+            assert!(
+                r.text().contains(&format!("\"item\": \"{i}\"")),
+                "{}",
+                r.text()
+            );
+        }
+    }
+    let route = |i: usize| {
+        let (c, url) = (c.clone(), f.admin_url(&format!("/admin/routes/{i}/mirror")));
+        async move { admin(&c, "GET", &url, "").await.json() }
+    };
+    let done = eventually(Duration::from_secs(10), || async {
+        route(0).await["compared"] == 20 && route(1).await["compared"] == 20
+    })
+    .await;
+    assert!(done, "{} {}", route(0).await, route(1).await);
+    let (ignoring, whole) = (route(0).await, route(1).await);
+    assert_eq!(ignoring["body_mismatch"], 0, "{ignoring}");
+    assert_eq!(ignoring["ignored"], serde_json::json!(["at", "meta.trace"]));
+    assert_eq!(whole["body_mismatch"], 20, "{whole}");
+    let gone = route(2).await;
+    assert_eq!(
+        (gone["mirror_errors"].as_u64(), gone["compared"].as_u64()),
+        (Some(20), Some(0)),
+        "{gone}"
+    );
+    let errors = "fulcrum_mirror_requests_total{route=\"2\",result=\"error\"}";
+    assert_eq!(metric(&f, errors).await, 20);
+}

@@ -18,7 +18,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 
 use http::header::HeaderValue;
-use http::{Method, Request, StatusCode};
+use http::{Request, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use ipnet::IpNet;
@@ -27,11 +27,11 @@ use tokio::sync::oneshot;
 use super::answer::{ProxyResponse, RespBody};
 use super::body::{BodyError, ClientBody, ReqBody};
 use super::headers::X_FULCRUM_MIRROR;
-use super::outgoing::{self, is_idempotent, Outgoing};
+use super::outgoing::{self, Outgoing};
 use super::upstream::Upstreams;
 use crate::clock::Stamp;
 use crate::mirror::{Digest, Flight, Mirror, Outcome, Pair, Report, Side, Watched};
-use crate::pool::{Ask, Backend, Pool, RequestGuard};
+use crate::pool::{Ask, Pool, RequestGuard};
 
 /// The primary's side of a compared request: its report, and when its tries began.
 pub(super) struct Watch {
@@ -74,7 +74,8 @@ pub(super) fn copy(
         mirror.count(Outcome::Error);
         return None;
     };
-    let copy = Copy::of(req, guard.backend(), body);
+    let mut copy = outgoing::copy_of(req);
+    (copy.headers_mut()).insert(X_FULCRUM_MIRROR, HeaderValue::from_static("1"));
     let (primary, mirrored) = match mirror.compares() {
         true => {
             let [p, m] = Pair::new(Arc::clone(&mirror), req.id.as_bytes(), req.target.path());
@@ -83,7 +84,9 @@ pub(super) fn copy(
         false => (None, None),
     };
     let origin = Some((req.peer.addr, req.peer.local));
-    tokio::spawn(send(up, flight, guard, copy, mirrored, origin));
+    // Boxed: the task moves a pointer, not the exchange's whole future.
+    let sending = send(up, (flight, guard), (copy, body, origin), mirrored);
+    tokio::spawn(Box::pin(sending));
     primary.map(|report| {
         Box::new(Watch {
             report,
@@ -92,47 +95,12 @@ pub(super) fn copy(
     })
 }
 
-/// The copy as it goes out.
-enum Copy {
-    /// Bodiless and idempotent, to a plain HTTP/1.1 backend: its head written out and
-    /// exchanged inline, as the client's own request is.
-    Inline { head: Vec<u8>, method: Method },
-    /// Any other: through hyper's client, its body to follow.
-    Hyper(Request<ReqBody>, CopyBody),
-}
-
-impl Copy {
-    /// The copy of `req` for `backend`, marked.
-    fn of(req: &Outgoing<'_>, backend: &Backend, body: CopyBody) -> Copy {
-        let inline = backend.transport.is_plain_http1() && is_idempotent(&req.head.method);
-        if let (CopyBody::Empty, true) = (&body, inline) {
-            let mut head = Vec::with_capacity(256 + req.target.as_str().len());
-            outgoing::write_inline_head(&mut head, req, backend.authority.as_str());
-            // Before the blank line that ends the head.
-            head.truncate(head.len() - 2);
-            head.extend_from_slice(b"x-fulcrum-mirror: 1\r\n\r\n");
-            let method = req.head.method.clone();
-            return Copy::Inline { head, method };
-        }
-        let mut copy = outgoing::copy_of(req);
-        (copy.headers_mut()).insert(X_FULCRUM_MIRROR, HeaderValue::from_static("1"));
-        Copy::Hyper(copy, body)
-    }
-}
-
-/// The primary's answer, watched when its request was compared.
-#[inline]
-pub(super) fn watched(watch: Option<Box<Watch>>, r: ProxyResponse) -> ProxyResponse {
-    match watch {
-        None => r,
-        Some(w) => w.primary(r),
-    }
-}
-
 impl Watch {
-    /// Wraps the answer's body to hash it as it passes, its status and latency noted.
+    /// The primary's answer, its body wrapped to hash it as it passes, its status and
+    /// latency noted. (The caller matches on the watch: an answer that is not compared
+    /// takes a path of its own, untouched.)
     #[inline(never)]
-    fn primary(self: Box<Self>, mut r: ProxyResponse) -> ProxyResponse {
+    pub(super) fn primary(self: Box<Self>, mut r: ProxyResponse) -> ProxyResponse {
         let latency = Stamp::now().since(self.since);
         let status = r.head.status.as_u16();
         let body = std::mem::replace(&mut r.body, RespBody::empty());
@@ -205,33 +173,34 @@ struct Answered {
     body: Option<Option<Digest>>,
 }
 
-/// Sends the copy (once its body is whole), reads the mirror's answer and reports it.
+/// Sends the copy through hyper's client once its body is whole, reads the mirror's
+/// answer and reports it.
 async fn send(
     up: &'static Upstreams,
-    flight: Flight,
-    mut guard: RequestGuard,
-    copy: Copy,
+    (flight, mut guard): (Flight, RequestGuard),
+    (mut req, body, origin): (Request<ReqBody>, CopyBody, Option<(SocketAddr, SocketAddr)>),
     report: Option<Report>,
-    origin: Option<(std::net::SocketAddr, std::net::SocketAddr)>,
 ) {
-    let mirror = Arc::clone(flight.mirror());
-    let digest = report.as_ref().map(Report::digest);
-    let answered = match copy {
-        Copy::Inline { head, method } => {
-            let head = (head.as_slice(), &method);
-            inline(up, &mirror, &mut guard, head, digest).await
-        }
-        Copy::Hyper(mut req, body) => {
-            let Some(body) = whole(body).await else {
-                return mirror.count(Outcome::Skipped);
-            };
-            if let Some(b) = body {
-                let full = http_body_util::Full::new(b).map_err(|e: Infallible| match e {});
-                *req.body_mut() = ReqBody::streaming(ClientBody::stream(full), None);
-            }
-            through_hyper(up, &mirror, &mut guard, (req, origin), digest).await
-        }
+    let mirror = flight.mirror();
+    let Some(body) = whole(body).await else {
+        return mirror.count(Outcome::Skipped);
     };
+    if let Some(b) = body {
+        let full = http_body_util::Full::new(b).map_err(|e: Infallible| match e {});
+        *req.body_mut() = ReqBody::streaming(ClientBody::stream(full), None);
+    }
+    let digest = report.as_ref().map(Report::digest);
+    let answered = through_hyper(up, mirror, &mut guard, (req, origin), digest).await;
+    settle(mirror, guard, answered, report);
+}
+
+/// What a copy came to: an error counted, or the mirror's side reported.
+fn settle(
+    mirror: &Mirror,
+    mut guard: RequestGuard,
+    answered: Result<Answered, ()>,
+    report: Option<Report>,
+) {
     let Ok(a) = answered else {
         guard.fail();
         guard.outcome(false);
@@ -246,7 +215,6 @@ async fn send(
             body,
         }));
     }
-    drop((guard, flight));
 }
 
 /// The copy's body once it is whole: `Some(None)` without one, `None` when it cannot be
@@ -257,35 +225,6 @@ async fn whole(body: CopyBody) -> Option<Option<Bytes>> {
         CopyBody::Ready(b) => Some(Some(b)),
         CopyBody::Later(rx) => rx.await.ok().map(Some),
     }
-}
-
-/// The copy exchanged inline; `Err` without an answer.
-async fn inline(
-    up: &'static Upstreams,
-    mirror: &Mirror,
-    guard: &mut RequestGuard,
-    (head, method): (&[u8], &Method),
-    digest: Option<Digest>,
-) -> Result<Answered, ()> {
-    let backend = Arc::clone(guard.backend());
-    let timeout = mirror.pool.settings.upstream_timeout;
-    mirror.count(Outcome::Sent);
-    let started = Stamp::now();
-    let sent = up.send_head::<true>(&backend, head, method, timeout);
-    let (answer, mut body, _) = sent.await.map_err(drop)?;
-    let latency = noted(guard, started, answer.status);
-    let limits = (mirror.spec.body_limit, timeout);
-    let read = read_body(|cx| body.poll_frame(cx), digest, limits).await;
-    if read.is_some() {
-        if let Some(w) = body.take_reusable() {
-            up.checkin_wire(w);
-        }
-    }
-    Ok(Answered {
-        status: answer.status,
-        latency,
-        body: read,
-    })
 }
 
 /// The copy through hyper's client; `Err` without an answer.

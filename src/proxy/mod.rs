@@ -582,7 +582,13 @@ impl Proxy {
                 }
             };
             match tried {
-                Ok(r) => return self.on_answer(req, chain, mirror::watched(watch, r)),
+                // Two paths: an answer that is not compared is not touched.
+                Ok(r) => {
+                    return match watch {
+                        None => self.on_answer(req, chain, r),
+                        Some(w) => self.on_answer(req, chain, w.primary(r)),
+                    }
+                }
                 Err(miss) => {
                     if !tries.again_after(miss, id, &req.pool) {
                         break;
@@ -590,7 +596,10 @@ impl Proxy {
                 }
             }
         }
-        mirror::watched(watch, self.give_up(req, fin, tries.last))
+        match watch {
+            None => self.give_up(req, fin, tries.last),
+            Some(w) => w.primary(self.give_up(req, fin, tries.last)),
+        }
     }
 
     /// `trusted_proxies`.
@@ -898,7 +907,7 @@ impl Proxy {
             write_inline_head(&mut out, req, backend.authority.as_str());
             let r = self
                 .upstreams
-                .send_head::<false>(backend, &out, &req.head.method, timeout)
+                .send_head(backend, &out, &req.head.method, timeout)
                 .await
                 .map(|(h, b, at)| (Answer::Wire(h, b), at));
             return (r, None);

@@ -546,11 +546,7 @@ impl Upstreams {
     /// connection to `b`, and waits for the response head at most `timeout`. A pooled
     /// connection that the backend closed without answering is replaced by a new one
     /// once (only idempotent requests come this way, so sending again is safe).
-    ///
-    /// `COPY` tells the client's request (`false`) from a mirror's copy (`true`): two
-    /// instances, so that the client's is the one caller of its own and stays laid out
-    /// in the request's future (`docs/performance.md`, "Shift and shadow traffic").
-    pub(crate) async fn send_head<const COPY: bool>(
+    pub(crate) async fn send_head(
         &'static self,
         b: &Backend,
         head: &[u8],
