@@ -197,6 +197,9 @@ pub(crate) fn route_spec(t: RouteText) -> Result<RouteSpec, String> {
     for side in t.split.iter().flatten() {
         check_pool_name(&side.pool).map_err(|e| format!("invalid split: {e}"))?;
     }
+    if let Some(m) = &t.mirror {
+        check_pool_name(&m.pool).map_err(|e| format!("invalid mirror: {e}"))?;
+    }
     let host = t.host.as_deref().map(HostPattern::parse).transpose()?;
     let path_prefix = t
         .path_prefix
