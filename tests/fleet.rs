@@ -162,21 +162,22 @@ async fn concurrent_patches_one_wins(c: &HttpClient, fs: &[Fulcrum], id: u64) {
     assert!(raced, "no two concurrent PATCHes ever met");
 }
 
-/// A route split between the pools `api` and `web` (made by the previous step), put
-/// through one instance: each instance holds it and sends half of its requests to each
-/// pool; a split naming a pool etcd does not have is refused.
+/// A route split between the pools `api` and `web` (made by the previous step) and
+/// mirrored to `web`, put through one instance: each instance holds it, sends half of its
+/// requests to each pool and copies each; a split naming a pool etcd does not have is
+/// refused.
 async fn a_split_route_reaches_every_instance(c: &HttpClient, fs: &[Fulcrum]) {
     let bad = r#"[{"split": [{"pool": "api", "weight": 1}, {"pool": "nowhere", "weight": 1}]}]"#;
     let r = admin(c, "PUT", &fs[0].admin_url("/admin/routes"), bad).await;
     assert_eq!(r.status, 400, "{}", r.text());
     assert!(r.text().contains("nowhere"), "{}", r.text());
-    let routes = r#"[{"path_prefix": "/split", "split": [{"pool": "api", "weight": 1}, {"pool": "web", "weight": 1}]}, {"pool": "default"}]"#;
+    let routes = r#"[{"path_prefix": "/split", "split": [{"pool": "api", "weight": 1}, {"pool": "web", "weight": 1}], "mirror": {"pool": "web", "compare": true}}, {"pool": "default"}]"#;
     let r = admin(c, "PUT", &fs[1].admin_url("/admin/routes"), routes).await;
     assert_eq!(r.status, 200, "{}", r.text());
     for f in fs {
         let ok = eventually(Duration::from_secs(2), || async {
             let v = get(c, &f.admin_url("/admin/routes")).await.json();
-            v[0]["split"][1]["pool"] == "web"
+            v[0]["split"][1]["pool"] == "web" && v[0]["mirror"]["pool"] == "web"
         })
         .await;
         assert!(ok, "{}", f.log());
@@ -189,6 +190,17 @@ async fn a_split_route_reaches_every_instance(c: &HttpClient, fs: &[Fulcrum]) {
             (taken["api"].as_u64(), taken["web"].as_u64()),
             (Some(5), Some(5)),
             "{v}"
+        );
+        // Its mirror too: each instance copies its own requests.
+        let copied = eventually(Duration::from_secs(5), || async {
+            let m = get(c, &f.admin_url("/admin/routes/0/mirror")).await.json();
+            m["mirrored"] == 10 && m["compared"] == 10
+        })
+        .await;
+        assert!(
+            copied,
+            "{}",
+            get(c, &f.admin_url("/admin/routes/0/mirror")).await.text()
         );
     }
 }

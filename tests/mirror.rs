@@ -299,7 +299,23 @@ async fn the_share_follows_the_request_id() {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let copied = shadow_heads.lock().unwrap().len() - before;
         assert!(copied == 0 || copied == 5, "{id}: {copied} of 5");
+        // Explain says the same for the id, without sending anything.
+        let q = serde_json::json!({"path": "/m/1", "headers": {"x-request-id": id}});
+        let url = f.admin_url("/admin/explain");
+        let e = admin(&c, "POST", &url, &q.to_string()).await.json();
+        assert_eq!(e["mirror"]["mirrored"], copied == 5, "{id}: {e}");
+        assert_eq!(e["mirror"]["pool"], "shadow");
     }
+    // Without an id, only the id drawn for the request would decide.
+    let e = admin(
+        &c,
+        "POST",
+        &f.admin_url("/admin/explain"),
+        r#"{"path": "/m/1"}"#,
+    )
+    .await;
+    assert!(e.json()["mirror"]["mirrored"].is_null(), "{}", e.text());
+    assert_eq!(e.json()["mirror"]["percent"], 30.0);
 }
 
 /// Sends `/m/1` … `/m/150` and waits for the figures to have compared them all.
