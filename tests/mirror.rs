@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::io::{Read, Write};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -49,43 +48,20 @@ fn text_backend(
     delay: Duration,
     answer: fn(&str) -> (u16, String),
 ) -> (String, Arc<Mutex<Vec<String>>>) {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap();
     let heads = Arc::new(Mutex::new(Vec::new()));
     let seen = Arc::clone(&heads);
-    std::thread::spawn(move || {
-        for s in l.incoming() {
-            let Ok(mut s) = s else { continue };
-            let seen = Arc::clone(&seen);
-            std::thread::spawn(move || {
-                let (mut buf, mut chunk) = (Vec::new(), [0u8; 4096]);
-                loop {
-                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match s.read(&mut chunk) {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                    }
-                    let end = buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
-                    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
-                    buf.drain(..end);
-                    let target = head.split(' ').nth(1).unwrap_or("/").to_string();
-                    // Health probes are not counted.
-                    if target != "/health" {
-                        seen.lock().unwrap().push(head);
-                    }
-                    std::thread::sleep(delay);
-                    let (status, body) = answer(&target);
-                    let out = format!(
-                        "HTTP/1.1 {status} X\r\ncontent-length: {}\r\n\r\n{body}",
-                        body.len()
-                    );
-                    if s.write_all(out.as_bytes()).is_err() {
-                        return;
-                    }
-                }
-            });
+    let addr = scripted_backend(move |head| {
+        let target = head.split(' ').nth(1).unwrap_or("/").to_string();
+        // Health probes are not counted.
+        if target != "/health" {
+            seen.lock().unwrap().push(head.to_string());
         }
+        std::thread::sleep(delay);
+        let (status, body) = answer(&target);
+        format!(
+            "HTTP/1.1 {status} X\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
     });
     (format!("http://{addr}"), heads)
 }
@@ -401,13 +377,11 @@ async fn identical_pools_are_the_same_and_the_figures_survive_a_change_of_routes
     assert_eq!(routes[0]["mirror"]["pool"], "shadow", "{routes}");
     let mut changed = routes.clone();
     changed[0]["mirror"]["percent"] = 50.into();
-    let r = admin(
-        &c,
-        "PUT",
-        &f.admin_url("/admin/routes"),
-        &changed.to_string(),
-    )
-    .await;
+    let put = |v: &serde_json::Value| {
+        let (c, url, body) = (c.clone(), f.admin_url("/admin/routes"), v.to_string());
+        async move { admin(&c, "PUT", &url, &body).await }
+    };
+    let r = put(&changed).await;
     assert_eq!(r.status, 200, "{}", r.text());
     let m = figures(&c, &f).await;
     assert_eq!(
@@ -417,13 +391,7 @@ async fn identical_pools_are_the_same_and_the_figures_survive_a_change_of_routes
     );
     // A bad share is refused and nothing changes.
     changed[0]["mirror"]["percent"] = 101.into();
-    let r = admin(
-        &c,
-        "PUT",
-        &f.admin_url("/admin/routes"),
-        &changed.to_string(),
-    )
-    .await;
+    let r = put(&changed).await;
     assert_eq!(r.status, 400, "{}", r.text());
     assert!(r.text().contains("percent"), "{}", r.text());
     assert_eq!(figures(&c, &f).await["percent"], 50.0);

@@ -31,7 +31,7 @@ const MIRROR: usize = 1;
 
 impl Pair {
     /// A pair for the request `request_id` to `path`; its two reports.
-    pub(crate) fn new(mirror: Arc<Mirror>, request_id: &[u8], path: &str) -> [Report; 2] {
+    pub(crate) fn reports(mirror: Arc<Mirror>, request_id: &[u8], path: &str) -> [Report; 2] {
         let pair = Arc::new(Pair {
             mirror,
             request_id: String::from_utf8_lossy(request_id).into_owned(),

@@ -78,7 +78,7 @@ pub(super) fn copy(
     (copy.headers_mut()).insert(X_FULCRUM_MIRROR, HeaderValue::from_static("1"));
     let (primary, mirrored) = match mirror.compares() {
         true => {
-            let [p, m] = Pair::new(Arc::clone(&mirror), req.id.as_bytes(), req.target.path());
+            let [p, m] = Pair::reports(Arc::clone(&mirror), req.id.as_bytes(), req.target.path());
             (Some(p), Some(m))
         }
         false => (None, None),
@@ -100,7 +100,7 @@ impl Watch {
     /// latency noted. (The caller matches on the watch: an answer that is not compared
     /// takes a path of its own, untouched.)
     #[inline(never)]
-    pub(super) fn primary(self: Box<Self>, mut r: ProxyResponse) -> ProxyResponse {
+    pub(super) fn primary(self, mut r: ProxyResponse) -> ProxyResponse {
         let latency = Stamp::now().since(self.since);
         let status = r.head.status.as_u16();
         let body = std::mem::replace(&mut r.body, RespBody::empty());

@@ -875,16 +875,29 @@ pub fn raise_own_file_limit() -> u64 {
 /// do: each request (its head read whole; keep-alive) answered after `delay` with `200`,
 /// the header lines `fields` (each ending in CRLF) and `body`.
 pub fn raw_backend(delay: Duration, fields: String, body: &'static str) -> std::net::SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap();
     let answer = format!(
         "HTTP/1.1 200 OK\r\n{fields}content-length: {}\r\n\r\n{body}",
         body.len()
     );
-    let answer: &'static str = Box::leak(answer.into_boxed_str());
+    scripted_backend(move |_| {
+        std::thread::sleep(delay);
+        answer.clone()
+    })
+}
+
+/// A bare HTTP/1.1 backend on a thread per connection for bodiless requests: each
+/// request's head (read whole; keep-alive) answered with what `answer` makes of it — the
+/// whole answer, head and body.
+pub fn scripted_backend(
+    answer: impl Fn(&str) -> String + Send + Sync + 'static,
+) -> std::net::SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let answer = Arc::new(answer);
     std::thread::spawn(move || {
         for s in l.incoming() {
             let Ok(mut s) = s else { continue };
+            let answer = Arc::clone(&answer);
             std::thread::spawn(move || {
                 let (mut buf, mut chunk) = (Vec::new(), [0u8; 4096]);
                 loop {
@@ -895,9 +908,9 @@ pub fn raw_backend(delay: Duration, fields: String, body: &'static str) -> std::
                         }
                     }
                     let end = buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+                    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
                     buf.drain(..end);
-                    std::thread::sleep(delay);
-                    if s.write_all(answer.as_bytes()).is_err() {
+                    if s.write_all(answer(&head).as_bytes()).is_err() {
                         return;
                     }
                 }
