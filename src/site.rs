@@ -531,11 +531,17 @@ fn build(
         table.push(r.to_route(named.first().copied().unwrap_or(0)));
         let kept = old.filter(|o| o.routes.get(i).is_some_and(|o| o.same_conditions(r)));
         let before = kept.and_then(|o| o.mirrors.get(i)?.as_deref());
-        mirrors.push((r.mirror.as_ref()).map(|m| {
-            // The mirror's pool is the last named.
-            let pool = Arc::clone(&pools[named.last().copied().unwrap_or(0)]);
-            Arc::new(Mirror::new(i, m, pool, before))
-        }));
+        let mirror = (r.mirror.as_ref())
+            .map(|m| {
+                Ok::<_, SiteError>(Arc::new(Mirror::new(
+                    i,
+                    m,
+                    Arc::clone(&pools[index(&m.pool)?]),
+                    before,
+                )))
+            })
+            .transpose()?;
+        mirrors.push(mirror);
         let before = kept.and_then(|o| o.splits.get(i)?.as_ref());
         splits.push((r.split.as_ref()).map(|s| Splitter::new(s, named, before)));
     }

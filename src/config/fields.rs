@@ -33,5 +33,11 @@ pub(super) fn field_name(key: &str, name: &str) -> Result<HeaderName, String> {
             "{key}: 'via' cannot be set or removed (fulcrum names itself there to see loops)"
         ));
     }
+    // Only a mirror's copy carries it (`docs/traffic.md`, "Mirrors").
+    if key.starts_with("request_headers") && n.as_str() == "x-fulcrum-mirror" {
+        return Err(format!(
+            "{key}: 'x-fulcrum-mirror' cannot be set or removed (it marks a mirror's copies)"
+        ));
+    }
     Ok(n)
 }

@@ -10,6 +10,9 @@ pub(crate) const DEFAULT_BODY_LIMIT: u64 = 1 << 20;
 /// `max_in_flight`'s default.
 pub(crate) const DEFAULT_MAX_IN_FLIGHT: u32 = 100;
 
+/// The largest `body_limit`: 64 MiB (at most `max_in_flight` copies hold one each).
+const MAX_BODY_LIMIT: u64 = 64 << 20;
+
 /// The highest `max_in_flight`.
 const MAX_IN_FLIGHT: u64 = 100_000;
 
@@ -152,9 +155,13 @@ fn body_limit(v: &Value) -> Result<u64, String> {
         Value::Number(n) => n.to_string(),
         _ => return Err("invalid mirror: body_limit is a size, such as \"1m\"".into()),
     };
-    let size =
-        super::values::parse_size(&text).map_err(|e| format!("invalid mirror: body_limit: {e}"))?;
-    Ok(size.unwrap_or(0))
+    let size = super::values::parse_size(&text)
+        .map_err(|e| format!("invalid mirror: body_limit: {e}"))?
+        .unwrap_or(0);
+    if size > MAX_BODY_LIMIT {
+        return Err("invalid mirror: body_limit is at most 64m".into());
+    }
+    Ok(size)
 }
 
 /// `max_in_flight`: 1–100 000.
@@ -202,6 +209,7 @@ mod tests {
                 "ignore_json",
             ),
             (json!({"pool": "s", "body_limit": "lots"}), "body_limit"),
+            (json!({"pool": "s", "body_limit": "65m"}), "body_limit"),
             (json!({"pool": "s", "max_in_flight": 0}), "max_in_flight"),
             (json!({"pool": "s", "speed": 1}), "speed"),
             (json!("shadow"), "table"),

@@ -729,6 +729,10 @@ mod tests {
             (json!({"set": {"content-length": "1"}}), "cannot be set"),
             (json!({"remove": ["Via"]}), "'via' cannot be set or removed"),
             (
+                json!({"set": {"X-Fulcrum-Mirror": "1"}}),
+                "'x-fulcrum-mirror' cannot be set",
+            ),
+            (
                 json!({"remove": ["Transfer-Encoding"]}),
                 "cannot be set or removed",
             ),

@@ -106,6 +106,12 @@ impl Digest {
         }
     }
 
+    /// Whether the body is kept whole (to take `ignore_json`'s paths out): finishing it
+    /// parses it.
+    pub(crate) fn is_kept(&self) -> bool {
+        matches!(self.kind, Kind::Kept(_))
+    }
+
     /// Takes the next piece of the body.
     pub(crate) fn update(&mut self, data: &[u8]) {
         self.len = self.len.saturating_add(data.len() as u64);

@@ -4,7 +4,7 @@
 //!
 //! The request path asks [`Mirror::takes`] (a hash of the request id: reproducible) and
 //! [`Mirror::enter`] (the `max_in_flight` bound, one atomic add); only a request that is
-//! copied touches anything else. The counts and figures live in [`Kept`], which goes
+//! copied touches anything else. The counts and figures live in [`Counts`], which goes
 //! on across a change of the routes for a route that keeps its index and conditions.
 
 mod digest;
@@ -45,12 +45,12 @@ pub(crate) struct Mirror {
     pub(crate) route: usize,
     /// `ignore_json`, read.
     pub(crate) ignored: Ignored,
-    kept: Arc<Kept>,
+    counts: Arc<Counts>,
 }
 
 /// What a mirror counts, kept across a change of the routes.
 #[derive(Debug, Default)]
-struct Kept {
+struct Counts {
     in_flight: AtomicU32,
     sent: AtomicU64,
     skipped: AtomicU64,
@@ -64,14 +64,7 @@ pub(crate) struct Flight(Arc<Mirror>);
 
 impl Drop for Flight {
     fn drop(&mut self) {
-        self.0.kept.in_flight.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-impl Flight {
-    /// The mirror it belongs to.
-    pub(crate) fn mirror(&self) -> &Arc<Mirror> {
-        &self.0
+        self.0.counts.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -90,7 +83,7 @@ impl Mirror {
             spec: spec.clone(),
             route,
             ignored,
-            kept: old.map_or_else(Arc::default, |o| Arc::clone(&o.kept)),
+            counts: old.map_or_else(Arc::default, |o| Arc::clone(&o.counts)),
         }
     }
 
@@ -108,7 +101,7 @@ impl Mirror {
     /// A place for one more copy, when fewer than `max_in_flight` are on their way
     /// (else the copy is counted skipped).
     pub(crate) fn enter(self: &Arc<Self>) -> Option<Flight> {
-        let was = self.kept.in_flight.fetch_add(1, Ordering::Relaxed);
+        let was = self.counts.in_flight.fetch_add(1, Ordering::Relaxed);
         let flight = Flight(Arc::clone(self));
         if was >= self.spec.max_in_flight {
             drop(flight);
@@ -121,16 +114,16 @@ impl Mirror {
     /// Counts what a copy came to.
     pub(crate) fn count(&self, o: Outcome) {
         let c = match o {
-            Outcome::Sent => &self.kept.sent,
-            Outcome::Skipped => &self.kept.skipped,
-            Outcome::Error => &self.kept.errors,
+            Outcome::Sent => &self.counts.sent,
+            Outcome::Skipped => &self.counts.skipped,
+            Outcome::Error => &self.counts.errors,
         };
         c.fetch_add(1, Ordering::Relaxed);
     }
 
     /// `(sent, skipped, error)` so far.
     pub(crate) fn counts(&self) -> [u64; 3] {
-        let k = &self.kept;
+        let k = &self.counts;
         [&k.sent, &k.skipped, &k.errors].map(|c| c.load(Ordering::Relaxed))
     }
 
@@ -148,7 +141,10 @@ impl Mirror {
 
     fn figures(&self) -> std::sync::MutexGuard<'_, Figures> {
         // Nothing panics while it is held; the figures stay whole even if something did.
-        self.kept.figures.lock().unwrap_or_else(|e| e.into_inner())
+        self.counts
+            .figures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// Whether answers are compared.
@@ -158,7 +154,7 @@ impl Mirror {
 
     /// Starts the counts and figures afresh (`DELETE /admin/routes/{index}/mirror`).
     pub(crate) fn reset(&self) {
-        let k = &self.kept;
+        let k = &self.counts;
         for c in [&k.sent, &k.skipped, &k.errors] {
             c.store(0, Ordering::Relaxed);
         }
@@ -178,7 +174,7 @@ impl Mirror {
         m.insert("mirror_errors".into(), errors.into());
         m.insert(
             "in_flight".into(),
-            self.kept.in_flight.load(Ordering::Relaxed).into(),
+            self.counts.in_flight.load(Ordering::Relaxed).into(),
         );
         m.extend(self.figures().to_json());
         if let Some(c) = &self.spec.compare {

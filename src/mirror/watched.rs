@@ -13,7 +13,7 @@ use http_body::{Body, Frame, SizeHint};
 
 use super::digest::Digest;
 use super::figures::Side;
-use super::Mirror;
+use super::{Flight, Mirror};
 
 /// The two sides of one request.
 pub(crate) struct Pair {
@@ -22,6 +22,8 @@ pub(crate) struct Pair {
     path: String,
     /// Each side's report once made: its answer, or `None` without one.
     sides: Mutex<[Option<Option<Side>>; 2]>,
+    /// The copy's place under `max_in_flight`, held until both sides have reported.
+    _flight: Flight,
 }
 
 /// The primary's side (the answer the client gets).
@@ -30,13 +32,20 @@ const PRIMARY: usize = 0;
 const MIRROR: usize = 1;
 
 impl Pair {
-    /// A pair for the request `request_id` to `path`; its two reports.
-    pub(crate) fn reports(mirror: Arc<Mirror>, request_id: &[u8], path: &str) -> [Report; 2] {
+    /// A pair for the request `request_id` to `path`, holding the copy's place
+    /// (`flight`); its two reports.
+    pub(crate) fn reports(
+        mirror: Arc<Mirror>,
+        request_id: &[u8],
+        path: &str,
+        flight: Flight,
+    ) -> [Report; 2] {
         let pair = Arc::new(Pair {
             mirror,
             request_id: String::from_utf8_lossy(request_id).into_owned(),
             path: path.to_string(),
             sides: Mutex::new([None, None]),
+            _flight: flight,
         });
         [PRIMARY, MIRROR].map(|which| Report {
             pair: Arc::clone(&pair),
@@ -121,17 +130,32 @@ impl<B: Body<Data = Bytes> + Unpin> Watched<B> {
         w
     }
 
-    /// Reports the side: with its body's hash when it was read whole.
+    /// Reports the side: with its body's hash when it was read whole. A body kept to
+    /// take `ignore_json`'s paths out is parsed in a task of its own, never in the
+    /// client's way.
     fn end(&mut self, whole: bool) {
         let (Some(report), Some(digest)) = (self.report.take(), self.digest.take()) else {
             return;
         };
-        let body = if whole { report.finish(digest) } else { None };
-        report.send(Some(Side {
-            status: self.status,
-            latency: self.latency,
+        let (status, latency) = (self.status, self.latency);
+        let side = move |body| Side {
+            status,
+            latency,
             body,
-        }));
+        };
+        match (whole, digest.is_kept()) {
+            (false, _) => report.send(Some(side(None))),
+            (true, false) => {
+                let body = report.finish(digest);
+                report.send(Some(side(body)));
+            }
+            (true, true) => {
+                tokio::spawn(async move {
+                    let body = report.finish(digest);
+                    report.send(Some(side(body)));
+                });
+            }
+        }
     }
 }
 

@@ -9,7 +9,7 @@
 //! mirror's `body_limit` — a longer one drops the copy (skipped).
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 
-use http::header::HeaderValue;
+use http::header::{HeaderMap, HeaderValue};
 use http::{Request, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
@@ -33,7 +33,7 @@ use crate::clock::Stamp;
 use crate::mirror::{Digest, Flight, Mirror, Outcome, Pair, Report, Side, Watched};
 use crate::pool::{Ask, Pool, RequestGuard};
 
-/// The primary's side of a compared request: its report, and when its tries began.
+/// The primary's side of a compared request: its report, and when the copy was made.
 pub(super) struct Watch {
     report: Report,
     since: Stamp,
@@ -45,15 +45,22 @@ enum CopyBody {
     Empty,
     /// Whole already (the body retries keep).
     Ready(Bytes),
-    /// Whole once the primary has read the client's (`None`: it was over the limit or
-    /// broke off).
+    /// Whole once the primary has read the client's; the sender dropped unsent when it
+    /// grew over the limit or broke off.
     Later(oneshot::Receiver<Bytes>),
+}
+
+/// Where the copy goes: a backend of the mirror pool now, or the means to pick one once
+/// its body is whole (its slot is not held through the client's upload).
+enum Target {
+    Now(RequestGuard),
+    Later { ip: IpAddr, trusted: Vec<IpNet> },
 }
 
 /// Copies `req` to its route's mirror when the mirror takes it (`kept`: the body its
 /// tries keep, when they keep one); returns the primary's side of the comparison when
-/// answers are compared. A copy that cannot go is counted (skipped, or an error when
-/// the mirror pool has no backend to take it).
+/// answers are compared. A copy that cannot go is counted: skipped (`max_in_flight`, a
+/// body over the limit, an upgrade), or an error (no backend in the mirror pool).
 #[inline(never)]
 pub(super) fn copy(
     up: &'static Upstreams,
@@ -65,27 +72,41 @@ pub(super) fn copy(
     if !mirror.takes(req.id.as_bytes()) {
         return None;
     }
+    // Its place first: a copy that has none takes nothing of the request.
+    let flight = mirror.enter()?;
     let Some(body) = body_of(req, kept, mirror.spec.body_limit) else {
         mirror.count(Outcome::Skipped);
         return None;
     };
-    let flight = mirror.enter()?;
-    let Some(guard) = pick(&mirror.pool, req, trusted) else {
-        mirror.count(Outcome::Error);
-        return None;
-    };
     let mut copy = outgoing::copy_of(req);
     (copy.headers_mut()).insert(X_FULCRUM_MIRROR, HeaderValue::from_static("1"));
-    let (primary, mirrored) = match mirror.compares() {
+    let ip = req.peer.addr.ip();
+    let target = match body {
+        CopyBody::Later(_) => Target::Later {
+            ip,
+            trusted: trusted.to_vec(),
+        },
+        _ => match pick(&mirror.pool, copy.headers(), ip, trusted) {
+            Some(guard) => Target::Now(guard),
+            None => {
+                mirror.count(Outcome::Error);
+                return None;
+            }
+        },
+    };
+    // Compared, the pair holds the place until both sides have reported (the primary's
+    // body may be kept for `ignore_json` until then); else the copy's task does.
+    let (primary, mirrored, flight) = match mirror.compares() {
         true => {
-            let [p, m] = Pair::reports(Arc::clone(&mirror), req.id.as_bytes(), req.target.path());
-            (Some(p), Some(m))
+            let id = req.id.as_bytes();
+            let [p, m] = Pair::reports(Arc::clone(&mirror), id, req.target.path(), flight);
+            (Some(p), Some(m), None)
         }
-        false => (None, None),
+        false => (None, None, Some(flight)),
     };
     let origin = Some((req.peer.addr, req.peer.local));
     // Boxed: the task moves a pointer, not the exchange's whole future.
-    let sending = send(up, (flight, guard), (copy, body, origin), mirrored);
+    let sending = send(up, (mirror, flight), target, (copy, body, origin), mirrored);
     tokio::spawn(Box::pin(sending));
     primary.map(|report| {
         Box::new(Watch {
@@ -96,13 +117,22 @@ pub(super) fn copy(
 }
 
 impl Watch {
-    /// The primary's answer, its body wrapped to hash it as it passes, its status and
-    /// latency noted. (The caller matches on the watch: an answer that is not compared
-    /// takes a path of its own, untouched.)
+    /// The primary's answer, noted: a backend's, its body wrapped to hash it as it passes
+    /// (its latency `upstream`, the last try's, as the mirror's is measured); fulcrum's
+    /// own (no backend answered), its status only. The caller matches on the watch: an
+    /// answer that is not compared takes a path of its own, untouched.
     #[inline(never)]
-    pub(super) fn primary(self, mut r: ProxyResponse) -> ProxyResponse {
-        let latency = Stamp::now().since(self.since);
+    pub(super) fn primary(self, mut r: ProxyResponse, upstream: Option<Duration>) -> ProxyResponse {
         let status = r.head.status.as_u16();
+        let Some(latency) = upstream else {
+            let latency = Stamp::now().since(self.since);
+            self.report.send(Some(Side {
+                status,
+                latency,
+                body: None,
+            }));
+            return r;
+        };
         let body = std::mem::replace(&mut r.body, RespBody::empty());
         let w = Watched::new(body, self.report, status, latency);
         r.body = RespBody::Watched(Box::new(w));
@@ -127,23 +157,25 @@ fn body_of(req: &mut Outgoing<'_>, kept: Option<&Bytes>, limit: u64) -> Option<C
         req.body = Some(inner);
         return Some(CopyBody::Empty);
     }
-    if inner.stated_length().is_some_and(|n| n > limit) {
+    let stated = inner.stated_length();
+    if stated.is_some_and(|n| n > limit) {
         req.body = Some(inner);
         return None;
     }
     let (tx, rx) = oneshot::channel();
+    let room = stated.unwrap_or(limit).min(limit);
     req.body = Some(ClientBody::stream(Tee {
         inner,
-        copy: Some(BytesMut::new()),
+        copy: Some(BytesMut::with_capacity(usize::try_from(room).unwrap_or(0))),
         limit,
         to: Some(tx),
     }));
     Some(CopyBody::Later(rx))
 }
 
-/// A backend of the mirror pool, its slot taken (its own strategy's pick; no sticky
-/// cookie, no retry).
-fn pick(pool: &Pool, req: &Outgoing<'_>, trusted: &[IpNet]) -> Option<RequestGuard> {
+/// A backend of the mirror pool, its slot taken (its own strategy's pick, a hashing
+/// one over the copy's `fields`; no sticky cookie, no retry).
+fn pick(pool: &Pool, fields: &HeaderMap, ip: IpAddr, trusted: &[IpNet]) -> Option<RequestGuard> {
     let (mut tried, mut key) = (Vec::new(), None);
     let ask = Ask {
         sticky: None,
@@ -151,47 +183,61 @@ fn pick(pool: &Pool, req: &Outgoing<'_>, trusted: &[IpNet]) -> Option<RequestGua
         fresh: true,
         key: &mut key,
     };
+    let hash_key = &pool.settings.hash_key;
     let got = pool.acquire(ask, |source| {
-        let fields = outgoing::copy_of(req);
-        let ip = req.peer.addr.ip();
-        crate::strategy::request_key(
-            source,
-            &pool.settings.hash_key,
-            fields.headers(),
-            ip,
-            trusted,
-        )
+        crate::strategy::request_key(source, hash_key, fields, ip, trusted)
     });
     got.ok().map(|g| g.guard)
 }
 
-/// The mirror's answer: its status, its latency, and — when it was read whole within the
-/// limit — the digest of its body (`Some(None)` when it is not compared).
+/// How reading the mirror's answer body ended.
+enum Read {
+    /// Whole, within the limit: its digest when compared.
+    Whole(Option<Digest>),
+    /// Longer than the limit: compared by status only (its connection is not reused).
+    TooLong,
+    /// Broken off or too slow: no answer after all.
+    Broken,
+}
+
+/// The mirror's answer: its status, its latency, how its body was read.
 struct Answered {
     status: StatusCode,
     latency: Duration,
-    body: Option<Option<Digest>>,
+    body: Read,
 }
 
-/// Sends the copy through hyper's client once its body is whole, reads the mirror's
-/// answer and reports it.
+/// Sends the copy through hyper's client once its body is whole (a backend picked then
+/// if not before), reads the mirror's answer and reports it.
 async fn send(
     up: &'static Upstreams,
-    (flight, mut guard): (Flight, RequestGuard),
+    (mirror, _flight): (Arc<Mirror>, Option<Flight>),
+    target: Target,
     (mut req, body, origin): (Request<ReqBody>, CopyBody, Option<(SocketAddr, SocketAddr)>),
     report: Option<Report>,
 ) {
-    let mirror = flight.mirror();
-    let Some(body) = whole(body).await else {
-        return mirror.count(Outcome::Skipped);
+    let body = match body {
+        CopyBody::Empty => None,
+        CopyBody::Ready(b) => Some(b),
+        CopyBody::Later(rx) => match rx.await {
+            Ok(b) => Some(b),
+            Err(_) => return mirror.count(Outcome::Skipped),
+        },
     };
     if let Some(b) = body {
         let full = http_body_util::Full::new(b).map_err(|e: Infallible| match e {});
         *req.body_mut() = ReqBody::streaming(ClientBody::stream(full), None);
     }
+    let mut guard = match target {
+        Target::Now(guard) => guard,
+        Target::Later { ip, trusted } => match pick(&mirror.pool, req.headers(), ip, &trusted) {
+            Some(guard) => guard,
+            None => return mirror.count(Outcome::Error),
+        },
+    };
     let digest = report.as_ref().map(Report::digest);
-    let answered = through_hyper(up, mirror, &mut guard, (req, origin), digest).await;
-    settle(mirror, guard, answered, report);
+    let answered = through_hyper(up, &mirror, &mut guard, (req, origin), digest).await;
+    settle(&mirror, guard, answered, report);
 }
 
 /// What a copy came to: an error counted, or the mirror's side reported.
@@ -201,29 +247,28 @@ fn settle(
     answered: Result<Answered, ()>,
     report: Option<Report>,
 ) {
-    let Ok(a) = answered else {
-        guard.fail();
-        guard.outcome(false);
-        return mirror.count(Outcome::Error);
+    let a = match answered {
+        Ok(Answered {
+            body: Read::Broken, ..
+        }) => return mirror.count(Outcome::Error),
+        Ok(a) => a,
+        Err(()) => {
+            guard.fail();
+            guard.outcome(false);
+            return mirror.count(Outcome::Error);
+        }
     };
     if let Some(report) = report {
-        let body = a.body.flatten().and_then(|d| report.finish(d));
+        let body = match a.body {
+            Read::Whole(Some(d)) => report.finish(d),
+            _ => None,
+        };
         let (status, latency) = (a.status.as_u16(), a.latency);
         report.send(Some(Side {
             status,
             latency,
             body,
         }));
-    }
-}
-
-/// The copy's body once it is whole: `Some(None)` without one, `None` when it cannot be
-/// copied after all (over the limit, broken off).
-async fn whole(body: CopyBody) -> Option<Option<Bytes>> {
-    match body {
-        CopyBody::Empty => Some(None),
-        CopyBody::Ready(b) => Some(Some(b)),
-        CopyBody::Later(rx) => rx.await.ok().map(Some),
     }
 }
 
@@ -239,14 +284,13 @@ async fn through_hyper(
     outgoing::for_backend(&mut req, &backend);
     let timeout = mirror.pool.settings.upstream_timeout;
     mirror.count(Outcome::Sent);
-    let started = Stamp::now();
-    let (answer, conn, _) = (up.send(&backend, req, timeout, origin).await).map_err(drop)?;
+    let (answer, conn, sent_at) = (up.send(&backend, req, timeout, origin).await).map_err(drop)?;
     let status = answer.status();
-    let latency = noted(guard, started, status);
+    let latency = noted(guard, sent_at, status);
     let mut body = answer.into_body();
     let limits = (mirror.spec.body_limit, timeout);
     let read = read_body(|cx| Pin::new(&mut body).poll_frame(cx), digest, limits).await;
-    if read.is_some() {
+    if let Read::Whole(_) = read {
         up.checkin(conn);
     }
     Ok(Answered {
@@ -256,11 +300,11 @@ async fn through_hyper(
     })
 }
 
-/// Notes an answer of `status` whose head came after the try `started`: its backend's
-/// latency sample and outcome, as any answer's. Returns the latency.
-fn noted(guard: &mut RequestGuard, started: Stamp, status: StatusCode) -> Duration {
+/// Notes an answer of `status` whose head came after the request left at `sent_at`:
+/// its backend's latency sample and outcome, as any answer's. Returns the latency.
+fn noted(guard: &mut RequestGuard, sent_at: Stamp, status: StatusCode) -> Duration {
     let now = Stamp::now();
-    let latency = now.since(started);
+    let latency = now.since(sent_at);
     crate::strategy::record_latency_at(guard.backend(), latency, now.ns());
     let failed = status.is_server_error();
     if failed {
@@ -271,30 +315,33 @@ fn noted(guard: &mut RequestGuard, started: Stamp, status: StatusCode) -> Durati
 }
 
 /// Reads an answer body whole (`next` gives its frames) within `timeout`, hashing it
-/// into `digest`; `None` when it broke off, took too long or ran past `limit` (its
-/// connection is then not reused), else the digest.
+/// into `digest`, but no further than `limit`.
 async fn read_body<E>(
     mut next: impl FnMut(&mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, E>>>,
     mut digest: Option<Digest>,
     (limit, timeout): (u64, Duration),
-) -> Option<Option<Digest>> {
+) -> Read {
     let read = async {
         let mut len = 0u64;
         while let Some(frame) = std::future::poll_fn(&mut next).await {
-            let frame = frame.ok()?;
+            let Ok(frame) = frame else {
+                return Read::Broken;
+            };
             if let Some(data) = frame.data_ref() {
                 len += data.len() as u64;
                 if len > limit {
-                    return None;
+                    return Read::TooLong;
                 }
                 if let Some(d) = digest.as_mut() {
                     d.update(data);
                 }
             }
         }
-        Some(digest)
+        Read::Whole(digest)
     };
-    tokio::time::timeout(timeout, read).await.ok().flatten()
+    tokio::time::timeout(timeout, read)
+        .await
+        .unwrap_or(Read::Broken)
 }
 
 /// The client's body on its way to the primary, copied for the mirror as it passes:
@@ -333,6 +380,10 @@ impl Body for Tee {
         let r = this.inner.poll_frame(cx);
         match &r {
             Poll::Ready(Some(Ok(frame))) => {
+                // The copy's task is gone (its request ended): nothing more to keep.
+                if this.to.as_ref().is_some_and(oneshot::Sender::is_closed) {
+                    this.give_up();
+                }
                 if let (Some(copy), Some(data)) = (this.copy.as_mut(), frame.data_ref()) {
                     if (copy.len() + data.len()) as u64 > this.limit {
                         this.give_up();

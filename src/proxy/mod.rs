@@ -586,7 +586,7 @@ impl Proxy {
                 Ok(r) => {
                     return match watch {
                         None => self.on_answer(req, chain, r),
-                        Some(w) => self.on_answer(req, chain, (*w).primary(r)),
+                        Some(w) => self.on_answer(req, chain, (*w).primary(r, fin.upstream)),
                     }
                 }
                 Err(miss) => {
@@ -598,7 +598,7 @@ impl Proxy {
         }
         match watch {
             None => self.give_up(req, fin, tries.last),
-            Some(w) => (*w).primary(self.give_up(req, fin, tries.last)),
+            Some(w) => (*w).primary(self.give_up(req, fin, tries.last), None),
         }
     }
 

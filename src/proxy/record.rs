@@ -104,7 +104,7 @@ impl Pending {
     /// Hands the record to the response body, which writes it when it ends.
     pub(crate) fn hand_off(&mut self) -> (Finish, &'static Recorder) {
         self.armed = false;
-        // Moved out, not cloned: what is left behind is never read.
+        // Moved out, not cloned: what is left behind is never written out.
         let left = Finish {
             started: self.fin.started,
             method: Method::GET,
@@ -112,7 +112,8 @@ impl Pending {
             client: self.fin.client,
             version: self.fin.version,
             status: self.fin.status,
-            upstream: None,
+            // Still read: a mirror compares the answer's latency (`proxy::mirror`).
+            upstream: self.fin.upstream,
             retries: 0,
             id: super::request_id::RequestId::Ours([b'0'; 32]),
             combined: None,
