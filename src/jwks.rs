@@ -37,8 +37,11 @@ pub(crate) struct Source {
     failures: AtomicU64,
     /// A fetch has ended, well or not (start waits for it).
     tried: AtomicBool,
-    /// When an unknown `kid` last started a fetch, and how many fetches had ended then.
+    /// When an unknown `kid` last asked for a fetch, and the count of ended fetches that
+    /// means the fetch it asked for has ended.
     kid_fetch: Mutex<Option<(Instant, u64)>>,
+    /// Counts fetches that started.
+    started: AtomicU64,
     /// Wakes the task for a fetch now.
     wake: Arc<Notify>,
     /// Counts fetches that ended: waiters for a fetch watch it.
@@ -75,6 +78,7 @@ pub(crate) fn source(url: &Uri, refresh: Duration) -> Arc<Source> {
         failures: AtomicU64::new(0),
         tried: AtomicBool::new(false),
         kid_fetch: Mutex::new(None),
+        started: AtomicU64::new(0),
         wake: Arc::new(Notify::new()),
         ended: watch::channel(0).0,
     });
@@ -136,25 +140,31 @@ impl Source {
         (!self.tried.load(Ordering::Acquire)).then_some(rx)
     }
 
-    /// Starts a fetch for an unknown `kid`, unless one started within [`KID_REFETCH`];
-    /// `Some` with a receiver that changes when it ends (or when the one started then
-    /// ends, while it runs); `None` when one started and ended within it.
-    pub(crate) fn fetch_for_kid(&self) -> Option<watch::Receiver<u64>> {
+    /// Starts a fetch for an unknown `kid`, unless one was asked for within
+    /// [`KID_REFETCH`]; `Some` while the fetch asked for has not ended: the receiver of
+    /// the count of ended fetches, and the count it reaches when it has. `None` when it
+    /// was asked for and has ended within [`KID_REFETCH`].
+    ///
+    /// A fetch under way when the `kid` is first seen may bring the set from before the
+    /// rotation: the fetch asked for is the one after it.
+    pub(crate) fn fetch_for_kid(&self) -> Option<(watch::Receiver<u64>, u64)> {
         let now = Instant::now();
         // Subscribed first: a fetch ending after the count is read still changes it.
         let rx = self.ended.subscribe();
         let ended = *rx.borrow();
         let mut last = self.kid_fetch.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((at, count)) = *last {
+        if let Some((at, until)) = *last {
             if now.duration_since(at) < KID_REFETCH {
                 // The fetch asked for then has not ended yet: wait for it too (a key
                 // rotation sends many new tokens at once).
-                return (ended == count).then_some(rx);
+                return (ended < until).then_some((rx, until));
             }
         }
-        *last = Some((now, ended));
+        let started = self.started.load(Ordering::Acquire);
+        let until = started.max(ended) + 1;
+        *last = Some((now, until));
         self.wake.notify_one();
-        Some(rx)
+        Some((rx, until))
     }
 
     /// One fetch: the set, or why not.
@@ -210,6 +220,7 @@ async fn run(source: Weak<Source>) {
         let Some(s) = source.upgrade() else {
             return;
         };
+        s.started.fetch_add(1, Ordering::Release);
         let outcome = s.fetch().await;
         let held = outcome.is_ok() || s.keys.load().is_some();
         s.ended(outcome);

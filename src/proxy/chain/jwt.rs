@@ -244,7 +244,7 @@ impl JwtStep {
     fn after_fetch<'s>(
         &'s self,
         cx: &mut Before<'_>,
-        mut ended: tokio::sync::watch::Receiver<u64>,
+        (mut ended, until): (tokio::sync::watch::Receiver<u64>, u64),
         token: String,
     ) -> Next<'s> {
         // The client cannot name itself while the keys come: its own fields of the
@@ -254,7 +254,15 @@ impl JwtStep {
         let source = cx.route.jwks.clone();
         let counts = Arc::clone(&cx.route.access);
         Next::wait(async move {
-            let _ = tokio::time::timeout(crate::jwks::FETCH_TIMEOUT, ended.changed()).await;
+            // Until the fetch asked for has ended (it may follow one under way).
+            let waited = async {
+                while *ended.borrow_and_update() < until {
+                    if ended.changed().await.is_err() {
+                        return;
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(2 * crate::jwks::FETCH_TIMEOUT, waited).await;
             let keys = source.as_ref().and_then(|s| s.keys());
             let outcome = match keys {
                 Some(k) => self.check(&token, &k),
@@ -304,7 +312,7 @@ impl Step for JwtStep {
             // A URL new at a reload: the request waits for its first fetch.
             let first = cx.route.jwks.as_ref().and_then(|s| s.first_fetch());
             let why = match (first, self.token_text(cx.head)) {
-                (Some(ended), Some(token)) => return self.after_fetch(cx, ended, token),
+                (Some(ended), Some(token)) => return self.after_fetch(cx, (ended, 1), token),
                 (_, None) => JwtRefusal::Missing,
                 (None, Some(_)) => JwtRefusal::NoKeys,
             };
