@@ -141,13 +141,14 @@ impl Source {
     }
 
     /// Starts a fetch for an unknown `kid`, unless one was asked for within
-    /// [`KID_REFETCH`]; `Some` while the fetch asked for has not ended: the receiver of
-    /// the count of ended fetches, and the count it reaches when it has. `None` when it
-    /// was asked for and has ended within [`KID_REFETCH`].
+    /// [`KID_REFETCH`]; the receiver of the count of ended fetches, and the count it
+    /// reaches when the fetch asked for has ended (reached already when it ended within
+    /// [`KID_REFETCH`]: the caller checks the token against the keys as they are now,
+    /// which may have come since it read them).
     ///
     /// A fetch under way when the `kid` is first seen may bring the set from before the
     /// rotation: the fetch asked for is the one after it.
-    pub(crate) fn fetch_for_kid(&self) -> Option<(watch::Receiver<u64>, u64)> {
+    pub(crate) fn fetch_for_kid(&self) -> (watch::Receiver<u64>, u64) {
         let now = Instant::now();
         // Subscribed first: a fetch ending after the count is read still changes it.
         let rx = self.ended.subscribe();
@@ -157,14 +158,14 @@ impl Source {
             if now.duration_since(at) < KID_REFETCH {
                 // The fetch asked for then has not ended yet: wait for it too (a key
                 // rotation sends many new tokens at once).
-                return (ended < until).then_some((rx, until));
+                return (rx, until);
             }
         }
         let started = self.started.load(Ordering::Acquire);
         let until = started.max(ended) + 1;
         *last = Some((now, until));
         self.wake.notify_one();
-        Some((rx, until))
+        (rx, until)
     }
 
     /// One fetch: the set, or why not.

@@ -324,7 +324,7 @@ impl Step for JwtStep {
             Seen::New(token) => match self.check(&token, keys) {
                 Ok(fields) => fields,
                 Err(JwtRefusal::UnknownKey) => {
-                    let fetch = cx.route.jwks.as_ref().and_then(|s| s.fetch_for_kid());
+                    let fetch = cx.route.jwks.as_ref().map(|s| s.fetch_for_kid());
                     match fetch {
                         Some(ended) => return self.after_fetch(cx, ended, token),
                         None => {
