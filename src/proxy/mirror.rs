@@ -163,7 +163,8 @@ fn body_of(req: &mut Outgoing<'_>, kept: Option<&Bytes>, limit: u64) -> Option<C
         return None;
     }
     let (tx, rx) = oneshot::channel();
-    let room = stated.unwrap_or(limit).min(limit);
+    // Room for a stated length; a body of unknown length grows as it comes.
+    let room = stated.map_or(0, |n| n.min(limit));
     req.body = Some(ClientBody::stream(Tee {
         inner,
         copy: Some(BytesMut::with_capacity(usize::try_from(room).unwrap_or(0))),
