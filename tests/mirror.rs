@@ -192,6 +192,24 @@ async fn copies_are_bounded_in_flight_and_by_body() {
             .last_body_len
             .load(std::sync::atomic::Ordering::SeqCst)
     );
+    // The same over HTTP/2 (h2c, curl), its body a stream of the h2 front end's.
+    let out = std::process::Command::new("curl")
+        .args(["-s", "--http2-prior-knowledge", "-w", " %{http_version}"])
+        .args(["--data-binary", &"h".repeat(2500)])
+        .arg(f.url("/m/post"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(text.ends_with(" 2"), "{text}");
+    let copied = eventually(Duration::from_secs(5), || async {
+        shadow
+            .stats
+            .last_body_len
+            .load(std::sync::atomic::Ordering::SeqCst)
+            == 2500
+    })
+    .await;
+    assert!(copied, "the mirror got the h2 request's body");
     // A 10 kB body is not copied, stated or streamed; the client is served all the same.
     let before = shadow.requests();
     let big = "c".repeat(10_000);
