@@ -15,6 +15,7 @@ mod fields;
 mod file;
 mod file_backends;
 mod file_pools;
+pub(crate) mod opt;
 pub(crate) mod options;
 pub(crate) mod outlier;
 pub(crate) mod pem;

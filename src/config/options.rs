@@ -11,92 +11,10 @@
 
 use std::path::PathBuf;
 
+pub(crate) use super::opt::{FileType, Opt, Reload};
 use super::pool_settings::PoolSettings;
 use super::values::*;
 use super::Settings;
-
-/// How a value is written in the config file (on the command line every value is text).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum FileType {
-    /// A string.
-    Str,
-    /// An integer.
-    Int,
-    /// A number, integer or not.
-    Float,
-    /// A boolean, or the strings `on` and `off`.
-    Switch,
-    /// A string, or a list of strings (joined with commas).
-    StrOrList,
-    /// A size: an integer (bytes) or a string with a unit (`"1m"`).
-    Size,
-    /// A table of plain values (`{ interval = "10s", min_hosts = 3 }`), or on the
-    /// command line the same as `key=value` pairs joined with commas.
-    Pairs,
-    /// An integer, or a string (`max_conns = 8` or `max_conns = "auto"`).
-    IntOrStr,
-}
-
-/// What a reload does with a changed value, and whether a pool may set it for itself.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Reload {
-    /// Applied to the running process (see `reload.rs`).
-    Live,
-    /// Kept until a restart; a change is listed in `restart_required` under this name.
-    Restart(&'static str, fn(&Settings, &Settings) -> bool),
-    /// A pool's own setting ([`PoolSettings`]), applied to the running pool.
-    PoolLive,
-    /// A pool's own setting, kept while the pool runs; a change is listed in
-    /// `restart_required` under this name (`pools.NAME.` before it for a `[[pools]]`
-    /// entry's own value).
-    PoolRestart(&'static str, fn(&PoolSettings, &PoolSettings) -> bool),
-}
-
-/// One option.
-#[derive(Debug)]
-pub(crate) struct Opt {
-    /// The config file's key; the flag is `--` + the key with `-` for `_`.
-    pub(crate) key: &'static str,
-    /// The table (`health`, `outlier`, `sticky`) and the key inside it under which the file may
-    /// also write this setting, if it has one.
-    pub(crate) table_key: Option<(&'static str, &'static str)>,
-    /// The placeholder of the flag's value in `--help`.
-    pub(crate) value_name: &'static str,
-    /// What it does, for `--help`.
-    pub(crate) help: &'static str,
-    /// The built-in default as it would be written; `None` when there is none or it is
-    /// not a constant (see `default_text`).
-    pub(crate) default: Option<&'static str>,
-    /// The default as `--help` states it when it is not a constant.
-    pub(crate) default_text: Option<&'static str>,
-    /// How the file writes it.
-    pub(crate) file_type: FileType,
-    /// Parses a value and stores it.
-    pub(crate) set: fn(&mut Settings, &str) -> Result<(), String>,
-    /// What a reload does with it.
-    pub(crate) reload: Reload,
-}
-
-impl Opt {
-    /// Whether a pool may set it for itself (a key of `[[pools]]` and of a pool made
-    /// through the admin API or the store).
-    pub(crate) fn per_pool(&self) -> bool {
-        matches!(self.reload, Reload::PoolLive | Reload::PoolRestart(..))
-    }
-
-    /// The flag's name, without the leading `--`.
-    pub(crate) fn flag(&self) -> String {
-        self.key.replace('_', "-")
-    }
-
-    /// The help line with the default, as `--help` prints it.
-    pub(crate) fn help_line(&self) -> String {
-        match self.default.or(self.default_text) {
-            Some(d) => format!("{} [default: {d}]", self.help),
-            None => self.help.to_string(),
-        }
-    }
-}
 
 /// Looks up an option by its file key.
 pub(crate) fn find(key: &str) -> Option<&'static Opt> {
@@ -134,46 +52,6 @@ macro_rules! pool_restart {
     ($name:literal, $($field:ident).+) => {
         Reload::PoolRestart($name, |a, b| a.$($field).+ != b.$($field).+)
     };
-}
-
-/// A duration greater than zero.
-fn positive(s: &str) -> Result<std::time::Duration, String> {
-    parse_positive_duration(s)
-}
-
-/// `http1` or `h2`.
-fn parse_protocol(s: &str) -> Result<super::Protocol, String> {
-    match s {
-        "http1" | "http/1.1" => Ok(super::Protocol::Http1),
-        "h2" | "http2" => Ok(super::Protocol::H2),
-        _ => Err(format!("invalid protocol '{s}' (expected http1 or h2)")),
-    }
-}
-
-/// `off`, `v1` or `v2`.
-fn parse_send_proxy(s: &str) -> Result<Option<crate::proxy_protocol::Version>, String> {
-    use crate::proxy_protocol::Version;
-    match s {
-        "off" => Ok(None),
-        "v1" => Ok(Some(Version::V1)),
-        "v2" => Ok(Some(Version::V2)),
-        _ => Err(format!(
-            "invalid send_proxy_protocol '{s}' (expected off, v1 or v2)"
-        )),
-    }
-}
-
-/// A file's path, not empty.
-fn non_empty_path(s: &str) -> Result<PathBuf, String> {
-    if s.is_empty() {
-        return Err("the path is empty".into());
-    }
-    Ok(PathBuf::from(s))
-}
-
-/// A health threshold.
-fn threshold(s: &str) -> Result<u32, String> {
-    parse_uint::<u32>(s, 1, 100)
 }
 
 /// Every option of `fulcrum serve`, in `--help` order.
@@ -929,16 +807,6 @@ pub(crate) fn pool_restart_required(a: &PoolSettings, b: &PoolSettings) -> Vec<&
             _ => None,
         })
         .collect()
-}
-
-/// A list of addresses and CIDRs, comma-separated (or a list in the file).
-fn parse_ip_set(v: &str) -> Result<crate::ipset::IpSet, String> {
-    let entries: Vec<&str> = v
-        .split(',')
-        .map(str::trim)
-        .filter(|e| !e.is_empty())
-        .collect();
-    crate::ipset::IpSet::parse(&entries)
 }
 
 #[cfg(test)]

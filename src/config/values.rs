@@ -498,6 +498,58 @@ pub(crate) fn parse_upgrade_protocols(s: &str) -> Result<Vec<String>, String> {
         .collect()
 }
 
+// The forms of the options table's values (`config::options`).
+
+/// A duration greater than zero.
+pub(super) fn positive(s: &str) -> Result<std::time::Duration, String> {
+    parse_positive_duration(s)
+}
+
+/// `http1` or `h2`.
+pub(super) fn parse_protocol(s: &str) -> Result<super::Protocol, String> {
+    match s {
+        "http1" | "http/1.1" => Ok(super::Protocol::Http1),
+        "h2" | "http2" => Ok(super::Protocol::H2),
+        _ => Err(format!("invalid protocol '{s}' (expected http1 or h2)")),
+    }
+}
+
+/// `off`, `v1` or `v2`.
+pub(super) fn parse_send_proxy(s: &str) -> Result<Option<crate::proxy_protocol::Version>, String> {
+    use crate::proxy_protocol::Version;
+    match s {
+        "off" => Ok(None),
+        "v1" => Ok(Some(Version::V1)),
+        "v2" => Ok(Some(Version::V2)),
+        _ => Err(format!(
+            "invalid send_proxy_protocol '{s}' (expected off, v1 or v2)"
+        )),
+    }
+}
+
+/// A file's path, not empty.
+pub(super) fn non_empty_path(s: &str) -> Result<PathBuf, String> {
+    if s.is_empty() {
+        return Err("the path is empty".into());
+    }
+    Ok(PathBuf::from(s))
+}
+
+/// A health threshold.
+pub(super) fn threshold(s: &str) -> Result<u32, String> {
+    parse_uint::<u32>(s, 1, 100)
+}
+
+/// A list of addresses and CIDRs, comma-separated (or a list in the file).
+pub(super) fn parse_ip_set(v: &str) -> Result<crate::ipset::IpSet, String> {
+    let entries: Vec<&str> = v
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .collect();
+    crate::ipset::IpSet::parse(&entries)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
