@@ -14,8 +14,10 @@ mod outgoing;
 mod placement;
 mod plain_first;
 pub(crate) mod record;
+mod refusal;
 pub(crate) mod request_id;
 mod retry;
+mod settings;
 mod sticky;
 mod tunnel;
 mod upstream;
@@ -48,41 +50,17 @@ pub(crate) use message::{
 use outgoing::{build_upstream, write_inline_head, Outgoing};
 pub(crate) use plain_first::PlainFirst;
 pub(crate) use record::{Finish, Pending, Recorder};
+use refusal::{within_body_limit, Refusal};
 use request_id::RequestId;
+pub(crate) use settings::ProxySettings;
 pub(crate) use tunnel::ClientUpgrade;
 pub(crate) use upstream::{Failure, Upstreams};
 
 use crate::clock::Stamp;
-use crate::config::Settings;
 use crate::pool::{Ask, Backend, NoPick, Pool, QueueError, RequestGuard, Turn};
 use crate::site::RoutePolicy;
 use crate::site::Site;
 use crate::stats::bump;
-
-/// The proxy-wide settings the request path reads (a pool's own are on the
-/// [`Pool`]).
-#[derive(Debug, Clone)]
-pub(crate) struct ProxySettings {
-    /// Shed above this many in flight (0 = off).
-    pub(crate) max_inflight: usize,
-    /// Peers whose forwarding headers are believed.
-    pub(crate) trusted_proxies: Vec<IpNet>,
-    /// The access log's format; `None` when it is off.
-    pub(crate) access_log: Option<crate::config::AccessFormat>,
-    /// What the plain listener answers itself before any route (`http-01`,
-    /// `redirect_https`); `None` when neither is on, one check per request.
-    pub(crate) plain_first: Option<Arc<PlainFirst>>,
-    /// `accept_proxy_protocol`.
-    pub(crate) accept_proxy_protocol: bool,
-    /// `send_timeout`: how long a client may take no byte of an answer.
-    pub(crate) send_timeout: Duration,
-    /// `upgrade_protocols`: what an `Upgrade` is tunnelled for, in lower case.
-    pub(crate) upgrade_protocols: Arc<[String]>,
-    /// `max_connections_per_client`, shared by every worker; `None` when off.
-    pub(crate) per_client: Option<Arc<crate::listeners::PerClient>>,
-    /// `trace_context`: a request without a `traceparent` gets one.
-    pub(crate) trace_context: bool,
-}
 
 /// What a request's head gives its combined access log line; the length comes with the
 /// answer.
@@ -92,39 +70,6 @@ fn combined_fields(head: &RequestHead) -> Box<record::Combined> {
         user_agent: head.field(&header::USER_AGENT),
         bytes: None,
     })
-}
-
-/// The access log's format when there is one: its own, else the logs'.
-fn access_format(s: &Settings) -> Option<crate::config::AccessFormat> {
-    use crate::config::{AccessFormat, AccessLog, LogFormat};
-    if s.access_log == AccessLog::Off {
-        return None;
-    }
-    Some(s.access_log_format.unwrap_or(match s.log_format {
-        LogFormat::Text => AccessFormat::Text,
-        LogFormat::Json => AccessFormat::Json,
-    }))
-}
-
-impl ProxySettings {
-    /// The request-path part of the settings.
-    pub(crate) fn from_settings(s: &Settings) -> Self {
-        ProxySettings {
-            max_inflight: s.max_inflight,
-            trusted_proxies: s.trusted_proxies.clone(),
-            access_log: access_format(s),
-            trace_context: s.trace_context,
-            plain_first: None,
-            accept_proxy_protocol: s.accept_proxy_protocol,
-            send_timeout: s.send_timeout,
-            upgrade_protocols: s.upgrade_protocols.clone().into(),
-            per_client: (s.max_connections_per_client > 0).then(|| {
-                Arc::new(crate::listeners::PerClient::new(
-                    s.max_connections_per_client,
-                ))
-            }),
-        }
-    }
 }
 
 /// One worker's proxy: shared pools and routes, own upstream connections.
@@ -140,35 +85,6 @@ pub(crate) struct Proxy {
 /// Request heads larger than this are refused with 431.
 pub(crate) const MAX_HEADER_BYTES: usize = 64 * 1024;
 
-impl Failure {
-    fn answer(&self) -> ProxyResponse {
-        match self {
-            Failure::Connect => ProxyResponse::own(
-                StatusCode::BAD_GATEWAY,
-                "bad gateway: backend unreachable\n",
-            ),
-            Failure::Broken => ProxyResponse::own(StatusCode::BAD_GATEWAY, "bad gateway\n"),
-            Failure::Timeout => {
-                ProxyResponse::own(StatusCode::GATEWAY_TIMEOUT, "gateway timeout\n")
-            }
-            // Nobody is left to read it; hyper needs some answer all the same.
-            Failure::ClientGone => {
-                ProxyResponse::own(StatusCode::BAD_REQUEST, "request body broke off\n")
-            }
-            // As nginx's `client_body_timeout`: 408, and the connection ends (the rest of
-            // the body may still come).
-            Failure::ClientStalled => ProxyResponse::own(
-                StatusCode::REQUEST_TIMEOUT,
-                "request timeout: the request body stopped arriving\n",
-            )
-            .with_field(header::CONNECTION, HeaderValue::from_static("close")),
-            // As shedding answers (`--max-inflight`).
-            Failure::NoDescriptor => Refusal::Overloaded.answer(),
-            Failure::BodyTooLarge => Refusal::BodyTooLarge.answer(),
-        }
-    }
-}
-
 /// Where a route sends a request.
 struct Routed {
     /// The pool, held until the request ends.
@@ -179,43 +95,6 @@ struct Routed {
     policies: Option<Arc<RoutePolicy>>,
     /// The route's mirror, when it has one.
     mirror: Option<Arc<crate::mirror::Mirror>>,
-}
-
-/// Why a request is refused before any pick.
-#[derive(Debug, Clone, Copy)]
-enum Refusal {
-    /// The head is over [`MAX_HEADER_BYTES`].
-    TooLarge,
-    /// The proxy is over `--max-inflight`.
-    Overloaded,
-    /// No route takes it.
-    NoRoute,
-    /// Its body is over its pool's `max_request_body` (nginx's `client_max_body_size`).
-    BodyTooLarge,
-    /// The head breaks a rule of [`validate`].
-    Invalid(validate::Invalid),
-}
-
-impl Refusal {
-    fn answer(self) -> ProxyResponse {
-        match self {
-            Refusal::TooLarge => ProxyResponse::own(
-                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-                "request header fields too large\n",
-            ),
-            Refusal::Overloaded => {
-                ProxyResponse::own(StatusCode::SERVICE_UNAVAILABLE, "overloaded, retry later\n")
-                    .with_field(header::RETRY_AFTER, HeaderValue::from_static("1"))
-            }
-            Refusal::NoRoute => ProxyResponse::own(StatusCode::NOT_FOUND, "no route\n"),
-            // The rest of the body may still come: the connection ends.
-            Refusal::BodyTooLarge => {
-                ProxyResponse::own(StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n")
-                    .with_field(header::CONNECTION, HeaderValue::from_static("close"))
-            }
-            Refusal::Invalid(why) => why.answer(),
-        }
-    }
 }
 
 impl Proxy {
@@ -1064,20 +943,3 @@ enum Before<'w, 'c> {
 
 /// What a wait before the pool ends in: [`Before::Ready`]'s fields, or the answer.
 type Readied<'c> = Result<(Option<&'c Chain>, retry::Again), ProxyResponse>;
-
-/// A request whose stated length is over its pool's `max_request_body` is refused
-/// before anything of it is forwarded (a body without a stated length is counted as it
-/// streams: `ReqBody`).
-#[inline]
-fn within_body_limit(head: &RequestHead, pool: &Pool) -> Result<(), Refusal> {
-    let Some(limit) = pool.settings.max_request_body else {
-        return Ok(());
-    };
-    let stated = head
-        .field(&header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
-    match stated {
-        Some(n) if n > limit => Err(Refusal::BodyTooLarge),
-        _ => Ok(()),
-    }
-}
