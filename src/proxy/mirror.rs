@@ -7,6 +7,11 @@
 //! is the one retries keep when they keep it; else the client's body is copied as the
 //! primary reads it (never faster: the copy is sent once it is whole), up to the
 //! mirror's `body_limit` — a longer one drops the copy (skipped).
+//!
+//! The copy goes through hyper's client, not the inline exchange the client's own
+//! bodiless request takes: a second caller of that exchange would take it out of the
+//! request's future and make every request dearer, mirrored or not
+//! (`docs/performance.md`, "Mirrors").
 
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
