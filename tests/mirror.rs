@@ -157,6 +157,18 @@ async fn a_slow_mirror_never_delays_the_client_and_sees_each_copy_marked() {
     assert_eq!(r.status, 404, "{}", r.text());
 }
 
+/// Waits for `mirror` to have got a body of `len` bytes.
+async fn copied_body(mirror: &TestBackend, len: u64) {
+    let got = || {
+        mirror
+            .stats
+            .last_body_len
+            .load(std::sync::atomic::Ordering::SeqCst)
+    };
+    let copied = eventually(Duration::from_secs(5), || async { got() == len }).await;
+    assert!(copied, "the mirror got {} bytes, not {len}", got());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn copies_are_bounded_in_flight_and_by_body() {
     let app = TestBackend::start("app");
@@ -176,22 +188,7 @@ async fn copies_are_bounded_in_flight_and_by_body() {
     let body = "b".repeat(3000);
     let r = send(&c, "POST", &f.url("/m/post"), &[], body.clone()).await;
     assert_eq!((r.status.as_u16(), r.backend()), (200, "app".to_string()));
-    let copied = eventually(Duration::from_secs(5), || async {
-        shadow
-            .stats
-            .last_body_len
-            .load(std::sync::atomic::Ordering::SeqCst)
-            == 3000
-    })
-    .await;
-    assert!(
-        copied,
-        "the mirror got {} bytes",
-        shadow
-            .stats
-            .last_body_len
-            .load(std::sync::atomic::Ordering::SeqCst)
-    );
+    copied_body(&shadow, 3000).await;
     // The same over HTTP/2 (h2c, curl), its body a stream of the h2 front end's.
     let out = std::process::Command::new("curl")
         .args(["-s", "--http2-prior-knowledge", "-w", " %{http_version}"])
@@ -201,15 +198,7 @@ async fn copies_are_bounded_in_flight_and_by_body() {
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(text.ends_with(" 2"), "{text}");
-    let copied = eventually(Duration::from_secs(5), || async {
-        shadow
-            .stats
-            .last_body_len
-            .load(std::sync::atomic::Ordering::SeqCst)
-            == 2500
-    })
-    .await;
-    assert!(copied, "the mirror got the h2 request's body");
+    copied_body(&shadow, 2500).await;
     // A 10 kB body is not copied, stated or streamed; the client is served all the same.
     let before = shadow.requests();
     let big = "c".repeat(10_000);

@@ -214,7 +214,9 @@ const OCTAVES: usize = 28;
 /// [`SUB`] per octave.
 const BUCKETS: usize = (OCTAVES - 3) * SUB;
 
-/// A latency distribution with logarithmic buckets (as HdrHistogram's, coarser).
+/// A latency distribution with logarithmic buckets (as HdrHistogram's, coarser). Not
+/// [`crate::stats::Histogram`]: its 13 Prometheus buckets (1 ms … 10 s) are too coarse for
+/// a p99 ratio judged against 1.2.
 #[derive(Debug)]
 struct Histogram {
     counts: Box<[u64; BUCKETS]>,
