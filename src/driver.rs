@@ -27,7 +27,7 @@ pub(crate) const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 pub(crate) const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// hyper's server connection builder, for the HTTP/1.1 connections the fast path hands
-/// over (HTTP/2 has its own front end, `h2_front`).
+/// over (HTTP/2 has its own front end, `http2`).
 type HttpBuilder = hyper::server::conn::http1::Builder;
 
 fn http_builder() -> HttpBuilder {
@@ -477,7 +477,7 @@ impl ClientConn<'_> {
             .await
     }
 
-    /// Serves an HTTP/2 connection ([`crate::h2_front`]) until it ends: its streams are
+    /// Serves an HTTP/2 connection ([`crate::http2`]) until it ends: its streams are
     /// futures polled here, beside the connection, under the [`Watchdog`]'s timeouts
     /// and the stop, which close it gracefully (`GOAWAY`: the streams open finish); a
     /// graceful close that takes longer than [`GRACE`] is cut.
@@ -498,11 +498,11 @@ impl ClientConn<'_> {
         // sends it is closed at the idle timeout, without a GOAWAY (there is no HTTP/2
         // connection yet to send one on).
         let conn = tokio::select! {
-            c = crate::h2_front::handshake(io) => c?,
+            c = crate::http2::handshake(io) => c?,
             _ = dog.verdict() => return Err("no HTTP/2 handshake in time".into()),
         };
         let close = std::sync::atomic::AtomicBool::new(false);
-        let served = crate::h2_front::serve(conn, self.proxy, &client, &activity, &close);
+        let served = crate::http2::serve(conn, self.proxy, &client, &activity, &close);
         tokio::pin!(served);
         // `watched` polls `served` again after each close it asks for: that is how the
         // flag is seen.

@@ -29,10 +29,10 @@ pub(crate) mod front;
 pub mod fuzzing;
 #[cfg(all(test, not(fuzzing)))]
 mod fuzzing;
-pub(crate) mod h2_front;
 pub(crate) mod h3_front;
 pub(crate) mod h3_quic;
 pub(crate) mod health;
+pub(crate) mod http2;
 pub(crate) mod hyper_front;
 pub(crate) mod identity;
 pub(crate) mod ipset;

@@ -1,0 +1,509 @@
+//! Header blocks (RFC 7541, RFC 9113 §8): a client's blocks decoded into a request head
+//! (or trailers) with every rule of RFC 9113 §8.2 and §8.3 checked, and answers' heads
+//! encoded.
+//!
+//! Decoding is `loona-hpack`'s (a maintained HPACK decoder, Huffman included, that hands
+//! each field over as borrowed bytes). Encoding is fulcrum's own, and small: every field
+//! is a literal without indexing, its name taken from the static table when it is
+//! there, `:status` indexed for the seven codes the table has. That is HAProxy's choice
+//! too: nothing is kept per connection, so an answer's head is written without
+//! allocating, and the client's `SETTINGS_HEADER_TABLE_SIZE` cannot matter (a dynamic
+//! table this side never fills needs no size update). What it gives up is measured in
+//! `docs/http2.md`, "Answers' heads".
+
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::{Method, StatusCode, Uri};
+
+/// The dynamic table a client's encoder may use (RFC 7541 §4.2; the SETTINGS default).
+pub(crate) const TABLE_SIZE: usize = 4096;
+
+/// Why a header block could not be taken.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum BlockError {
+    /// Not valid HPACK: the connection's tables can no longer agree
+    /// (`COMPRESSION_ERROR`, a connection error).
+    Compression,
+    /// Valid HPACK, but not a valid request or trailers (RFC 9113 §8.1.1: a stream
+    /// error `PROTOCOL_ERROR`).
+    Malformed(&'static str),
+    /// A header list longer than this side takes (answered `431`).
+    TooLarge,
+}
+
+/// A client's request head as its header block gave it.
+#[derive(Debug)]
+pub(crate) struct Request {
+    /// `:method`.
+    pub(crate) method: Method,
+    /// The target built from `:scheme`, `:authority` and `:path`.
+    pub(crate) uri: Uri,
+    /// The regular fields.
+    pub(crate) fields: HeaderMap,
+    /// An extended CONNECT (RFC 8441's `:protocol`), answered `501`.
+    pub(crate) extended_connect: bool,
+}
+
+/// The pseudo-fields of a request, as they came.
+#[derive(Default)]
+struct Pseudo {
+    method: Option<Vec<u8>>,
+    scheme: Option<Vec<u8>>,
+    authority: Option<Vec<u8>>,
+    path: Option<Vec<u8>>,
+    protocol: bool,
+}
+
+/// The decoder of a connection's header blocks.
+pub(crate) struct Decoder {
+    inner: loona_hpack::Decoder<'static>,
+    /// The longest header list taken (names, values and 32 bytes a field, RFC 9113
+    /// §6.5.2).
+    max_list: usize,
+}
+
+impl Decoder {
+    /// A decoder taking header lists up to `max_list` bytes.
+    pub(crate) fn new(max_list: usize) -> Decoder {
+        let mut inner = loona_hpack::Decoder::new();
+        inner.set_max_allowed_table_size(TABLE_SIZE);
+        Decoder { inner, max_list }
+    }
+
+    /// A request's header block. The whole block is always decoded, whatever is wrong
+    /// with the fields in it: the dynamic table must follow the client's.
+    pub(crate) fn request(&mut self, block: &[u8]) -> Result<Request, BlockError> {
+        let mut pseudo = Pseudo::default();
+        let mut fields = HeaderMap::new();
+        let mut wrong: Option<BlockError> = None;
+        let mut size = 0usize;
+        let decoded = self.inner.decode_with_cb(block, |name, value| {
+            size += name.len() + value.len() + 32;
+            if wrong.is_some() {
+                return;
+            }
+            if size > self.max_list {
+                wrong = Some(BlockError::TooLarge);
+                return;
+            }
+            let taken = match name.strip_prefix(b":") {
+                Some(p) if fields.is_empty() => pseudo_field(&mut pseudo, p, &value),
+                Some(_) => Err("a pseudo-field after a regular field"),
+                None => regular_field(&mut fields, &name, &value),
+            };
+            if let Err(why) = taken {
+                wrong = Some(BlockError::Malformed(why));
+            }
+        });
+        decoded.map_err(|_| BlockError::Compression)?;
+        if let Some(e) = wrong {
+            return Err(e);
+        }
+        let (method, uri) = target(&pseudo)?;
+        if let (Some(a), Some(h)) = (uri.authority(), fields.get(http::header::HOST)) {
+            if !a.as_str().as_bytes().eq_ignore_ascii_case(h.as_bytes()) {
+                return Err(BlockError::Malformed("a Host other than :authority"));
+            }
+        }
+        Ok(Request {
+            method,
+            uri,
+            fields,
+            extended_connect: pseudo.protocol,
+        })
+    }
+
+    /// A trailers block (RFC 9113 §8.1): regular fields only.
+    pub(crate) fn trailers(&mut self, block: &[u8]) -> Result<HeaderMap, BlockError> {
+        let mut fields = HeaderMap::new();
+        let mut wrong: Option<BlockError> = None;
+        let mut size = 0usize;
+        let decoded = self.inner.decode_with_cb(block, |name, value| {
+            size += name.len() + value.len() + 32;
+            if wrong.is_some() {
+                return;
+            }
+            let taken = match (size > self.max_list, name.starts_with(b":")) {
+                (true, _) => Err(BlockError::TooLarge),
+                (false, true) => Err(BlockError::Malformed("a pseudo-field in trailers")),
+                (false, false) => {
+                    regular_field(&mut fields, &name, &value).map_err(BlockError::Malformed)
+                }
+            };
+            wrong = taken.err();
+        });
+        decoded.map_err(|_| BlockError::Compression)?;
+        match wrong {
+            // Trailers too large are a broken request: the stream is reset.
+            Some(BlockError::TooLarge) => Err(BlockError::Malformed("trailers too large")),
+            Some(e) => Err(e),
+            None => Ok(fields),
+        }
+    }
+}
+
+/// Takes one pseudo-field (`name` without its colon).
+fn pseudo_field(p: &mut Pseudo, name: &[u8], value: &[u8]) -> Result<(), &'static str> {
+    let slot = match name {
+        b"method" => &mut p.method,
+        b"scheme" => &mut p.scheme,
+        b"authority" => &mut p.authority,
+        b"path" => &mut p.path,
+        b"protocol" if !p.protocol => {
+            p.protocol = true;
+            return Ok(());
+        }
+        _ => return Err("an unknown or repeated pseudo-field"),
+    };
+    if slot.is_some() {
+        return Err("a repeated pseudo-field");
+    }
+    *slot = Some(value.to_vec());
+    Ok(())
+}
+
+/// The fields HTTP/2 forbids (RFC 9113 §8.2.2): they belong to one HTTP/1.1
+/// connection.
+fn connection_specific(name: &[u8]) -> bool {
+    matches!(
+        name,
+        b"connection" | b"keep-alive" | b"proxy-connection" | b"transfer-encoding" | b"upgrade"
+    )
+}
+
+/// Takes one regular field: its name lower case and a token, its value without the
+/// characters RFC 9113 §8.2.1 forbids.
+fn regular_field(fields: &mut HeaderMap, name: &[u8], value: &[u8]) -> Result<(), &'static str> {
+    if name.is_empty() || !name.iter().all(|&c| is_lower_token(c)) {
+        return Err("a field name that is not a lower-case token");
+    }
+    if connection_specific(name) {
+        return Err("a connection-specific field");
+    }
+    if name == b"te" && value != b"trailers" {
+        return Err("TE other than trailers");
+    }
+    let edge = |c: Option<&u8>| matches!(c, Some(b' ' | b'\t'));
+    if edge(value.first()) || edge(value.last()) {
+        return Err("a field value with white space at an end");
+    }
+    if value.iter().any(|&c| matches!(c, 0 | b'\r' | b'\n')) {
+        return Err("NUL, CR or LF in a field value");
+    }
+    let name = HeaderName::from_bytes(name).map_err(|_| "an invalid field name")?;
+    let value = HeaderValue::from_bytes(value).map_err(|_| "an invalid field value")?;
+    fields.append(name, value);
+    Ok(())
+}
+
+/// A character of a field name as HTTP/2 carries it: a token character (RFC 9110
+/// §5.6.2) that is not upper case.
+fn is_lower_token(c: u8) -> bool {
+    matches!(c,
+        b'a'..=b'z' | b'0'..=b'9' | b'!' | b'#' | b'$' | b'%' | b'&' | b'\'' | b'*'
+        | b'+' | b'-' | b'.' | b'^' | b'_' | b'`' | b'|' | b'~')
+}
+
+/// The method and target of a request's pseudo-fields (RFC 9113 §8.3.1): `:method`,
+/// `:scheme` and a non-empty `:path` for every method but CONNECT, which has only an
+/// `:authority` (or, extended, all four and `:protocol`).
+fn target(p: &Pseudo) -> Result<(Method, Uri), BlockError> {
+    let malformed = BlockError::Malformed;
+    let method = p.method.as_deref().ok_or(malformed("no :method"))?;
+    let method = Method::from_bytes(method).map_err(|_| malformed("an invalid :method"))?;
+    if method == Method::CONNECT && !p.protocol {
+        if p.scheme.is_some() || p.path.is_some() {
+            return Err(malformed("CONNECT with :scheme or :path"));
+        }
+        let authority = p
+            .authority
+            .as_deref()
+            .ok_or(malformed("CONNECT without :authority"))?;
+        let uri = Uri::try_from(authority).map_err(|_| malformed("an invalid :authority"))?;
+        return Ok((method, uri));
+    }
+    if p.protocol && method != Method::CONNECT {
+        return Err(malformed(":protocol on a method other than CONNECT"));
+    }
+    let scheme = p.scheme.as_deref().ok_or(malformed("no :scheme"))?;
+    let path = p.path.as_deref().unwrap_or_default();
+    if path.is_empty() {
+        return Err(malformed("no :path"));
+    }
+    let uri = match p.authority.as_deref() {
+        Some(a) => Uri::builder()
+            .scheme(scheme)
+            .authority(a)
+            .path_and_query(path)
+            .build(),
+        None => Uri::builder().path_and_query(path).build(),
+    };
+    let uri = uri.map_err(|_| malformed("an invalid :scheme, :authority or :path"))?;
+    Ok((method, uri))
+}
+
+/// The static table's index of `name`'s first entry (RFC 7541 Appendix A), for the
+/// fields an answer may carry.
+fn static_name(name: &str) -> Option<u8> {
+    Some(match name {
+        "accept-charset" => 15,
+        "accept-encoding" => 16,
+        "accept-language" => 17,
+        "accept-ranges" => 18,
+        "accept" => 19,
+        "access-control-allow-origin" => 20,
+        "age" => 21,
+        "allow" => 22,
+        "authorization" => 23,
+        "cache-control" => 24,
+        "content-disposition" => 25,
+        "content-encoding" => 26,
+        "content-language" => 27,
+        "content-length" => 28,
+        "content-location" => 29,
+        "content-range" => 30,
+        "content-type" => 31,
+        "cookie" => 32,
+        "date" => 33,
+        "etag" => 34,
+        "expect" => 35,
+        "expires" => 36,
+        "from" => 37,
+        "host" => 38,
+        "if-match" => 39,
+        "if-modified-since" => 40,
+        "if-none-match" => 41,
+        "if-range" => 42,
+        "if-unmodified-since" => 43,
+        "last-modified" => 44,
+        "link" => 45,
+        "location" => 46,
+        "max-forwards" => 47,
+        "proxy-authenticate" => 48,
+        "proxy-authorization" => 49,
+        "range" => 50,
+        "referer" => 51,
+        "refresh" => 52,
+        "retry-after" => 53,
+        "server" => 54,
+        "set-cookie" => 55,
+        "strict-transport-security" => 56,
+        "transfer-encoding" => 57,
+        "user-agent" => 58,
+        "vary" => 59,
+        "via" => 60,
+        "www-authenticate" => 61,
+        _ => return None,
+    })
+}
+
+/// Writes `value` as an HPACK integer with a `prefix`-bit prefix, the bits above it
+/// from `first` (RFC 7541 §5.1).
+fn integer(out: &mut Vec<u8>, first: u8, prefix: u8, mut value: usize) {
+    let max = (1usize << prefix) - 1;
+    if value < max {
+        out.push(first | value as u8);
+        return;
+    }
+    out.push(first | max as u8);
+    value -= max;
+    while value >= 128 {
+        out.push((value % 128) as u8 | 0x80);
+        value /= 128;
+    }
+    out.push(value as u8);
+}
+
+/// Writes a string literal, without Huffman coding (RFC 7541 §5.2).
+fn string(out: &mut Vec<u8>, s: &[u8]) {
+    integer(out, 0, 7, s.len());
+    out.extend_from_slice(s);
+}
+
+/// Writes one field as a literal without indexing (RFC 7541 §6.2.2).
+fn field(out: &mut Vec<u8>, name: &HeaderName, value: &[u8]) {
+    match static_name(name.as_str()) {
+        Some(i) => integer(out, 0, 4, i as usize),
+        None => {
+            out.push(0);
+            string(out, name.as_str().as_bytes());
+        }
+    }
+    string(out, value);
+}
+
+/// Encodes an answer's head: `:status`, then `fields` (which carry no hop-by-hop field:
+/// the answer's head is fitted for HTTP/2 before).
+pub(crate) fn encode_answer(out: &mut Vec<u8>, status: StatusCode, fields: &HeaderMap) {
+    let indexed = match status.as_u16() {
+        200 => 8,
+        204 => 9,
+        206 => 10,
+        304 => 11,
+        400 => 12,
+        404 => 13,
+        500 => 14,
+        _ => 0,
+    };
+    if indexed != 0 {
+        out.push(0x80 | indexed);
+    } else {
+        integer(out, 0, 4, 8);
+        string(out, status.as_str().as_bytes());
+    }
+    encode_fields(out, fields);
+}
+
+/// Encodes trailers, or any list of regular fields.
+pub(crate) fn encode_fields(out: &mut Vec<u8>, fields: &HeaderMap) {
+    for (name, value) in fields {
+        field(out, name, value.as_bytes());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `loona-hpack` (the decoder clients in tests use too) reads back.
+    fn decoded(block: &[u8]) -> Vec<(String, String)> {
+        let mut d = loona_hpack::Decoder::new();
+        let list = d.decode(block).unwrap();
+        list.into_iter()
+            .map(|(n, v)| (String::from_utf8(n).unwrap(), String::from_utf8(v).unwrap()))
+            .collect()
+    }
+
+    fn block(fields: &[(&str, &str)]) -> Vec<u8> {
+        let mut e = loona_hpack::Encoder::new();
+        let list: Vec<(&[u8], &[u8])> = fields
+            .iter()
+            .map(|(n, v)| (n.as_bytes(), v.as_bytes()))
+            .collect();
+        e.encode(list)
+    }
+
+    #[test]
+    fn an_answer_reads_back_as_encoded() {
+        let mut fields = HeaderMap::new();
+        fields.insert("content-type", HeaderValue::from_static("text/plain"));
+        fields.insert("x-long-name-of-a-field", HeaderValue::from_static("v"));
+        fields.append("set-cookie", HeaderValue::from_static("a=1"));
+        fields.append("set-cookie", HeaderValue::from_static("b=2"));
+        let long = "x".repeat(300);
+        fields.insert("etag", HeaderValue::from_str(&long).unwrap());
+        for (status, first) in [(200, Some(0x88)), (503, None), (404, Some(0x8d))] {
+            let mut out = Vec::new();
+            encode_answer(&mut out, StatusCode::from_u16(status).unwrap(), &fields);
+            if let Some(b) = first {
+                assert_eq!(out[0], b);
+            }
+            let list = decoded(&out);
+            assert_eq!(list[0], (":status".into(), status.to_string()));
+            let names: Vec<&str> = list.iter().map(|(n, _)| n.as_str()).collect();
+            assert_eq!(
+                names,
+                [
+                    ":status",
+                    "content-type",
+                    "x-long-name-of-a-field",
+                    "set-cookie",
+                    "set-cookie",
+                    "etag"
+                ]
+            );
+            assert_eq!(list[5].1, long);
+        }
+    }
+
+    #[test]
+    fn a_request_block_becomes_a_head() {
+        let mut d = Decoder::new(64 * 1024);
+        let b = block(&[
+            (":method", "POST"),
+            (":scheme", "https"),
+            (":authority", "a.test:8443"),
+            (":path", "/up?x=1"),
+            ("cookie", "a=1"),
+            ("cookie", "b=2"),
+            ("te", "trailers"),
+        ]);
+        let r = d.request(&b).unwrap();
+        assert_eq!(r.method, Method::POST);
+        assert_eq!(r.uri, "https://a.test:8443/up?x=1");
+        assert_eq!(r.fields.get_all("cookie").iter().count(), 2);
+        assert!(!r.extended_connect);
+    }
+
+    #[test]
+    fn malformed_requests_are_told_apart_from_broken_blocks() {
+        let mut d = Decoder::new(64 * 1024);
+        let base = [(":method", "GET"), (":scheme", "http"), (":path", "/")];
+        for extra in [
+            ("Upper", "x"),
+            ("connection", "close"),
+            ("te", "gzip"),
+            ("x", " padded"),
+            (":status", "200"),
+            (":path", "/again"),
+            ("bad:name", "x"),
+        ] {
+            let mut list = base.to_vec();
+            list.push(extra);
+            assert!(
+                matches!(d.request(&block(&list)), Err(BlockError::Malformed(_))),
+                "{extra:?}"
+            );
+        }
+        let late = block(&[
+            ("x", "1"),
+            (":method", "GET"),
+            (":scheme", "http"),
+            (":path", "/"),
+        ]);
+        assert!(matches!(d.request(&late), Err(BlockError::Malformed(_))));
+        let empty = block(&[(":method", "GET"), (":scheme", "http"), (":path", "")]);
+        assert!(matches!(d.request(&empty), Err(BlockError::Malformed(_))));
+        // An index beyond both tables.
+        assert_eq!(
+            d.request(&[0xff, 0x7f]).unwrap_err(),
+            BlockError::Compression
+        );
+        // Still usable: the broken field was never added.
+        assert!(d.request(&block(&base)).is_ok());
+    }
+
+    #[test]
+    fn connect_and_extended_connect_are_read() {
+        let mut d = Decoder::new(64 * 1024);
+        let c = block(&[(":method", "CONNECT"), (":authority", "db.test:5432")]);
+        let r = d.request(&c).unwrap();
+        assert_eq!(r.uri.authority().map(|a| a.as_str()), Some("db.test:5432"));
+        let ws = block(&[
+            (":method", "CONNECT"),
+            (":protocol", "websocket"),
+            (":scheme", "https"),
+            (":authority", "a"),
+            (":path", "/chat"),
+        ]);
+        assert!(d.request(&ws).unwrap().extended_connect);
+        let bad = block(&[(":method", "CONNECT"), (":authority", "a"), (":path", "/")]);
+        assert!(matches!(d.request(&bad), Err(BlockError::Malformed(_))));
+    }
+
+    #[test]
+    fn a_header_list_over_the_limit_is_too_large_and_trailers_take_no_pseudo_field() {
+        let mut d = Decoder::new(200);
+        let long = "v".repeat(300);
+        let b = block(&[
+            (":method", "GET"),
+            (":scheme", "http"),
+            (":path", "/"),
+            ("x", &long),
+        ]);
+        assert_eq!(d.request(&b).unwrap_err(), BlockError::TooLarge);
+        let t = block(&[("grpc-status", "0")]);
+        assert_eq!(d.trailers(&t).unwrap()["grpc-status"], "0");
+        let p = block(&[(":path", "/")]);
+        assert!(matches!(d.trailers(&p), Err(BlockError::Malformed(_))));
+    }
+}
