@@ -43,6 +43,27 @@ pub fn bearer_token(data: &[u8]) {
     crate::jwt::fuzz_token(data);
 }
 
+/// HTTP/2 frames: parsed or refused, and a header block written in frames reads back.
+pub fn h2_frames(data: &[u8]) {
+    crate::http2::fuzz_frames(data);
+}
+
+/// HTTP/2 header blocks: decoded or refused, and an answer's fields round-trip.
+pub fn hpack(data: &[u8]) {
+    crate::http2::fuzz_hpack(data);
+}
+
+/// What fulcrum's HPACK decoder makes of a block on a new connection (`None`: refused);
+/// the fuzz target compares it with another decoder's.
+pub fn hpack_decoded(data: &[u8]) -> Option<Vec<(Vec<u8>, Vec<u8>)>> {
+    crate::http2::hpack_decoded(data)
+}
+
+/// A whole HTTP/2 connection fed arbitrary frames.
+pub fn h2_connection(data: &[u8]) {
+    crate::http2::fuzz_connection(data);
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::Path;
@@ -74,5 +95,8 @@ mod tests {
         replay("route", super::route);
         replay("certificate", super::certificate);
         replay("bearer_token", super::bearer_token);
+        replay("h2_frames", super::h2_frames);
+        replay("hpack", super::hpack);
+        replay("h2_connection", super::h2_connection);
     }
 }

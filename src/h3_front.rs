@@ -1,6 +1,6 @@
 //! HTTP/3 from clients (`docs/tls.md`, "HTTP/3"): QUIC on the TLS listener's port,
 //! with quinn, and HTTP/3 with the `h3` crate. Each QUIC connection is a task on its
-//! worker; its requests are futures polled inside it (as `h2_front`'s streams are), each
+//! worker; its requests are futures polled inside it (as `http2`'s streams are), each
 //! handed to the request path as a `RequestHead` and a `ClientBody`, its answer sent
 //! back as HEADERS, DATA and, for gRPC, trailers.
 //!

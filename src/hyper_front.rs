@@ -1,7 +1,7 @@
 //! hyper's server as a front end of the request path: the HTTP/1 connections the fast
 //! path ([`crate::front`]) hands over (requests with a body, upgrades). A request hyper
 //! parsed becomes the request path's own head, body and upgrade half; the answer goes
-//! back as an `http::Response`. HTTP/2 has its own front end ([`crate::h2_front`]). See
+//! back as an `http::Response`. HTTP/2 has its own front end ([`crate::http2`]). See
 //! `docs/architecture.md`, "A request's walk".
 
 use http::{Request, Response, Version};

@@ -7,7 +7,7 @@
 //! holds at most one window of a client's upload in memory.
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -33,14 +33,23 @@ enum Item {
 pub(crate) struct Inbox {
     /// `None` once the body ended.
     tx: Option<mpsc::UnboundedSender<Item>>,
-    taken: Arc<AtomicUsize>,
+    shared: Arc<Shared>,
+}
+
+/// What both ends of a body see.
+#[derive(Debug, Default)]
+struct Shared {
+    /// Bytes taken since the connection last looked.
+    taken: AtomicUsize,
+    /// The client's END_STREAM came: what is queued is all there is.
+    ended: AtomicBool,
 }
 
 /// The request path's end: an [`http_body::Body`].
 #[derive(Debug)]
 pub(crate) struct RequestBody {
     rx: mpsc::UnboundedReceiver<Item>,
-    taken: Arc<AtomicUsize>,
+    shared: Arc<Shared>,
     connection: Arc<AtomicWaker>,
     /// What `Content-Length` says is left to come.
     left: Option<u64>,
@@ -51,14 +60,14 @@ pub(crate) struct RequestBody {
 /// `connection`.
 pub(crate) fn channel(length: Option<u64>, connection: &Arc<AtomicWaker>) -> (Inbox, RequestBody) {
     let (tx, rx) = mpsc::unbounded_channel();
-    let taken = Arc::new(AtomicUsize::new(0));
+    let shared = Arc::new(Shared::default());
     let inbox = Inbox {
         tx: Some(tx),
-        taken: Arc::clone(&taken),
+        shared: Arc::clone(&shared),
     };
     let body = RequestBody {
         rx,
-        taken,
+        shared,
         connection: Arc::clone(connection),
         left: length,
         done: false,
@@ -80,11 +89,12 @@ impl Inbox {
         if let (Some(tx), Some(t)) = (self.tx.take(), trailers) {
             let _ = tx.send(Item::Trailers(t));
         }
+        self.shared.ended.store(true, Ordering::Release);
     }
 
     /// The bytes taken from the body since the last call.
     pub(crate) fn taken(&self) -> usize {
-        self.taken.swap(0, Ordering::Relaxed)
+        self.shared.taken.swap(0, Ordering::Relaxed)
     }
 }
 
@@ -112,7 +122,7 @@ impl http_body::Body for RequestBody {
         }
         match std::task::ready!(this.rx.poll_recv(cx)) {
             Some(Item::Data(data)) => {
-                this.taken.fetch_add(data.len(), Ordering::Relaxed);
+                this.shared.taken.fetch_add(data.len(), Ordering::Relaxed);
                 this.connection.wake();
                 if let Some(left) = &mut this.left {
                     *left = left.saturating_sub(data.len() as u64);
@@ -134,8 +144,10 @@ impl http_body::Body for RequestBody {
         }
     }
 
+    /// Done, or all of it queued and taken: a reader that stops at the stated length
+    /// knows the body ended without polling it once more.
     fn is_end_stream(&self) -> bool {
-        self.done
+        self.done || (self.shared.ended.load(Ordering::Acquire) && self.rx.is_empty())
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -147,6 +159,7 @@ impl http_body::Body for RequestBody {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http_body::Body as _;
     use http_body_util::BodyExt as _;
 
     #[tokio::test]
@@ -168,6 +181,13 @@ mod tests {
         drop(inbox);
         let f = body.frame().await.unwrap().unwrap();
         assert!(f.is_trailers());
+        assert!(body.is_end_stream());
         assert!(body.frame().await.is_none());
+        let (mut inbox, mut body) = channel(Some(1), &waker);
+        inbox.data(Bytes::from_static(b"x"));
+        inbox.end(None);
+        assert!(!body.is_end_stream(), "a byte still queued");
+        assert!(body.frame().await.unwrap().is_ok());
+        assert!(body.is_end_stream());
     }
 }

@@ -2,14 +2,16 @@
 //! (or trailers) with every rule of RFC 9113 §8.2 and §8.3 checked, and answers' heads
 //! encoded.
 //!
-//! Decoding is `loona-hpack`'s (a maintained HPACK decoder, Huffman included, that hands
-//! each field over as borrowed bytes). Encoding is fulcrum's own, and small: every field
+//! Decoding is [`decoder`]'s (why it is not a crate's is said there). Encoding is
+//! fulcrum's own too, and small: every field
 //! is a literal without indexing, its name taken from the static table when it is
 //! there, `:status` indexed for the seven codes the table has. That is HAProxy's choice
 //! too: nothing is kept per connection, so an answer's head is written without
 //! allocating, and the client's `SETTINGS_HEADER_TABLE_SIZE` cannot matter (a dynamic
 //! table this side never fills needs no size update). What it gives up is measured in
 //! `docs/http2.md`, "Answers' heads".
+
+mod decoder;
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::{Method, StatusCode, Uri};
@@ -55,7 +57,7 @@ struct Pseudo {
 
 /// The decoder of a connection's header blocks.
 pub(crate) struct Decoder {
-    inner: loona_hpack::Decoder<'static>,
+    inner: decoder::Decoder,
     /// The longest header list taken (names, values and 32 bytes a field, RFC 9113
     /// §6.5.2).
     max_list: usize,
@@ -64,9 +66,10 @@ pub(crate) struct Decoder {
 impl Decoder {
     /// A decoder taking header lists up to `max_list` bytes.
     pub(crate) fn new(max_list: usize) -> Decoder {
-        let mut inner = loona_hpack::Decoder::new();
-        inner.set_max_allowed_table_size(TABLE_SIZE);
-        Decoder { inner, max_list }
+        Decoder {
+            inner: decoder::Decoder::new(TABLE_SIZE),
+            max_list,
+        }
     }
 
     /// A request's header block. The whole block is always decoded, whatever is wrong
@@ -76,19 +79,20 @@ impl Decoder {
         let mut fields = HeaderMap::new();
         let mut wrong: Option<BlockError> = None;
         let mut size = 0usize;
-        let decoded = self.inner.decode_with_cb(block, |name, value| {
+        let max_list = self.max_list;
+        let decoded = self.inner.decode(block, |name, value| {
             size += name.len() + value.len() + 32;
             if wrong.is_some() {
                 return;
             }
-            if size > self.max_list {
+            if size > max_list {
                 wrong = Some(BlockError::TooLarge);
                 return;
             }
             let taken = match name.strip_prefix(b":") {
-                Some(p) if fields.is_empty() => pseudo_field(&mut pseudo, p, &value),
+                Some(p) if fields.is_empty() => pseudo_field(&mut pseudo, p, value),
                 Some(_) => Err("a pseudo-field after a regular field"),
-                None => regular_field(&mut fields, &name, &value),
+                None => regular_field(&mut fields, name, value),
             };
             if let Err(why) = taken {
                 wrong = Some(BlockError::Malformed(why));
@@ -117,16 +121,17 @@ impl Decoder {
         let mut fields = HeaderMap::new();
         let mut wrong: Option<BlockError> = None;
         let mut size = 0usize;
-        let decoded = self.inner.decode_with_cb(block, |name, value| {
+        let max_list = self.max_list;
+        let decoded = self.inner.decode(block, |name, value| {
             size += name.len() + value.len() + 32;
             if wrong.is_some() {
                 return;
             }
-            let taken = match (size > self.max_list, name.starts_with(b":")) {
+            let taken = match (size > max_list, name.starts_with(b":")) {
                 (true, _) => Err(BlockError::TooLarge),
                 (false, true) => Err(BlockError::Malformed("a pseudo-field in trailers")),
                 (false, false) => {
-                    regular_field(&mut fields, &name, &value).map_err(BlockError::Malformed)
+                    regular_field(&mut fields, name, value).map_err(BlockError::Malformed)
                 }
             };
             wrong = taken.err();
@@ -239,6 +244,17 @@ fn target(p: &Pseudo) -> Result<(Method, Uri), BlockError> {
     };
     let uri = uri.map_err(|_| malformed("an invalid :scheme, :authority or :path"))?;
     Ok((method, uri))
+}
+
+/// What a new connection's decoder makes of `block`: every field, or `None` when it is
+/// not valid HPACK.
+#[cfg(any(fuzzing, test))]
+pub(crate) fn decoded(block: &[u8]) -> Option<Vec<(Vec<u8>, Vec<u8>)>> {
+    let mut list = Vec::new();
+    let mut d = decoder::Decoder::new(TABLE_SIZE);
+    d.decode(block, |n, v| list.push((n.to_vec(), v.to_vec())))
+        .ok()?;
+    Some(list)
 }
 
 /// The static table's index of `name`'s first entry (RFC 7541 Appendix A), for the

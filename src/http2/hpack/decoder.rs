@@ -1,0 +1,426 @@
+//! HPACK decoding (RFC 7541): integers, string literals (Huffman coded or not), the
+//! static table and the connection's dynamic table.
+//!
+//! Written here rather than taken from a crate: `loona-hpack`, the maintained decoder
+//! this front end started with, builds a hash map of the Huffman code for every coded
+//! string, which made decoding an h2load request's block cost about 220 000
+//! instructions (`docs/performance.md`, "HTTP/2 from clients, own codec"); the `h2`
+//! crate's decoder is not public. This one decodes the canonical Huffman code a bit at a
+//! time with four small tables and allocates nothing per block once its buffers have
+//! grown. `fuzz/fuzz_targets/hpack.rs` checks it against `loona-hpack` on any input.
+
+use std::collections::VecDeque;
+
+/// The static table (RFC 7541 Appendix A).
+const STATIC: [(&[u8], &[u8]); 61] = [
+    (b":authority", b""),
+    (b":method", b"GET"),
+    (b":method", b"POST"),
+    (b":path", b"/"),
+    (b":path", b"/index.html"),
+    (b":scheme", b"http"),
+    (b":scheme", b"https"),
+    (b":status", b"200"),
+    (b":status", b"204"),
+    (b":status", b"206"),
+    (b":status", b"304"),
+    (b":status", b"400"),
+    (b":status", b"404"),
+    (b":status", b"500"),
+    (b"accept-charset", b""),
+    (b"accept-encoding", b"gzip, deflate"),
+    (b"accept-language", b""),
+    (b"accept-ranges", b""),
+    (b"accept", b""),
+    (b"access-control-allow-origin", b""),
+    (b"age", b""),
+    (b"allow", b""),
+    (b"authorization", b""),
+    (b"cache-control", b""),
+    (b"content-disposition", b""),
+    (b"content-encoding", b""),
+    (b"content-language", b""),
+    (b"content-length", b""),
+    (b"content-location", b""),
+    (b"content-range", b""),
+    (b"content-type", b""),
+    (b"cookie", b""),
+    (b"date", b""),
+    (b"etag", b""),
+    (b"expect", b""),
+    (b"expires", b""),
+    (b"from", b""),
+    (b"host", b""),
+    (b"if-match", b""),
+    (b"if-modified-since", b""),
+    (b"if-none-match", b""),
+    (b"if-range", b""),
+    (b"if-unmodified-since", b""),
+    (b"last-modified", b""),
+    (b"link", b""),
+    (b"location", b""),
+    (b"max-forwards", b""),
+    (b"proxy-authenticate", b""),
+    (b"proxy-authorization", b""),
+    (b"range", b""),
+    (b"referer", b""),
+    (b"refresh", b""),
+    (b"retry-after", b""),
+    (b"server", b""),
+    (b"set-cookie", b""),
+    (b"strict-transport-security", b""),
+    (b"transfer-encoding", b""),
+    (b"user-agent", b""),
+    (b"vary", b""),
+    (b"via", b""),
+    (b"www-authenticate", b""),
+];
+
+/// The first code of each length (RFC 7541 Appendix B's code is canonical).
+const FIRST: [u32; 31] = [
+    0, 0, 0, 0, 0, 0, 20, 92, 248, 508, 1016, 2042, 4090, 8184, 16380, 32764, 65534, 131068,
+    262136, 524272, 1048550, 2097116, 4194258, 8388568, 16777194, 33554412, 67108832, 134217694,
+    268435426, 536870910, 1073741820,
+];
+/// How many codes each length has.
+const COUNT: [u32; 31] = [
+    0, 0, 0, 0, 0, 10, 26, 32, 6, 0, 5, 3, 2, 6, 2, 3, 0, 0, 0, 3, 8, 13, 26, 29, 12, 4, 15, 19,
+    29, 0, 4,
+];
+/// Where each length's symbols start in [`SYMBOLS`].
+const OFFSET: [u16; 31] = [
+    0, 0, 0, 0, 0, 0, 10, 36, 68, 74, 74, 79, 82, 84, 90, 92, 95, 95, 95, 95, 98, 106, 119, 145,
+    174, 186, 190, 205, 224, 253, 253,
+];
+/// The symbols in code order (256 is EOS).
+const SYMBOLS: [u16; 257] = [
+    48, 49, 50, 97, 99, 101, 105, 111, 115, 116, 32, 37, 45, 46, 47, 51, 52, 53, 54, 55, 56, 57,
+    61, 65, 95, 98, 100, 102, 103, 104, 108, 109, 110, 112, 114, 117, 58, 66, 67, 68, 69, 70, 71,
+    72, 73, 74, 75, 76, 77, 78, 79, 80, 81, 82, 83, 84, 85, 86, 87, 89, 106, 107, 113, 118, 119,
+    120, 121, 122, 38, 42, 44, 59, 88, 90, 33, 34, 40, 41, 63, 39, 43, 124, 35, 62, 0, 36, 64, 91,
+    93, 126, 94, 125, 60, 96, 123, 92, 195, 208, 128, 130, 131, 162, 184, 194, 224, 226, 153, 161,
+    167, 172, 176, 177, 179, 209, 216, 217, 227, 229, 230, 129, 132, 133, 134, 136, 146, 154, 156,
+    160, 163, 164, 169, 170, 173, 178, 181, 185, 186, 187, 189, 190, 196, 198, 228, 232, 233, 1,
+    135, 137, 138, 139, 140, 141, 143, 147, 149, 150, 151, 152, 155, 157, 158, 165, 166, 168, 174,
+    175, 180, 182, 183, 188, 191, 197, 231, 239, 9, 142, 144, 145, 148, 159, 171, 206, 215, 225,
+    236, 237, 199, 207, 234, 235, 192, 193, 200, 201, 202, 205, 210, 213, 218, 219, 238, 240, 242,
+    243, 255, 203, 204, 211, 212, 214, 221, 222, 223, 241, 244, 245, 246, 247, 248, 250, 251, 252,
+    253, 254, 2, 3, 4, 5, 6, 7, 8, 11, 12, 14, 15, 16, 17, 18, 19, 20, 21, 23, 24, 25, 26, 27, 28,
+    29, 30, 31, 127, 220, 249, 10, 13, 22, 256,
+];
+
+/// A block that is not valid HPACK.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Invalid;
+
+/// One entry of the dynamic table: its name and value in one allocation.
+struct Entry {
+    bytes: Box<[u8]>,
+    name_len: usize,
+}
+
+impl Entry {
+    fn name(&self) -> &[u8] {
+        &self.bytes[..self.name_len]
+    }
+
+    fn value(&self) -> &[u8] {
+        &self.bytes[self.name_len..]
+    }
+
+    /// Its size as RFC 7541 §4.1 counts it.
+    fn size(&self) -> usize {
+        self.bytes.len() + 32
+    }
+}
+
+/// A connection's decoder: its dynamic table, and the buffers a field is decoded into.
+pub(crate) struct Decoder {
+    /// Newest first.
+    table: VecDeque<Entry>,
+    size: usize,
+    /// The table's size now, and the most the client may set it to (this side's
+    /// `SETTINGS_HEADER_TABLE_SIZE`).
+    max: usize,
+    allowed: usize,
+    name: Vec<u8>,
+    value: Vec<u8>,
+}
+
+impl Decoder {
+    /// A decoder whose client may use a table of `allowed` bytes.
+    pub(crate) fn new(allowed: usize) -> Decoder {
+        Decoder {
+            table: VecDeque::new(),
+            size: 0,
+            max: allowed,
+            allowed,
+            name: Vec::new(),
+            value: Vec::new(),
+        }
+    }
+
+    /// Decodes `block`, handing each field to `each` as it comes.
+    pub(crate) fn decode(
+        &mut self,
+        block: &[u8],
+        mut each: impl FnMut(&[u8], &[u8]),
+    ) -> Result<(), Invalid> {
+        let mut at = 0;
+        let mut fields = 0;
+        while at < block.len() {
+            let b = block[at];
+            if b & 0xe0 == 0x20 {
+                // A size update, only before the first field (RFC 7541 §4.2).
+                let (size, used) = integer(&block[at..], 5)?;
+                if fields > 0 || size > self.allowed {
+                    return Err(Invalid);
+                }
+                self.max = size;
+                self.evict(0);
+                at += used;
+                continue;
+            }
+            at += self.field(&block[at..])?;
+            each(&self.name, &self.value);
+            fields += 1;
+        }
+        Ok(())
+    }
+
+    /// Decodes one field representation into `self.name` and `self.value`; the bytes
+    /// it took.
+    fn field(&mut self, rest: &[u8]) -> Result<usize, Invalid> {
+        let b = rest[0];
+        if b & 0x80 != 0 {
+            let (index, used) = integer(rest, 7)?;
+            let (name, value) = entry(&self.table, index)?;
+            copy(&mut self.name, name);
+            copy(&mut self.value, value);
+            return Ok(used);
+        }
+        let (prefix, indexing) = match b & 0xc0 == 0x40 {
+            true => (6, true),
+            false => (4, false),
+        };
+        let (index, mut used) = integer(rest, prefix)?;
+        if index == 0 {
+            used += string(&rest[used..], &mut self.name)?;
+        } else {
+            copy(&mut self.name, entry(&self.table, index)?.0);
+        }
+        used += string(&rest[used..], &mut self.value)?;
+        if indexing {
+            self.insert();
+        }
+        Ok(used)
+    }
+
+    /// Enters the field just decoded in the dynamic table (RFC 7541 §4.4): an entry
+    /// larger than the table empties it and is not entered.
+    fn insert(&mut self) {
+        let mut bytes = Vec::with_capacity(self.name.len() + self.value.len());
+        bytes.extend_from_slice(&self.name);
+        bytes.extend_from_slice(&self.value);
+        let e = Entry {
+            bytes: bytes.into_boxed_slice(),
+            name_len: self.name.len(),
+        };
+        let size = e.size();
+        self.evict(size);
+        if size <= self.max {
+            self.size += size;
+            self.table.push_front(e);
+        }
+    }
+
+    /// Evicts the oldest entries until `room` more bytes fit.
+    fn evict(&mut self, room: usize) {
+        while self.size + room > self.max {
+            match self.table.pop_back() {
+                Some(e) => self.size -= e.size(),
+                None => break,
+            }
+        }
+    }
+}
+
+/// The entry at `index` of the static table, then of the dynamic one, `table`.
+fn entry(table: &VecDeque<Entry>, index: usize) -> Result<(&[u8], &[u8]), Invalid> {
+    match index {
+        0 => Err(Invalid),
+        1..=61 => Ok(STATIC[index - 1]),
+        _ => {
+            let e = table.get(index - 62).ok_or(Invalid)?;
+            Ok((e.name(), e.value()))
+        }
+    }
+}
+
+/// Makes `to` a copy of `from`, in the room it has.
+fn copy(to: &mut Vec<u8>, from: &[u8]) {
+    to.clear();
+    to.extend_from_slice(from);
+}
+
+/// An integer with a `prefix`-bit prefix (RFC 7541 §5.1), and the bytes it took; values
+/// past 2^28 are refused (no field or table is that large).
+fn integer(b: &[u8], prefix: u8) -> Result<(usize, usize), Invalid> {
+    let max = (1usize << prefix) - 1;
+    let mut value = (b[0] as usize) & max;
+    if value < max {
+        return Ok((value, 1));
+    }
+    let mut shift = 0;
+    for (i, &byte) in b.iter().enumerate().skip(1) {
+        value += ((byte & 0x7f) as usize) << shift;
+        if byte & 0x80 == 0 {
+            return Ok((value, i + 1));
+        }
+        shift += 7;
+        if shift > 21 {
+            return Err(Invalid);
+        }
+    }
+    Err(Invalid)
+}
+
+/// A string literal (RFC 7541 §5.2) into `out`; the bytes it took.
+fn string(b: &[u8], out: &mut Vec<u8>) -> Result<usize, Invalid> {
+    let first = *b.first().ok_or(Invalid)?;
+    let (len, used) = integer(b, 7)?;
+    let raw = b.get(used..used + len).ok_or(Invalid)?;
+    out.clear();
+    match first & 0x80 != 0 {
+        true => huffman(raw, out)?,
+        false => out.extend_from_slice(raw),
+    }
+    Ok(used + len)
+}
+
+/// Decodes Huffman-coded `raw` (RFC 7541 §5.2, Appendix B) into `out`, a bit at a time
+/// through the canonical code's tables. Padding longer than 7 bits, padding that is not
+/// the EOS code's first bits, and EOS itself are errors.
+fn huffman(raw: &[u8], out: &mut Vec<u8>) -> Result<(), Invalid> {
+    out.reserve(raw.len() * 8 / 5);
+    let (mut code, mut len) = (0u32, 0usize);
+    for &byte in raw {
+        for shift in (0..8).rev() {
+            code = (code << 1) | u32::from((byte >> shift) & 1);
+            len += 1;
+            if len < 5 {
+                continue;
+            }
+            if len > 30 {
+                return Err(Invalid);
+            }
+            let i = code.wrapping_sub(FIRST[len]);
+            if i < COUNT[len] {
+                let symbol = SYMBOLS[OFFSET[len] as usize + i as usize];
+                if symbol == 256 {
+                    return Err(Invalid);
+                }
+                out.push(symbol as u8);
+                (code, len) = (0, 0);
+            }
+        }
+    }
+    match len <= 7 && code == (1 << len) - 1 {
+        true => Ok(()),
+        false => Err(Invalid),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decoded(d: &mut Decoder, block: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, Invalid> {
+        let mut list = Vec::new();
+        d.decode(block, |n, v| list.push((n.to_vec(), v.to_vec())))?;
+        Ok(list)
+    }
+
+    #[test]
+    fn rfc_7541_c4_requests_with_huffman_coding_decode_in_turn() {
+        // RFC 7541 C.4.1 to C.4.3: three requests on one connection.
+        let blocks: [&[u8]; 3] = [
+            &[
+                0x82, 0x86, 0x84, 0x41, 0x8c, 0xf1, 0xe3, 0xc2, 0xe5, 0xf2, 0x3a, 0x6b, 0xa0, 0xab,
+                0x90, 0xf4, 0xff,
+            ],
+            &[
+                0x82, 0x86, 0x84, 0xbe, 0x58, 0x86, 0xa8, 0xeb, 0x10, 0x64, 0x9c, 0xbf,
+            ],
+            &[
+                0x82, 0x87, 0x85, 0xbf, 0x40, 0x88, 0x25, 0xa8, 0x49, 0xe9, 0x5b, 0xa9, 0x7d, 0x7f,
+                0x89, 0x25, 0xa8, 0x49, 0xe9, 0x5b, 0xb8, 0xe8, 0xb4, 0xbf,
+            ],
+        ];
+        let mut d = Decoder::new(4096);
+        let third = blocks
+            .iter()
+            .map(|b| decoded(&mut d, b).unwrap())
+            .last()
+            .unwrap();
+        let text: Vec<(String, String)> = third
+            .into_iter()
+            .map(|(n, v)| (String::from_utf8(n).unwrap(), String::from_utf8(v).unwrap()))
+            .collect();
+        let want = [
+            (":method", "GET"),
+            (":scheme", "https"),
+            (":path", "/index.html"),
+            (":authority", "www.example.com"),
+            ("custom-key", "custom-value"),
+        ];
+        let want: Vec<(String, String)> = want
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+            .collect();
+        assert_eq!(text, want);
+        assert_eq!(d.size, 164, "RFC 7541 C.4.3's table size");
+    }
+
+    #[test]
+    fn the_static_table_is_loona_hpacks() {
+        let mut ours = Decoder::new(4096);
+        let mut theirs = loona_hpack::Decoder::new();
+        for i in 1..=61u8 {
+            let block = [0x80 | i];
+            assert_eq!(
+                decoded(&mut ours, &block).unwrap(),
+                theirs.decode(&block).unwrap(),
+                "{i}"
+            );
+        }
+    }
+
+    #[test]
+    fn broken_blocks_are_refused() {
+        let mut d = Decoder::new(4096);
+        for block in [
+            &[0x80][..],                                 // index 0
+            &[0xbe],                                     // past both tables
+            &[0x82, 0x3f, 0xe1, 0x1f],                   // a size update after a field
+            &[0x3f, 0xe2, 0x1f],                         // a size over the allowed one
+            &[0x00, 0x85, 0xff, 0xff],                   // a name cut short
+            &[0x00, 0x81, 0x00, 0x00],                   // Huffman padding of zeros
+            &[0x82, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f], // an integer too large
+        ] {
+            assert_eq!(decoded(&mut d, block), Err(Invalid), "{block:x?}");
+        }
+    }
+
+    #[test]
+    fn a_smaller_table_evicts_and_an_oversized_entry_empties_it() {
+        let mut d = Decoder::new(4096);
+        // foo: bar (3 + 3 + 32 = 38 bytes) entered, then the table shrunk to 37.
+        decoded(&mut d, &[0x40, 3, b'f', b'o', b'o', 3, b'b', b'a', b'r']).unwrap();
+        assert_eq!(d.size, 38);
+        assert!(decoded(&mut d, &[0xbe]).is_ok());
+        decoded(&mut d, &[0x3f, 0x06]).unwrap(); // 31 + 6 = 37
+        assert_eq!((d.size, d.table.len()), (0, 0));
+        assert_eq!(decoded(&mut d, &[0xbe]), Err(Invalid));
+    }
+}
