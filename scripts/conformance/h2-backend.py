@@ -32,4 +32,11 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
 
-ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+class Server(ThreadingHTTPServer):
+    # One suite test opens 200 streams at once; the default backlog of 5 would drop
+    # connections (and stall the tests beside it for a SYN retry).
+    request_queue_size = 1024
+    daemon_threads = True
+
+
+Server(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()

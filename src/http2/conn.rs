@@ -432,7 +432,7 @@ impl<T> Conn<T> {
             self.answer_at_once(id, http::StatusCode::NOT_IMPLEMENTED, end_stream);
             return Ok(None);
         }
-        let length = crate::proxy::stated_length(&request.fields);
+        let length = request.length;
         let (inbox, body) = match end_stream {
             true => (None, None),
             false => {

@@ -22,7 +22,7 @@ use super::conn::{Conn, Incoming, MAX_FRAME};
 use super::frame::{Head, HEAD_LEN};
 use super::{hpack, Reason};
 use crate::liveness::{Activity, Opened, Watched};
-use crate::proxy::{fit_head, ClientBody, Peer, Proxy, RequestFields, RequestHead, RespBody};
+use crate::proxy::{ClientBody, Peer, Proxy, ProxyResponse, RequestFields, RequestHead, RespBody};
 
 /// The client connection preface (RFC 9113 §3.4).
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -73,7 +73,7 @@ impl Wake for Flag {
 /// the body.
 enum Phase<'a> {
     Answering {
-        future: Pin<Box<dyn Future<Output = http::Response<RespBody>> + Send + 'a>>,
+        future: Pin<Box<dyn Future<Output = ProxyResponse> + Send + 'a>>,
         head_only: bool,
         /// The stream's place in the connection's activity, moved to the body.
         opened: Option<Opened>,
@@ -261,10 +261,10 @@ where
             method: request.method,
             uri: request.uri,
             version: http::Version::HTTP_2,
-            fields: RequestFields::Map(request.fields),
+            fields: RequestFields::Spans(request.fields),
         };
         let body = body.map(ClientBody::stream);
-        let future = Box::pin(self.proxy.answer(head, body, None, self.peer));
+        let future = Box::pin(self.proxy.answer_head(head, body, None, self.peer));
         let flag = Arc::new(Flag {
             woken: AtomicBool::new(true),
             connection: Arc::clone(&self.conn.waker),
@@ -345,15 +345,14 @@ where
     fn send_head(
         &mut self,
         id: u32,
-        answer: http::Response<RespBody>,
+        answer: ProxyResponse,
         head_only: bool,
         opened: Option<Opened>,
     ) -> Option<Phase<'a>> {
-        let (mut parts, body) = answer.into_parts();
-        fit_head(&mut parts.headers, &body);
+        let ProxyResponse { head, body } = answer;
         let end = head_only || body.is_end_stream();
         self.block.clear();
-        hpack::encode_answer(&mut self.block, parts.status, &parts.headers);
+        hpack::encode_head(&mut self.block, &head, &body);
         self.conn.send_head(id, &self.block, end);
         match (end, opened) {
             (false, Some(opened)) => Some(Phase::Sending {

@@ -208,12 +208,24 @@ impl Proxy {
         client_upgrade: Option<ClientUpgrade>,
         peer: &Peer,
     ) -> http::Response<RespBody> {
+        (self.answer_head(head, body, client_upgrade, peer).await).into_http()
+    }
+
+    /// [`Self::answer`] for a front end that writes the answer's head itself (the
+    /// HTTP/2 front end): the head as the request path left it, the request id on it.
+    pub(crate) async fn answer_head(
+        &self,
+        head: RequestHead,
+        body: Option<ClientBody>,
+        client_upgrade: Option<ClientUpgrade>,
+        peer: &Peer,
+    ) -> ProxyResponse {
         let who = self.identify(&head, peer);
         let id = who.1.clone();
         let version = head.version;
         let mut r = self.serve(head, body, client_upgrade, peer, who).await;
         r.head.stamp(id, peer, version);
-        r.into_http()
+        r
     }
 
     /// Proxies one request: `body` is `None` when it has none, `client_upgrade` the

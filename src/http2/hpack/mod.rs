@@ -13,8 +13,16 @@
 
 mod decoder;
 
+use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::{Method, StatusCode, Uri};
+
+use crate::proxy::headers::{ClientFields, Spans};
+use crate::proxy::hop::is_hop_by_hop;
+use crate::proxy::request_id::{is_request_id, X_REQUEST_ID};
+use crate::proxy::{Added, RespBody, ResponseFields, ResponseHead};
+use http::header;
+use http_body::Body as _;
 
 /// The dynamic table a client's encoder may use (RFC 7541 §4.2; the SETTINGS default).
 pub(crate) const TABLE_SIZE: usize = 4096;
@@ -39,20 +47,179 @@ pub(crate) struct Request {
     pub(crate) method: Method,
     /// The target built from `:scheme`, `:authority` and `:path`.
     pub(crate) uri: Uri,
-    /// The regular fields.
-    pub(crate) fields: HeaderMap,
+    /// The regular fields, as spans of one buffer (as the HTTP/1.1 fast path's): the
+    /// `cookie` fields joined into one (RFC 9113 §8.2.3), and `host` from `:authority`
+    /// when the client sent none, as HTTP/1.1 backends need it.
+    pub(crate) fields: ClientFields,
+    /// `Content-Length`, when stated.
+    pub(crate) length: Option<u64>,
     /// An extended CONNECT (RFC 8441's `:protocol`), answered `501`.
     pub(crate) extended_connect: bool,
 }
 
-/// The pseudo-fields of a request, as they came.
+/// Where a field's bytes are in the buffer being filled: offset and length.
+type Span = (u32, u32);
+
+/// A request's fields as they are decoded: one buffer, a span for each.
 #[derive(Default)]
-struct Pseudo {
-    method: Option<Vec<u8>>,
-    scheme: Option<Vec<u8>>,
-    authority: Option<Vec<u8>>,
-    path: Option<Vec<u8>>,
+struct Collect {
+    buf: Vec<u8>,
+    spans: Vec<(u32, u32, u32, u32)>,
+    method: Option<Span>,
+    scheme: Option<Span>,
+    authority: Option<Span>,
+    path: Option<Span>,
     protocol: bool,
+    host: Option<Span>,
+    length: Option<u64>,
+    cookie: Vec<u8>,
+}
+
+impl Collect {
+    /// Copies `bytes` into the buffer.
+    fn keep(&mut self, bytes: &[u8]) -> Span {
+        let at = self.buf.len() as u32;
+        self.buf.extend_from_slice(bytes);
+        (at, bytes.len() as u32)
+    }
+
+    fn bytes(&self, span: Span) -> &[u8] {
+        &self.buf[span.0 as usize..(span.0 + span.1) as usize]
+    }
+
+    /// Takes one field (or pseudo-field) as decoded.
+    fn field(&mut self, name: &[u8], value: &[u8]) -> Result<(), &'static str> {
+        match name.strip_prefix(b":") {
+            Some(p) if self.spans.is_empty() && self.cookie.is_empty() => self.pseudo(p, value),
+            Some(_) => Err("a pseudo-field after a regular field"),
+            None => self.regular(name, value),
+        }
+    }
+
+    /// Takes one pseudo-field (`name` without its colon).
+    fn pseudo(&mut self, name: &[u8], value: &[u8]) -> Result<(), &'static str> {
+        if name == b"protocol" && !self.protocol {
+            self.protocol = true;
+            return Ok(());
+        }
+        let taken = match name {
+            b"method" => self.method.is_some(),
+            b"scheme" => self.scheme.is_some(),
+            b"authority" => self.authority.is_some(),
+            b"path" => self.path.is_some(),
+            _ => return Err("an unknown or repeated pseudo-field"),
+        };
+        if taken {
+            return Err("a repeated pseudo-field");
+        }
+        let span = Some(self.keep(value));
+        match name {
+            b"method" => self.method = span,
+            b"scheme" => self.scheme = span,
+            b"authority" => self.authority = span,
+            _ => self.path = span,
+        }
+        Ok(())
+    }
+
+    /// Takes one regular field.
+    fn regular(&mut self, name: &[u8], value: &[u8]) -> Result<(), &'static str> {
+        check_regular(name, value)?;
+        match name {
+            b"cookie" => {
+                if !self.cookie.is_empty() {
+                    self.cookie.extend_from_slice(b"; ");
+                }
+                self.cookie.extend_from_slice(value);
+                return Ok(());
+            }
+            b"content-length" => {
+                let n = std::str::from_utf8(value).ok().and_then(|v| v.parse().ok());
+                match (n, self.length) {
+                    (None, _) => return Err("an invalid content-length"),
+                    (Some(n), Some(m)) if n != m => return Err("content-lengths that differ"),
+                    (n, _) => self.length = n,
+                }
+            }
+            _ => {}
+        }
+        let (ns, nl) = self.keep(name);
+        let (vs, vl) = self.keep(value);
+        if name == b"host" && self.host.is_none() {
+            self.host = Some((vs, vl));
+        }
+        self.spans.push((ns, nl, vs, vl));
+        Ok(())
+    }
+
+    /// The request these fields make.
+    fn finish(mut self) -> Result<Request, BlockError> {
+        let malformed = BlockError::Malformed;
+        let (method, uri) = self.target()?;
+        match (self.authority, self.host) {
+            (Some(a), Some(h)) if !self.bytes(a).eq_ignore_ascii_case(self.bytes(h)) => {
+                return Err(malformed("a Host other than :authority"))
+            }
+            (Some(a), None) => {
+                let (ns, nl) = self.keep(b"host");
+                let vs = self.buf.len() as u32;
+                (self.buf).extend_from_within(a.0 as usize..(a.0 + a.1) as usize);
+                self.spans.push((ns, nl, vs, a.1));
+            }
+            _ => {}
+        }
+        if !self.cookie.is_empty() {
+            let cookie = std::mem::take(&mut self.cookie);
+            let (ns, nl) = self.keep(b"cookie");
+            let (vs, vl) = self.keep(&cookie);
+            self.spans.push((ns, nl, vs, vl));
+        }
+        let fields = ClientFields::new(Spans::new(Bytes::from(self.buf), self.spans));
+        Ok(Request {
+            method,
+            uri,
+            fields,
+            length: self.length,
+            extended_connect: self.protocol,
+        })
+    }
+
+    /// The method and target of the pseudo-fields (RFC 9113 §8.3.1): `:method`,
+    /// `:scheme` and a non-empty `:path` for every method but CONNECT, which has only an
+    /// `:authority` (or, extended, all four and `:protocol`).
+    fn target(&self) -> Result<(Method, Uri), BlockError> {
+        let malformed = BlockError::Malformed;
+        let method = self.method.ok_or(malformed("no :method"))?;
+        let method =
+            Method::from_bytes(self.bytes(method)).map_err(|_| malformed("an invalid :method"))?;
+        let authority = self.authority.map(|a| self.bytes(a));
+        if method == Method::CONNECT && !self.protocol {
+            if self.scheme.is_some() || self.path.is_some() {
+                return Err(malformed("CONNECT with :scheme or :path"));
+            }
+            let authority = authority.ok_or(malformed("CONNECT without :authority"))?;
+            let uri = Uri::try_from(authority).map_err(|_| malformed("an invalid :authority"))?;
+            return Ok((method, uri));
+        }
+        if self.protocol && method != Method::CONNECT {
+            return Err(malformed(":protocol on a method other than CONNECT"));
+        }
+        let scheme = self.scheme.ok_or(malformed("no :scheme"))?;
+        let path = self.path.map(|p| self.bytes(p)).unwrap_or_default();
+        if path.is_empty() {
+            return Err(malformed("no :path"));
+        }
+        let uri = match authority {
+            Some(a) => Uri::builder()
+                .scheme(self.bytes(scheme))
+                .authority(a)
+                .path_and_query(path)
+                .build(),
+            None => Uri::builder().path_and_query(path).build(),
+        };
+        let uri = uri.map_err(|_| malformed("an invalid :scheme, :authority or :path"))?;
+        Ok((method, uri))
+    }
 }
 
 /// The decoder of a connection's header blocks.
@@ -75,8 +242,10 @@ impl Decoder {
     /// A request's header block. The whole block is always decoded, whatever is wrong
     /// with the fields in it: the dynamic table must follow the client's.
     pub(crate) fn request(&mut self, block: &[u8]) -> Result<Request, BlockError> {
-        let mut pseudo = Pseudo::default();
-        let mut fields = HeaderMap::new();
+        let mut fields = Collect::default();
+        // Room for what a typical block decodes to, without growing.
+        fields.buf.reserve(256 + block.len() * 2);
+        fields.spans.reserve(8);
         let mut wrong: Option<BlockError> = None;
         let mut size = 0usize;
         let max_list = self.max_list;
@@ -89,12 +258,7 @@ impl Decoder {
                 wrong = Some(BlockError::TooLarge);
                 return;
             }
-            let taken = match name.strip_prefix(b":") {
-                Some(p) if fields.is_empty() => pseudo_field(&mut pseudo, p, value),
-                Some(_) => Err("a pseudo-field after a regular field"),
-                None => regular_field(&mut fields, name, value),
-            };
-            if let Err(why) = taken {
+            if let Err(why) = fields.field(name, value) {
                 wrong = Some(BlockError::Malformed(why));
             }
         });
@@ -102,18 +266,7 @@ impl Decoder {
         if let Some(e) = wrong {
             return Err(e);
         }
-        let (method, uri) = target(&pseudo)?;
-        if let (Some(a), Some(h)) = (uri.authority(), fields.get(http::header::HOST)) {
-            if !a.as_str().as_bytes().eq_ignore_ascii_case(h.as_bytes()) {
-                return Err(BlockError::Malformed("a Host other than :authority"));
-            }
-        }
-        Ok(Request {
-            method,
-            uri,
-            fields,
-            extended_connect: pseudo.protocol,
-        })
+        fields.finish()
     }
 
     /// A trailers block (RFC 9113 §8.1): regular fields only.
@@ -146,26 +299,6 @@ impl Decoder {
     }
 }
 
-/// Takes one pseudo-field (`name` without its colon).
-fn pseudo_field(p: &mut Pseudo, name: &[u8], value: &[u8]) -> Result<(), &'static str> {
-    let slot = match name {
-        b"method" => &mut p.method,
-        b"scheme" => &mut p.scheme,
-        b"authority" => &mut p.authority,
-        b"path" => &mut p.path,
-        b"protocol" if !p.protocol => {
-            p.protocol = true;
-            return Ok(());
-        }
-        _ => return Err("an unknown or repeated pseudo-field"),
-    };
-    if slot.is_some() {
-        return Err("a repeated pseudo-field");
-    }
-    *slot = Some(value.to_vec());
-    Ok(())
-}
-
 /// The fields HTTP/2 forbids (RFC 9113 §8.2.2): they belong to one HTTP/1.1
 /// connection.
 fn connection_specific(name: &[u8]) -> bool {
@@ -175,9 +308,10 @@ fn connection_specific(name: &[u8]) -> bool {
     )
 }
 
-/// Takes one regular field: its name lower case and a token, its value without the
-/// characters RFC 9113 §8.2.1 forbids.
-fn regular_field(fields: &mut HeaderMap, name: &[u8], value: &[u8]) -> Result<(), &'static str> {
+/// Checks one regular field: its name lower case and a token, its value without the
+/// characters RFC 9113 §8.2.1 forbids, nor any other control character (as `http`'s
+/// `HeaderValue`).
+fn check_regular(name: &[u8], value: &[u8]) -> Result<(), &'static str> {
     if name.is_empty() || !name.iter().all(|&c| is_lower_token(c)) {
         return Err("a field name that is not a lower-case token");
     }
@@ -191,9 +325,15 @@ fn regular_field(fields: &mut HeaderMap, name: &[u8], value: &[u8]) -> Result<()
     if edge(value.first()) || edge(value.last()) {
         return Err("a field value with white space at an end");
     }
-    if value.iter().any(|&c| matches!(c, 0 | b'\r' | b'\n')) {
-        return Err("NUL, CR or LF in a field value");
+    if value.iter().any(|&c| (c < b' ' && c != b'\t') || c == 0x7f) {
+        return Err("a control character in a field value");
     }
+    Ok(())
+}
+
+/// Takes one regular field into a header map (trailers).
+fn regular_field(fields: &mut HeaderMap, name: &[u8], value: &[u8]) -> Result<(), &'static str> {
+    check_regular(name, value)?;
     let name = HeaderName::from_bytes(name).map_err(|_| "an invalid field name")?;
     let value = HeaderValue::from_bytes(value).map_err(|_| "an invalid field value")?;
     fields.append(name, value);
@@ -206,44 +346,6 @@ fn is_lower_token(c: u8) -> bool {
     matches!(c,
         b'a'..=b'z' | b'0'..=b'9' | b'!' | b'#' | b'$' | b'%' | b'&' | b'\'' | b'*'
         | b'+' | b'-' | b'.' | b'^' | b'_' | b'`' | b'|' | b'~')
-}
-
-/// The method and target of a request's pseudo-fields (RFC 9113 §8.3.1): `:method`,
-/// `:scheme` and a non-empty `:path` for every method but CONNECT, which has only an
-/// `:authority` (or, extended, all four and `:protocol`).
-fn target(p: &Pseudo) -> Result<(Method, Uri), BlockError> {
-    let malformed = BlockError::Malformed;
-    let method = p.method.as_deref().ok_or(malformed("no :method"))?;
-    let method = Method::from_bytes(method).map_err(|_| malformed("an invalid :method"))?;
-    if method == Method::CONNECT && !p.protocol {
-        if p.scheme.is_some() || p.path.is_some() {
-            return Err(malformed("CONNECT with :scheme or :path"));
-        }
-        let authority = p
-            .authority
-            .as_deref()
-            .ok_or(malformed("CONNECT without :authority"))?;
-        let uri = Uri::try_from(authority).map_err(|_| malformed("an invalid :authority"))?;
-        return Ok((method, uri));
-    }
-    if p.protocol && method != Method::CONNECT {
-        return Err(malformed(":protocol on a method other than CONNECT"));
-    }
-    let scheme = p.scheme.as_deref().ok_or(malformed("no :scheme"))?;
-    let path = p.path.as_deref().unwrap_or_default();
-    if path.is_empty() {
-        return Err(malformed("no :path"));
-    }
-    let uri = match p.authority.as_deref() {
-        Some(a) => Uri::builder()
-            .scheme(scheme)
-            .authority(a)
-            .path_and_query(path)
-            .build(),
-        None => Uri::builder().path_and_query(path).build(),
-    };
-    let uri = uri.map_err(|_| malformed("an invalid :scheme, :authority or :path"))?;
-    Ok((method, uri))
 }
 
 /// What a new connection's decoder makes of `block`: every field, or `None` when it is
@@ -347,9 +449,82 @@ fn field(out: &mut Vec<u8>, name: &HeaderName, value: &[u8]) {
     string(out, value);
 }
 
-/// Encodes an answer's head: `:status`, then `fields` (which carry no hop-by-hop field:
-/// the answer's head is fitted for HTTP/2 before).
-pub(crate) fn encode_answer(out: &mut Vec<u8>, status: StatusCode, fields: &HeaderMap) {
+/// Writes one field whose name may not be lower case (a backend's head as it spelled
+/// it): lower-cased on the way, as HTTP/2 requires.
+fn field_spelled(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    let mut lower = [0u8; 32];
+    let index = match lower.get_mut(..name.len()) {
+        Some(l) => {
+            for (to, from) in l.iter_mut().zip(name) {
+                *to = from.to_ascii_lowercase();
+            }
+            std::str::from_utf8(l).ok().and_then(static_name)
+        }
+        None => None,
+    };
+    match index {
+        Some(i) => integer(out, 0, 4, i as usize),
+        None => {
+            out.push(0);
+            integer(out, 0, 7, name.len());
+            out.extend(name.iter().map(u8::to_ascii_lowercase));
+        }
+    }
+    string(out, value);
+}
+
+/// Encodes the head of an answer the request path gave: `:status`, the backend's fields
+/// (names lower-cased; no hop-by-hop field, no `X-Request-Id` of the backend's), the
+/// fields this hop adds (`ResponseHead::finish`), and a `Content-Length` when the body's
+/// length is known and none is stated — what `ProxyResponse::into_http` and
+/// `fit_head` make of it, without a header map.
+pub(crate) fn encode_head(out: &mut Vec<u8>, head: &ResponseHead, body: &RespBody) {
+    status(out, head.status);
+    let (has_date, stated) = match &head.fields {
+        ResponseFields::Wire(f) => {
+            for (name, value) in f.iter() {
+                if !is_request_id(name) {
+                    field_spelled(out, name, value);
+                }
+            }
+            if let Some(n) = f.length {
+                integer(out, 0, 4, 28);
+                string(out, itoa::Buffer::new().format(n).as_bytes());
+            }
+            (f.has_date, f.length.is_some())
+        }
+        ResponseFields::Map(m) => {
+            for (name, value) in m {
+                if !is_hop_by_hop(name.as_str().as_bytes()) && name != X_REQUEST_ID {
+                    field(out, name, value.as_bytes());
+                }
+            }
+            (
+                m.contains_key(header::DATE),
+                m.contains_key(header::CONTENT_LENGTH),
+            )
+        }
+    };
+    head.finish(has_date, |added| match added {
+        Added::Date(v) => field(out, &header::DATE, v.as_bytes()),
+        Added::AltSvc(v) => field(out, &header::ALT_SVC, v.as_bytes()),
+        Added::RequestId(id) => field(out, &X_REQUEST_ID, id.as_bytes()),
+        Added::RateLimit(rl) => {
+            for (name, v) in rl.fields() {
+                out.push(0);
+                string(out, name.as_bytes());
+                string(out, itoa::Buffer::new().format(v).as_bytes());
+            }
+        }
+    });
+    if let (false, Some(n), false) = (stated, body.size_hint().exact(), body.is_end_stream()) {
+        integer(out, 0, 4, 28);
+        string(out, itoa::Buffer::new().format(n).as_bytes());
+    }
+}
+
+/// Writes `:status`, indexed for the seven codes the static table has.
+fn status(out: &mut Vec<u8>, status: StatusCode) {
     let indexed = match status.as_u16() {
         200 => 8,
         204 => 9,
@@ -366,6 +541,11 @@ pub(crate) fn encode_answer(out: &mut Vec<u8>, status: StatusCode, fields: &Head
         integer(out, 0, 4, 8);
         string(out, status.as_str().as_bytes());
     }
+}
+
+/// Encodes an answer's head: `:status`, then `fields` (which carry no hop-by-hop field).
+pub(crate) fn encode_answer(out: &mut Vec<u8>, status: StatusCode, fields: &HeaderMap) {
+    self::status(out, status);
     encode_fields(out, fields);
 }
 
@@ -446,8 +626,31 @@ mod tests {
         let r = d.request(&b).unwrap();
         assert_eq!(r.method, Method::POST);
         assert_eq!(r.uri, "https://a.test:8443/up?x=1");
-        assert_eq!(r.fields.get_all("cookie").iter().count(), 2);
+        // One cookie field, joined; a host from :authority.
+        let fields: Vec<(&[u8], &[u8])> = r.fields.iter().collect();
+        assert_eq!(
+            fields,
+            [
+                (&b"te"[..], &b"trailers"[..]),
+                (b"host", b"a.test:8443"),
+                (b"cookie", b"a=1; b=2"),
+            ]
+        );
         assert!(!r.extended_connect);
+        let cl = block(&[
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", "/"),
+            ("content-length", "12"),
+        ]);
+        assert_eq!(d.request(&cl).unwrap().length, Some(12));
+        let bad = block(&[
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", "/"),
+            ("content-length", "x"),
+        ]);
+        assert!(matches!(d.request(&bad), Err(BlockError::Malformed(_))));
     }
 
     #[test]
