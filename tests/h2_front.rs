@@ -255,9 +255,7 @@ async fn a_large_body_streams_up_and_down_with_memory_bounded() {
     let mut send = h2_client(f.proxy).await;
     let before = rss_kib(f.child.id());
     // Up.
-    let r = http::Request::post(format!("http://a/up"))
-        .body(())
-        .unwrap();
+    let r = http::Request::post("http://a/up").body(()).unwrap();
     let (answer, mut body) = send.send_request(r, false).unwrap();
     let chunk = Bytes::from(vec![b'u'; 64 * 1024]);
     let mut peak = before;

@@ -106,7 +106,6 @@ pub(crate) enum Frame<'a> {
 /// malformed one is.
 pub(crate) fn parse(head: Head, payload: &[u8]) -> Result<Frame<'_>, Error> {
     let on_connection = head.stream == 0;
-    let stream_error = |reason| Error::Stream(head.stream, reason);
     match head.kind {
         kind::DATA => {
             if on_connection {
@@ -120,18 +119,7 @@ pub(crate) fn parse(head: Head, payload: &[u8]) -> Result<Frame<'_>, Error> {
             })
         }
         kind::HEADERS => headers(head, payload),
-        kind::PRIORITY => {
-            if on_connection {
-                return Err(Error::Connection(Reason::PROTOCOL_ERROR));
-            }
-            if payload.len() != 5 {
-                return Err(stream_error(Reason::FRAME_SIZE_ERROR));
-            }
-            if dependency(payload) == head.stream {
-                return Err(stream_error(Reason::PROTOCOL_ERROR));
-            }
-            Ok(Frame::Priority)
-        }
+        kind::PRIORITY => priority(head, payload),
         kind::RST_STREAM => {
             if on_connection {
                 return Err(Error::Connection(Reason::PROTOCOL_ERROR));
@@ -145,30 +133,8 @@ pub(crate) fn parse(head: Head, payload: &[u8]) -> Result<Frame<'_>, Error> {
         kind::SETTINGS => settings(head, payload),
         kind::PUSH_PROMISE => Err(Error::Connection(Reason::PROTOCOL_ERROR)),
         kind::PING => ping(head, payload),
-        kind::GOAWAY => {
-            if !on_connection {
-                return Err(Error::Connection(Reason::PROTOCOL_ERROR));
-            }
-            if payload.len() < 8 {
-                return Err(Error::Connection(Reason::FRAME_SIZE_ERROR));
-            }
-            let code = word(&payload[4..8]).unwrap_or(0);
-            Ok(Frame::GoAway { code })
-        }
-        kind::WINDOW_UPDATE => {
-            let w = word(payload).ok_or(Error::Connection(Reason::FRAME_SIZE_ERROR))?;
-            let increment = w & 0x7fff_ffff;
-            if increment == 0 {
-                return Err(match on_connection {
-                    true => Error::Connection(Reason::PROTOCOL_ERROR),
-                    false => stream_error(Reason::PROTOCOL_ERROR),
-                });
-            }
-            Ok(Frame::WindowUpdate {
-                stream: head.stream,
-                increment,
-            })
-        }
+        kind::GOAWAY => goaway(head, payload),
+        kind::WINDOW_UPDATE => window_update(head, payload),
         kind::CONTINUATION => {
             if on_connection {
                 return Err(Error::Connection(Reason::PROTOCOL_ERROR));
@@ -181,6 +147,49 @@ pub(crate) fn parse(head: Head, payload: &[u8]) -> Result<Frame<'_>, Error> {
         }
         _ => Ok(Frame::Unknown),
     }
+}
+
+/// A PRIORITY frame (RFC 9113 §6.3).
+fn priority(head: Head, payload: &[u8]) -> Result<Frame<'_>, Error> {
+    if head.stream == 0 {
+        return Err(Error::Connection(Reason::PROTOCOL_ERROR));
+    }
+    if payload.len() != 5 {
+        return Err(Error::Stream(head.stream, Reason::FRAME_SIZE_ERROR));
+    }
+    if dependency(payload) == head.stream {
+        return Err(Error::Stream(head.stream, Reason::PROTOCOL_ERROR));
+    }
+    Ok(Frame::Priority)
+}
+
+/// A GOAWAY frame (RFC 9113 §6.8).
+fn goaway(head: Head, payload: &[u8]) -> Result<Frame<'_>, Error> {
+    if head.stream != 0 {
+        return Err(Error::Connection(Reason::PROTOCOL_ERROR));
+    }
+    if payload.len() < 8 {
+        return Err(Error::Connection(Reason::FRAME_SIZE_ERROR));
+    }
+    let code = word(&payload[4..8]).unwrap_or(0);
+    Ok(Frame::GoAway { code })
+}
+
+/// A WINDOW_UPDATE frame (RFC 9113 §6.9): an increment of 0 is an error of the stream
+/// (or of the connection, on stream 0).
+fn window_update(head: Head, payload: &[u8]) -> Result<Frame<'_>, Error> {
+    let w = word(payload).ok_or(Error::Connection(Reason::FRAME_SIZE_ERROR))?;
+    let increment = w & 0x7fff_ffff;
+    if increment == 0 {
+        return Err(match head.stream {
+            0 => Error::Connection(Reason::PROTOCOL_ERROR),
+            id => Error::Stream(id, Reason::PROTOCOL_ERROR),
+        });
+    }
+    Ok(Frame::WindowUpdate {
+        stream: head.stream,
+        increment,
+    })
 }
 
 /// A HEADERS frame: padding and the priority fields taken off the block.

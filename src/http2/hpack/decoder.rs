@@ -335,7 +335,10 @@ fn huffman(raw: &[u8], out: &mut Vec<u8>) -> Result<(), Invalid> {
 mod tests {
     use super::*;
 
-    fn decoded(d: &mut Decoder, block: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, Invalid> {
+    /// Each field's name and value.
+    type List = Vec<(Vec<u8>, Vec<u8>)>;
+
+    fn decoded(d: &mut Decoder, block: &[u8]) -> Result<List, Invalid> {
         let mut list = Vec::new();
         d.decode(block, |n, v| list.push((n.to_vec(), v.to_vec())))?;
         Ok(list)
