@@ -5,7 +5,7 @@
 mod common;
 
 use std::convert::Infallible;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -378,26 +378,6 @@ fn curl_and_nghttp_are_served_over_h2c_and_tls() {
     assert!(a.requests() >= 3);
 }
 
-/// A raw HTTP/2 frame: length, type, flags, stream, payload.
-fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let mut f = (payload.len() as u32).to_be_bytes()[1..].to_vec();
-    f.extend([kind, flags]);
-    f.extend_from_slice(&stream.to_be_bytes());
-    f.extend_from_slice(payload);
-    f
-}
-
-/// Reads one frame: (type, flags, stream, payload).
-fn read_frame(s: &mut std::net::TcpStream) -> Option<(u8, u8, u32, Vec<u8>)> {
-    let mut head = [0u8; 9];
-    s.read_exact(&mut head).ok()?;
-    let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
-    let mut payload = vec![0u8; len];
-    s.read_exact(&mut payload).ok()?;
-    let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
-    Some((head[3], head[4], stream, payload))
-}
-
 /// A stop closes an HTTP/2 connection in RFC 9113 §6.8's two steps: a GOAWAY naming the
 /// last id possible and a PING; after the PING's answer a GOAWAY naming the last stream
 /// opened. A stream opened between the two is still answered.
@@ -410,8 +390,8 @@ fn a_stop_sends_two_goaways_around_a_ping() {
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let get = [0x82, 0x86, 0x84, 0x41, 0x01, b'a'];
     let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
-    out.extend(frame(4, 0, 0, &[]));
-    out.extend(frame(1, 0x5, 1, &get));
+    out.extend(h2_frame(4, 0, 0, &[]));
+    out.extend(h2_frame(1, 0x5, 1, &get));
     s.write_all(&out).unwrap();
     // The request is at the backend; the stop comes.
     std::thread::sleep(Duration::from_millis(100));
@@ -419,7 +399,7 @@ fn a_stop_sends_two_goaways_around_a_ping() {
     let mut ping = None;
     let mut goaways = Vec::new();
     let mut answered = Vec::new();
-    while let Some((kind, flags, stream, payload)) = read_frame(&mut s) {
+    while let Some((kind, flags, stream, payload)) = read_h2_frame(&mut s) {
         match kind {
             7 => {
                 goaways.push(u32::from_be_bytes(payload[..4].try_into().unwrap()) & 0x7fff_ffff);
@@ -430,8 +410,8 @@ fn a_stop_sends_two_goaways_around_a_ping() {
             6 if flags & 1 == 0 => {
                 ping = Some(payload.clone());
                 // A stream opened before the PING's answer.
-                let mut more = frame(1, 0x5, 3, &get);
-                more.extend(frame(6, 1, 0, &payload));
+                let mut more = h2_frame(1, 0x5, 3, &get);
+                more.extend(h2_frame(6, 1, 0, &payload));
                 s.write_all(&more).unwrap();
             }
             1 => answered.push(stream),

@@ -442,7 +442,7 @@ fn host_named_in_connection_is_still_forwarded() {
 /// `hpack`; the first byte of the answer's header block on stream 1 (`0x88` = 200,
 /// `0x8c` = 400: HPACK's static table).
 fn h2_by_hand(addr: std::net::SocketAddr, hpack: &[u8]) -> Option<u8> {
-    use std::io::{Read, Write};
+    use std::io::Write;
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
@@ -452,16 +452,11 @@ fn h2_by_hand(addr: std::net::SocketAddr, hpack: &[u8]) -> Option<u8> {
     out.extend_from_slice(hpack);
     s.write_all(&out).unwrap();
     loop {
-        let mut head = [0u8; 9];
-        s.read_exact(&mut head).ok()?;
-        let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
-        let mut payload = vec![0u8; len];
-        s.read_exact(&mut payload).ok()?;
-        let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
-        if head[3] == 1 && stream == 1 {
+        let (kind, _, stream, payload) = read_h2_frame(&mut s)?;
+        if kind == 1 && stream == 1 {
             return payload.first().copied();
         }
-        if head[3] == 3 || head[3] == 7 {
+        if kind == 3 || kind == 7 {
             return None; // RST_STREAM, GOAWAY
         }
     }
@@ -609,35 +604,17 @@ fn a_backend_answer_over_the_field_limit_is_a_502_with_a_reason() {
     }
 }
 
-/// A raw HTTP/2 frame: length, type, flags, stream, payload.
-fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let mut f = (payload.len() as u32).to_be_bytes()[1..].to_vec();
-    f.extend([kind, flags]);
-    f.extend_from_slice(&stream.to_be_bytes());
-    f.extend_from_slice(payload);
-    f
-}
-
 /// Reads frames until the connection ends; the error code of its GOAWAY, if one came.
 fn goaway_code(s: &mut std::net::TcpStream) -> Option<u32> {
-    use std::io::Read;
     let mut code = None;
-    loop {
-        let mut head = [0u8; 9];
-        if s.read_exact(&mut head).is_err() {
-            return code;
-        }
-        let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
-        let mut payload = vec![0u8; len];
-        if s.read_exact(&mut payload).is_err() {
-            return code;
-        }
-        if head[3] == 7 && len >= 8 {
+    while let Some((kind, _, _, payload)) = read_h2_frame(s) {
+        if kind == 7 && payload.len() >= 8 {
             code = Some(u32::from_be_bytes([
                 payload[4], payload[5], payload[6], payload[7],
             ]));
         }
     }
+    code
 }
 
 /// An HPACK block: `:method GET`, `:scheme http`, `:path /`, `:authority a`.

@@ -239,62 +239,54 @@ impl Decoder {
         }
     }
 
-    /// A request's header block. The whole block is always decoded, whatever is wrong
-    /// with the fields in it: the dynamic table must follow the client's.
+    /// Decodes `block` whole, whatever is wrong with the fields in it (the dynamic
+    /// table must follow the client's), handing each field to `take` until one is
+    /// refused or the list grows past `max_list`.
+    fn decode(
+        &mut self,
+        block: &[u8],
+        mut take: impl FnMut(&[u8], &[u8]) -> Result<(), BlockError>,
+    ) -> Result<(), BlockError> {
+        let mut wrong: Option<BlockError> = None;
+        let mut size = 0usize;
+        let max_list = self.max_list;
+        let decoded = self.inner.decode(block, |name, value| {
+            size += name.len() + value.len() + 32;
+            if wrong.is_none() {
+                wrong = match size > max_list {
+                    true => Some(BlockError::TooLarge),
+                    false => take(name, value).err(),
+                };
+            }
+        });
+        decoded.map_err(|_| BlockError::Compression)?;
+        wrong.map_or(Ok(()), Err)
+    }
+
+    /// A request's header block.
     pub(crate) fn request(&mut self, block: &[u8]) -> Result<Request, BlockError> {
         let mut fields = Collect::default();
         // Room for what a typical block decodes to, without growing.
         fields.buf.reserve(256 + block.len() * 2);
         fields.spans.reserve(8);
-        let mut wrong: Option<BlockError> = None;
-        let mut size = 0usize;
-        let max_list = self.max_list;
-        let decoded = self.inner.decode(block, |name, value| {
-            size += name.len() + value.len() + 32;
-            if wrong.is_some() {
-                return;
-            }
-            if size > max_list {
-                wrong = Some(BlockError::TooLarge);
-                return;
-            }
-            if let Err(why) = fields.field(name, value) {
-                wrong = Some(BlockError::Malformed(why));
-            }
-        });
-        decoded.map_err(|_| BlockError::Compression)?;
-        if let Some(e) = wrong {
-            return Err(e);
-        }
+        self.decode(block, |name, value| {
+            fields.field(name, value).map_err(BlockError::Malformed)
+        })?;
         fields.finish()
     }
 
-    /// A trailers block (RFC 9113 §8.1): regular fields only.
+    /// A trailers block (RFC 9113 §8.1): regular fields only. Trailers too large are a
+    /// broken request: the stream is reset.
     pub(crate) fn trailers(&mut self, block: &[u8]) -> Result<HeaderMap, BlockError> {
         let mut fields = HeaderMap::new();
-        let mut wrong: Option<BlockError> = None;
-        let mut size = 0usize;
-        let max_list = self.max_list;
-        let decoded = self.inner.decode(block, |name, value| {
-            size += name.len() + value.len() + 32;
-            if wrong.is_some() {
-                return;
-            }
-            let taken = match (size > max_list, name.starts_with(b":")) {
-                (true, _) => Err(BlockError::TooLarge),
-                (false, true) => Err(BlockError::Malformed("a pseudo-field in trailers")),
-                (false, false) => {
-                    regular_field(&mut fields, name, value).map_err(BlockError::Malformed)
-                }
-            };
-            wrong = taken.err();
+        let decoded = self.decode(block, |name, value| match name.starts_with(b":") {
+            true => Err(BlockError::Malformed("a pseudo-field in trailers")),
+            false => regular_field(&mut fields, name, value).map_err(BlockError::Malformed),
         });
-        decoded.map_err(|_| BlockError::Compression)?;
-        match wrong {
-            // Trailers too large are a broken request: the stream is reset.
-            Some(BlockError::TooLarge) => Err(BlockError::Malformed("trailers too large")),
-            Some(e) => Err(e),
-            None => Ok(fields),
+        match decoded {
+            Err(BlockError::TooLarge) => Err(BlockError::Malformed("trailers too large")),
+            Err(e) => Err(e),
+            Ok(()) => Ok(fields),
         }
     }
 }
