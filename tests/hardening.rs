@@ -665,6 +665,47 @@ fn an_h2_rapid_reset_flood_is_cut_off_and_costs_the_backend_nothing() {
     assert_eq!(ok, 200);
 }
 
+/// A client that sends PINGs without end and never reads their answers (CVE-2019-9512)
+/// is cut off once a thousand answers wait unwritten: the connection closes, memory does
+/// not follow the flood, and other clients go on being served.
+#[test]
+fn an_h2_ping_flood_that_is_never_read_closes_its_connection() {
+    use std::io::{Read, Write};
+    let (a, f, mut s, mut out) = h2_flood_target();
+    s.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(&out).unwrap();
+    out.clear();
+    for _ in 0..4096 {
+        out.extend(h2_frame(6, 0, 0, b"pingping"));
+    }
+    let before = rss_kib(f.child.id());
+    let mut sent = 0usize;
+    while sent < 64 << 20 {
+        if s.write_all(&out).is_err() {
+            break;
+        }
+        sent += out.len();
+    }
+    assert!(sent < 64 << 20, "the server read 64 MiB of PINGs");
+    // Whatever answers were written before, the connection ends.
+    let mut rest = Vec::new();
+    let end = s.read_to_end(&mut rest);
+    assert!(
+        end.is_ok()
+            || end
+                .as_ref()
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+        "the connection was not closed: {end:?}"
+    );
+    let grown = rss_kib(f.child.id()).saturating_sub(before);
+    assert!(
+        grown < 16 * 1024,
+        "RSS grew by {grown} KiB after {sent} bytes"
+    );
+    assert_eq!(a.requests(), 0);
+    assert_eq!(client_get(&f, "/after"), 200);
+}
+
 /// A header block that never ends (CONTINUATION frames without END_HEADERS) is cut off:
 /// the connection is closed long before the 32 MiB the client would send, memory does
 /// not follow what the client sends, and other clients go on being served.

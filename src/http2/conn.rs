@@ -32,6 +32,10 @@ const MAX_BLOCK: usize = 2 * crate::proxy::MAX_HEADER_BYTES;
 /// Streams the client may reset before their answer, beyond those it let finish, before
 /// the connection is closed (rapid reset, CVE-2023-44487).
 const MAX_EARLY_RESETS: u32 = 100;
+/// Acknowledgements (of PING and SETTINGS) this side may have queued and not yet
+/// written: a client that floods either and does not read the answers is cut off
+/// (CVE-2019-9512, CVE-2019-9515; nghttp2's limit).
+const MAX_ACKS_OWED: u32 = 1000;
 /// Closed streams remembered, to tell a frame on a closed stream from one on a stream
 /// never opened.
 const REMEMBERED: usize = 32;
@@ -119,6 +123,8 @@ pub(crate) struct Conn<T> {
     greeted: bool,
     closing: Closing,
     early_resets: u32,
+    /// PING and SETTINGS acknowledgements queued since all that was queued was written.
+    acks_owed: u32,
     /// Wakes the connection when a body is read from.
     pub(crate) waker: Arc<AtomicWaker>,
 }
@@ -153,6 +159,7 @@ impl<T> Conn<T> {
             greeted: false,
             closing: Closing::No,
             early_resets: 0,
+            acks_owed: 0,
             waker: Arc::new(AtomicWaker::new()),
         }
     }
@@ -217,6 +224,7 @@ impl<T> Conn<T> {
                 self.window_update(stream, increment).map(|()| None)
             }
             Frame::Ping(data) => {
+                self.owe_ack()?;
                 frame::write_ping(&mut self.out, data, true);
                 Ok(None)
             }
@@ -496,8 +504,23 @@ impl<T> Conn<T> {
         Ok(())
     }
 
+    /// One more acknowledgement queued; too many unwritten is a flood.
+    fn owe_ack(&mut self) -> Result<(), Error> {
+        self.acks_owed += 1;
+        match self.acks_owed > MAX_ACKS_OWED {
+            true => Err(Error::Connection(Reason::ENHANCE_YOUR_CALM)),
+            false => Ok(()),
+        }
+    }
+
+    /// All that was queued has been written: no acknowledgement is owed.
+    pub(crate) fn written(&mut self) {
+        self.acks_owed = 0;
+    }
+
     /// The client's SETTINGS (RFC 9113 §6.5.2), acknowledged.
     fn settings(&mut self, params: &[u8]) -> Result<(), Error> {
+        self.owe_ack()?;
         for p in params.chunks_exact(6) {
             let (id, value) = frame::setting(p);
             match id {

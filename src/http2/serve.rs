@@ -191,15 +191,12 @@ where
         }
     }
 
-    /// Writes the GOAWAY of a connection error, then ends with the error.
+    /// Writes the GOAWAY of a connection error if the socket takes it now, then ends
+    /// with the error: a client that floods without reading is not waited for.
     fn poll_failed(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ServeError>> {
-        match self.poll_write(cx) {
-            Ok(false) => Poll::Pending,
-            Ok(true) | Err(_) => Poll::Ready(Err(self
-                .failed
-                .take()
-                .unwrap_or_else(|| "HTTP/2 connection error".into()))),
-        }
+        let _ = self.poll_write(cx);
+        let e = self.failed.take();
+        Poll::Ready(Err(e.unwrap_or_else(|| "HTTP/2 connection error".into())))
     }
 
     /// Bytes queued and not yet written.
@@ -435,6 +432,7 @@ where
             }
         }
         self.conn.out.clear();
+        self.conn.written();
         self.written = 0;
         match Pin::new(&mut self.io).poll_flush(cx) {
             Poll::Pending => Ok(false),

@@ -253,3 +253,21 @@ fn an_extended_connect_gets_501_and_a_header_list_too_large_431() {
     let frames = written(&mut c);
     assert_eq!(d.decode(&frames[0].3).unwrap()[0].1, b"431");
 }
+
+#[test]
+fn a_flood_of_pings_or_settings_never_written_out_is_cut_off() {
+    let mut c = greeted();
+    for _ in 0..MAX_ACKS_OWED {
+        feed(&mut c, kind::PING, 0, 0, &[1; 8]).unwrap();
+    }
+    // Written out: the count starts again.
+    c.written();
+    for _ in 0..MAX_ACKS_OWED - 1 {
+        feed(&mut c, kind::SETTINGS, 0, 0, &[]).unwrap();
+    }
+    feed(&mut c, kind::PING, 0, 0, &[1; 8]).unwrap();
+    assert_eq!(
+        feed(&mut c, kind::SETTINGS, 0, 0, &[]).unwrap_err(),
+        Reason::ENHANCE_YOUR_CALM
+    );
+}
