@@ -76,10 +76,11 @@ pub(crate) fn channel(length: Option<u64>, connection: &Arc<AtomicWaker>) -> (In
 }
 
 impl Inbox {
-    /// Hands over a DATA frame's bytes.
-    pub(crate) fn data(&self, data: Bytes) {
-        if let Some(tx) = &self.tx {
-            let _ = tx.send(Item::Data(data));
+    /// Hands over a DATA frame's bytes; `false` when nobody reads the body any more.
+    pub(crate) fn data(&self, data: Bytes) -> bool {
+        match &self.tx {
+            Some(tx) => tx.send(Item::Data(data)).is_ok(),
+            None => false,
         }
     }
 

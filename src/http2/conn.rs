@@ -20,8 +20,11 @@ use super::{Error, Reason};
 
 /// Streams a client may have open at once (nginx allows 128, HAProxy 100, hyper 200).
 pub(crate) const MAX_STREAMS: u32 = 200;
-/// Each stream's receive window, and the connection's: 1 MiB.
+/// Each stream's receive window: 1 MiB.
 pub(crate) const WINDOW: u32 = 1 << 20;
+/// The connection's receive window: sixteen streams' worth, so that one upload whose
+/// backend has stopped reading does not hold up the others.
+pub(crate) const CONNECTION_WINDOW: u32 = 16 << 20;
 /// The largest frame this side takes (the protocol's default).
 pub(crate) const MAX_FRAME: usize = 16_384;
 /// The window every stream starts with before SETTINGS say otherwise (RFC 9113 §6.9.2).
@@ -29,6 +32,9 @@ const DEFAULT_WINDOW: i64 = 65_535;
 /// A header block this side takes, compressed, however many frames it comes in: past
 /// it, a client sending CONTINUATION frames without end is cut off.
 const MAX_BLOCK: usize = 2 * crate::proxy::MAX_HEADER_BYTES;
+/// CONTINUATION frames one header block may take (empty ones included, which the size
+/// limit alone would never stop); a 64 KiB head in 16 KiB frames takes four.
+const MAX_CONTINUATIONS: usize = 64;
 /// Streams the client may reset before their answer, beyond those it let finish, before
 /// the connection is closed (rapid reset, CVE-2023-44487).
 const MAX_EARLY_RESETS: u32 = 100;
@@ -87,6 +93,8 @@ struct Block {
     stream: u32,
     bytes: Vec<u8>,
     end_stream: bool,
+    /// CONTINUATION frames so far.
+    frames: usize,
 }
 
 /// Where the connection stands on its way to a close.
@@ -143,7 +151,7 @@ impl<T> Conn<T> {
                 (setting::MAX_HEADER_LIST_SIZE, max_header_list as u32),
             ],
         );
-        frame::write_window_update(&mut out, 0, WINDOW - DEFAULT_WINDOW as u32);
+        frame::write_window_update(&mut out, 0, CONNECTION_WINDOW - DEFAULT_WINDOW as u32);
         Conn {
             streams: HashMap::new(),
             decoder: Decoder::new(max_header_list),
@@ -151,7 +159,7 @@ impl<T> Conn<T> {
             max_frame: MAX_FRAME,
             initial_window: DEFAULT_WINDOW,
             send_window: DEFAULT_WINDOW,
-            recv_window: i64::from(WINDOW),
+            recv_window: i64::from(CONNECTION_WINDOW),
             released: 0,
             last_id: 0,
             closed: VecDeque::with_capacity(REMEMBERED),
@@ -173,6 +181,11 @@ impl<T> Conn<T> {
     ) -> Result<Option<Incoming>, Reason> {
         match self.frame(head, payload) {
             Ok(opened) => Ok(opened),
+            // No RST_STREAM for a stream never opened (RFC 9113 §5.1).
+            Err(Error::Stream(id, _)) if id > self.last_id => {
+                frame::write_goaway(&mut self.out, self.last_id, Reason::PROTOCOL_ERROR);
+                Err(Reason::PROTOCOL_ERROR)
+            }
             Err(Error::Stream(id, reason)) => {
                 self.reset(id, reason);
                 Ok(None)
@@ -285,6 +298,7 @@ impl<T> Conn<T> {
             };
         };
         if flow > s.recv_window {
+            self.released += data.len();
             return Err(Error::Stream(id, Reason::FLOW_CONTROL_ERROR));
         }
         s.recv_window -= flow;
@@ -293,14 +307,18 @@ impl<T> Conn<T> {
         if s.length
             .is_some_and(|n| s.received > n || (end && s.received != n))
         {
+            self.released += data.len();
             return Err(Error::Stream(id, Reason::PROTOCOL_ERROR));
         }
-        match &s.inbox {
-            Some(inbox) if !data.is_empty() => {
-                inbox.data(Bytes::copy_from_slice(data));
-                s.unread += data.len();
-            }
-            _ => {
+        // Bytes nobody will read (the request path no longer holds the body) go back
+        // at once.
+        let kept = match &s.inbox {
+            Some(inbox) if !data.is_empty() => inbox.data(Bytes::copy_from_slice(data)),
+            _ => false,
+        };
+        match kept {
+            true => s.unread += data.len(),
+            false => {
                 s.released += data.len();
                 self.released += data.len();
             }
@@ -342,6 +360,7 @@ impl<T> Conn<T> {
             stream: id,
             bytes: block.to_vec(),
             end_stream,
+            frames: 0,
         });
         Ok(None)
     }
@@ -356,7 +375,8 @@ impl<T> Conn<T> {
         let Some(b) = self.block.as_mut().filter(|b| b.stream == id) else {
             return Err(Error::Connection(Reason::PROTOCOL_ERROR));
         };
-        if b.bytes.len() + fragment.len() > MAX_BLOCK {
+        b.frames += 1;
+        if b.bytes.len() + fragment.len() > MAX_BLOCK || b.frames > MAX_CONTINUATIONS {
             return Err(Error::Connection(Reason::ENHANCE_YOUR_CALM));
         }
         b.bytes.extend_from_slice(fragment);
@@ -376,6 +396,8 @@ impl<T> Conn<T> {
     ) -> Result<Option<Incoming>, Error> {
         if let Some(s) = self.streams.get(&id) {
             let open = s.recv_open;
+            // Trailers that end a body short of its stated length (RFC 9113 §8.1.1).
+            let short = s.length.is_some_and(|n| n != s.received);
             // Decoded whatever comes of it: the tables must follow the client's.
             let trailers = self.decoder.trailers(block);
             return match (open, end_stream, trailers) {
@@ -386,6 +408,7 @@ impl<T> Conn<T> {
                 (true, false, _) | (true, _, Err(_)) => {
                     Err(Error::Stream(id, Reason::PROTOCOL_ERROR))
                 }
+                (true, true, Ok(_)) if short => Err(Error::Stream(id, Reason::PROTOCOL_ERROR)),
                 (true, true, Ok(t)) => {
                     self.end_of_request(id, Some(t));
                     Ok(None)
@@ -394,10 +417,12 @@ impl<T> Conn<T> {
         }
         if id <= self.last_id {
             let _ = self.decoder.request(block);
-            return Err(match self.was_closed(id) {
-                Some(_) => Error::Connection(Reason::STREAM_CLOSED),
-                None => Error::Connection(Reason::PROTOCOL_ERROR),
-            });
+            return match self.was_closed(id) {
+                // Sent before the client saw this side's reset (RFC 9113 §5.1: ignored).
+                Some(true) => Ok(None),
+                Some(false) => Err(Error::Connection(Reason::STREAM_CLOSED)),
+                None => Err(Error::Connection(Reason::PROTOCOL_ERROR)),
+            };
         }
         self.last_id = id;
         let request = self.decoder.request(block);

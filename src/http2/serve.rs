@@ -168,7 +168,8 @@ where
             return self.poll_failed(cx);
         }
         loop {
-            let read = match self.backlog() < HIGH_WATER && !self.eof {
+            let readable = self.backlog() < HIGH_WATER && !self.eof;
+            let read = match readable {
                 true => match self.poll_read(cx) {
                     Ok(read) => read,
                     Err(e) => {
@@ -185,7 +186,10 @@ where
                 tracing::debug!(eof = self.eof, "HTTP/2 connection done");
                 return Poll::Ready(Ok(()));
             }
-            if !read {
+            // Reading brought frames; or it was skipped (or streams were) for the
+            // backlog, which is written now: go on, or nothing would wake this again.
+            let drained = !readable && self.backlog() < HIGH_WATER && !self.eof;
+            if !read && !drained {
                 return Poll::Pending;
             }
         }

@@ -7,6 +7,7 @@ fn greeted() -> Conn<()> {
     let mut c = Conn::new(64 * 1024);
     feed(&mut c, kind::SETTINGS, 0, 0, &[]).unwrap();
     c.out.clear();
+    c.written();
     c
 }
 
@@ -95,19 +96,33 @@ fn a_request_with_a_body_hands_its_bytes_over_and_windows_come_back_as_taken() {
 }
 
 #[test]
-fn more_than_the_window_is_a_flow_control_error() {
+fn more_than_a_window_is_a_flow_control_error_of_the_stream_then_of_the_connection() {
+    let mut c = greeted();
+    let frame = vec![0u8; MAX_FRAME];
+    let per_stream = WINDOW as usize / MAX_FRAME;
+    let mut id = 1;
+    // Each stream takes its window whole (nobody reads the bodies); one frame more is
+    // the stream's error, and its bytes go back to the connection.
+    for _ in 0..(CONNECTION_WINDOW / WINDOW) {
+        feed(&mut c, kind::HEADERS, 0x4, id, &POST).unwrap();
+        for _ in 0..per_stream {
+            feed(&mut c, kind::DATA, 0, id, &frame).unwrap();
+        }
+        id += 2;
+    }
+    c.out.clear();
+    feed(&mut c, kind::HEADERS, 0x4, id, &POST).unwrap();
+    // The connection's window is spent: any byte more is the connection's error.
+    let err = feed(&mut c, kind::DATA, 0, id, &frame).unwrap_err();
+    assert_eq!(err, Reason::FLOW_CONTROL_ERROR);
     let mut c = greeted();
     feed(&mut c, kind::HEADERS, 0x4, 1, &POST).unwrap();
-    let frame = vec![0u8; MAX_FRAME];
-    let mut sent = 0;
-    let err = loop {
-        match feed(&mut c, kind::DATA, 0, 1, &frame) {
-            Ok(_) => sent += frame.len(),
-            Err(e) => break e,
-        }
-    };
-    assert_eq!(err, Reason::FLOW_CONTROL_ERROR);
-    assert_eq!(sent, WINDOW as usize);
+    for _ in 0..per_stream {
+        feed(&mut c, kind::DATA, 0, 1, &frame).unwrap();
+    }
+    feed(&mut c, kind::DATA, 0, 1, &frame).unwrap();
+    let rst = written(&mut c).into_iter().find(|f| f.0 == kind::RST_STREAM).unwrap();
+    assert_eq!(rst.3, Reason::FLOW_CONTROL_ERROR.0.to_be_bytes());
 }
 
 #[test]

@@ -134,7 +134,12 @@ impl Collect {
                 return Ok(());
             }
             b"content-length" => {
-                let n = std::str::from_utf8(value).ok().and_then(|v| v.parse().ok());
+                // Digits only: `parse` would take a `+` the backend may read otherwise.
+                let digits =
+                    (1..=19).contains(&value.len()) && value.iter().all(u8::is_ascii_digit);
+                let n = (std::str::from_utf8(value).ok())
+                    .filter(|_| digits)
+                    .and_then(|v| v.parse().ok());
                 match (n, self.length) {
                     (None, _) => return Err("an invalid content-length"),
                     (Some(n), Some(m)) if n != m => return Err("content-lengths that differ"),
@@ -479,7 +484,9 @@ pub(crate) fn encode_head(out: &mut Vec<u8>, head: &ResponseHead, body: &RespBod
                     field_spelled(out, name, value);
                 }
             }
-            if let Some(n) = f.length {
+            // No length on 1xx and 204 (RFC 9110 §8.6), as the HTTP/1.1 writer.
+            let bodiless = head.status.is_informational() || head.status == StatusCode::NO_CONTENT;
+            if let (Some(n), false) = (f.length, bodiless) {
                 integer(out, 0, 4, 28);
                 string(out, itoa::Buffer::new().format(n).as_bytes());
             }
