@@ -121,7 +121,10 @@ fn more_than_a_window_is_a_flow_control_error_of_the_stream_then_of_the_connecti
         feed(&mut c, kind::DATA, 0, 1, &frame).unwrap();
     }
     feed(&mut c, kind::DATA, 0, 1, &frame).unwrap();
-    let rst = written(&mut c).into_iter().find(|f| f.0 == kind::RST_STREAM).unwrap();
+    let rst = written(&mut c)
+        .into_iter()
+        .find(|f| f.0 == kind::RST_STREAM)
+        .unwrap();
     assert_eq!(rst.3, Reason::FLOW_CONTROL_ERROR.0.to_be_bytes());
 }
 

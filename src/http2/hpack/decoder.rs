@@ -160,11 +160,13 @@ impl Decoder {
         }
     }
 
-    /// Decodes `block`, handing each field to `each` as it comes.
+    /// Decodes `block`, handing each field to `each` as it comes; `each` returning
+    /// `false` stops the decoding (the block is then refused, and the table can no
+    /// longer follow the client's: the connection must end).
     pub(crate) fn decode(
         &mut self,
         block: &[u8],
-        mut each: impl FnMut(&[u8], &[u8]),
+        mut each: impl FnMut(&[u8], &[u8]) -> bool,
     ) -> Result<(), Invalid> {
         let mut at = 0;
         let mut fields = 0;
@@ -181,24 +183,30 @@ impl Decoder {
                 at += used;
                 continue;
             }
-            at += self.field(&block[at..])?;
-            each(&self.name, &self.value);
             fields += 1;
+            if b & 0x80 != 0 {
+                // Indexed: handed over from the table as it is, never copied (a block
+                // of one-byte references to a large entry costs no more than its size).
+                let (index, used) = integer(&block[at..], 7)?;
+                let (name, value) = entry(&self.table, index)?;
+                if !each(name, value) {
+                    return Err(Invalid);
+                }
+                at += used;
+                continue;
+            }
+            at += self.field(&block[at..])?;
+            if !each(&self.name, &self.value) {
+                return Err(Invalid);
+            }
         }
         Ok(())
     }
 
-    /// Decodes one field representation into `self.name` and `self.value`; the bytes
-    /// it took.
+    /// Decodes one literal field representation into `self.name` and `self.value`; the
+    /// bytes it took.
     fn field(&mut self, rest: &[u8]) -> Result<usize, Invalid> {
         let b = rest[0];
-        if b & 0x80 != 0 {
-            let (index, used) = integer(rest, 7)?;
-            let (name, value) = entry(&self.table, index)?;
-            copy(&mut self.name, name);
-            copy(&mut self.value, value);
-            return Ok(used);
-        }
         let (prefix, indexing) = match b & 0xc0 == 0x40 {
             true => (6, true),
             false => (4, false),
@@ -340,7 +348,10 @@ mod tests {
 
     fn decoded(d: &mut Decoder, block: &[u8]) -> Result<List, Invalid> {
         let mut list = Vec::new();
-        d.decode(block, |n, v| list.push((n.to_vec(), v.to_vec())))?;
+        d.decode(block, |n, v| {
+            list.push((n.to_vec(), v.to_vec()));
+            true
+        })?;
         Ok(list)
     }
 

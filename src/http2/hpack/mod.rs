@@ -263,6 +263,9 @@ impl Decoder {
                     false => take(name, value).err(),
                 };
             }
+            // Far past the limit (one-byte references to large table entries): not
+            // worth decoding on; the connection ends.
+            size <= 4 * max_list
         });
         decoded.map_err(|_| BlockError::Compression)?;
         wrong.map_or(Ok(()), Err)
@@ -351,8 +354,11 @@ fn is_lower_token(c: u8) -> bool {
 pub(crate) fn decoded(block: &[u8]) -> Option<Vec<(Vec<u8>, Vec<u8>)>> {
     let mut list = Vec::new();
     let mut d = decoder::Decoder::new(TABLE_SIZE);
-    d.decode(block, |n, v| list.push((n.to_vec(), v.to_vec())))
-        .ok()?;
+    d.decode(block, |n, v| {
+        list.push((n.to_vec(), v.to_vec()));
+        true
+    })
+    .ok()?;
     Some(list)
 }
 
@@ -719,6 +725,16 @@ mod tests {
             ("x", &long),
         ]);
         assert_eq!(d.request(&b).unwrap_err(), BlockError::TooLarge);
+        // Four times over: not decoded on, the connection's end.
+        let mut d = Decoder::new(200);
+        let huge = "v".repeat(1000);
+        let b = block(&[
+            (":method", "GET"),
+            (":scheme", "http"),
+            (":path", "/"),
+            ("x", &huge),
+        ]);
+        assert_eq!(d.request(&b).unwrap_err(), BlockError::Compression);
         let t = block(&[("grpc-status", "0")]);
         assert_eq!(d.trailers(&t).unwrap()["grpc-status"], "0");
         let p = block(&[(":path", "/")]);
