@@ -17,10 +17,14 @@ use hyper_util::rt::TokioIo;
 use common::tls::*;
 use common::*;
 
-/// An HTTP/1.1 backend (hyper) that answers each request with its body, its `x-*`
-/// fields back as `x-echo-*` (every value, in order), and `x-pad` fields as long as the
-/// request's `x-answer-pad` asks: an answer head long enough for CONTINUATION frames.
-async fn echo_backend() -> std::net::SocketAddr {
+/// A hyper HTTP/1.1 backend on an ephemeral port, each request answered by `answer`.
+async fn hyper_backend<F, Fut, B>(answer: F) -> std::net::SocketAddr
+where
+    F: Fn(hyper::Request<Incoming>) -> Fut + Copy + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<hyper::Response<B>, Infallible>> + Send + 'static,
+    B: hyper::body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     tokio::spawn(async move {
@@ -29,34 +33,66 @@ async fn echo_backend() -> std::net::SocketAddr {
                 continue;
             };
             tokio::spawn(async move {
-                let svc = service_fn(|r: hyper::Request<Incoming>| async move {
-                    let (parts, body) = r.into_parts();
-                    let body = body
-                        .collect()
-                        .await
-                        .map(|b| b.to_bytes())
-                        .unwrap_or_default();
-                    let mut a = hyper::Response::builder().status(200);
-                    for (n, v) in &parts.headers {
-                        if let Some(rest) = n.as_str().strip_prefix("x-") {
-                            a = a.header(format!("x-echo-{rest}"), v);
-                        }
-                    }
-                    let pad: usize = (parts.headers.get("x-answer-pad"))
-                        .and_then(|v| v.to_str().ok()?.parse().ok())
-                        .unwrap_or(0);
-                    for i in 0..pad / 1000 {
-                        a = a.header(format!("x-pad-{i}"), "p".repeat(1000));
-                    }
-                    Ok::<_, Infallible>(a.body(Full::new(body)).unwrap())
-                });
                 let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(s), svc)
+                    .serve_connection(TokioIo::new(s), service_fn(answer))
                     .await;
             });
         }
     });
     addr
+}
+
+/// An HTTP/1.1 backend (hyper) that answers each request with its body, its `x-*`
+/// fields back as `x-echo-*` (every value, in order), and `x-pad` fields as long as the
+/// request's `x-answer-pad` asks: an answer head long enough for CONTINUATION frames.
+async fn echo_backend() -> std::net::SocketAddr {
+    hyper_backend(echo).await
+}
+
+/// The echo backend's answer (see [`echo_backend`]).
+async fn echo(r: hyper::Request<Incoming>) -> Result<hyper::Response<Full<Bytes>>, Infallible> {
+    let (parts, body) = r.into_parts();
+    let body = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let mut a = hyper::Response::builder().status(200);
+    for (n, v) in &parts.headers {
+        if let Some(rest) = n.as_str().strip_prefix("x-") {
+            a = a.header(format!("x-echo-{rest}"), v);
+        }
+    }
+    let pad: usize = (parts.headers.get("x-answer-pad"))
+        .and_then(|v| v.to_str().ok()?.parse().ok())
+        .unwrap_or(0);
+    for i in 0..pad / 1000 {
+        a = a.header(format!("x-pad-{i}"), "p".repeat(1000));
+    }
+    Ok(a.body(Full::new(body)).unwrap())
+}
+
+/// A backend that counts what it is sent (`x-seen`) and answers `/down/N` with N bytes.
+async fn count_and_send(
+    r: hyper::Request<Incoming>,
+) -> Result<hyper::Response<impl hyper::body::Body<Data = Bytes, Error = Infallible>>, Infallible> {
+    let down: u64 = (r.uri().path().strip_prefix("/down/"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    let mut body = r.into_body();
+    let mut seen = 0u64;
+    while let Some(Ok(f)) = body.frame().await {
+        seen += f.data_ref().map_or(0, |d| d.len() as u64);
+    }
+    let chunk = Bytes::from(vec![b'z'; 256 * 1024]);
+    let frames = (down / chunk.len() as u64) as usize;
+    let stream = futures_util::stream::iter(
+        std::iter::repeat_n(chunk, frames).map(|c| Ok::<_, Infallible>(Frame::data(c))),
+    );
+    Ok(hyper::Response::builder()
+        .header("x-seen", seen.to_string())
+        .body(StreamBody::new(stream))
+        .unwrap())
 }
 
 /// An `h2` client connection to `addr` by prior knowledge.
@@ -214,42 +250,7 @@ async fn requests_and_answers_cross_the_codec_as_the_h2_client_sent_them() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_body_streams_up_and_down_with_memory_bounded() {
     const GIB: u64 = 128 << 20;
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let backend = l.local_addr().unwrap();
-    // Counts what it is sent; answers `n` bytes when asked for /down/n.
-    tokio::spawn(async move {
-        loop {
-            let Ok((s, _)) = l.accept().await else {
-                continue;
-            };
-            tokio::spawn(async move {
-                let svc = service_fn(|r: hyper::Request<Incoming>| async move {
-                    let down: u64 = (r.uri().path().strip_prefix("/down/"))
-                        .and_then(|n| n.parse().ok())
-                        .unwrap_or(0);
-                    let mut body = r.into_body();
-                    let mut seen = 0u64;
-                    while let Some(Ok(f)) = body.frame().await {
-                        seen += f.data_ref().map_or(0, |d| d.len() as u64);
-                    }
-                    let chunk = Bytes::from(vec![b'z'; 256 * 1024]);
-                    let frames = (down / chunk.len() as u64) as usize;
-                    let stream = futures_util::stream::iter(
-                        std::iter::repeat_n(chunk, frames)
-                            .map(|c| Ok::<_, Infallible>(Frame::data(c))),
-                    );
-                    let answer = hyper::Response::builder()
-                        .header("x-seen", seen.to_string())
-                        .body(StreamBody::new(stream))
-                        .unwrap();
-                    Ok::<_, Infallible>(answer)
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(s), svc)
-                    .await;
-            });
-        }
-    });
+    let backend = hyper_backend(count_and_send).await;
     let url = format!("http://{backend}");
     let f = Fulcrum::start(&["--backend", &url, "--health-interval", "60s"]);
     let mut send = h2_client(f.proxy).await;
