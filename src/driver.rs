@@ -17,9 +17,11 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::clock::Stamp;
+use crate::config::tcp::TcpListenerSpec;
 use crate::descriptors::{self, Descriptor};
 use crate::liveness::{Activity, Stopping, Timeouts, Tracked, Verdict, Watchdog, Watched};
 use crate::proxy::{Proxy, MAX_HEADER_BYTES};
+use crate::tcp::passthrough::Through;
 
 /// How long requests in flight may take to finish after a stop signal.
 pub(crate) const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -74,6 +76,8 @@ pub(crate) struct Accepted {
     pub(crate) peer: SocketAddr,
     pub(crate) local: SocketAddr,
     pub(crate) tls: Option<crate::tls::Acceptor>,
+    /// The TCP listener it came on, for a TCP pool (`docs/tcp.md`).
+    pub(crate) tcp: Option<Arc<crate::config::tcp::TcpListenerSpec>>,
 }
 
 /// One worker's client connections: how they are served and how they drain.
@@ -84,6 +88,9 @@ pub(crate) struct Connections {
     timeouts: Timeouts,
     /// One clone per connection: the drain waits for them to go.
     live: Arc<()>,
+    /// One clone per TCP pool's connection (passed through ones too): after an upgrade
+    /// the drain waits for them up to `tcp_drain_timeout`.
+    tcp_live: Arc<()>,
     /// The most connections open at once since memory was last given back.
     peak: std::cell::Cell<usize>,
 }
@@ -99,13 +106,14 @@ impl Connections {
                 send: proxy.send_timeout(),
             },
             live: Arc::new(()),
+            tcp_live: Arc::new(()),
             peak: std::cell::Cell::new(0),
         }
     }
 
     /// How many connections are open now.
     fn open(&self) -> usize {
-        Arc::strong_count(&self.live) - 1
+        Arc::strong_count(&self.live) + Arc::strong_count(&self.tcp_live) - 2
     }
 
     /// Serves `a` if a slot and a descriptor are free now; else gives it back to wait.
@@ -162,15 +170,20 @@ impl Connections {
     /// first head's timeout), then goes the same way for HTTP/1, or to the HTTP/2 front
     /// end (ALPN `h2`); so does a plain connection that opens with HTTP/2's preface.
     pub(crate) fn spawn(&self, a: Accepted, held: Held) {
+        if let Some(front) = a.tcp.clone() {
+            return self.spawn_tcp(a, front, held);
+        }
         let Accepted {
             mut stream,
             peer,
             local,
             tls,
+            tcp: _,
         } = a;
         // `deny_clients`/`allow_clients` judge the peer before any byte is read, unless
         // it is a trusted proxy whose PROXY header names the client (judged below).
-        let named_later = self.proxy.proxy_protocol_from(peer.ip()) == Some(true);
+        let pp = self.proxy.proxy_protocol_from(peer.ip());
+        let named_later = pp == Some(true);
         if !named_later && !self.proxy.site().admits_client(peer.ip()) {
             return;
         }
@@ -183,11 +196,14 @@ impl Connections {
         let builder = Arc::clone(&self.builder);
         let live = Arc::clone(&self.live);
         let (proxy, stop, timeouts) = (self.proxy, self.stop.clone(), self.timeouts);
+        // Only a TLS listener with passthrough names may hand a connection to TCP.
+        let passing =
+            (tls.is_some() && !proxy.passthrough().is_empty()).then(|| Arc::clone(&self.tcp_live));
         let task = async move {
-            let _live = live;
+            let live = live;
             let _client_slot = client_slot;
             let over_tls = tls.is_some();
-            let Some(client) = client_of(&mut stream, peer, local, over_tls, proxy).await else {
+            let Some(client) = client_of(&mut stream, (peer, local), over_tls, pp).await else {
                 return;
             };
             if named_later && !proxy.site().admits_client(client.addr.ip()) {
@@ -204,11 +220,60 @@ impl Connections {
                     let by = Stamp::now().after(HEADER_TIMEOUT);
                     conn.serve_h1(stream, client, held, by).await
                 }
-                // Boxed: a TLS session's state is kilobytes (see `serve_h1`).
-                Some(acceptor) => Box::pin(conn.serve_tls(stream, acceptor, client, held)).await,
+                Some(acceptor) => {
+                    if let Some(tcp_live) = passing {
+                        match crate::tcp::passthrough::classify(&stream, proxy.passthrough()).await
+                        {
+                            Through::Terminate => {}
+                            Through::Close => return,
+                            Through::Pass(pool) => {
+                                // A TCP connection from now on, drained as one.
+                                let (_tcp, _held) = (tcp_live, held);
+                                drop(live);
+                                return pass_through(stream, &client, &pool, proxy).await;
+                            }
+                        }
+                    }
+                    // Boxed: a TLS session's state is kilobytes (see `serve_h1`).
+                    Box::pin(conn.serve_tls(stream, acceptor, client, held)).await
+                }
             }
         };
         tokio::spawn(task);
+    }
+
+    /// Serves a connection of a TCP listener (`docs/tcp.md`): the listener's `allow`
+    /// and `deny` and the top-level ones judge its client (the one a trusted peer's
+    /// PROXY header names, with `accept_proxy_protocol`), then its pool takes it.
+    fn spawn_tcp(&self, a: Accepted, front: Arc<TcpListenerSpec>, held: Held) {
+        let Accepted {
+            mut stream,
+            peer,
+            local,
+            ..
+        } = a;
+        let pp = self
+            .proxy
+            .tcp_proxy_protocol_from(front.accept_proxy_protocol, peer.ip());
+        let admits = |ip| front.clients.admits(ip) && self.proxy.site().admits_client(ip);
+        if pp != Some(true) && !admits(peer.ip()) {
+            return;
+        }
+        let Ok(client_slot) = self.proxy.admit_client(peer.ip()) else {
+            return;
+        };
+        self.note_open();
+        let (proxy, live) = (self.proxy, Arc::clone(&self.tcp_live));
+        tokio::spawn(async move {
+            let (_live, _held, _client_slot) = (live, held, client_slot);
+            let Some(client) = client_of(&mut stream, (peer, local), false, pp).await else {
+                return;
+            };
+            let ip = client.addr.ip();
+            if front.clients.admits(ip) && proxy.site().admits_client(ip) {
+                pass_through(stream, &client, &front.pool, proxy).await;
+            }
+        });
     }
 
     fn note_open(&self) {
@@ -228,16 +293,28 @@ impl Connections {
         }
     }
 
-    /// Lets the connections finish, up to the drain timeout.
-    pub(crate) async fn drain(self) {
-        let live = self.live;
-        let drained = async {
+    /// Lets the connections finish: HTTP ones up to the drain timeout, TCP pools' ones
+    /// up to `tcp_grace` (the drain timeout at a stop, `tcp_drain_timeout` after an
+    /// upgrade).
+    pub(crate) async fn drain(self, tcp_grace: Duration) {
+        let gone = |live: Arc<()>| async move {
             while Arc::strong_count(&live) > 1 {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         };
-        if tokio::time::timeout(DRAIN_TIMEOUT, drained).await.is_err() {
+        let started = tokio::time::Instant::now();
+        if tokio::time::timeout(DRAIN_TIMEOUT, gone(self.live))
+            .await
+            .is_err()
+        {
             tracing::warn!("requests still in flight after the drain timeout; closing them");
+        }
+        let tcp_until = started + tcp_grace;
+        if tokio::time::timeout_at(tcp_until, gone(self.tcp_live))
+            .await
+            .is_err()
+        {
+            tracing::warn!("TCP connections still open after their drain; closing them");
         }
     }
 }
@@ -264,17 +341,16 @@ fn give_memory_back() {
 /// peer's header is missing, malformed or late, or another peer sent one.
 async fn client_of(
     stream: &mut tokio::net::TcpStream,
-    peer: SocketAddr,
-    local: SocketAddr,
+    (peer, local): (SocketAddr, SocketAddr),
     tls: bool,
-    proxy: &Proxy,
+    pp: Option<bool>,
 ) -> Option<crate::proxy::Peer> {
     // A wildcard bind says nothing about the address reached: ask the socket.
     let local = match local.ip().is_unspecified() {
         true => stream.local_addr().unwrap_or(local),
         false => local,
     };
-    let (addr, local) = match proxy.proxy_protocol_from(peer.ip()) {
+    let (addr, local) = match pp {
         // A trusted proxy must send its header.
         Some(true) => match crate::proxy_protocol::read_header(stream, HEADER_TIMEOUT).await {
             Ok(named) => named.unwrap_or((peer, local)),
@@ -298,6 +374,23 @@ async fn client_of(
     };
     let socket = std::os::fd::AsRawFd::as_raw_fd(&*stream);
     Some(crate::proxy::Peer::new(addr, local, tls, socket))
+}
+
+/// Serves a connection for the TCP pool `pool` (gone after a reload: closed).
+async fn pass_through(
+    stream: tokio::net::TcpStream,
+    client: &crate::proxy::Peer,
+    pool: &str,
+    proxy: &'static Proxy,
+) {
+    let Ok(pool) = proxy.site().pool(pool) else {
+        return;
+    };
+    let ends = crate::tcp::Ends {
+        client: client.addr,
+        reached: client.local,
+    };
+    crate::tcp::serve(stream, ends, pool, proxy.access_format()).await
 }
 
 /// The TLS handshake of a client connection, done by `by` (the connection's head

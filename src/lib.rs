@@ -65,6 +65,7 @@ pub(crate) mod split;
 pub(crate) mod stats;
 pub(crate) mod store;
 pub mod strategy;
+pub(crate) mod tcp;
 pub(crate) mod tls;
 pub(crate) mod traffic;
 pub(crate) mod transport;

@@ -88,6 +88,65 @@ pub(crate) fn bind_udp_workers(
     (0..workers).map(|_| bind()).collect()
 }
 
+/// Binds `[[tcp_listeners]]` (`docs/tcp.md`): one socket per worker for each entry, in
+/// the entries' order, each entry's checked for a listener already there as
+/// [`bind_workers`] does.
+pub(crate) fn bind_tcp(
+    specs: &[crate::config::tcp::TcpListenerSpec],
+    workers: usize,
+) -> Result<Vec<std::net::TcpListener>, String> {
+    let mut all = Vec::new();
+    for spec in specs {
+        let bound = bind_workers(spec.listen, workers)
+            .map_err(|e| format!("cannot listen on {} (tcp_listeners): {e}", spec.listen))?;
+        all.extend(bound);
+    }
+    Ok(all)
+}
+
+/// The `[[tcp_listeners]]` sockets after an upgrade: for each entry, the received
+/// sockets on its address, one per worker (an entry on port 0 takes, in order, the
+/// received sockets on its IP that no entry names by port: the old process's, when the
+/// entries did not change), else new ones bound beside the old process's (an entry
+/// added); received sockets no entry wants are closed. Each entry's sockets in order,
+/// one per worker.
+pub(crate) fn tcp_after_upgrade(
+    specs: &[crate::config::tcp::TcpListenerSpec],
+    mut received: Vec<std::net::TcpListener>,
+    workers: usize,
+) -> Result<Vec<Vec<std::net::TcpListener>>, String> {
+    let mut each: Vec<Vec<std::net::TcpListener>> = specs.iter().map(|_| Vec::new()).collect();
+    // Named ports first, so that an entry on port 0 cannot take another's sockets.
+    let order = (specs.iter().enumerate()).filter(|(_, s)| s.listen.port() != 0);
+    let ephemeral = (specs.iter().enumerate()).filter(|(_, s)| s.listen.port() == 0);
+    for (i, spec) in order.chain(ephemeral) {
+        let on_it = |l: &std::net::TcpListener| {
+            l.local_addr().is_ok_and(|a| match spec.listen.port() {
+                0 => a.ip() == spec.listen.ip(),
+                _ => a == spec.listen,
+            })
+        };
+        let mut mine = Vec::new();
+        let mut rest = Vec::new();
+        for l in received {
+            match mine.len() < workers && on_it(&l) {
+                true => mine.push(l),
+                false => rest.push(l),
+            }
+        }
+        received = rest;
+        if mine.len() < workers {
+            let bind_one = || {
+                bind(spec.listen)
+                    .map_err(|e| format!("cannot listen on {} (tcp_listeners): {e}", spec.listen))
+            };
+            mine = (0..workers).map(|_| bind_one()).collect::<Result<_, _>>()?;
+        }
+        each[i] = mine;
+    }
+    Ok(each)
+}
+
 /// How many connections each listener holds at most, and the descriptors the proxy
 /// side may hold (`docs/operations.md`, "Limits"). All come out of the
 /// open-file limit, apart, so neither listener, nor the backend connections, can take

@@ -15,6 +15,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
 use crate::backend::Backend;
+use crate::config::tcp::PoolMode;
 use crate::site::Site;
 use crate::stats::STATUS_CLASSES;
 
@@ -271,6 +272,37 @@ fn encode_hedges(
     Ok(())
 }
 
+/// `fulcrum_tcp_connections_total{pool}` and `fulcrum_tcp_bytes_total{pool,direction}`:
+/// each TCP pool's connections and the bytes copied each way (`docs/tcp.md`).
+fn encode_tcp(
+    enc: &mut DescriptorEncoder,
+    routing: &crate::site::Routing,
+) -> Result<(), std::fmt::Error> {
+    let tcp = || (routing.pools.iter()).filter(|p| p.settings.mode == PoolMode::Tcp);
+    let mut m = enc.encode_descriptor(
+        "fulcrum_tcp_connections",
+        "Client connections a TCP pool took.",
+        None,
+        MetricType::Counter,
+    )?;
+    for p in tcp() {
+        ConstCounter::new(p.tcp.connections()).encode(m.encode_family(&[("pool", &*p.name)])?)?;
+    }
+    let mut m = enc.encode_descriptor(
+        "fulcrum_tcp_bytes",
+        "Bytes a TCP pool copied, by direction (client_to_backend, backend_to_client).",
+        None,
+        MetricType::Counter,
+    )?;
+    for p in tcp() {
+        for (direction, n) in p.tcp.directions() {
+            let labels = [("pool", &*p.name), ("direction", direction)];
+            ConstCounter::new(n).encode(m.encode_family(&labels)?)?;
+        }
+    }
+    Ok(())
+}
+
 /// Proxy-wide counters, the routes' and each pool's strategy.
 fn encode_proxy_wide(enc: &mut DescriptorEncoder, site: &Site) -> Result<(), std::fmt::Error> {
     use std::sync::atomic::Ordering::Relaxed;
@@ -488,6 +520,7 @@ fn encode_routing(
     }
     encode_retries(enc, routing)?;
     encode_hedges(enc, routing)?;
+    encode_tcp(enc, routing)?;
     let mut m = enc.encode_descriptor(
         "fulcrum_pool_queue_length",
         "Requests waiting in a pool's queue for a backend under its max_conns.",

@@ -149,6 +149,7 @@ impl Reloader {
             restart_required: config::options::restart_required(&current, &next)
                 .into_iter()
                 .chain((current.tls.acme != next.tls.acme).then_some("tls.acme"))
+                .chain(tcp_changes(&current, &next))
                 .map(String::from)
                 .collect(),
         };
@@ -230,12 +231,30 @@ impl Reloader {
         if next.pool_drafts.is_empty() {
             return;
         }
-        for key in config::options::pool_restart_required(&p.settings, &spec.settings) {
+        let (a, b) = (&p.settings, &spec.settings);
+        let fixed = [
+            (a.mode != b.mode).then_some("mode"),
+            (a.idle_timeout != b.idle_timeout).then_some("idle_timeout"),
+            (a.health.kind != b.health.kind).then_some("health.kind"),
+        ];
+        let keys = config::options::pool_restart_required(a, b).into_iter();
+        for key in keys.chain(fixed.into_iter().flatten()) {
             report
                 .restart_required
                 .push(format!("pools.{}.{key}", spec.name));
         }
     }
+}
+
+/// The TCP settings that changed, each fixed until a restart (`docs/tcp.md`).
+fn tcp_changes(a: &Settings, b: &Settings) -> impl Iterator<Item = &'static str> {
+    [
+        (a.tcp_listeners != b.tcp_listeners).then_some("tcp_listeners"),
+        (a.tls_passthrough != b.tls_passthrough).then_some("tls_passthrough"),
+        (a.tcp_drain_timeout != b.tcp_drain_timeout).then_some("tcp_drain_timeout"),
+    ]
+    .into_iter()
+    .flatten()
 }
 
 /// Applies the file's backends of `spec` to `pool` (the backends that leave go once the

@@ -67,7 +67,7 @@ impl HostPattern {
     }
 
     /// Whether `host` (lowercase, without a port) is one this pattern takes.
-    fn takes(&self, host: &str) -> bool {
+    pub(crate) fn takes(&self, host: &str) -> bool {
         match self {
             HostPattern::Exact(n) => host == n,
             HostPattern::Below(n) => is_below(host, n),

@@ -20,6 +20,7 @@ use crate::listeners::{bind_workers, raise_fd_limit, AcceptBackoff, ConnectionCa
 use crate::liveness::Stopping;
 use crate::obtained::Obtained;
 
+use crate::config::tcp::TcpListenerSpec;
 use crate::config::Settings;
 use crate::proxy::{Proxy, ProxySettings};
 use crate::site::Site;
@@ -34,6 +35,7 @@ const SWEEP_EVERY_BEATS: u32 = 150;
 async fn worker(
     listener: std::net::TcpListener,
     https: Option<HttpsListener>,
+    tcp: TcpSockets,
     proxy: &'static Proxy,
     slots: Arc<Semaphore>,
     stop: Stopping,
@@ -42,6 +44,7 @@ async fn worker(
     let Some((listener, https, quic)) = on_this_runtime(listener, https) else {
         return;
     };
+    let tcp = tcp_on_this_runtime(tcp);
     let verifier = https.as_ref().map(|(_, tls)| tls.client_verifier());
     let handshakes = Arc::new(crate::h3_front::Handshakes::new(verifier));
     let conns = Connections::new(proxy, stop.clone());
@@ -80,18 +83,27 @@ async fn worker(
             }
             accepted = listener.accept(), if waiting.is_none() => match accepted {
                 Ok((stream, peer)) => {
-                    let a = Accepted { stream, peer, local: plain_local, tls: None };
+                    let a = Accepted { stream, peer, local: plain_local, tls: None, tcp: None };
                     waiting = conns.spawn_or_wait(a, &slots);
                 }
                 Err(e) => backoff.failed(&e, "proxy").await,
             },
             accepted = accept_https(&https), if waiting.is_none() => match (accepted, &https) {
                 (Ok((stream, peer)), Some((_, tls))) => {
-                    let a = Accepted { stream, peer, local: tls_local, tls: Some(tls.acceptor()) };
+                    let a = Accepted { stream, peer, local: tls_local, tls: Some(tls.acceptor()), tcp: None };
                     waiting = conns.spawn_or_wait(a, &slots);
                 }
                 (Err(e), _) => backoff.failed(&e, "https").await,
                 (Ok(_), None) => {}
+            },
+            (i, accepted) = accept_tcp(&tcp), if waiting.is_none() => match accepted {
+                Ok((stream, peer)) => {
+                    let (_, local, spec) = &tcp[i];
+                    let front = Some(Arc::clone(spec));
+                    let a = Accepted { stream, peer, local: *local, tls: None, tcp: front };
+                    waiting = conns.spawn_or_wait(a, &slots);
+                }
+                Err(e) => backoff.failed(&e, "tcp").await,
             },
             incoming = accept_quic(&quic) => conns.spawn_quic(incoming, &slots, &handshakes, tls_local),
             _ = shutdown.changed() => break,
@@ -101,20 +113,59 @@ async fn worker(
     drop(waiting);
     drop(listener);
     drop(https);
-    wind_down(conns, quic).await;
+    drop(tcp);
+    wind_down(conns, quic, proxy.tcp_drain_timeout()).await;
+}
+
+/// A worker's sockets of `[[tcp_listeners]]`, each with its entry.
+type TcpSockets = Vec<(std::net::TcpListener, Arc<TcpListenerSpec>)>;
+
+/// A worker's TCP listeners on its own runtime, each with the address it is bound to
+/// and its entry; one that cannot be used is left out (logged).
+fn tcp_on_this_runtime(tcp: TcpSockets) -> Vec<(TcpListener, SocketAddr, Arc<TcpListenerSpec>)> {
+    let usable = |(l, spec): (std::net::TcpListener, Arc<TcpListenerSpec>)| {
+        let l = TcpListener::from_std(l)
+            .inspect_err(|e| tracing::error!(error = %e, "cannot use a TCP listener"))
+            .ok()?;
+        let local = l.local_addr().unwrap_or(spec.listen);
+        Some((l, local, spec))
+    };
+    tcp.into_iter().filter_map(usable).collect()
+}
+
+/// The next connection on any of the worker's TCP listeners, and which; never, without
+/// one.
+async fn accept_tcp(
+    tcp: &[(TcpListener, SocketAddr, Arc<TcpListenerSpec>)],
+) -> (usize, std::io::Result<(tokio::net::TcpStream, SocketAddr)>) {
+    std::future::poll_fn(|cx| {
+        for (i, (l, _, _)) in tcp.iter().enumerate() {
+            if let std::task::Poll::Ready(r) = l.poll_accept(cx) {
+                return std::task::Poll::Ready((i, r));
+            }
+        }
+        std::task::Poll::Pending
+    })
+    .await
 }
 
 /// Lets a worker's connections finish after the stop, up to the drain timeout. At an
 /// upgrade the UDP socket is the new process's from now on: QUIC connections are closed
 /// at once; at a stop they finish their requests as TCP ones do (`docs/tls.md`,
 /// "HTTP/3").
-async fn wind_down(conns: Connections, quic: Option<crate::quic::Endpoint>) {
+async fn wind_down(conns: Connections, quic: Option<crate::quic::Endpoint>, tcp_drain: Duration) {
     match quic.as_ref() {
         Some(endpoint) if conns.stop.is_handed_over() => endpoint.hand_over(),
         Some(endpoint) => endpoint.refuse_new(),
         None => {}
     }
-    conns.drain().await;
+    // TCP pools' connections outlive an upgrade (`docs/tcp.md`); at a stop they are
+    // cut with the rest.
+    let tcp_grace = match conns.stop.is_handed_over() {
+        true => tcp_drain,
+        false => DRAIN_TIMEOUT,
+    };
+    conns.drain(tcp_grace).await;
     if let Some(endpoint) = quic {
         endpoint.close().await;
     }
@@ -276,7 +327,7 @@ fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 /// and workers").
 fn spawn_workers(
     listeners: Vec<std::net::TcpListener>,
-    https: Vec<HttpsListener>,
+    (https, tcp): (Vec<HttpsListener>, Vec<TcpSockets>),
     site: &Arc<Site>,
     proxy_settings: ProxySettings,
     caps: ConnectionCaps,
@@ -288,8 +339,10 @@ fn spawn_workers(
     let in_flight = Arc::new(AtomicUsize::new(0));
     let mut threads = Vec::new();
     let mut https = https.into_iter();
+    let mut tcp = tcp.into_iter();
     for (i, l) in listeners.into_iter().enumerate() {
         let h = https.next();
+        let tcp = tcp.next().unwrap_or_default();
         let rt = runtime().map_err(|e| format!("cannot start a worker: {e}"))?;
         let site = Arc::clone(site);
         let ps = proxy_settings.clone();
@@ -305,7 +358,7 @@ fn spawn_workers(
                 let proxy: &'static Proxy =
                     rt.block_on(async move { Box::leak(Box::new(Proxy::new(site, ps, inf))) });
                 crate::logging::batch_this_thread();
-                rt.block_on(worker(l, h, proxy, slots, stop, pulse));
+                rt.block_on(worker(l, h, tcp, proxy, slots, stop, pulse));
                 proxy.close_idle();
                 // Connections still open after the drain end with the runtime; their
                 // access log lines go into the batch, so flush after it. A blocking task
@@ -452,18 +505,30 @@ fn addresses(listeners: &Listeners) -> Result<(SocketAddr, SocketAddr), String> 
 
 /// Logs the listeners' addresses once everything serves (what a supervisor, and the
 /// tests, wait for).
-fn announce(listen: SocketAddr, tls_listen: Option<SocketAddr>, admin: SocketAddr) {
+fn announce(
+    listen: SocketAddr,
+    tls_listen: Option<SocketAddr>,
+    admin: SocketAddr,
+    tcp: &[(SocketAddr, String)],
+) {
     tracing::info!("proxy listening on {listen}");
     if let Some(addr) = tls_listen {
         tracing::info!("https listening on {addr}");
+    }
+    for (addr, pool) in tcp {
+        tracing::info!("tcp listening on {addr} for pool {pool}");
     }
     tracing::info!("admin listening on {admin}");
 }
 
 fn note_own_listeners(listeners: &Listeners) {
-    let own: Vec<SocketAddr> = (listeners.proxy.iter().chain(&listeners.tls))
-        .filter_map(|l| l.local_addr().ok())
-        .collect();
+    let own: Vec<SocketAddr> = (listeners
+        .proxy
+        .iter()
+        .chain(&listeners.tls)
+        .chain(&listeners.tcp))
+    .filter_map(|l| l.local_addr().ok())
+    .collect();
     crate::loops::set_listeners(&own);
 }
 
@@ -517,9 +582,15 @@ fn launch(
     }
     let stopping = Stopping::new(rx.clone());
     let pulses = crate::notify::Pulses::new(listeners.proxy.len());
+    let workers = listeners.proxy.len();
+    let tcp_addrs: Vec<(SocketAddr, String)> = (listeners.tcp.iter().step_by(workers.max(1)))
+        .zip(&settings.tcp_listeners)
+        .map(|(l, spec)| (l.local_addr().unwrap_or(spec.listen), spec.pool.clone()))
+        .collect();
+    let tcp = tcp_per_worker(listeners.tcp, &settings.tcp_listeners, workers);
     let mut threads = spawn_workers(
         listeners.proxy,
-        https,
+        (https, tcp),
         &site,
         proxy_settings,
         caps,
@@ -530,7 +601,7 @@ fn launch(
     ready_tx.send_replace(true);
     admin_rt.spawn(crate::notify::watchdog(pulses, rx.clone()));
     let (upgraded_tx, upgraded) = watch::channel(false);
-    announce(listen, tls_listen, admin);
+    announce(listen, tls_listen, admin, &tcp_addrs);
     let running = Running {
         listen,
         tls_listen,
@@ -547,6 +618,24 @@ fn launch(
         upgraded,
     };
     Ok((running, rx, upgraded_tx))
+}
+
+/// The `[[tcp_listeners]]` sockets (each entry's, one per worker, in order) dealt out:
+/// each worker's, each with its entry.
+fn tcp_per_worker(
+    sockets: Vec<std::net::TcpListener>,
+    specs: &[TcpListenerSpec],
+    workers: usize,
+) -> Vec<TcpSockets> {
+    let mut each: Vec<TcpSockets> = (0..workers).map(|_| Vec::new()).collect();
+    let specs: Vec<Arc<TcpListenerSpec>> = specs.iter().cloned().map(Arc::new).collect();
+    for (k, socket) in sockets.into_iter().enumerate() {
+        let (entry, worker) = (k / workers.max(1), k % workers.max(1));
+        if let (Some(spec), Some(mine)) = (specs.get(entry), each.get_mut(worker)) {
+            mine.push((socket, Arc::clone(spec)));
+        }
+    }
+    each
 }
 
 /// What controls a running balancer from outside the request path.
@@ -734,6 +823,10 @@ fn open_listeners(
     }
     let kept = std::mem::take(&mut listeners.quic);
     listeners.quic = udp_sockets(settings, &listeners.tls, kept, false)?;
+    let kept = std::mem::take(&mut listeners.tcp);
+    let workers = listeners.proxy.len();
+    let tcp = crate::listeners::tcp_after_upgrade(&settings.tcp_listeners, kept, workers)?;
+    listeners.tcp = tcp.into_iter().flatten().collect();
     Ok((listeners, Some(successor)))
 }
 
@@ -746,6 +839,7 @@ fn bind_listeners(settings: &Settings) -> Result<Listeners, String> {
         None => Vec::new(),
     };
     let quic = udp_sockets(settings, &tls, Vec::new(), true)?;
+    let tcp = crate::listeners::bind_tcp(&settings.tcp_listeners, settings.workers)?;
     let admin = bind_workers(settings.admin, 1)
         .map(|mut v| v.remove(0))
         .map_err(|e| format!("cannot listen on {} (admin): {e}", settings.admin))?;
@@ -754,6 +848,7 @@ fn bind_listeners(settings: &Settings) -> Result<Listeners, String> {
         tls,
         quic,
         admin,
+        tcp,
     })
 }
 

@@ -52,6 +52,8 @@ enum Role {
     /// A worker's UDP socket on the TLS port (HTTP/3).
     Quic,
     Admin,
+    /// A worker's socket of a `[[tcp_listeners]]` entry.
+    Tcp,
 }
 
 impl Role {
@@ -61,6 +63,7 @@ impl Role {
             Role::Tls => "tls",
             Role::Quic => "quic",
             Role::Admin => "admin",
+            Role::Tcp => "tcp",
         }
     }
 
@@ -70,6 +73,7 @@ impl Role {
             "tls" => Some(Role::Tls),
             "quic" => Some(Role::Quic),
             "admin" => Some(Role::Admin),
+            "tcp" => Some(Role::Tcp),
             _ => None,
         }
     }
@@ -86,6 +90,9 @@ pub(crate) struct Listeners {
     pub(crate) quic: Vec<UdpSocket>,
     /// The admin API's.
     pub(crate) admin: TcpListener,
+    /// The `[[tcp_listeners]]` sockets, one per worker each, in the order of the
+    /// entries (`listeners::tcp_per_listener` sorts them out by address).
+    pub(crate) tcp: Vec<TcpListener>,
 }
 
 impl Listeners {
@@ -108,6 +115,9 @@ impl Listeners {
                 .map(UdpSocket::try_clone)
                 .collect::<Result<_, _>>()?,
             admin: self.admin.try_clone()?,
+            tcp: (self.tcp.iter())
+                .map(TcpListener::try_clone)
+                .collect::<Result<_, _>>()?,
         })
     }
 
@@ -118,6 +128,7 @@ impl Listeners {
             .chain(self.tls.iter().map(|l| (Role::Tls, l.as_fd())))
             .chain(self.quic.iter().map(|s| (Role::Quic, s.as_fd())))
             .chain(std::iter::once((Role::Admin, self.admin.as_fd())))
+            .chain(self.tcp.iter().map(|l| (Role::Tcp, l.as_fd())))
     }
 }
 
@@ -177,7 +188,7 @@ fn decode(text: &str, fds: Vec<OwnedFd>) -> Result<Listeners, String> {
             fds.len()
         ));
     }
-    let (mut proxy, mut tls, mut quic) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut proxy, mut tls, mut quic, mut tcp) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut admin = None;
     for (name, fd) in roles.into_iter().zip(fds) {
         let role = Role::parse(name).ok_or_else(|| format!("unknown socket role {name:?}"))?;
@@ -192,6 +203,7 @@ fn decode(text: &str, fds: Vec<OwnedFd>) -> Result<Listeners, String> {
             Role::Tls => tls.push(TcpListener::from(fd)),
             Role::Quic => quic.push(UdpSocket::from(fd)),
             Role::Admin => admin = Some(TcpListener::from(fd)),
+            Role::Tcp => tcp.push(TcpListener::from(fd)),
         }
     }
     match admin {
@@ -200,6 +212,7 @@ fn decode(text: &str, fds: Vec<OwnedFd>) -> Result<Listeners, String> {
             tls,
             quic,
             admin,
+            tcp,
         }),
         _ => Err("the hand-over lacks the proxy or the admin socket".into()),
     }

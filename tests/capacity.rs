@@ -45,14 +45,14 @@ async fn backups_take_traffic_only_while_every_primary_is_down() {
     let c = client();
     let st = status(&c, &f).await;
     assert_eq!(st["backends"][2]["backup"], true);
-    assert_eq!(st["pools"][0]["mode"], "primaries");
+    assert_eq!(st["pools"][0]["picking"], "primaries");
     assert_eq!(names(&spread(&c, &f, 10).await), ["P1", "P2"]);
     let mut events = EventStream::open(&f);
     // Both primaries fail their health checks: the backup takes everything.
     p1.set_health(500);
     p2.set_health(500);
     let over = eventually(Duration::from_secs(5), || async {
-        status(&client(), &f).await["pools"][0]["mode"] == "backups"
+        status(&client(), &f).await["pools"][0]["picking"] == "backups"
     })
     .await;
     assert!(over, "{}", status(&c, &f).await);
@@ -60,7 +60,7 @@ async fn backups_take_traffic_only_while_every_primary_is_down() {
     // One primary returns: it takes the traffic back, alone.
     p1.set_health(200);
     let back = eventually(Duration::from_secs(5), || async {
-        status(&client(), &f).await["pools"][0]["mode"] == "primaries"
+        status(&client(), &f).await["pools"][0]["picking"] == "primaries"
     })
     .await;
     assert!(back);
@@ -107,7 +107,7 @@ async fn panic_mode_spreads_over_every_backend_below_the_threshold() {
     // A third: too few; the pool balances over all four (they still answer).
     bs[2].set_health(500);
     let panic = eventually(Duration::from_secs(5), || async {
-        status(&client(), &f).await["pools"][0]["mode"] == "panic"
+        status(&client(), &f).await["pools"][0]["picking"] == "panic"
     })
     .await;
     assert!(panic);
@@ -123,7 +123,7 @@ async fn panic_mode_spreads_over_every_backend_below_the_threshold() {
         b.set_health(200);
     }
     let calm = eventually(Duration::from_secs(5), || async {
-        status(&client(), &f).await["pools"][0]["mode"] == "primaries"
+        status(&client(), &f).await["pools"][0]["picking"] == "primaries"
     })
     .await;
     assert!(calm);

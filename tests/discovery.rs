@@ -211,7 +211,7 @@ async fn an_srv_pool_serves_its_primaries_and_fails_over_to_the_backups() {
         "the backup never took over; pool:\n{}",
         pool(&c, &f, "api").await
     );
-    assert_eq!(pool(&c, &f, "api").await["mode"], "backups");
+    assert_eq!(pool(&c, &f, "api").await["picking"], "backups");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

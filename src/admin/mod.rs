@@ -317,6 +317,7 @@ fn not_discovered(pool: &Pool) -> ApiResult<()> {
 async fn add_to(ctx: &AdminCtx, pool: &Pool, body: &Bytes) -> ApiResult<Response> {
     not_discovered(pool)?;
     let spec = (parse_body::<BackendEntry>(body)?.spec()).map_err(ApiError::bad)?;
+    crate::config::tcp::url_fits(&spec.url, pool.settings.mode).map_err(ApiError::bad)?;
     if pool.backends().len() >= pool.settings.max_backends {
         return Err(PoolError::Full(pool.settings.max_backends).into());
     }

@@ -14,6 +14,7 @@ use serde_json::{Map, Value};
 
 use super::{add_to, strategy_of, switch_strategy, AdminCtx, ApiError, ApiResult};
 use crate::config::pools::{self, PoolDraft, RouteView};
+use crate::config::tcp::PoolMode;
 use crate::config::BackendEntry;
 use crate::pool::{BackendView, Mode, Pool};
 use crate::site::{Routing, Site};
@@ -26,8 +27,13 @@ pub(crate) struct PoolView {
     backends: Vec<BackendView>,
     /// Indices of the routes to it.
     routes: Vec<usize>,
-    /// What it picks from: `primaries`, `backups` (no primary is eligible) or `panic`.
+    /// What it carries: `http` requests or `tcp` connections (`docs/tcp.md`).
     mode: &'static str,
+    /// What it picks from: `primaries`, `backups` (no primary is eligible) or `panic`.
+    picking: &'static str,
+    /// A TCP pool's connections taken and bytes copied each way; `null` for an HTTP
+    /// pool.
+    tcp: Option<TcpView>,
     /// Requests waiting in its queue for a backend under its `max_conns`.
     queue_length: usize,
     /// Where discovery finds its backends and how the last lookup went; `null` for a
@@ -72,14 +78,34 @@ fn view(routing: &Routing, pool: &Pool) -> PoolView {
         strategy: pool.strategy().name(),
         backends: super::views(pool),
         routes: routing.routes_to(&pool.name),
-        mode: match pool.snapshot().mode {
+        mode: pool.settings.mode.as_str(),
+        picking: match pool.snapshot().mode {
             Mode::Primaries => "primaries",
             Mode::Backups => "backups",
             Mode::Panic => "panic",
         },
         queue_length: pool.queue.len(),
         discovery: discovery_view(pool),
+        tcp: (pool.settings.mode == PoolMode::Tcp).then(|| {
+            let [(_, bytes_in), (_, bytes_out)] = pool.tcp.directions();
+            TcpView {
+                connections: pool.tcp.connections(),
+                bytes_in,
+                bytes_out,
+            }
+        }),
     }
+}
+
+/// A TCP pool's `tcp` object (`docs/tcp.md`).
+#[derive(Debug, Serialize)]
+pub(crate) struct TcpView {
+    /// Client connections taken.
+    connections: u64,
+    /// Bytes from the clients to the backends.
+    bytes_in: u64,
+    /// Bytes from the backends to the clients.
+    bytes_out: u64,
 }
 
 /// Every pool, in order, with its routes from the same routing.
@@ -162,11 +188,16 @@ fn draft_of(fields: &Map<String, Value>) -> ApiResult<PoolDraft> {
     if discover.is_some() && !backends.is_empty() {
         return Err(ApiError::bad(crate::config::discover::WITH_BACKENDS));
     }
+    // The admin API makes HTTP pools; TCP pools come from the file.
+    for b in &backends {
+        crate::config::tcp::url_fits(&b.url, Default::default()).map_err(ApiError::bad)?;
+    }
     Ok(PoolDraft {
         name,
         values,
         backends,
         discover,
+        modes: Default::default(),
     })
 }
 

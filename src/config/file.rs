@@ -52,6 +52,24 @@ fn apply_document(s: &mut Settings, c: &mut Collector<'_>) {
             "tls" => super::tls::read_table(s, c, value),
             "pools" => file_pools::apply_pools(s, c, value, &mut layout),
             "routes" => file_pools::apply_routes(s, c, value, &mut layout),
+            "tcp_listeners" => {
+                let named = super::tcp::apply_tcp_listeners(s, c, value);
+                let users = named.into_iter().map(|(p, at)| (p, at, "tcp_listeners"));
+                layout.tcp_users.extend(users);
+            }
+            "tls_passthrough" => {
+                let named = super::tcp::apply_passthrough(s, c, value);
+                let users = named.into_iter().map(|(p, at)| (p, at, "tls_passthrough"));
+                layout.tcp_users.extend(users);
+            }
+            "tcp_drain_timeout" => {
+                let text = c.text_of(value, super::options::FileType::Str, "tcp_drain_timeout");
+                match text.map(|t| super::values::parse_positive_duration(&t)) {
+                    Some(Ok(d)) => s.tcp_drain_timeout = d,
+                    Some(Err(e)) => c.push(value.span().start, Some("tcp_drain_timeout"), e),
+                    None => {}
+                }
+            }
             k => match options::find(k) {
                 Some(o) => apply_value(s, c, o, k, value),
                 None => c.push(at, None, unknown_key(k)),
@@ -68,7 +86,18 @@ fn apply_document(s: &mut Settings, c: &mut Collector<'_>) {
 fn unknown_key(key: &str) -> String {
     let mut valid: Vec<&str> = options::OPTIONS.iter().map(|o| o.key).collect();
     valid.extend([
-        "health", "outlier", "sticky", "hedge", "tls", "backends", "discover", "pools", "routes",
+        "health",
+        "outlier",
+        "sticky",
+        "hedge",
+        "tls",
+        "backends",
+        "discover",
+        "pools",
+        "routes",
+        "tcp_listeners",
+        "tls_passthrough",
+        "tcp_drain_timeout",
     ]);
     format!("unknown key '{key}' (valid: {})", valid.join(", "))
 }

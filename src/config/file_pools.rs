@@ -44,6 +44,11 @@ pub(super) struct Layout {
     pub(super) routes: Vec<(String, usize)>,
     /// The first route's `client_cert`, which needs `[tls.client_auth]`.
     pub(super) client_cert_at: Option<usize>,
+    /// The names of the TCP pools (`mode = "tcp"`).
+    pub(super) tcp_pools: Vec<String>,
+    /// Each TCP listener's and passthrough name's pool, where it is named, and which
+    /// of the two names it.
+    pub(super) tcp_users: Vec<(String, usize, &'static str)>,
 }
 
 /// The `[[pools]]` list: each entry becomes a [`PoolDraft`].
@@ -64,6 +69,10 @@ pub(super) fn apply_pools(
             continue;
         };
         let (draft, named) = read_pool(c, entry.span().start, table);
+        let tcp = mode_of(table) == Some(super::tcp::PoolMode::Tcp);
+        if let (Some((name, _)), true) = (&named, tcp) {
+            layout.tcp_pools.push(name.clone());
+        }
         // A pool with a bad value still has its name: routes to it are not "unknown".
         if let Some(named) = named {
             layout.pools.push(named);
@@ -86,6 +95,7 @@ fn read_pool(
         values: Vec::new(),
         backends: Vec::new(),
         discover: None,
+        modes: Default::default(),
     };
     let mut name_at = None;
     let mut ok = true;
@@ -113,12 +123,14 @@ fn read_pool(
                 Some(spec) => draft.discover = Some(spec),
                 None => ok = false,
             },
+            "mode" | "idle_timeout" => ok &= super::tcp::read_mode_key(c, k, v, &mut draft.modes),
             t @ ("health" | "outlier" | "sticky" | "hedge") => {
                 ok &= read_pool_table(c, t, v, &mut draft)
             }
             _ => ok &= read_pool_value(c, key.span().start, k, v, &mut draft),
         }
     }
+    ok &= backends_fit(c, table, &draft);
     if let Some((k, _)) = table
         .iter()
         .find(|(k, _)| k.get_ref().as_ref() == "discover")
@@ -142,6 +154,33 @@ fn read_pool(
     (ok.then_some(draft), named)
 }
 
+/// A pool's `mode` as its entry gives it (`None`: a bad one).
+fn mode_of(table: &DeTable<'_>) -> Option<super::tcp::PoolMode> {
+    match table.iter().find(|(k, _)| k.get_ref().as_ref() == "mode") {
+        Some((_, v)) => super::tcp::PoolMode::parse(v.get_ref().as_str()?).ok(),
+        None => Some(super::tcp::PoolMode::Http),
+    }
+}
+
+/// Whether every backend of the entry fits its pool's mode: `tcp://` in a TCP pool,
+/// `http(s)://` in an HTTP one (each misfit recorded where the backends are).
+fn backends_fit(c: &mut Collector<'_>, table: &DeTable<'_>, draft: &PoolDraft) -> bool {
+    let Some((_, v)) = table
+        .iter()
+        .find(|(k, _)| k.get_ref().as_ref() == "backends")
+    else {
+        return true;
+    };
+    let mut ok = true;
+    for b in &draft.backends {
+        if let Err(e) = super::tcp::url_fits(&b.url, draft.modes.mode) {
+            c.push(v.span().start, Some("pools.backends"), e);
+            ok = false;
+        }
+    }
+    ok
+}
+
 /// A pool's `health`, `outlier` or `sticky` table.
 fn read_pool_table(
     c: &mut Collector<'_>,
@@ -157,6 +196,10 @@ fn read_pool_table(
     let mut ok = true;
     for (key, tv) in table {
         let k = key.get_ref().as_ref();
+        if (table_name, k) == ("health", "kind") {
+            ok &= super::tcp::read_health_kind(c, tv, &mut draft.modes);
+            continue;
+        }
         let Some(o) = options::find_in(table_name, k) else {
             let msg = options::unknown_table_key(table_name, &format!("{shown}.{k}"));
             c.push(key.span().start, None, msg);
@@ -442,6 +485,7 @@ pub(super) fn check_layout(c: &mut Collector<'_>, layout: &Layout) {
             c.push(at, Some("discover"), msg);
         }
     }
+    let tcp = |name: &str| layout.tcp_pools.iter().any(|p| p == name);
     for (pool, at) in &layout.routes {
         if !names.contains(&pool.as_str()) {
             let msg = format!(
@@ -449,22 +493,53 @@ pub(super) fn check_layout(c: &mut Collector<'_>, layout: &Layout) {
                 names.join(", ")
             );
             c.push(*at, Some("routes.pool"), msg);
+        } else if tcp(pool) {
+            let msg = format!("route names the TCP pool '{pool}': a route sends HTTP requests, to a pool with mode = \"http\"");
+            c.push(*at, Some("routes.pool"), msg);
         }
     }
+    check_tcp_users(c, layout, &names);
+    let http_pools: Vec<&(String, usize)> =
+        (layout.pools.iter()).filter(|(n, _)| !tcp(n)).collect();
     if layout.routes.is_empty() {
-        if let Some((_, at)) = layout.pools.get(1) {
+        if let Some((_, at)) = http_pools.get(1) {
             let msg = "several pools and no [[routes]]: say which requests go to which pool".into();
             c.push(*at, Some("pools"), msg);
         }
         return;
     }
-    for (name, at) in &layout.pools {
+    for (name, at) in http_pools {
         if !layout.routes.iter().any(|(p, _)| p == name) {
             c.push(
                 *at,
                 Some("pools.name"),
                 format!("no route reaches pool '{name}'"),
             );
+        }
+    }
+}
+
+/// The pools of `[[tcp_listeners]]` and `[[tls_passthrough]]`: known, and TCP pools;
+/// and each TCP pool reached by one of them.
+fn check_tcp_users(c: &mut Collector<'_>, layout: &Layout, names: &[&str]) {
+    for (pool, at, user) in &layout.tcp_users {
+        let key = format!("{user}.pool");
+        if !names.contains(&pool.as_str()) {
+            let msg = format!("unknown pool '{pool}' (pools: {})", names.join(", "));
+            c.push(*at, Some(&key), msg);
+        } else if !layout.tcp_pools.contains(pool) {
+            let msg =
+                format!("'{pool}' is an HTTP pool: [[{user}]] needs a pool with mode = \"tcp\"");
+            c.push(*at, Some(&key), msg);
+        }
+    }
+    for (name, at) in &layout.pools {
+        let reached = layout.tcp_users.iter().any(|(p, _, _)| p == name);
+        if layout.tcp_pools.contains(name) && !reached {
+            let msg = format!(
+                "no [[tcp_listeners]] or [[tls_passthrough]] reaches the TCP pool '{name}'"
+            );
+            c.push(*at, Some("pools.name"), msg);
         }
     }
 }

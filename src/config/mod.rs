@@ -27,6 +27,7 @@ pub(crate) use retry::HedgeAfter;
 pub(crate) mod mirror;
 pub(crate) mod split;
 pub(crate) mod strategy_kind;
+pub(crate) mod tcp;
 pub(crate) mod tls;
 mod values;
 
@@ -162,6 +163,8 @@ pub(crate) struct HealthSettings {
     pub(crate) healthy_threshold: u32,
     /// Consecutive failures to become unhealthy.
     pub(crate) unhealthy_threshold: u32,
+    /// What a probe does: `GET path`, or a connect (`health.kind`).
+    pub(crate) kind: tcp::HealthKind,
 }
 
 /// Passive outlier detection (`docs/operations.md`, "Passive outlier detection").
@@ -302,6 +305,12 @@ pub(crate) struct Settings {
     pub(crate) accept_proxy_protocol: bool,
     /// Fleet mode: where pools, backends and routes live (`docs/fleet.md`).
     pub(crate) store: Option<StoreSpec>,
+    /// The listeners whose connections go to TCP pools (`docs/tcp.md`).
+    pub(crate) tcp_listeners: Vec<tcp::TcpListenerSpec>,
+    /// The server names the HTTPS listener passes through to TCP pools unopened.
+    pub(crate) tls_passthrough: Vec<tcp::PassthroughSpec>,
+    /// How long an old process keeps its TCP connections after an upgrade.
+    pub(crate) tcp_drain_timeout: Duration,
 }
 
 /// `--store etcd://HOST:PORT[,HOST:PORT…]/PREFIX`.
@@ -381,6 +390,9 @@ impl Default for Settings {
             tls: tls::TlsSettings::default(),
             accept_proxy_protocol: false,
             store: None,
+            tcp_listeners: Vec::new(),
+            tls_passthrough: Vec::new(),
+            tcp_drain_timeout: tcp::DEFAULT_DRAIN_TIMEOUT,
         };
         for o in options::OPTIONS {
             if let Some(d) = o.default {
@@ -565,7 +577,8 @@ fn check_whole(s: &Settings, flags: &RawFlags, errors: &mut Vec<ConfigError>) {
     // Each worker has a plain socket, a TLS one with tls_listen, a UDP one with http3.
     let per_worker = 1
         + usize::from(s.tls.listen.is_some())
-        + usize::from(s.tls.listen.is_some() && s.tls.http3);
+        + usize::from(s.tls.listen.is_some() && s.tls.http3)
+        + s.tcp_listeners.len();
     let most = (MAX_SOCKETS - 1) / per_worker;
     if s.upgrade_socket.is_some() && s.workers > most {
         errors.push(ConfigError {
@@ -579,7 +592,12 @@ fn check_whole(s: &Settings, flags: &RawFlags, errors: &mut Vec<ConfigError>) {
     }
     let mut cookies = std::collections::HashMap::new();
     check_discover_flags(s, flags, errors);
-    let listeners: Vec<SocketAddr> = std::iter::once(s.listen).chain(s.tls.listen).collect();
+    let tcp = s.tcp_listeners.iter().map(|l| l.listen);
+    let listeners: Vec<SocketAddr> = std::iter::once(s.listen)
+        .chain(s.tls.listen)
+        .chain(tcp)
+        .collect();
+    check_tcp_listeners(s, errors);
     check_route_services(s, &listeners, errors);
     for p in &s.pools {
         check_backends(p, &listeners, errors);
@@ -672,6 +690,32 @@ fn check_discover_flags(s: &Settings, flags: &RawFlags, errors: &mut Vec<ConfigE
 }
 
 /// URLs and names are unique within a pool, and none is one of `listeners`.
+/// TCP listeners: each on an address of its own, and the single-pool form's backends
+/// (which make an HTTP pool) none of them `tcp://`.
+fn check_tcp_listeners(s: &Settings, errors: &mut Vec<ConfigError>) {
+    let mut taken: Vec<SocketAddr> = [s.listen, s.admin]
+        .into_iter()
+        .chain(s.tls.listen)
+        .collect();
+    for l in &s.tcp_listeners {
+        if l.listen.port() != 0 && taken.contains(&l.listen) {
+            errors.push(ConfigError {
+                origin: "tcp_listeners.listen".into(),
+                message: format!("{} is another listener's address too", l.listen),
+            });
+        }
+        taken.push(l.listen);
+    }
+    if s.pool_drafts.is_empty() {
+        for b in &s.backends {
+            if let Err(message) = tcp::url_fits(&b.url, tcp::PoolMode::Http) {
+                let origin = "backend".into();
+                errors.push(ConfigError { origin, message });
+            }
+        }
+    }
+}
+
 fn check_backends(pool: &PoolSpec, listeners: &[SocketAddr], errors: &mut Vec<ConfigError>) {
     let origin = if pool.name == DEFAULT_POOL {
         "backend".to_string()

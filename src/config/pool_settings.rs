@@ -62,6 +62,10 @@ pub(crate) struct PoolSettings {
     pub(crate) hedge_after: Option<super::retry::HedgeAfter>,
     /// How many hedges a request may send (`hedge.max`).
     pub(crate) hedge_max: u32,
+    /// What it carries: HTTP requests or TCP connections (`mode`).
+    pub(crate) mode: super::tcp::PoolMode,
+    /// A TCP connection silent this long both ways is closed (`idle_timeout`).
+    pub(crate) idle_timeout: Duration,
 }
 
 impl PoolSettings {
@@ -78,6 +82,7 @@ impl PoolSettings {
                 timeout: Duration::ZERO,
                 healthy_threshold: 0,
                 unhealthy_threshold: 0,
+                kind: Default::default(),
             },
             outlier: OutlierSettings {
                 consecutive_failures: 0,
@@ -106,6 +111,8 @@ impl PoolSettings {
             try_timeout: None,
             hedge_after: None,
             hedge_max: 0,
+            mode: Default::default(),
+            idle_timeout: super::tcp::DEFAULT_IDLE_TIMEOUT,
         }
     }
 

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::options;
 pub(crate) use super::pool_settings::PoolSettings;
+use super::tcp::PoolMode;
 use super::{BackendSpec, RawFlags, Settings};
 use crate::route::{HostPattern, PathPrefix, Route};
 
@@ -51,6 +52,8 @@ pub(crate) struct PoolDraft {
     pub(crate) backends: Vec<BackendSpec>,
     /// Where its backends come from instead.
     pub(crate) discover: Option<super::DiscoverSpec>,
+    /// What it carries (`mode`), and the keys that go with it.
+    pub(crate) modes: super::tcp::ModeKeys,
 }
 
 /// A route as configured: conditions and the pool they send to, by name.
@@ -579,6 +582,14 @@ pub(crate) fn pool_spec(top: &Settings, draft: &PoolDraft) -> PoolSpec {
             let _ = (o.set)(&mut s, value);
         }
     }
+    let m = &draft.modes;
+    s.pool.mode = m.mode;
+    s.pool.idle_timeout = m.idle_timeout.unwrap_or(super::tcp::DEFAULT_IDLE_TIMEOUT);
+    // A TCP pool checks by connecting unless it says otherwise.
+    s.pool.health.kind = m.health_kind.unwrap_or(match m.mode {
+        super::tcp::PoolMode::Http => super::tcp::HealthKind::Http,
+        super::tcp::PoolMode::Tcp => super::tcp::HealthKind::Tcp,
+    });
     PoolSpec {
         name: draft.name.clone(),
         settings: s.pool,
@@ -613,7 +624,9 @@ pub(crate) fn materialize(s: &mut Settings, flags: &RawFlags) {
         }
     }
     if s.routes.is_empty() {
-        if let Some(first) = s.pools.first() {
+        // TCP pools take connections, never routes.
+        let http = s.pools.iter().find(|p| p.settings.mode == PoolMode::Http);
+        if let Some(first) = http {
             s.routes = vec![RouteSpec::catch_all(&first.name)];
         }
     }
@@ -677,6 +690,7 @@ mod tests {
             values: vec![("retries", "1".into())],
             backends: vec![],
             discover: None,
+            modes: Default::default(),
         };
         let p = pool_spec(&top, &d);
         assert_eq!(p.settings.retries, 1);

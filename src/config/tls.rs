@@ -74,6 +74,12 @@ pub(crate) fn finish(s: &mut Settings, errors: &mut Vec<ConfigError>) {
             "it needs tls_listen: HTTP/3 is served on its port, over UDP".into(),
         ));
     }
+    if !s.tls_passthrough.is_empty() && t.listen.is_none() {
+        errors.push(err(
+            "tls_passthrough",
+            "it needs tls_listen: names are passed through on the HTTPS listener".into(),
+        ));
+    }
     if t.redirect_https && t.listen.is_none() {
         errors.push(err(
             "redirect_https",

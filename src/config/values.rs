@@ -106,16 +106,21 @@ pub(crate) fn parse_resolvers(s: &str) -> Result<Vec<SocketAddr>, String> {
         .collect()
 }
 
-/// Parses and checks a backend URL: `http://host[:port]` with no path beyond `/`.
+/// Parses and checks a backend URL: `http://host[:port]` with no path beyond `/`, or
+/// `tcp://host:port` for a TCP pool (`docs/tcp.md`).
 pub(crate) fn parse_backend_url(url: &str) -> Result<http::uri::Authority, String> {
     let bad = |why: &str| format!("invalid backend URL '{url}' ({why})");
     let uri: Uri = url.parse().map_err(|_| bad("expected http://HOST:PORT"))?;
     let default_port = match uri.scheme_str() {
         Some("http") => 80,
         Some("https") => 443,
+        Some(s) if s.eq_ignore_ascii_case("tcp") => {
+            let port = uri.authority().and_then(|a| a.port_u16());
+            port.ok_or_else(|| bad("a tcp:// backend names its port"))?
+        }
         Some(other) => {
             return Err(bad(&format!(
-                "scheme '{other}' is not supported; use http or https"
+                "scheme '{other}' is not supported; use http, https or tcp"
             )))
         }
         None => return Err(bad("missing scheme; expected http://HOST:PORT")),

@@ -21,6 +21,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 
+use crate::config::tcp::HealthKind;
 use crate::config::HealthSettings;
 use crate::pool::{Backend, Pool};
 
@@ -146,6 +147,27 @@ pub(crate) async fn probe(b: &Backend, path: &str, timeout: Duration) -> bool {
     matches!(tokio::time::timeout(timeout, attempt).await, Ok(Some(true)))
 }
 
+/// A connect check (`health.kind = "tcp"`, a TCP pool's default): the backend accepts
+/// a connection within `timeout`. With `send_proxy_protocol` the connection opens
+/// with a LOCAL header (HAProxy's `check-send-proxy`), then closes.
+pub(crate) async fn connects(b: &Backend, timeout: Duration) -> bool {
+    let attempt = async {
+        let mut stream = match b.socket_addr {
+            Some(addr) => TcpStream::connect(addr).await,
+            None => TcpStream::connect(b.authority.as_str()).await,
+        }
+        .ok()?;
+        if let Some(v) = b.transport.send_proxy {
+            let header = crate::proxy_protocol::local_header(v);
+            tokio::io::AsyncWriteExt::write_all(&mut stream, &header)
+                .await
+                .ok()?;
+        }
+        Some(())
+    };
+    matches!(tokio::time::timeout(timeout, attempt).await, Ok(Some(())))
+}
+
 /// Sends a probe's result when dropped; a failure unless the probe set one.
 struct Report {
     tx: mpsc::UnboundedSender<(u64, bool)>,
@@ -209,7 +231,10 @@ pub(crate) async fn run(pool: Arc<Pool>, mut stop: watch::Receiver<bool>) {
                         // Reports a failure if the probe never finishes (a panic), so the
                         // probe's slot is given back either way.
                         let mut report = Report { tx, id: b.id, ok: None };
-                        let ok = probe(&b, &s.path, s.timeout).await;
+                        let ok = match s.kind {
+                            HealthKind::Http => probe(&b, &s.path, s.timeout).await,
+                            HealthKind::Tcp => connects(&b, s.timeout).await,
+                        };
                         b.live.stats.probe(ok);
                         report.ok = Some(ok);
                     });
@@ -254,6 +279,7 @@ mod tests {
             timeout: Duration::from_secs(2),
             healthy_threshold: 2,
             unhealthy_threshold: 3,
+            kind: Default::default(),
         }
     }
 

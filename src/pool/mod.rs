@@ -13,6 +13,7 @@ mod events;
 mod hedge;
 pub(crate) mod maintenance;
 mod membership;
+pub(crate) mod tcp_counts;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -187,6 +188,8 @@ pub(crate) struct Pool {
     pub(crate) budget: RetryBudget,
     /// Retries it sent, by reason.
     pub(crate) retried: Retried,
+    /// A TCP pool's connections and bytes.
+    pub(crate) tcp: tcp_counts::TcpCounts,
     /// Its hedging, when `hedge.after` is set.
     pub(crate) hedging: Option<Box<Hedging>>,
     /// Requests balanced in panic mode.
@@ -336,6 +339,7 @@ impl Pool {
             settings: st.clone(),
             budget: RetryBudget::new(),
             retried: Retried::new(st.retry_on.statuses.len()),
+            tcp: Default::default(),
             hedging: (st.hedge_after).map(|after| Box::new(Hedging::new(after, st.hedge_max))),
             panic_requests: AtomicU64::new(0),
             queue: Arc::clone(&link.queue),

@@ -174,6 +174,32 @@ impl Proxy {
             .then(|| crate::trust::is_trusted(&self.settings.trusted_proxies, peer))
     }
 
+    /// On a TCP listener that accepts PROXY headers (`accept`), whether a connection
+    /// from `peer` must start with one (a trusted proxy) or must not; `None` when the
+    /// listener accepts none.
+    pub(crate) fn tcp_proxy_protocol_from(
+        &self,
+        accept: bool,
+        peer: std::net::IpAddr,
+    ) -> Option<bool> {
+        accept.then(|| crate::trust::is_trusted(&self.settings.trusted_proxies, peer))
+    }
+
+    /// `[[tls_passthrough]]`: the names the HTTPS listener passes through unopened.
+    pub(crate) fn passthrough(&self) -> &[crate::config::tcp::PassthroughSpec] {
+        &self.settings.passthrough
+    }
+
+    /// `tcp_drain_timeout`: how long TCP connections outlive an upgrade.
+    pub(crate) fn tcp_drain_timeout(&self) -> Duration {
+        self.settings.tcp_drain_timeout
+    }
+
+    /// The access log's format; `None` when it is off.
+    pub(crate) fn access_format(&self) -> Option<crate::config::AccessFormat> {
+        self.settings.access_log
+    }
+
     /// The pools, routes and what a reload changes beside them.
     pub(crate) fn site(&self) -> &Site {
         &self.site

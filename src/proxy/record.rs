@@ -521,6 +521,90 @@ fn json_line(buf: &mut Vec<u8>, f: &Finish, said: &Said<'_>, now: u64) {
     buf.extend_from_slice(b"}}\n");
 }
 
+/// One TCP connection's facts, for its access log line (`docs/tcp.md`).
+#[derive(Debug)]
+pub(crate) struct TcpRecord<'a> {
+    /// The client.
+    pub(crate) client: IpAddr,
+    /// The TCP pool.
+    pub(crate) pool: &'a str,
+    /// The backend it reached; `None` when none could be.
+    pub(crate) backend: Option<&'a str>,
+    /// Bytes from the client (to the backend).
+    pub(crate) bytes_in: u64,
+    /// Bytes to the client (from the backend).
+    pub(crate) bytes_out: u64,
+    /// How long the backend's connect took.
+    pub(crate) connect: Option<Duration>,
+    /// From accept to close.
+    pub(crate) duration: Duration,
+    /// How it ended: `closed`, `reset`, `idle`, `no_backend`, `queue_full`,
+    /// `queue_timeout`.
+    pub(crate) end: &'static str,
+}
+
+/// Writes a TCP connection's access log line (`proto` `tcp`): the text format's fields,
+/// or the JSON format's (the combined format, made for HTTP, writes the text one).
+pub(crate) fn write_tcp_line(format: AccessFormat, r: &TcpRecord<'_>) {
+    let now = crate::clock::unix_ns();
+    crate::logging::write_access_line(|buf| match format {
+        AccessFormat::Json => tcp_json_line(buf, r, now),
+        AccessFormat::Text | AccessFormat::Combined => tcp_text_line(buf, r, now),
+    });
+}
+
+fn tcp_text_line(buf: &mut Vec<u8>, r: &TcpRecord<'_>, now: u64) {
+    push_timestamp(buf, now);
+    buf.extend_from_slice(b"  INFO access client=");
+    push_ip(buf, r.client);
+    buf.extend_from_slice(b" proto=tcp");
+    push_pool(buf, r.pool);
+    buf.extend_from_slice(b" backend=");
+    push_quoted(buf, r.backend.unwrap_or("-"));
+    buf.extend_from_slice(b" bytes_in=");
+    push_u64(buf, r.bytes_in);
+    buf.extend_from_slice(b" bytes_out=");
+    push_u64(buf, r.bytes_out);
+    if let Some(c) = r.connect {
+        buf.extend_from_slice(b" connect_ms=");
+        push_ms(buf, c);
+    }
+    buf.extend_from_slice(b" duration_ms=");
+    push_ms(buf, r.duration);
+    buf.extend_from_slice(b" end=");
+    buf.extend_from_slice(r.end.as_bytes());
+    buf.push(b'\n');
+}
+
+fn tcp_json_line(buf: &mut Vec<u8>, r: &TcpRecord<'_>, now: u64) {
+    buf.extend_from_slice(b"{\"timestamp\":\"");
+    push_timestamp(buf, now);
+    buf.extend_from_slice(
+        b"\",\"level\":\"INFO\",\"fields\":{\"message\":\"access\",\"client\":\"",
+    );
+    push_ip(buf, r.client);
+    buf.extend_from_slice(b"\",\"proto\":\"tcp\",\"pool\":");
+    push_json_str(buf, r.pool);
+    buf.extend_from_slice(b",\"backend\":");
+    match r.backend {
+        Some(b) => push_json_str(buf, b),
+        None => buf.extend_from_slice(b"null"),
+    }
+    buf.extend_from_slice(b",\"bytes_in\":");
+    push_u64(buf, r.bytes_in);
+    buf.extend_from_slice(b",\"bytes_out\":");
+    push_u64(buf, r.bytes_out);
+    if let Some(c) = r.connect {
+        buf.extend_from_slice(b",\"connect_ms\":");
+        push_ms(buf, c);
+    }
+    buf.extend_from_slice(b",\"duration_ms\":");
+    push_ms(buf, r.duration);
+    buf.extend_from_slice(b",\"end\":\"");
+    buf.extend_from_slice(r.end.as_bytes());
+    buf.extend_from_slice(b"\"}}\n");
+}
+
 /// Apache's combined format: `CLIENT - - [TIME] "REQUEST" STATUS BYTES "REFERER"
 /// "USER-AGENT"`, the quoted values escaped as Apache escapes them.
 fn combined_line(buf: &mut Vec<u8>, f: &Finish, unix_ns: u64) {

@@ -32,6 +32,10 @@ pub(crate) struct ProxySettings {
     pub(crate) per_client: Option<Arc<crate::listeners::PerClient>>,
     /// `trace_context`: a request without a `traceparent` gets one.
     pub(crate) trace_context: bool,
+    /// `[[tls_passthrough]]`: the names the HTTPS listener passes through unopened.
+    pub(crate) passthrough: Arc<[crate::config::tcp::PassthroughSpec]>,
+    /// `tcp_drain_timeout`: how long TCP connections outlive an upgrade.
+    pub(crate) tcp_drain_timeout: Duration,
 }
 
 /// The access log's format when there is one: its own, else the logs'.
@@ -54,6 +58,8 @@ impl ProxySettings {
             trusted_proxies: s.trusted_proxies.clone(),
             access_log: access_format(s),
             trace_context: s.trace_context,
+            passthrough: s.tls_passthrough.clone().into(),
+            tcp_drain_timeout: s.tcp_drain_timeout,
             plain_first: None,
             accept_proxy_protocol: s.accept_proxy_protocol,
             send_timeout: s.send_timeout,

@@ -185,6 +185,8 @@ pub(crate) fn parse(key: &str, value: &[u8]) -> Result<(Object, Value), String> 
             discover: (fields.get("discover"))
                 .map(crate::config::DiscoverSpec::from_json)
                 .transpose()?,
+            // Fleet mode keeps HTTP pools; TCP pools come from the file.
+            modes: Default::default(),
         })
     } else if let Some(rest) = key.strip_prefix("backends/") {
         let (pool, name) = rest
@@ -445,6 +447,7 @@ pub(crate) fn empty_draft(name: &str) -> PoolDraft {
         values: Vec::new(),
         backends: Vec::new(),
         discover: None,
+        modes: Default::default(),
     }
 }
 

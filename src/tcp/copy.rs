@@ -1,0 +1,174 @@
+//! Bytes copied both ways between a client and a backend (`docs/tcp.md`, "Copying"):
+//! each direction until its reader's end, passed on as a half-close; a reset on either
+//! side resets the other; a connection silent both ways for `idle_timeout` is closed.
+//!
+//! Each direction reads into the worker's one scratch buffer and writes at once; only
+//! what the other side cannot take yet is kept, in a buffer of the connection's own
+//! until it is written. An idle connection holds no buffer at all, where
+//! `tokio::io::copy_bidirectional` keeps two (`docs/performance.md`, "TCP").
+
+use std::cell::RefCell;
+use std::io::{self, ErrorKind};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::net::TcpStream;
+
+use crate::clock::Stamp;
+
+/// The scratch buffer's size: one read moves at most this much.
+const SCRATCH: usize = 64 * 1024;
+
+thread_local! {
+    /// The worker's scratch buffer (one thread, one runtime: a read and its write
+    /// happen between two awaits, so no two directions share it at once).
+    static BUFFER: RefCell<Vec<u8>> = RefCell::new(vec![0; SCRATCH]);
+}
+
+/// How a copy ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum End {
+    /// Both sides closed their direction.
+    Closed,
+    /// A side reset (or failed); the other was reset too.
+    Reset,
+    /// Nothing moved for the idle timeout.
+    Idle,
+}
+
+impl End {
+    /// Its name in the access log.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            End::Closed => "closed",
+            End::Reset => "reset",
+            End::Idle => "idle",
+        }
+    }
+}
+
+/// What a copy moved, and how it ended.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Copied {
+    /// Bytes from the client to the backend.
+    pub(crate) up: u64,
+    /// Bytes from the backend to the client.
+    pub(crate) down: u64,
+    /// How it ended.
+    pub(crate) end: End,
+}
+
+/// One direction's count and the time of the last byte either way.
+struct Moved {
+    bytes: AtomicU64,
+}
+
+/// Copies between `client` and `backend` until both directions have ended, one side
+/// resets, or nothing moves for `idle`.
+pub(crate) async fn both_ways(client: &TcpStream, backend: &TcpStream, idle: Duration) -> Copied {
+    let (up, down) = (Moved::new(), Moved::new());
+    let last = AtomicU64::new(Stamp::now().ns());
+    let copying = async {
+        let (a, b) = tokio::join!(
+            pump(client, backend, &up, &last),
+            pump(backend, client, &down, &last)
+        );
+        match (a, b) {
+            (Ok(()), Ok(())) => End::Closed,
+            _ => End::Reset,
+        }
+    };
+    tokio::pin!(copying);
+    let end = loop {
+        let since = Stamp::from_ns(last.load(Ordering::Relaxed));
+        tokio::select! {
+            end = &mut copying => break end,
+            _ = tokio::time::sleep_until(since.after(idle).to_tokio()) => {
+                let quiet = Stamp::now().since(Stamp::from_ns(last.load(Ordering::Relaxed)));
+                if quiet >= idle {
+                    break End::Idle;
+                }
+            }
+        }
+    };
+    if end != End::Closed {
+        // Dropping the sockets then sends a reset, not an orderly close.
+        reset_on_close(client);
+        reset_on_close(backend);
+    }
+    Copied {
+        up: up.bytes.load(Ordering::Relaxed),
+        down: down.bytes.load(Ordering::Relaxed),
+        end,
+    }
+}
+
+impl Moved {
+    fn new() -> Moved {
+        Moved {
+            bytes: AtomicU64::new(0),
+        }
+    }
+}
+
+/// Copies from `from` to `to` until `from` ends (then `to` is half-closed); an error
+/// on either side ends it with the error.
+async fn pump(from: &TcpStream, to: &TcpStream, moved: &Moved, last: &AtomicU64) -> io::Result<()> {
+    loop {
+        from.readable().await?;
+        let (read, rest) = match BUFFER.with(|b| move_once(from, to, &mut b.borrow_mut())) {
+            Err(e) if e.kind() == ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+            Ok(step) => step,
+        };
+        if read == 0 {
+            return socket2::SockRef::from(to).shutdown(std::net::Shutdown::Write);
+        }
+        moved.bytes.fetch_add(read as u64, Ordering::Relaxed);
+        last.store(Stamp::now().ns(), Ordering::Relaxed);
+        if let Some(rest) = rest {
+            write_rest(to, &rest, last).await?;
+        }
+    }
+}
+
+/// One read from `from` into `buf`, written to `to` at once: how much was read, and
+/// what `to` could not take yet (copied out of the scratch buffer).
+fn move_once(
+    from: &TcpStream,
+    to: &TcpStream,
+    buf: &mut [u8],
+) -> io::Result<(usize, Option<Vec<u8>>)> {
+    let n = from.try_read(buf)?;
+    if n == 0 {
+        return Ok((0, None));
+    }
+    let written = match to.try_write(&buf[..n]) {
+        Ok(w) => w,
+        Err(e) if e.kind() == ErrorKind::WouldBlock => 0,
+        Err(e) => return Err(e),
+    };
+    Ok((n, (written < n).then(|| buf[written..n].to_vec())))
+}
+
+/// Writes what `to` could not take at once, as it makes room.
+async fn write_rest(to: &TcpStream, rest: &[u8], last: &AtomicU64) -> io::Result<()> {
+    let mut at = 0;
+    while at < rest.len() {
+        to.writable().await?;
+        match to.try_write(&rest[at..]) {
+            Ok(n) => {
+                at += n;
+                last.store(Stamp::now().ns(), Ordering::Relaxed);
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Has closing `s` send a reset (`SO_LINGER` 0).
+pub(crate) fn reset_on_close(s: &TcpStream) {
+    let _ = socket2::SockRef::from(s).set_linger(Some(Duration::ZERO));
+}

@@ -1,0 +1,412 @@
+//! TCP pools and TLS passthrough (`docs/tcp.md`): real fulcrum processes in front of
+//! real TCP echo backends and a real TLS backend with its own certificate.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// A TCP backend: says its name and a newline on each connection, then echoes what it
+/// reads; at the client's end it ends its side too (a half-close answered).
+struct Echo {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Echo {
+    fn start(name: &'static str) -> Echo {
+        Self::start_on(name, "127.0.0.1:0".parse().unwrap())
+    }
+
+    fn start_on(name: &'static str, at: SocketAddr) -> Echo {
+        let listener = TcpListener::bind(at).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            for s in listener.incoming() {
+                if stopped.load(Ordering::Relaxed) {
+                    return;
+                }
+                let Ok(mut s) = s else { continue };
+                std::thread::spawn(move || {
+                    let _ = s.write_all(format!("{name}\n").as_bytes());
+                    let mut buf = vec![0u8; 64 * 1024];
+                    loop {
+                        match s.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => {
+                                if s.write_all(&buf[..n]).is_err() {
+                                    return;
+                                }
+                            }
+                        }
+                    }
+                    let _ = s.shutdown(Shutdown::Write);
+                });
+            }
+        });
+        Echo {
+            addr,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("tcp://{}", self.addr)
+    }
+
+    /// Stops accepting: new connections are refused.
+    fn stop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = TcpStream::connect(self.addr);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Echo {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The config of one TCP pool `pg` (with `extra` pool keys) over `backends`, its
+/// listener, and an HTTP pool beside it.
+fn tcp_config(backends: &[&Echo], extra: &str, top: &str) -> String {
+    let list: Vec<String> = backends
+        .iter()
+        .map(|b| format!("{{ url = \"{}\" }}", b.url()))
+        .collect();
+    format!(
+        "{top}access_log_format = \"json\"\n\
+         [[pools]]\nname = \"web\"\nbackends = [{{ url = \"http://127.0.0.1:9\" }}]\n\
+         [[pools]]\nname = \"pg\"\nmode = \"tcp\"\nbackends = [{}]\n{extra}\n\
+         [[routes]]\npool = \"web\"\n\
+         [[tcp_listeners]]\nlisten = \"127.0.0.1:0\"\npool = \"pg\"\n",
+        list.join(", ")
+    )
+}
+
+fn start(group: &str, text: &str, args: &[&str]) -> Fulcrum {
+    let file = config_file("tcp", group, text);
+    let mut all = vec!["--config", file.to_str().unwrap()];
+    all.extend_from_slice(args);
+    Fulcrum::start(&all)
+}
+
+/// The TCP listener's address, from the start-up log.
+fn tcp_addr(f: &Fulcrum) -> SocketAddr {
+    let log = f.log();
+    let at = log.find("tcp listening on ").expect("a tcp listener") + 17;
+    let rest = &log[at..];
+    rest[..rest.find(' ').unwrap()].parse().unwrap()
+}
+
+/// A connection through fulcrum and the name of the backend that took it.
+fn open(addr: SocketAddr) -> (TcpStream, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut name = Vec::new();
+    let mut b = [0u8; 1];
+    while s.read(&mut b).unwrap() == 1 && b[0] != b'\n' {
+        name.push(b[0]);
+    }
+    (s, String::from_utf8(name).unwrap())
+}
+
+/// Writes `text` and reads its echo back.
+fn echo(s: &mut TcpStream, text: &[u8]) -> Vec<u8> {
+    s.write_all(text).unwrap();
+    let mut got = vec![0u8; text.len()];
+    s.read_exact(&mut got).unwrap();
+    got
+}
+
+#[test]
+fn round_robin_and_least_connections_over_tcp() {
+    let (a, b) = (Echo::start("A"), Echo::start("B"));
+    let f = start("rr", &tcp_config(&[&a, &b], "", ""), &[]);
+    let addr = tcp_addr(&f);
+    let names: Vec<String> = (0..4).map(|_| open(addr).1).collect();
+    assert_eq!(
+        names,
+        ["A", "B", "A", "B"],
+        "round robin, connection by connection"
+    );
+    let (mut held, first) = open(addr);
+    assert_eq!(echo(&mut held, b"select 1;"), b"select 1;");
+
+    let lc = start(
+        "lc",
+        &tcp_config(&[&a, &b], "strategy = \"least_connections\"", ""),
+        &[],
+    );
+    let addr = tcp_addr(&lc);
+    // Long-lived connections: each new one goes where the fewest are open.
+    let mut held: Vec<(TcpStream, String)> = (0..4).map(|_| open(addr)).collect();
+    let on = |held: &Vec<(TcpStream, String)>, n: &str| held.iter().filter(|(_, h)| h == n).count();
+    assert_eq!(
+        (on(&held, "A"), on(&held, "B")),
+        (2, 2),
+        "even while they stay open"
+    );
+    held.retain(|(_, n)| n != "A");
+    std::thread::sleep(Duration::from_millis(100));
+    let next: Vec<String> = (0..2).map(|_| open(addr).1).collect();
+    assert_eq!(
+        next,
+        ["A", "A"],
+        "both go to the backend whose connections ended"
+    );
+    let _ = first;
+}
+
+#[test]
+fn half_close_and_a_mebibyte_each_way() {
+    let a = Echo::start("A");
+    let f = start("bytes", &tcp_config(&[&a], "", ""), &[]);
+    let (mut s, name) = open(tcp_addr(&f));
+    assert_eq!(name, "A");
+    let data: Vec<u8> = (0..1024 * 1024).map(|i| (i % 251) as u8).collect();
+    let mut writer = s.try_clone().unwrap();
+    let sent = data.clone();
+    let w = std::thread::spawn(move || {
+        writer.write_all(&sent).unwrap();
+        // Half-close: the backend sees the end and ends its side after the echo.
+        writer.shutdown(Shutdown::Write).unwrap();
+    });
+    let mut got = Vec::new();
+    s.read_to_end(&mut got)
+        .expect("the echo, then the backend's own end");
+    w.join().unwrap();
+    assert_eq!(got.len(), data.len());
+    assert!(got == data, "the bytes came back as sent");
+    let line = f
+        .log_line(
+            &["\"proto\":\"tcp\"", "\"end\":\"closed\""],
+            Duration::from_secs(5),
+        )
+        .expect("an access log line");
+    let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+    let fields = &v["fields"];
+    assert_eq!(fields["bytes_in"], 1024 * 1024);
+    assert_eq!(fields["bytes_out"], 1024 * 1024 + 2, "the name line too");
+    assert_eq!(fields["pool"], "pg");
+    assert!(fields["duration_ms"].as_f64().unwrap() > 0.0);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        assert_eq!(
+            metric(&f, "fulcrum_tcp_connections_total{pool=\"pg\"}").await,
+            1
+        );
+        let up = "fulcrum_tcp_bytes_total{pool=\"pg\",direction=\"client_to_backend\"}";
+        assert_eq!(metric(&f, up).await, 1024 * 1024);
+        let pool = get(&client(), &f.admin_url("/admin/pools/pg")).await.json();
+        assert_eq!(pool["mode"], "tcp");
+        assert_eq!(pool["tcp"]["connections"], 1);
+        let web = get(&client(), &f.admin_url("/admin/pools/web"))
+            .await
+            .json();
+        assert_eq!(
+            (&web["mode"], &web["tcp"]),
+            (&"http".into(), &serde_json::Value::Null)
+        );
+    });
+}
+
+#[test]
+fn a_stopped_backend_leaves_the_rotation() {
+    let (mut a, b) = (Echo::start("A"), Echo::start("B"));
+    let health = "health = { interval = \"200ms\", unhealthy_threshold = 1 }";
+    let f = start("stop", &tcp_config(&[&a, &b], health, ""), &[]);
+    let addr = tcp_addr(&f);
+    a.stop();
+    // Before the probe notices, a refused connect is tried again on the other backend.
+    for _ in 0..4 {
+        assert_eq!(open(addr).1, "B");
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let down = rt.block_on(eventually(Duration::from_secs(5), || async {
+        let pool = get(&client(), &f.admin_url("/admin/pools/pg")).await.json();
+        pool["backends"][0]["healthy"] == false
+    }));
+    assert!(down, "the connect check marks it down");
+    // Back on the same port: healthy again, in the rotation again.
+    let _a = Echo::start_on("A", a.addr);
+    let up = rt.block_on(eventually(Duration::from_secs(5), || async {
+        let pool = get(&client(), &f.admin_url("/admin/pools/pg")).await.json();
+        pool["backends"][0]["healthy"] == true
+    }));
+    assert!(up);
+    let names: Vec<String> = (0..4).map(|_| open(addr).1).collect();
+    assert!(names.contains(&"A".to_string()), "{names:?}");
+}
+
+#[test]
+fn a_long_lived_connection_survives_a_reload_and_an_upgrade() {
+    let a = Echo::start("A");
+    let dir = std::env::temp_dir().join(format!("fulcrum-tcp-upgrade-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let sock = dir.join("upgrade.sock");
+    let top = format!("upgrade_socket = \"{}\"\nworkers = 2\n", sock.display());
+    let text = tcp_config(&[&a], "", &top);
+    let file = config_file("tcp", "upgrade", &text);
+    let args = ["--config", file.to_str().unwrap()];
+    let mut old = Fulcrum::start(&args);
+    let addr = tcp_addr(&old);
+    let (mut s, _) = open(addr);
+    assert_eq!(echo(&mut s, b"begin;"), b"begin;");
+    old.signal("HUP");
+    assert!(old
+        .log_line(&["configuration reloaded"], Duration::from_secs(5))
+        .is_some());
+    assert_eq!(echo(&mut s, b"after reload"), b"after reload");
+
+    let mut upgrade = args.to_vec();
+    upgrade.push("--upgrade");
+    let new = Fulcrum::start(&upgrade);
+    assert_eq!(tcp_addr(&new), addr, "the TCP listener was handed over");
+    // The old process serves no new connection but keeps the open one.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(echo(&mut s, b"after upgrade"), b"after upgrade");
+    let (mut fresh, _) = open(addr);
+    assert_eq!(echo(&mut fresh, b"new"), b"new");
+    assert!(
+        old.child.try_wait().unwrap().is_none(),
+        "the old process waits for it"
+    );
+    drop(s);
+    let st = old.wait_exit(Duration::from_secs(10));
+    assert_eq!(st.and_then(|s| s.code()), Some(0), "{}", old.log());
+    assert_eq!(echo(&mut fresh, b"still"), b"still");
+}
+
+#[test]
+fn bad_tcp_configs_exit_2_naming_the_key() {
+    let cases = [
+        (
+            "[[pools]]\nname = \"pg\"\nmode = \"tcp\"\nbackends = [{ url = \"tcp://127.0.0.1:5432\" }]\n[[routes]]\npool = \"pg\"\n",
+            "TCP pool 'pg'",
+        ),
+        (
+            "[[pools]]\nname = \"web\"\nbackends = [{ url = \"http://127.0.0.1:1\" }]\n[[routes]]\npool = \"web\"\n[[tcp_listeners]]\nlisten = \"127.0.0.1:0\"\npool = \"web\"\n",
+            "'web' is an HTTP pool",
+        ),
+        (
+            "[[pools]]\nname = \"web\"\nbackends = [{ url = \"tcp://127.0.0.1:5432\" }]\n",
+            "needs a pool with mode = \"tcp\"",
+        ),
+        (
+            "[[pools]]\nname = \"pg\"\nmode = \"tcp\"\nbackends = [{ url = \"http://127.0.0.1:5432\" }]\n[[tcp_listeners]]\nlisten = \"127.0.0.1:0\"\npool = \"pg\"\n",
+            "its backends are tcp://",
+        ),
+        (
+            "tls_listen = \"127.0.0.1:0\"\n[[pools]]\nname = \"pg\"\nmode = \"tcp\"\nbackends = [{ url = \"tcp://127.0.0.1:5432\" }]\n[[tls_passthrough]]\nsni = \"not a name!\"\npool = \"pg\"\n",
+            "is not a server name",
+        ),
+        (
+            "[[pools]]\nname = \"pg\"\nmode = \"tcp\"\nbackends = [{ url = \"tcp://127.0.0.1\" }]\n[[tcp_listeners]]\nlisten = \"127.0.0.1:0\"\npool = \"pg\"\n",
+            "names its port",
+        ),
+        ("[[pools]]\nname = \"pg\"\nmode = \"udp\"\n", "valid: http, tcp"),
+    ];
+    for (i, (text, says)) in cases.iter().enumerate() {
+        let file = config_file("tcp", &format!("bad{i}"), text);
+        let (st, _, err) = run_fulcrum(&["check", "--config", file.to_str().unwrap()]);
+        assert_eq!(st.code(), Some(2), "case {i}: {err}");
+        assert!(err.contains(says), "case {i}: wanted {says:?} in {err}");
+        assert!(err.contains("line "), "case {i}: the line is named: {err}");
+    }
+    // A tcp:// backend on the command line makes no HTTP pool either.
+    let (st, _, err) = run_fulcrum(&["check", "--backend", "tcp://127.0.0.1:5432"]);
+    assert_eq!(st.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--backend") || err.contains("backend"),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_admin_api_keeps_each_pool_to_its_kind_of_backend() {
+    let a = Echo::start("A");
+    let f = start("admin", &tcp_config(&[&a], "", ""), &[]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let c = client();
+        let r = admin(
+            &c,
+            "POST",
+            &f.admin_url("/admin/pools/pg/backends"),
+            r#"{"url":"http://127.0.0.1:8000"}"#,
+        )
+        .await;
+        assert_eq!(r.status, 400, "{}", r.text());
+        let r = admin(
+            &c,
+            "POST",
+            &f.admin_url("/admin/pools/web/backends"),
+            r#"{"url":"tcp://127.0.0.1:8000"}"#,
+        )
+        .await;
+        assert_eq!(r.status, 400, "{}", r.text());
+        assert!(r.text().contains("mode"), "{}", r.text());
+        let r = admin(
+            &c,
+            "POST",
+            &f.admin_url("/admin/pools/pg/backends"),
+            &format!(
+                r#"{{"url":"{}","name":"A2"}}"#,
+                a.url().replace("127.0.0.1", "localhost")
+            ),
+        )
+        .await;
+        assert_eq!(r.status, 201, "{}", r.text());
+    });
+}
+
+#[test]
+fn tcp_listener_allow_and_deny_and_a_closed_pool() {
+    let a = Echo::start("A");
+    let text = tcp_config(&[&a], "", "").replace(
+        "pool = \"pg\"\n",
+        "pool = \"pg\"\ndeny = [\"127.0.0.0/8\"]\n",
+    );
+    let f = start("deny", &text, &[]);
+    let mut s = TcpStream::connect(tcp_addr(&f)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut b = [0u8; 8];
+    let n = s.read(&mut b).unwrap_or(0);
+    assert_eq!(n, 0, "a denied client is closed before any byte");
+}
+
+#[test]
+fn a_pool_with_nothing_to_give_closes_the_connection_and_says_why() {
+    let mut a = Echo::start("A");
+    let addr = a.addr;
+    a.stop();
+    let f = start("none", &tcp_config(&[&a], "retries = 1", ""), &[]);
+    let mut s = TcpStream::connect(tcp_addr(&f)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let started = Instant::now();
+    let mut b = [0u8; 8];
+    assert!(matches!(s.read(&mut b), Ok(0) | Err(_)));
+    assert!(started.elapsed() < Duration::from_secs(3));
+    let line = f
+        .log_line(&["\"proto\":\"tcp\""], Duration::from_secs(5))
+        .unwrap();
+    assert!(
+        line.contains("connect_failed") || line.contains("no_backend"),
+        "{line}"
+    );
+    let _ = addr;
+}
