@@ -64,6 +64,13 @@ pub fn h2_connection(data: &[u8]) {
     crate::http2::fuzz_connection(data);
 }
 
+/// A TLS connection's first bytes read for passthrough (`tcp::hello`): whatever they
+/// are, the reading ends without a panic, a name found is a lowercase host name, and a
+/// handshake message reads the same whole in one record or cut into many.
+pub fn client_hello(data: &[u8]) {
+    crate::tcp::hello::fuzz(data);
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::Path;
@@ -109,5 +116,6 @@ mod tests {
         replay("hpack", super::hpack);
         replay("hpack", hpack_against_loona);
         replay("h2_connection", super::h2_connection);
+        replay("client_hello", super::client_hello);
     }
 }

@@ -410,3 +410,140 @@ fn a_pool_with_nothing_to_give_closes_the_connection_and_says_why() {
     );
     let _ = addr;
 }
+
+mod passthrough {
+    use super::*;
+    use common::tls::{connect, get_h1, h1, https_addr, leaf_of, H2Backend, Pki};
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateDer;
+
+    /// fulcrum with a certificate for www.example.com, an HTTP pool over `web`, and
+    /// db.example.com and *.mq.example.com passed through to `backend`.
+    fn start_with(pki: &Pki, web: &TestBackend, backend: &H2Backend, tag: &str) -> Fulcrum {
+        pki.leaf("fulcrum", &["www.example.com", "db.example.com"]);
+        let text = format!(
+            "tls_listen = \"127.0.0.1:0\"\naccess_log_format = \"json\"\n\
+             [[tls.certs]]\ncert = \"{}\"\nkey = \"{}\"\n\
+             [[pools]]\nname = \"web\"\nbackends = [{{ url = \"{}\" }}]\n\
+             [[pools]]\nname = \"pg\"\nmode = \"tcp\"\nbackends = [{{ url = \"tcp://{}\" }}]\n\
+             [[routes]]\npool = \"web\"\n\
+             [[tls_passthrough]]\nsni = \"db.example.com\"\npool = \"pg\"\n\
+             [[tls_passthrough]]\nsni = \"*.mq.example.com\"\npool = \"pg\"\n",
+            pki.arg("fulcrum.pem"),
+            pki.arg("fulcrum.key"),
+            web.url(),
+            backend.addr
+        );
+        start(tag, &text, &[])
+    }
+
+    fn pem(pki: &Pki, file: &str) -> CertificateDer<'static> {
+        CertificateDer::from_pem_file(pki.path(file)).unwrap()
+    }
+
+    #[tokio::test]
+    async fn names_passed_through_reach_the_backends_own_certificate() {
+        let pki = Pki::new("tcp-pass");
+        let backend = H2Backend::tls("T", &pki, "backend", &["db.example.com", "a.mq.example.com"]);
+        let web = TestBackend::start("W");
+        let f = start_with(&pki, &web, &backend, "pass");
+        let addr = https_addr(&f);
+        for name in ["db.example.com", "a.mq.example.com"] {
+            let s = connect(&pki, addr, name, &[b"http/1.1"]).await;
+            assert_eq!(leaf_of(&s), pem(&pki, "backend.pem"), "{name}: the backend's own");
+            let (status, who, proto) = get_h1(&mut h1(s).await, name, "/").await;
+            assert_eq!((status, who.as_str()), (200, "T"), "{name}");
+            assert_eq!(proto, "", "{name}: nothing of fulcrum's in between");
+        }
+        // A name of fulcrum's certificate, and one of nobody's: terminated here.
+        for name in ["www.example.com", "other.example.org"] {
+            let s = connect(&pki, addr, name, &[b"http/1.1"]).await;
+            assert_eq!(leaf_of(&s), pem(&pki, "fulcrum.pem"), "{name}: fulcrum's");
+            let (status, who, proto) = get_h1(&mut h1(s).await, name, "/").await;
+            assert_eq!((status, who.as_str(), proto.as_str()), (200, "W", "https"), "{name}");
+        }
+        let line = f
+            .log_line(&["\"proto\":\"tcp\"", "\"pool\":\"pg\""], Duration::from_secs(5))
+            .expect("a TCP access line for a passed-through connection");
+        assert!(line.contains("\"bytes_in\":"), "{line}");
+    }
+
+    /// The ClientHello `config` writes for `name`, its handshake message re-framed into
+    /// two records.
+    fn hello_in_two_records(conn: &mut rustls::ClientConnection) -> (Vec<u8>, Vec<u8>) {
+        let mut first = Vec::new();
+        conn.write_tls(&mut first).unwrap();
+        let mut msg = Vec::new();
+        let mut at = 0;
+        while at + 5 <= first.len() {
+            let len = u16::from_be_bytes([first[at + 3], first[at + 4]]) as usize;
+            msg.extend_from_slice(&first[at + 5..at + 5 + len]);
+            at += 5 + len;
+        }
+        let record = |part: &[u8]| {
+            let mut r = vec![22, 3, 1];
+            r.extend((part.len() as u16).to_be_bytes());
+            r.extend(part);
+            r
+        };
+        let half = msg.len() / 2;
+        (record(&msg[..half]), record(&msg[half..]))
+    }
+
+    #[test]
+    fn a_client_hello_split_over_two_records_and_segments() {
+        let pki = Pki::new("tcp-split");
+        let backend = H2Backend::tls("T", &pki, "backend", &["db.example.com"]);
+        let web = TestBackend::start("W");
+        let f = start_with(&pki, &web, &backend, "split");
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(pki.ca_der()).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let name = "db.example.com".try_into().unwrap();
+        let mut conn = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
+        let (one, two) = hello_in_two_records(&mut conn);
+        let mut tcp = TcpStream::connect(https_addr(&f)).unwrap();
+        tcp.set_nodelay(true).unwrap();
+        tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        tcp.write_all(&one).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        tcp.write_all(&two).unwrap();
+        let mut tls = rustls::StreamOwned::new(conn, tcp);
+        tls.write_all(b"GET / HTTP/1.1\r\nHost: db.example.com\r\nConnection: close\r\n\r\n")
+            .expect("the backend's handshake, verified against its own name");
+        let mut answer = String::new();
+        let _ = tls.read_to_string(&mut answer);
+        assert!(answer.to_ascii_lowercase().contains("x-backend: t"), "{answer}");
+    }
+
+    #[test]
+    fn a_client_that_sends_nothing_is_closed_at_the_hello_deadline() {
+        let pki = Pki::new("tcp-quiet");
+        let backend = H2Backend::tls("T", &pki, "backend", &["db.example.com"]);
+        let web = TestBackend::start("W");
+        let f = start_with(&pki, &web, &backend, "quiet");
+        // One says nothing; another half a ClientHello, then nothing.
+        let mut quiet = TcpStream::connect(https_addr(&f)).unwrap();
+        let mut s = TcpStream::connect(https_addr(&f)).unwrap();
+        s.write_all(&[22, 3, 1, 0x02, 0x00, 1, 0, 1]).unwrap();
+        quiet.set_read_timeout(Some(Duration::from_secs(9))).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(9))).unwrap();
+        let started = Instant::now();
+        let mut b = [0u8; 8];
+        let n = quiet.read(&mut b);
+        let took = started.elapsed();
+        assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
+        assert!(
+            took >= Duration::from_secs(4) && took < Duration::from_secs(8),
+            "closed after {took:?}"
+        );
+        // Closed too; its bytes never reached a backend.
+        assert!(matches!(s.read(&mut b), Ok(0) | Err(_)));
+    }
+}

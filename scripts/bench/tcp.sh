@@ -69,7 +69,7 @@ backend=29801 fulcrum=29811 nginx=29821 haproxy=29831
 # echoes whatever follows until the client closes). A connection that closes first (a
 # health check) is fine.
 cat >"$work/tcpb.py" <<'PY'
-import asyncio, os, socket, struct, sys, threading, time
+import asyncio, socket, struct, sys, threading, time
 
 CHUNK = 1 << 20
 ECHO = b"E" + struct.pack(">Q", 0) + b"0123456789abcdef0123456789abcdef"

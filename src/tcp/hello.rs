@@ -156,6 +156,35 @@ fn valid_name(name: &str) -> bool {
         })
 }
 
+/// The `client_hello` fuzz target's checks (`src/fuzzing.rs`).
+pub(crate) fn fuzz(data: &[u8]) {
+    check_name(&server_name(data));
+    // `data` as a handshake message, in one record and in records of 7 bytes.
+    if data.is_empty() || data.len() > MAX_FRAGMENT {
+        return;
+    }
+    let framed = |size: usize| {
+        let mut out = Vec::new();
+        for chunk in data.chunks(size) {
+            out.extend([HANDSHAKE, 3, 1]);
+            out.extend((chunk.len() as u16).to_be_bytes());
+            out.extend(chunk);
+        }
+        out
+    };
+    let (whole, cut) = (server_name(&framed(MAX_FRAGMENT)), server_name(&framed(7)));
+    check_name(&whole);
+    if cut != Hello::TooLong {
+        assert_eq!(whole, cut, "the records a hello comes in change nothing");
+    }
+}
+
+fn check_name(h: &Hello) {
+    if let Hello::Name(Some(n)) = h {
+        assert!(valid_name(n) && !n.bytes().any(|c| c.is_ascii_uppercase()), "{n:?}");
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
