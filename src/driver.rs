@@ -230,7 +230,11 @@ impl Connections {
                                 // A TCP connection from now on, drained as one.
                                 let (_tcp, _held) = (tcp_live, held);
                                 drop(live);
-                                return pass_through(stream, &client, &pool, proxy).await;
+                                let ends = crate::tcp::Ends {
+                                    client: client.addr,
+                                    reached: client.local,
+                                };
+                                return pass_through(stream, ends, &pool, proxy).await;
                             }
                         }
                     }
@@ -266,12 +270,12 @@ impl Connections {
         let (proxy, live) = (self.proxy, Arc::clone(&self.tcp_live));
         tokio::spawn(async move {
             let (_live, _held, _client_slot) = (live, held, client_slot);
-            let Some(client) = client_of(&mut stream, (peer, local), false, pp).await else {
+            let Some(ends) = ends_of(&mut stream, (peer, local), pp).await else {
                 return;
             };
-            let ip = client.addr.ip();
+            let ip = ends.client.ip();
             if front.clients.admits(ip) && proxy.site().admits_client(ip) {
-                pass_through(stream, &client, &front.pool, proxy).await;
+                pass_through(stream, ends, &front.pool, proxy).await;
             }
         });
     }
@@ -339,12 +343,11 @@ fn give_memory_back() {
 /// `accept_proxy_protocol` and a peer in `trusted_proxies` those its PROXY header names
 /// (read before anything else, the TLS handshake included); `None` closes it: a trusted
 /// peer's header is missing, malformed or late, or another peer sent one.
-async fn client_of(
+async fn ends_of(
     stream: &mut tokio::net::TcpStream,
     (peer, local): (SocketAddr, SocketAddr),
-    tls: bool,
     pp: Option<bool>,
-) -> Option<crate::proxy::Peer> {
+) -> Option<crate::tcp::Ends> {
     // A wildcard bind says nothing about the address reached: ask the socket.
     let local = match local.ip().is_unspecified() {
         true => stream.local_addr().unwrap_or(local),
@@ -372,23 +375,33 @@ async fn client_of(
         }
         None => (peer, local),
     };
+    Some(crate::tcp::Ends {
+        client: addr,
+        reached: local,
+    })
+}
+
+/// [`ends_of`] as the request path's `Peer` (over TLS with `tls`).
+async fn client_of(
+    stream: &mut tokio::net::TcpStream,
+    ends: (SocketAddr, SocketAddr),
+    tls: bool,
+    pp: Option<bool>,
+) -> Option<crate::proxy::Peer> {
+    let e = ends_of(stream, ends, pp).await?;
     let socket = std::os::fd::AsRawFd::as_raw_fd(&*stream);
-    Some(crate::proxy::Peer::new(addr, local, tls, socket))
+    Some(crate::proxy::Peer::new(e.client, e.reached, tls, socket))
 }
 
 /// Serves a connection for the TCP pool `pool` (gone after a reload: closed).
 async fn pass_through(
     stream: tokio::net::TcpStream,
-    client: &crate::proxy::Peer,
+    ends: crate::tcp::Ends,
     pool: &str,
     proxy: &'static Proxy,
 ) {
     let Ok(pool) = proxy.site().pool(pool) else {
         return;
-    };
-    let ends = crate::tcp::Ends {
-        client: client.addr,
-        reached: client.local,
     };
     crate::tcp::serve(stream, ends, pool, proxy.access_format()).await
 }

@@ -444,13 +444,22 @@ mod passthrough {
     #[tokio::test]
     async fn names_passed_through_reach_the_backends_own_certificate() {
         let pki = Pki::new("tcp-pass");
-        let backend = H2Backend::tls("T", &pki, "backend", &["db.example.com", "a.mq.example.com"]);
+        let backend = H2Backend::tls(
+            "T",
+            &pki,
+            "backend",
+            &["db.example.com", "a.mq.example.com"],
+        );
         let web = TestBackend::start("W");
         let f = start_with(&pki, &web, &backend, "pass");
         let addr = https_addr(&f);
         for name in ["db.example.com", "a.mq.example.com"] {
             let s = connect(&pki, addr, name, &[b"http/1.1"]).await;
-            assert_eq!(leaf_of(&s), pem(&pki, "backend.pem"), "{name}: the backend's own");
+            assert_eq!(
+                leaf_of(&s),
+                pem(&pki, "backend.pem"),
+                "{name}: the backend's own"
+            );
             let (status, who, proto) = get_h1(&mut h1(s).await, name, "/").await;
             assert_eq!((status, who.as_str()), (200, "T"), "{name}");
             assert_eq!(proto, "", "{name}: nothing of fulcrum's in between");
@@ -460,10 +469,17 @@ mod passthrough {
             let s = connect(&pki, addr, name, &[b"http/1.1"]).await;
             assert_eq!(leaf_of(&s), pem(&pki, "fulcrum.pem"), "{name}: fulcrum's");
             let (status, who, proto) = get_h1(&mut h1(s).await, name, "/").await;
-            assert_eq!((status, who.as_str(), proto.as_str()), (200, "W", "https"), "{name}");
+            assert_eq!(
+                (status, who.as_str(), proto.as_str()),
+                (200, "W", "https"),
+                "{name}"
+            );
         }
         let line = f
-            .log_line(&["\"proto\":\"tcp\"", "\"pool\":\"pg\""], Duration::from_secs(5))
+            .log_line(
+                &["\"proto\":\"tcp\"", "\"pool\":\"pg\""],
+                Duration::from_secs(5),
+            )
             .expect("a TCP access line for a passed-through connection");
         assert!(line.contains("\"bytes_in\":"), "{line}");
     }
@@ -519,7 +535,10 @@ mod passthrough {
             .expect("the backend's handshake, verified against its own name");
         let mut answer = String::new();
         let _ = tls.read_to_string(&mut answer);
-        assert!(answer.to_ascii_lowercase().contains("x-backend: t"), "{answer}");
+        assert!(
+            answer.to_ascii_lowercase().contains("x-backend: t"),
+            "{answer}"
+        );
     }
 
     #[test]
@@ -532,7 +551,9 @@ mod passthrough {
         let mut quiet = TcpStream::connect(https_addr(&f)).unwrap();
         let mut s = TcpStream::connect(https_addr(&f)).unwrap();
         s.write_all(&[22, 3, 1, 0x02, 0x00, 1, 0, 1]).unwrap();
-        quiet.set_read_timeout(Some(Duration::from_secs(9))).unwrap();
+        quiet
+            .set_read_timeout(Some(Duration::from_secs(9)))
+            .unwrap();
         s.set_read_timeout(Some(Duration::from_secs(9))).unwrap();
         let started = Instant::now();
         let mut b = [0u8; 8];

@@ -9,7 +9,7 @@
 
 use std::cell::RefCell;
 use std::io::{self, ErrorKind};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::net::TcpStream;
@@ -68,10 +68,11 @@ struct Moved {
 pub(crate) async fn both_ways(client: &TcpStream, backend: &TcpStream, idle: Duration) -> Copied {
     let (up, down) = (Moved::new(), Moved::new());
     let last = AtomicU64::new(Stamp::now().ns());
+    let ended = AtomicBool::new(false);
     let copying = async {
         let (a, b) = tokio::join!(
-            pump(client, backend, &up, &last),
-            pump(backend, client, &down, &last)
+            pump(client, backend, &up, (&last, &ended)),
+            pump(backend, client, &down, (&last, &ended))
         );
         match (a, b) {
             (Ok(()), Ok(())) => End::Closed,
@@ -111,17 +112,26 @@ impl Moved {
     }
 }
 
-/// Copies from `from` to `to` until `from` ends (then `to` is half-closed); an error
-/// on either side ends it with the error.
-async fn pump(from: &TcpStream, to: &TcpStream, moved: &Moved, last: &AtomicU64) -> io::Result<()> {
+/// Copies from `from` to `to` until `from` ends, then half-closes `to` unless the other
+/// direction has ended already (`ended`: then closing both sends the FIN, one
+/// `shutdown` fewer); an error on either side ends it with the error.
+async fn pump(
+    from: &TcpStream,
+    to: &TcpStream,
+    moved: &Moved,
+    (last, ended): (&AtomicU64, &AtomicBool),
+) -> io::Result<()> {
     loop {
         from.readable().await?;
-        let (read, rest) = match BUFFER.with(|b| move_once(from, to, &mut b.borrow_mut())) {
+        let (read, rest) = match read_and_write(from, to) {
             Err(e) if e.kind() == ErrorKind::WouldBlock => continue,
             Err(e) => return Err(e),
             Ok(step) => step,
         };
         if read == 0 {
+            if ended.swap(true, Ordering::Relaxed) {
+                return Ok(());
+            }
             return socket2::SockRef::from(to).shutdown(std::net::Shutdown::Write);
         }
         moved.bytes.fetch_add(read as u64, Ordering::Relaxed);
@@ -129,6 +139,29 @@ async fn pump(from: &TcpStream, to: &TcpStream, moved: &Moved, last: &AtomicU64)
         if let Some(rest) = rest {
             write_rest(to, &rest, last).await?;
         }
+    }
+}
+
+/// One read from `from` into the scratch buffer, written to `to` at once (see
+/// [`move_once`]). A read shorter than the buffer took everything there was: `from`'s
+/// readiness is cleared then, as tokio's own `poll_read` does, so the next wait does not
+/// begin with a read that finds nothing. Cleared inside `try_io`, whose look at the
+/// readiness comes before the read: an event newer than that stays.
+fn read_and_write(from: &TcpStream, to: &TcpStream) -> io::Result<(usize, Option<Vec<u8>>)> {
+    let mut step = None;
+    let cleared = from.try_io(tokio::io::Interest::READABLE, || {
+        let moved = BUFFER.with(|b| move_once(from, to, &mut b.borrow_mut()))?;
+        let short = moved.0 > 0 && moved.0 < SCRATCH;
+        step = Some(moved);
+        match short {
+            true => Err(ErrorKind::WouldBlock.into()),
+            false => Ok(()),
+        }
+    });
+    match (cleared, step) {
+        (_, Some(step)) => Ok(step),
+        (Err(e), None) => Err(e),
+        (Ok(()), None) => Err(ErrorKind::WouldBlock.into()),
     }
 }
 

@@ -157,6 +157,7 @@ fn valid_name(name: &str) -> bool {
 }
 
 /// The `client_hello` fuzz target's checks (`src/fuzzing.rs`).
+#[cfg(any(fuzzing, test))]
 pub(crate) fn fuzz(data: &[u8]) {
     check_name(&server_name(data));
     // `data` as a handshake message, in one record and in records of 7 bytes.
@@ -179,9 +180,13 @@ pub(crate) fn fuzz(data: &[u8]) {
     }
 }
 
+#[cfg(any(fuzzing, test))]
 fn check_name(h: &Hello) {
     if let Hello::Name(Some(n)) = h {
-        assert!(valid_name(n) && !n.bytes().any(|c| c.is_ascii_uppercase()), "{n:?}");
+        assert!(
+            valid_name(n) && !n.bytes().any(|c| c.is_ascii_uppercase()),
+            "{n:?}"
+        );
     }
 }
 
