@@ -58,15 +58,10 @@ pub(crate) struct Copied {
     pub(crate) end: End,
 }
 
-/// One direction's count and the time of the last byte either way.
-struct Moved {
-    bytes: AtomicU64,
-}
-
 /// Copies between `client` and `backend` until both directions have ended, one side
 /// resets, or nothing moves for `idle`.
 pub(crate) async fn both_ways(client: &TcpStream, backend: &TcpStream, idle: Duration) -> Copied {
-    let (up, down) = (Moved::new(), Moved::new());
+    let (up, down) = (AtomicU64::new(0), AtomicU64::new(0));
     let last = AtomicU64::new(Stamp::now().ns());
     let ended = AtomicBool::new(false);
     let copying = async {
@@ -98,29 +93,23 @@ pub(crate) async fn both_ways(client: &TcpStream, backend: &TcpStream, idle: Dur
         reset_on_close(backend);
     }
     Copied {
-        up: up.bytes.load(Ordering::Relaxed),
-        down: down.bytes.load(Ordering::Relaxed),
+        up: up.load(Ordering::Relaxed),
+        down: down.load(Ordering::Relaxed),
         end,
-    }
-}
-
-impl Moved {
-    fn new() -> Moved {
-        Moved {
-            bytes: AtomicU64::new(0),
-        }
     }
 }
 
 /// Copies from `from` to `to` until `from` ends, then half-closes `to` unless the other
 /// direction has ended already (`ended`: then closing both sends the FIN, one
-/// `shutdown` fewer); an error on either side ends it with the error.
+/// `shutdown` fewer); an error on either side ends it with the error. After
+/// [`BULK_READS`] full reads in a row the rest goes by `splice` (`super::splice`).
 async fn pump(
     from: &TcpStream,
     to: &TcpStream,
-    moved: &Moved,
+    moved: &AtomicU64,
     (last, ended): (&AtomicU64, &AtomicBool),
 ) -> io::Result<()> {
+    let mut full = 0;
     loop {
         from.readable().await?;
         let (read, rest) = match read_and_write(from, to) {
@@ -134,13 +123,23 @@ async fn pump(
             }
             return socket2::SockRef::from(to).shutdown(std::net::Shutdown::Write);
         }
-        moved.bytes.fetch_add(read as u64, Ordering::Relaxed);
+        moved.fetch_add(read as u64, Ordering::Relaxed);
         last.store(Stamp::now().ns(), Ordering::Relaxed);
         if let Some(rest) = rest {
             write_rest(to, &rest, last).await?;
         }
+        full = if read == SCRATCH { full + 1 } else { 0 };
+        if full == BULK_READS {
+            if let Some(pipe) = super::splice::Pipe::new() {
+                return super::splice::rest(from, to, pipe, moved, (last, ended)).await;
+            }
+        }
     }
 }
+
+/// Full scratch-buffer reads in a row after which a direction is bulk and goes by
+/// `splice` (256 KiB moved).
+const BULK_READS: u32 = 4;
 
 /// One read from `from` into the scratch buffer, written to `to` at once (see
 /// [`move_once`]). A read shorter than the buffer took everything there was: `from`'s

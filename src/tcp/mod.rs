@@ -10,6 +10,7 @@
 pub(crate) mod copy;
 pub(crate) mod hello;
 pub(crate) mod passthrough;
+mod splice;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
