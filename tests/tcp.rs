@@ -568,3 +568,151 @@ mod passthrough {
         assert!(matches!(s.read(&mut b), Ok(0) | Err(_)));
     }
 }
+
+/// A backend that records the first line it reads (a PROXY v1 header) and says it back.
+fn header_backend() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut s = s;
+                let mut line = Vec::new();
+                let mut b = [0u8; 1];
+                while s.read(&mut b).unwrap_or(0) == 1 {
+                    line.push(b[0]);
+                    if b[0] == b'\n' {
+                        break;
+                    }
+                }
+                // A connect check sends a LOCAL header or nothing: no answer needed.
+                let _ = s.write_all(&line);
+                let _ = s.write_all(b"ok\n");
+            });
+        }
+    });
+    addr
+}
+
+#[test]
+fn proxy_headers_in_and_out() {
+    let backend = header_backend();
+    let text = format!(
+        "trusted_proxies = [\"127.0.0.1\"]\n\
+         [[pools]]\nname = \"web\"\nbackends = [{{ url = \"http://127.0.0.1:9\" }}]\n\
+         [[pools]]\nname = \"pg\"\nmode = \"tcp\"\nsend_proxy_protocol = \"v1\"\n\
+         backends = [{{ url = \"tcp://{backend}\" }}]\n\
+         [[routes]]\npool = \"web\"\n\
+         [[tcp_listeners]]\nlisten = \"127.0.0.1:0\"\npool = \"pg\"\naccept_proxy_protocol = true\n\
+         deny = [\"192.0.2.0/24\"]\n"
+    );
+    let f = start("pp", &text, &[]);
+    let addr = tcp_addr(&f);
+    // A trusted peer names its client; the backend is told that client.
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(b"PROXY TCP4 198.51.100.7 10.0.0.1 40000 6432\r\n")
+        .unwrap();
+    let mut got = String::new();
+    let mut b = [0u8; 256];
+    while !got.contains("ok\n") {
+        match s.read(&mut b) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.push_str(&String::from_utf8_lossy(&b[..n])),
+        }
+    }
+    assert!(
+        got.starts_with("PROXY TCP4 198.51.100.7 10.0.0.1 40000 6432\r\n"),
+        "{got:?}"
+    );
+    // The client it names is judged by the listener's deny list.
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(b"PROXY TCP4 192.0.2.9 10.0.0.1 40000 6432\r\n")
+        .unwrap();
+    assert!(matches!(s.read(&mut b), Ok(0) | Err(_)), "a denied client");
+    // Without a header, a trusted peer is closed.
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(12))).unwrap();
+    s.write_all(b"hello\r\n").unwrap();
+    assert!(matches!(s.read(&mut b), Ok(0) | Err(_)), "no header");
+}
+
+#[test]
+fn idle_connections_end_and_max_conns_queues_the_next() {
+    let a = Echo::start("A");
+    let extra = "idle_timeout = \"1s\"\nmax_conns = 1\nqueue_timeout = \"3s\"";
+    let f = start("idle", &tcp_config(&[&a], extra, ""), &[]);
+    let addr = tcp_addr(&f);
+    let (mut first, _) = open(addr);
+    // The second waits for the first's slot.
+    let waiter = std::thread::spawn(move || {
+        let started = Instant::now();
+        let (mut s, name) = open(addr);
+        assert_eq!(name, "A");
+        assert_eq!(echo(&mut s, b"x"), b"x");
+        started.elapsed()
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(echo(&mut first, b"busy"), b"busy");
+    // Silent for the idle timeout: closed, and the waiter gets the slot.
+    let started = Instant::now();
+    let mut b = [0u8; 4];
+    first
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    assert!(matches!(first.read(&mut b), Ok(0) | Err(_)));
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(800) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+    let waited = waiter.join().unwrap();
+    assert!(
+        waited >= Duration::from_millis(900),
+        "it waited in the queue: {waited:?}"
+    );
+    assert!(f
+        .log_line(&["\"end\":\"idle\""], Duration::from_secs(3))
+        .is_some());
+}
+
+#[test]
+fn a_backend_reset_resets_the_client_and_deny_clients_holds_for_tcp() {
+    // A backend that resets every connection once it has read something.
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let backend = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            let mut s = s;
+            let mut b = [0u8; 16];
+            let _ = s.read(&mut b);
+            let _ = socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO));
+        }
+    });
+    let text = format!(
+        "[[pools]]\nname = \"web\"\nbackends = [{{ url = \"http://127.0.0.1:9\" }}]\n\
+         [[pools]]\nname = \"pg\"\nmode = \"tcp\"\nbackends = [{{ url = \"tcp://{backend}\" }}]\n\
+         [[routes]]\npool = \"web\"\n\
+         [[tcp_listeners]]\nlisten = \"127.0.0.1:0\"\npool = \"pg\"\n"
+    );
+    let f = start("reset", &text, &["--access-log-format", "json"]);
+    let mut s = TcpStream::connect(tcp_addr(&f)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(b"query").unwrap();
+    let mut b = [0u8; 8];
+    let r = s.read(&mut b);
+    assert!(
+        matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset),
+        "a reset, not a clean end: {r:?}"
+    );
+    assert!(f
+        .log_line(&["\"end\":\"reset\""], Duration::from_secs(3))
+        .is_some());
+    // The top-level list closes a TCP listener's clients too.
+    let denied = text.replacen("[[pools]]", "deny_clients = [\"127.0.0.1\"]\n[[pools]]", 1);
+    let g = start("reset-deny", &denied, &[]);
+    let mut s = TcpStream::connect(tcp_addr(&g)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    assert!(matches!(s.read(&mut b), Ok(0) | Err(_)));
+}

@@ -175,8 +175,16 @@ fn draft_of(fields: &Map<String, Value>) -> ApiResult<PoolDraft> {
         None => return Err(ApiError::bad("missing field 'name'")),
     };
     pools::check_pool_name(&name).map_err(ApiError::bad)?;
-    let values =
-        pools::values_of_json(fields, &["name", "backends", "discover"]).map_err(ApiError::bad)?;
+    match fields.get("mode") {
+        None => {}
+        Some(Value::String(m)) if m == "http" => {}
+        Some(_) => {
+            let why = "mode: the admin API makes HTTP pools (\"http\"); TCP pools come from the config file";
+            return Err(ApiError::bad(why));
+        }
+    }
+    let values = pools::values_of_json(fields, &["name", "backends", "discover", "mode"])
+        .map_err(ApiError::bad)?;
     let backends = match fields.get("backends") {
         Some(v) => backends_of(v)?,
         None => Vec::new(),

@@ -289,7 +289,7 @@ pub(crate) fn pool_option(key: &str) -> Option<&'static options::Opt> {
 pub(crate) fn not_per_pool(shown: &str) -> String {
     let keys: Vec<&str> = options::pool_options().map(|o| o.key).collect();
     format!(
-        "'{shown}' is not a per-pool key (valid: name, {}, health, outlier, sticky, backends, discover)",
+        "'{shown}' is not a per-pool key (valid: name, {}, health, outlier, sticky, hedge, backends, discover, mode, idle_timeout)",
         keys.join(", ")
     )
 }

@@ -65,13 +65,15 @@ pub(crate) async fn both_ways(client: &TcpStream, backend: &TcpStream, idle: Dur
     let last = AtomicU64::new(Stamp::now().ns());
     let ended = AtomicBool::new(false);
     let copying = async {
-        let (a, b) = tokio::join!(
+        // The first error ends both directions: the other may wait for a peer that
+        // has nothing more to say.
+        let both = tokio::try_join!(
             pump(client, backend, &up, (&last, &ended)),
             pump(backend, client, &down, (&last, &ended))
         );
-        match (a, b) {
-            (Ok(()), Ok(())) => End::Closed,
-            _ => End::Reset,
+        match both {
+            Ok(_) => End::Closed,
+            Err(_) => End::Reset,
         }
     };
     tokio::pin!(copying);
