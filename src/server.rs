@@ -96,13 +96,8 @@ async fn worker(
                 (Err(e), _) => backoff.failed(&e, "https").await,
                 (Ok(_), None) => {}
             },
-            (i, accepted) = accept_tcp(&tcp), if waiting.is_none() => match accepted {
-                Ok((stream, peer)) => {
-                    let (_, local, spec) = &tcp[i];
-                    let front = Some(Arc::clone(spec));
-                    let a = Accepted { stream, peer, local: *local, tls: None, tcp: front };
-                    waiting = conns.spawn_or_wait(a, &slots);
-                }
+            accepted = accept_tcp(&tcp), if waiting.is_none() => match accepted {
+                Ok(a) => waiting = conns.spawn_or_wait(a, &slots),
                 Err(e) => backoff.failed(&e, "tcp").await,
             },
             incoming = accept_quic(&quic) => conns.spawn_quic(incoming, &slots, &handshakes, tls_local),
@@ -133,15 +128,21 @@ fn tcp_on_this_runtime(tcp: TcpSockets) -> Vec<(TcpListener, SocketAddr, Arc<Tcp
     tcp.into_iter().filter_map(usable).collect()
 }
 
-/// The next connection on any of the worker's TCP listeners, and which; never, without
-/// one.
+/// The next connection on any of the worker's TCP listeners, with its listener's
+/// entry; never, without one.
 async fn accept_tcp(
     tcp: &[(TcpListener, SocketAddr, Arc<TcpListenerSpec>)],
-) -> (usize, std::io::Result<(tokio::net::TcpStream, SocketAddr)>) {
+) -> std::io::Result<Accepted> {
     std::future::poll_fn(|cx| {
-        for (i, (l, _, _)) in tcp.iter().enumerate() {
+        for (l, local, spec) in tcp {
             if let std::task::Poll::Ready(r) = l.poll_accept(cx) {
-                return std::task::Poll::Ready((i, r));
+                return std::task::Poll::Ready(r.map(|(stream, peer)| Accepted {
+                    stream,
+                    peer,
+                    local: *local,
+                    tls: None,
+                    tcp: Some(Arc::clone(spec)),
+                }));
             }
         }
         std::task::Poll::Pending
@@ -582,12 +583,7 @@ fn launch(
     }
     let stopping = Stopping::new(rx.clone());
     let pulses = crate::notify::Pulses::new(listeners.proxy.len());
-    let workers = listeners.proxy.len();
-    let tcp_addrs: Vec<(SocketAddr, String)> = (listeners.tcp.iter().step_by(workers.max(1)))
-        .zip(&settings.tcp_listeners)
-        .map(|(l, spec)| (l.local_addr().unwrap_or(spec.listen), spec.pool.clone()))
-        .collect();
-    let tcp = tcp_per_worker(listeners.tcp, &settings.tcp_listeners, workers);
+    let (tcp, tcp_addrs) = tcp_per_worker(listeners.tcp, settings, listeners.proxy.len());
     let mut threads = spawn_workers(
         listeners.proxy,
         (https, tcp),
@@ -624,9 +620,15 @@ fn launch(
 /// each worker's, each with its entry.
 fn tcp_per_worker(
     sockets: Vec<std::net::TcpListener>,
-    specs: &[TcpListenerSpec],
+    settings: &Settings,
     workers: usize,
-) -> Vec<TcpSockets> {
+) -> (Vec<TcpSockets>, Vec<(SocketAddr, String)>) {
+    let specs = &settings.tcp_listeners;
+    // Each entry's address as bound (port 0 resolved) and its pool, for the log.
+    let addrs = (sockets.iter().step_by(workers.max(1)))
+        .zip(specs)
+        .map(|(l, spec)| (l.local_addr().unwrap_or(spec.listen), spec.pool.clone()))
+        .collect();
     let mut each: Vec<TcpSockets> = (0..workers).map(|_| Vec::new()).collect();
     let specs: Vec<Arc<TcpListenerSpec>> = specs.iter().cloned().map(Arc::new).collect();
     for (k, socket) in sockets.into_iter().enumerate() {
@@ -635,7 +637,7 @@ fn tcp_per_worker(
             mine.push((socket, Arc::clone(spec)));
         }
     }
-    each
+    (each, addrs)
 }
 
 /// What controls a running balancer from outside the request path.

@@ -53,12 +53,12 @@ fn apply_document(s: &mut Settings, c: &mut Collector<'_>) {
             "pools" => file_pools::apply_pools(s, c, value, &mut layout),
             "routes" => file_pools::apply_routes(s, c, value, &mut layout),
             "tcp_listeners" => {
-                let named = super::tcp::apply_tcp_listeners(s, c, value);
+                let named = super::file_tcp::apply_tcp_listeners(s, c, value);
                 let users = named.into_iter().map(|(p, at)| (p, at, "tcp_listeners"));
                 layout.tcp_users.extend(users);
             }
             "tls_passthrough" => {
-                let named = super::tcp::apply_passthrough(s, c, value);
+                let named = super::file_tcp::apply_passthrough(s, c, value);
                 let users = named.into_iter().map(|(p, at)| (p, at, "tls_passthrough"));
                 layout.tcp_users.extend(users);
             }

@@ -123,7 +123,9 @@ fn read_pool(
                 Some(spec) => draft.discover = Some(spec),
                 None => ok = false,
             },
-            "mode" | "idle_timeout" => ok &= super::tcp::read_mode_key(c, k, v, &mut draft.modes),
+            "mode" | "idle_timeout" => {
+                ok &= super::file_tcp::read_mode_key(c, k, v, &mut draft.modes)
+            }
             t @ ("health" | "outlier" | "sticky" | "hedge") => {
                 ok &= read_pool_table(c, t, v, &mut draft)
             }
@@ -197,7 +199,7 @@ fn read_pool_table(
     for (key, tv) in table {
         let k = key.get_ref().as_ref();
         if (table_name, k) == ("health", "kind") {
-            ok &= super::tcp::read_health_kind(c, tv, &mut draft.modes);
+            ok &= super::file_tcp::read_health_kind(c, tv, &mut draft.modes);
             continue;
         }
         let Some(o) = options::find_in(table_name, k) else {

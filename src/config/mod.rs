@@ -15,6 +15,7 @@ mod fields;
 mod file;
 mod file_backends;
 mod file_pools;
+mod file_tcp;
 pub(crate) mod opt;
 pub(crate) mod options;
 pub(crate) mod outlier;
@@ -574,26 +575,12 @@ fn check_client_pair(p: &PoolSpec, errors: &mut Vec<ConfigError>) {
 }
 
 fn check_whole(s: &Settings, flags: &RawFlags, errors: &mut Vec<ConfigError>) {
-    // Each worker has a plain socket, a TLS one with tls_listen, a UDP one with http3.
-    let per_worker = 1
-        + usize::from(s.tls.listen.is_some())
-        + usize::from(s.tls.listen.is_some() && s.tls.http3)
-        + s.tcp_listeners.len();
-    let most = (MAX_SOCKETS - 1) / per_worker;
-    if s.upgrade_socket.is_some() && s.workers > most {
-        errors.push(ConfigError {
-            origin: "workers".into(),
-            message: format!(
-                "{} workers cannot be handed over through upgrade_socket (at most {most}: one message carries {} sockets, the admin API's included)",
-                s.workers,
-                MAX_SOCKETS
-            ),
-        });
-    }
+    check_handover(s, errors);
     let mut cookies = std::collections::HashMap::new();
     check_discover_flags(s, flags, errors);
     let tcp = s.tcp_listeners.iter().map(|l| l.listen);
-    let listeners: Vec<SocketAddr> = std::iter::once(s.listen)
+    let listeners: Vec<SocketAddr> = [s.listen]
+        .into_iter()
         .chain(s.tls.listen)
         .chain(tcp)
         .collect();
@@ -690,6 +677,26 @@ fn check_discover_flags(s: &Settings, flags: &RawFlags, errors: &mut Vec<ConfigE
 }
 
 /// URLs and names are unique within a pool, and none is one of `listeners`.
+/// Whether every worker's sockets fit the one message an upgrade hands them over in:
+/// a plain socket, a TLS one with tls_listen, a UDP one with http3, one per TCP listener.
+fn check_handover(s: &Settings, errors: &mut Vec<ConfigError>) {
+    let per_worker = 1
+        + usize::from(s.tls.listen.is_some())
+        + usize::from(s.tls.listen.is_some() && s.tls.http3)
+        + s.tcp_listeners.len();
+    let most = (MAX_SOCKETS - 1) / per_worker;
+    if s.upgrade_socket.is_some() && s.workers > most {
+        errors.push(ConfigError {
+            origin: "workers".into(),
+            message: format!(
+                "{} workers cannot be handed over through upgrade_socket (at most {most}: one message carries {} sockets, the admin API's included)",
+                s.workers,
+                MAX_SOCKETS
+            ),
+        });
+    }
+}
+
 /// TCP listeners: each on an address of its own, and the single-pool form's backends
 /// (which make an HTTP pool) none of them `tcp://`.
 fn check_tcp_listeners(s: &Settings, errors: &mut Vec<ConfigError>) {

@@ -19,7 +19,7 @@ pub(crate) enum Hello {
     Name(Option<String>),
     /// Not a TLS handshake's start, or a broken one: terminated as before (rustls
     /// answers it).
-    NotHello,
+    NotTls,
     /// Longer than [`MAX_HELLO`].
     TooLong,
 }
@@ -43,11 +43,11 @@ pub(crate) fn server_name(bytes: &[u8]) -> Hello {
             return more_or_too_long(bytes);
         };
         if header[0] != HANDSHAKE || header[1] != 3 {
-            return Hello::NotHello;
+            return Hello::NotTls;
         }
         let len = usize::from(u16::from_be_bytes([header[3], header[4]]));
         if len == 0 || len > MAX_FRAGMENT {
-            return Hello::NotHello;
+            return Hello::NotTls;
         }
         let Some(fragment) = bytes.get(at + RECORD_HEADER..at + RECORD_HEADER + len) else {
             return more_or_too_long(bytes);
@@ -75,7 +75,7 @@ fn more_or_too_long(bytes: &[u8]) -> Hello {
 fn whole_hello(handshake: &[u8]) -> Option<Result<&[u8], Hello>> {
     let header = handshake.get(..4)?;
     if header[0] != CLIENT_HELLO {
-        return Some(Err(Hello::NotHello));
+        return Some(Err(Hello::NotTls));
     }
     let len = usize::from(header[1]) << 16 | usize::from(header[2]) << 8 | usize::from(header[3]);
     if len + 4 > MAX_HELLO {
@@ -262,10 +262,10 @@ pub(crate) mod tests {
             let bytes = records(&hello_message(Some(bad)), 16384);
             assert_eq!(server_name(&bytes), Hello::Name(None), "{bad:?}");
         }
-        assert_eq!(server_name(b"GET / HTTP/1.1\r\n\r\n"), Hello::NotHello);
-        assert_eq!(server_name(&[22, 3, 1, 0, 0]), Hello::NotHello);
+        assert_eq!(server_name(b"GET / HTTP/1.1\r\n\r\n"), Hello::NotTls);
+        assert_eq!(server_name(&[22, 3, 1, 0, 0]), Hello::NotTls);
         // A handshake message that is not a ClientHello.
-        assert_eq!(server_name(&records(&[2, 0, 0, 0], 100)), Hello::NotHello);
+        assert_eq!(server_name(&records(&[2, 0, 0, 0], 100)), Hello::NotTls);
     }
 
     #[test]

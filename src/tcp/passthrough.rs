@@ -44,7 +44,7 @@ pub(crate) async fn classify(stream: &TcpStream, names: &[PassthroughSpec]) -> T
             Some(pool) => Through::Pass(pool.to_string()),
             None => Through::Terminate,
         },
-        Ok(Ok(Hello::Name(None) | Hello::NotHello)) => Through::Terminate,
+        Ok(Ok(Hello::Name(None) | Hello::NotTls)) => Through::Terminate,
         Ok(Ok(Hello::TooLong | Hello::More)) | Ok(Err(_)) | Err(_) => Through::Close,
     }
 }
