@@ -56,7 +56,8 @@ fn command() -> clap::Command {
 
 #[derive(Args, Debug)]
 struct LabArgs {
-    /// slow-backend, flapping, heterogeneous, warmup, hot-key, overload or brownout.
+    /// slow-backend, flapping, heterogeneous, warmup, hot-key, overload, brownout or
+    /// long-lived (a TCP pool).
     #[arg(long, value_name = "NAME")]
     scenario: String,
     /// `all`, or strategy names separated by commas; a name may end in `+bounded`,
@@ -232,6 +233,10 @@ struct BackendArgs {
     /// second).
     #[arg(long)]
     report_load: bool,
+    /// Serve a TCP line protocol instead of HTTP: each line is a query, answered with
+    /// the name after the latency, which grows with the connections held open.
+    #[arg(long)]
+    tcp: bool,
     /// Serve on this already-bound listening socket instead of binding --listen (used
     /// by fulcrum for the backends it spawns).
     #[arg(long, value_name = "FD", hide = true)]
@@ -496,6 +501,7 @@ fn backend(args: BackendArgs) -> i32 {
             clock_on_stdin: args.clock_on_stdin,
         },
         report_load: args.report_load,
+        tcp: args.tcp,
     };
     let listener = match args.listen_fd {
         Some(fd) if fd > 2 => {

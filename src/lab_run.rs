@@ -13,6 +13,7 @@ use crate::config::RawFlags;
 use crate::lab::load::{self, Schedule};
 use crate::lab::report::{self, Report, StrategyResult};
 use crate::lab::scenario::{self, BackendPlan};
+use crate::lab::sessions;
 use crate::lab::{stopping, Phase, Plan, Progress, Tweak, Variant};
 
 /// Runs `plan`: every strategy in turn on the same schedule; `progress` hears how far
@@ -178,7 +179,10 @@ impl Run<'_> {
         joiners: Vec<BackendPlan>,
         tick: &mut dyn FnMut(Phase, Duration),
     ) -> Result<Option<Measured>, String> {
-        let flags = fulcrum_flags(self.plan, row, started);
+        let flags = match self.plan.scenario.tcp() {
+            true => tcp_flags(self.plan, row, started)?,
+            false => fulcrum_flags(self.plan, row, started),
+        };
         let settings = crate::config::build(&flags).map_err(|e| {
             e.first()
                 .map_or_else(|| "invalid settings".to_string(), |e| e.to_string())
@@ -199,8 +203,17 @@ impl Run<'_> {
             start,
         };
         let mut joined = Vec::new();
+        let tcp = running.tcp_listen.first().copied();
         let (samples, joined_at) = rt.block_on(async {
-            let drive = load::drive(running.listen, self.schedule, start, tick);
+            let drive = async {
+                match tcp {
+                    Some(target) => {
+                        let queries = scenario::SESSION_QUERIES;
+                        sessions::drive(target, self.schedule, start, queries, tick).await
+                    }
+                    None => load::drive(running.listen, self.schedule, start, tick).await,
+                }
+            };
             tokio::join!(drive, late.join(&mut joined))
         });
         started.extend(joined);
@@ -256,6 +269,35 @@ fn fulcrum_flags(plan: &Plan, row: Variant, backends: &[Started]) -> RawFlags {
         .map(|b| backend_flag(&b.plan, b.addr, fixed))
         .collect();
     flags
+}
+
+/// fulcrum's settings for one row's run of a TCP scenario: a file with one TCP pool
+/// over `backends` (a TCP pool is a file's) and its listener, written beside the
+/// others of this run.
+fn tcp_flags(plan: &Plan, row: Variant, backends: &[Started]) -> Result<RawFlags, String> {
+    let list: Vec<String> = (backends.iter())
+        .map(|b| {
+            format!(
+                "{{ url = \"tcp://{}\", name = \"{}\" }}",
+                b.addr, b.plan.name
+            )
+        })
+        .collect();
+    let text = format!(
+        "listen = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\naccess_log = \"off\"\nworkers = 1\n\
+         [[pools]]\nname = \"lab\"\nmode = \"tcp\"\nstrategy = \"{}\"\n\
+         health = {{ interval = \"1s\" }}\nbackends = [{}]\n\
+         [[tcp_listeners]]\nlisten = \"127.0.0.1:0\"\npool = \"lab\"\n",
+        row.kind.name(),
+        list.join(", ")
+    );
+    let dir = std::env::temp_dir().join(format!("fulcrum-lab-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot write the lab's config: {e}"))?;
+    let file = dir.join(format!("{}.toml", plan.scenario.name()));
+    std::fs::write(&file, text).map_err(|e| format!("cannot write the lab's config: {e}"))?;
+    let mut flags = RawFlags::default();
+    flags.config = Some(file);
+    Ok(flags)
 }
 
 /// `--backend` for a demo backend at `addr`, with its `max_conns` when `fixed`.

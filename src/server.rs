@@ -256,6 +256,8 @@ pub(crate) struct Running {
     pub(crate) listen: SocketAddr,
     /// The HTTPS listener's address, with `tls_listen`.
     pub(crate) tls_listen: Option<SocketAddr>,
+    /// Each `[[tcp_listeners]]` entry's address (port 0 resolved), in order.
+    pub(crate) tcp_listen: Vec<SocketAddr>,
     /// Admin listener address.
     pub(crate) admin: SocketAddr,
     /// The pools and routes.
@@ -601,6 +603,7 @@ fn launch(
     let running = Running {
         listen,
         tls_listen,
+        tcp_listen: tcp_addrs.iter().map(|(a, _)| *a).collect(),
         admin,
         site,
         spawner: control.spawner,

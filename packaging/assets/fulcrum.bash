@@ -85,7 +85,7 @@ _fulcrum() {
             return 0
             ;;
         fulcrum__subcmd__backend)
-            opts="-h --listen --name --latency-ms --jitter-ms --error-rate --max-concurrency --slow-after --slow-factor --fail-bursts --cold-for --brownout-after --clock-on-stdin --report-load --listen-fd --help"
+            opts="-h --listen --name --latency-ms --jitter-ms --error-rate --max-concurrency --slow-after --slow-factor --fail-bursts --cold-for --brownout-after --clock-on-stdin --report-load --tcp --listen-fd --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0

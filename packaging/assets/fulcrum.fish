@@ -145,10 +145,11 @@ complete -c fulcrum -n "__fish_fulcrum_using_subcommand backend" -l brownout-aft
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand backend" -l listen-fd -d 'Serve on this already-bound listening socket instead of binding --listen (used by fulcrum for the backends it spawns)' -r
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand backend" -l clock-on-stdin -d 'Start the script\'s clock (--slow-after, --fail-bursts, --cold-for, --brownout-after) when a line arrives on stdin instead of at start'
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand backend" -l report-load -d 'Report its load in every answer (`endpoint-load-metrics`: utilization = requests in flight ÷ its concurrency, averaged over the last second, and requests per second)'
+complete -c fulcrum -n "__fish_fulcrum_using_subcommand backend" -l tcp -d 'Serve a TCP line protocol instead of HTTP: each line is a query, answered with the name after the latency, which grows with the connections held open'
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand backend" -s h -l help -d 'Print help'
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand check" -l config -d 'The config file to validate' -r -F
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand check" -s h -l help -d 'Print help'
-complete -c fulcrum -n "__fish_fulcrum_using_subcommand lab" -l scenario -d 'slow-backend, flapping, heterogeneous, warmup, hot-key, overload or brownout' -r
+complete -c fulcrum -n "__fish_fulcrum_using_subcommand lab" -l scenario -d 'slow-backend, flapping, heterogeneous, warmup, hot-key, overload, brownout or long-lived (a TCP pool)' -r
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand lab" -l strategies -d '`all`, or strategy names separated by commas; a name may end in `+bounded`, `+auto`, `+unlimited` or `+success_rate` (docs/lab.md, "Rows")' -r
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand lab" -l seconds -d 'Seconds of load per strategy (at most 120)' -r
 complete -c fulcrum -n "__fish_fulcrum_using_subcommand lab" -l rps -d 'Requests per second offered [default: the scenario\'s]' -r

@@ -26,6 +26,8 @@ pub(crate) struct BackendOptions {
     pub(crate) script: Script,
     /// Whether its answers carry its load report.
     pub(crate) report_load: bool,
+    /// A TCP service of lines instead of HTTP (`demo/tcp_backend.rs`).
+    pub(crate) tcp: bool,
 }
 
 /// The share of answers a brownout refuses.
@@ -264,6 +266,11 @@ pub(crate) async fn run(
         start_clock_on_stdin(live);
     } else {
         let _ = live.started.set(std::time::Instant::now());
+    }
+    if live.opts.tcp {
+        let slowdown: &'static (dyn Fn() -> f64 + Sync) =
+            Box::leak(Box::new(move || live.opts.script.slowdown(live.age())));
+        return super::tcp_backend::run(listener, &live.opts, slowdown).await;
     }
     let builder = auto::Builder::new(TokioExecutor::new());
     loop {

@@ -7,6 +7,7 @@
 //! dashboard), and starts the traffic generator at a modest rate over both.
 
 pub(crate) mod backend;
+pub(crate) mod tcp_backend;
 
 use crate::config::{PoolSpec, RouteSpec, Settings};
 use crate::route::PathPrefix;

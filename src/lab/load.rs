@@ -95,7 +95,7 @@ pub(crate) struct Sample {
 }
 
 /// How often the driver reports its progress.
-const TICK: Duration = Duration::from_millis(250);
+pub(super) const TICK: Duration = Duration::from_millis(250);
 
 /// Sends `schedule`, from `start` on, to the proxy at `target` (127.0.0.1 only) and
 /// returns every request's outcome; `tick` hears the phase and the elapsed time as the
@@ -118,7 +118,7 @@ pub(crate) async fn drive(
     let uri: http::Uri = format!("http://{target}/lab")
         .parse()
         .map_err(|e| format!("{e}"))?;
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     // Dropping the set (on a stop) aborts the requests still in flight.
     let mut in_flight = tokio::task::JoinSet::new();
     let mut last_tick = Duration::ZERO;
@@ -147,7 +147,18 @@ pub(crate) async fn drive(
         });
     }
     drop(tx);
-    let mut out = Vec::with_capacity(schedule.sends.len());
+    Ok(collect(rx, schedule.sends.len(), start, tick).await)
+}
+
+/// Gathers the samples the senders of `rx` send until the last is gone, telling `tick`
+/// the drain goes on; `None` when the lab was asked to stop meanwhile.
+pub(super) async fn collect(
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<Sample>,
+    expected: usize,
+    start: Instant,
+    tick: &mut dyn FnMut(Phase, Duration),
+) -> Option<Vec<Sample>> {
+    let mut out = Vec::with_capacity(expected);
     let mut every = tokio::time::interval(TICK);
     loop {
         tokio::select! {
@@ -157,14 +168,14 @@ pub(crate) async fn drive(
             },
             _ = every.tick() => {
                 if super::stopping() {
-                    return Ok(None);
+                    return None;
                 }
                 tick(Phase::Draining, start.elapsed());
             }
         }
     }
     out.sort_by_key(|s| s.at);
-    Ok(Some(out))
+    Some(out)
 }
 
 /// The field that says who sends a request: its hot key, or its client's address.

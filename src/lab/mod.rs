@@ -11,6 +11,7 @@ pub(crate) mod load;
 pub(crate) mod report;
 pub(crate) mod runner;
 pub(crate) mod scenario;
+pub(crate) mod sessions;
 
 use std::path::Path;
 

@@ -23,10 +23,13 @@ pub(crate) enum Scenario {
     Overload,
     /// One of four backends starts answering a third of its requests 503, at once.
     Brownout,
+    /// A TCP pool: sessions of twenty queries each, over three TCP backends whose every
+    /// open connection slows them, one three times slower than the others.
+    LongLived,
 }
 
 /// Every scenario, by name.
-pub(crate) const SCENARIOS: [(Scenario, &str); 7] = [
+pub(crate) const SCENARIOS: [(Scenario, &str); 8] = [
     (Scenario::SlowBackend, "slow-backend"),
     (Scenario::Flapping, "flapping"),
     (Scenario::Heterogeneous, "heterogeneous"),
@@ -34,7 +37,11 @@ pub(crate) const SCENARIOS: [(Scenario, &str); 7] = [
     (Scenario::HotKey, "hot-key"),
     (Scenario::Overload, "overload"),
     (Scenario::Brownout, "brownout"),
+    (Scenario::LongLived, "long-lived"),
 ];
+
+/// The queries each connection of `long-lived` sends, one after the other.
+pub(crate) const SESSION_QUERIES: u32 = 20;
 
 /// The success-rate ejection of the `+success_rate` rows: windows of half a second
 /// (at 75 requests/s per backend, about 37 answers each), and a factor that one
@@ -131,6 +138,8 @@ impl Scenario {
             // About 20 requests in flight: enough for bounded load's caps (on requests
             // in flight) to be fine-grained.
             Scenario::HotKey => 1000,
+            // Connections per second, of twenty queries each: about 8 open at once.
+            Scenario::LongLived => 30,
             _ => 300,
         }
     }
@@ -177,6 +186,18 @@ impl Scenario {
                 .collect(),
             // Every strategy, then round robin with hedged requests.
             Scenario::SlowBackend => every().chain([Variant::with(rr, Tweak::Hedge)]).collect(),
+            // What counts connections or times them (every connection comes from
+            // 127.0.0.1: the hashing ones would send all to one backend).
+            Scenario::LongLived => [
+                rr,
+                StrategyKind::LeastConnections,
+                StrategyKind::PowerOfTwo,
+                StrategyKind::LeastResponseTime,
+                StrategyKind::PeakEwma,
+            ]
+            .into_iter()
+            .map(Variant::plain)
+            .collect(),
             _ => every().collect(),
         }
     }
@@ -237,6 +258,10 @@ impl Scenario {
                 backend("b3", 10, &["--brownout-after", &half_text]),
                 backend("b4", 10, &[]),
             ],
+            Scenario::LongLived => [("b1", 4), ("b2", 4), ("b3", 12)]
+                .into_iter()
+                .map(|(name, ms)| backend(name, ms, &["--tcp"]))
+                .collect(),
         }
     }
 
@@ -258,6 +283,12 @@ impl Scenario {
             _ => {}
         }
         o
+    }
+
+    /// Whether its pool is a TCP pool (`docs/tcp.md`): its load is connections, each a
+    /// session of [`SESSION_QUERIES`] queries.
+    pub(crate) fn tcp(self) -> bool {
+        self == Scenario::LongLived
     }
 
     /// Whether requests carry a key (`x-lab-key`), drawn from [`HOT_KEYS`].
