@@ -200,7 +200,6 @@ impl Connections {
         let passing =
             (tls.is_some() && !proxy.passthrough().is_empty()).then(|| Arc::clone(&self.tcp_live));
         let task = async move {
-            let live = live;
             let _client_slot = client_slot;
             let over_tls = tls.is_some();
             let Some(client) = client_of(&mut stream, (peer, local), over_tls, pp).await else {
@@ -217,29 +216,13 @@ impl Connections {
             };
             match tls {
                 None => {
+                    let _live = live;
                     let by = Stamp::now().after(HEADER_TIMEOUT);
                     conn.serve_h1(stream, client, held, by).await
                 }
                 Some(acceptor) => {
-                    if let Some(tcp_live) = passing {
-                        match crate::tcp::passthrough::classify(&stream, proxy.passthrough()).await
-                        {
-                            Through::Terminate => {}
-                            Through::Close => return,
-                            Through::Pass(pool) => {
-                                // A TCP connection from now on, drained as one.
-                                let (_tcp, _held) = (tcp_live, held);
-                                drop(live);
-                                let ends = crate::tcp::Ends {
-                                    client: client.addr,
-                                    reached: client.local,
-                                };
-                                return pass_through(stream, ends, &pool, proxy).await;
-                            }
-                        }
-                    }
-                    // Boxed: a TLS session's state is kilobytes (see `serve_h1`).
-                    Box::pin(conn.serve_tls(stream, acceptor, client, held)).await
+                    let held = (held, live);
+                    Box::pin(conn.serve_tls_or_pass(stream, acceptor, client, held, passing)).await
                 }
             }
         };
@@ -267,7 +250,7 @@ impl Connections {
             return;
         };
         self.note_open();
-        let (proxy, live) = (self.proxy, Arc::clone(&self.tcp_live));
+        let (proxy, live, stop) = (self.proxy, Arc::clone(&self.tcp_live), self.stop.clone());
         tokio::spawn(async move {
             let (_live, _held, _client_slot) = (live, held, client_slot);
             let Some(ends) = ends_of(&mut stream, (peer, local), pp).await else {
@@ -275,7 +258,7 @@ impl Connections {
             };
             let ip = ends.client.ip();
             if front.clients.admits(ip) && proxy.site().admits_client(ip) {
-                pass_through(stream, ends, &front.pool, proxy).await;
+                pass_through(stream, ends, &front.pool, (proxy, stop)).await;
             }
         });
     }
@@ -313,7 +296,8 @@ impl Connections {
         {
             tracing::warn!("requests still in flight after the drain timeout; closing them");
         }
-        let tcp_until = started + tcp_grace;
+        // A moment past the connections' own cut (`cut_at_drain`), which logs them.
+        let tcp_until = started + tcp_grace + TCP_CUT_LOGGED;
         if tokio::time::timeout_at(tcp_until, gone(self.tcp_live))
             .await
             .is_err()
@@ -322,6 +306,10 @@ impl Connections {
         }
     }
 }
+
+/// How long past its cut a TCP connection's end may take to be logged before the drain
+/// drops it.
+const TCP_CUT_LOGGED: Duration = Duration::from_secs(1);
 
 /// A peak of open connections after which memory is given back (a few hundred
 /// connections' buffers are not worth a trim).
@@ -398,12 +386,30 @@ async fn pass_through(
     stream: tokio::net::TcpStream,
     ends: crate::tcp::Ends,
     pool: &str,
-    proxy: &'static Proxy,
+    (proxy, stop): (&'static Proxy, Stopping),
 ) {
     let Ok(pool) = proxy.site().pool(pool) else {
         return;
     };
-    crate::tcp::serve(stream, ends, pool, proxy.access_format()).await
+    let cut = cut_at_drain(stop, proxy.tcp_drain_timeout());
+    crate::tcp::serve(stream, ends, pool, proxy.access_format(), cut).await
+}
+
+/// When a TCP pool's connection is cut: once a stop comes, at the drain timeout, or
+/// after an upgrade at `tcp_drain` (`docs/tcp.md`, "Reloads, upgrades, stops"); the
+/// drain itself waits a moment longer, so that the connection's own end is logged.
+async fn cut_at_drain(stop: Stopping, tcp_drain: Duration) {
+    let mut rx = stop.receiver();
+    while !stop.is_stopping() {
+        if rx.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+    }
+    let grace = match stop.is_handed_over() {
+        true => tcp_drain,
+        false => DRAIN_TIMEOUT,
+    };
+    tokio::time::sleep(grace).await
 }
 
 /// The TLS handshake of a client connection, done by `by` (the connection's head
@@ -505,19 +511,51 @@ impl ClientConn<'_> {
         }
     }
 
-    /// Serves an HTTPS connection: its handshake, then HTTP/2 (by ALPN) through the
-    /// HTTP/2 front end, or HTTP/1 as a plain connection is served.
+    /// Serves an HTTPS connection: passed through to a TCP pool when its ClientHello
+    /// names one of `[[tls_passthrough]]` (`passing` is then the TCP drain's count to
+    /// join: the connection is a TCP pool's from then on, drained as one), else
+    /// terminated ([`Self::serve_tls`]). The ClientHello's read, the handshake and the
+    /// first head share one head timeout.
+    async fn serve_tls_or_pass(
+        self,
+        stream: tokio::net::TcpStream,
+        acceptor: crate::tls::Acceptor,
+        client: crate::proxy::Peer,
+        (held, live): (Held, Arc<()>),
+        passing: Option<Arc<()>>,
+    ) {
+        let by = Stamp::now().after(HEADER_TIMEOUT);
+        if let Some(tcp_live) = passing {
+            match crate::tcp::passthrough::classify(&stream, self.proxy.passthrough()).await {
+                Through::Terminate => {}
+                Through::Close => return,
+                Through::Pass(pool) => {
+                    let (_tcp, _held) = (tcp_live, held);
+                    drop(live);
+                    let ends = crate::tcp::Ends {
+                        client: client.addr,
+                        reached: client.local,
+                    };
+                    let how = (self.proxy, self.stop.clone());
+                    return pass_through(stream, ends, &pool, how).await;
+                }
+            }
+        }
+        let _live = live;
+        self.serve_tls(stream, acceptor, client, held, by).await
+    }
+
+    /// Terminates an HTTPS connection: its handshake by `by`, then HTTP/2 (by ALPN)
+    /// through the HTTP/2 front end, or HTTP/1 as a plain connection is served.
     async fn serve_tls(
         self,
         stream: tokio::net::TcpStream,
         acceptor: crate::tls::Acceptor,
         mut client: crate::proxy::Peer,
         held: Held,
+        by: Stamp,
     ) {
         let peer = client.addr;
-        // The handshake and the first head (or HTTP/2 preface) share one head timeout,
-        // as a plain connection's first head has it.
-        let by = Stamp::now().after(HEADER_TIMEOUT);
         let verifier = acceptor.verifier();
         let Some(tls) = tls_handshake(acceptor, stream, peer, by.to_tokio()).await else {
             return;

@@ -295,9 +295,10 @@ fn tcp_flags(plan: &Plan, row: Variant, backends: &[Started]) -> Result<RawFlags
     std::fs::create_dir_all(&dir).map_err(|e| format!("cannot write the lab's config: {e}"))?;
     let file = dir.join(format!("{}.toml", plan.scenario.name()));
     std::fs::write(&file, text).map_err(|e| format!("cannot write the lab's config: {e}"))?;
-    let mut flags = RawFlags::default();
-    flags.config = Some(file);
-    Ok(flags)
+    Ok(RawFlags {
+        config: Some(file),
+        ..Default::default()
+    })
 }
 
 /// `--backend` for a demo backend at `addr`, with its `max_conns` when `fixed`.

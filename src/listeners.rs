@@ -92,13 +92,13 @@ pub(crate) fn bind_udp_workers(
 /// the entries' order, each entry's checked for a listener already there as
 /// [`bind_workers`] does.
 pub(crate) fn bind_tcp(
-    specs: &[crate::config::tcp::TcpListenerSpec],
+    addrs: &[SocketAddr],
     workers: usize,
 ) -> Result<Vec<std::net::TcpListener>, String> {
     let mut all = Vec::new();
-    for spec in specs {
-        let bound = bind_workers(spec.listen, workers)
-            .map_err(|e| format!("cannot listen on {} (tcp_listeners): {e}", spec.listen))?;
+    for &addr in addrs {
+        let bound = bind_workers(addr, workers)
+            .map_err(|e| format!("cannot listen on {addr} (tcp_listeners): {e}"))?;
         all.extend(bound);
     }
     Ok(all)
@@ -111,19 +111,19 @@ pub(crate) fn bind_tcp(
 /// added); received sockets no entry wants are closed. Each entry's sockets in order,
 /// one per worker.
 pub(crate) fn tcp_after_upgrade(
-    specs: &[crate::config::tcp::TcpListenerSpec],
+    addrs: &[SocketAddr],
     mut received: Vec<std::net::TcpListener>,
     workers: usize,
 ) -> Result<Vec<Vec<std::net::TcpListener>>, String> {
-    let mut each: Vec<Vec<std::net::TcpListener>> = specs.iter().map(|_| Vec::new()).collect();
+    let mut each: Vec<Vec<std::net::TcpListener>> = addrs.iter().map(|_| Vec::new()).collect();
     // Named ports first, so that an entry on port 0 cannot take another's sockets.
-    let order = (specs.iter().enumerate()).filter(|(_, s)| s.listen.port() != 0);
-    let ephemeral = (specs.iter().enumerate()).filter(|(_, s)| s.listen.port() == 0);
-    for (i, spec) in order.chain(ephemeral) {
+    let order = (addrs.iter().enumerate()).filter(|(_, a)| a.port() != 0);
+    let ephemeral = (addrs.iter().enumerate()).filter(|(_, a)| a.port() == 0);
+    for (i, &want) in order.chain(ephemeral) {
         let on_it = |l: &std::net::TcpListener| {
-            l.local_addr().is_ok_and(|a| match spec.listen.port() {
-                0 => a.ip() == spec.listen.ip(),
-                _ => a == spec.listen,
+            l.local_addr().is_ok_and(|a| match want.port() {
+                0 => a.ip() == want.ip(),
+                _ => a == want,
             })
         };
         let mut mine = Vec::new();
@@ -136,10 +136,8 @@ pub(crate) fn tcp_after_upgrade(
         }
         received = rest;
         if mine.len() < workers {
-            let bind_one = || {
-                bind(spec.listen)
-                    .map_err(|e| format!("cannot listen on {} (tcp_listeners): {e}", spec.listen))
-            };
+            let bind_one =
+                || bind(want).map_err(|e| format!("cannot listen on {want} (tcp_listeners): {e}"));
             mine = (0..workers).map(|_| bind_one()).collect::<Result<_, _>>()?;
         }
         each[i] = mine;

@@ -44,7 +44,7 @@ async fn worker(
     let Some((listener, https, quic)) = on_this_runtime(listener, https) else {
         return;
     };
-    let tcp = tcp_on_this_runtime(tcp);
+    let (tcp, mut tcp_first) = (tcp_on_this_runtime(tcp), 0);
     let verifier = https.as_ref().map(|(_, tls)| tls.client_verifier());
     let handshakes = Arc::new(crate::h3_front::Handshakes::new(verifier));
     let conns = Connections::new(proxy, stop.clone());
@@ -96,7 +96,7 @@ async fn worker(
                 (Err(e), _) => backoff.failed(&e, "https").await,
                 (Ok(_), None) => {}
             },
-            accepted = accept_tcp(&tcp), if waiting.is_none() => match accepted {
+            accepted = accept_tcp(&tcp, &mut tcp_first), if waiting.is_none() => match accepted {
                 Ok(a) => waiting = conns.spawn_or_wait(a, &slots),
                 Err(e) => backoff.failed(&e, "tcp").await,
             },
@@ -129,13 +129,18 @@ fn tcp_on_this_runtime(tcp: TcpSockets) -> Vec<(TcpListener, SocketAddr, Arc<Tcp
 }
 
 /// The next connection on any of the worker's TCP listeners, with its listener's
-/// entry; never, without one.
+/// entry; never, without one. The listeners are asked in turn from `first`, which moves
+/// on past the one that answered: a busy listener does not starve the others.
 async fn accept_tcp(
     tcp: &[(TcpListener, SocketAddr, Arc<TcpListenerSpec>)],
+    first: &mut usize,
 ) -> std::io::Result<Accepted> {
     std::future::poll_fn(|cx| {
-        for (l, local, spec) in tcp {
+        for k in 0..tcp.len() {
+            let i = (*first + k) % tcp.len();
+            let (l, local, spec) = &tcp[i];
             if let std::task::Poll::Ready(r) = l.poll_accept(cx) {
+                *first = i + 1;
                 return std::task::Poll::Ready(r.map(|(stream, peer)| Accepted {
                     stream,
                     peer,
@@ -545,10 +550,7 @@ fn launch(
 ) -> Result<(Running, watch::Receiver<bool>, watch::Sender<bool>), String> {
     let (listen, admin) = addresses(&listeners)?;
     note_own_listeners(&listeners);
-    let site =
-        Arc::new(Site::new(&settings.pools, &settings.routes).map_err(|e| format!("routes: {e}"))?);
-    site.resolvers.set(settings.resolvers.clone());
-    site.set_clients(&settings.clients);
+    let site = site_of(settings)?;
     let (shutdown, rx) = watch::channel(false);
     let obtained = (settings.tls.acme.as_ref()).map(|a| Arc::new(Obtained::new(a.domains.clone())));
     let (https, tls_listen, tls) =
@@ -617,6 +619,19 @@ fn launch(
         upgraded,
     };
     Ok((running, rx, upgraded_tx))
+}
+
+/// The pools and routes of `settings`, with their resolvers and client lists.
+fn site_of(settings: &Settings) -> Result<Arc<Site>, String> {
+    let site = Site::new(&settings.pools, &settings.routes).map_err(|e| format!("routes: {e}"))?;
+    site.resolvers.set(settings.resolvers.clone());
+    site.set_clients(&settings.clients);
+    Ok(Arc::new(site))
+}
+
+/// Each `[[tcp_listeners]]` entry's address, in order.
+fn tcp_addresses(settings: &Settings) -> Vec<SocketAddr> {
+    settings.tcp_listeners.iter().map(|l| l.listen).collect()
 }
 
 /// The `[[tcp_listeners]]` sockets (each entry's, one per worker, in order) dealt out:
@@ -830,7 +845,7 @@ fn open_listeners(
     listeners.quic = udp_sockets(settings, &listeners.tls, kept, false)?;
     let kept = std::mem::take(&mut listeners.tcp);
     let workers = listeners.proxy.len();
-    let tcp = crate::listeners::tcp_after_upgrade(&settings.tcp_listeners, kept, workers)?;
+    let tcp = crate::listeners::tcp_after_upgrade(&tcp_addresses(settings), kept, workers)?;
     listeners.tcp = tcp.into_iter().flatten().collect();
     Ok((listeners, Some(successor)))
 }
@@ -844,7 +859,7 @@ fn bind_listeners(settings: &Settings) -> Result<Listeners, String> {
         None => Vec::new(),
     };
     let quic = udp_sockets(settings, &tls, Vec::new(), true)?;
-    let tcp = crate::listeners::bind_tcp(&settings.tcp_listeners, settings.workers)?;
+    let tcp = crate::listeners::bind_tcp(&tcp_addresses(settings), settings.workers)?;
     let admin = bind_workers(settings.admin, 1)
         .map(|mut v| v.remove(0))
         .map_err(|e| format!("cannot listen on {} (admin): {e}", settings.admin))?;

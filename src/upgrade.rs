@@ -91,7 +91,8 @@ pub(crate) struct Listeners {
     /// The admin API's.
     pub(crate) admin: TcpListener,
     /// The `[[tcp_listeners]]` sockets, one per worker each, in the order of the
-    /// entries (`listeners::tcp_per_listener` sorts them out by address).
+    /// entries (after an upgrade `listeners::tcp_after_upgrade` sorts them out by address;
+    /// `server::tcp_per_worker` deals them out).
     pub(crate) tcp: Vec<TcpListener>,
 }
 

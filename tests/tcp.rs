@@ -567,6 +567,35 @@ mod passthrough {
         // Closed too; its bytes never reached a backend.
         assert!(matches!(s.read(&mut b), Ok(0) | Err(_)));
     }
+
+    #[tokio::test]
+    async fn a_hello_cut_short_by_its_end_closes_at_once_and_spins_nothing() {
+        let pki = Pki::new("tcp-end");
+        let backend = H2Backend::tls("T", &pki, "backend", &["db.example.com"]);
+        let web = TestBackend::start("W");
+        let f = start_with(&pki, &web, &backend, "end");
+        let addr = https_addr(&f);
+        // Half a ClientHello, then the client's end: on every worker.
+        let started = Instant::now();
+        for _ in 0..4 {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.write_all(&[22, 3, 1, 0x02, 0x00, 1, 0, 1]).unwrap();
+            s.shutdown(Shutdown::Write).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(9))).unwrap();
+            let mut b = [0u8; 8];
+            assert!(matches!(s.read(&mut b), Ok(0) | Err(_)));
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            started.elapsed()
+        );
+        // The workers are free: a name passed through and one terminated still work.
+        for (name, who) in [("db.example.com", "T"), ("www.example.com", "W")] {
+            let s = connect(&pki, addr, name, &[b"http/1.1"]).await;
+            assert_eq!(get_h1(&mut h1(s).await, name, "/").await.1, who);
+        }
+    }
 }
 
 /// A backend that records the first line it reads (a PROXY v1 header) and says it back.
@@ -715,4 +744,46 @@ fn a_backend_reset_resets_the_client_and_deny_clients_holds_for_tcp() {
     let mut s = TcpStream::connect(tcp_addr(&g)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     assert!(matches!(s.read(&mut b), Ok(0) | Err(_)));
+}
+
+#[test]
+fn a_server_that_speaks_first_is_not_kept_waiting_behind_accept_proxy_protocol() {
+    let a = Echo::start("A");
+    let text = tcp_config(&[&a], "", "trusted_proxies = [\"10.9.9.9\"]\n").replace(
+        "pool = \"pg\"\n",
+        "pool = \"pg\"\naccept_proxy_protocol = true\n",
+    );
+    let f = start("first", &text, &[]);
+    // 127.0.0.1 is no trusted proxy: its connection is the protocol's from the start,
+    // and the backend's greeting comes without the client saying anything.
+    let started = Instant::now();
+    let (mut s, name) = open(tcp_addr(&f));
+    assert_eq!(name, "A");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    // A PROXY header from it is not read: it reaches the backend as data.
+    let header = b"PROXY TCP4 198.51.100.7 10.0.0.1 40000 6432\r\n";
+    assert_eq!(echo(&mut s, header), header);
+}
+
+#[test]
+fn a_stop_cuts_open_connections_at_the_drain_and_logs_them() {
+    let a = Echo::start("A");
+    let mut f = start("cut", &tcp_config(&[&a], "", ""), &[]);
+    let (mut s, _) = open(tcp_addr(&f));
+    assert_eq!(echo(&mut s, b"open"), b"open");
+    f.signal("TERM");
+    s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    let mut b = [0u8; 8];
+    let r = s.read(&mut b);
+    assert!(
+        matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset),
+        "cut with a reset, not a clean end: {r:?}"
+    );
+    let st = f.wait_exit(Duration::from_secs(10));
+    assert_eq!(st.and_then(|s| s.code()), Some(0));
+    assert!(f.log().contains("\"end\":\"cut\""), "{}", f.log());
 }

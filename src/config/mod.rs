@@ -676,7 +676,6 @@ fn check_discover_flags(s: &Settings, flags: &RawFlags, errors: &mut Vec<ConfigE
     });
 }
 
-/// URLs and names are unique within a pool, and none is one of `listeners`.
 /// Whether every worker's sockets fit the one message an upgrade hands them over in:
 /// a plain socket, a TLS one with tls_listen, a UDP one with http3, one per TCP listener.
 fn check_handover(s: &Settings, errors: &mut Vec<ConfigError>) {
@@ -723,6 +722,7 @@ fn check_tcp_listeners(s: &Settings, errors: &mut Vec<ConfigError>) {
     }
 }
 
+/// URLs and names are unique within a pool, and none is one of `listeners`.
 fn check_backends(pool: &PoolSpec, listeners: &[SocketAddr], errors: &mut Vec<ConfigError>) {
     let origin = if pool.name == DEFAULT_POOL {
         "backend".to_string()

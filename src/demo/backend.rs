@@ -268,9 +268,14 @@ pub(crate) async fn run(
         let _ = live.started.set(std::time::Instant::now());
     }
     if live.opts.tcp {
+        let answers: &'static _ = Box::leak(Box::new(super::tcp_backend::Answers {
+            name: live.opts.name.clone(),
+            latency_ms: live.opts.latency_ms,
+            jitter_ms: live.opts.jitter_ms,
+        }));
         let slowdown: &'static (dyn Fn() -> f64 + Sync) =
             Box::leak(Box::new(move || live.opts.script.slowdown(live.age())));
-        return super::tcp_backend::run(listener, &live.opts, slowdown).await;
+        return super::tcp_backend::run(listener, answers, slowdown).await;
     }
     let builder = auto::Builder::new(TokioExecutor::new());
     loop {

@@ -11,7 +11,16 @@ use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
-use super::backend::BackendOptions;
+/// What a TCP demo backend answers with, and how slowly.
+#[derive(Debug)]
+pub(crate) struct Answers {
+    /// Its name, sent back for each query.
+    pub(crate) name: String,
+    /// A query's base latency.
+    pub(crate) latency_ms: u64,
+    /// Uniform jitter around it, ±.
+    pub(crate) jitter_ms: u64,
+}
 
 /// How many open connections double a query's latency.
 const CONTENTION: f64 = 4.0;
@@ -23,7 +32,7 @@ const MAX_LINE: usize = 4096;
 /// now.
 pub(crate) async fn run(
     listener: tokio::net::TcpListener,
-    opts: &'static BackendOptions,
+    opts: &'static Answers,
     slowdown: &'static (dyn Fn() -> f64 + Sync),
 ) -> std::io::Result<()> {
     let open: &'static AtomicUsize = Box::leak(Box::new(AtomicUsize::new(0)));
@@ -44,7 +53,7 @@ pub(crate) async fn run(
 /// One connection: a line in, the name out after the latency, until the client ends.
 async fn session(
     stream: tokio::net::TcpStream,
-    opts: &BackendOptions,
+    opts: &Answers,
     open: &AtomicUsize,
     slowdown: &(dyn Fn() -> f64 + Sync),
 ) -> std::io::Result<()> {

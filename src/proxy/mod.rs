@@ -174,15 +174,16 @@ impl Proxy {
             .then(|| crate::trust::is_trusted(&self.settings.trusted_proxies, peer))
     }
 
-    /// On a TCP listener that accepts PROXY headers (`accept`), whether a connection
-    /// from `peer` must start with one (a trusted proxy) or must not; `None` when the
-    /// listener accepts none.
+    /// On a TCP listener that accepts PROXY headers (`accept`), `Some(true)` when a
+    /// connection from `peer` must start with one (a trusted proxy). Any other peer's
+    /// bytes are its protocol's, passed on as they come, unread: a server that speaks
+    /// first (MySQL's greeting, SMTP's banner) must not wait for the client to.
     pub(crate) fn tcp_proxy_protocol_from(
         &self,
         accept: bool,
         peer: std::net::IpAddr,
     ) -> Option<bool> {
-        accept.then(|| crate::trust::is_trusted(&self.settings.trusted_proxies, peer))
+        (accept && crate::trust::is_trusted(&self.settings.trusted_proxies, peer)).then_some(true)
     }
 
     /// `[[tls_passthrough]]`: the names the HTTPS listener passes through unopened.

@@ -538,8 +538,8 @@ pub(crate) struct TcpRecord<'a> {
     pub(crate) connect: Option<Duration>,
     /// From accept to close.
     pub(crate) duration: Duration,
-    /// How it ended: `closed`, `reset`, `idle`, `no_backend`, `queue_full`,
-    /// `queue_timeout`.
+    /// How it ended: `closed`, `reset`, `idle`, `cut`, `connect_failed`, `no_backend`,
+    /// `queue_full`, `queue_timeout`, `no_descriptor`.
     pub(crate) end: &'static str,
 }
 

@@ -15,6 +15,7 @@ use std::time::Duration;
 use tokio::net::TcpStream;
 
 use crate::clock::Stamp;
+use crate::pool::tcp_counts::TcpCounts;
 
 /// The scratch buffer's size: one read moves at most this much.
 const SCRATCH: usize = 64 * 1024;
@@ -34,6 +35,8 @@ pub(crate) enum End {
     Reset,
     /// Nothing moved for the idle timeout.
     Idle,
+    /// Cut at a stop's drain timeout, or after an upgrade at `tcp_drain_timeout`.
+    Cut,
 }
 
 impl End {
@@ -43,6 +46,7 @@ impl End {
             End::Closed => "closed",
             End::Reset => "reset",
             End::Idle => "idle",
+            End::Cut => "cut",
         }
     }
 }
@@ -58,10 +62,41 @@ pub(crate) struct Copied {
     pub(crate) end: End,
 }
 
+/// One direction's count: the connection's own (for its log line) and its pool's
+/// (for the metrics, as the bytes move).
+pub(super) struct Tally<'a> {
+    mine: AtomicU64,
+    pool: &'a TcpCounts,
+    up: bool,
+}
+
+impl Tally<'_> {
+    /// `n` more bytes moved.
+    pub(super) fn add(&self, n: usize) {
+        let n = n as u64;
+        self.mine.fetch_add(n, Ordering::Relaxed);
+        match self.up {
+            true => self.pool.bytes(n, 0),
+            false => self.pool.bytes(0, n),
+        }
+    }
+}
+
 /// Copies between `client` and `backend` until both directions have ended, one side
-/// resets, or nothing moves for `idle`.
-pub(crate) async fn both_ways(client: &TcpStream, backend: &TcpStream, idle: Duration) -> Copied {
-    let (up, down) = (AtomicU64::new(0), AtomicU64::new(0));
+/// resets, nothing moves for `idle`, or `cut` comes; the bytes count in `pool` as they
+/// move.
+pub(crate) async fn both_ways(
+    (client, backend): (&TcpStream, &TcpStream),
+    idle: Duration,
+    pool: &TcpCounts,
+    cut: impl std::future::Future<Output = ()>,
+) -> Copied {
+    let tally = |up| Tally {
+        mine: AtomicU64::new(0),
+        pool,
+        up,
+    };
+    let (up, down) = (tally(true), tally(false));
     let last = AtomicU64::new(Stamp::now().ns());
     let ended = AtomicBool::new(false);
     let copying = async {
@@ -76,11 +111,12 @@ pub(crate) async fn both_ways(client: &TcpStream, backend: &TcpStream, idle: Dur
             Err(_) => End::Reset,
         }
     };
-    tokio::pin!(copying);
+    tokio::pin!(copying, cut);
     let end = loop {
         let since = Stamp::from_ns(last.load(Ordering::Relaxed));
         tokio::select! {
             end = &mut copying => break end,
+            _ = &mut cut => break End::Cut,
             _ = tokio::time::sleep_until(since.after(idle).to_tokio()) => {
                 let quiet = Stamp::now().since(Stamp::from_ns(last.load(Ordering::Relaxed)));
                 if quiet >= idle {
@@ -90,13 +126,14 @@ pub(crate) async fn both_ways(client: &TcpStream, backend: &TcpStream, idle: Dur
         }
     };
     if end != End::Closed {
-        // Dropping the sockets then sends a reset, not an orderly close.
+        // Dropping the sockets then sends a reset, not an orderly close: neither end
+        // takes a cut connection for a finished one.
         reset_on_close(client);
         reset_on_close(backend);
     }
     Copied {
-        up: up.load(Ordering::Relaxed),
-        down: down.load(Ordering::Relaxed),
+        up: up.mine.load(Ordering::Relaxed),
+        down: down.mine.load(Ordering::Relaxed),
         end,
     }
 }
@@ -108,12 +145,15 @@ pub(crate) async fn both_ways(client: &TcpStream, backend: &TcpStream, idle: Dur
 async fn pump(
     from: &TcpStream,
     to: &TcpStream,
-    moved: &AtomicU64,
+    moved: &Tally<'_>,
     (last, ended): (&AtomicU64, &AtomicBool),
 ) -> io::Result<()> {
     let mut full = 0;
     loop {
         from.readable().await?;
+        // Socket readiness spends none of tokio's budget: without this, a connection
+        // whose peer keeps up would never let the worker's other tasks run.
+        tokio::task::coop::consume_budget().await;
         let (read, rest) = match read_and_write(from, to) {
             Err(e) if e.kind() == ErrorKind::WouldBlock => continue,
             Err(e) => return Err(e),
@@ -125,7 +165,7 @@ async fn pump(
             }
             return socket2::SockRef::from(to).shutdown(std::net::Shutdown::Write);
         }
-        moved.fetch_add(read as u64, Ordering::Relaxed);
+        moved.add(read);
         last.store(Stamp::now().ns(), Ordering::Relaxed);
         if let Some(rest) = rest {
             write_rest(to, &rest, last).await?;
@@ -133,7 +173,8 @@ async fn pump(
         full = if read == SCRATCH { full + 1 } else { 0 };
         if full == BULK_READS {
             if let Some(pipe) = super::splice::Pipe::new() {
-                return super::splice::rest(from, to, pipe, moved, (last, ended)).await;
+                let count = |n| moved.add(n);
+                return super::splice::rest(from, to, pipe, &count, (last, ended)).await;
             }
         }
     }

@@ -12,8 +12,9 @@ pub(crate) const MAX_HELLO: usize = 64 * 1024;
 /// What the bytes of a connection's start say.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Hello {
-    /// The ClientHello is not whole yet.
-    More,
+    /// The ClientHello is not whole yet: nothing new can be learnt before this many
+    /// bytes (from the start) have come.
+    More(usize),
     /// A whole ClientHello, and the name it asks for: lowercase, a valid host name;
     /// `None` without one (or with one that is not a name).
     Name(Option<String>),
@@ -40,7 +41,7 @@ pub(crate) fn server_name(bytes: &[u8]) -> Hello {
     let mut at = 0;
     loop {
         let Some(header) = bytes.get(at..at + RECORD_HEADER) else {
-            return more_or_too_long(bytes);
+            return more_or_too_long(bytes, at + RECORD_HEADER);
         };
         if header[0] != HANDSHAKE || header[1] != 3 {
             return Hello::NotTls;
@@ -49,11 +50,12 @@ pub(crate) fn server_name(bytes: &[u8]) -> Hello {
         if len == 0 || len > MAX_FRAGMENT {
             return Hello::NotTls;
         }
-        let Some(fragment) = bytes.get(at + RECORD_HEADER..at + RECORD_HEADER + len) else {
-            return more_or_too_long(bytes);
+        let end = at + RECORD_HEADER + len;
+        let Some(fragment) = bytes.get(at + RECORD_HEADER..end) else {
+            return more_or_too_long(bytes, end);
         };
         handshake.extend_from_slice(fragment);
-        at += RECORD_HEADER + len;
+        at = end;
         match whole_hello(&handshake) {
             Some(Ok(body)) => return Hello::Name(name_in(body)),
             Some(Err(h)) => return h,
@@ -62,12 +64,12 @@ pub(crate) fn server_name(bytes: &[u8]) -> Hello {
     }
 }
 
-/// `More` while the limit allows more.
-fn more_or_too_long(bytes: &[u8]) -> Hello {
+/// `More(need)` while the limit allows more.
+fn more_or_too_long(bytes: &[u8], need: usize) -> Hello {
     if bytes.len() >= MAX_HELLO {
         Hello::TooLong
     } else {
-        Hello::More
+        Hello::More(need.min(MAX_HELLO))
     }
 }
 
@@ -175,8 +177,9 @@ pub(crate) fn fuzz(data: &[u8]) {
     };
     let (whole, cut) = (server_name(&framed(MAX_FRAGMENT)), server_name(&framed(7)));
     check_name(&whole);
-    if cut != Hello::TooLong {
-        assert_eq!(whole, cut, "the records a hello comes in change nothing");
+    match (&whole, &cut) {
+        (_, Hello::TooLong) | (Hello::More(_), Hello::More(_)) => {}
+        _ => assert_eq!(whole, cut, "the records a hello comes in change nothing"),
     }
 }
 
@@ -246,8 +249,14 @@ pub(crate) mod tests {
     fn a_hello_over_several_records_and_segments() {
         let bytes = records(&hello_message(Some(b"db.example.com")), 20);
         for cut in [0, 3, 5, 24, bytes.len() - 1] {
-            assert_eq!(server_name(&bytes[..cut]), Hello::More, "cut at {cut}");
+            let Hello::More(need) = server_name(&bytes[..cut]) else {
+                panic!("cut at {cut}");
+            };
+            assert!(need > cut && need <= bytes.len(), "cut at {cut}: {need}");
         }
+        // What a peek needs next: a record's header, then its fragment.
+        assert_eq!(server_name(&bytes[..3]), Hello::More(5));
+        assert_eq!(server_name(&bytes[..5]), Hello::More(25));
         assert_eq!(
             server_name(&bytes),
             Hello::Name(Some("db.example.com".into()))
@@ -279,9 +288,9 @@ pub(crate) mod tests {
         // One that may fit waits for more, until the bytes read reach the limit.
         let mut msg = claims(60_000);
         msg.extend(vec![0; 30_000]);
-        assert_eq!(server_name(&records(&msg, 16384)), Hello::More);
-        let mut msg = claims(65_000);
-        msg.extend(vec![0; 65_000]);
+        assert!(matches!(server_name(&records(&msg, 16384)), Hello::More(_)));
+        let mut msg = claims(65_500);
+        msg.extend(vec![0; 66_000]);
         let bytes = records(&msg, 16384);
         assert_eq!(server_name(&bytes[..MAX_HELLO]), Hello::TooLong);
     }

@@ -43,13 +43,14 @@ struct Connected {
     took: Duration,
 }
 
-/// Serves `client`, a connection for `pool`, until it ends; `log`: the access log's
-/// format, if it is on.
+/// Serves `client`, a connection for `pool`, until it ends or `cut` comes; `log`: the
+/// access log's format, if it is on.
 pub(crate) async fn serve(
     client: TcpStream,
     ends: Ends,
     pool: Arc<Pool>,
     log: Option<crate::config::AccessFormat>,
+    cut: impl std::future::Future<Output = ()>,
 ) {
     let started = Stamp::now();
     pool.tcp.connection();
@@ -76,8 +77,8 @@ pub(crate) async fn serve(
         }
     };
     let _ = client.set_nodelay(true);
-    let copied = copy::both_ways(&client, &c.stream, pool.settings.idle_timeout).await;
-    pool.tcp.bytes(copied.up, copied.down);
+    let idle = pool.settings.idle_timeout;
+    let copied = copy::both_ways((&client, &c.stream), idle, &pool.tcp, cut).await;
     let backend = c.guard.backend();
     record(
         Some(&backend.name),
@@ -105,6 +106,8 @@ async fn connect(pool: &Pool, ends: &Ends) -> Result<Connected, &'static str> {
         };
         let guard = match pool.acquire(ask, |_| crate::strategy::key::ip_key(ends.client.ip())) {
             Ok(got) => got.guard,
+            // Nothing left after a failed connect: that failure is the reason.
+            Err(NoPick::Nothing) if !tried.is_empty() => return Err("connect_failed"),
             Err(NoPick::Nothing) => return Err("no_backend"),
             Err(NoPick::Full(preferred)) => {
                 let turn = Turn {

@@ -39,46 +39,68 @@ pub(crate) fn pool_for<'a>(names: &'a [PassthroughSpec], sni: &str) -> Option<&'
 /// Reads `stream`'s ClientHello without taking it, within [`HELLO_TIMEOUT`] and
 /// [`MAX_HELLO`] bytes, and says what becomes of the connection.
 pub(crate) async fn classify(stream: &TcpStream, names: &[PassthroughSpec]) -> Through {
-    match tokio::time::timeout(HELLO_TIMEOUT, peek_hello(stream)).await {
+    let read = tokio::time::timeout(HELLO_TIMEOUT, peek_hello(stream)).await;
+    // The reads after this one (the handshake's, the copy's) want every byte at once.
+    low_water(stream, 1);
+    match read {
         Ok(Ok(Hello::Name(Some(sni)))) => match pool_for(names, &sni) {
             Some(pool) => Through::Pass(pool.to_string()),
             None => Through::Terminate,
         },
         Ok(Ok(Hello::Name(None) | Hello::NotTls)) => Through::Terminate,
-        Ok(Ok(Hello::TooLong | Hello::More)) | Ok(Err(_)) | Err(_) => Through::Close,
+        Ok(Ok(Hello::TooLong | Hello::More(_))) | Ok(Err(_)) | Err(_) => Through::Close,
     }
 }
 
 /// Peeks at the socket's received bytes until they hold a ClientHello whole (or show
-/// they never will). Each wait is for bytes beyond those seen: the readiness a peek
-/// leaves set is cleared only when nothing new has come (tokio's `try_io` clears it
-/// then, and never an event newer than its own look).
+/// they never will). Each step waits until the bytes it needs have all come: the
+/// socket's low-water mark (`SO_RCVLOWAT`) is set to them, so the kernel does not wake
+/// this task for every segment of a client that sends a byte at a time, and each peek
+/// copies at most what is needed. A client that ends its side before its hello is
+/// whole is closed at once: the end of the stream is always readable, and would
+/// otherwise wake the loop for ever.
 async fn peek_hello(stream: &TcpStream) -> io::Result<Hello> {
-    let mut buf = vec![0u8; MAX_HELLO];
-    let mut seen = 0;
+    let mut buf = Vec::new();
+    let mut need = 5;
     loop {
-        stream.readable().await?;
-        let got = stream.try_io(Interest::READABLE, || {
-            let n = peek(stream, &mut buf)?;
-            if n == 0 {
-                return Err(ErrorKind::UnexpectedEof.into());
-            }
-            if n == seen {
-                // Nothing new (or the peer closed with the hello unfinished: the
-                // timeout ends it).
-                return Err(ErrorKind::WouldBlock.into());
-            }
-            Ok(n)
+        buf.resize(need, 0);
+        low_water(stream, need);
+        let ready = stream.ready(Interest::READABLE).await?;
+        tokio::task::coop::consume_budget().await;
+        let got = stream.try_io(Interest::READABLE, || match peek(stream, &mut buf)? {
+            0 => Err(ErrorKind::UnexpectedEof.into()),
+            n if n < need => Err(ErrorKind::WouldBlock.into()),
+            n => Ok(n),
         });
-        match got {
-            Ok(n) => seen = n,
+        let seen = match got {
+            Ok(n) => n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock && ready.is_read_closed() => {
+                return Err(ErrorKind::UnexpectedEof.into())
+            }
             Err(e) if e.kind() == ErrorKind::WouldBlock => continue,
             Err(e) => return Err(e),
-        }
+        };
         match server_name(&buf[..seen]) {
-            Hello::More => {}
+            Hello::More(more) if more > seen => need = more,
+            Hello::More(_) => return Ok(Hello::TooLong),
             verdict => return Ok(verdict),
         }
+    }
+}
+
+/// Sets the bytes the socket must hold before it reads as ready (at least 1).
+fn low_water(stream: &TcpStream, bytes: usize) {
+    let value = bytes.clamp(1, MAX_HELLO) as libc::c_int;
+    // SAFETY: setsockopt reads one int from the pointer given, which lives across the
+    // call; the descriptor is the stream's own. socket2 has no setter for this option.
+    unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVLOWAT,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
     }
 }
 

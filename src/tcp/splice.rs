@@ -68,18 +68,19 @@ fn splice(from: i32, to: i32, len: usize) -> io::Result<usize> {
     Ok(n as usize)
 }
 
-/// Copies the rest of `from` to `to` through `pipe`, as `copy::pump` would: the count
-/// in `moved`, the time of the last byte in `last`, the half-close at `from`'s end
+/// Copies the rest of `from` to `to` through `pipe`, as `copy::pump` would: each write
+/// told to `moved`, the time of the last byte in `last`, the half-close at `from`'s end
 /// unless the other direction `ended` first.
 pub(super) async fn rest(
     from: &TcpStream,
     to: &TcpStream,
     pipe: Pipe,
-    moved: &AtomicU64,
+    moved: &(dyn Fn(usize) + Sync),
     (last, ended): (&AtomicU64, &AtomicBool),
 ) -> io::Result<()> {
     loop {
         from.readable().await?;
+        tokio::task::coop::consume_budget().await;
         let got = from.try_io(Interest::READABLE, || {
             splice(from.as_raw_fd(), pipe.write.as_raw_fd(), CHUNK)
         });
@@ -104,10 +105,13 @@ pub(super) async fn rest(
             match put {
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {}
                 Err(e) => return Err(e),
-                Ok(w) => left -= w,
+                Ok(w) => {
+                    left -= w;
+                    // Counted as written: a slow reader is not idle while it reads.
+                    moved(w);
+                    last.store(Stamp::now().ns(), Ordering::Relaxed);
+                }
             }
         }
-        moved.fetch_add(n as u64, Ordering::Relaxed);
-        last.store(Stamp::now().ns(), Ordering::Relaxed);
     }
 }
