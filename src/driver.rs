@@ -409,7 +409,8 @@ async fn cut_at_drain(stop: Stopping, tcp_drain: Duration) {
         true => tcp_drain,
         false => DRAIN_TIMEOUT,
     };
-    tokio::time::sleep(grace).await
+    // Boxed: a timer is large, and every idle connection would carry its room.
+    Box::pin(tokio::time::sleep(grace)).await
 }
 
 /// The TLS handshake of a client connection, done by `by` (the connection's head

@@ -174,7 +174,10 @@ async fn pump(
         if full == BULK_READS {
             if let Some(pipe) = super::splice::Pipe::new() {
                 let count = |n| moved.add(n);
-                return super::splice::rest(from, to, pipe, &count, (last, ended)).await;
+                // Boxed: only a bulk connection pays for the splice loop's state, not
+                // every idle one.
+                let rest = super::splice::rest(from, to, pipe, &count, (last, ended));
+                return Box::pin(rest).await;
             }
         }
     }
