@@ -60,6 +60,7 @@ pub(crate) mod reload;
 pub mod route;
 pub(crate) mod server;
 pub(crate) mod site;
+pub(crate) mod sockets;
 pub(crate) mod spawn;
 pub(crate) mod split;
 pub(crate) mod stats;
