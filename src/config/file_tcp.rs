@@ -129,25 +129,13 @@ pub(super) fn apply_tcp_listeners(
                     continue;
                 }
             };
-            match read {
-                Some(Ok(())) => {}
-                Some(Err(e)) => {
-                    c.push(v.span().start, Some(&shown), e);
-                    ok = false;
-                }
-                None => ok = false,
-            }
+            ok &= noted(c, v.span().start, &shown, read);
         }
-        for (present, field) in [(has.0, "listen"), (has.1, "pool")] {
-            if !present {
-                c.push(
-                    at,
-                    Some("tcp_listeners"),
-                    format!("missing field '{field}'"),
-                );
-                ok = false;
-            }
-        }
+        ok &= all_there(
+            c,
+            (at, "tcp_listeners"),
+            [(has.0, "listen"), (has.1, "pool")],
+        );
         if ok {
             s.tcp_listeners.push(spec);
         }
@@ -184,33 +172,48 @@ pub(super) fn apply_passthrough(
                     continue;
                 }
             };
-            match read {
-                Some(Ok(())) => {}
-                Some(Err(e)) => {
-                    c.push(v.span().start, Some(&shown), e);
-                    ok = false;
-                }
-                None => ok = false,
-            }
+            ok &= noted(c, v.span().start, &shown, read);
         }
-        for (present, field) in [
+        let fields = [
             (has_key(table, "sni"), "sni"),
             (has_key(table, "pool"), "pool"),
-        ] {
-            if !present {
-                c.push(
-                    at,
-                    Some("tls_passthrough"),
-                    format!("missing field '{field}'"),
-                );
-            }
-        }
+        ];
+        ok &= all_there(c, (at, "tls_passthrough"), fields);
         match (sni, pool) {
             (Some(sni), Some(pool)) if ok => s.tls_passthrough.push(PassthroughSpec { sni, pool }),
             _ => {}
         }
     }
     named
+}
+
+/// Whether a key's value was read (`Some(Ok)`); a bad one is recorded where it is,
+/// one of the wrong type was recorded already (`None`).
+fn noted(c: &mut Collector<'_>, at: usize, shown: &str, read: Option<Result<(), String>>) -> bool {
+    match read {
+        Some(Ok(())) => true,
+        Some(Err(e)) => {
+            c.push(at, Some(shown), e);
+            false
+        }
+        None => false,
+    }
+}
+
+/// Whether every required field is there; each missing one is recorded at the entry.
+fn all_there<const N: usize>(
+    c: &mut Collector<'_>,
+    (at, list): (usize, &str),
+    fields: [(bool, &str); N],
+) -> bool {
+    let mut ok = true;
+    for (present, field) in fields {
+        if !present {
+            c.push(at, Some(list), format!("missing field '{field}'"));
+            ok = false;
+        }
+    }
+    ok
 }
 
 fn has_key(table: &DeTable<'_>, key: &str) -> bool {

@@ -95,7 +95,7 @@ pub(crate) struct Sample {
 }
 
 /// How often the driver reports its progress.
-pub(super) const TICK: Duration = Duration::from_millis(250);
+const TICK: Duration = Duration::from_millis(250);
 
 /// Sends `schedule`, from `start` on, to the proxy at `target` (127.0.0.1 only) and
 /// returns every request's outcome; `tick` hears the phase and the elapsed time as the
@@ -118,23 +118,10 @@ pub(crate) async fn drive(
     let uri: http::Uri = format!("http://{target}/lab")
         .parse()
         .map_err(|e| format!("{e}"))?;
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    // Dropping the set (on a stop) aborts the requests still in flight.
-    let mut in_flight = tokio::task::JoinSet::new();
-    let mut last_tick = Duration::ZERO;
-    for &(at, key) in &schedule.sends {
-        tokio::time::sleep_until(start + at).await;
-        if super::stopping() {
-            return Ok(None);
-        }
-        if at - last_tick >= TICK {
-            last_tick = at;
-            tick(Phase::Load, at);
-        }
-        while in_flight.try_join_next().is_some() {}
-        let (client, uri, tx) = (client.clone(), uri.clone(), tx.clone());
+    let each = |at, key, tx: Samples| {
+        let (client, uri) = (client.clone(), uri.clone());
         let who = From::from((schedule.clients, key));
-        in_flight.spawn(async move {
+        async move {
             let sent = start + at;
             let (ok, backend) = one(&client, uri, who).await;
             let _ = tx.send(Sample {
@@ -144,15 +131,50 @@ pub(crate) async fn drive(
                 backend,
                 key,
             });
-        });
+        }
+    };
+    Ok(run_schedule(schedule, start, schedule.sends.len(), tick, each).await)
+}
+
+/// Where a send's task puts its samples.
+pub(super) type Samples = tokio::sync::mpsc::UnboundedSender<Sample>;
+
+/// Starts `each` for every send of `schedule` at its time (from `start`), on a task of
+/// its own, and gathers the samples they give (about `expected`); `None` when the lab
+/// was asked to stop: the tasks still running are dropped.
+pub(super) async fn run_schedule<F, Fut>(
+    schedule: &Schedule,
+    start: Instant,
+    expected: usize,
+    tick: &mut dyn FnMut(Phase, Duration),
+    mut each: F,
+) -> Option<Vec<Sample>>
+where
+    F: FnMut(Duration, u32, Samples) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut in_flight = tokio::task::JoinSet::new();
+    let mut last_tick = Duration::ZERO;
+    for &(at, key) in &schedule.sends {
+        tokio::time::sleep_until(start + at).await;
+        if super::stopping() {
+            return None;
+        }
+        if at - last_tick >= TICK {
+            last_tick = at;
+            tick(Phase::Load, at);
+        }
+        while in_flight.try_join_next().is_some() {}
+        in_flight.spawn(each(at, key, tx.clone()));
     }
     drop(tx);
-    Ok(collect(rx, schedule.sends.len(), start, tick).await)
+    collect(rx, expected, start, tick).await
 }
 
 /// Gathers the samples the senders of `rx` send until the last is gone, telling `tick`
 /// the drain goes on; `None` when the lab was asked to stop meanwhile.
-pub(super) async fn collect(
+async fn collect(
     mut rx: tokio::sync::mpsc::UnboundedReceiver<Sample>,
     expected: usize,
     start: Instant,

@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::time::Instant;
 
-use super::load::{collect, Sample, Schedule, REQUEST_TIMEOUT, TICK};
+use super::load::{run_schedule, Sample, Samples, Schedule, REQUEST_TIMEOUT};
 use super::Phase;
 
 /// Opens the schedule's connections to `target` (127.0.0.1 only), each at its time,
@@ -28,41 +28,25 @@ pub(crate) async fn drive(
             "the lab sends traffic to 127.0.0.1 only, not {target}"
         ));
     }
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    // Dropping the set (on a stop) ends the sessions still open.
-    let mut open = tokio::task::JoinSet::new();
-    let mut last_tick = Duration::ZERO;
-    for &(at, key) in &schedule.sends {
-        tokio::time::sleep_until(start + at).await;
-        if super::stopping() {
-            return Ok(None);
-        }
-        if at - last_tick >= TICK {
-            last_tick = at;
-            tick(Phase::Load, at);
-        }
-        while open.try_join_next().is_some() {}
-        let tx = tx.clone();
-        open.spawn(async move {
-            let sample = |sent: Instant, ok, backend| Sample {
-                at: sent - start,
-                latency: sent.elapsed(),
-                ok,
-                backend,
-                key,
-            };
-            let mut on = session(target, queries, start + at);
-            while let Some((sent, answer)) = on.next().await {
-                let failed = answer.is_none();
-                let _ = tx.send(sample(sent, !failed, answer));
-                if failed {
-                    break;
-                }
+    let each = move |at, key, tx: Samples| async move {
+        let sample = |sent: Instant, ok, backend| Sample {
+            at: sent - start,
+            latency: sent.elapsed(),
+            ok,
+            backend,
+            key,
+        };
+        let mut on = session(target, queries, start + at);
+        while let Some((sent, answer)) = on.next().await {
+            let failed = answer.is_none();
+            let _ = tx.send(sample(sent, !failed, answer));
+            if failed {
+                break;
             }
-        });
-    }
-    drop(tx);
-    Ok(collect(rx, schedule.sends.len() * queries as usize, start, tick).await)
+        }
+    };
+    let expected = schedule.sends.len() * queries as usize;
+    Ok(run_schedule(schedule, start, expected, tick, each).await)
 }
 
 /// One session's connection and how far it has gone.
