@@ -118,6 +118,9 @@ async fn worker(
 /// and its entry; one that cannot be used is left out (logged).
 fn tcp_on_this_runtime(tcp: TcpSockets) -> Vec<(TcpListener, SocketAddr, Arc<TcpListenerSpec>)> {
     let usable = |(l, spec): (std::net::TcpListener, Arc<TcpListenerSpec>)| {
+        // Accepted connections inherit `TCP_NODELAY` from their listener (Linux): one
+        // system call per listener, not one per connection (`docs/performance.md`, "TCP").
+        let _ = socket2::SockRef::from(&l).set_tcp_nodelay(true);
         let l = TcpListener::from_std(l)
             .inspect_err(|e| tracing::error!(error = %e, "cannot use a TCP listener"))
             .ok()?;

@@ -8,8 +8,11 @@
 //! `tokio::io::copy_bidirectional` keeps two (`docs/performance.md`, "TCP").
 
 use std::cell::RefCell;
+use std::future::Future;
 use std::io::{self, ErrorKind};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use tokio::net::TcpStream;
@@ -85,46 +88,44 @@ impl Tally<'_> {
 /// Copies between `client` and `backend` until both directions have ended, one side
 /// resets, nothing moves for `idle`, or `cut` comes; the bytes count in `pool` as they
 /// move.
+///
+/// One state machine polls both directions, the idle timer and `cut`: a connection's
+/// task holds two small [`Direction`]s and one timer, where two joined `async` loops
+/// held a readiness future each, and a timer made afresh at every wake-up
+/// (`docs/performance.md`, "TCP": the memory an idle connection costs).
 pub(crate) async fn both_ways(
     (client, backend): (&TcpStream, &TcpStream),
     idle: Duration,
     pool: &TcpCounts,
-    cut: impl std::future::Future<Output = ()>,
+    cut: impl Future<Output = ()>,
 ) -> Copied {
     let tally = |up| Tally {
         mine: AtomicU64::new(0),
         pool,
         up,
     };
-    let (up, down) = (tally(true), tally(false));
+    let (up_count, down_count) = (tally(true), tally(false));
     let last = AtomicU64::new(Stamp::now().ns());
     let ended = AtomicBool::new(false);
-    let copying = async {
-        // The first error ends both directions: the other may wait for a peer that
-        // has nothing more to say.
-        let both = tokio::try_join!(
-            pump(client, backend, &up, (&last, &ended)),
-            pump(backend, client, &down, (&last, &ended))
-        );
-        match both {
-            Ok(_) => End::Closed,
-            Err(_) => End::Reset,
+    let (mut up, mut down) = (Direction::default(), Direction::default());
+    let quiet = tokio::time::sleep(idle);
+    tokio::pin!(cut, quiet);
+    let end = std::future::poll_fn(|cx| {
+        if cut.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(End::Cut);
         }
-    };
-    tokio::pin!(copying, cut);
-    let end = loop {
-        let since = Stamp::from_ns(last.load(Ordering::Relaxed));
-        tokio::select! {
-            end = &mut copying => break end,
-            _ = &mut cut => break End::Cut,
-            _ = tokio::time::sleep_until(since.after(idle).to_tokio()) => {
-                let quiet = Stamp::now().since(Stamp::from_ns(last.load(Ordering::Relaxed)));
-                if quiet >= idle {
-                    break End::Idle;
-                }
-            }
+        let shared = (&last, &ended);
+        let up = up.poll(cx, (client, backend), &up_count, shared);
+        let down = down.poll(cx, (backend, client), &down_count, shared);
+        match (up, down) {
+            // The first error ends both directions: the other may wait for a peer
+            // that has nothing more to say.
+            (Poll::Ready(Err(_)), _) | (_, Poll::Ready(Err(_))) => Poll::Ready(End::Reset),
+            (Poll::Ready(Ok(())), Poll::Ready(Ok(()))) => Poll::Ready(End::Closed),
+            _ => idle_over(cx, quiet.as_mut(), &last, idle),
         }
-    };
+    })
+    .await;
     if end != End::Closed {
         // Dropping the sockets then sends a reset, not an orderly close: neither end
         // takes a cut connection for a finished one.
@@ -132,55 +133,137 @@ pub(crate) async fn both_ways(
         reset_on_close(backend);
     }
     Copied {
-        up: up.mine.load(Ordering::Relaxed),
-        down: down.mine.load(Ordering::Relaxed),
+        up: up_count.mine.load(Ordering::Relaxed),
+        down: down_count.mine.load(Ordering::Relaxed),
         end,
     }
 }
 
-/// Copies from `from` to `to` until `from` ends, then half-closes `to` unless the other
-/// direction has ended already (`ended`: then closing both sends the FIN, one
-/// `shutdown` fewer); an error on either side ends it with the error. After
-/// [`BULK_READS`] full reads in a row the rest goes by `splice` (`super::splice`).
-async fn pump(
-    from: &TcpStream,
-    to: &TcpStream,
-    moved: &Tally<'_>,
-    (last, ended): (&AtomicU64, &AtomicBool),
-) -> io::Result<()> {
-    let mut full = 0;
-    loop {
-        from.readable().await?;
-        // Socket readiness spends none of tokio's budget: without this, a connection
-        // whose peer keeps up would never let the worker's other tasks run.
-        tokio::task::coop::consume_budget().await;
-        let (read, rest) = match read_and_write(from, to) {
-            Err(e) if e.kind() == ErrorKind::WouldBlock => continue,
-            Err(e) => return Err(e),
-            Ok(step) => step,
-        };
-        if read == 0 {
-            if ended.swap(true, Ordering::Relaxed) {
-                return Ok(());
-            }
-            return socket2::SockRef::from(to).shutdown(std::net::Shutdown::Write);
+/// `Ready(End::Idle)` once nothing has moved for `idle`; until then the timer is set
+/// for `idle` after the last move.
+fn idle_over(
+    cx: &mut Context<'_>,
+    mut quiet: Pin<&mut tokio::time::Sleep>,
+    last: &AtomicU64,
+    idle: Duration,
+) -> Poll<End> {
+    while quiet.as_mut().poll(cx).is_ready() {
+        let since = Stamp::from_ns(last.load(Ordering::Relaxed));
+        if Stamp::now().since(since) >= idle {
+            return Poll::Ready(End::Idle);
         }
-        moved.add(read);
-        last.store(Stamp::now().ns(), Ordering::Relaxed);
-        if let Some(rest) = rest {
-            write_rest(to, &rest, last).await?;
+        quiet.as_mut().reset(since.after(idle).to_tokio());
+    }
+    Poll::Pending
+}
+
+/// A bulk direction's copy by `splice`, boxed: only a bulk connection pays for its room.
+type Bulk<'a> = Pin<Box<dyn Future<Output = io::Result<()>> + Send + 'a>>;
+
+/// One direction of a copy: what the writer could not take yet, the full reads in a
+/// row, and, once bulk, the `splice` loop.
+#[derive(Default)]
+struct Direction<'a> {
+    /// Bytes read but not written yet, and how far their writing got.
+    rest: Option<(Box<[u8]>, usize)>,
+    /// Full scratch-buffer reads in a row.
+    full: u32,
+    /// The rest of the copy by `splice`, once bulk.
+    bulk: Option<Bulk<'a>>,
+    /// The direction has ended (its reader's end was passed on).
+    done: bool,
+}
+
+impl<'a> Direction<'a> {
+    /// Copies from `from` to `to` until `from` ends, then half-closes `to` (see
+    /// [`finish`]); an error on either side ends it with the error. After
+    /// [`BULK_READS`] full reads in a row the rest goes by `splice` (`super::splice`).
+    fn poll(
+        &mut self,
+        cx: &mut Context<'_>,
+        (from, to): (&'a TcpStream, &'a TcpStream),
+        moved: &'a Tally<'a>,
+        (last, ended): (&'a AtomicU64, &'a AtomicBool),
+    ) -> Poll<io::Result<()>> {
+        if self.done {
+            return Poll::Ready(Ok(()));
         }
-        full = if read == SCRATCH { full + 1 } else { 0 };
-        if full == BULK_READS {
-            if let Some(pipe) = super::splice::Pipe::new() {
-                let count = |n| moved.add(n);
-                // Boxed: only a bulk connection pays for the splice loop's state, not
-                // every idle one.
-                let rest = super::splice::rest(from, to, pipe, &count, (last, ended));
-                return Box::pin(rest).await;
+        let got = self.poll_moves(cx, (from, to), moved, (last, ended));
+        self.done = got.is_ready();
+        got
+    }
+
+    fn poll_moves(
+        &mut self,
+        cx: &mut Context<'_>,
+        (from, to): (&'a TcpStream, &'a TcpStream),
+        moved: &'a Tally<'a>,
+        (last, ended): (&'a AtomicU64, &'a AtomicBool),
+    ) -> Poll<io::Result<()>> {
+        loop {
+            if let Some(bulk) = &mut self.bulk {
+                return bulk.as_mut().poll(cx);
             }
+            ready!(self.poll_rest(cx, to, last))?;
+            if self.full >= BULK_READS {
+                self.full = 0;
+                if let Some(pipe) = super::splice::Pipe::new() {
+                    let rest = super::splice::rest(from, to, pipe, moved, (last, ended));
+                    self.bulk = Some(Box::pin(rest));
+                    continue;
+                }
+            }
+            // Readiness polled this way spends tokio's budget: a connection whose peer
+            // keeps up still lets the worker's other tasks run.
+            ready!(from.poll_read_ready(cx))?;
+            let (read, rest) = match read_and_write(from, to) {
+                Err(e) if e.kind() == ErrorKind::WouldBlock => continue,
+                Err(e) => return Poll::Ready(Err(e)),
+                Ok(step) => step,
+            };
+            if read == 0 {
+                return Poll::Ready(finish(to, ended));
+            }
+            moved.add(read);
+            last.store(Stamp::now().ns(), Ordering::Relaxed);
+            self.rest = rest.map(|r| (r.into_boxed_slice(), 0));
+            self.full = if read == SCRATCH { self.full + 1 } else { 0 };
         }
     }
+
+    /// Writes what `to` could not take at once, as it makes room.
+    fn poll_rest(
+        &mut self,
+        cx: &mut Context<'_>,
+        to: &TcpStream,
+        last: &AtomicU64,
+    ) -> Poll<io::Result<()>> {
+        while let Some((rest, at)) = &mut self.rest {
+            if *at == rest.len() {
+                self.rest = None;
+                break;
+            }
+            ready!(to.poll_write_ready(cx))?;
+            match to.try_write(&rest[*at..]) {
+                Ok(n) => {
+                    *at += n;
+                    last.store(Stamp::now().ns(), Ordering::Relaxed);
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// A direction's reader ended: `to` is half-closed, unless the other direction has
+/// ended already (`ended`: then closing both sends the FIN, one `shutdown` fewer).
+pub(super) fn finish(to: &TcpStream, ended: &AtomicBool) -> io::Result<()> {
+    if ended.swap(true, Ordering::Relaxed) {
+        return Ok(());
+    }
+    socket2::SockRef::from(to).shutdown(std::net::Shutdown::Write)
 }
 
 /// Full scratch-buffer reads in a row after which a direction is bulk and goes by
@@ -229,24 +312,93 @@ fn move_once(
     Ok((n, (written < n).then(|| buf[written..n].to_vec())))
 }
 
-/// Writes what `to` could not take at once, as it makes room.
-async fn write_rest(to: &TcpStream, rest: &[u8], last: &AtomicU64) -> io::Result<()> {
-    let mut at = 0;
-    while at < rest.len() {
-        to.writable().await?;
-        match to.try_write(&rest[at..]) {
-            Ok(n) => {
-                at += n;
-                last.store(Stamp::now().ns(), Ordering::Relaxed);
-            }
-            Err(e) if e.kind() == ErrorKind::WouldBlock => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
 /// Has closing `s` send a reset (`SO_LINGER` 0).
 pub(crate) fn reset_on_close(s: &TcpStream) {
     let _ = socket2::SockRef::from(s).set_linger(Some(Duration::ZERO));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two connected sockets, the accepting listener with `TCP_NODELAY` set as the
+    /// TCP listeners' are: the accepted end, the connecting end.
+    async fn pair() -> (TcpStream, TcpStream) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        socket2::SockRef::from(&listener)
+            .set_tcp_nodelay(true)
+            .unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+        let there = TcpStream::connect(listener.local_addr().unwrap());
+        let (here, there) = tokio::join!(listener.accept(), there);
+        (here.unwrap().0, there.unwrap())
+    }
+
+    #[tokio::test]
+    async fn an_accepted_connection_inherits_nodelay_from_its_listener() {
+        let (accepted, _) = pair().await;
+        assert!(accepted.nodelay().unwrap());
+    }
+
+    #[tokio::test]
+    async fn an_idle_copy_holds_little() {
+        let (a, b) = pair().await;
+        let counts = TcpCounts::default();
+        let copy = both_ways(
+            (&a, &b),
+            Duration::from_secs(1),
+            &counts,
+            std::future::pending(),
+        );
+        // Each idle connection's task carries this state (`docs/performance.md`, "TCP").
+        let size = std::mem::size_of_val(&copy);
+        assert!(size <= 512, "the copy's state is {size} bytes");
+    }
+
+    #[tokio::test]
+    async fn bytes_cross_both_ways_and_the_half_close_is_passed_on() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let ((mut client, proxy_client), (proxy_backend, mut backend)) =
+            (pair().await, pair().await);
+        let copy = async move {
+            let counts = TcpCounts::default();
+            let ends = (&proxy_client, &proxy_backend);
+            let copied = both_ways(
+                ends,
+                Duration::from_secs(5),
+                &counts,
+                std::future::pending(),
+            );
+            let copied = copied.await;
+            // Closing both sends the FIN the last direction's end left to the close.
+            drop((proxy_client, proxy_backend));
+            copied
+        };
+        let (mut to_client, mut from_client) = client.split();
+        let sending = async {
+            from_client.write_all(&[7; 200_000]).await.unwrap();
+            from_client.shutdown().await.unwrap();
+        };
+        let backend_side = async {
+            let mut got = Vec::new();
+            backend.read_to_end(&mut got).await.unwrap();
+            // The client's half-close came through: the backend answers after it.
+            backend.write_all(b"done").await.unwrap();
+            backend.shutdown().await.unwrap();
+            got.len()
+        };
+        let ends = async {
+            let (_, up) = tokio::join!(sending, backend_side);
+            let mut answer = Vec::new();
+            to_client.read_to_end(&mut answer).await.unwrap();
+            (up, answer)
+        };
+        let (copied, (up, answer)) = tokio::join!(copy, ends);
+        assert_eq!((up, answer.as_slice()), (200_000, &b"done"[..]));
+        assert_eq!(
+            (copied.up, copied.down, copied.end),
+            (200_000, 4, End::Closed)
+        );
+    }
 }

@@ -76,7 +76,6 @@ pub(crate) async fn serve(
             return record(None, None, None, why);
         }
     };
-    let _ = client.set_nodelay(true);
     let idle = pool.settings.idle_timeout;
     let copied = copy::both_ways((&client, &c.stream), idle, &pool.tcp, cut).await;
     let backend = c.guard.backend();

@@ -68,14 +68,14 @@ fn splice(from: i32, to: i32, len: usize) -> io::Result<usize> {
     Ok(n as usize)
 }
 
-/// Copies the rest of `from` to `to` through `pipe`, as `copy::pump` would: each write
+/// Copies the rest of `from` to `to` through `pipe`, as `copy::Direction` would: each write
 /// told to `moved`, the time of the last byte in `last`, the half-close at `from`'s end
 /// unless the other direction `ended` first.
 pub(super) async fn rest(
     from: &TcpStream,
     to: &TcpStream,
     pipe: Pipe,
-    moved: &(dyn Fn(usize) + Sync),
+    moved: &super::copy::Tally<'_>,
     (last, ended): (&AtomicU64, &AtomicBool),
 ) -> io::Result<()> {
     loop {
@@ -90,10 +90,7 @@ pub(super) async fn rest(
             Ok(n) => n,
         };
         if n == 0 {
-            if ended.swap(true, Ordering::Relaxed) {
-                return Ok(());
-            }
-            return socket2::SockRef::from(to).shutdown(std::net::Shutdown::Write);
+            return super::copy::finish(to, ended);
         }
         // The pipe is emptied before the next read: nothing waits in it across reads.
         let mut left = n;
@@ -108,7 +105,7 @@ pub(super) async fn rest(
                 Ok(w) => {
                     left -= w;
                     // Counted as written: a slow reader is not idle while it reads.
-                    moved(w);
+                    moved.add(w);
                     last.store(Stamp::now().ns(), Ordering::Relaxed);
                 }
             }
