@@ -45,6 +45,13 @@ fn made(id: &str) -> Own {
     }
 }
 
+/// This process's instance id (§19a): the fleet instance's name, else the random one
+/// `Via` carries.
+pub(crate) fn instance() -> String {
+    let token = &own().token;
+    String::from_utf8_lossy(token.strip_prefix(b"fulcrum-").unwrap_or(token)).into_owned()
+}
+
 /// Names this process `id` (the fleet instance's name; else a random one is drawn on
 /// first use). Only the first call counts; an id that is not a token is not taken.
 pub(crate) fn set_instance(id: &str) {

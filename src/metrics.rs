@@ -272,6 +272,18 @@ fn encode_hedges(
     Ok(())
 }
 
+/// `fulcrum_trace_spans_dropped_total`: spans the queue had no room for, or the
+/// collector did not take (`docs/tracing.md`).
+fn encode_traces(enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    let m = enc.encode_descriptor(
+        "fulcrum_trace_spans_dropped",
+        "Spans dropped: the queue for the collector was full, or an export failed.",
+        None,
+        MetricType::Counter,
+    )?;
+    ConstCounter::new(crate::trace::dropped()).encode(m)
+}
+
 /// `fulcrum_tcp_connections_total{pool}` and `fulcrum_tcp_bytes_total{pool,direction}`:
 /// each TCP pool's connections and the bytes copied each way (`docs/tcp.md`).
 fn encode_tcp(
@@ -521,6 +533,7 @@ fn encode_routing(
     encode_retries(enc, routing)?;
     encode_hedges(enc, routing)?;
     encode_tcp(enc, routing)?;
+    encode_traces(enc)?;
     let mut m = enc.encode_descriptor(
         "fulcrum_pool_queue_length",
         "Requests waiting in a pool's queue for a backend under its max_conns.",

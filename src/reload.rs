@@ -184,6 +184,7 @@ impl Reloader {
         // Pools' client certificates at the same paths, renewed since (the new
         // configuration checked them).
         crate::transport::reread_client_certs();
+        crate::trace::install(next.tracing.as_ref());
         tracing::info!(
             added = ?report.added,
             removed = ?report.removed,

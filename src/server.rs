@@ -289,6 +289,8 @@ impl Running {
             let _ = t.join();
         }
         self.spawner.stop_all();
+        // The spans of the requests just finished go out too.
+        crate::trace::flush(TRACE_FLUSH);
         let _ = self.workers_done.send(true);
         if let Some(t) = admin {
             let _ = t.join();
@@ -424,10 +426,14 @@ fn spawn_admin(
 ///
 /// `flags` are the command line's, kept so a reload reads the file again with the same
 /// flags on top.
+/// How long a stop waits for the spans still queued to be exported.
+const TRACE_FLUSH: Duration = Duration::from_secs(5);
+
 pub(crate) fn start(
     settings: &Settings,
     flags: &crate::config::RawFlags,
 ) -> Result<Running, String> {
+    crate::trace::install(settings.tracing.as_ref());
     if let crate::config::AccessLog::File(path) = &settings.access_log {
         crate::logging::access_to_file(path)?;
     }

@@ -115,6 +115,8 @@ pub(crate) struct Hit<'r> {
     pub(crate) split: Option<&'r Splitter>,
     /// Its mirror, when it has one.
     pub(crate) mirror: Option<&'r Arc<Mirror>>,
+    /// Its place in the routing table.
+    pub(crate) index: usize,
 }
 
 impl Routing {
@@ -145,6 +147,7 @@ impl Routing {
             policies: self.policies.get(i).and_then(Option::as_ref),
             split: self.splits.get(i).and_then(Option::as_ref),
             mirror: self.mirrors.get(i).and_then(Option::as_ref),
+            index: i,
         }
     }
 

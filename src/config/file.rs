@@ -50,6 +50,7 @@ fn apply_document(s: &mut Settings, c: &mut Collector<'_>) {
                 s.discover = read_discover(c, value, "discover");
             }
             "tls" => super::tls::read_table(s, c, value),
+            "tracing" => s.tracing = super::trace_settings::read_table(c, value),
             "pools" => file_pools::apply_pools(s, c, value, &mut layout),
             "routes" => file_pools::apply_routes(s, c, value, &mut layout),
             "tcp_listeners" => {
@@ -98,6 +99,7 @@ fn unknown_key(key: &str) -> String {
         "tcp_listeners",
         "tls_passthrough",
         "tcp_drain_timeout",
+        "tracing",
     ]);
     format!("unknown key '{key}' (valid: {})", valid.join(", "))
 }

@@ -30,6 +30,7 @@ pub(crate) mod split;
 pub(crate) mod strategy_kind;
 pub(crate) mod tcp;
 pub(crate) mod tls;
+pub(crate) mod trace_settings;
 mod values;
 
 use std::fmt;
@@ -312,6 +313,8 @@ pub(crate) struct Settings {
     pub(crate) tls_passthrough: Vec<tcp::PassthroughSpec>,
     /// How long an old process keeps its TCP connections after an upgrade.
     pub(crate) tcp_drain_timeout: Duration,
+    /// `[tracing]`: spans over OTLP (`docs/tracing.md`); `None`: no span is built.
+    pub(crate) tracing: Option<trace_settings::TraceSettings>,
 }
 
 /// `--store etcd://HOST:PORT[,HOST:PORT…]/PREFIX`.
@@ -394,6 +397,7 @@ impl Default for Settings {
             tcp_listeners: Vec::new(),
             tls_passthrough: Vec::new(),
             tcp_drain_timeout: tcp::DEFAULT_DRAIN_TIMEOUT,
+            tracing: None,
         };
         for o in options::OPTIONS {
             if let Some(d) = o.default {

@@ -95,6 +95,8 @@ struct Routed {
     policies: Option<Arc<RoutePolicy>>,
     /// The route's mirror, when it has one.
     mirror: Option<Arc<crate::mirror::Mirror>>,
+    /// The route's place in the routing table.
+    index: usize,
 }
 
 impl Proxy {
@@ -295,6 +297,10 @@ impl Proxy {
                 combined: self.rec.combined().then(|| combined_fields(&head)),
                 client_cert: peer.client_cert.clone(),
                 split: false,
+                trace: crate::trace::begin(
+                    head.first_value(&request_id::TRACEPARENT),
+                    head.first_value(&request_id::TRACESTATE),
+                ),
             },
             self.rec,
         );
@@ -316,6 +322,11 @@ impl Proxy {
                 Either::Left(std::future::ready(r))
             }
             Ok((permit, routed)) => {
+                if let Some(t) = &mut fin.trace {
+                    t.route = Some(routed.index);
+                    let pool = &routed.pool;
+                    t.pool = Some((Arc::clone(&pool.name), pool.strategy().name()));
+                }
                 let via = crate::loops::element(head.version);
                 let req = Outgoing {
                     target: routed.target.unwrap_or_else(|| fin.path.clone()),
@@ -334,6 +345,7 @@ impl Proxy {
                     sticky: None,
                     stuck: false,
                     mirror: routed.mirror,
+                    traced: fin.trace.is_some(),
                 };
                 Either::Right(self.forward(req, fin, permit, routed.policies))
             }
@@ -380,6 +392,7 @@ impl Proxy {
                 target: None,
                 policies: policies.cloned(),
                 mirror: mirror.cloned(),
+                index: 0,
             });
         }
         let host = head.host();
@@ -410,6 +423,7 @@ impl Proxy {
             target: rewritten,
             policies: hit.policies.cloned(),
             mirror: hit.mirror.cloned(),
+            index: hit.index,
         })
     }
 
@@ -451,13 +465,14 @@ impl Proxy {
         mut permit: Option<ShedPermit>,
         route: Option<Arc<RoutePolicy>>,
     ) -> ProxyResponse {
-        let (chain, again) = match self.before_pool(&mut req, route.as_deref(), fin.started) {
-            Before::Ready(chain, again) => (chain, again),
-            Before::Refused(r) => return self.own(&mut fin, None, *r),
-            Before::Wait(wait) => match wait.await {
-                Ok(ready) => ready,
-                Err(r) => return self.own(&mut fin, None, r),
-            },
+        let ready = match self.before_pool(&mut req, route.as_deref(), fin.started) {
+            Before::Ready(chain, again) => Ok((chain, again)),
+            Before::Refused(r) => Err(*r),
+            Before::Wait(wait) => wait.await,
+        };
+        let (chain, again) = match ready {
+            Ok(ready) => ready,
+            Err(r) => return self.refused(&req, &mut fin, r),
         };
         let (req, fin) = (&mut req, &mut fin);
         let watch = match req.mirror.is_some() {
@@ -518,6 +533,15 @@ impl Proxy {
             None => self.give_up(req, fin, tries.last),
             Some(w) => (*w).primary(self.give_up(req, fin, tries.last), None),
         }
+    }
+
+    /// A route's step answered the request itself: its span names the step.
+    #[cold]
+    fn refused(&self, req: &Outgoing<'_>, fin: &mut Pending, r: ProxyResponse) -> ProxyResponse {
+        if let Some(t) = &mut fin.trace {
+            t.answered_by = req.found.answered_by;
+        }
+        self.own(fin, None, r)
     }
 
     /// `trusted_proxies`.
@@ -656,7 +680,13 @@ impl Proxy {
     ) -> Result<(), ProxyResponse> {
         loop {
             let mut cx = self.before_cx(req, route, now);
-            cx.grant((&mut *wait).await?);
+            match (&mut *wait).await {
+                Ok(grant) => cx.grant(grant),
+                Err(r) => {
+                    cx.found.answered_by = chain.step_name(next - 1);
+                    return Err(r);
+                }
+            }
             match chain.run(next, &mut cx) {
                 Ran::Done => return Ok(()),
                 Ran::Answer(r) => return Err(*r),
@@ -744,7 +774,19 @@ impl Proxy {
         let Ok(injected_delay) = upstream::inject_faults(&backend).await else {
             return Ok(self.injected(guard, fin));
         };
+        let try_span = fin.trace.as_ref().map(|trace| {
+            let (span, traceparent) = trace.begin_try();
+            outgoing::set_traceparent(req, traceparent);
+            span
+        });
         let (result, upload) = self.exchange(req, &backend, t).await;
+        if let (Some(trace), Some(span)) = (&fin.trace, try_span) {
+            let outcome = match &result {
+                Ok((answer, _)) => crate::trace::TryOutcome::Status(answer.status().as_u16()),
+                Err(f) => crate::trace::TryOutcome::Failed(f.name()),
+            };
+            trace.end_try(span, &backend, &req.head.method, outcome);
+        }
         match result {
             Ok((answer, sent_at)) => {
                 let head = (answer, sent_at, injected_delay);

@@ -52,6 +52,8 @@ pub(super) struct Outgoing<'p> {
     pub(super) found: chain::Found,
     /// Its route's mirror, until the copy is made (`docs/traffic.md`, "Mirrors").
     pub(super) mirror: Option<Arc<crate::mirror::Mirror>>,
+    /// It is traced: each try sets the backend's `traceparent` (`docs/tracing.md`).
+    pub(super) traced: bool,
 }
 
 impl Outgoing<'_> {
@@ -117,7 +119,7 @@ pub(super) fn prepare(
     let edits = chain.filter(|c| c.edits_request());
     // Off, it costs nothing; on, a request without one gets a map to add it to.
     let trace = trace_context && head.field(&request_id::TRACEPARENT).is_none();
-    if !req.inline || sticky.is_some() || edits.is_some() || trace {
+    if !req.inline || sticky.is_some() || edits.is_some() || trace || req.traced {
         head.make_map();
     }
     req.host = head.host();
@@ -165,6 +167,14 @@ pub(super) fn prepare(
     }
     // The backend pool speaks HTTP/1.1 whatever the client spoke.
     head.version = Version::HTTP_11;
+}
+
+/// Names a try's span in the backend's `traceparent` (a traced request's fields are a
+/// map: [`prepare`] made one).
+pub(super) fn set_traceparent(req: &mut Outgoing<'_>, value: HeaderValue) {
+    if let RequestFields::Map(map) = &mut req.head.fields {
+        map.insert(request_id::TRACEPARENT, value);
+    }
 }
 
 /// Writes the head of an inline request: the request line and the fields as this hop

@@ -42,6 +42,9 @@ pub(crate) struct Finish {
     /// Its route split its requests among pools: the access log names the pool taken
     /// (`docs/traffic.md`).
     pub(crate) split: bool,
+    /// Its trace, when it is sampled (`docs/tracing.md`): the server span is written
+    /// with the record.
+    pub(crate) trace: Option<Box<crate::trace::Traced>>,
 }
 
 /// The fields of a combined access log line that the others do without.
@@ -119,6 +122,7 @@ impl Pending {
             combined: None,
             client_cert: None,
             split: false,
+            trace: None,
         };
         (std::mem::replace(&mut self.fin, left), self.rec)
     }
@@ -206,6 +210,17 @@ impl Recorder {
         let protocol = crate::stats::PROTOCOLS[protocol];
         if let Some(b) = backend {
             b.live.stats.finished(f.status, total);
+        }
+        if let Some(t) = &f.trace {
+            t.end(&crate::trace::Ended {
+                started: f.started,
+                method: &f.method,
+                path: f.path.path(),
+                status: f.status,
+                client: f.client,
+                version: f.version,
+                request_id: f.id.as_bytes(),
+            });
         }
         if let Some(format) = self.access_log {
             let name = backend.map_or("-", |b| b.name.as_str());
@@ -697,6 +712,7 @@ mod tests {
             combined: None,
             client_cert: None,
             split: false,
+            trace: None,
         }
     }
 

@@ -11,6 +11,9 @@ pub(crate) const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-i
 /// W3C Trace Context's field (`docs/operations.md`, "Request ids").
 pub(crate) const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 
+/// W3C Trace Context's vendor field, forwarded as it came.
+pub(crate) const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
+
 /// Longest id kept from a trusted peer; a longer one is replaced.
 const MAX_LEN: usize = 64;
 

@@ -59,6 +59,19 @@ pub(crate) enum Failure {
 }
 
 impl Failure {
+    /// Its name in a try's span (`error.type`).
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Failure::Connect => "connect",
+            Failure::Broken => "broken",
+            Failure::Timeout => "timeout",
+            Failure::ClientGone => "client_gone",
+            Failure::ClientStalled => "client_stalled",
+            Failure::BodyTooLarge => "body_too_large",
+            Failure::NoDescriptor => "no_descriptor",
+        }
+    }
+
     /// Whether the backend is not to blame: it counts neither against the backend
     /// (passive checks, errors) nor as a reason to retry.
     pub(crate) fn spares_backend(self) -> bool {

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use tokio::net::TcpStream;
 
+use super::splice::Moved;
 use crate::clock::Stamp;
 use crate::pool::tcp_counts::TcpCounts;
 
@@ -67,15 +68,14 @@ pub(crate) struct Copied {
 
 /// One direction's count: the connection's own (for its log line) and its pool's
 /// (for the metrics, as the bytes move).
-pub(super) struct Tally<'a> {
+struct Tally<'a> {
     mine: AtomicU64,
     pool: &'a TcpCounts,
     up: bool,
 }
 
-impl Tally<'_> {
-    /// `n` more bytes moved.
-    pub(super) fn add(&self, n: usize) {
+impl super::splice::Moved for Tally<'_> {
+    fn add(&self, n: usize) {
         let n = n as u64;
         self.mine.fetch_add(n, Ordering::Relaxed);
         match self.up {
@@ -176,7 +176,7 @@ struct Direction<'a> {
 
 impl<'a> Direction<'a> {
     /// Copies from `from` to `to` until `from` ends, then half-closes `to` (see
-    /// [`finish`]); an error on either side ends it with the error. After
+    /// `splice::finish`); an error on either side ends it with the error. After
     /// [`BULK_READS`] full reads in a row the rest goes by `splice` (`super::splice`).
     fn poll(
         &mut self,
@@ -222,7 +222,7 @@ impl<'a> Direction<'a> {
                 Ok(step) => step,
             };
             if read == 0 {
-                return Poll::Ready(finish(to, ended));
+                return Poll::Ready(super::splice::finish(to, ended));
             }
             moved.add(read);
             last.store(Stamp::now().ns(), Ordering::Relaxed);
@@ -255,15 +255,6 @@ impl<'a> Direction<'a> {
         }
         Poll::Ready(Ok(()))
     }
-}
-
-/// A direction's reader ended: `to` is half-closed, unless the other direction has
-/// ended already (`ended`: then closing both sends the FIN, one `shutdown` fewer).
-pub(super) fn finish(to: &TcpStream, ended: &AtomicBool) -> io::Result<()> {
-    if ended.swap(true, Ordering::Relaxed) {
-        return Ok(());
-    }
-    socket2::SockRef::from(to).shutdown(std::net::Shutdown::Write)
 }
 
 /// Full scratch-buffer reads in a row after which a direction is bulk and goes by

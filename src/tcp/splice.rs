@@ -68,6 +68,21 @@ fn splice(from: i32, to: i32, len: usize) -> io::Result<usize> {
     Ok(n as usize)
 }
 
+/// What is told of the bytes a direction moved (its counts).
+pub(super) trait Moved: Sync {
+    /// `n` more bytes moved.
+    fn add(&self, n: usize);
+}
+
+/// A direction's reader ended: `to` is half-closed, unless the other direction has
+/// ended already (`ended`: then closing both sends the FIN, one `shutdown` fewer).
+pub(super) fn finish(to: &TcpStream, ended: &AtomicBool) -> io::Result<()> {
+    if ended.swap(true, Ordering::Relaxed) {
+        return Ok(());
+    }
+    socket2::SockRef::from(to).shutdown(std::net::Shutdown::Write)
+}
+
 /// Copies the rest of `from` to `to` through `pipe`, as `copy::Direction` would: each write
 /// told to `moved`, the time of the last byte in `last`, the half-close at `from`'s end
 /// unless the other direction `ended` first.
@@ -75,7 +90,7 @@ pub(super) async fn rest(
     from: &TcpStream,
     to: &TcpStream,
     pipe: Pipe,
-    moved: &super::copy::Tally<'_>,
+    moved: &dyn Moved,
     (last, ended): (&AtomicU64, &AtomicBool),
 ) -> io::Result<()> {
     loop {
@@ -90,7 +105,7 @@ pub(super) async fn rest(
             Ok(n) => n,
         };
         if n == 0 {
-            return super::copy::finish(to, ended);
+            return finish(to, ended);
         }
         // The pipe is emptied before the next read: nothing waits in it across reads.
         let mut left = n;

@@ -1,0 +1,150 @@
+//! W3C Trace Context (`traceparent`, version 00): read from a caller, written for a
+//! backend. A field that is not a valid version-00 value is treated as absent, as the
+//! recommendation says (the request then starts its own trace when sampled).
+
+use http::HeaderValue;
+
+/// A trace's id: 16 bytes, not all zero.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TraceId(pub(crate) [u8; 16]);
+
+/// A span's id: 8 bytes, not all zero.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SpanId(pub(crate) [u8; 8]);
+
+impl TraceId {
+    /// A new random id.
+    pub(crate) fn random() -> TraceId {
+        let hi = fastrand::u64(..);
+        let lo = fastrand::u64(1..);
+        let mut id = [0; 16];
+        id[..8].copy_from_slice(&hi.to_be_bytes());
+        id[8..].copy_from_slice(&lo.to_be_bytes());
+        TraceId(id)
+    }
+}
+
+impl SpanId {
+    /// A new random id.
+    pub(crate) fn random() -> SpanId {
+        SpanId(fastrand::u64(1..).to_be_bytes())
+    }
+}
+
+/// What a caller's `traceparent` says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ParentContext {
+    pub(crate) trace: TraceId,
+    /// The caller's span: the server span's parent.
+    pub(crate) span: SpanId,
+    /// Its sampled flag.
+    pub(crate) sampled: bool,
+}
+
+impl ParentContext {
+    /// `00-<32 hex>-<16 hex>-<2 hex>` with neither id all zero; a later version may be
+    /// longer (its first four parts read the same way).
+    pub(crate) fn parse(v: &[u8]) -> Option<ParentContext> {
+        if v.len() < 55 || (v.len() > 55 && v[55] != b'-') || v[2] != b'-' {
+            return None;
+        }
+        let version = hex_byte(&v[0..2])?;
+        if version == 0xff || (version == 0 && v.len() != 55) {
+            return None;
+        }
+        if v[35] != b'-' || v[52] != b'-' {
+            return None;
+        }
+        let mut trace = [0; 16];
+        for (i, b) in trace.iter_mut().enumerate() {
+            *b = hex_byte(&v[3 + 2 * i..5 + 2 * i])?;
+        }
+        let mut span = [0; 8];
+        for (i, b) in span.iter_mut().enumerate() {
+            *b = hex_byte(&v[36 + 2 * i..38 + 2 * i])?;
+        }
+        let flags = hex_byte(&v[53..55])?;
+        if trace == [0; 16] || span == [0; 8] {
+            return None;
+        }
+        Some(ParentContext {
+            trace: TraceId(trace),
+            span: SpanId(span),
+            sampled: flags & 1 == 1,
+        })
+    }
+}
+
+/// Two lowercase hex digits.
+fn hex_byte(two: &[u8]) -> Option<u8> {
+    let digit = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    };
+    Some(digit(two[0])? << 4 | digit(two[1])?)
+}
+
+/// The `traceparent` naming `span` of `trace`, sampled.
+pub(crate) fn traceparent(trace: &TraceId, span: &SpanId) -> HeaderValue {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = [0u8; 55];
+    out[..3].copy_from_slice(b"00-");
+    let bytes = trace.0.iter().chain(b"-").chain(span.0.iter());
+    let mut at = 3;
+    for (i, &b) in bytes.enumerate() {
+        if i == 16 {
+            out[at] = b'-';
+            at += 1;
+            continue;
+        }
+        out[at] = HEX[usize::from(b >> 4)];
+        out[at + 1] = HEX[usize::from(b & 15)];
+        at += 2;
+    }
+    out[52..].copy_from_slice(b"-01");
+    // Hex digits and dashes only.
+    HeaderValue::from_bytes(&out).unwrap_or(HeaderValue::from_static(
+        "00-00000000000000000000000000000001-0000000000000001-01",
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &[u8] = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    #[test]
+    fn a_traceparent_reads_and_writes_back() {
+        let p = ParentContext::parse(GOOD).unwrap();
+        assert!(p.sampled);
+        assert_eq!(traceparent(&p.trace, &p.span).as_bytes(), GOOD);
+        let unsampled = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00";
+        assert!(!ParentContext::parse(unsampled).unwrap().sampled);
+    }
+
+    #[test]
+    fn bad_traceparents_are_absent() {
+        for bad in [
+            &b"00-00000000000000000000000000000000-00f067aa0ba902b7-01"[..],
+            b"00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            b"ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            b"00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-x",
+            b"00-4bf92f3577b34da6a3ce929d0e0e4736x00f067aa0ba902b7-01",
+            b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            b"",
+        ] {
+            assert_eq!(
+                ParentContext::parse(bad),
+                None,
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        // A later version may carry more after the flags.
+        let later = b"01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-more";
+        assert!(ParentContext::parse(later).is_some());
+    }
+}

@@ -1,0 +1,389 @@
+//! The exporter (`docs/tracing.md`, "Export"): spans wait in a bounded queue; a thread of
+//! its own gathers them into batches of at most 512, at least every 5 s, encodes them as
+//! OTLP protobuf (`opentelemetry-proto`) and posts them to the collector, one export at a
+//! time within 10 s. A collector that is slow or down only fills the queue: past
+//! `max_queue` spans are dropped and counted, and no request waits. A `429` or `503` is
+//! retried after its `Retry-After` (else a growing pause); other failures drop the batch.
+//! Failures are logged at most once a minute.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, InstrumentationScope, KeyValue};
+use opentelemetry_proto::tonic::resource::v1::Resource;
+use opentelemetry_proto::tonic::trace::v1::{span, status, ResourceSpans, ScopeSpans, Status};
+use prost::Message;
+use tokio::sync::{mpsc, watch};
+
+use super::{Span, SpanKind, TryOutcome};
+use crate::config::trace_settings::TraceSettings;
+
+/// The most spans one export carries.
+const BATCH: usize = 512;
+/// The longest a span waits for its batch.
+const EVERY: Duration = Duration::from_secs(5);
+/// One export's time limit.
+const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Tries of a batch the collector asked to send later.
+const TRIES: u32 = 3;
+/// Failures are logged at most this often.
+const LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// The queue's end on the request path.
+pub(crate) struct Queue {
+    tx: mpsc::UnboundedSender<Span>,
+    /// Spans queued or in the export in flight.
+    waiting: Arc<AtomicUsize>,
+    max: usize,
+    close: watch::Sender<bool>,
+    /// The exporting thread, until it is waited for.
+    thread: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Queue {
+    /// A queue, and the thread that exports what it holds.
+    pub(super) fn start(settings: &TraceSettings) -> Queue {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (close, closed) = watch::channel(false);
+        let waiting = Arc::new(AtomicUsize::new(0));
+        let exporter = Exporter {
+            rx,
+            closed,
+            waiting: Arc::clone(&waiting),
+            endpoint: settings.endpoint.clone(),
+            headers: settings.headers.clone(),
+            service: settings.service_name.clone(),
+            resource: None,
+            last_logged: None,
+        };
+        let spawned = std::thread::Builder::new()
+            .name("fulcrum-traces".into())
+            .spawn(move || exporter.run())
+            .inspect_err(|e| tracing::error!(error = %e, "traces: cannot start the exporter"));
+        Queue {
+            tx,
+            waiting,
+            max: settings.max_queue,
+            close,
+            thread: std::sync::Mutex::new(spawned.ok()),
+        }
+    }
+
+    /// Queues `span`; `false` (dropped) when `max_queue` spans wait already.
+    pub(super) fn push(&self, span: Span) -> bool {
+        if self.waiting.fetch_add(1, Ordering::Relaxed) >= self.max {
+            self.waiting.fetch_sub(1, Ordering::Relaxed);
+            return false;
+        }
+        if self.tx.send(span).is_err() {
+            self.waiting.fetch_sub(1, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+
+    /// Has the exporter send what waits, then stop.
+    pub(super) fn close(&self) {
+        let _ = self.close.send(true);
+    }
+
+    /// Waits, at most `grace`, for the exporter to have sent what waited and stopped.
+    pub(super) fn flushed(&self, grace: Duration) {
+        let Some(t) = self.thread.lock().ok().and_then(|mut t| t.take()) else {
+            return;
+        };
+        let until = Instant::now() + grace;
+        while !t.is_finished() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if t.is_finished() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The exporting thread's state.
+struct Exporter {
+    rx: mpsc::UnboundedReceiver<Span>,
+    closed: watch::Receiver<bool>,
+    waiting: Arc<AtomicUsize>,
+    endpoint: http::Uri,
+    headers: Vec<(http::HeaderName, http::HeaderValue)>,
+    service: String,
+    /// The spans' resource, made at the first export (the instance id is known by then).
+    resource: Option<Resource>,
+    last_logged: Option<Instant>,
+}
+
+impl Exporter {
+    fn run(mut self) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build();
+        match rt {
+            Ok(rt) => rt.block_on(self.export_until_closed()),
+            Err(e) => tracing::error!(error = %e, "traces: cannot start the exporter"),
+        }
+    }
+
+    async fn export_until_closed(&mut self) {
+        loop {
+            let (batch, closing) = self.gather().await;
+            if !batch.is_empty() {
+                let n = batch.len();
+                self.export(batch).await;
+                self.waiting.fetch_sub(n, Ordering::Relaxed);
+            }
+            if closing {
+                return;
+            }
+        }
+    }
+
+    /// The next batch: up to [`BATCH`] spans, gathered for at most [`EVERY`] after the
+    /// first; `true` once the queue is closed (the batch has what was left).
+    async fn gather(&mut self) -> (Vec<Span>, bool) {
+        let mut batch = Vec::new();
+        let deadline = tokio::time::sleep(EVERY);
+        tokio::pin!(deadline);
+        while batch.len() < BATCH {
+            tokio::select! {
+                got = self.rx.recv() => match got {
+                    Some(span) => batch.push(span),
+                    None => return (batch, true),
+                },
+                _ = &mut deadline, if !batch.is_empty() => break,
+                _ = self.closed.wait_for(|c| *c) => {
+                    while let (true, Ok(span)) = (batch.len() < BATCH * 8, self.rx.try_recv()) {
+                        batch.push(span);
+                    }
+                    return (batch, true);
+                }
+            }
+        }
+        (batch, false)
+    }
+
+    /// Sends `batch`, again after a pause when the collector asks for one.
+    async fn export(&mut self, batch: Vec<Span>) {
+        let n = batch.len();
+        let body = Bytes::from(self.encode(batch).encode_to_vec());
+        for attempt in 1..=TRIES {
+            match self.post(body.clone()).await {
+                Ok(()) => return,
+                Err(Failure::Later(pause)) if attempt < TRIES => tokio::time::sleep(pause).await,
+                Err(Failure::Later(_)) => self.failed(n, "the collector kept asking to wait"),
+                Err(Failure::Other(why)) => return self.failed(n, &why),
+            }
+        }
+    }
+
+    fn failed(&mut self, n: usize, why: &str) {
+        super::DROPPED.fetch_add(n as u64, Ordering::Relaxed);
+        let now = Instant::now();
+        if self
+            .last_logged
+            .is_none_or(|t| now.duration_since(t) >= LOG_EVERY)
+        {
+            self.last_logged = Some(now);
+            let to = &self.endpoint;
+            tracing::warn!(%to, error = why, spans = n, "traces: export failed, spans dropped");
+        }
+    }
+
+    async fn post(&self, body: Bytes) -> Result<(), Failure> {
+        let mut req = http::Request::post(self.endpoint.clone())
+            .header(http::header::CONTENT_TYPE, "application/x-protobuf")
+            .header(http::header::USER_AGENT, "fulcrum");
+        for (name, value) in &self.headers {
+            req = req.header(name, value);
+        }
+        let req = req
+            .body(http_body_util::Full::new(body))
+            .map_err(|e| Failure::Other(e.to_string()))?;
+        let tls = crate::transport::client_config(&crate::config::BackendTransport::default());
+        let sent = crate::fetch::send(tls, req, 64 * 1024);
+        let answer = match tokio::time::timeout(EXPORT_TIMEOUT, sent).await {
+            Ok(Ok(a)) => a,
+            Ok(Err(e)) => return Err(Failure::Other(e)),
+            Err(_) => {
+                return Err(Failure::Other(format!(
+                    "no answer within {EXPORT_TIMEOUT:?}"
+                )))
+            }
+        };
+        match answer.status().as_u16() {
+            200..=299 => Ok(()),
+            429 | 503 => Err(Failure::Later(retry_after(answer.headers()))),
+            s => Err(Failure::Other(format!("the collector answered {s}"))),
+        }
+    }
+
+    /// The batch as OTLP: one resource (this instance), one scope (fulcrum).
+    fn encode(&mut self, batch: Vec<Span>) -> ExportTraceServiceRequest {
+        let service = &self.service;
+        let resource = (self.resource)
+            .get_or_insert_with(|| resource(service, &crate::loops::instance()))
+            .clone();
+        let scope = InstrumentationScope {
+            name: "fulcrum".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            ..Default::default()
+        };
+        ExportTraceServiceRequest {
+            resource_spans: vec![ResourceSpans {
+                resource: Some(resource),
+                scope_spans: vec![ScopeSpans {
+                    scope: Some(scope),
+                    spans: batch.into_iter().map(otlp_span).collect(),
+                    schema_url: String::new(),
+                }],
+                schema_url: String::new(),
+            }],
+        }
+    }
+}
+
+/// Why an export did not go through.
+enum Failure {
+    /// `429` / `503`: again after this pause.
+    Later(Duration),
+    Other(String),
+}
+
+/// `Retry-After` in seconds (at most a minute), else one second.
+fn retry_after(fields: &http::HeaderMap) -> Duration {
+    let secs = fields
+        .get(http::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(1);
+    Duration::from_secs(secs.clamp(1, 60))
+}
+
+fn resource(service: &str, instance: &str) -> Resource {
+    Resource {
+        attributes: vec![
+            text("service.name", service),
+            text("service.instance.id", instance),
+        ],
+        ..Default::default()
+    }
+}
+
+fn text(key: &str, value: &str) -> KeyValue {
+    KeyValue {
+        key: key.into(),
+        value: Some(AnyValue {
+            value: Some(any_value::Value::StringValue(value.into())),
+        }),
+        ..Default::default()
+    }
+}
+
+fn int(key: &str, value: i64) -> KeyValue {
+    KeyValue {
+        key: key.into(),
+        value: Some(AnyValue {
+            value: Some(any_value::Value::IntValue(value)),
+        }),
+        ..Default::default()
+    }
+}
+
+/// A recorded span as OTLP, its attributes under the semantic conventions' names.
+fn otlp_span(s: Span) -> opentelemetry_proto::tonic::trace::v1::Span {
+    let mut attributes = vec![text("http.request.method", s.method.as_str())];
+    let (kind, error) = match s.kind {
+        SpanKind::Server(f) => {
+            server_attributes(&mut attributes, &f);
+            (span::SpanKind::Server, f.status >= 500)
+        }
+        SpanKind::Client {
+            backend,
+            name,
+            address,
+            outcome,
+        } => {
+            let (host, port) = split_authority(&address);
+            attributes.push(text("server.address", host));
+            if let Some(port) = port {
+                attributes.push(int("server.port", i64::from(port)));
+            }
+            attributes.push(text("fulcrum.pool", &backend));
+            attributes.push(text("fulcrum.backend", &name));
+            let error = match outcome {
+                TryOutcome::Status(code) => {
+                    attributes.push(int("http.response.status_code", i64::from(code)));
+                    code >= 400
+                }
+                TryOutcome::Failed(why) => {
+                    attributes.push(text("error.type", why));
+                    true
+                }
+            };
+            (span::SpanKind::Client, error)
+        }
+    };
+    opentelemetry_proto::tonic::trace::v1::Span {
+        trace_id: s.trace.0.to_vec(),
+        span_id: s.id.0.to_vec(),
+        trace_state: s
+            .state
+            .as_ref()
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .into(),
+        parent_span_id: s.parent.map(|p| p.0.to_vec()).unwrap_or_default(),
+        flags: 1,
+        name: s.method.as_str().into(),
+        kind: kind as i32,
+        start_time_unix_nano: s.start,
+        end_time_unix_nano: s.end.max(s.start),
+        attributes,
+        status: error.then(|| Status {
+            code: status::StatusCode::Error as i32,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn server_attributes(a: &mut Vec<KeyValue>, f: &super::ServerFacts) {
+    a.push(text("url.path", &f.path));
+    a.push(int("http.response.status_code", i64::from(f.status)));
+    a.push(text("client.address", &f.client.to_string()));
+    a.push(text("network.protocol.name", "http"));
+    let version = match f.version {
+        http::Version::HTTP_2 => "2",
+        http::Version::HTTP_3 => "3",
+        http::Version::HTTP_10 => "1.0",
+        _ => "1.1",
+    };
+    a.push(text("network.protocol.version", version));
+    if let Some(route) = f.route {
+        a.push(int("fulcrum.route", route as i64));
+    }
+    if let Some((pool, strategy)) = &f.pool {
+        a.push(text("fulcrum.pool", pool));
+        a.push(text("fulcrum.strategy", strategy));
+    }
+    a.push(text("fulcrum.request_id", &f.request_id));
+    if let Some(step) = f.answered_by {
+        a.push(text("fulcrum.answered_by", step));
+    }
+}
+
+/// `host:port` (or `[v6]:port`) as its host and port.
+fn split_authority(a: &str) -> (&str, Option<u16>) {
+    match a.rsplit_once(':') {
+        Some((host, port)) if !host.ends_with(':') => match port.parse() {
+            Ok(p) => (host.trim_start_matches('[').trim_end_matches(']'), Some(p)),
+            Err(_) => (a, None),
+        },
+        _ => (a, None),
+    }
+}

@@ -1,0 +1,298 @@
+//! **Traces** (`docs/tracing.md`): with `[tracing]`, a sampled request makes one server
+//! span, and each try at a backend one client span, its child, whose id the backend gets
+//! in `traceparent`. Spans are recorded here as plain facts into a bounded queue and
+//! encoded as OTLP off the request path (`export`); without `[tracing]` no span is built
+//! and the request path reads one flag.
+//!
+//! Why not the `opentelemetry` SDK's tracer: its spans carry their attributes as a
+//! vector of owned key-values and go through a span processor's channel per span; the
+//! measurement in `docs/performance.md` ("Traces") put that at several times the cost of
+//! these records, which keep each attribute in a field and leave the names to the encoder.
+
+pub(crate) mod context;
+pub(crate) mod export;
+
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use arc_swap::ArcSwapOption;
+use http::{HeaderValue, Method};
+
+use crate::clock::Stamp;
+use crate::config::trace_settings::TraceSettings;
+use context::{ParentContext, SpanId, TraceId};
+
+/// Whether a tracer is in force: the one read the request path makes without one.
+static ON: AtomicBool = AtomicBool::new(false);
+
+/// The tracer in force (`[tracing]`), replaced at a reload.
+static TRACER: ArcSwapOption<Tracer> = ArcSwapOption::const_empty();
+
+/// Spans dropped: the queue was full (`fulcrum_trace_spans_dropped_total`).
+static DROPPED: AtomicU64 = AtomicU64::new(0);
+
+/// Spans dropped since the start.
+pub(crate) fn dropped() -> u64 {
+    DROPPED.load(Ordering::Relaxed)
+}
+
+/// Puts `settings` in force (`None`: tracing off); spans already queued still go out
+/// through the exporter that took them. Called at the start and at each reload.
+pub(crate) fn install(settings: Option<&TraceSettings>) {
+    let old = TRACER.load_full();
+    if old.as_ref().map(|t| &t.settings) == settings {
+        return;
+    }
+    let tracer = settings.map(|s| Arc::new(Tracer::start(s.clone())));
+    ON.store(tracer.is_some(), Ordering::Release);
+    TRACER.store(tracer);
+    if let Some(old) = old {
+        old.queue.close();
+    }
+}
+
+/// Sends what waits and stops exporting, within `grace` (a stop, once requests are done).
+pub(crate) fn flush(grace: std::time::Duration) {
+    let Some(tracer) = TRACER.swap(None) else {
+        return;
+    };
+    ON.store(false, Ordering::Release);
+    tracer.queue.close();
+    tracer.queue.flushed(grace);
+}
+
+/// A `[tracing]` in force: how requests are sampled and where their spans go.
+pub(crate) struct Tracer {
+    settings: TraceSettings,
+    /// A request without a `traceparent` starts a trace when a random `u64` is below
+    /// this (`sample` × 2⁶⁴; `u64::MAX` for every request).
+    threshold: u64,
+    /// Wall-clock nanoseconds minus monotonic ones: a span's times as OTLP wants them.
+    wall_offset: u64,
+    queue: export::Queue,
+}
+
+impl Tracer {
+    fn start(settings: TraceSettings) -> Tracer {
+        let threshold = match settings.sample {
+            s if s >= 1.0 => u64::MAX,
+            s => (s * 18_446_744_073_709_551_616.0) as u64,
+        };
+        let wall_offset = crate::clock::unix_ns().wrapping_sub(Stamp::now().ns());
+        let queue = export::Queue::start(&settings);
+        Tracer {
+            settings,
+            threshold,
+            wall_offset,
+            queue,
+        }
+    }
+
+    /// Whether a request without a sampled parent starts a trace.
+    fn samples(&self) -> bool {
+        self.threshold == u64::MAX || (self.threshold > 0 && fastrand::u64(..) < self.threshold)
+    }
+
+    fn wall(&self, at: Stamp) -> u64 {
+        at.ns().wrapping_add(self.wall_offset)
+    }
+
+    /// Queues `span`, or drops and counts it when `max_queue` spans wait already.
+    fn record(&self, span: Span) {
+        if !self.queue.push(span) {
+            DROPPED.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The trace a request belongs to, when it is sampled: begun when its head arrived,
+/// written when its record is (`Recorder::finish`), one client span per try between.
+pub(crate) struct Traced {
+    tracer: Arc<Tracer>,
+    trace: TraceId,
+    /// The server span's id.
+    span: SpanId,
+    /// The caller's span, when the request came with a `traceparent`.
+    parent: Option<SpanId>,
+    /// The caller's `tracestate`, kept on the spans (and forwarded as it came).
+    state: Option<HeaderValue>,
+    /// The route's place in the routing table, once routed.
+    pub(crate) route: Option<usize>,
+    /// The pool and its strategy, once routed.
+    pub(crate) pool: Option<(Arc<str>, &'static str)>,
+    /// The step that answered the request itself (a rate limit, a deny list, JWT...).
+    pub(crate) answered_by: Option<&'static str>,
+}
+
+/// A request's trace, if it has one: its caller's, when its `traceparent` says sampled;
+/// none when it says not; else a new one for a `sample` share of requests.
+#[inline]
+pub(crate) fn begin(traceparent: Option<&[u8]>, tracestate: Option<&[u8]>) -> Option<Box<Traced>> {
+    if !ON.load(Ordering::Relaxed) {
+        return None;
+    }
+    begin_on(traceparent, tracestate)
+}
+
+#[inline(never)]
+fn begin_on(traceparent: Option<&[u8]>, tracestate: Option<&[u8]>) -> Option<Box<Traced>> {
+    let tracer = TRACER.load_full()?;
+    let (trace, parent) = match traceparent.and_then(ParentContext::parse) {
+        Some(p) if !p.sampled => return None,
+        Some(p) => (p.trace, Some(p.span)),
+        None if !tracer.samples() => return None,
+        None => (TraceId::random(), None),
+    };
+    Some(Box::new(Traced {
+        tracer,
+        trace,
+        span: SpanId::random(),
+        parent,
+        state: tracestate
+            .filter(|_| parent.is_some())
+            .and_then(|v| HeaderValue::from_bytes(v).ok()),
+        route: None,
+        pool: None,
+        answered_by: None,
+    }))
+}
+
+impl std::fmt::Debug for Traced {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Traced")
+            .field("trace", &self.trace)
+            .field("span", &self.span)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A try in progress: its span's id (the backend's `traceparent` names it) and start.
+#[derive(Clone, Copy)]
+pub(crate) struct TrySpan {
+    id: SpanId,
+    started: Stamp,
+}
+
+/// How a try ended, for its span: the backend's status, or why there was none.
+pub(crate) enum TryOutcome {
+    /// The backend answered with this status.
+    Status(u16),
+    /// No answer: the failure's name (`error.type`).
+    Failed(&'static str),
+}
+
+impl Traced {
+    /// A new try: its span, and the `traceparent` its backend gets.
+    pub(crate) fn begin_try(&self) -> (TrySpan, HeaderValue) {
+        let id = SpanId::random();
+        let header = context::traceparent(&self.trace, &id);
+        let started = Stamp::now();
+        (TrySpan { id, started }, header)
+    }
+
+    /// The try `t` at `backend` ended with `outcome`: its client span queued.
+    pub(crate) fn end_try(
+        &self,
+        t: TrySpan,
+        backend: &crate::pool::Backend,
+        method: &Method,
+        outcome: TryOutcome,
+    ) {
+        let tracer = &self.tracer;
+        let span = Span {
+            trace: self.trace,
+            id: t.id,
+            parent: Some(self.span),
+            state: self.state.clone(),
+            start: tracer.wall(t.started),
+            end: tracer.wall(Stamp::now()),
+            method: method.clone(),
+            kind: SpanKind::Client {
+                backend: Arc::clone(&backend.pool),
+                name: backend.name.clone(),
+                address: backend.authority.as_str().into(),
+                outcome,
+            },
+        };
+        tracer.record(span);
+    }
+
+    /// The request ended: its server span queued.
+    pub(crate) fn end(&self, r: &Ended<'_>) {
+        let tracer = &self.tracer;
+        let span = Span {
+            trace: self.trace,
+            id: self.span,
+            parent: self.parent,
+            state: self.state.clone(),
+            start: tracer.wall(r.started),
+            end: tracer.wall(Stamp::now()),
+            method: r.method.clone(),
+            kind: SpanKind::Server(Box::new(ServerFacts {
+                path: r.path.into(),
+                status: r.status,
+                client: r.client,
+                version: r.version,
+                route: self.route,
+                pool: self.pool.clone(),
+                request_id: String::from_utf8_lossy(r.request_id).into_owned(),
+                answered_by: self.answered_by,
+            })),
+        };
+        tracer.record(span);
+    }
+}
+
+/// A request's facts at its end, for its server span.
+pub(crate) struct Ended<'a> {
+    /// When its head had arrived.
+    pub(crate) started: Stamp,
+    pub(crate) method: &'a Method,
+    /// The path (without the query).
+    pub(crate) path: &'a str,
+    /// The status sent to the client.
+    pub(crate) status: u16,
+    pub(crate) client: IpAddr,
+    /// The client's protocol.
+    pub(crate) version: http::Version,
+    /// Its `X-Request-Id`.
+    pub(crate) request_id: &'a [u8],
+}
+
+/// A finished span, as recorded on the request path: facts, not yet OTLP.
+pub(crate) struct Span {
+    trace: TraceId,
+    id: SpanId,
+    parent: Option<SpanId>,
+    state: Option<HeaderValue>,
+    /// Wall-clock nanoseconds since the Unix epoch.
+    start: u64,
+    end: u64,
+    method: Method,
+    kind: SpanKind,
+}
+
+/// What only a server span or only a client span has.
+enum SpanKind {
+    Server(Box<ServerFacts>),
+    Client {
+        /// The pool and the backend tried, and its address.
+        backend: Arc<str>,
+        name: String,
+        address: Box<str>,
+        outcome: TryOutcome,
+    },
+}
+
+/// A server span's attributes.
+struct ServerFacts {
+    path: Box<str>,
+    status: u16,
+    client: IpAddr,
+    version: http::Version,
+    route: Option<usize>,
+    pool: Option<(Arc<str>, &'static str)>,
+    request_id: String,
+    answered_by: Option<&'static str>,
+}
