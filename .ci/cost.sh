@@ -131,6 +131,12 @@ mirror_config() {
 }
 mirror_config false "$out/mirror.toml"
 mirror_config true "$out/compare.toml"
+# Traces to a collector that is not there (each batch fails and is dropped): every
+# request sampled, or none (docs/performance.md, "Traces"). The queue is long enough
+# that no span is dropped for want of room during the run.
+dead_collector=$(free_port)
+printf '[tracing]\notlp = "http://127.0.0.1:%s"\nsample = %s\nmax_queue = 100000\n' "$dead_collector" 0 >"$out/trace0.toml"
+printf '[tracing]\notlp = "http://127.0.0.1:%s"\nsample = %s\nmax_queue = 100000\n' "$dead_collector" 1 >"$out/trace1.toml"
 # The same request (token and all) through the same route without the check: jwt's base.
 printf '[[routes]]\npool = "default"\n' >"$out/bearer.toml"
 # Instructions of one `fulcrum serve` under callgrind serving $1 requests from client $2
@@ -150,6 +156,7 @@ count() {
   if [ "$kind" = mirror ]; then extra=(--config "$out/mirror.toml"); fi
   if [ "$kind" = compare ]; then extra=(--config "$out/compare.toml"); fi
   if [ "$kind" = file ]; then extra=(--access-log "$out/access.$n.log"); fi
+  if [ "$kind" = trace0 ] || [ "$kind" = trace1 ]; then extra=(--config "$out/$kind.toml"); fi
   valgrind --tool=callgrind --callgrind-out-file="$out/cg.$kind.$n" --trace-syscalls=yes \
     --separate-threads=yes \
     "$bin" serve --listen "127.0.0.1:$port" --admin "127.0.0.1:$admin" --workers 1 \
@@ -157,7 +164,7 @@ count() {
   local vg=$!
   wait_port "$port"
   case $kind in
-    h1 | limited | file | access | split | retry | mirror | compare) curl -s -o /dev/null "http://127.0.0.1:$port/cost?[1-$n]" ;;
+    h1 | limited | file | access | split | retry | mirror | compare | trace0 | trace1) curl -s -o /dev/null "http://127.0.0.1:$port/cost?[1-$n]" ;;
     jwt | bearer)
       curl -s -o /dev/null -H "authorization: Bearer $(cat "$out/jwt.token")" \
         -w '%{http_code}\n' "http://127.0.0.1:$port/cost?[1-$n]" >"$out/jwt.codes.$n"
@@ -299,6 +306,17 @@ for kind in mirror:250 compare:280; do
   per=per_${kind%:*}
   echo "cost guard (${kind%:*}): $(( ${!per} * 100 / per_h1 ))% of the plain request (guard: ${kind#*:}%)"
 done
+# Traces, over the plain request on the worker thread (the spans' encoding and export run
+# on a thread of their own, counted in the total): with `sample = 0` target and guard
+# 100; with every request sampled (a server span and a client span each) target and guard
+# 3 000 (docs/performance.md, "Traces").
+guard trace0 $((per_h1 + 1000))
+extra trace0 $((worker_trace0 - worker_h1)) 100 "the plain request on the worker thread" \
+  "tracing with sample = 0"
+guard trace1 $((per_h1 + 6000))
+extra trace1 $((worker_trace1 - worker_h1)) 3000 "the plain request on the worker thread" \
+  "tracing every request"
+echo "cost guard (trace1): $((per_trace1 - per_h1)) instructions over the plain request in the process's total"
 # The access log to a file rather than stderr: at most 1 % more.
 guard file $((per_h1 + per_h1 / 100))
 echo "cost guard (file): $((per_file - per_h1)) instructions over the access log on stderr (guard: 1 %)"

@@ -131,6 +131,11 @@ fn hex(b: &[u8]) -> String {
 
 /// A backend answering `status` to every request and noting each `traceparent` it gets.
 fn noting_backend(status: u16) -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
+    noting_backend_after(status, Duration::ZERO)
+}
+
+/// [`noting_backend`], each answer after `delay`.
+fn noting_backend_after(status: u16, delay: Duration) -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let seen: Arc<Mutex<Vec<String>>> = Arc::default();
@@ -138,13 +143,13 @@ fn noting_backend(status: u16) -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
     std::thread::spawn(move || {
         for conn in listener.incoming().flatten() {
             let noted = noted.clone();
-            std::thread::spawn(move || serve_noting(conn, status, &noted));
+            std::thread::spawn(move || serve_noting(conn, (status, delay), &noted));
         }
     });
     (addr, seen)
 }
 
-fn serve_noting(mut conn: TcpStream, status: u16, noted: &Mutex<Vec<String>>) {
+fn serve_noting(mut conn: TcpStream, (status, delay): (u16, Duration), noted: &Mutex<Vec<String>>) {
     let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
@@ -163,6 +168,9 @@ fn serve_noting(mut conn: TcpStream, status: u16, noted: &Mutex<Vec<String>>) {
                 noted.lock().unwrap().push(tp.trim().to_string());
             }
             let status = if probe { 200 } else { status };
+            if !probe {
+                std::thread::sleep(delay);
+            }
             let answer = format!("HTTP/1.1 {status} X\r\ncontent-length: 2\r\n\r\nok");
             if conn.write_all(answer.as_bytes()).is_err() {
                 return;
@@ -359,6 +367,59 @@ async fn unsampled_callers_and_sample_zero_make_no_span_and_a_retry_makes_two_tr
         tries_of(retried),
         vec![Some("int:200".to_string()), Some("int:500".to_string())]
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hedged_request_shows_each_try_the_loser_cancelled() {
+    let collector = Receiver::start(Duration::ZERO);
+    let (slow, slow_seen) = noting_backend_after(200, Duration::from_millis(700));
+    let (fast, fast_seen) = noting_backend(200);
+    let tracing = format!("otlp = \"{}\"", collector.url());
+    let settings = "hedge = { after = \"50ms\", max = 1 }\noutlier = { consecutive_failures = 0 }";
+    let f = start("hedged", &[slow, fast], settings, &tracing);
+    let c = client();
+    for _ in 0..2 {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert_eq!(get(&c, &f.url("/h")).await.status.as_u16(), 200);
+    }
+    stop(f);
+    let spans = collector.spans();
+    let servers: Vec<&Span> = spans
+        .iter()
+        .filter(|s| s.kind == SpanKind::Server as i32)
+        .collect();
+    let tries_of = |server: &Span| -> Vec<&Span> {
+        spans
+            .iter()
+            .filter(|s| s.parent_span_id == server.span_id)
+            .collect()
+    };
+    // Round robin met the slow backend first once: that request raced two tries.
+    let raced = servers
+        .iter()
+        .find(|s| tries_of(s).len() == 2)
+        .unwrap_or_else(|| panic!("no hedged request: {spans:#?}"));
+    let mut ends: Vec<_> = tries_of(raced)
+        .iter()
+        .map(|s| (attr(s, "http.response.status_code"), attr(s, "error.type")))
+        .collect();
+    ends.sort();
+    assert_eq!(
+        ends,
+        vec![
+            (None, Some("cancelled".into())),
+            (Some("int:200".into()), None)
+        ]
+    );
+    // Each backend got its own try's span id.
+    let ids: Vec<String> = tries_of(raced).iter().map(|s| hex(&s.span_id)).collect();
+    let got = |seen: &Mutex<Vec<String>>| {
+        seen.lock()
+            .unwrap()
+            .iter()
+            .any(|tp| ids.iter().any(|id| tp.contains(id.as_str())))
+    };
+    assert!(got(&slow_seen) && got(&fast_seen));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

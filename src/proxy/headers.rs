@@ -168,6 +168,9 @@ pub(crate) struct Hop<'a> {
     /// The verified client certificate's `X-Forwarded-Client-Cert`, in place of any the
     /// client sent (`docs/tls.md`, "Mutual TLS").
     pub(crate) client_cert: Option<&'a HeaderValue>,
+    /// A traced request's `traceparent` for this try, in place of the caller's
+    /// (`docs/tracing.md`).
+    pub(crate) traceparent: Option<&'a HeaderValue>,
 }
 
 /// `X-Forwarded-Client-Cert` (Envoy's name and form): the verified client
@@ -285,10 +288,12 @@ impl<'a, 'f> Forwarding<'a, 'f> {
     pub(crate) fn keeps(&self, name: &[u8]) -> bool {
         // Most fields are kept, and most are known to be by their length alone: no
         // field this hop drops or sets has it (unless `Connection` names it).
-        if self.named.is_empty() && !DROPPED_LENGTHS.contains(&name.len()) {
+        let traced = self.sets.hop.traceparent.is_some();
+        if self.named.is_empty() && !DROPPED_LENGTHS.contains(&name.len()) && !traced {
             return true;
         }
         !(self.is_hop_by_hop(name)
+            || (traced && is(name, &super::request_id::TRACEPARENT))
             || super::request_id::is_request_id(name)
             || is(name, &X_FORWARDED_FOR)
             || is(name, &header::VIA)
@@ -424,6 +429,9 @@ impl Sets<'_> {
         put(&super::request_id::X_REQUEST_ID, Added::RequestId);
         if let Some(cert) = self.hop.client_cert {
             put(&X_FORWARDED_CLIENT_CERT, Added::Value(cert));
+        }
+        if let Some(parent) = self.hop.traceparent {
+            put(&super::request_id::TRACEPARENT, Added::Value(parent));
         }
     }
 }
@@ -634,6 +642,7 @@ pub(crate) fn both_rewrites(f: &ClientFields, trusted: bool, https: bool) -> (Li
         request_id: b"id-1",
         via: b"1.1 fulcrum-test",
         client_cert: None,
+        traceparent: None,
     };
     let mut out = Vec::new();
     f.write_forwarded(&mut out, hop, "backend:80");
@@ -861,6 +870,7 @@ mod tests {
             request_id: b"ours",
             via: b"2 fulcrum-test",
             client_cert: None,
+            traceparent: None,
         };
         Forwarding::apply(&mut h, hop, false);
         assert_eq!(h["x-forwarded-for"], "1.1.1.1, 2.2.2.2, 3.3.3.3, 127.0.0.1");

@@ -24,6 +24,7 @@ use super::retry::{Miss, Tries, Try};
 use super::upstream::{inject_faults, Failure, Upstreams};
 use crate::clock::Stamp;
 use crate::pool::{Backend, Hedging, RequestGuard};
+use crate::trace::{TryOutcome, TryParent, TrySpan};
 
 /// A hedged try's future, boxed: only a request on a pool that hedges pays for it.
 pub(super) type Hedged<'a> = Pin<Box<dyn Future<Output = Result<ProxyResponse, Miss>> + Send + 'a>>;
@@ -86,11 +87,13 @@ struct Ended {
     stuck: bool,
 }
 
-/// A try still racing: which one, its backend, when it went out.
+/// A try still racing: which one, its backend, when it went out, and its span when the
+/// request is traced.
 struct Racing {
     index: usize,
     backend: Arc<Backend>,
     since: Stamp,
+    span: Option<TrySpan>,
 }
 
 /// The try `t` at the backend `guard` holds, hedged: `delay` without an answer head
@@ -109,14 +112,19 @@ pub(super) fn race<'a, R: Racer>(
         };
         let mut spare = (hedging.max as usize).min(tries.spare());
         tries.tried.push(guard.backend().id);
+        let traced = fin
+            .trace
+            .as_ref()
+            .map(|t| (t.tries().clone(), req.head.method.clone()));
         let mut tally = Tally {
             hedging,
-            racing: vec![Racing::of(0, &guard)],
-            launched: 1,
+            racing: Vec::new(),
+            launched: 0,
             over: false,
+            traced,
         };
         let mut ends = FuturesUnordered::new();
-        ends.push(launch(r.upstreams(), req, guard, 0, t.bound));
+        ends.push(tally.launch(r.upstreams(), req, guard, t.bound));
         let bound_of = |tries: &Tries, req: &Outgoing<'_>| tries.bound(&req.pool);
         let timer = tokio::time::sleep(delay);
         tokio::pin!(timer);
@@ -124,7 +132,7 @@ pub(super) fn race<'a, R: Racer>(
         loop {
             tokio::select! {
                 Some(end) = ends.next() => {
-                    tally.racing.retain(|x| x.index != end.index);
+                    tally.ended(&end);
                     let index = end.index;
                     // A listed status is dropped only while another try may follow.
                     let t = Try { on_status: t.on_status && tries.spare() > 0, ..t };
@@ -147,10 +155,8 @@ pub(super) fn race<'a, R: Racer>(
                         spare = 0;
                         continue;
                     };
-                    tally.racing.push(Racing::of(tally.launched, &g));
                     let bound = bound_of(tries, req);
-                    ends.push(launch(r.upstreams(), req, g, tally.launched, bound));
-                    tally.launched += 1;
+                    ends.push(tally.launch(r.upstreams(), req, g, bound));
                     timer.as_mut().reset(tokio::time::Instant::now() + delay);
                 }
                 else => return Err(last.unwrap_or(Miss::Failed(Failure::Connect))),
@@ -159,30 +165,24 @@ pub(super) fn race<'a, R: Racer>(
     })
 }
 
-impl Racing {
-    fn of(index: usize, guard: &RequestGuard) -> Racing {
-        Racing {
-            index,
-            backend: Arc::clone(guard.backend()),
-            since: Stamp::now(),
-        }
-    }
-}
-
 /// Sends the request to the backend `guard` holds, the fields copied (others may be sent
 /// the same): a future that borrows nothing of the request, so that several race.
 fn launch(
     up: &'static Upstreams,
     req: &mut Outgoing<'_>,
     guard: RequestGuard,
-    index: usize,
+    (index, traceparent): (usize, Option<http::HeaderValue>),
     bound: Duration,
 ) -> impl Future<Output = Ended> + Send + 'static {
     let backend = Arc::clone(guard.backend());
     // Through hyper's client whatever the backend: the inline exchange's future stays
     // in one place on the plain path, where it is laid out with the request's.
     outgoing::leave_inline(req);
-    let sent = Box::new(build_upstream(req, &backend, true));
+    let mut sent = Box::new(build_upstream(req, &backend, true));
+    if let Some(parent) = traceparent {
+        sent.headers_mut()
+            .insert(super::request_id::TRACEPARENT, parent);
+    }
     let (origin, stuck) = (Some((req.peer.addr, req.peer.local)), req.stuck);
     async move {
         let Ok(delay) = inject_faults(&backend).await else {
@@ -215,9 +215,54 @@ struct Tally<'h> {
     racing: Vec<Racing>,
     launched: usize,
     over: bool,
+    /// What the tries' spans hang under, and the request's method, when it is traced.
+    traced: Option<(TryParent, http::Method)>,
 }
 
 impl Tally<'_> {
+    /// Sends the next try (see [`launch`]), with a span of its own when the request is
+    /// traced.
+    fn launch(
+        &mut self,
+        up: &'static Upstreams,
+        req: &mut Outgoing<'_>,
+        guard: RequestGuard,
+        bound: Duration,
+    ) -> impl Future<Output = Ended> + Send + 'static {
+        let (span, traceparent) = match &self.traced {
+            Some((parent, _)) => {
+                let (span, header) = parent.begin_try();
+                (Some(span), Some(header))
+            }
+            None => (None, None),
+        };
+        let index = self.launched;
+        self.racing.push(Racing {
+            index,
+            backend: Arc::clone(guard.backend()),
+            since: Stamp::now(),
+            span,
+        });
+        self.launched += 1;
+        launch(up, req, guard, (index, traceparent), bound)
+    }
+
+    /// The try `end` is no longer racing; its span says how it ended.
+    fn ended(&mut self, end: &Ended) {
+        let Some(at) = self.racing.iter().position(|x| x.index == end.index) else {
+            return;
+        };
+        let racing = self.racing.swap_remove(at);
+        if let (Some((parent, method)), Some(span)) = (&self.traced, racing.span) {
+            let outcome = match &end.outcome {
+                Outcome::Sent(Ok((answer, _)), _) => TryOutcome::Status(answer.status().as_u16()),
+                Outcome::Sent(Err(f), _) => TryOutcome::Failed(f.name()),
+                Outcome::Injected => TryOutcome::Failed("injected"),
+            };
+            parent.end_try(span, &racing.backend, method, outcome);
+        }
+    }
+
     /// The race is over, won by the try `winner` if any: the tries still racing are
     /// dropped with it (their slots released at once), their elapsed time a latency
     /// sample for their backends; each hedge is counted won when it is the winner, lost
@@ -227,6 +272,11 @@ impl Tally<'_> {
         let now = Stamp::now();
         for r in &self.racing {
             crate::strategy::record_latency_at(&r.backend, now.since(r.since), now.ns());
+            if let (Some((parent, method)), Some(span)) = (&self.traced, r.span) {
+                // Dropped: another try's answer won, or the client went away.
+                let outcome = TryOutcome::Failed("cancelled");
+                parent.end_try(span, &r.backend, method, outcome);
+            }
         }
         for index in 1..self.launched {
             self.hedging.count(winner == Some(index));

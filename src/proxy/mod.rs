@@ -298,8 +298,8 @@ impl Proxy {
                 client_cert: peer.client_cert.clone(),
                 split: false,
                 trace: crate::trace::begin(
-                    head.first_value(&request_id::TRACEPARENT),
-                    head.first_value(&request_id::TRACESTATE),
+                    || head.first_value(&request_id::TRACEPARENT),
+                    || head.first_value(&request_id::TRACESTATE),
                 ),
             },
             self.rec,
@@ -345,7 +345,7 @@ impl Proxy {
                     sticky: None,
                     stuck: false,
                     mirror: routed.mirror,
-                    traced: fin.trace.is_some(),
+                    traceparent: None,
                 };
                 Either::Right(self.forward(req, fin, permit, routed.policies))
             }
@@ -775,7 +775,7 @@ impl Proxy {
             return Ok(self.injected(guard, fin));
         };
         let try_span = fin.trace.as_ref().map(|trace| {
-            let (span, traceparent) = trace.begin_try();
+            let (span, traceparent) = trace.tries().begin_try();
             outgoing::set_traceparent(req, traceparent);
             span
         });
@@ -785,7 +785,9 @@ impl Proxy {
                 Ok((answer, _)) => crate::trace::TryOutcome::Status(answer.status().as_u16()),
                 Err(f) => crate::trace::TryOutcome::Failed(f.name()),
             };
-            trace.end_try(span, &backend, &req.head.method, outcome);
+            trace
+                .tries()
+                .end_try(span, &backend, &req.head.method, outcome);
         }
         match result {
             Ok((answer, sent_at)) => {

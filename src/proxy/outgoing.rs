@@ -52,8 +52,8 @@ pub(super) struct Outgoing<'p> {
     pub(super) found: chain::Found,
     /// Its route's mirror, until the copy is made (`docs/traffic.md`, "Mirrors").
     pub(super) mirror: Option<Arc<crate::mirror::Mirror>>,
-    /// It is traced: each try sets the backend's `traceparent` (`docs/tracing.md`).
-    pub(super) traced: bool,
+    /// A traced request's `traceparent` for its try at hand (`docs/tracing.md`).
+    pub(super) traceparent: Option<HeaderValue>,
 }
 
 impl Outgoing<'_> {
@@ -67,6 +67,7 @@ impl Outgoing<'_> {
             request_id: self.id.as_bytes(),
             via: self.via,
             client_cert: self.peer.client_cert.as_ref().map(|c| &c.xfcc),
+            traceparent: self.traceparent.as_ref(),
         }
     }
 
@@ -119,7 +120,7 @@ pub(super) fn prepare(
     let edits = chain.filter(|c| c.edits_request());
     // Off, it costs nothing; on, a request without one gets a map to add it to.
     let trace = trace_context && head.field(&request_id::TRACEPARENT).is_none();
-    if !req.inline || sticky.is_some() || edits.is_some() || trace || req.traced {
+    if !req.inline || sticky.is_some() || edits.is_some() || trace {
         head.make_map();
     }
     req.host = head.host();
@@ -145,6 +146,7 @@ pub(super) fn prepare(
             request_id: req.id.as_bytes(),
             via: req.via,
             client_cert: req.peer.client_cert.as_ref().map(|c| &c.xfcc),
+            traceparent: req.traceparent.as_ref(),
         };
         let upgrade = req.client_upgrade.is_some();
         if edits.is_some() && req.found.client_ip.is_none() {
@@ -169,12 +171,13 @@ pub(super) fn prepare(
     head.version = Version::HTTP_11;
 }
 
-/// Names a try's span in the backend's `traceparent` (a traced request's fields are a
-/// map: [`prepare`] made one).
+/// Names a try's span in the backend's `traceparent`: in the map, when the fields are
+/// one already; span fields get it as they are written out (`headers::Hop`).
 pub(super) fn set_traceparent(req: &mut Outgoing<'_>, value: HeaderValue) {
     if let RequestFields::Map(map) = &mut req.head.fields {
-        map.insert(request_id::TRACEPARENT, value);
+        map.insert(request_id::TRACEPARENT, value.clone());
     }
+    req.traceparent = Some(value);
 }
 
 /// Writes the head of an inline request: the request line and the fields as this hop

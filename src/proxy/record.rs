@@ -215,7 +215,7 @@ impl Recorder {
             t.end(&crate::trace::Ended {
                 started: f.started,
                 method: &f.method,
-                path: f.path.path(),
+                path: &f.path,
                 status: f.status,
                 client: f.client,
                 version: f.version,

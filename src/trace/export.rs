@@ -29,6 +29,8 @@ const EVERY: Duration = Duration::from_secs(5);
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Tries of a batch the collector asked to send later.
 const TRIES: u32 = 3;
+/// How often the queue is looked at.
+const LOOK_EVERY: Duration = Duration::from_millis(100);
 /// Failures are logged at most this often.
 const LOG_EVERY: Duration = Duration::from_secs(60);
 
@@ -145,26 +147,38 @@ impl Exporter {
 
     /// The next batch: up to [`BATCH`] spans, gathered for at most [`EVERY`] after the
     /// first; `true` once the queue is closed (the batch has what was left).
+    ///
+    /// The queue is looked at every [`LOOK_EVERY`] rather than waited on: a wait would
+    /// have every span recorded wake this thread, a system call on the request path.
     async fn gather(&mut self) -> (Vec<Span>, bool) {
         let mut batch = Vec::new();
-        let deadline = tokio::time::sleep(EVERY);
-        tokio::pin!(deadline);
-        while batch.len() < BATCH {
-            tokio::select! {
-                got = self.rx.recv() => match got {
-                    Some(span) => batch.push(span),
-                    None => return (batch, true),
-                },
-                _ = &mut deadline, if !batch.is_empty() => break,
-                _ = self.closed.wait_for(|c| *c) => {
-                    while let (true, Ok(span)) = (batch.len() < BATCH * 8, self.rx.try_recv()) {
-                        batch.push(span);
-                    }
-                    return (batch, true);
+        let mut since = None;
+        loop {
+            while batch.len() < BATCH {
+                match self.rx.try_recv() {
+                    Ok(span) => batch.push(span),
+                    Err(mpsc::error::TryRecvError::Empty) => break,
+                    Err(mpsc::error::TryRecvError::Disconnected) => return (batch, true),
                 }
             }
+            if *self.closed.borrow() {
+                while let Ok(span) = self.rx.try_recv() {
+                    batch.push(span);
+                }
+                return (batch, true);
+            }
+            if since.is_none() && !batch.is_empty() {
+                since = Some(Instant::now());
+            }
+            if batch.len() >= BATCH || since.is_some_and(|t| t.elapsed() >= EVERY) {
+                return (batch, false);
+            }
+            match tokio::time::timeout(LOOK_EVERY, self.closed.changed()).await {
+                Ok(Ok(())) | Err(_) => {}
+                // The queue's end is gone: the next look finds the channel closed.
+                Ok(Err(_)) => tokio::time::sleep(LOOK_EVERY).await,
+            }
         }
-        (batch, false)
     }
 
     /// Sends `batch`, again after a pause when the collector asks for one.
@@ -302,19 +316,14 @@ fn otlp_span(s: Span) -> opentelemetry_proto::tonic::trace::v1::Span {
             server_attributes(&mut attributes, &f);
             (span::SpanKind::Server, f.status >= 500)
         }
-        SpanKind::Client {
-            backend,
-            name,
-            address,
-            outcome,
-        } => {
-            let (host, port) = split_authority(&address);
+        SpanKind::Client { backend, outcome } => {
+            let (host, port) = split_authority(backend.authority.as_str());
             attributes.push(text("server.address", host));
             if let Some(port) = port {
                 attributes.push(int("server.port", i64::from(port)));
             }
-            attributes.push(text("fulcrum.pool", &backend));
-            attributes.push(text("fulcrum.backend", &name));
+            attributes.push(text("fulcrum.pool", &backend.pool));
+            attributes.push(text("fulcrum.backend", &backend.name));
             let error = match outcome {
                 TryOutcome::Status(code) => {
                     attributes.push(int("http.response.status_code", i64::from(code)));
@@ -353,7 +362,7 @@ fn otlp_span(s: Span) -> opentelemetry_proto::tonic::trace::v1::Span {
 }
 
 fn server_attributes(a: &mut Vec<KeyValue>, f: &super::ServerFacts) {
-    a.push(text("url.path", &f.path));
+    a.push(text("url.path", f.path.path()));
     a.push(int("http.response.status_code", i64::from(f.status)));
     a.push(text("client.address", &f.client.to_string()));
     a.push(text("network.protocol.name", "http"));
@@ -371,7 +380,7 @@ fn server_attributes(a: &mut Vec<KeyValue>, f: &super::ServerFacts) {
         a.push(text("fulcrum.pool", pool));
         a.push(text("fulcrum.strategy", strategy));
     }
-    a.push(text("fulcrum.request_id", &f.request_id));
+    a.push(text("fulcrum.request_id", &f.request_id.as_str()));
     if let Some(step) = f.answered_by {
         a.push(text("fulcrum.answered_by", step));
     }

@@ -26,6 +26,10 @@ use context::{ParentContext, SpanId, TraceId};
 /// Whether a tracer is in force: the one read the request path makes without one.
 static ON: AtomicBool = AtomicBool::new(false);
 
+/// Whether requests without a sampled caller may start a trace (`sample` > 0): with
+/// `sample = 0` only a caller's `traceparent` is looked at.
+static STARTS: AtomicBool = AtomicBool::new(false);
+
 /// The tracer in force (`[tracing]`), replaced at a reload.
 static TRACER: ArcSwapOption<Tracer> = ArcSwapOption::const_empty();
 
@@ -45,6 +49,8 @@ pub(crate) fn install(settings: Option<&TraceSettings>) {
         return;
     }
     let tracer = settings.map(|s| Arc::new(Tracer::start(s.clone())));
+    let starts = settings.is_some_and(|s| s.sample > 0.0);
+    STARTS.store(starts, Ordering::Release);
     ON.store(tracer.is_some(), Ordering::Release);
     TRACER.store(tracer);
     if let Some(old) = old {
@@ -109,14 +115,10 @@ impl Tracer {
 /// The trace a request belongs to, when it is sampled: begun when its head arrived,
 /// written when its record is (`Recorder::finish`), one client span per try between.
 pub(crate) struct Traced {
-    tracer: Arc<Tracer>,
-    trace: TraceId,
-    /// The server span's id.
-    span: SpanId,
+    /// What its tries' spans hang under (the server span).
+    tries: TryParent,
     /// The caller's span, when the request came with a `traceparent`.
     parent: Option<SpanId>,
-    /// The caller's `tracestate`, kept on the spans (and forwarded as it came).
-    state: Option<HeaderValue>,
     /// The route's place in the routing table, once routed.
     pub(crate) route: Option<usize>,
     /// The pool and its strategy, once routed.
@@ -127,31 +129,46 @@ pub(crate) struct Traced {
 
 /// A request's trace, if it has one: its caller's, when its `traceparent` says sampled;
 /// none when it says not; else a new one for a `sample` share of requests.
+/// `tracestate` is only looked up for a request that is traced.
 #[inline]
-pub(crate) fn begin(traceparent: Option<&[u8]>, tracestate: Option<&[u8]>) -> Option<Box<Traced>> {
+pub(crate) fn begin<'h>(
+    traceparent: impl FnOnce() -> Option<&'h [u8]>,
+    tracestate: impl FnOnce() -> Option<&'h [u8]>,
+) -> Option<Box<Traced>> {
     if !ON.load(Ordering::Relaxed) {
         return None;
     }
-    begin_on(traceparent, tracestate)
+    let parent = traceparent().and_then(ParentContext::parse);
+    if parent.is_none() && !STARTS.load(Ordering::Relaxed) {
+        return None;
+    }
+    begin_on(parent, tracestate)
 }
 
 #[inline(never)]
-fn begin_on(traceparent: Option<&[u8]>, tracestate: Option<&[u8]>) -> Option<Box<Traced>> {
+fn begin_on<'h>(
+    parent: Option<ParentContext>,
+    tracestate: impl FnOnce() -> Option<&'h [u8]>,
+) -> Option<Box<Traced>> {
     let tracer = TRACER.load_full()?;
-    let (trace, parent) = match traceparent.and_then(ParentContext::parse) {
+    let (trace, parent) = match parent {
         Some(p) if !p.sampled => return None,
         Some(p) => (p.trace, Some(p.span)),
         None if !tracer.samples() => return None,
         None => (TraceId::random(), None),
     };
+    let state = match parent {
+        Some(_) => tracestate().and_then(|v| HeaderValue::from_bytes(v).ok()),
+        None => None,
+    };
     Some(Box::new(Traced {
-        tracer,
-        trace,
-        span: SpanId::random(),
+        tries: TryParent {
+            tracer,
+            trace,
+            span: SpanId::random(),
+            state,
+        },
         parent,
-        state: tracestate
-            .filter(|_| parent.is_some())
-            .and_then(|v| HeaderValue::from_bytes(v).ok()),
         route: None,
         pool: None,
         answered_by: None,
@@ -161,8 +178,8 @@ fn begin_on(traceparent: Option<&[u8]>, tracestate: Option<&[u8]>) -> Option<Box
 impl std::fmt::Debug for Traced {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Traced")
-            .field("trace", &self.trace)
-            .field("span", &self.span)
+            .field("trace", &self.tries.trace)
+            .field("span", &self.tries.span)
             .finish_non_exhaustive()
     }
 }
@@ -182,7 +199,19 @@ pub(crate) enum TryOutcome {
     Failed(&'static str),
 }
 
-impl Traced {
+/// What a request's tries hang under: its trace and its server span. Cloned into a
+/// hedged race, whose tries end apart from the request's record.
+#[derive(Clone)]
+pub(crate) struct TryParent {
+    tracer: Arc<Tracer>,
+    trace: TraceId,
+    /// The server span's id.
+    span: SpanId,
+    /// The caller's `tracestate`, kept on the spans (and forwarded as it came).
+    state: Option<HeaderValue>,
+}
+
+impl TryParent {
     /// A new try: its span, and the `traceparent` its backend gets.
     pub(crate) fn begin_try(&self) -> (TrySpan, HeaderValue) {
         let id = SpanId::random();
@@ -195,7 +224,7 @@ impl Traced {
     pub(crate) fn end_try(
         &self,
         t: TrySpan,
-        backend: &crate::pool::Backend,
+        backend: &Arc<crate::pool::Backend>,
         method: &Method,
         outcome: TryOutcome,
     ) {
@@ -209,36 +238,42 @@ impl Traced {
             end: tracer.wall(Stamp::now()),
             method: method.clone(),
             kind: SpanKind::Client {
-                backend: Arc::clone(&backend.pool),
-                name: backend.name.clone(),
-                address: backend.authority.as_str().into(),
+                backend: Arc::clone(backend),
                 outcome,
             },
         };
         tracer.record(span);
     }
+}
+
+impl Traced {
+    /// What its tries' spans hang under.
+    pub(crate) fn tries(&self) -> &TryParent {
+        &self.tries
+    }
 
     /// The request ended: its server span queued.
     pub(crate) fn end(&self, r: &Ended<'_>) {
-        let tracer = &self.tracer;
+        let t = &self.tries;
+        let tracer = &t.tracer;
         let span = Span {
-            trace: self.trace,
-            id: self.span,
+            trace: t.trace,
+            id: t.span,
             parent: self.parent,
-            state: self.state.clone(),
+            state: t.state.clone(),
             start: tracer.wall(r.started),
             end: tracer.wall(Stamp::now()),
             method: r.method.clone(),
-            kind: SpanKind::Server(Box::new(ServerFacts {
-                path: r.path.into(),
+            kind: SpanKind::Server(ServerFacts {
+                path: r.path.clone(),
                 status: r.status,
                 client: r.client,
                 version: r.version,
                 route: self.route,
                 pool: self.pool.clone(),
-                request_id: String::from_utf8_lossy(r.request_id).into_owned(),
+                request_id: RequestIdText::of(r.request_id),
                 answered_by: self.answered_by,
-            })),
+            }),
         };
         tracer.record(span);
     }
@@ -249,8 +284,8 @@ pub(crate) struct Ended<'a> {
     /// When its head had arrived.
     pub(crate) started: Stamp,
     pub(crate) method: &'a Method,
-    /// The path (without the query).
-    pub(crate) path: &'a str,
+    /// The target (the span has its path, without the query).
+    pub(crate) path: &'a http::uri::PathAndQuery,
     /// The status sent to the client.
     pub(crate) status: u16,
     pub(crate) client: IpAddr,
@@ -275,24 +310,45 @@ pub(crate) struct Span {
 
 /// What only a server span or only a client span has.
 enum SpanKind {
-    Server(Box<ServerFacts>),
+    Server(ServerFacts),
     Client {
-        /// The pool and the backend tried, and its address.
-        backend: Arc<str>,
-        name: String,
-        address: Box<str>,
+        /// The backend tried (its pool, name and address are read by the encoder).
+        backend: Arc<crate::pool::Backend>,
         outcome: TryOutcome,
     },
 }
 
 /// A server span's attributes.
 struct ServerFacts {
-    path: Box<str>,
+    path: http::uri::PathAndQuery,
     status: u16,
     client: IpAddr,
     version: http::Version,
     route: Option<usize>,
     pool: Option<(Arc<str>, &'static str)>,
-    request_id: String,
+    request_id: RequestIdText,
     answered_by: Option<&'static str>,
+}
+
+/// A request id kept in place (ids are at most 64 characters): no allocation per span.
+struct RequestIdText {
+    bytes: [u8; 64],
+    len: u8,
+}
+
+impl RequestIdText {
+    fn of(id: &[u8]) -> RequestIdText {
+        let len = id.len().min(64);
+        let mut bytes = [0; 64];
+        bytes[..len].copy_from_slice(&id[..len]);
+        RequestIdText {
+            bytes,
+            len: len as u8,
+        }
+    }
+
+    /// The id as text (ids are ASCII).
+    fn as_str(&self) -> std::borrow::Cow<'_, str> {
+        String::from_utf8_lossy(&self.bytes[..usize::from(self.len)])
+    }
 }
