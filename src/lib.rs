@@ -68,7 +68,7 @@ pub(crate) mod store;
 pub mod strategy;
 pub(crate) mod tcp;
 pub(crate) mod tls;
-pub(crate) mod trace;
+pub mod trace;
 pub(crate) mod traffic;
 pub(crate) mod transport;
 pub(crate) mod trust;

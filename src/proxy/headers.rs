@@ -170,7 +170,7 @@ pub(crate) struct Hop<'a> {
     pub(crate) client_cert: Option<&'a HeaderValue>,
     /// A traced request's `traceparent` for this try, in place of the caller's
     /// (`docs/tracing.md`).
-    pub(crate) traceparent: Option<&'a HeaderValue>,
+    pub(crate) traceparent: Option<&'a [u8]>,
 }
 
 /// `X-Forwarded-Client-Cert` (Envoy's name and form): the verified client
@@ -317,6 +317,7 @@ impl<'a, 'f> Forwarding<'a, 'f> {
                 Added::ForwardedFor => self.write_xff(fields, out),
                 Added::Via => self.write_via(fields, out),
                 Added::Value(v) => out.extend_from_slice(v.as_bytes()),
+                Added::Raw(v) => out.extend_from_slice(v),
                 Added::RequestId => out.extend_from_slice(sets.hop.request_id),
             }
             out.extend_from_slice(b"\r\n");
@@ -372,6 +373,10 @@ impl<'a> Forwarding<'a, '_> {
                     },
                 },
                 (Added::Value(v), _) => v.clone(),
+                (Added::Raw(v), _) => match HeaderValue::from_bytes(v) {
+                    Ok(v) => v,
+                    Err(_) => return,
+                },
                 (Added::RequestId, _) => super::request_id::field_value(hop.request_id),
             };
             map.insert(name.clone(), value);
@@ -431,7 +436,7 @@ impl Sets<'_> {
             put(&X_FORWARDED_CLIENT_CERT, Added::Value(cert));
         }
         if let Some(parent) = self.hop.traceparent {
-            put(&super::request_id::TRACEPARENT, Added::Value(parent));
+            put(&super::request_id::TRACEPARENT, Added::Raw(parent));
         }
     }
 }
@@ -444,6 +449,8 @@ enum Added<'v> {
     Via,
     /// This value.
     Value(&'v HeaderValue),
+    /// This value, as bytes valid in a field (a `traceparent`: hex digits and dashes).
+    Raw(&'v [u8]),
     /// The request's id.
     RequestId,
 }

@@ -171,7 +171,7 @@ fn launch(
     up: &'static Upstreams,
     req: &mut Outgoing<'_>,
     guard: RequestGuard,
-    (index, traceparent): (usize, Option<http::HeaderValue>),
+    (index, traceparent): (usize, Option<crate::trace::Traceparent>),
     bound: Duration,
 ) -> impl Future<Output = Ended> + Send + 'static {
     let backend = Arc::clone(guard.backend());
@@ -179,7 +179,7 @@ fn launch(
     // in one place on the plain path, where it is laid out with the request's.
     outgoing::leave_inline(req);
     let mut sent = Box::new(build_upstream(req, &backend, true));
-    if let Some(parent) = traceparent {
+    if let Some(parent) = traceparent.and_then(|t| http::HeaderValue::from_bytes(&t).ok()) {
         sent.headers_mut()
             .insert(super::request_id::TRACEPARENT, parent);
     }

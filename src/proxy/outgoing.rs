@@ -53,7 +53,7 @@ pub(super) struct Outgoing<'p> {
     /// Its route's mirror, until the copy is made (`docs/traffic.md`, "Mirrors").
     pub(super) mirror: Option<Arc<crate::mirror::Mirror>>,
     /// A traced request's `traceparent` for its try at hand (`docs/tracing.md`).
-    pub(super) traceparent: Option<HeaderValue>,
+    pub(super) traceparent: Option<crate::trace::Traceparent>,
 }
 
 impl Outgoing<'_> {
@@ -67,7 +67,7 @@ impl Outgoing<'_> {
             request_id: self.id.as_bytes(),
             via: self.via,
             client_cert: self.peer.client_cert.as_ref().map(|c| &c.xfcc),
-            traceparent: self.traceparent.as_ref(),
+            traceparent: self.traceparent.as_ref().map(|t| &t[..]),
         }
     }
 
@@ -146,7 +146,7 @@ pub(super) fn prepare(
             request_id: req.id.as_bytes(),
             via: req.via,
             client_cert: req.peer.client_cert.as_ref().map(|c| &c.xfcc),
-            traceparent: req.traceparent.as_ref(),
+            traceparent: req.traceparent.as_ref().map(|t| &t[..]),
         };
         let upgrade = req.client_upgrade.is_some();
         if edits.is_some() && req.found.client_ip.is_none() {
@@ -173,9 +173,11 @@ pub(super) fn prepare(
 
 /// Names a try's span in the backend's `traceparent`: in the map, when the fields are
 /// one already; span fields get it as they are written out (`headers::Hop`).
-pub(super) fn set_traceparent(req: &mut Outgoing<'_>, value: HeaderValue) {
+pub(super) fn set_traceparent(req: &mut Outgoing<'_>, value: crate::trace::Traceparent) {
     if let RequestFields::Map(map) = &mut req.head.fields {
-        map.insert(request_id::TRACEPARENT, value.clone());
+        if let Ok(v) = HeaderValue::from_bytes(&value) {
+            map.insert(request_id::TRACEPARENT, v);
+        }
     }
     req.traceparent = Some(value);
 }

@@ -2,8 +2,6 @@
 //! backend. A field that is not a valid version-00 value is treated as absent, as the
 //! recommendation says (the request then starts its own trace when sampled).
 
-use http::HeaderValue;
-
 /// A trace's id: 16 bytes, not all zero.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct TraceId(pub(crate) [u8; 16]);
@@ -85,28 +83,23 @@ fn hex_byte(two: &[u8]) -> Option<u8> {
     Some(digit(two[0])? << 4 | digit(two[1])?)
 }
 
+/// A `traceparent` value: `00-<32 hex>-<16 hex>-01`, hex digits and dashes only (valid
+/// in a field as it is: the request path writes it without making a `HeaderValue`).
+pub(crate) type Traceparent = [u8; 55];
+
 /// The `traceparent` naming `span` of `trace`, sampled.
-pub(crate) fn traceparent(trace: &TraceId, span: &SpanId) -> HeaderValue {
+pub(crate) fn traceparent(trace: &TraceId, span: &SpanId) -> Traceparent {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut out = [0u8; 55];
-    out[..3].copy_from_slice(b"00-");
-    let bytes = trace.0.iter().chain(b"-").chain(span.0.iter());
-    let mut at = 3;
-    for (i, &b) in bytes.enumerate() {
-        if i == 16 {
-            out[at] = b'-';
-            at += 1;
-            continue;
-        }
-        out[at] = HEX[usize::from(b >> 4)];
-        out[at + 1] = HEX[usize::from(b & 15)];
-        at += 2;
+    let mut out = *b"00-00000000000000000000000000000000-0000000000000000-01";
+    for (i, &b) in trace.0.iter().enumerate() {
+        out[3 + 2 * i] = HEX[usize::from(b >> 4)];
+        out[4 + 2 * i] = HEX[usize::from(b & 15)];
     }
-    out[52..].copy_from_slice(b"-01");
-    // Hex digits and dashes only.
-    HeaderValue::from_bytes(&out).unwrap_or(HeaderValue::from_static(
-        "00-00000000000000000000000000000001-0000000000000001-01",
-    ))
+    for (i, &b) in span.0.iter().enumerate() {
+        out[36 + 2 * i] = HEX[usize::from(b >> 4)];
+        out[37 + 2 * i] = HEX[usize::from(b & 15)];
+    }
+    out
 }
 
 #[cfg(test)]
@@ -119,7 +112,7 @@ mod tests {
     fn a_traceparent_reads_and_writes_back() {
         let p = ParentContext::parse(GOOD).unwrap();
         assert!(p.sampled);
-        assert_eq!(traceparent(&p.trace, &p.span).as_bytes(), GOOD);
+        assert_eq!(&traceparent(&p.trace, &p.span)[..], GOOD);
         let unsampled = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00";
         assert!(!ParentContext::parse(unsampled).unwrap().sampled);
     }

@@ -10,6 +10,8 @@
 //! these records, which keep each attribute in a field and leave the names to the encoder.
 
 pub(crate) mod context;
+
+pub(crate) use context::Traceparent;
 pub(crate) mod export;
 
 use std::net::IpAddr;
@@ -213,7 +215,7 @@ pub(crate) struct TryParent {
 
 impl TryParent {
     /// A new try: its span, and the `traceparent` its backend gets.
-    pub(crate) fn begin_try(&self) -> (TrySpan, HeaderValue) {
+    pub(crate) fn begin_try(&self) -> (TrySpan, Traceparent) {
         let id = SpanId::random();
         let header = context::traceparent(&self.trace, &id);
         let started = Stamp::now();
@@ -351,4 +353,46 @@ impl RequestIdText {
     fn as_str(&self) -> std::borrow::Cow<'_, str> {
         String::from_utf8_lossy(&self.bytes[..usize::from(self.len)])
     }
+}
+
+/// For the benchmark (`benches/spans.rs`, `docs/performance.md`, "Traces"): a tracer
+/// in force that posts to `otlp`, with room for `max_queue` spans.
+#[doc(hidden)]
+pub fn bench_install(otlp: &str, max_queue: usize) {
+    let settings = TraceSettings {
+        endpoint: otlp
+            .parse()
+            .unwrap_or(http::Uri::from_static("http://127.0.0.1:9/v1/traces")),
+        sample: 1.0,
+        service_name: "fulcrum".into(),
+        max_queue,
+        headers: Vec::new(),
+    };
+    install(Some(&settings));
+}
+
+/// For the benchmark: what the request path records for one traced request with one
+/// try at `backend` — the trace begun from a sampled caller's `traceparent`, the try's
+/// span and `traceparent`, both spans ended and queued.
+#[doc(hidden)]
+pub fn bench_one_request(backend: &Arc<crate::pool::Backend>, target: &http::uri::PathAndQuery) {
+    let caller = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let Some(mut t) = begin(|| Some(&caller[..]), || None) else {
+        return;
+    };
+    t.route = Some(0);
+    t.pool = Some((Arc::clone(&backend.pool), "round_robin"));
+    let (span, header) = t.tries().begin_try();
+    std::hint::black_box(&header);
+    t.tries()
+        .end_try(span, backend, &Method::GET, TryOutcome::Status(200));
+    t.end(&Ended {
+        started: Stamp::now(),
+        method: &Method::GET,
+        path: target,
+        status: 200,
+        client: IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
+        version: http::Version::HTTP_11,
+        request_id: b"4bf92f3577b34da6a3ce929d0e0e4736",
+    });
 }
