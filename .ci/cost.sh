@@ -316,7 +316,9 @@ done
 guard trace0 $((per_h1 + 1000))
 extra trace0 $((worker_trace0 - worker_h1)) 100 "the plain request on the worker thread" \
   "tracing with sample = 0"
-guard trace1 $((per_h1 + 6000))
+# The total also holds the exporter's thread: each span built as opentelemetry-proto's
+# structures, encoded and dropped, about 35 000 a request (two spans), off the request path.
+guard trace1 $((per_h1 + 45000))
 extra trace1 $((worker_trace1 - worker_h1)) 3000 "the plain request on the worker thread" \
   "tracing every request"
 echo "cost guard (trace1): $((per_trace1 - per_h1)) instructions over the plain request in the process's total (the exporter's thread included)"

@@ -209,6 +209,9 @@ pub(crate) struct Forwarding<'a, 'f> {
 /// (`x-fulcrum-mirror`). A test holds it to the names.
 const DROPPED_LENGTHS: [usize; 10] = [2, 3, 7, 10, 12, 15, 16, 17, 19, 23];
 
+/// The length of `traceparent`, which a traced request's try replaces.
+const TRACEPARENT_LENGTH: usize = 11;
+
 /// The fields this hop sets.
 #[derive(Clone, Copy)]
 struct Sets<'a> {
@@ -288,8 +291,10 @@ impl<'a, 'f> Forwarding<'a, 'f> {
     pub(crate) fn keeps(&self, name: &[u8]) -> bool {
         // Most fields are kept, and most are known to be by their length alone: no
         // field this hop drops or sets has it (unless `Connection` names it).
+        // A traced request's `traceparent` (11 letters) is replaced.
         let traced = self.sets.hop.traceparent.is_some();
-        if self.named.is_empty() && !DROPPED_LENGTHS.contains(&name.len()) && !traced {
+        let replaced = traced && name.len() == TRACEPARENT_LENGTH;
+        if self.named.is_empty() && !DROPPED_LENGTHS.contains(&name.len()) && !replaced {
             return true;
         }
         !(self.is_hop_by_hop(name)

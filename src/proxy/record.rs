@@ -214,6 +214,7 @@ impl Recorder {
         if let Some(t) = &f.trace {
             t.end(&crate::trace::Ended {
                 started: f.started,
+                ended: now,
                 method: &f.method,
                 path: &f.path,
                 status: f.status,

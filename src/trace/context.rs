@@ -140,4 +140,24 @@ mod tests {
         let later = b"01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-more";
         assert!(ParentContext::parse(later).is_some());
     }
+
+    proptest::proptest! {
+        /// A caller's field is untrusted: any bytes parse or are absent, never panic; and
+        /// what parses writes back the same for version 00.
+        #[test]
+        fn any_bytes_parse_or_are_absent(v in proptest::collection::vec(proptest::num::u8::ANY, 0..80)) {
+            if let Some(p) = ParentContext::parse(&v) {
+                if v.starts_with(b"00-") && v[53..55] == *b"01" {
+                    proptest::prop_assert_eq!(&traceparent(&p.trace, &p.span)[..], &v[..]);
+                }
+            }
+        }
+
+        #[test]
+        fn written_traceparents_parse_back(trace in proptest::array::uniform16(1u8..), span in proptest::array::uniform8(1u8..)) {
+            let written = traceparent(&TraceId(trace), &SpanId(span));
+            let p = ParentContext::parse(&written).unwrap();
+            proptest::prop_assert_eq!((p.trace.0, p.span.0, p.sampled), (trace, span, true));
+        }
+    }
 }

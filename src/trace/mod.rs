@@ -264,7 +264,7 @@ impl Traced {
             parent: self.parent,
             state: t.state.clone(),
             start: tracer.wall(r.started),
-            end: tracer.wall(Stamp::now()),
+            end: tracer.wall(r.ended),
             method: r.method.clone(),
             kind: SpanKind::Server(ServerFacts {
                 path: r.path.clone(),
@@ -283,8 +283,9 @@ impl Traced {
 
 /// A request's facts at its end, for its server span.
 pub(crate) struct Ended<'a> {
-    /// When its head had arrived.
+    /// When its head had arrived, and when it ended.
     pub(crate) started: Stamp,
+    pub(crate) ended: Stamp,
     pub(crate) method: &'a Method,
     /// The target (the span has its path, without the query).
     pub(crate) path: &'a http::uri::PathAndQuery,
@@ -388,6 +389,7 @@ pub fn bench_one_request(backend: &Arc<crate::pool::Backend>, target: &http::uri
         .end_try(span, backend, &Method::GET, TryOutcome::Status(200));
     t.end(&Ended {
         started: Stamp::now(),
+        ended: Stamp::now(),
         method: &Method::GET,
         path: target,
         status: 200,
