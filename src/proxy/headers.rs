@@ -199,6 +199,9 @@ pub(crate) struct Forwarding<'a, 'f> {
     /// What `Connection` names.
     named: hop::Named<'f>,
     upgrade: bool,
+    /// The name lengths of the fields this hop may leave out (bit `n`: length `n`):
+    /// [`DROPPED_LENGTHS`], and `traceparent`'s when a try replaces it.
+    lengths: u32,
 }
 
 /// The lengths of the names of every field a [`Forwarding`] may leave out by itself:
@@ -211,6 +214,17 @@ const DROPPED_LENGTHS: [usize; 10] = [2, 3, 7, 10, 12, 15, 16, 17, 19, 23];
 
 /// The length of `traceparent`, which a traced request's try replaces.
 const TRACEPARENT_LENGTH: usize = 11;
+
+/// [`DROPPED_LENGTHS`] as bits (every length is under 32).
+const DROPPED_MASK: u32 = {
+    let mut mask = 0;
+    let mut i = 0;
+    while i < DROPPED_LENGTHS.len() {
+        mask |= 1 << DROPPED_LENGTHS[i];
+        i += 1;
+    }
+    mask
+};
 
 /// The fields this hop sets.
 #[derive(Clone, Copy)]
@@ -270,6 +284,10 @@ impl<'a, 'f> Forwarding<'a, 'f> {
             },
             named,
             upgrade,
+            lengths: match hop.traceparent {
+                Some(_) => DROPPED_MASK | 1 << TRACEPARENT_LENGTH,
+                None => DROPPED_MASK,
+            },
         };
         if hop.peer_trusted {
             for (name, _) in fields.fields() {
@@ -291,12 +309,11 @@ impl<'a, 'f> Forwarding<'a, 'f> {
     pub(crate) fn keeps(&self, name: &[u8]) -> bool {
         // Most fields are kept, and most are known to be by their length alone: no
         // field this hop drops or sets has it (unless `Connection` names it).
-        // A traced request's `traceparent` (11 letters) is replaced.
-        let traced = self.sets.hop.traceparent.is_some();
-        let replaced = traced && name.len() == TRACEPARENT_LENGTH;
-        if self.named.is_empty() && !DROPPED_LENGTHS.contains(&name.len()) && !replaced {
+        let len = name.len();
+        if self.named.is_empty() && (len >= 32 || self.lengths & (1 << len) == 0) {
             return true;
         }
+        let traced = self.sets.hop.traceparent.is_some();
         !(self.is_hop_by_hop(name)
             || (traced && is(name, &super::request_id::TRACEPARENT))
             || super::request_id::is_request_id(name)

@@ -465,14 +465,13 @@ impl Proxy {
         mut permit: Option<ShedPermit>,
         route: Option<Arc<RoutePolicy>>,
     ) -> ProxyResponse {
-        let ready = match self.before_pool(&mut req, route.as_deref(), fin.started) {
-            Before::Ready(chain, again) => Ok((chain, again)),
-            Before::Refused(r) => Err(*r),
-            Before::Wait(wait) => wait.await,
-        };
-        let (chain, again) = match ready {
-            Ok(ready) => ready,
-            Err(r) => return self.refused(&req, &mut fin, r),
+        let (chain, again) = match self.before_pool(&mut req, route.as_deref(), fin.started) {
+            Before::Ready(chain, again) => (chain, again),
+            Before::Refused(r, step) => return self.refused(Some(step), &mut fin, *r),
+            Before::Wait(wait) => match wait.await {
+                Ok(ready) => ready,
+                Err((r, step)) => return self.refused(step, &mut fin, r),
+            },
         };
         let (req, fin) = (&mut req, &mut fin);
         let watch = match req.mirror.is_some() {
@@ -537,9 +536,14 @@ impl Proxy {
 
     /// A route's step answered the request itself: its span names the step.
     #[cold]
-    fn refused(&self, req: &Outgoing<'_>, fin: &mut Pending, r: ProxyResponse) -> ProxyResponse {
+    fn refused(
+        &self,
+        step: Option<&'static str>,
+        fin: &mut Pending,
+        r: ProxyResponse,
+    ) -> ProxyResponse {
         if let Some(t) = &mut fin.trace {
-            t.answered_by = req.found.answered_by;
+            t.answered_by = step;
         }
         self.own(fin, None, r)
     }
@@ -565,7 +569,7 @@ impl Proxy {
                 let chain = Chain::of(route);
                 match chain.run(0, &mut self.before_cx(req, route, now)) {
                     Ran::Done => (Some(chain), None),
-                    Ran::Answer(r) => return Before::Refused(r),
+                    Ran::Answer(r, step) => return Before::Refused(r, step),
                     Ran::Wait(next, wait) => (Some(chain), Some((route, next, wait))),
                 }
             }
@@ -584,7 +588,7 @@ impl Proxy {
             }
             let again = match retry::Again::now(req) {
                 Some(again) => again,
-                None => retry::Again::kept(req).await.map_err(|f| f.answer())?,
+                None => (retry::Again::kept(req).await).map_err(|f| (f.answer(), None))?,
             };
             Ok((chain, again))
         }))
@@ -677,19 +681,15 @@ impl Proxy {
         mut next: usize,
         mut wait: Box<chain::Waiting<'_>>,
         now: Stamp,
-    ) -> Result<(), ProxyResponse> {
+    ) -> Result<(), (ProxyResponse, Option<&'static str>)> {
         loop {
             let mut cx = self.before_cx(req, route, now);
-            match (&mut *wait).await {
-                Ok(grant) => cx.grant(grant),
-                Err(r) => {
-                    cx.found.answered_by = chain.step_name(next - 1);
-                    return Err(r);
-                }
-            }
+            // The step that waited answers, if its wait ends in an answer.
+            let grant = (&mut *wait).await;
+            cx.grant(grant.map_err(|r| (r, chain.step_name(next - 1)))?);
             match chain.run(next, &mut cx) {
                 Ran::Done => return Ok(()),
-                Ran::Answer(r) => return Err(*r),
+                Ran::Answer(r, step) => return Err((*r, Some(step))),
                 Ran::Wait(n, w) => (next, wait) = (n, w),
             }
         }
@@ -774,23 +774,19 @@ impl Proxy {
         let Ok(injected_delay) = upstream::inject_faults(&backend).await else {
             return Ok(self.injected(guard, fin));
         };
-        let try_span = fin.trace.as_ref().map(|trace| {
-            let (span, traceparent) = trace.tries().begin_try();
-            outgoing::set_traceparent(req, traceparent);
-            span
-        });
-        let (result, upload) = self.exchange(req, &backend, t).await;
-        if let (Some(trace), Some(span)) = (&fin.trace, try_span) {
-            let outcome = match &result {
-                Ok((answer, _)) => crate::trace::TryOutcome::Status(answer.status().as_u16()),
-                Err(f) => crate::trace::TryOutcome::Failed(f.name()),
-            };
-            trace
-                .tries()
-                .end_try(span, &backend, &req.head.method, outcome);
+        if let Some(trace) = &mut fin.trace {
+            outgoing::set_traceparent(req, trace.begin_current());
         }
+        let (result, upload) = self.exchange(req, &backend, t).await;
+        let end_try = |fin: &mut Pending, method: &http::Method, outcome| {
+            if let Some(trace) = &mut fin.trace {
+                trace.end_current(&backend, method, outcome);
+            }
+        };
         match result {
             Ok((answer, sent_at)) => {
+                let status = crate::trace::TryOutcome::Status(answer.status().as_u16());
+                end_try(fin, &req.head.method, status);
                 let head = (answer, sent_at, injected_delay);
                 self.on_head(req, guard, (fin, permit), t, (head, upload))
             }
@@ -805,6 +801,11 @@ impl Proxy {
                     Failure::Timeout if stalled => Failure::ClientStalled,
                     f => f,
                 };
+                end_try(
+                    fin,
+                    &req.head.method,
+                    crate::trace::TryOutcome::Failed(failure.name()),
+                );
                 Err(retry::failed(&mut guard, failure))
             }
         }
@@ -1018,11 +1019,12 @@ enum Before<'w, 'c> {
     /// The request goes on to the pool: the route's steps, and what its tries may do
     /// again.
     Ready(Option<&'c Chain>, retry::Again),
-    /// A step answered it.
-    Refused(Box<ProxyResponse>),
+    /// A step answered it (the step named).
+    Refused(Box<ProxyResponse>, &'static str),
     /// A step waits, or its body is read whole first: the same, once that is done.
     Wait(std::pin::Pin<Box<dyn std::future::Future<Output = Readied<'c>> + Send + 'w>>),
 }
 
-/// What a wait before the pool ends in: [`Before::Ready`]'s fields, or the answer.
-type Readied<'c> = Result<(Option<&'c Chain>, retry::Again), ProxyResponse>;
+/// What a wait before the pool ends in: [`Before::Ready`]'s fields, or the answer (and
+/// the step that gave it, if one did).
+type Readied<'c> = Result<(Option<&'c Chain>, retry::Again), (ProxyResponse, Option<&'static str>)>;

@@ -53,7 +53,8 @@ pub(super) struct Outgoing<'p> {
     /// Its route's mirror, until the copy is made (`docs/traffic.md`, "Mirrors").
     pub(super) mirror: Option<Arc<crate::mirror::Mirror>>,
     /// A traced request's `traceparent` for its try at hand (`docs/tracing.md`).
-    pub(super) traceparent: Option<crate::trace::Traceparent>,
+    /// Boxed: the plain path carries 8 bytes for it, not 56.
+    pub(super) traceparent: Option<Box<crate::trace::Traceparent>>,
 }
 
 impl Outgoing<'_> {
@@ -67,7 +68,7 @@ impl Outgoing<'_> {
             request_id: self.id.as_bytes(),
             via: self.via,
             client_cert: self.peer.client_cert.as_ref().map(|c| &c.xfcc),
-            traceparent: self.traceparent.as_ref().map(|t| &t[..]),
+            traceparent: self.traceparent.as_deref().map(|t| &t[..]),
         }
     }
 
@@ -146,7 +147,7 @@ pub(super) fn prepare(
             request_id: req.id.as_bytes(),
             via: req.via,
             client_cert: req.peer.client_cert.as_ref().map(|c| &c.xfcc),
-            traceparent: req.traceparent.as_ref().map(|t| &t[..]),
+            traceparent: req.traceparent.as_deref().map(|t| &t[..]),
         };
         let upgrade = req.client_upgrade.is_some();
         if edits.is_some() && req.found.client_ip.is_none() {
@@ -179,7 +180,8 @@ pub(super) fn set_traceparent(req: &mut Outgoing<'_>, value: crate::trace::Trace
             map.insert(request_id::TRACEPARENT, v);
         }
     }
-    req.traceparent = Some(value);
+    // One box for all its tries.
+    **req.traceparent.get_or_insert_with(|| Box::new([0; 55])) = value;
 }
 
 /// Writes the head of an inline request: the request line and the fields as this hop

@@ -3,7 +3,8 @@
 //! OTLP protobuf (`opentelemetry-proto`) and posts them to the collector, one export at a
 //! time within 10 s. A collector that is slow or down only fills the queue: past
 //! `max_queue` spans are dropped and counted, and no request waits. A `429` or `503` is
-//! retried after its `Retry-After` (else a growing pause); other failures drop the batch.
+//! retried after its `Retry-After` in seconds (else after 1 s), three tries in all;
+//! other failures drop the batch.
 //! Failures are logged at most once a minute.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -162,10 +163,9 @@ impl Exporter {
                 }
             }
             if *self.closed.borrow() {
-                while let Ok(span) = self.rx.try_recv() {
-                    batch.push(span);
-                }
-                return (batch, true);
+                // At most a batch at a time, until the queue is empty.
+                let empty = batch.len() < BATCH;
+                return (batch, empty);
             }
             if since.is_none() && !batch.is_empty() {
                 since = Some(Instant::now());
@@ -188,7 +188,10 @@ impl Exporter {
         for attempt in 1..=TRIES {
             match self.post(body.clone()).await {
                 Ok(()) => return,
-                Err(Failure::Later(pause)) if attempt < TRIES => tokio::time::sleep(pause).await,
+                // At a stop there is no time to wait for the collector.
+                Err(Failure::Later(pause)) if attempt < TRIES && !*self.closed.borrow() => {
+                    tokio::time::sleep(pause).await
+                }
                 Err(Failure::Later(_)) => self.failed(n, "the collector kept asking to wait"),
                 Err(Failure::Other(why)) => return self.failed(n, &why),
             }

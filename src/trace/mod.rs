@@ -32,6 +32,10 @@ static ON: AtomicBool = AtomicBool::new(false);
 /// `sample = 0` only a caller's `traceparent` is looked at.
 static STARTS: AtomicBool = AtomicBool::new(false);
 
+/// A request without a sampled caller starts a trace when a random `u64` is below this
+/// (`sample` × 2⁶⁴; `u64::MAX`: every one): drawn before the tracer is loaded.
+static THRESHOLD: AtomicU64 = AtomicU64::new(0);
+
 /// The tracer in force (`[tracing]`), replaced at a reload.
 static TRACER: ArcSwapOption<Tracer> = ArcSwapOption::const_empty();
 
@@ -53,11 +57,15 @@ pub(crate) fn install(settings: Option<&TraceSettings>) {
     let tracer = settings.map(|s| Arc::new(Tracer::start(s.clone())));
     let starts = settings.is_some_and(|s| s.sample > 0.0);
     STARTS.store(starts, Ordering::Release);
+    THRESHOLD.store(
+        settings.map_or(0, |s| threshold(s.sample)),
+        Ordering::Release,
+    );
     ON.store(tracer.is_some(), Ordering::Release);
     TRACER.store(tracer);
-    if let Some(old) = old {
-        old.queue.close();
-    }
+    // The old exporter is not closed: requests in flight still record into its queue,
+    // and it ends once the last of them has (its queue's end is gone), after sending.
+    drop(old);
 }
 
 /// Sends what waits and stops exporting, within `grace` (a stop, once requests are done).
@@ -70,12 +78,23 @@ pub(crate) fn flush(grace: std::time::Duration) {
     tracer.queue.flushed(grace);
 }
 
+/// `sample` as a threshold for a random `u64`.
+fn threshold(sample: f64) -> u64 {
+    match sample {
+        s if s >= 1.0 => u64::MAX,
+        s => (s * 18_446_744_073_709_551_616.0) as u64,
+    }
+}
+
+/// Whether a request without a sampled caller starts a trace.
+fn samples() -> bool {
+    let t = THRESHOLD.load(Ordering::Relaxed);
+    t == u64::MAX || (t > 0 && fastrand::u64(..) < t)
+}
+
 /// A `[tracing]` in force: how requests are sampled and where their spans go.
 pub(crate) struct Tracer {
     settings: TraceSettings,
-    /// A request without a `traceparent` starts a trace when a random `u64` is below
-    /// this (`sample` × 2⁶⁴; `u64::MAX` for every request).
-    threshold: u64,
     /// Wall-clock nanoseconds minus monotonic ones: a span's times as OTLP wants them.
     wall_offset: u64,
     queue: export::Queue,
@@ -83,23 +102,13 @@ pub(crate) struct Tracer {
 
 impl Tracer {
     fn start(settings: TraceSettings) -> Tracer {
-        let threshold = match settings.sample {
-            s if s >= 1.0 => u64::MAX,
-            s => (s * 18_446_744_073_709_551_616.0) as u64,
-        };
         let wall_offset = crate::clock::unix_ns().wrapping_sub(Stamp::now().ns());
         let queue = export::Queue::start(&settings);
         Tracer {
             settings,
-            threshold,
             wall_offset,
             queue,
         }
-    }
-
-    /// Whether a request without a sampled parent starts a trace.
-    fn samples(&self) -> bool {
-        self.threshold == u64::MAX || (self.threshold > 0 && fastrand::u64(..) < self.threshold)
     }
 
     fn wall(&self, at: Stamp) -> u64 {
@@ -127,6 +136,8 @@ pub(crate) struct Traced {
     pub(crate) pool: Option<(Arc<str>, &'static str)>,
     /// The step that answered the request itself (a rate limit, a deny list, JWT...).
     pub(crate) answered_by: Option<&'static str>,
+    /// The try in progress (held here, not in the request's future across its wait).
+    current: Option<TrySpan>,
 }
 
 /// A request's trace, if it has one: its caller's, when its `traceparent` says sampled;
@@ -141,7 +152,7 @@ pub(crate) fn begin<'h>(
         return None;
     }
     let parent = traceparent().and_then(ParentContext::parse);
-    if parent.is_none() && !STARTS.load(Ordering::Relaxed) {
+    if parent.is_none() && !(STARTS.load(Ordering::Relaxed) && samples()) {
         return None;
     }
     begin_on(parent, tracestate)
@@ -156,7 +167,6 @@ fn begin_on<'h>(
     let (trace, parent) = match parent {
         Some(p) if !p.sampled => return None,
         Some(p) => (p.trace, Some(p.span)),
-        None if !tracer.samples() => return None,
         None => (TraceId::random(), None),
     };
     let state = match parent {
@@ -174,6 +184,7 @@ fn begin_on<'h>(
         route: None,
         pool: None,
         answered_by: None,
+        current: None,
     }))
 }
 
@@ -252,6 +263,26 @@ impl Traced {
     /// What its tries' spans hang under.
     pub(crate) fn tries(&self) -> &TryParent {
         &self.tries
+    }
+
+    /// A try begins: its span is held until [`Self::end_current`]; the `traceparent` its
+    /// backend gets.
+    pub(crate) fn begin_current(&mut self) -> Traceparent {
+        let (span, header) = self.tries.begin_try();
+        self.current = Some(span);
+        header
+    }
+
+    /// The try begun last ended at `backend` with `outcome`.
+    pub(crate) fn end_current(
+        &mut self,
+        backend: &Arc<crate::pool::Backend>,
+        method: &Method,
+        outcome: TryOutcome,
+    ) {
+        if let Some(span) = self.current.take() {
+            self.tries.end_try(span, backend, method, outcome);
+        }
     }
 
     /// The request ended: its server span queued.

@@ -94,8 +94,8 @@ pub(super) struct Grant {
 pub(super) enum Ran<'s> {
     /// Every step let the request on.
     Done,
-    /// The request is answered here.
-    Answer(Box<ProxyResponse>),
+    /// The request is answered here, by the step named.
+    Answer(Box<ProxyResponse>, &'static str),
     /// A step waits; the steps from `.0` on run once it finishes.
     Wait(usize, Box<Waiting<'s>>),
 }
@@ -146,8 +146,6 @@ pub(super) struct Found {
     pub(super) coding: Option<Coding>,
     /// Fields a step granted the answer (an auth service's `Set-Cookie`).
     pub(super) answer_fields: Vec<(HeaderName, HeaderValue)>,
-    /// The step that answered the request itself, for its span (`docs/tracing.md`).
-    pub(super) answered_by: Option<&'static str>,
 }
 
 /// A request before the pool, as the steps see it.
@@ -318,26 +316,23 @@ impl Chain {
         }
     }
 
-    /// Runs the steps' `before` in order from the step `from` on, up to the first that
-    /// answers or waits. Not an `async fn`: the steps that wait are few, and a request
-    /// on a route without them pays for no future (the caller awaits a [`Ran::Wait`]
-    /// and runs on from its `next`).
-    #[inline]
     /// The name of step `i`.
     pub(super) fn step_name(&self, i: usize) -> Option<&'static str> {
         self.steps.get(i).map(|s| s.name())
     }
 
+    /// Runs the steps' `before` in order from the step `from` on, up to the first that
+    /// answers or waits. Not an `async fn`: the steps that wait are few, and a request
+    /// on a route without them pays for no future (the caller awaits a [`Ran::Wait`]
+    /// and runs on from its `next`).
+    #[inline]
     pub(super) fn run(&self, from: usize, cx: &mut Before<'_>) -> Ran<'_> {
         let mut next = from;
         for step in self.steps.get(from..).unwrap_or_default() {
             next += 1;
             match step.before(cx) {
                 Next::Go => {}
-                Next::Answer(r) => {
-                    cx.found.answered_by = Some(step.name());
-                    return Ran::Answer(r);
-                }
+                Next::Answer(r) => return Ran::Answer(r, step.name()),
                 Next::Wait(wait) => return Ran::Wait(next, wait),
             }
         }
