@@ -103,7 +103,7 @@ impl Connections {
             stop,
             timeouts: Timeouts {
                 idle: crate::liveness::IDLE_TIMEOUT,
-                send: proxy.send_timeout(),
+                send: proxy.settings().send_timeout,
             },
             live: Arc::new(()),
             tcp_live: Arc::new(()),
@@ -182,7 +182,7 @@ impl Connections {
         } = a;
         // `deny_clients`/`allow_clients` judge the peer before any byte is read, unless
         // it is a trusted proxy whose PROXY header names the client (judged below).
-        let pp = self.proxy.proxy_protocol_from(peer.ip());
+        let pp = self.proxy.settings().proxy_protocol_from(peer.ip());
         let named_later = pp == Some(true);
         if !named_later && !self.proxy.site().admits_client(peer.ip()) {
             return;
@@ -197,8 +197,8 @@ impl Connections {
         let live = Arc::clone(&self.live);
         let (proxy, stop, timeouts) = (self.proxy, self.stop.clone(), self.timeouts);
         // Only a TLS listener with passthrough names may hand a connection to TCP.
-        let passing =
-            (tls.is_some() && !proxy.passthrough().is_empty()).then(|| Arc::clone(&self.tcp_live));
+        let passing = (tls.is_some() && !proxy.settings().passthrough.is_empty())
+            .then(|| Arc::clone(&self.tcp_live));
         let task = async move {
             let _client_slot = client_slot;
             let over_tls = tls.is_some();
@@ -241,6 +241,7 @@ impl Connections {
         } = a;
         let pp = self
             .proxy
+            .settings()
             .tcp_proxy_protocol_from(front.accept_proxy_protocol, peer.ip());
         let admits = |ip| front.clients.admits(ip) && self.proxy.site().admits_client(ip);
         if pp != Some(true) && !admits(peer.ip()) {
@@ -391,8 +392,8 @@ async fn pass_through(
     let Ok(pool) = proxy.site().pool(pool) else {
         return;
     };
-    let cut = cut_at_drain(stop, proxy.tcp_drain_timeout());
-    crate::tcp::serve(stream, ends, pool, proxy.access_format(), cut).await
+    let cut = cut_at_drain(stop, proxy.settings().tcp_drain_timeout);
+    crate::tcp::serve(stream, ends, pool, proxy.settings().access_log, cut).await
 }
 
 /// When a TCP pool's connection is cut: once a stop comes, at the drain timeout, or
@@ -527,7 +528,9 @@ impl ClientConn<'_> {
     ) {
         let by = Stamp::now().after(HEADER_TIMEOUT);
         if let Some(tcp_live) = passing {
-            match crate::tcp::passthrough::classify(&stream, self.proxy.passthrough()).await {
+            match crate::tcp::passthrough::classify(&stream, &self.proxy.settings().passthrough)
+                .await
+            {
                 Through::Terminate => {}
                 Through::Close => return,
                 Through::Pass(pool) => {

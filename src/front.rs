@@ -163,7 +163,7 @@ pub(crate) async fn serve<S: ClientIo>(
 
         // 3. Write it.
         let keep = !close && !stop.is_stopping() && !resp.closes();
-        let mut client = conn.client(stream, proxy.send_timeout(), peer.socket);
+        let mut client = conn.client(stream, proxy.settings().send_timeout, peer.socket);
         let written = client.write_response(&mut resp, head_only, keep).await;
         drop(resp);
         match written {
@@ -174,7 +174,7 @@ pub(crate) async fn serve<S: ClientIo>(
             // Half-close first, as hyper does, so the answer is not cut by a reset. Over
             // TLS that writes a close_notify, which a client that stopped reading could
             // hold up for ever: bounded like any write.
-            let _ = tokio::time::timeout(proxy.send_timeout(), stream.shutdown()).await;
+            let _ = tokio::time::timeout(proxy.settings().send_timeout, stream.shutdown()).await;
             return Outcome::Closed;
         }
     }

@@ -317,7 +317,7 @@ async fn exchange(
     let answer = Box::pin(proxy.answer(head, body, None, peer)).await;
     let (mut parts, body) = answer.into_parts();
     crate::proxy::fit_head(&mut parts.headers, &body);
-    let give_up = proxy.send_timeout();
+    let give_up = proxy.settings().send_timeout;
     let sent =
         match tokio::time::timeout(give_up, send.send_response(Response::from_parts(parts, ())))
             .await

@@ -22,7 +22,7 @@ pub(crate) async fn handle(
     // `h2c` tunnel would carry requests past every rule of this hop).
     let upgrade = req.version() == Version::HTTP_11
         && headers::is_upgrade_request(req.headers())
-        && headers::keep_upgrades(req.headers_mut(), proxy.upgrade_protocols());
+        && headers::keep_upgrades(req.headers_mut(), &proxy.settings().upgrade_protocols);
     let client_upgrade = upgrade.then(|| ClientUpgrade::hyper(hyper::upgrade::on(&mut req)));
     let (parts, body) = req.into_parts();
     // An empty body is not forwarded as a stream: such a request can be replayed.

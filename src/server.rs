@@ -111,7 +111,7 @@ async fn worker(
     drop(listener);
     drop(https);
     drop(tcp);
-    wind_down(conns, quic, proxy.tcp_drain_timeout()).await;
+    wind_down(conns, quic, proxy.settings().tcp_drain_timeout).await;
 }
 
 /// A worker's TCP listeners on its own runtime, each with the address it is bound to

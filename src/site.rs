@@ -120,6 +120,19 @@ pub(crate) struct Hit<'r> {
 }
 
 impl Routing {
+    /// The ids of every backend of every pool (a backend connection to any other is
+    /// no longer needed).
+    pub(crate) fn backend_ids(&self) -> std::collections::HashSet<u64> {
+        let ids = |p: &Arc<Pool>| {
+            p.snapshot()
+                .backends
+                .iter()
+                .map(|b| b.id)
+                .collect::<Vec<_>>()
+        };
+        self.pools.iter().flat_map(ids).collect()
+    }
+
     /// The pool (and the route's policies) every request goes to, when one route
     /// without conditions is all there is; counts the request for it. A split route
     /// without conditions is such a route too: its splitter comes with it.

@@ -85,6 +85,16 @@ impl RequestHead {
         }
     }
 
+    /// What the head gives its combined access log line; the length comes with the
+    /// answer.
+    pub(crate) fn combined_fields(&self) -> Box<super::record::Combined> {
+        Box::new(super::record::Combined {
+            referer: self.field(&header::REFERER),
+            user_agent: self.field(&header::USER_AGENT),
+            bytes: None,
+        })
+    }
+
     /// The value of the first field named `name`: the one place to read a request's
     /// field, whichever form its fields are in.
     #[allow(

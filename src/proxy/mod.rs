@@ -62,16 +62,6 @@ use crate::site::RoutePolicy;
 use crate::site::Site;
 use crate::stats::bump;
 
-/// What a request's head gives its combined access log line; the length comes with the
-/// answer.
-fn combined_fields(head: &RequestHead) -> Box<record::Combined> {
-    Box::new(record::Combined {
-        referer: head.field(&header::REFERER),
-        user_agent: head.field(&header::USER_AGENT),
-        bytes: None,
-    })
-}
-
 /// One worker's proxy: shared pools and routes, own upstream connections.
 #[derive(Debug)]
 pub(crate) struct Proxy {
@@ -131,26 +121,10 @@ impl Proxy {
 
     /// Closes idle upstream connections past their time or to backends no longer pooled.
     pub(crate) fn sweep_idle(&self) {
-        let routing = self.site.routing();
-        let live: std::collections::HashSet<u64> = routing
-            .pools
-            .iter()
-            .flat_map(|p| {
-                p.snapshot()
-                    .backends
-                    .iter()
-                    .map(|b| b.id)
-                    .collect::<Vec<_>>()
-            })
-            .collect();
+        let live = self.site.routing().backend_ids();
         // An auth service (`forward_auth`) is in no pool: its idle connections age out.
         self.upstreams
             .sweep(|id| id >= chain::AUX_IDS || live.contains(&id));
-    }
-
-    /// How long a client may take no byte of an answer (`send_timeout`).
-    pub(crate) fn send_timeout(&self) -> Duration {
-        self.settings.send_timeout
     }
 
     /// Counts a new connection of `ip` against `max_connections_per_client`: `Err` when
@@ -167,50 +141,14 @@ impl Proxy {
         }
     }
 
-    /// With `accept_proxy_protocol`, whether a connection from `peer` must start with a
-    /// PROXY protocol header (`true`: a trusted proxy) or must not (`false`); `None`
-    /// when headers are not accepted at all.
-    pub(crate) fn proxy_protocol_from(&self, peer: std::net::IpAddr) -> Option<bool> {
-        self.settings
-            .accept_proxy_protocol
-            .then(|| crate::trust::is_trusted(&self.settings.trusted_proxies, peer))
-    }
-
-    /// On a TCP listener that accepts PROXY headers (`accept`), `Some(true)` when a
-    /// connection from `peer` must start with one (a trusted proxy). Any other peer's
-    /// bytes are its protocol's, passed on as they come, unread: a server that speaks
-    /// first (MySQL's greeting, SMTP's banner) must not wait for the client to.
-    pub(crate) fn tcp_proxy_protocol_from(
-        &self,
-        accept: bool,
-        peer: std::net::IpAddr,
-    ) -> Option<bool> {
-        (accept && crate::trust::is_trusted(&self.settings.trusted_proxies, peer)).then_some(true)
-    }
-
-    /// `[[tls_passthrough]]`: the names the HTTPS listener passes through unopened.
-    pub(crate) fn passthrough(&self) -> &[crate::config::tcp::PassthroughSpec] {
-        &self.settings.passthrough
-    }
-
-    /// `tcp_drain_timeout`: how long TCP connections outlive an upgrade.
-    pub(crate) fn tcp_drain_timeout(&self) -> Duration {
-        self.settings.tcp_drain_timeout
-    }
-
-    /// The access log's format; `None` when it is off.
-    pub(crate) fn access_format(&self) -> Option<crate::config::AccessFormat> {
-        self.settings.access_log
-    }
-
     /// The pools, routes and what a reload changes beside them.
     pub(crate) fn site(&self) -> &Site {
         &self.site
     }
 
-    /// `upgrade_protocols`: the protocols an `Upgrade` is tunnelled for, in lower case.
-    pub(crate) fn upgrade_protocols(&self) -> &[String] {
-        &self.settings.upgrade_protocols
+    /// The request path's settings (timeouts, PROXY headers, passthrough names, …).
+    pub(crate) fn settings(&self) -> &ProxySettings {
+        &self.settings
     }
 
     /// The peer's trust (its forwarding fields are believed) and the request's id: a
@@ -294,7 +232,7 @@ impl Proxy {
                 upstream: None,
                 retries: 0,
                 id: id.clone(),
-                combined: self.rec.combined().then(|| combined_fields(&head)),
+                combined: self.rec.combined().then(|| head.combined_fields()),
                 client_cert: peer.client_cert.clone(),
                 split: false,
                 trace: crate::trace::begin(

@@ -59,27 +59,12 @@ impl RequestId {
     /// is this id when it is one already (32 lowercase hex digits, not all zero, as
     /// fulcrum's own are), else a 128-bit hash of it; the parent id is random; sampled.
     pub(crate) fn traceparent(&self) -> HeaderValue {
+        use crate::trace::context::{traceparent, SpanId, TraceId};
         let id = self.as_bytes();
-        let hex = |c: &u8| c.is_ascii_digit() || (b'a'..=b'f').contains(c);
-        let mut out = Vec::with_capacity(55);
-        out.extend_from_slice(b"00-");
-        if id.len() == 32 && id.iter().all(hex) && id.iter().any(|&c| c != b'0') {
-            out.extend_from_slice(id);
-        } else {
-            let h = xxhash_rust::xxh3::xxh3_128(id) | 1;
-            let mut t = [0u8; 32];
-            let (hi, lo) = t.split_at_mut(16);
-            hex16((h >> 64) as u64, hi);
-            hex16(h as u64, lo);
-            out.extend_from_slice(&t);
-        }
-        out.push(b'-');
-        let mut span = [0u8; 16];
-        hex16(fastrand::u64(1..), &mut span);
-        out.extend_from_slice(&span);
-        out.extend_from_slice(b"-01");
+        let trace = TraceId::from_hex(id)
+            .unwrap_or_else(|| TraceId((xxhash_rust::xxh3::xxh3_128(id) | 1).to_be_bytes()));
         // Hex digits and dashes only.
-        HeaderValue::from_bytes(&out).unwrap_or_else(|_| {
+        HeaderValue::from_bytes(&traceparent(&trace, &SpanId::random())).unwrap_or_else(|_| {
             HeaderValue::from_static("00-00000000000000000000000000000001-0000000000000001-01")
         })
     }

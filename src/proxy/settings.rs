@@ -72,3 +72,25 @@ impl ProxySettings {
         }
     }
 }
+
+impl ProxySettings {
+    /// With `accept_proxy_protocol`, whether a connection from `peer` must start with a
+    /// PROXY protocol header (`true`: a trusted proxy) or must not (`false`); `None`
+    /// when headers are not accepted at all.
+    pub(crate) fn proxy_protocol_from(&self, peer: std::net::IpAddr) -> Option<bool> {
+        self.accept_proxy_protocol
+            .then(|| crate::trust::is_trusted(&self.trusted_proxies, peer))
+    }
+
+    /// On a TCP listener that accepts PROXY headers (`accept`), `Some(true)` when a
+    /// connection from `peer` must start with one (a trusted proxy). Any other peer's
+    /// bytes are its protocol's, passed on as they come, unread: a server that speaks
+    /// first (MySQL's greeting, SMTP's banner) must not wait for the client to.
+    pub(crate) fn tcp_proxy_protocol_from(
+        &self,
+        accept: bool,
+        peer: std::net::IpAddr,
+    ) -> Option<bool> {
+        (accept && crate::trust::is_trusted(&self.trusted_proxies, peer)).then_some(true)
+    }
+}

@@ -188,21 +188,11 @@ impl<'a> Direction<'a> {
         if self.done {
             return Poll::Ready(Ok(()));
         }
-        let got = self.poll_moves(cx, (from, to), moved, (last, ended));
-        self.done = got.is_ready();
-        got
-    }
-
-    fn poll_moves(
-        &mut self,
-        cx: &mut Context<'_>,
-        (from, to): (&'a TcpStream, &'a TcpStream),
-        moved: &'a Tally<'a>,
-        (last, ended): (&'a AtomicU64, &'a AtomicBool),
-    ) -> Poll<io::Result<()>> {
         loop {
             if let Some(bulk) = &mut self.bulk {
-                return bulk.as_mut().poll(cx);
+                let got = ready!(bulk.as_mut().poll(cx));
+                self.done = true;
+                return Poll::Ready(got);
             }
             ready!(self.poll_rest(cx, to, last))?;
             if self.full >= BULK_READS {
@@ -222,6 +212,7 @@ impl<'a> Direction<'a> {
                 Ok(step) => step,
             };
             if read == 0 {
+                self.done = true;
                 return Poll::Ready(super::splice::finish(to, ended));
             }
             moved.add(read);

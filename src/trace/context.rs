@@ -22,6 +22,20 @@ impl TraceId {
     }
 }
 
+impl TraceId {
+    /// 32 lowercase hex digits, not all zero.
+    pub(crate) fn from_hex(v: &[u8]) -> Option<TraceId> {
+        if v.len() != 32 {
+            return None;
+        }
+        let mut id = [0; 16];
+        for (i, b) in id.iter_mut().enumerate() {
+            *b = hex_byte(&v[2 * i..2 * i + 2])?;
+        }
+        (id != [0; 16]).then_some(TraceId(id))
+    }
+}
+
 impl SpanId {
     /// A new random id.
     pub(crate) fn random() -> SpanId {
@@ -53,20 +67,17 @@ impl ParentContext {
         if v[35] != b'-' || v[52] != b'-' {
             return None;
         }
-        let mut trace = [0; 16];
-        for (i, b) in trace.iter_mut().enumerate() {
-            *b = hex_byte(&v[3 + 2 * i..5 + 2 * i])?;
-        }
+        let trace = TraceId::from_hex(&v[3..35])?;
         let mut span = [0; 8];
         for (i, b) in span.iter_mut().enumerate() {
             *b = hex_byte(&v[36 + 2 * i..38 + 2 * i])?;
         }
         let flags = hex_byte(&v[53..55])?;
-        if trace == [0; 16] || span == [0; 8] {
+        if span == [0; 8] {
             return None;
         }
         Some(ParentContext {
-            trace: TraceId(trace),
+            trace,
             span: SpanId(span),
             sampled: flags & 1 == 1,
         })

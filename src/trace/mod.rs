@@ -6,7 +6,7 @@
 //!
 //! Why not the `opentelemetry` SDK's tracer: its spans carry their attributes as a
 //! vector of owned key-values and go through a span processor's channel per span; the
-//! measurement in `docs/performance.md` ("Traces") put that at several times the cost of
+//! measurement in `docs/performance.md` ("Traces") put that at about twice the cost of
 //! these records, which keep each attribute in a field and leave the names to the encoder.
 
 pub(crate) mod context;
@@ -28,18 +28,16 @@ use context::{ParentContext, SpanId, TraceId};
 /// Whether a tracer is in force: the one read the request path makes without one.
 static ON: AtomicBool = AtomicBool::new(false);
 
-/// Whether requests without a sampled caller may start a trace (`sample` > 0): with
-/// `sample = 0` only a caller's `traceparent` is looked at.
-static STARTS: AtomicBool = AtomicBool::new(false);
-
 /// A request without a sampled caller starts a trace when a random `u64` is below this
-/// (`sample` × 2⁶⁴; `u64::MAX`: every one): drawn before the tracer is loaded.
+/// (`sample` × 2⁶⁴; `u64::MAX`: every one; 0: none, and no number is drawn): decided
+/// before the tracer is loaded.
 static THRESHOLD: AtomicU64 = AtomicU64::new(0);
 
 /// The tracer in force (`[tracing]`), replaced at a reload.
 static TRACER: ArcSwapOption<Tracer> = ArcSwapOption::const_empty();
 
-/// Spans dropped: the queue was full (`fulcrum_trace_spans_dropped_total`).
+/// Spans dropped: the queue was full, or the collector did not take their batch
+/// (`fulcrum_trace_spans_dropped_total`).
 static DROPPED: AtomicU64 = AtomicU64::new(0);
 
 /// Spans dropped since the start.
@@ -55,8 +53,6 @@ pub(crate) fn install(settings: Option<&TraceSettings>) {
         return;
     }
     let tracer = settings.map(|s| Arc::new(Tracer::start(s.clone())));
-    let starts = settings.is_some_and(|s| s.sample > 0.0);
-    STARTS.store(starts, Ordering::Release);
     THRESHOLD.store(
         settings.map_or(0, |s| threshold(s.sample)),
         Ordering::Release,
@@ -152,7 +148,7 @@ pub(crate) fn begin<'h>(
         return None;
     }
     let parent = traceparent().and_then(ParentContext::parse);
-    if parent.is_none() && !(STARTS.load(Ordering::Relaxed) && samples()) {
+    if parent.is_none() && !samples() {
         return None;
     }
     begin_on(parent, tracestate)
