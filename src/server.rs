@@ -180,11 +180,12 @@ async fn wind_down(conns: Connections, quic: Option<crate::quic::Endpoint>, tcp_
 }
 
 /// One heartbeat of a worker (the `beats`th): tells the watchdog it is alive, flushes
-/// the access log, sweeps idle upstream connections now and then, and gives memory back
+/// the access log and hands on the spans gathered, sweeps idle upstream connections now and then, and gives memory back
 /// after a flood of connections.
 fn beat(beats: u32, pulse: &(crate::notify::Pulses, usize), proxy: &Proxy, conns: &Connections) {
     pulse.0.beat(pulse.1);
     crate::logging::flush_this_thread();
+    crate::trace::flush_this_thread();
     if beats % SWEEP_EVERY_BEATS == 0 {
         proxy.sweep_idle();
     }
@@ -344,6 +345,7 @@ fn spawn_workers(
                 let proxy: &'static Proxy =
                     rt.block_on(async move { Box::leak(Box::new(Proxy::new(site, ps, inf))) });
                 crate::logging::batch_this_thread();
+                crate::trace::batch_this_thread();
                 rt.block_on(worker(l, h, tcp, proxy, slots, stop, pulse));
                 proxy.close_idle();
                 // Connections still open after the drain end with the runtime; their
@@ -351,6 +353,7 @@ fn spawn_workers(
                 // (a password check) is not waited for past a moment.
                 rt.shutdown_timeout(BLOCKING_GRACE);
                 crate::logging::flush_this_thread();
+                crate::trace::flush_this_thread();
             })
             .map_err(|e| format!("cannot start a worker: {e}"))?;
         threads.push(t);

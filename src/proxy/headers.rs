@@ -515,6 +515,11 @@ impl Spans {
         Spans { head, spans }
     }
 
+    /// The head's length on the wire, request line included.
+    pub(crate) fn head_len(&self) -> usize {
+        self.head.len()
+    }
+
     /// `len` bytes of the head from `at` (inside the head: a span it was made with).
     pub(crate) fn bytes(&self, at: usize, len: usize) -> &[u8] {
         self.head.get(at..at + len).unwrap_or_default()
@@ -608,6 +613,11 @@ impl ClientFields {
     /// The first `Host` value (no copy).
     pub(crate) fn host(&self) -> Option<HeaderValue> {
         self.0.value(b"host")
+    }
+
+    /// The head's length on the wire, request line included.
+    pub(crate) fn head_len(&self) -> usize {
+        self.0.head_len()
     }
 
     /// The value of the first field named `name` (lower case; no copy).

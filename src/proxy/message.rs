@@ -50,6 +50,18 @@ pub(crate) enum RequestFields {
     Spans(ClientFields),
 }
 
+impl RequestFields {
+    /// About the bytes the fields and the request line `target` take on the wire: what
+    /// a head written from them starts with room for, beside what this hop adds.
+    pub(crate) fn wire_len(&self, target: &str) -> usize {
+        match self {
+            // About the length of a common field.
+            RequestFields::Map(map) => target.len() + 48 * map.len(),
+            RequestFields::Spans(f) => f.head_len(),
+        }
+    }
+}
+
 /// A request's head: what the request path reads and rewrites before it forwards.
 #[derive(Debug)]
 pub(crate) struct RequestHead {

@@ -804,7 +804,10 @@ impl Proxy {
         let (timeout, keep) = (t.bound, t.keep);
         outgoing::fit_to(req, backend);
         if req.inline {
-            let mut out = Vec::with_capacity(256 + req.target.as_str().len());
+            // Room for what this hop adds (`Via`, `X-Forwarded-*`, `X-Request-Id`,
+            // `traceparent`) without growing.
+            let target = req.target.as_str();
+            let mut out = Vec::with_capacity(256 + req.head.fields.wire_len(target));
             write_inline_head(&mut out, req, backend.authority.as_str());
             let r = self
                 .upstreams

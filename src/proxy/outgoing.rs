@@ -180,8 +180,12 @@ pub(super) fn set_traceparent(req: &mut Outgoing<'_>, value: crate::trace::Trace
             map.insert(request_id::TRACEPARENT, v);
         }
     }
-    // One box for all its tries.
-    **req.traceparent.get_or_insert_with(|| Box::new([0; 55])) = value;
+    // One box for all its tries, made from the value: a zeroed one is `calloc`'s, which
+    // passes by the allocator's per-thread cache.
+    match &mut req.traceparent {
+        Some(b) => **b = value,
+        None => req.traceparent = Some(Box::new(value)),
+    }
 }
 
 /// Writes the head of an inline request: the request line and the fields as this hop

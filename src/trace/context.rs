@@ -100,17 +100,36 @@ pub(crate) type Traceparent = [u8; 55];
 
 /// The `traceparent` naming `span` of `trace`, sampled.
 pub(crate) fn traceparent(trace: &TraceId, span: &SpanId) -> Traceparent {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut out = *b"00-00000000000000000000000000000000-0000000000000000-01";
-    for (i, &b) in trace.0.iter().enumerate() {
-        out[3 + 2 * i] = HEX[usize::from(b >> 4)];
-        out[4 + 2 * i] = HEX[usize::from(b & 15)];
-    }
-    for (i, &b) in span.0.iter().enumerate() {
-        out[36 + 2 * i] = HEX[usize::from(b >> 4)];
-        out[37 + 2 * i] = HEX[usize::from(b & 15)];
-    }
+    let (hi, lo) = trace.0.split_at(8);
+    out[3..19].copy_from_slice(&hex(be_u64(hi)));
+    out[19..35].copy_from_slice(&hex(be_u64(lo)));
+    out[36..52].copy_from_slice(&hex(u64::from_be_bytes(span.0)));
     out
+}
+
+fn be_u64(eight: &[u8]) -> u64 {
+    let mut b = [0; 8];
+    b.copy_from_slice(eight);
+    u64::from_be_bytes(b)
+}
+
+/// `n` as 16 lowercase hex digits, all at once rather than a digit at a time: each
+/// of its nibbles moved into a byte of its own, then made a digit in every byte
+/// together (a try's `traceparent` is written on the request path).
+fn hex(n: u64) -> [u8; 16] {
+    const fn every_byte(b: u8) -> u128 {
+        u128::from_ne_bytes([b; 16])
+    }
+    let mut x = u128::from(n);
+    x = (x | x << 32) & 0x0000_0000_ffff_ffff_0000_0000_ffff_ffff;
+    x = (x | x << 16) & 0x0000_ffff_0000_ffff_0000_ffff_0000_ffff;
+    x = (x | x << 8) & 0x00ff_00ff_00ff_00ff_00ff_00ff_00ff_00ff;
+    x = (x | x << 4) & every_byte(0x0f);
+    // A byte above 9 carries into bit 4 when 6 is added (no byte exceeds 21): those
+    // skip from '9' + 1 to 'a', 39 further.
+    let letters = ((x + every_byte(6)) >> 4) & every_byte(1);
+    (x + every_byte(b'0') + letters * 39).to_be_bytes()
 }
 
 #[cfg(test)]
@@ -152,7 +171,30 @@ mod tests {
         assert!(ParentContext::parse(later).is_some());
     }
 
+    #[test]
+    fn hex_digits_are_those_of_the_number() {
+        for n in [
+            0,
+            1,
+            9,
+            10,
+            15,
+            16,
+            0xdead_beef,
+            u64::MAX,
+            0x0123_4567_89ab_cdef,
+        ] {
+            assert_eq!(hex(n), *format!("{n:016x}").as_bytes());
+        }
+    }
+
     proptest::proptest! {
+        #[test]
+        fn any_number_in_hex(n in proptest::num::u64::ANY) {
+            let digits = format!("{n:016x}");
+            proptest::prop_assert_eq!(&hex(n)[..], digits.as_bytes());
+        }
+
         /// A caller's field is untrusted: any bytes parse or are absent, never panic; and
         /// what parses writes back the same for version 00.
         #[test]

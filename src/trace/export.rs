@@ -37,7 +37,7 @@ const LOG_EVERY: Duration = Duration::from_secs(60);
 
 /// The queue's end on the request path.
 pub(crate) struct Queue {
-    tx: mpsc::UnboundedSender<Span>,
+    tx: mpsc::UnboundedSender<Vec<Span>>,
     /// Spans queued or in the export in flight.
     waiting: Arc<AtomicUsize>,
     max: usize,
@@ -54,6 +54,7 @@ impl Queue {
         let waiting = Arc::new(AtomicUsize::new(0));
         let exporter = Exporter {
             rx,
+            taken: Vec::new(),
             closed,
             waiting: Arc::clone(&waiting),
             endpoint: settings.endpoint.clone(),
@@ -75,17 +76,30 @@ impl Queue {
         }
     }
 
-    /// Queues `span`; `false` (dropped) when `max_queue` spans wait already.
-    pub(super) fn push(&self, span: Span) -> bool {
-        if self.waiting.fetch_add(1, Ordering::Relaxed) >= self.max {
-            self.waiting.fetch_sub(1, Ordering::Relaxed);
-            return false;
+    /// Queues `spans`, as many as there is room for (`max_queue` in all): how many
+    /// found none and were dropped.
+    pub(super) fn push(&self, mut spans: Vec<Span>) -> usize {
+        let n = spans.len();
+        let before = self.waiting.fetch_add(n, Ordering::Relaxed);
+        let room = self.max.saturating_sub(before).min(n);
+        if room < n {
+            self.waiting.fetch_sub(n - room, Ordering::Relaxed);
+            spans.truncate(room);
         }
-        if self.tx.send(span).is_err() {
-            self.waiting.fetch_sub(1, Ordering::Relaxed);
-            return false;
+        if room == 0 {
+            return n;
         }
-        true
+        if self.tx.send(spans).is_err() {
+            self.waiting.fetch_sub(room, Ordering::Relaxed);
+            return n;
+        }
+        n - room
+    }
+
+    /// Spans queued or in the export in flight.
+    #[cfg(test)]
+    pub(super) fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
     }
 
     /// Has the exporter send what waits, then stop.
@@ -110,7 +124,9 @@ impl Queue {
 
 /// The exporting thread's state.
 struct Exporter {
-    rx: mpsc::UnboundedReceiver<Span>,
+    rx: mpsc::UnboundedReceiver<Vec<Span>>,
+    /// Spans taken from the queue, not yet in a batch.
+    taken: Vec<Span>,
     closed: watch::Receiver<bool>,
     waiting: Arc<AtomicUsize>,
     endpoint: http::Uri,
@@ -152,26 +168,19 @@ impl Exporter {
     /// The queue is looked at every [`LOOK_EVERY`] rather than waited on: a wait would
     /// have every span recorded wake this thread, a system call on the request path.
     async fn gather(&mut self) -> (Vec<Span>, bool) {
-        let mut batch = Vec::new();
         let mut since = None;
         loop {
-            while batch.len() < BATCH {
-                match self.rx.try_recv() {
-                    Ok(span) => batch.push(span),
-                    Err(mpsc::error::TryRecvError::Empty) => break,
-                    Err(mpsc::error::TryRecvError::Disconnected) => return (batch, true),
-                }
-            }
-            if *self.closed.borrow() {
+            let disconnected = self.take();
+            if disconnected || *self.closed.borrow() {
                 // At most a batch at a time, until the queue is empty.
-                let empty = batch.len() < BATCH;
-                return (batch, empty);
+                let last = self.taken.len() <= BATCH && self.rx.is_empty();
+                return (self.batch(), last);
             }
-            if since.is_none() && !batch.is_empty() {
+            if since.is_none() && !self.taken.is_empty() {
                 since = Some(Instant::now());
             }
-            if batch.len() >= BATCH || since.is_some_and(|t| t.elapsed() >= EVERY) {
-                return (batch, false);
+            if self.taken.len() >= BATCH || since.is_some_and(|t| t.elapsed() >= EVERY) {
+                return (self.batch(), false);
             }
             match tokio::time::timeout(LOOK_EVERY, self.closed.changed()).await {
                 Ok(Ok(())) | Err(_) => {}
@@ -179,6 +188,25 @@ impl Exporter {
                 Ok(Err(_)) => tokio::time::sleep(LOOK_EVERY).await,
             }
         }
+    }
+
+    /// Takes what the queue holds, up to a batch; `true` once the queue's end is gone
+    /// and it is empty.
+    fn take(&mut self) -> bool {
+        while self.taken.len() < BATCH {
+            match self.rx.try_recv() {
+                Ok(spans) => self.taken.extend(spans),
+                Err(mpsc::error::TryRecvError::Empty) => return false,
+                Err(mpsc::error::TryRecvError::Disconnected) => return true,
+            }
+        }
+        false
+    }
+
+    /// The next batch: at most [`BATCH`] of the spans taken.
+    fn batch(&mut self) -> Vec<Span> {
+        let n = self.taken.len().min(BATCH);
+        self.taken.drain(..n).collect()
     }
 
     /// Sends `batch`, again after a pause when the collector asks for one.
@@ -365,7 +393,7 @@ fn otlp_span(s: Span) -> opentelemetry_proto::tonic::trace::v1::Span {
 }
 
 fn server_attributes(a: &mut Vec<KeyValue>, f: &super::ServerFacts) {
-    a.push(text("url.path", f.path.path()));
+    a.push(text("url.path", &f.path.as_str()));
     a.push(int("http.response.status_code", i64::from(f.status)));
     a.push(text("client.address", &f.client.to_string()));
     a.push(text("network.protocol.name", "http"));

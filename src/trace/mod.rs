@@ -9,8 +9,10 @@
 //! measurement in `docs/performance.md` ("Traces") put that at about twice the cost of
 //! these records, which keep each attribute in a field and leave the names to the encoder.
 
+mod batch;
 pub(crate) mod context;
 
+pub(crate) use batch::{batch_this_thread, flush_this_thread};
 pub(crate) use context::Traceparent;
 pub(crate) mod export;
 
@@ -111,10 +113,12 @@ impl Tracer {
         at.ns().wrapping_add(self.wall_offset)
     }
 
-    /// Queues `span`, or drops and counts it when `max_queue` spans wait already.
-    fn record(&self, span: Span) {
-        if !self.queue.push(span) {
-            DROPPED.fetch_add(1, Ordering::Relaxed);
+    /// Queues `spans`; those there is no room for (`max_queue` wait already) are dropped
+    /// and counted.
+    fn hand(&self, spans: Vec<Span>) {
+        let dropped = self.queue.push(spans);
+        if dropped > 0 {
+            DROPPED.fetch_add(dropped as u64, Ordering::Relaxed);
         }
     }
 }
@@ -251,7 +255,7 @@ impl TryParent {
                 outcome,
             },
         };
-        tracer.record(span);
+        batch::record(tracer, span);
     }
 }
 
@@ -294,17 +298,17 @@ impl Traced {
             end: tracer.wall(r.ended),
             method: r.method.clone(),
             kind: SpanKind::Server(ServerFacts {
-                path: r.path.clone(),
+                path: Text::of(r.path.path().as_bytes()),
                 status: r.status,
                 client: r.client,
                 version: r.version,
                 route: self.route,
                 pool: self.pool.clone(),
-                request_id: RequestIdText::of(r.request_id),
+                request_id: Text::of(r.request_id),
                 answered_by: self.answered_by,
             }),
         };
-        tracer.record(span);
+        batch::record(tracer, span);
     }
 }
 
@@ -350,36 +354,53 @@ enum SpanKind {
 
 /// A server span's attributes.
 struct ServerFacts {
-    path: http::uri::PathAndQuery,
+    path: Text<PATH_IN_PLACE>,
     status: u16,
     client: IpAddr,
     version: http::Version,
     route: Option<usize>,
     pool: Option<(Arc<str>, &'static str)>,
-    request_id: RequestIdText,
+    request_id: Text<64>,
     answered_by: Option<&'static str>,
 }
 
-/// A request id kept in place (ids are at most 64 characters): no allocation per span.
-struct RequestIdText {
-    bytes: [u8; 64],
-    len: u8,
+/// Paths up to this long are kept in the span itself.
+const PATH_IN_PLACE: usize = 96;
+
+/// Text a span keeps: in place when at most `N` bytes long (request ids, most paths),
+/// else in a box. A copy, not a share of the request's buffers: a share would keep the
+/// client connection's read buffer from being used again while the span waits for its
+/// export, and that buffer would be made anew for the next request.
+enum Text<const N: usize> {
+    InPlace { bytes: [u8; N], len: u8 },
+    Boxed(Box<[u8]>),
 }
 
-impl RequestIdText {
-    fn of(id: &[u8]) -> RequestIdText {
-        let len = id.len().min(64);
-        let mut bytes = [0; 64];
-        bytes[..len].copy_from_slice(&id[..len]);
-        RequestIdText {
-            bytes,
-            len: len as u8,
+impl<const N: usize> Text<N> {
+    fn of(text: &[u8]) -> Text<N> {
+        match text.len() {
+            len if len <= N && len <= usize::from(u8::MAX) => {
+                let mut bytes = [0; N];
+                bytes[..len].copy_from_slice(text);
+                Text::InPlace {
+                    bytes,
+                    len: len as u8,
+                }
+            }
+            _ => Text::Boxed(text.into()),
         }
     }
 
-    /// The id as text (ids are ASCII).
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            Text::InPlace { bytes, len } => &bytes[..usize::from(*len)],
+            Text::Boxed(b) => b,
+        }
+    }
+
+    /// The text (paths and ids are ASCII; anything else is shown replaced).
     fn as_str(&self) -> std::borrow::Cow<'_, str> {
-        String::from_utf8_lossy(&self.bytes[..usize::from(self.len)])
+        String::from_utf8_lossy(self.as_bytes())
     }
 }
 
@@ -424,4 +445,43 @@ pub fn bench_one_request(backend: &Arc<crate::pool::Backend>, target: &http::uri
         version: http::Version::HTTP_11,
         request_id: b"4bf92f3577b34da6a3ce929d0e0e4736",
     });
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::*;
+
+    /// A server span, as a request without a route ends.
+    pub(crate) fn span() -> Span {
+        Span {
+            trace: TraceId::random(),
+            id: SpanId::random(),
+            parent: None,
+            state: None,
+            start: 1,
+            end: 2,
+            method: Method::GET,
+            kind: SpanKind::Server(ServerFacts {
+                path: Text::of(b"/"),
+                status: 404,
+                client: IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
+                version: http::Version::HTTP_11,
+                route: None,
+                pool: None,
+                request_id: Text::of(b"id"),
+                answered_by: None,
+            }),
+        }
+    }
+
+    #[test]
+    fn text_is_kept_in_place_when_short() {
+        let short = Text::<8>::of(b"/short");
+        assert!(matches!(short, Text::InPlace { .. }));
+        assert_eq!(short.as_str(), "/short");
+        let long = Text::<8>::of(b"/longer than eight");
+        assert!(matches!(long, Text::Boxed(_)));
+        assert_eq!(long.as_str(), "/longer than eight");
+        assert_eq!(Text::<8>::of(b"").as_str(), "");
+    }
 }
