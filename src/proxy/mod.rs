@@ -721,10 +721,14 @@ impl Proxy {
                 trace.end_current(&backend, method, outcome);
             }
         };
+        // Ended before the answer is taken apart: ended between, the answer would be
+        // copied once more on every request, traced or not.
+        if let (Some(_), Ok((answer, _))) = (&fin.trace, &result) {
+            let status = crate::trace::TryOutcome::Status(answer.status().as_u16());
+            end_try(fin, &req.head.method, status);
+        }
         match result {
             Ok((answer, sent_at)) => {
-                let status = crate::trace::TryOutcome::Status(answer.status().as_u16());
-                end_try(fin, &req.head.method, status);
                 let head = (answer, sent_at, injected_delay);
                 self.on_head(req, guard, (fin, permit), t, (head, upload))
             }
