@@ -299,14 +299,24 @@ enum Failure {
     Other(String),
 }
 
-/// `Retry-After` in seconds (at most a minute), else one second.
+/// `Retry-After` as seconds or as an HTTP date (RFC 9110 allows both), from 1 s to a
+/// minute; one second without one, or with one that reads as neither.
 fn retry_after(fields: &http::HeaderMap) -> Duration {
-    let secs = fields
+    let value = fields
         .get(http::header::RETRY_AFTER)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .unwrap_or(1);
-    Duration::from_secs(secs.clamp(1, 60))
+        .map(str::trim);
+    let secs = match value {
+        Some(v) => v.parse::<u64>().ok().or_else(|| {
+            let at = httpdate::parse_http_date(v).ok()?;
+            let left = at
+                .duration_since(std::time::SystemTime::now())
+                .unwrap_or_default();
+            Some(left.as_secs())
+        }),
+        None => None,
+    };
+    Duration::from_secs(secs.unwrap_or(1).clamp(1, 60))
 }
 
 fn resource(service: &str, instance: &str) -> Resource {
@@ -425,5 +435,40 @@ fn split_authority(a: &str) -> (&str, Option<u16>) {
             Err(_) => (a, None),
         },
         _ => (a, None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn after(v: &str) -> Duration {
+        let mut f = http::HeaderMap::new();
+        f.insert(http::header::RETRY_AFTER, v.parse().unwrap());
+        retry_after(&f)
+    }
+
+    #[test]
+    fn retry_after_reads_seconds_or_a_date_within_a_minute() {
+        assert_eq!(retry_after(&http::HeaderMap::new()), Duration::from_secs(1));
+        assert_eq!(after("7"), Duration::from_secs(7));
+        assert_eq!(after("0"), Duration::from_secs(1));
+        assert_eq!(after("86400"), Duration::from_secs(60));
+        assert_eq!(after("soon"), Duration::from_secs(1));
+        let in_20s = std::time::SystemTime::now() + Duration::from_secs(21);
+        let d = after(&httpdate::fmt_http_date(in_20s));
+        assert!((19..=21).contains(&d.as_secs()), "{d:?}");
+        // A date gone by: at once, as soon as allowed.
+        assert_eq!(
+            after("Sun, 06 Nov 1994 08:49:37 GMT"),
+            Duration::from_secs(1)
+        );
+    }
+
+    #[test]
+    fn authorities_split_into_host_and_port() {
+        assert_eq!(split_authority("b.example:8080"), ("b.example", Some(8080)));
+        assert_eq!(split_authority("[::1]:9000"), ("::1", Some(9000)));
+        assert_eq!(split_authority("b.example"), ("b.example", None));
     }
 }
