@@ -7,6 +7,7 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -186,18 +187,27 @@ fn serve_noting(mut conn: TcpStream, (status, delay): (u16, Duration), noted: &M
     }
 }
 
-fn start(tag: &str, backends: &[SocketAddr], settings: &str, tracing: &str) -> Fulcrum {
+/// The config of [`start`]: a pool of `backends`, a route that denies everyone under
+/// `/private`, one for the rest, and `[tracing]` unless `tracing` is `None`.
+fn config(tag: &str, backends: &[SocketAddr], settings: &str, tracing: Option<&str>) -> PathBuf {
     let list: Vec<String> = backends
         .iter()
         .map(|a| format!("{{ url = \"http://{a}\" }}"))
         .collect();
+    let tracing = tracing
+        .map(|t| format!("[tracing]\n{t}\n"))
+        .unwrap_or_default();
     let text = format!(
         "[[pools]]\nname = \"web\"\n{settings}\nbackends = [{}]\n\
          [[routes]]\npool = \"web\"\npath_prefix = \"/private\"\ndeny = [\"127.0.0.0/8\"]\n\
-         [[routes]]\npool = \"web\"\n[tracing]\n{tracing}\n",
+         [[routes]]\npool = \"web\"\n{tracing}",
         list.join(", ")
     );
-    let cfg = config_file("traces", tag, &text);
+    config_file("traces", tag, &text)
+}
+
+fn start(tag: &str, backends: &[SocketAddr], settings: &str, tracing: &str) -> Fulcrum {
+    let cfg = config(tag, backends, settings, Some(tracing));
     Fulcrum::start(&[
         "--config",
         cfg.to_str().unwrap(),
@@ -374,6 +384,50 @@ async fn unsampled_callers_and_sample_zero_make_no_span_and_a_retry_makes_two_tr
         tries_of(retried),
         vec![Some("int:200".to_string()), Some("int:500".to_string())]
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_applies_a_changed_tracing_section() {
+    let (first, second) = (
+        Receiver::start(Duration::ZERO),
+        Receiver::start(Duration::ZERO),
+    );
+    let (backend, _) = noting_backend(200);
+    let tracing = |to: &Receiver, sample: u8| format!("otlp = \"{}\"\nsample = {sample}", to.url());
+    let f = start("reload", &[backend], "", &tracing(&first, 0));
+    let c = client();
+    let paths = ["/before", "/after", "/off"];
+    let changes = [Some(tracing(&second, 1)), None];
+    let get_path = |path: &'static str| {
+        let (c, url) = (&c, f.url(path));
+        async move { assert_eq!(get(c, &url).await.status.as_u16(), 200) }
+    };
+    get_path(paths[0]).await;
+    for (change, path) in changes.iter().zip(&paths[1..]) {
+        config("reload", &[backend], "", change.as_deref());
+        let r = admin(&c, "POST", &f.admin_url("/admin/reload"), "").await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        get_path(path).await;
+    }
+    // The span of the request made under the second tracer goes out although tracing
+    // is off by the time it is handed on.
+    let sent = eventually(Duration::from_secs(3), || async {
+        !second.spans().is_empty()
+    });
+    assert!(sent.await, "no span reached the second collector");
+    stop(f);
+    let at = |r: &Receiver| -> Vec<String> {
+        let mut p: Vec<String> = r
+            .spans()
+            .iter()
+            .filter_map(|s| attr(s, "url.path"))
+            .collect();
+        p.sort();
+        p.dedup();
+        p
+    };
+    assert_eq!(at(&first), Vec::<String>::new(), "sample = 0: no span");
+    assert_eq!(at(&second), vec!["/after".to_string()]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
