@@ -119,6 +119,38 @@ async fn spawn_backend(c: &HttpClient, f: &Fulcrum, token: Option<&str>, body: &
     assert!(b["pid"].is_u64() && b["port"].is_u64(), "{b}");
 }
 
+/// A TCP backend that echoes what it reads until the client half-closes, on its own
+/// thread per connection.
+fn tcp_echo() -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut r = conn;
+                let Ok(mut w) = r.try_clone() else { return };
+                let _ = std::io::copy(&mut r, &mut w);
+            });
+        }
+    });
+    addr
+}
+
+/// `n` bytes through fulcrum's TCP listener at `addr` and back; the connection, still
+/// open.
+fn tcp_round_trip(addr: SocketAddr, n: usize) -> std::net::TcpStream {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    // Written from a thread of its own: the echo comes back while it is being sent.
+    let mut w = s.try_clone().unwrap();
+    let writer = std::thread::spawn(move || w.write_all(&vec![b'x'; n]).unwrap());
+    let mut back = vec![0u8; n];
+    s.read_exact(&mut back).unwrap();
+    writer.join().unwrap();
+    s
+}
+
 /// The page itself: served at `/`, as HTML, without a token.
 async fn check_page_served(c: &HttpClient, f: &Fulcrum) {
     let r = get(c, &f.admin_url("/")).await;
@@ -302,9 +334,16 @@ fn dashboard_shows_routes_pools_and_backends() {
         disc.display(),
         dir.join("gone.json").display()
     );
+    // A TCP pool over an echo backend, behind a listener of its own (docs/tcp.md).
+    let (echo, tcp_port) = (tcp_echo(), free_port());
+    let tcp = format!(
+        "[[pools]]\nname = \"db\"\nmode = \"tcp\"\nbackends = [{{ url = \"tcp://{echo}\" }}]\n\
+         [[tcp_listeners]]\nlisten = \"127.0.0.1:{tcp_port}\"\npool = \"db\"\n"
+    );
     std::fs::write(
         &cfg,
         "[[pools]]\nname = \"web\"\n[[pools]]\nname = \"api\"\n".to_string()
+            + &tcp
             + &discovered
             + "[[routes]]\npath_prefix = \"/split\"\nsplit = [{ pool = \"web\", weight = 90 }, { pool = \"api\", weight = 10 }]\n"
             + "mirror = { pool = \"api\", compare = true }\n"
@@ -340,6 +379,24 @@ fn dashboard_shows_routes_pools_and_backends() {
         })
         .await;
         assert!(found, "the disc pool did not find its backend");
+    });
+    // Two connections, 200 KiB and a byte each way: the page says "2 connections ·
+    // 0.2 MiB in · 0.2 MiB out" (one held open while it is looked at).
+    let tcp_addr: SocketAddr = format!("127.0.0.1:{tcp_port}").parse().unwrap();
+    drop(tcp_round_trip(tcp_addr, 200 * 1024));
+    let _open = tcp_round_trip(tcp_addr, 1);
+    rt.block_on(async {
+        let c = client();
+        let counted = eventually(Duration::from_secs(3), || async {
+            let p = get(&c, &f.admin_url("/admin/pools/db")).await.json();
+            p["tcp"]["bytes_in"].as_u64() == Some(200 * 1024 + 1)
+        })
+        .await;
+        assert!(
+            counted,
+            "{}",
+            get(&c, &f.admin_url("/admin/pools/db")).await.json()
+        );
     });
     run_tour(f.admin, None, "pools");
     publish_screenshots(&["dashboard-pools.png", "dashboard-mirror.png"]);

@@ -3,9 +3,8 @@
 //! OTLP protobuf (`opentelemetry-proto`) and posts them to the collector, one export at a
 //! time within 10 s. A collector that is slow or down only fills the queue: past
 //! `max_queue` spans are dropped and counted, and no request waits. A `429` or `503` is
-//! retried after its `Retry-After` in seconds (else after 1 s), three tries in all;
-//! other failures drop the batch.
-//! Failures are logged at most once a minute.
+//! retried after its `Retry-After` (seconds or an HTTP date; else after 1 s), three tries
+//! in all; other failures drop the batch. Failures are logged at most once a minute.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -80,15 +79,19 @@ impl Queue {
     /// found none and were dropped.
     pub(super) fn push(&self, mut spans: Vec<Span>) -> usize {
         let n = spans.len();
-        let before = self.waiting.fetch_add(n, Ordering::Relaxed);
-        let room = self.max.saturating_sub(before).min(n);
-        if room < n {
-            self.waiting.fetch_sub(n - room, Ordering::Relaxed);
-            spans.truncate(room);
-        }
-        if room == 0 {
+        // Room reserved at once, never more than there is: two workers handing batches
+        // on together cannot crowd each other out.
+        let mut room = 0;
+        let reserved = self
+            .waiting
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |waiting| {
+                room = self.max.saturating_sub(waiting).min(n);
+                (room > 0).then_some(waiting + room)
+            });
+        if reserved.is_err() {
             return n;
         }
+        spans.truncate(room);
         if self.tx.send(spans).is_err() {
             self.waiting.fetch_sub(room, Ordering::Relaxed);
             return n;
@@ -107,17 +110,37 @@ impl Queue {
         let _ = self.close.send(true);
     }
 
-    /// Waits, at most `grace`, for the exporter to have sent what waited and stopped.
+    /// Waits, at most `grace`, for the exporter to have sent what waited and stopped,
+    /// and for those a reload replaced to have sent theirs.
     pub(super) fn flushed(&self, grace: Duration) {
-        let Some(t) = self.thread.lock().ok().and_then(|mut t| t.take()) else {
-            return;
-        };
+        let mut threads = RETIRED
+            .lock()
+            .map(|mut r| r.split_off(0))
+            .unwrap_or_default();
+        threads.extend(self.thread.lock().ok().and_then(|mut t| t.take()));
         let until = Instant::now() + grace;
-        while !t.is_finished() && Instant::now() < until {
+        while threads.iter().any(|t| !t.is_finished()) && Instant::now() < until {
             std::thread::sleep(Duration::from_millis(10));
         }
-        if t.is_finished() {
+        for t in threads.into_iter().filter(|t| t.is_finished()) {
             let _ = t.join();
+        }
+    }
+}
+
+/// Exporters whose queue is gone (a reload replaced their tracer) and that may still be
+/// sending their last spans: a stop waits for them too ([`Queue::flushed`]).
+static RETIRED: std::sync::Mutex<Vec<std::thread::JoinHandle<()>>> =
+    std::sync::Mutex::new(Vec::new());
+
+impl Drop for Queue {
+    fn drop(&mut self) {
+        let thread = self.thread.get_mut().ok().and_then(Option::take);
+        if let (Some(t), Ok(mut retired)) = (thread, RETIRED.lock()) {
+            retired.retain(|t| !t.is_finished());
+            if !t.is_finished() {
+                retired.push(t);
+            }
         }
     }
 }

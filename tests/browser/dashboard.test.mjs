@@ -7,7 +7,8 @@
 // spawn/remove, an API error shown). With a token: the page asks for it, refuses a wrong
 // one, and works once given the right one. With DASHBOARD_TOUR=pools: a fulcrum with the
 // pools web and api (routes → pools → backends, a strategy per pool, kill and spawn in
-// one pool while the other carries on; two pools found from files, one of them gone). With DASHBOARD_TOUR=fleet: an instance in fleet
+// one pool while the other carries on; two pools found from files, one of them gone; a TCP
+// pool with its connections and bytes). With DASHBOARD_TOUR=fleet: an instance in fleet
 // mode, DASHBOARD_FLEET_PEER the admin URL of another one on the same store (the etcd
 // pill, the fleet list, a switch made on the page in force on the peer). With
 // DASHBOARD_TOUR=lab: the strategy lab started from the page, its progress, its chart and
@@ -548,6 +549,12 @@ async function poolsTour(page) {
     if (!/error: cannot read .*gone\.json/.test(lost)) throw new Error('lost shows: ' + lost);
     const web = await text(page, '[data-testid="pool-source-web"]');
     if (web !== 'backends: listed') throw new Error('web shows: ' + web);
+    // A TCP pool: its connections and bytes where an HTTP pool has its routes, and TCP on
+    // its node (docs/tcp.md).
+    const tcp = /^tcp: 2 connections · 0\.2 MiB in · 0\.2 MiB out$/;
+    await waitFor('db connections and bytes', async () => tcp.test((await text(page, '[data-testid="pool-routes-db"]')) || ''), 5000);
+    const db = await text(page, '[data-testid="pool-node-db"]');
+    if (!/TCP · RR · 1 backends/.test(db)) throw new Error('db node shows: ' + db);
     // A route's policies beside it, with its rate limit's count (docs/policies.md).
     const routes = await text(page, '[data-testid="pool-routes-disc"]');
     if (!/\[rate 1000\/1s \+10 by client_ip · 0 limited; compress br, gzip\]/.test(routes)) throw new Error('disc routes: ' + routes);
