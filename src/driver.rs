@@ -252,7 +252,11 @@ impl Connections {
         };
         self.note_open();
         let (proxy, live, stop) = (self.proxy, Arc::clone(&self.tcp_live), self.stop.clone());
-        tokio::spawn(async move {
+        // Boxed: the connection's future then goes through tokio's spawn and the task's
+        // changes of stage as a pointer; unboxed it was copied whole five times, about
+        // 1 500 instructions of each short connection's 20 000 (`docs/performance.md`,
+        // "TCP").
+        tokio::spawn(Box::pin(async move {
             let (_live, _held, _client_slot) = (live, held, client_slot);
             let Some(ends) = ends_of(&mut stream, (peer, local), pp).await else {
                 return;
@@ -261,7 +265,7 @@ impl Connections {
             if front.clients.admits(ip) && proxy.site().admits_client(ip) {
                 pass_through(stream, ends, &front.pool, (proxy, stop)).await;
             }
-        });
+        }));
     }
 
     fn note_open(&self) {
