@@ -5,8 +5,9 @@
 #
 #   cargo build --release && scripts/bench/h2.sh [--quick] [tls|h2c]
 #
-# For each mode the three proxies are started fresh, and each is measured three times
-# (medians printed; figures land in docs/performance.md, "HTTP/2 from clients"):
+# For each mode the three proxies are started fresh, and each is measured three times,
+# the proxies taking turns run by run (medians printed; figures land in
+# docs/performance.md, "HTTP/2 from clients"):
 #   saturated  h2load -c 20 -m 10 -n 200000: requests/s, and the proxy's CPU-µs per
 #              request;
 #   rate       a fixed 5 000 requests/s (h2load -c 50 -m 1 --rps 100 -D 8): the proxy's
@@ -99,20 +100,29 @@ for mode in $modes; do
   echo "== h2 $mode: median of $runs (saturated: -c 20 -m 10 -n $total; rate: 5000 req/s for ${seconds}s)"
   printf '%-8s %12s %12s %12s %10s\n' proxy "sat req/s" "sat µs/req" "rate µs/req" "rss MiB"
   for name in fulcrum nginx haproxy; do
-    port=${!name} pid_var=${name}_pid; pid=${!pid_var}
-    url="$scheme://127.0.0.1:$port/"
-    load -c 20 -m 10 -n 20000 "$url" >/dev/null # warm up
-    : >"$work/sat_rps" ; : >"$work/sat_us"; : >"$work/rate_us"
-    for _ in $(seq "$runs"); do
+    port=${!name}
+    load -c 20 -m 10 -n 20000 "$scheme://127.0.0.1:$port/" >/dev/null # warm up
+    : >"$work/$name.sat_rps"; : >"$work/$name.sat_us"; : >"$work/$name.rate_us"
+  done
+  # The proxies take turns, run by run: this machine's speed drifts by more than the
+  # proxies differ over a few minutes, and a drift then touches all three alike.
+  for _ in $(seq "$runs"); do
+    for name in fulcrum nginx haproxy; do
+      port=${!name} pid_var=${name}_pid; pid=${!pid_var}
+      url="$scheme://127.0.0.1:$port/"
       read -r us rps < <(measure "$pid" -c 20 -m 10 -n "$total" "$url")
-      echo "$rps" >>"$work/sat_rps"; echo "$us" >>"$work/sat_us"
+      echo "$rps" >>"$work/$name.sat_rps"; echo "$us" >>"$work/$name.sat_us"
       read -r us _ < <(measure "$pid" -c 50 -m 1 --rps 100 -D "$seconds" "$url")
-      echo "$us" >>"$work/rate_us"
+      echo "$us" >>"$work/$name.rate_us"
     done
+  done
+  for name in fulcrum nginx haproxy; do
+    pid_var=${name}_pid; pid=${!pid_var}
     mib=$(awk -v k="$(rss "$pid")" 'BEGIN { printf "%.1f", k / 1024 }')
     printf '%-8s %12s %12s %12s %10s   (runs: %s | %s | %s)\n' "$name" \
-      "$(median <"$work/sat_rps")" "$(median <"$work/sat_us")" "$(median <"$work/rate_us")" "$mib" \
-      "$(paste -sd, "$work/sat_rps")" "$(paste -sd, "$work/sat_us")" "$(paste -sd, "$work/rate_us")"
+      "$(median <"$work/$name.sat_rps")" "$(median <"$work/$name.sat_us")" \
+      "$(median <"$work/$name.rate_us")" "$mib" "$(paste -sd, "$work/$name.sat_rps")" \
+      "$(paste -sd, "$work/$name.sat_us")" "$(paste -sd, "$work/$name.rate_us")"
   done
   kill "$fulcrum_pid" "$nginx_pid" "$haproxy_pid" 2>/dev/null || true
   wait "$fulcrum_pid" "$nginx_pid" "$haproxy_pid" 2>/dev/null || true
