@@ -400,6 +400,8 @@ fn bad_discovery_settings_are_refused_with_their_line() {
         ("discover = { srv = \"a\", interval = \"10ms\" }\n", "line 1", "at least 1s"),
         ("discover = { srv = \"a\", scheme = \"gopher\" }\n", "line 1", "scheme"),
         ("discover = { srv = \"a\", color = \"red\" }\n", "line 1", "discover.color"),
+        ("[[pools]]\nname = \"pg\"\nmode = \"tcp\"\ndiscover = { dns = \"db.test:5432\", scheme = \"http\" }\n", "line 4", "in a TCP pool"),
+        ("[[pools]]\nname = \"web\"\n\ndiscover = { srv = \"a\", scheme = \"tcp\" }\n", "line 4", "mode = \"tcp\""),
         ("\n\nresolvers = [\"127.0.0.1:5353\", \"nameserver\"]\n", "line 3", "invalid resolver 'nameserver'"),
     ];
     for (i, (text, line, why)) in cases.iter().enumerate() {
@@ -762,4 +764,72 @@ async fn three_hundred_srv_targets_resolve_and_port_zero_is_no_record() {
         bs.iter().all(|b| b["backup"] == false),
         "the port-0 record's priority counts for nothing"
     );
+}
+
+/// A TCP backend on `addr` that writes `name` and a newline, then echoes.
+fn tcp_echo_on(addr: std::net::SocketAddr, name: &'static str) {
+    let listener = std::net::TcpListener::bind(addr).unwrap();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                use std::io::Write;
+                let mut r = conn;
+                let Ok(mut w) = r.try_clone() else { return };
+                if w.write_all(format!("{name}\n").as_bytes()).is_ok() {
+                    let _ = std::io::copy(&mut r, &mut w);
+                }
+            });
+        }
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tcp_pool_follows_dns_with_tcp_backends_and_refuses_http_ones_from_a_file() {
+    use std::io::{BufRead, BufReader};
+    let port = free_port();
+    tcp_echo_on(([127, 0, 0, 2], port).into(), "db2");
+    let dns = Dnsmasq::start("tcp", "127.0.0.2 db.test\n", &[]);
+    let list = std::env::temp_dir().join(format!("fulcrum-disc-tcp-{}.json", std::process::id()));
+    std::fs::write(&list, format!(r#"[{{"url": "tcp://127.0.0.2:{port}"}}]"#)).unwrap();
+    let (listen, other) = (free_port(), free_port());
+    let text = format!(
+        "resolvers = [\"{}\"]\n\
+         [[pools]]\nname = \"db\"\nmode = \"tcp\"\ndiscover = {{ dns = \"db.test:{port}\" }}\n\
+         [[pools]]\nname = \"listed\"\nmode = \"tcp\"\ndiscover = {{ file = \"{}\" }}\n\
+         [[tcp_listeners]]\nlisten = \"127.0.0.1:{listen}\"\npool = \"db\"\n\
+         [[tcp_listeners]]\nlisten = \"127.0.0.1:{other}\"\npool = \"listed\"\n",
+        dns.addr(),
+        list.display()
+    );
+    let cfg = config_file("discovery", "tcp", &text);
+    let f = Fulcrum::start(&["--config", cfg.to_str().unwrap()]);
+    let c = client();
+    // The DNS pool's backends are tcp:// (the pool's scheme), and a connection reaches one.
+    let want = format!("tcp://127.0.0.2:{port}");
+    until_urls(
+        &c,
+        &f,
+        "db",
+        std::slice::from_ref(&want),
+        Duration::from_secs(5),
+    )
+    .await;
+    let s = std::net::TcpStream::connect(("127.0.0.1", listen)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut first = String::new();
+    BufReader::new(&s).read_line(&mut first).unwrap();
+    assert_eq!(first, "db2\n");
+    // A file that names an HTTP backend for the TCP pool changes nothing, and says why.
+    until_urls(
+        &c,
+        &f,
+        "listed",
+        std::slice::from_ref(&want),
+        Duration::from_secs(5),
+    )
+    .await;
+    rename_over(&list, r#"[{"url": "http://127.0.0.2:80"}]"#);
+    let why = until_error(&c, &f, "listed", "in a TCP pool").await;
+    assert!(why.contains("http://127.0.0.2:80"), "{why}");
+    assert_eq!(urls(&c, &f, "listed").await, [want]);
 }

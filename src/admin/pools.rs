@@ -193,6 +193,9 @@ fn draft_of(fields: &Map<String, Value>) -> ApiResult<PoolDraft> {
         .map(crate::config::DiscoverSpec::from_json)
         .transpose()
         .map_err(ApiError::bad)?;
+    if let Some(d) = &discover {
+        d.fits(Default::default()).map_err(ApiError::bad)?;
+    }
     if discover.is_some() && !backends.is_empty() {
         return Err(ApiError::bad(crate::config::discover::WITH_BACKENDS));
     }

@@ -45,11 +45,30 @@ pub(crate) enum Target {
 pub(crate) struct DiscoverSpec {
     /// What is looked up or read.
     pub(crate) target: Target,
-    /// `https` backends (`scheme = "https"`) rather than `http`.
-    pub(crate) https: bool,
+    /// The scheme of the backends found (`scheme`); `None`: the pool's own (`http`, or
+    /// `tcp` in a TCP pool).
+    pub(crate) scheme: Option<Scheme>,
     /// The longest time between two lookups (a TTL is clamped to [1 s, interval]); for
     /// a file, how often it is read again even without a change seen.
     pub(crate) interval: Duration,
+}
+
+/// The scheme of discovered backends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Scheme {
+    Http,
+    Https,
+    Tcp,
+}
+
+impl Scheme {
+    fn as_str(self) -> &'static str {
+        match self {
+            Scheme::Http => "http",
+            Scheme::Https => "https",
+            Scheme::Tcp => "tcp",
+        }
+    }
 }
 
 impl DiscoverSpec {
@@ -71,12 +90,34 @@ impl DiscoverSpec {
         }
     }
 
-    /// `http` or `https`.
+    /// `http`, `https` or `tcp`.
     pub(crate) fn scheme(&self) -> &'static str {
-        if self.https {
-            "https"
-        } else {
-            "http"
+        self.scheme.unwrap_or(Scheme::Http).as_str()
+    }
+
+    /// The setting as a pool of `mode` follows it: its scheme the pool's unless given.
+    pub(crate) fn for_mode(&self, mode: super::tcp::PoolMode) -> DiscoverSpec {
+        let own = match mode {
+            super::tcp::PoolMode::Http => Scheme::Http,
+            super::tcp::PoolMode::Tcp => Scheme::Tcp,
+        };
+        DiscoverSpec {
+            scheme: Some(self.scheme.unwrap_or(own)),
+            ..self.clone()
+        }
+    }
+
+    /// Why the setting does not fit a pool of `mode`: a scheme of the other kind.
+    pub(crate) fn fits(&self, mode: super::tcp::PoolMode) -> Result<(), String> {
+        match (self.scheme, mode) {
+            (Some(s @ (Scheme::Http | Scheme::Https)), super::tcp::PoolMode::Tcp) => Err(format!(
+                "discover.scheme '{}' in a TCP pool: its backends are tcp://HOST:PORT",
+                s.as_str()
+            )),
+            (Some(Scheme::Tcp), super::tcp::PoolMode::Http) => {
+                Err("discover.scheme 'tcp' needs a pool with mode = \"tcp\"".into())
+            }
+            _ => Ok(()),
         }
     }
 
@@ -85,7 +126,7 @@ impl DiscoverSpec {
         pairs: impl IntoIterator<Item = (&'a str, String)>,
     ) -> Result<DiscoverSpec, String> {
         let mut target = None;
-        let mut https = false;
+        let mut scheme = None;
         let mut interval = DEFAULT_INTERVAL;
         for (key, text) in pairs {
             match key {
@@ -96,15 +137,16 @@ impl DiscoverSpec {
                     target = Some(parse_target(key, &text)?);
                 }
                 "scheme" => {
-                    https = match text.as_str() {
-                        "http" => false,
-                        "https" => true,
+                    scheme = Some(match text.as_str() {
+                        "http" => Scheme::Http,
+                        "https" => Scheme::Https,
+                        "tcp" => Scheme::Tcp,
                         _ => {
                             return Err(format!(
-                                "invalid discover.scheme '{text}' (valid: http, https)"
+                                "invalid discover.scheme '{text}' (valid: http, https, tcp)"
                             ))
                         }
-                    }
+                    })
                 }
                 "interval" => interval = parse_interval(&text)?,
                 k => {
@@ -118,7 +160,7 @@ impl DiscoverSpec {
         let target = target.ok_or_else(one_source)?;
         Ok(DiscoverSpec {
             target,
-            https,
+            scheme,
             interval,
         })
     }
@@ -153,7 +195,9 @@ impl DiscoverSpec {
     pub(crate) fn to_json(&self) -> Value {
         let mut m = Map::new();
         m.insert(self.kind().into(), Value::String(self.target_text()));
-        m.insert("scheme".into(), Value::String(self.scheme().into()));
+        if let Some(s) = self.scheme {
+            m.insert("scheme".into(), Value::String(s.as_str().into()));
+        }
         let interval = super::values::duration_text(self.interval);
         m.insert("interval".into(), Value::String(interval));
         Value::Object(m)
@@ -234,7 +278,13 @@ mod tests {
     fn each_source_and_its_options() {
         let s = pairs(&[("srv", "_http._tcp.api.internal")]).unwrap();
         assert_eq!(s.kind(), "srv");
-        assert_eq!((s.https, s.interval), (false, DEFAULT_INTERVAL));
+        assert_eq!((s.scheme, s.interval), (None, DEFAULT_INTERVAL));
+        assert_eq!(s.scheme(), "http");
+        use super::super::tcp::PoolMode;
+        assert_eq!(s.for_mode(PoolMode::Tcp).scheme(), "tcp");
+        assert_eq!(s.for_mode(PoolMode::Http).scheme(), "http");
+        let tcp = pairs(&[("srv", "a"), ("scheme", "tcp")]).unwrap();
+        assert!(tcp.fits(PoolMode::Tcp).is_ok() && tcp.fits(PoolMode::Http).is_err());
         let d = pairs(&[("dns", "api.internal:8080"), ("scheme", "https")]).unwrap();
         assert_eq!(
             d.target,
@@ -243,7 +293,12 @@ mod tests {
                 port: 8080
             }
         );
-        assert!(d.https);
+        assert_eq!(d.scheme, Some(Scheme::Https));
+        assert!(d.fits(super::super::tcp::PoolMode::Tcp).is_err());
+        assert_eq!(
+            d.for_mode(super::super::tcp::PoolMode::Tcp).scheme(),
+            "https"
+        );
         let f = DiscoverSpec::parse_flag("file=/etc/b.json,interval=90s").unwrap();
         assert_eq!(f.target, Target::File("/etc/b.json".into()));
         assert_eq!(f.interval, Duration::from_secs(90));

@@ -137,6 +137,11 @@ fn read_pool(
         .iter()
         .find(|(k, _)| k.get_ref().as_ref() == "discover")
     {
+        let misfit = (draft.discover.as_ref()).and_then(|d| d.fits(draft.modes.mode).err());
+        if let Some(e) = misfit {
+            c.push(k.span().start, Some("pools.discover"), e);
+            ok = false;
+        }
         if has_key(table, "backends") {
             c.push(
                 k.span().start,

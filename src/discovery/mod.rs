@@ -105,8 +105,10 @@ fn source_of(spec: &DiscoverSpec) -> Source {
     }
 }
 
-/// Looks up or reads `spec` again and again; never returns.
+/// Looks up or reads `spec` again and again; never returns. The backends found take
+/// the pool's scheme unless `spec` names one (`tcp` in a TCP pool).
 async fn follow(pool: &Pool, spec: &DiscoverSpec, resolvers: &Resolvers) {
+    let spec = &spec.for_mode(pool.settings.mode);
     match &spec.target {
         Target::File(path) => follow_file(pool, spec, path).await,
         _ => follow_dns(pool, spec, resolvers).await,
@@ -192,7 +194,9 @@ fn settle(
     let now = SystemTime::now();
     // The pool's first set joins at full weight, as backends present at start do.
     let ramp = pool.discovery().updated_at.is_some();
-    let found = found.and_then(|list| within_max(pool, list));
+    let found = found
+        .and_then(|list| fit_mode(pool, list))
+        .and_then(|list| within_max(pool, list));
     let (found, own) = match found {
         Ok(list) => match without_own(list) {
             // Nothing left but this fulcrum: a failure, which never empties the pool.
@@ -229,6 +233,19 @@ fn settle(
             st.error = Some(e);
             st.errors += 1;
         }
+    }
+}
+
+/// `list` when each backend fits the pool's mode (`tcp://` in a TCP pool, `http(s)://`
+/// in an HTTP one); else the first misfit, and the last good set stays.
+fn fit_mode(pool: &Pool, list: Vec<BackendSpec>) -> Result<Vec<BackendSpec>, String> {
+    let mode = pool.settings.mode;
+    match list
+        .iter()
+        .find_map(|b| crate::config::tcp::url_fits(&b.url, mode).err())
+    {
+        Some(e) => Err(e),
+        None => Ok(list),
     }
 }
 
