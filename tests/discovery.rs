@@ -402,6 +402,7 @@ fn bad_discovery_settings_are_refused_with_their_line() {
         ("discover = { srv = \"a\", color = \"red\" }\n", "line 1", "discover.color"),
         ("[[pools]]\nname = \"pg\"\nmode = \"tcp\"\ndiscover = { dns = \"db.test:5432\", scheme = \"http\" }\n", "line 4", "in a TCP pool"),
         ("[[pools]]\nname = \"web\"\n\ndiscover = { srv = \"a\", scheme = \"tcp\" }\n", "line 4", "mode = \"tcp\""),
+        ("discover = { srv = \"a\", scheme = \"tcp\" }\n", "discover", "mode = \"tcp\""),
         ("\n\nresolvers = [\"127.0.0.1:5353\", \"nameserver\"]\n", "line 3", "invalid resolver 'nameserver'"),
     ];
     for (i, (text, line, why)) in cases.iter().enumerate() {
@@ -420,6 +421,13 @@ fn bad_discovery_settings_are_refused_with_their_line() {
     assert_eq!(st.code(), Some(2), "{err}");
     assert!(err.contains("--discover") && err.contains("both"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
+    // The flags' pool is an HTTP pool.
+    let (st, _, err) = run_fulcrum(&["serve", "--discover", "srv=a,scheme=tcp"]);
+    assert_eq!(st.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--discover") && err.contains("mode = \"tcp\""),
+        "{err}"
+    );
     let (st, _, err) = run_fulcrum(&["serve", "--discover", "consul=api"]);
     assert_eq!(st.code(), Some(2), "{err}");
     assert!(err.contains("discover.consul"), "{err}");
@@ -766,9 +774,12 @@ async fn three_hundred_srv_targets_resolve_and_port_zero_is_no_record() {
     );
 }
 
-/// A TCP backend on `addr` that writes `name` and a newline, then echoes.
-fn tcp_echo_on(addr: std::net::SocketAddr, name: &'static str) {
-    let listener = std::net::TcpListener::bind(addr).unwrap();
+/// A TCP backend on `addr` that writes `name` and a newline, then echoes; `false` when
+/// the address is taken.
+fn tcp_echo_on(addr: std::net::SocketAddr, name: &'static str) -> bool {
+    let Ok(listener) = std::net::TcpListener::bind(addr) else {
+        return false;
+    };
     std::thread::spawn(move || {
         for conn in listener.incoming().flatten() {
             std::thread::spawn(move || {
@@ -781,13 +792,19 @@ fn tcp_echo_on(addr: std::net::SocketAddr, name: &'static str) {
             });
         }
     });
+    true
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tcp_pool_follows_dns_with_tcp_backends_and_refuses_http_ones_from_a_file() {
     use std::io::{BufRead, BufReader};
-    let port = free_port();
-    tcp_echo_on(([127, 0, 0, 2], port).into(), "db2");
+    // A port free on 127.0.0.2 too (checked on 127.0.0.1 only).
+    let port = loop {
+        let port = free_port();
+        if tcp_echo_on(([127, 0, 0, 2], port).into(), "db2") {
+            break port;
+        }
+    };
     let dns = Dnsmasq::start("tcp", "127.0.0.2 db.test\n", &[]);
     let list = std::env::temp_dir().join(format!("fulcrum-disc-tcp-{}.json", std::process::id()));
     std::fs::write(&list, format!(r#"[{{"url": "tcp://127.0.0.2:{port}"}}]"#)).unwrap();
@@ -832,4 +849,5 @@ async fn a_tcp_pool_follows_dns_with_tcp_backends_and_refuses_http_ones_from_a_f
     let why = until_error(&c, &f, "listed", "in a TCP pool").await;
     assert!(why.contains("http://127.0.0.2:80"), "{why}");
     assert_eq!(urls(&c, &f, "listed").await, [want]);
+    let _ = std::fs::remove_file(&list);
 }

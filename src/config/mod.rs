@@ -582,6 +582,7 @@ fn check_whole(s: &Settings, flags: &RawFlags, errors: &mut Vec<ConfigError>) {
     check_handover(s, errors);
     let mut cookies = std::collections::HashMap::new();
     check_discover_flags(s, flags, errors);
+    check_discover_schemes(s, flags, errors);
     let tcp = s.tcp_listeners.iter().map(|l| l.listen);
     let listeners: Vec<SocketAddr> = [s.listen]
         .into_iter()
@@ -678,6 +679,25 @@ fn check_discover_flags(s: &Settings, flags: &RawFlags, errors: &mut Vec<ConfigE
             first.name
         ),
     });
+}
+
+/// A pool's `discover` whose scheme is of the other kind (`tcp` in an HTTP pool, `http`
+/// or `https` in a TCP one), from `--discover` or the single-pool form's `discover`; a
+/// `[[pools]]` entry's is reported at its line as it is read.
+fn check_discover_schemes(s: &Settings, flags: &RawFlags, errors: &mut Vec<ConfigError>) {
+    for (i, p) in s.pools.iter().enumerate() {
+        let Some(Err(message)) = (p.discover.as_ref()).map(|d| d.fits(p.settings.mode)) else {
+            continue;
+        };
+        let origin = match (i, &flags.discover) {
+            (0, Some(_)) => "--discover",
+            _ => "discover",
+        };
+        errors.push(ConfigError {
+            origin: origin.into(),
+            message,
+        });
+    }
 }
 
 /// Whether every worker's sockets fit the one message an upgrade hands them over in:

@@ -182,10 +182,14 @@ pub(crate) fn parse(key: &str, value: &[u8]) -> Result<(Object, Value), String> 
             name: name.to_string(),
             values: pools::values_of_json(fields, &["discover"])?,
             backends: Vec::new(),
+            // Fleet mode keeps HTTP pools (TCP pools come from the file): a `tcp` scheme
+            // does not fit one.
             discover: (fields.get("discover"))
-                .map(crate::config::DiscoverSpec::from_json)
+                .map(|v| {
+                    let d = crate::config::DiscoverSpec::from_json(v)?;
+                    d.fits(Default::default()).map(|()| d)
+                })
                 .transpose()?,
-            // Fleet mode keeps HTTP pools; TCP pools come from the file.
             modes: Default::default(),
         })
     } else if let Some(rest) = key.strip_prefix("backends/") {
