@@ -821,33 +821,21 @@ async fn a_tcp_pool_follows_dns_with_tcp_backends_and_refuses_http_ones_from_a_f
     let cfg = config_file("discovery", "tcp", &text);
     let f = Fulcrum::start(&["--config", cfg.to_str().unwrap()]);
     let c = client();
-    // The DNS pool's backends are tcp:// (the pool's scheme), and a connection reaches one.
-    let want = format!("tcp://127.0.0.2:{port}");
-    until_urls(
-        &c,
-        &f,
-        "db",
-        std::slice::from_ref(&want),
-        Duration::from_secs(5),
-    )
-    .await;
+    // The DNS pool's backends are tcp:// (the pool's scheme), as the file's are, and a
+    // connection reaches one.
+    let want = [format!("tcp://127.0.0.2:{port}")];
+    for pool in ["db", "listed"] {
+        until_urls(&c, &f, pool, &want, Duration::from_secs(5)).await;
+    }
     let s = std::net::TcpStream::connect(("127.0.0.1", listen)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let mut first = String::new();
     BufReader::new(&s).read_line(&mut first).unwrap();
     assert_eq!(first, "db2\n");
     // A file that names an HTTP backend for the TCP pool changes nothing, and says why.
-    until_urls(
-        &c,
-        &f,
-        "listed",
-        std::slice::from_ref(&want),
-        Duration::from_secs(5),
-    )
-    .await;
     rename_over(&list, r#"[{"url": "http://127.0.0.2:80"}]"#);
     let why = until_error(&c, &f, "listed", "in a TCP pool").await;
     assert!(why.contains("http://127.0.0.2:80"), "{why}");
-    assert_eq!(urls(&c, &f, "listed").await, [want]);
+    assert_eq!(urls(&c, &f, "listed").await, want);
     let _ = std::fs::remove_file(&list);
 }
