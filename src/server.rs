@@ -180,8 +180,8 @@ async fn wind_down(conns: Connections, quic: Option<crate::quic::Endpoint>, tcp_
 }
 
 /// One heartbeat of a worker (the `beats`th): tells the watchdog it is alive, flushes
-/// the access log and hands on the spans gathered, sweeps idle upstream connections now and then, and gives memory back
-/// after a flood of connections.
+/// the access log and hands on the spans gathered, sweeps idle upstream connections now
+/// and then, and gives memory back after a flood of connections.
 fn beat(beats: u32, pulse: &(crate::notify::Pulses, usize), proxy: &Proxy, conns: &Connections) {
     pulse.0.beat(pulse.1);
     crate::logging::flush_this_thread();

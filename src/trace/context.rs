@@ -101,17 +101,11 @@ pub(crate) type Traceparent = [u8; 55];
 /// The `traceparent` naming `span` of `trace`, sampled.
 pub(crate) fn traceparent(trace: &TraceId, span: &SpanId) -> Traceparent {
     let mut out = *b"00-00000000000000000000000000000000-0000000000000000-01";
-    let (hi, lo) = trace.0.split_at(8);
-    out[3..19].copy_from_slice(&hex(be_u64(hi)));
-    out[19..35].copy_from_slice(&hex(be_u64(lo)));
+    let trace = u128::from_be_bytes(trace.0);
+    out[3..19].copy_from_slice(&hex((trace >> 64) as u64));
+    out[19..35].copy_from_slice(&hex(trace as u64));
     out[36..52].copy_from_slice(&hex(u64::from_be_bytes(span.0)));
     out
-}
-
-fn be_u64(eight: &[u8]) -> u64 {
-    let mut b = [0; 8];
-    b.copy_from_slice(eight);
-    u64::from_be_bytes(b)
 }
 
 /// `n` as 16 lowercase hex digits, all at once rather than a digit at a time: each
