@@ -653,6 +653,11 @@ impl<T> Conn<T> {
         self.closing = Closing::Final;
     }
 
+    /// Whether no stream is open.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.streams.is_empty()
+    }
+
     /// Whether the connection is done: no stream will come (this side's last GOAWAY
     /// went out) and none is left.
     pub(crate) fn is_done(&self) -> bool {

@@ -29,6 +29,8 @@ const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// Bytes queued for the client past which no more is read or produced until some is
 /// written: what a client that does not read can make this side hold.
 const HIGH_WATER: usize = 256 * 1024;
+/// Finished answer futures' boxes a connection keeps for its next requests.
+const SPARE: usize = 8;
 
 /// The error a connection ends with.
 pub(crate) type ServeError = Box<dyn std::error::Error + Send + Sync>;
@@ -71,9 +73,9 @@ impl Wake for Flag {
 
 /// A request's answer on its way: the request path's future until the head comes, then
 /// the body.
-enum Phase<'a> {
+enum Phase<F> {
     Answering {
-        future: Pin<Box<dyn Future<Output = ProxyResponse> + Send + 'a>>,
+        future: Pin<Box<F>>,
         head_only: bool,
         /// The stream's place in the connection's activity, moved to the body.
         opened: Option<Opened>,
@@ -87,10 +89,10 @@ enum Phase<'a> {
 }
 
 /// A stream's task.
-pub(crate) struct Task<'a> {
+pub(crate) struct Task<F> {
     flag: Arc<Flag>,
     waker: Waker,
-    phase: Phase<'a>,
+    phase: Phase<F>,
 }
 
 /// What a task's poll left.
@@ -101,15 +103,17 @@ enum Left {
     Done,
 }
 
-/// What serves a connection.
-struct Server<'a, T> {
+/// What serves a connection: `M` makes a request's answer future `F`.
+struct Server<'a, T, M, F> {
     io: T,
-    conn: Conn<Task<'a>>,
+    conn: Conn<Task<F>>,
+    make: M,
+    /// The boxes of answer futures that finished, taken again by the next requests
+    /// (`docs/performance.md`, "HTTP/2 from clients"): at most [`SPARE`].
+    spare: Vec<Pin<Box<F>>>,
     read: BytesMut,
     /// How much of `conn.out` is written.
     written: usize,
-    proxy: &'a Proxy,
-    peer: &'a Peer,
     activity: &'a Arc<Activity>,
     /// A scratch buffer for header blocks.
     block: Vec<u8>,
@@ -137,10 +141,10 @@ where
     let mut s = Server {
         io: conn.io,
         conn: Conn::new(crate::proxy::MAX_HEADER_BYTES),
+        make: move |head, body| proxy.answer_head(head, body, None, peer),
+        spare: Vec::new(),
         read: BytesMut::with_capacity(2 * (MAX_FRAME + HEAD_LEN)),
         written: 0,
-        proxy,
-        peer,
         activity,
         block: Vec::new(),
         ids: Vec::new(),
@@ -156,9 +160,11 @@ where
     .await
 }
 
-impl<'a, T> Server<'a, T>
+impl<'a, T, M, F> Server<'a, T, M, F>
 where
     T: AsyncRead + AsyncWrite + Unpin,
+    M: Fn(RequestHead, Option<ClientBody>) -> F,
+    F: Future<Output = ProxyResponse>,
 {
     /// Reads and acts on what came, runs the streams that can go on, writes what they
     /// produced; again while reading brings something.
@@ -180,6 +186,11 @@ where
                 false => false,
             };
             self.run_streams();
+            if self.spare.len() > 1 && self.conn.is_idle() {
+                // An idle connection keeps one: what a client sending one request at a
+                // time reuses, and little for one that waits.
+                self.spare.truncate(1);
+            }
             self.conn.give_back();
             let flushed = self.poll_write(cx)?;
             if flushed && (self.conn.is_done() || self.eof) {
@@ -265,7 +276,14 @@ where
             fields: RequestFields::Spans(request.fields),
         };
         let body = body.map(ClientBody::stream);
-        let future = Box::pin(self.proxy.answer_head(head, body, None, self.peer));
+        let fresh = (self.make)(head, body);
+        let future = match self.spare.pop() {
+            Some(mut spare) => {
+                spare.set(fresh);
+                spare
+            }
+            None => Box::pin(fresh),
+        };
         let flag = Arc::new(Flag {
             woken: AtomicBool::new(true),
             connection: Arc::clone(&self.conn.waker),
@@ -308,15 +326,17 @@ where
                 true => self.run(id, &mut task),
                 false => Left::Waiting,
             };
-            if let (Left::Waiting, Some(s)) = (left, self.conn.stream(id)) {
-                s.task = Some(task);
+            match (left, self.conn.stream(id)) {
+                (Left::Waiting, Some(s)) => s.task = Some(task),
+                (Left::Done, _) => self.recycle(task.phase),
+                (Left::Waiting, None) => {}
             }
         }
         self.ids = ids;
     }
 
     /// Runs stream `id`'s task until it waits or is done.
-    fn run(&mut self, id: u32, task: &mut Task<'a>) -> Left {
+    fn run(&mut self, id: u32, task: &mut Task<F>) -> Left {
         let mut cx = Context::from_waker(&task.waker);
         loop {
             let sent = match &mut task.phase {
@@ -329,7 +349,8 @@ where
                     Poll::Ready(answer) => {
                         match self.send_head(id, answer, *head_only, opened.take()) {
                             Some(phase) => {
-                                task.phase = phase;
+                                let answered = std::mem::replace(&mut task.phase, phase);
+                                self.recycle(answered);
                                 continue;
                             }
                             None => return Left::Done,
@@ -342,6 +363,17 @@ where
         }
     }
 
+    /// Keeps the box of an answer future that finished for the next request: a box of
+    /// over a kilobyte, which `malloc` serves from its slower bins and hands back cold
+    /// (`docs/performance.md`, "HTTP/2 from clients").
+    fn recycle(&mut self, phase: Phase<F>) {
+        if let Phase::Answering { future, .. } = phase {
+            if self.spare.len() < SPARE {
+                self.spare.push(future);
+            }
+        }
+    }
+
     /// Writes an answer's head; the body's phase when a body follows.
     fn send_head(
         &mut self,
@@ -349,7 +381,7 @@ where
         answer: ProxyResponse,
         head_only: bool,
         opened: Option<Opened>,
-    ) -> Option<Phase<'a>> {
+    ) -> Option<Phase<F>> {
         let ProxyResponse { head, body } = answer;
         let end = head_only || body.is_end_stream();
         self.block.clear();
