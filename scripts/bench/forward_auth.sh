@@ -31,14 +31,8 @@ forward_auth = { url = "http://127.0.0.1:$backend/check" }
 [[routes]]
 pool = "default"
 TOML
-taskset -c 1 "$bin" serve --config "$work/fulcrum.toml" --listen "127.0.0.1:$port" \
-  --admin "127.0.0.1:$admin" --workers 1 --backend "http://127.0.0.1:$backend" \
-  --health-interval 60s 2>"$work/fulcrum.log" &
-fulcrum_pid=$!; pids+=($!)
-{ nginx_head "$work" nginx
-  echo "http { $(nginx_http "$work")"
-  echo "  upstream b { server 127.0.0.1:$backend; keepalive 64; }"
-  echo "  server { listen $nginx;"
+start_fulcrum_config "$bin" "$work" "$port" "$admin" "$backend"
+{ nginx_proxy_open "$work" "$backend" "$nginx"
   echo '    location = /check { internal; proxy_pass http://b; proxy_http_version 1.1;'
   echo '      proxy_set_header Connection ""; proxy_pass_request_body off; proxy_set_header Content-Length ""; }'
   echo '    location /fa { auth_request /check; proxy_pass http://b; proxy_http_version 1.1; proxy_set_header Connection ""; }'

@@ -69,3 +69,21 @@ backend b
   server s1 127.0.0.1:$2
 CONF
 }
+
+# fulcrum serving WORK/fulcrum.toml with one worker on CPU 1, its flags' pool the backend
+# on BACKEND_PORT; sets fulcrum_pid and adds it to pids.
+start_fulcrum_config() { # start_fulcrum_config BIN WORK PORT ADMIN BACKEND_PORT
+  taskset -c 1 "$1" serve --config "$2/fulcrum.toml" --listen "127.0.0.1:$3" \
+    --admin "127.0.0.1:$4" --workers 1 --backend "http://127.0.0.1:$5" \
+    --health-interval 60s 2>"$2/fulcrum.log" &
+  fulcrum_pid=$!; pids+=($!)
+}
+
+# The opening of an nginx config that proxies to the backend on BACKEND_PORT, up to its
+# server block's `listen PORT;` (the caller writes the locations and closes both blocks).
+nginx_proxy_open() { # nginx_proxy_open WORK BACKEND_PORT PORT
+  nginx_head "$1" nginx
+  echo "http { $(nginx_http "$1")"
+  echo "  upstream b { server 127.0.0.1:$2; keepalive 64; }"
+  echo "  server { listen $3;"
+}

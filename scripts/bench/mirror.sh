@@ -38,14 +38,8 @@ mirror = { pool = "m" }
 [[routes]]
 pool = "p"
 TOML
-taskset -c 1 "$bin" serve --config "$work/fulcrum.toml" --listen "127.0.0.1:$port" \
-  --admin "127.0.0.1:$admin" --workers 1 --backend "http://127.0.0.1:$backend" \
-  --health-interval 60s 2>"$work/fulcrum.log" &
-fulcrum_pid=$!; pids+=($!)
-{ nginx_head "$work" nginx
-  echo "http { $(nginx_http "$work")"
-  echo "  upstream b { server 127.0.0.1:$backend; keepalive 64; }"
-  echo "  server { listen $nginx;"
+start_fulcrum_config "$bin" "$work" "$port" "$admin" "$backend"
+{ nginx_proxy_open "$work" "$backend" "$nginx"
   echo '    location = /copy { internal; proxy_pass http://b$request_uri; proxy_http_version 1.1;'
   echo '      proxy_set_header Connection ""; }'
   echo '    location /m { mirror /copy; proxy_pass http://b; proxy_http_version 1.1; proxy_set_header Connection ""; }'
