@@ -30,7 +30,7 @@ const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// written: what a client that does not read can make this side hold.
 const HIGH_WATER: usize = 256 * 1024;
 /// Finished answer futures' boxes a connection keeps for its next requests.
-const SPARE: usize = 8;
+const REUSABLE: usize = 8;
 
 /// The error a connection ends with.
 pub(crate) type ServeError = Box<dyn std::error::Error + Send + Sync>;
@@ -109,8 +109,8 @@ struct Server<'a, T, M, F> {
     conn: Conn<Task<F>>,
     make: M,
     /// The boxes of answer futures that finished, taken again by the next requests
-    /// (`docs/performance.md`, "HTTP/2 from clients"): at most [`SPARE`].
-    spare: Vec<Pin<Box<F>>>,
+    /// (`docs/performance.md`, "Where the TLS figures go"): at most [`REUSABLE`].
+    reusable: Vec<Pin<Box<F>>>,
     read: BytesMut,
     /// How much of `conn.out` is written.
     written: usize,
@@ -142,7 +142,7 @@ where
         io: conn.io,
         conn: Conn::new(crate::proxy::MAX_HEADER_BYTES),
         make: move |head, body| proxy.answer_head(head, body, None, peer),
-        spare: Vec::new(),
+        reusable: Vec::new(),
         read: BytesMut::with_capacity(2 * (MAX_FRAME + HEAD_LEN)),
         written: 0,
         activity,
@@ -186,10 +186,10 @@ where
                 false => false,
             };
             self.run_streams();
-            if self.spare.len() > 1 && self.conn.is_idle() {
+            if self.reusable.len() > 1 && self.conn.is_idle() {
                 // An idle connection keeps one: what a client sending one request at a
                 // time reuses, and little for one that waits.
-                self.spare.truncate(1);
+                self.reusable.truncate(1);
             }
             self.conn.give_back();
             let flushed = self.poll_write(cx)?;
@@ -277,10 +277,10 @@ where
         };
         let body = body.map(ClientBody::stream);
         let fresh = (self.make)(head, body);
-        let future = match self.spare.pop() {
-            Some(mut spare) => {
-                spare.set(fresh);
-                spare
+        let future = match self.reusable.pop() {
+            Some(mut reused) => {
+                reused.set(fresh);
+                reused
             }
             None => Box::pin(fresh),
         };
@@ -365,11 +365,11 @@ where
 
     /// Keeps the box of an answer future that finished for the next request: a box of
     /// over a kilobyte, which `malloc` serves from its slower bins and hands back cold
-    /// (`docs/performance.md`, "HTTP/2 from clients").
+    /// (`docs/performance.md`, "Where the TLS figures go").
     fn recycle(&mut self, phase: Phase<F>) {
         if let Phase::Answering { future, .. } = phase {
-            if self.spare.len() < SPARE {
-                self.spare.push(future);
+            if self.reusable.len() < REUSABLE {
+                self.reusable.push(future);
             }
         }
     }
