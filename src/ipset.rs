@@ -34,7 +34,9 @@ impl IpSet {
         }
         set.v4 = merged(set.v4);
         set.v6 = merged(set.v6);
-        set.buckets = (set.v4.len() >= Buckets::FROM).then(|| Buckets::of(&set.v4));
+        set.buckets = (set.v4.len() >= Buckets::FROM)
+            .then(|| Buckets::of(&set.v4))
+            .flatten();
         Ok(set)
     }
 
@@ -75,7 +77,9 @@ impl IpSet {
 /// made only for lists of [`Buckets::FROM`] ranges or more.
 #[derive(Clone, PartialEq, Eq)]
 struct Buckets {
-    starts: std::sync::Arc<[u32]>,
+    /// One entry per /16 and one past the last: its length is in its type, so that a
+    /// lookup reads `starts[h]` and `starts[h + 1]` without a bounds check.
+    starts: std::sync::Arc<[u32; Buckets::LEN]>,
 }
 
 impl std::fmt::Debug for Buckets {
@@ -87,10 +91,12 @@ impl std::fmt::Debug for Buckets {
 impl Buckets {
     /// Lists this long or longer get an index.
     const FROM: usize = 256;
+    /// Every /16, and one past the last.
+    const LEN: usize = (1 << 16) + 1;
 
     /// The index of `ranges` (sorted).
-    fn of(ranges: &[(u32, u32)]) -> Buckets {
-        let mut starts = Vec::with_capacity((1 << 16) + 1);
+    fn of(ranges: &[(u32, u32)]) -> Option<Buckets> {
+        let mut starts = Vec::with_capacity(Buckets::LEN);
         let mut i = 0;
         for h in 0..=(1u64 << 16) {
             let from = h << 16;
@@ -99,19 +105,19 @@ impl Buckets {
             }
             starts.push(i as u32);
         }
-        Buckets {
-            starts: starts.into(),
-        }
+        let starts: std::sync::Arc<[u32]> = starts.into();
+        // One entry per /16 and one more: exactly `LEN` (else no index, and a lookup
+        // searches the whole list).
+        Some(Buckets {
+            starts: starts.try_into().ok()?,
+        })
     }
 
     /// Whether one of `ranges` (those the index was made of) holds `x`.
     #[inline(always)]
     fn holds(&self, ranges: &[(u32, u32)], x: u32) -> bool {
         let h = (x >> 16) as usize;
-        let (Some(&lo), Some(&hi)) = (self.starts.get(h), self.starts.get(h + 1)) else {
-            return holds(ranges, x);
-        };
-        let (lo, hi) = (lo as usize, hi as usize);
+        let (lo, hi) = (self.starts[h] as usize, self.starts[h + 1] as usize);
         // The ranges that begin in x's /16; the one before them may reach into it.
         let within = ranges.get(lo..hi).unwrap_or_default();
         let i = lo + within.partition_point(|&(first, _)| first <= x);
@@ -357,7 +363,7 @@ mod tests {
             near in proptest::collection::vec(0usize..600, 50),
         ) {
             let ranges = merged(ranges.iter().map(|&(a, len)| (a, a.saturating_add(len))).collect());
-            let b = Buckets::of(&ranges);
+            let b = Buckets::of(&ranges).expect("an index for a long list");
             let edges = near.iter().filter_map(|&i| ranges.get(i % ranges.len()))
                 .flat_map(|&(a, z)| [a, z, a.wrapping_sub(1), z.wrapping_add(1)]);
             for x in probes.into_iter().chain(edges) {

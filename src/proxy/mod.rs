@@ -591,21 +591,17 @@ impl Proxy {
     }
 
     /// A request as the route's steps before the pool see it (`docs/policies.md`).
-    fn before_cx<'r>(
+    fn before_cx<'r, 'p>(
         &'r self,
-        req: &'r mut Outgoing<'_>,
+        req: &'r mut Outgoing<'p>,
         route: &'r RoutePolicy,
         now: Stamp,
-    ) -> chain::Before<'r> {
+    ) -> chain::Before<'r, 'p> {
         chain::Before {
-            head: &mut req.head,
-            upstreams: self.upstreams,
-            peer: req.peer,
-            peer_trusted: req.peer_trusted,
-            trusted_proxies: &self.settings.trusted_proxies,
+            req,
+            proxy: self,
             now,
             route,
-            found: &mut req.found,
         }
     }
 
