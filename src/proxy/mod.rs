@@ -167,32 +167,42 @@ impl Proxy {
 
     /// Proxies one request for a front end that answers with an `http::Response` (hyper's
     /// server, the HTTP/2 front end): [`Self::identify`], [`Self::serve`], the request
-    /// id on the answer.
-    pub(crate) async fn answer(
-        &self,
+    /// id on the answer. An `async move` block, for the reason [`Self::answer_head`] gives.
+    #[allow(clippy::manual_async_fn)]
+    pub(crate) fn answer<'a>(
+        &'a self,
         head: RequestHead,
         body: Option<ClientBody>,
         client_upgrade: Option<ClientUpgrade>,
-        peer: &Peer,
-    ) -> http::Response<RespBody> {
-        (self.answer_head(head, body, client_upgrade, peer).await).into_http()
+        peer: &'a Peer,
+    ) -> impl std::future::Future<Output = http::Response<RespBody>> + 'a {
+        async move { (self.answer_head(head, body, client_upgrade, peer).await).into_http() }
     }
 
     /// [`Self::answer`] for a front end that writes the answer's head itself (the
     /// HTTP/2 front end): the head as the request path left it, the request id on it.
-    pub(crate) async fn answer_head(
-        &self,
+    ///
+    /// Not an `async fn`, nor is [`Self::forward`]: an `async fn` keeps its arguments
+    /// twice in its state (as given and as bound), and these futures are moved whole —
+    /// into a stream's box, into the `await` of the one around them — on every request.
+    /// An `async move` block uses what it captures in place (`docs/performance.md`,
+    /// "HTTP/2 from clients, own codec").
+    #[allow(clippy::manual_async_fn)] // the arguments kept once, as said above
+    pub(crate) fn answer_head<'a>(
+        &'a self,
         head: RequestHead,
         body: Option<ClientBody>,
         client_upgrade: Option<ClientUpgrade>,
-        peer: &Peer,
-    ) -> ProxyResponse {
-        let who = self.identify(&head, peer);
-        let id = who.1.clone();
-        let version = head.version;
-        let mut r = self.serve(head, body, client_upgrade, peer, who).await;
-        r.head.stamp(id, peer, version);
-        r
+        peer: &'a Peer,
+    ) -> impl std::future::Future<Output = ProxyResponse> + 'a {
+        async move {
+            let who = self.identify(&head, peer);
+            let id = who.1.clone();
+            let version = head.version;
+            let mut r = self.serve(head, body, client_upgrade, peer, who).await;
+            r.head.stamp(id, peer, version);
+            r
+        }
     }
 
     /// Proxies one request: `body` is `None` when it has none, `client_upgrade` the
@@ -395,80 +405,84 @@ impl Proxy {
     /// first answer or the last failure.
     ///
     /// One future for the steps before the pool and every try: a nested one would be
-    /// moved whole into this one's state on every request (`docs/performance.md`).
-    async fn forward(
-        &self,
-        mut req: Outgoing<'_>,
+    /// moved whole into this one's state on every request (`docs/performance.md`). An
+    /// `async move` block, not an `async fn`, for the reason [`Self::answer_head`] gives.
+    #[allow(clippy::manual_async_fn)]
+    fn forward<'a>(
+        &'a self,
+        mut req: Outgoing<'a>,
         mut fin: Pending,
         mut permit: Option<ShedPermit>,
         route: Option<Arc<RoutePolicy>>,
-    ) -> ProxyResponse {
-        let (chain, again) = match self.before_pool(&mut req, route.as_deref(), fin.started) {
-            Before::Ready(chain, again) => (chain, again),
-            Before::Refused(r, step) => return self.refused(Some(step), &mut fin, *r),
-            Before::Wait(wait) => match wait.await {
-                Ok(ready) => ready,
-                Err((r, step)) => return self.refused(step, &mut fin, r),
-            },
-        };
-        let (req, fin) = (&mut req, &mut fin);
-        let watch = match req.mirror.is_some() {
-            true => mirror::copy(self.upstreams, req, again.body.as_ref(), self.trusted()),
-            false => None,
-        };
-        // Every request funds its pool's budget; only retryable ones may draw on it.
-        req.pool.budget.deposit();
-        let mut tries = retry::Tries::new(&req.pool, again);
-        // The queue's deadline, from the first wait of an attempt on; and whether this
-        // request waited.
-        let (mut deadline, mut ticket) = (None, None);
-        while tries.left() {
-            let seen = req.pool.queue.epoch();
-            let fresh = tries.tried.is_empty() && ticket.is_none();
-            let guard = match self.pick(req, &mut tries.tried, fresh) {
-                Ok(g) => g,
-                Err(NoPick::Nothing) => break,
-                Err(NoPick::Full(preferred)) => {
-                    let turn = Turn {
-                        preferred,
-                        seen,
-                        ticket,
-                    };
-                    match self.wait_turn(req, fin, turn, &mut deadline).await {
-                        Ok(place) => ticket = place.or(ticket),
-                        Err(r) => return r,
-                    }
-                    continue;
-                }
+    ) -> impl std::future::Future<Output = ProxyResponse> + 'a {
+        async move {
+            let (chain, again) = match self.before_pool(&mut req, route.as_deref(), fin.started) {
+                Before::Ready(chain, again) => (chain, again),
+                Before::Refused(r, step) => return self.refused(Some(step), &mut fin, *r),
+                Before::Wait(wait) => match wait.await {
+                    Ok(ready) => ready,
+                    Err((r, step)) => return self.refused(step, &mut fin, r),
+                },
             };
-            deadline = None;
-            let id = guard.backend().id;
-            let t = tries.next(req, fin, id);
-            let tried = match hedge::delay(req, &t) {
-                None => self.attempt(req, guard, fin, &mut permit, t).await,
-                Some(delay) => {
-                    let race = (guard, &mut tries, t, delay);
-                    hedge::race(self, req, race, (fin, &mut permit)).await
-                }
+            let (req, fin) = (&mut req, &mut fin);
+            let watch = match req.mirror.is_some() {
+                true => mirror::copy(self.upstreams, req, again.body.as_ref(), self.trusted()),
+                false => None,
             };
-            match tried {
-                // Two paths: an answer that is not compared is not touched.
-                Ok(r) => {
-                    return match watch {
-                        None => self.on_answer(req, chain, r),
-                        Some(w) => self.on_answer(req, chain, (*w).primary(r, fin.upstream)),
+            // Every request funds its pool's budget; only retryable ones may draw on it.
+            req.pool.budget.deposit();
+            let mut tries = retry::Tries::new(&req.pool, again);
+            // The queue's deadline, from the first wait of an attempt on; and whether this
+            // request waited.
+            let (mut deadline, mut ticket) = (None, None);
+            while tries.left() {
+                let seen = req.pool.queue.epoch();
+                let fresh = tries.tried.is_empty() && ticket.is_none();
+                let guard = match self.pick(req, &mut tries.tried, fresh) {
+                    Ok(g) => g,
+                    Err(NoPick::Nothing) => break,
+                    Err(NoPick::Full(preferred)) => {
+                        let turn = Turn {
+                            preferred,
+                            seen,
+                            ticket,
+                        };
+                        match self.wait_turn(req, fin, turn, &mut deadline).await {
+                            Ok(place) => ticket = place.or(ticket),
+                            Err(r) => return r,
+                        }
+                        continue;
                     }
-                }
-                Err(miss) => {
-                    if !tries.again_after(miss, id, &req.pool) {
-                        break;
+                };
+                deadline = None;
+                let id = guard.backend().id;
+                let t = tries.next(req, fin, id);
+                let tried = match hedge::delay(req, &t) {
+                    None => self.attempt(req, guard, fin, &mut permit, t).await,
+                    Some(delay) => {
+                        let race = (guard, &mut tries, t, delay);
+                        hedge::race(self, req, race, (fin, &mut permit)).await
+                    }
+                };
+                match tried {
+                    // Two paths: an answer that is not compared is not touched.
+                    Ok(r) => {
+                        return match watch {
+                            None => self.on_answer(req, chain, r),
+                            Some(w) => self.on_answer(req, chain, (*w).primary(r, fin.upstream)),
+                        }
+                    }
+                    Err(miss) => {
+                        if !tries.again_after(miss, id, &req.pool) {
+                            break;
+                        }
                     }
                 }
             }
-        }
-        match watch {
-            None => self.give_up(req, fin, tries.last),
-            Some(w) => (*w).primary(self.give_up(req, fin, tries.last), None),
+            match watch {
+                None => self.give_up(req, fin, tries.last),
+                Some(w) => (*w).primary(self.give_up(req, fin, tries.last), None),
+            }
         }
     }
 
