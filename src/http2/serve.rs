@@ -114,6 +114,8 @@ struct Server<'a, T, M, F> {
     /// start in batches, and sharing that spare with the HTTP/1.1 fast path's futures
     /// moved the plain request's count (+30 instructions).
     reusable: Vec<Pin<Box<F>>>,
+    /// Streams started since the connection was last idle: how many boxes it keeps then.
+    started: usize,
     read: BytesMut,
     /// How much of `conn.out` is written.
     written: usize,
@@ -146,6 +148,7 @@ where
         conn: Conn::new(crate::proxy::MAX_HEADER_BYTES),
         make: move |head, body| proxy.answer_head(head, body, None, peer),
         reusable: Vec::new(),
+        started: 0,
         read: BytesMut::with_capacity(2 * (MAX_FRAME + HEAD_LEN)),
         written: 0,
         activity,
@@ -189,10 +192,14 @@ where
                 false => false,
             };
             self.run_streams();
-            if self.reusable.len() > 1 && self.conn.is_idle() {
-                // An idle connection keeps one: what a client sending one request at a
-                // time reuses, and little for one that waits.
-                self.reusable.truncate(1);
+            if self.conn.is_idle() {
+                // An idle connection keeps as many boxes as it started streams since it
+                // was last idle (at least one, at most [`REUSABLE`]): a client that keeps
+                // ten streams open goes idle between its batches and starts ten again, and
+                // one sending a request at a time needs one (`docs/performance.md`, "A
+                // box per stream, kept").
+                self.reusable.truncate(self.started.max(1));
+                self.started = 0;
             }
             self.conn.give_back();
             let flushed = self.poll_write(cx)?;
@@ -280,6 +287,7 @@ where
         };
         let body = body.map(ClientBody::stream);
         let fresh = (self.make)(head, body);
+        self.started += 1;
         let future = match self.reusable.pop() {
             Some(mut reused) => {
                 reused.set(fresh);
