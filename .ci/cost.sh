@@ -272,9 +272,9 @@ guard limited $((per_h1 + 1000))
 extra limited $((worker_limited - worker_h1)) 480 \
   "the plain request on the worker thread (target: 420)" "a rate-limited route"
 # A route with a 10 000-entry deny list, over the plain request, on the worker thread.
-# Target 100; measured 90–115 since 2026-12-06 (the worker's heartbeats, paced by the
-# clock, move a run by ±15): about 40 is the step (the peer's address searched in the
-# list's /16 index), about 60 the chain any route with a policy runs (docs/performance.md,
+# Target 100; measured 104–152 (110–128 on 2026-12-06; the worker's heartbeats, paced by
+# the clock, move a run by ±15): about 40 is the step (the peer's address searched in the
+# list's /16 index), about 75 the chain any route with a policy runs (docs/performance.md,
 # "Who may come in"); the guard holds 165.
 guard access $((per_h1 + 1000))
 extra access $((worker_access - worker_h1)) 165 \

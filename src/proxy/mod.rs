@@ -605,17 +605,21 @@ impl Proxy {
     }
 
     /// A request as the route's steps before the pool see it (`docs/policies.md`).
-    fn before_cx<'r, 'p>(
+    fn before_cx<'r>(
         &'r self,
-        req: &'r mut Outgoing<'p>,
+        req: &'r mut Outgoing<'_>,
         route: &'r RoutePolicy,
         now: Stamp,
-    ) -> chain::Before<'r, 'p> {
+    ) -> chain::Before<'r> {
         chain::Before {
-            req,
-            proxy: self,
+            head: &mut req.head,
+            upstreams: self.upstreams,
+            peer: req.peer,
+            peer_trusted: req.peer_trusted,
+            trusted_proxies: &self.settings.trusted_proxies,
             now,
             route,
+            found: &mut req.found,
         }
     }
 

@@ -17,7 +17,7 @@ struct Access(Admission);
 impl Access {
     /// Whether the client (any address, `trusted_proxies` honoured) may come in.
     #[inline(never)]
-    fn admits(&self, cx: &mut Before<'_, '_>) -> bool {
+    fn admits(&self, cx: &mut Before<'_>) -> bool {
         self.0.admits(cx.client_ip())
     }
 }
@@ -35,7 +35,7 @@ impl Step for Access {
         "allow"
     }
 
-    fn before<'s>(&'s self, cx: &mut Before<'_, '_>) -> Next<'s> {
+    fn before<'s>(&'s self, cx: &mut Before<'_>) -> Next<'s> {
         let admitted = match cx.peer_v4() {
             Some(x) => self.0.admits_v4(x),
             None => self.admits(cx),

@@ -32,8 +32,8 @@ impl Step for BasicAuthStep {
     /// A credential not verified before is checked off the worker
     /// (`basic_auth::verify`), then remembered; with every core busy and a queue full of
     /// checks, `503` for a second.
-    fn before<'s>(&'s self, cx: &mut Before<'_, '_>) -> Next<'s> {
-        let field = cx.req.head.field(&header::AUTHORIZATION);
+    fn before<'s>(&'s self, cx: &mut Before<'_>) -> Next<'s> {
+        let field = cx.head.field(&header::AUTHORIZATION);
         match self.gate.check(field.as_ref().map(HeaderValue::as_bytes)) {
             Check::Known => Next::Go,
             Check::Missing => Next::Answer(Box::new(self.unauthorized())),

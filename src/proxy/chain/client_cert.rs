@@ -20,8 +20,8 @@ impl Step for ClientCertStep {
         "client_cert"
     }
 
-    fn before<'s>(&'s self, cx: &mut Before<'_, '_>) -> Next<'s> {
-        match &cx.req.peer.client_cert {
+    fn before<'s>(&'s self, cx: &mut Before<'_>) -> Next<'s> {
+        match &cx.peer.client_cert {
             Some(cert) if cert.matches(&self.0.sans) => Next::Go,
             _ => Next::Answer(Box::new(ProxyResponse::own(
                 StatusCode::FORBIDDEN,

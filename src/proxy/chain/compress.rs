@@ -29,8 +29,8 @@ impl Step for CompressStep {
         "compress"
     }
 
-    fn before<'s>(&'s self, cx: &mut Before<'_, '_>) -> Next<'s> {
-        cx.req.found.coding = coding(&cx.req.head, &self.offered);
+    fn before<'s>(&'s self, cx: &mut Before<'_>) -> Next<'s> {
+        cx.found.coding = coding(cx.head, &self.offered);
         Next::Go
     }
 

@@ -97,22 +97,21 @@ fn says_origin(name: &str) -> bool {
 
 impl ForwardAuthStep {
     /// The subrequest for the request `cx` holds.
-    fn subrequest(&self, cx: &mut Before<'_, '_>) -> Option<Request<ReqBody>> {
-        let host = cx.req.head.host();
+    fn subrequest(&self, cx: &mut Before<'_>) -> Option<Request<ReqBody>> {
+        let host = cx.head.host();
         // The target as received, in origin form whatever the client's protocol (an
         // HTTP/2 request's is built from `:path`).
         let uri = cx
-            .req
             .head
             .uri
             .path_and_query()
             .map_or("/", |p| p.as_str())
             .to_string();
         let client = cx.client_ip().to_string();
-        let proto = if cx.req.peer.tls { "https" } else { "http" };
-        let method = cx.req.head.method.clone();
-        cx.req.head.make_map();
-        let RequestFields::Map(fields) = &cx.req.head.fields else {
+        let proto = if cx.peer.tls { "https" } else { "http" };
+        let method = cx.head.method.clone();
+        cx.head.make_map();
+        let RequestFields::Map(fields) = &cx.head.fields else {
             return None;
         };
         let connection_names: Vec<Vec<u8>> = fields
@@ -249,7 +248,7 @@ impl Step for ForwardAuthStep {
         "forward_auth"
     }
 
-    fn before<'s>(&'s self, cx: &mut Before<'_, '_>) -> Next<'s> {
+    fn before<'s>(&'s self, cx: &mut Before<'_>) -> Next<'s> {
         let counts: Arc<AccessCounts> = Arc::clone(&cx.route.access);
         let Some(req) = self.subrequest(cx) else {
             // Never let a request by unasked: the service cannot be asked, as when down.
@@ -259,7 +258,7 @@ impl Step for ForwardAuthStep {
         // The client cannot name itself: the service's fields of these names replace
         // its own, or none go on.
         cx.set_fields(&self.spec.copy_headers, &[]);
-        let upstreams = cx.proxy.upstreams;
+        let upstreams = cx.upstreams;
         Next::wait(async move {
             let Some(answer) = ask(upstreams, &self.service, req, self.spec.timeout).await else {
                 counts.forward_auth(AuthResult::Unavailable);

@@ -136,7 +136,7 @@ enum Seen {
 
 impl JwtStep {
     /// The keys a `jwks_url` route holds now (a `jwks_file` route's are `file_keys`).
-    fn url_keys(&self, cx: &Before<'_, '_>) -> Option<Arc<KeySet>> {
+    fn url_keys(&self, cx: &Before<'_>) -> Option<Arc<KeySet>> {
         cx.route.jwks.as_ref()?.keys()
     }
 
@@ -233,7 +233,7 @@ impl JwtStep {
     }
 
     /// The refusal, counted and logged.
-    fn refuse(&self, cx: &Before<'_, '_>, why: JwtRefusal) -> ProxyResponse {
+    fn refuse(&self, cx: &Before<'_>, why: JwtRefusal) -> ProxyResponse {
         cx.route.access.jwt_refused(why);
         tracing::info!(reason = why.label(), "jwt: bearer token refused");
         unauthorized()
@@ -243,7 +243,7 @@ impl JwtStep {
     /// timeout), then checks the token against what it brought.
     fn after_fetch<'s>(
         &'s self,
-        cx: &mut Before<'_, '_>,
+        cx: &mut Before<'_>,
         (mut ended, until): (tokio::sync::watch::Receiver<u64>, u64),
         token: String,
     ) -> Next<'s> {
@@ -295,8 +295,8 @@ impl Step for JwtStep {
         "jwt"
     }
 
-    fn before<'s>(&'s self, cx: &mut Before<'_, '_>) -> Next<'s> {
-        if cx.req.head.method == Method::OPTIONS && is_preflight(&cx.req.head) {
+    fn before<'s>(&'s self, cx: &mut Before<'_>) -> Next<'s> {
+        if cx.head.method == Method::OPTIONS && is_preflight(cx.head) {
             cx.set_fields(&self.claim_names, &[]);
             return Next::Go;
         }
@@ -311,14 +311,14 @@ impl Step for JwtStep {
         let Some(keys) = keys else {
             // A URL new at a reload: the request waits for its first fetch.
             let first = cx.route.jwks.as_ref().and_then(|s| s.first_fetch());
-            let why = match (first, self.token_text(&cx.req.head)) {
+            let why = match (first, self.token_text(cx.head)) {
                 (Some(ended), Some(token)) => return self.after_fetch(cx, (ended, 1), token),
                 (_, None) => JwtRefusal::Missing,
                 (None, Some(_)) => JwtRefusal::NoKeys,
             };
             return Next::Answer(Box::new(self.refuse(cx, why)));
         };
-        let fields = match self.seen(&cx.req.head, keys, cx.now) {
+        let fields = match self.seen(cx.head, keys, cx.now) {
             Seen::Missing => return Next::Answer(Box::new(self.refuse(cx, JwtRefusal::Missing))),
             Seen::Known(fields) => fields,
             Seen::New(token) => match self.check(&token, keys) {

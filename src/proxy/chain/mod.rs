@@ -26,12 +26,12 @@ use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
+use ipnet::IpNet;
 
 pub(super) use forward_auth::AUX_IDS;
 
 use super::answer::ProxyResponse;
 use super::message::{Peer, RateLimitFields, RequestFields, RequestHead};
-use super::outgoing::Outgoing;
 use super::request_id::RequestId;
 use crate::clock::Stamp;
 use crate::compress::Coding;
@@ -107,7 +107,7 @@ pub(super) trait Step: Send + Sync + std::fmt::Debug {
     fn name(&self) -> &'static str;
 
     /// Before the pool: on, or the answer that ends the request here.
-    fn before<'s>(&'s self, _cx: &mut Before<'_, '_>) -> Next<'s> {
+    fn before<'s>(&'s self, _cx: &mut Before<'_>) -> Next<'s> {
         Next::Go
     }
 
@@ -148,31 +148,33 @@ pub(super) struct Found {
     pub(super) answer_fields: Vec<(HeaderName, HeaderValue)>,
 }
 
-/// A request before the pool, as the steps see it: the request and the worker's proxy
-/// by reference, so that building it for every request on a route with policies is
-/// four words (`docs/performance.md`, "Who may come in").
-pub(super) struct Before<'a, 'p> {
-    /// The request: its head, its client (`peer`, `peer_trusted`) and what the steps
-    /// found (`found`).
-    pub(super) req: &'a mut Outgoing<'p>,
-    /// The worker's proxy: its backend connections (an auth service's subrequest takes
-    /// one) and `trusted_proxies`.
-    pub(super) proxy: &'a super::Proxy,
+/// A request before the pool, as the steps see it.
+pub(super) struct Before<'a> {
+    pub(super) head: &'a mut RequestHead,
+    /// The worker's backend connections (an auth service's subrequest takes one).
+    pub(super) upstreams: &'static super::upstream::Upstreams,
+    /// The client, as its connection knows it.
+    pub(super) peer: &'a Peer,
+    /// Whether the peer is a trusted proxy (its forwarding fields are believed).
+    pub(super) peer_trusted: bool,
+    /// `trusted_proxies`.
+    pub(super) trusted_proxies: &'a [IpNet],
     /// When it arrived.
     pub(super) now: Stamp,
     /// The route's policies and counters.
     pub(super) route: &'a RoutePolicy,
+    pub(super) found: &'a mut Found,
 }
 
-impl Before<'_, '_> {
+impl Before<'_> {
     /// Removes the fields named `remove`, then sets `set` (each replacing its name's):
     /// fields a step writes into the request. Nothing to do leaves the fields' form.
     pub(super) fn set_fields(&mut self, remove: &[HeaderName], set: &[(HeaderName, HeaderValue)]) {
         if remove.is_empty() && set.is_empty() {
             return;
         }
-        self.req.head.make_map();
-        if let RequestFields::Map(m) = &mut self.req.head.fields {
+        self.head.make_map();
+        if let RequestFields::Map(m) = &mut self.head.fields {
             for n in remove {
                 m.remove(n);
             }
@@ -189,7 +191,7 @@ impl Before<'_, '_> {
     /// Takes what a waiting step granted.
     pub(super) fn grant(&mut self, g: Grant) {
         self.set_fields(&[], &g.request);
-        self.req.found.answer_fields.extend(g.answer);
+        self.found.answer_fields.extend(g.answer);
     }
 
     /// The client's IP, `trusted_proxies` honoured: from an untrusted peer, the peer's
@@ -197,10 +199,10 @@ impl Before<'_, '_> {
     /// trusted one, what its forwarding fields say, kept for the answer's steps.
     #[inline(always)]
     pub(super) fn client_ip(&mut self) -> IpAddr {
-        if !self.req.peer_trusted {
-            return peer_ip(self.req.peer);
+        if !self.peer_trusted {
+            return peer_ip(self.peer);
         }
-        match self.req.found.client_ip {
+        match self.found.client_ip {
             Some(ip) => ip,
             None => self.forwarded_client_ip(),
         }
@@ -211,7 +213,7 @@ impl Before<'_, '_> {
     /// and matched on again (`docs/performance.md`, "Who may come in").
     #[inline(always)]
     pub(super) fn peer_v4(&self) -> Option<u32> {
-        match (self.req.peer_trusted, self.req.peer.addr) {
+        match (self.peer_trusted, self.peer.addr) {
             (false, SocketAddr::V4(a)) => Some(u32::from(*a.ip())),
             _ => None,
         }
@@ -220,14 +222,14 @@ impl Before<'_, '_> {
     /// The client's IP as a trusted peer's forwarding fields give it, kept.
     #[inline(never)]
     fn forwarded_client_ip(&mut self) -> IpAddr {
-        let trusted = &self.proxy.settings.trusted_proxies;
-        let req = &mut *self.req;
-        req.head.make_map();
-        let ip = match &req.head.fields {
-            RequestFields::Map(m) => crate::trust::client_ip(m, req.peer.addr.ip(), trusted),
-            RequestFields::Spans(_) => req.peer.addr.ip().to_canonical(),
+        self.head.make_map();
+        let ip = match &self.head.fields {
+            RequestFields::Map(m) => {
+                crate::trust::client_ip(m, self.peer.addr.ip(), self.trusted_proxies)
+            }
+            RequestFields::Spans(_) => self.peer.addr.ip().to_canonical(),
         };
-        req.found.client_ip = Some(ip);
+        self.found.client_ip = Some(ip);
         ip
     }
 }
@@ -324,7 +326,7 @@ impl Chain {
     /// on a route without them pays for no future (the caller awaits a [`Ran::Wait`]
     /// and runs on from its `next`).
     #[inline]
-    pub(super) fn run(&self, from: usize, cx: &mut Before<'_, '_>) -> Ran<'_> {
+    pub(super) fn run(&self, from: usize, cx: &mut Before<'_>) -> Ran<'_> {
         let mut next = from;
         for step in self.steps.get(from..).unwrap_or_default() {
             next += 1;

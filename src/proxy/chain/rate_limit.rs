@@ -37,8 +37,8 @@ impl Step for RateLimitStep {
     }
 
     #[inline]
-    fn before<'s>(&'s self, cx: &mut Before<'_, '_>) -> Next<'s> {
-        let key = match limit_key(&self.spec.key, &cx.req.head) {
+    fn before<'s>(&'s self, cx: &mut Before<'_>) -> Next<'s> {
+        let key = match limit_key(&self.spec.key, cx.head) {
             Some(key) => key,
             None => ip_key(cx.client_ip()),
         };
@@ -47,7 +47,7 @@ impl Step for RateLimitStep {
             cx.route.limited.fetch_add(1, Ordering::Relaxed);
             return Next::Answer(Box::new(too_many(&self.limiter, v)));
         }
-        cx.req.found.limit = Some(rate_fields(&self.limiter, v));
+        cx.found.limit = Some(rate_fields(&self.limiter, v));
         Next::Go
     }
 

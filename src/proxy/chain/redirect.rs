@@ -21,8 +21,8 @@ impl Step for RedirectStep {
         "redirect"
     }
 
-    fn before<'s>(&'s self, cx: &mut Before<'_, '_>) -> Next<'s> {
-        Next::Answer(Box::new(answer(&self.0, &cx.req.head, cx.req.peer.tls)))
+    fn before<'s>(&'s self, cx: &mut Before<'_>) -> Next<'s> {
+        Next::Answer(Box::new(answer(&self.0, cx.head, cx.peer.tls)))
     }
 
     fn explain(&self, cx: &Explain<'_>) -> Option<String> {
