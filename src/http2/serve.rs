@@ -192,13 +192,14 @@ where
                 false => false,
             };
             self.run_streams();
-            if self.conn.is_idle() {
-                // An idle connection keeps as many boxes as it started streams since it
-                // was last idle (at least one, at most [`REUSABLE`]): a client that keeps
-                // ten streams open goes idle between its batches and starts ten again, and
-                // one sending a request at a time needs one (`docs/performance.md`, "A
-                // box per stream, kept").
-                self.reusable.truncate(self.started.max(1));
+            if self.conn.is_idle() && self.started > 0 {
+                // A connection going idle keeps as many boxes as it started streams since
+                // it was last idle (at most [`REUSABLE`]): a client that keeps ten streams
+                // open goes idle between its batches and starts ten again, and one sending
+                // a request at a time needs one. Only the first idle pass trims: a PING or
+                // a drained write wakes an idle connection again without a stream
+                // (`docs/performance.md`, "A box per stream, kept").
+                self.reusable.truncate(self.started);
                 self.started = 0;
             }
             self.conn.give_back();

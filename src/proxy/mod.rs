@@ -407,6 +407,8 @@ impl Proxy {
     /// One future for the steps before the pool and every try: a nested one would be
     /// moved whole into this one's state on every request (`docs/performance.md`). An
     /// `async move` block, not an `async fn`, for the reason [`Self::answer_head`] gives.
+    /// A future dropped early drops its captures in the order captured (the request
+    /// before its record): the record's 499 reads nothing of the request.
     #[allow(clippy::manual_async_fn)]
     fn forward<'a>(
         &'a self,
