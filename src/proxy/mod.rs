@@ -17,6 +17,7 @@ pub(crate) mod record;
 mod refusal;
 pub(crate) mod request_id;
 mod retry;
+mod routed;
 mod settings;
 mod sticky;
 mod tunnel;
@@ -57,7 +58,7 @@ pub(crate) use tunnel::ClientUpgrade;
 pub(crate) use upstream::{Failure, Upstreams};
 
 use crate::clock::Stamp;
-use crate::pool::{Ask, Backend, NoPick, Pool, QueueError, RequestGuard, Turn};
+use crate::pool::{Ask, Backend, NoPick, QueueError, RequestGuard, Turn};
 use crate::site::RoutePolicy;
 use crate::site::Site;
 use crate::stats::bump;
@@ -74,20 +75,6 @@ pub(crate) struct Proxy {
 
 /// Request heads larger than this are refused with 431.
 pub(crate) const MAX_HEADER_BYTES: usize = 64 * 1024;
-
-/// Where a route sends a request.
-struct Routed {
-    /// The pool, held until the request ends.
-    pool: Arc<Pool>,
-    /// The target rewritten when the route strips its prefix (`None`: unchanged).
-    target: Option<PathAndQuery>,
-    /// The route's policies, when it has any.
-    policies: Option<Arc<RoutePolicy>>,
-    /// The route's mirror, when it has one.
-    mirror: Option<Arc<crate::mirror::Mirror>>,
-    /// The route's place in the routing table.
-    index: usize,
-}
 
 impl Proxy {
     /// A proxy over the pools of `site`; `in_flight` (shedding) is shared by every
@@ -257,9 +244,10 @@ impl Proxy {
                 return Either::Left(std::future::ready(self.own(&mut fin, None, r)));
             }
         }
+        let to = (&*self.site, self.trusted());
         let admitted = self
             .admit(&head)
-            .and_then(|permit| Ok((permit, self.route(&head, (peer, trusted), &mut fin.split)?)))
+            .and_then(|permit| Ok((permit, routed::route(to, &head, (peer, trusted))?)))
             .and_then(|(permit, routed)| {
                 within_body_limit(&head, &routed.pool)?;
                 Ok((permit, routed))
@@ -270,6 +258,7 @@ impl Proxy {
                 Either::Left(std::future::ready(r))
             }
             Ok((permit, routed)) => {
+                fin.split = routed.split;
                 if let Some(t) = &mut fin.trace {
                     t.route = Some(routed.index);
                     let pool = &routed.pool;
@@ -313,82 +302,6 @@ impl Proxy {
             bump(&self.site.hub.stats.shed);
             Refusal::Overloaded
         })
-    }
-
-    /// Where the first route that takes the request sends it ([`Routed`]): its pool, or
-    /// for a split route the side its key or the round robin picks. The single-pool form
-    /// (one route without conditions or policies) looks nothing up.
-    ///
-    /// `split` is set when the route splits (the access log then names the pool).
-    fn route(
-        &self,
-        head: &RequestHead,
-        client: (&Peer, bool),
-        split_taken: &mut bool,
-    ) -> Result<Routed, Refusal> {
-        let routing = self.site.routing();
-        if let Some((pool, policies, split, mirror)) = routing.only() {
-            let pool = match split {
-                None => pool,
-                Some(split) => {
-                    *split_taken = true;
-                    self.side(&routing, split, head, client)
-                }
-            };
-            return Ok(Routed {
-                pool: Arc::clone(pool),
-                target: None,
-                policies: policies.cloned(),
-                mirror: mirror.cloned(),
-                index: 0,
-            });
-        }
-        let host = head.host();
-        let has_field = |name: &header::HeaderName, value: &[u8]| head.has_field(name, value);
-        let req = crate::route::Request {
-            host: host.as_ref().map(HeaderValue::as_bytes),
-            path: head.uri.path().as_bytes(),
-            method: &head.method,
-            has_field: &has_field,
-        };
-        let Some(hit) = routing.find(&req) else {
-            bump(&self.site.hub.stats.no_route);
-            return Err(Refusal::NoRoute);
-        };
-        let target = head.uri.path_and_query().map_or("/", PathAndQuery::as_str);
-        let rewritten = (hit.route)
-            .rewrite(target)
-            .and_then(|t| PathAndQuery::try_from(t).ok());
-        let pool = match hit.split {
-            None => hit.pool,
-            Some(split) => {
-                *split_taken = true;
-                self.side(&routing, split, head, client)
-            }
-        };
-        Ok(Routed {
-            pool: Arc::clone(pool),
-            target: rewritten,
-            policies: hit.policies.cloned(),
-            mirror: hit.mirror.cloned(),
-            index: hit.index,
-        })
-    }
-
-    /// The pool of the side a split route's request takes: its key's, or the next place
-    /// of the round robin.
-    #[inline(never)]
-    fn side<'r>(
-        &self,
-        routing: &'r crate::site::Routing,
-        split: &crate::split::Splitter,
-        head: &RequestHead,
-        client: (&Peer, bool),
-    ) -> &'r Arc<crate::pool::Pool> {
-        let trusted = &self.settings.trusted_proxies;
-        let ip = || placement::client_ip(head, client.0, client.1, trusted);
-        let key = (split.key()).and_then(|k| placement::split_key(k, head, ip));
-        routing.side(split, key)
     }
 
     /// `Err(())` when the proxy is over `--max-inflight` and must shed this request.
