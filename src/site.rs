@@ -64,7 +64,7 @@ pub(crate) struct RoutePolicy {
     /// The steps as the request path runs them, with what each keeps (a rate limit's
     /// buckets, basic auth's verified credentials): built by the request core
     /// (`proxy/chain/`) from `spec` the first time a request needs them, opaque here.
-    pub(crate) steps: OnceLock<Box<dyn Any + Send + Sync>>,
+    pub(crate) steps: Kept,
 }
 
 impl std::fmt::Debug for RoutePolicy {
@@ -88,8 +88,35 @@ impl RoutePolicy {
                 }
                 _ => None,
             },
-            steps: OnceLock::new(),
+            steps: Kept::default(),
         }
+    }
+}
+
+/// A value of a type this module does not name, built the first time it is asked for:
+/// what the request core keeps for a route. Read without `Any`'s check, a call through
+/// the value's table and a 16-byte comparison on every request of a route with a policy
+/// (`docs/performance.md`, "Who may come in"): its one reader builds it, and always as
+/// the same type.
+#[derive(Default)]
+pub(crate) struct Kept {
+    cell: OnceLock<Box<dyn Any + Send + Sync>>,
+}
+
+impl Kept {
+    /// The value, built by `init` the first time.
+    ///
+    /// # Safety
+    ///
+    /// Every call for one `Kept` names the same `T` (checked in debug builds).
+    #[inline]
+    pub(crate) unsafe fn get_or_init<T: Any + Send + Sync>(&self, init: impl FnOnce() -> T) -> &T {
+        let value = self.cell.get_or_init(|| Box::new(init()));
+        debug_assert!(value.is::<T>(), "a route's kept steps read as another type");
+        let value: *const (dyn Any + Send + Sync) = &**value;
+        // SAFETY: the value was built by `init` of a call that named `T`, as this one
+        // does (the caller's promise).
+        unsafe { &*(value as *const T) }
     }
 }
 
