@@ -91,7 +91,7 @@ impl Answer {
                         observe::hand(hold.guard.backend(), which, v.as_bytes());
                     }
                 }
-                hold.conn = Some((conn, upstreams));
+                hold.conn = Some(conn);
                 let head = ResponseHead {
                     request_id: None,
                     rate_limit: None,
@@ -103,7 +103,7 @@ impl Answer {
                 };
                 ProxyResponse {
                     head,
-                    body: RespBody::upstream(body, hold),
+                    body: RespBody::upstream(body, hold, upstreams),
                 }
             }
             // Its hop-by-hop fields and those fulcrum keeps were left out as it was parsed.
@@ -163,8 +163,10 @@ pub(crate) struct Hold {
     pub(crate) guard: RequestGuard,
     /// The proxy-wide shedding slot, when shedding is on; held for its drop.
     pub(crate) _permit: Option<ShedPermit>,
-    /// The upstream connection, returned to its pool once the body has been read whole.
-    pub(crate) conn: Option<(Conn, &'static Upstreams)>,
+    /// The upstream connection, returned to its pool once the body has been read whole
+    /// (the pool is the body's: a hold is moved on every request, and kept to 256 bytes
+    /// it is copied without a loop, `docs/performance.md`, "A hold in 256 bytes").
+    pub(crate) conn: Option<Conn>,
     /// How far the request body has gone (`None`: there was none).
     pub(crate) upload: Option<Arc<Upload>>,
     /// The request's record, written when the hold is released.
@@ -182,9 +184,9 @@ impl Drop for Hold {
 impl Hold {
     /// The response was received whole. The connection can serve another request unless
     /// the backend answered before the upload ended; that connection is closed instead.
-    fn complete(mut self) {
+    fn complete(mut self, pool: &'static Upstreams) {
         let uploaded = self.upload.as_ref().is_none_or(|u| u.is_done());
-        if let (Some((conn, pool)), true) = (self.conn.take(), uploaded) {
+        if let (Some(conn), true) = (self.conn.take(), uploaded) {
             pool.checkin(conn);
         }
     }
@@ -201,6 +203,8 @@ pub(crate) enum RespBody {
         /// Released at the end of the stream.
         /// Boxed: it is large, and a response body is moved around by value.
         hold: Option<Box<Hold>>,
+        /// Where the connection goes back when the body has been read whole.
+        pool: &'static Upstreams,
     },
     /// The backend's body, read from its socket as it is polled (see `wire`).
     Wire {
@@ -222,14 +226,14 @@ pub(crate) enum RespBody {
 
 impl RespBody {
     /// Wraps a backend body; an already-finished one releases its hold at once.
-    pub(crate) fn upstream(inner: Incoming, hold: Hold) -> RespBody {
+    pub(crate) fn upstream(inner: Incoming, hold: Hold, pool: &'static Upstreams) -> RespBody {
         let hold = if inner.is_end_stream() {
-            hold.complete();
+            hold.complete(pool);
             None
         } else {
             Some(Box::new(hold))
         };
-        RespBody::Upstream { inner, hold }
+        RespBody::Upstream { inner, hold, pool }
     }
 
     /// Wraps a body read inline; an already-finished one releases its hold and its
@@ -239,7 +243,7 @@ impl RespBody {
             if let Some(w) = inner.take_reusable() {
                 pool.checkin_wire(w);
             }
-            hold.complete();
+            hold.complete(pool);
             None
         } else {
             Some(Box::new(hold))
@@ -288,7 +292,7 @@ impl Body for RespBody {
                             pool.checkin_wire(w);
                         }
                         if let Some(h) = hold.take() {
-                            h.complete();
+                            h.complete(pool);
                         }
                     }
                     Poll::Ready(Some(Err(_))) => {
@@ -300,13 +304,13 @@ impl Body for RespBody {
                 }
                 r.map_err(Into::into)
             }
-            RespBody::Upstream { inner, hold } => {
+            RespBody::Upstream { inner, hold, pool } => {
                 let r = Pin::new(&mut *inner).poll_frame(cx);
                 match &r {
                     Poll::Ready(Some(Ok(_))) => {
                         if inner.is_end_stream() {
                             if let Some(h) = hold.take() {
-                                h.complete();
+                                h.complete(pool);
                             }
                         }
                     }
@@ -318,7 +322,7 @@ impl Body for RespBody {
                     }
                     Poll::Ready(None) => {
                         if let Some(h) = hold.take() {
-                            h.complete();
+                            h.complete(pool);
                         }
                     }
                     Poll::Pending => {}

@@ -99,12 +99,12 @@ impl RequestHead {
 
     /// What the head gives its combined access log line; the length comes with the
     /// answer.
-    pub(crate) fn combined_fields(&self) -> Box<super::record::Combined> {
-        Box::new(super::record::Combined {
+    pub(crate) fn combined_fields(&self) -> super::record::Combined {
+        super::record::Combined {
             referer: self.field(&header::REFERER),
             user_agent: self.field(&header::USER_AGENT),
             bytes: None,
-        })
+        }
     }
 
     /// The value of the first field named `name`: the one place to read a request's

@@ -229,8 +229,7 @@ impl Proxy {
                 upstream: None,
                 retries: 0,
                 id: id.clone(),
-                combined: self.rec.combined().then(|| head.combined_fields()),
-                client_cert: peer.client_cert.clone(),
+                extra: (self.rec).extra(|| head.combined_fields(), peer.client_cert.as_ref()),
                 split: false,
                 trace: crate::trace::begin(
                     || head.first_value(&request_id::TRACEPARENT),
@@ -384,7 +383,11 @@ impl Proxy {
                     Ok(r) => {
                         return match watch {
                             None => self.on_answer(req, chain, r),
-                            Some(w) => self.on_answer(req, chain, (*w).primary(r, fin.upstream)),
+                            Some(w) => self.on_answer(
+                                req,
+                                chain,
+                                (*w).primary(r, fin.upstream.map(|l| l.get())),
+                            ),
                         }
                     }
                     Err(miss) => {
@@ -716,7 +719,7 @@ impl Proxy {
         if let Some(h) = &req.pool.hedging {
             h.sample(upstream_time);
         }
-        fin.upstream = Some(upstream_time);
+        fin.upstream = Some(upstream_time.into());
         if t.on_status {
             if let Some(i) = retry::on_status(&req.pool, answer.status()) {
                 return Err(retry::drop_for_retry(answer, guard, i));
@@ -782,7 +785,7 @@ impl Proxy {
     ) -> ProxyResponse {
         let status = answer.status();
         fin.status = status.as_u16();
-        if let Some(c) = fin.combined.as_mut() {
+        if let Some(c) = fin.combined_mut() {
             // A compressed answer's length is not known here: `-`, as for a stream.
             let compresses = req.found.coding.is_some();
             // No body: a HEAD's answer, a 204, a 304.
@@ -839,7 +842,7 @@ impl Proxy {
     /// Records an answer of fulcrum's own and returns it.
     fn own(&self, fin: &mut Pending, backend: Option<&Backend>, r: ProxyResponse) -> ProxyResponse {
         fin.status = r.head.status.as_u16();
-        if let Some(c) = fin.combined.as_mut() {
+        if let Some(c) = fin.combined_mut() {
             c.bytes = http_body::Body::size_hint(&r.body).exact();
         }
         fin.finish(backend);

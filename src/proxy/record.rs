@@ -29,22 +29,78 @@ pub(crate) struct Finish {
     /// Status sent to the client.
     pub(crate) status: u16,
     /// From sending the request upstream until the response headers arrived.
-    pub(crate) upstream: Option<Duration>,
+    pub(crate) upstream: Option<Latency>,
     /// Retries it took (a `u16` beside [`Self::split`]: the record stays 168 bytes, and
     /// every move of it as short as before splits; `docs/performance.md`).
     pub(crate) retries: u16,
     /// Its `X-Request-Id`.
     pub(crate) id: super::request_id::RequestId,
-    /// What Apache's combined format adds, kept only when the access log uses it.
-    pub(crate) combined: Option<Box<Combined>>,
-    /// The connection's verified client certificate (the json log names its subject).
-    pub(crate) client_cert: Option<std::sync::Arc<crate::identity::ClientCert>>,
+    /// What the access log's format adds to the others, kept only for that format: one
+    /// box for either, as the record moves with every request (`docs/performance.md`,
+    /// "A hold in 256 bytes").
+    pub(crate) extra: Option<Box<Extra>>,
     /// Its route split its requests among pools: the access log names the pool taken
     /// (`docs/traffic.md`).
     pub(crate) split: bool,
     /// Its trace, when it is sampled (`docs/tracing.md`): the server span is written
     /// with the record.
     pub(crate) trace: Option<Box<crate::trace::Traced>>,
+}
+
+/// A latency in 8 bytes, nanoseconds and never zero, where an `Option<Duration>` takes
+/// 16: a record is moved with every request, inside a hold kept to 256 bytes
+/// (`docs/performance.md`, "A hold in 256 bytes").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Latency(std::num::NonZeroU64);
+
+impl Latency {
+    /// As a duration.
+    pub(crate) fn get(self) -> Duration {
+        Duration::from_nanos(self.0.get())
+    }
+}
+
+impl From<Duration> for Latency {
+    /// `d`, at least a nanosecond, at most 584 years.
+    fn from(d: Duration) -> Latency {
+        let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        Latency(std::num::NonZeroU64::new(ns).unwrap_or(std::num::NonZeroU64::MIN))
+    }
+}
+
+/// What one access log format adds to a record.
+#[derive(Debug)]
+pub(crate) enum Extra {
+    /// The combined format's fields.
+    Combined(Combined),
+    /// The connection's verified client certificate: the json format names its subject.
+    ClientCert(std::sync::Arc<crate::identity::ClientCert>),
+}
+
+impl Finish {
+    /// The combined format's fields, when the record keeps them.
+    pub(crate) fn combined_mut(&mut self) -> Option<&mut Combined> {
+        match self.extra.as_deref_mut() {
+            Some(Extra::Combined(c)) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// The combined format's fields, when the record keeps them.
+    fn combined(&self) -> Option<&Combined> {
+        match self.extra.as_deref() {
+            Some(Extra::Combined(c)) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// The verified client certificate, when the record keeps it.
+    fn client_cert(&self) -> Option<&crate::identity::ClientCert> {
+        match self.extra.as_deref() {
+            Some(Extra::ClientCert(c)) => Some(c),
+            _ => None,
+        }
+    }
 }
 
 /// The fields of a combined access log line that the others do without.
@@ -119,8 +175,7 @@ impl Pending {
             upstream: self.fin.upstream,
             retries: 0,
             id: super::request_id::RequestId::Ours([b'0'; 32]),
-            combined: None,
-            client_cert: None,
+            extra: None,
             split: false,
             trace: None,
         };
@@ -195,9 +250,18 @@ impl Recorder {
         }
     }
 
-    /// Whether records keep the combined format's fields.
-    pub(crate) fn combined(&self) -> bool {
-        self.access_log == Some(AccessFormat::Combined)
+    /// What a record keeps for the access log's format: the request's `combined`
+    /// fields, or the connection's client certificate `cert` for the json format.
+    pub(crate) fn extra(
+        &self,
+        combined: impl FnOnce() -> Combined,
+        cert: Option<&std::sync::Arc<crate::identity::ClientCert>>,
+    ) -> Option<Box<Extra>> {
+        match (self.access_log?, cert) {
+            (AccessFormat::Combined, _) => Some(Box::new(Extra::Combined(combined()))),
+            (AccessFormat::Json, Some(c)) => Some(Box::new(Extra::ClientCert(c.clone()))),
+            _ => None,
+        }
     }
 
     /// Records a finished request; `backend` is the one that served it (or failed it),
@@ -473,7 +537,7 @@ fn text_line(buf: &mut Vec<u8>, f: &Finish, said: &Said<'_>, now: u64) {
     }
     if let Some(up) = f.upstream {
         buf.extend_from_slice(b" upstream_ms=");
-        push_ms(buf, up);
+        push_ms(buf, up.get());
     }
     buf.extend_from_slice(b" total_ms=");
     push_ms(buf, total);
@@ -519,7 +583,7 @@ fn json_line(buf: &mut Vec<u8>, f: &Finish, said: &Said<'_>, now: u64) {
     }
     if let Some(up) = f.upstream {
         buf.extend_from_slice(b",\"upstream_ms\":");
-        push_ms(buf, up);
+        push_ms(buf, up.get());
     }
     buf.extend_from_slice(b",\"total_ms\":");
     push_ms(buf, total);
@@ -530,7 +594,7 @@ fn json_line(buf: &mut Vec<u8>, f: &Finish, said: &Said<'_>, now: u64) {
     buf.extend_from_slice(b",\"request_id\":\"");
     buf.extend_from_slice(f.id.as_bytes());
     buf.extend_from_slice(b"\",\"client_cert\":");
-    match &f.client_cert {
+    match f.client_cert() {
         Some(c) => push_json_str(buf, &c.subject),
         None => buf.extend_from_slice(b"null"),
     }
@@ -624,7 +688,7 @@ fn tcp_json_line(buf: &mut Vec<u8>, r: &TcpRecord<'_>, now: u64) {
 /// Apache's combined format: `CLIENT - - [TIME] "REQUEST" STATUS BYTES "REFERER"
 /// "USER-AGENT"`, the quoted values escaped as Apache escapes them.
 fn combined_line(buf: &mut Vec<u8>, f: &Finish, unix_ns: u64) {
-    let c = f.combined.as_deref();
+    let c = f.combined();
     push_ip(buf, f.client);
     buf.extend_from_slice(b" - - [");
     push_clf_time(buf, unix_ns);
@@ -707,11 +771,10 @@ mod tests {
             client: "10.0.0.7".parse().unwrap(),
             version: http::Version::HTTP_11,
             status: 502,
-            upstream: Some(Duration::from_micros(1018)),
+            upstream: Some(Latency::from(Duration::from_micros(1018))),
             retries: 1,
             id: super::super::request_id::RequestId::from_peer(b"abc-123").unwrap(),
-            combined: None,
-            client_cert: None,
+            extra: None,
             split: false,
             trace: None,
         }
@@ -786,11 +849,11 @@ mod tests {
     #[test]
     fn combined_line_reads_as_apache_writes_it() {
         let mut f = finish();
-        f.combined = Some(Box::new(Combined {
+        f.extra = Some(Box::new(Extra::Combined(Combined {
             referer: Some(http::HeaderValue::from_static("http://a.example/\"x\"")),
             user_agent: None,
             bytes: Some(2326),
-        }));
+        })));
         let mut b = Vec::new();
         access_line(&mut b, AccessFormat::Combined, &f, &said("x", 0));
         let line = String::from_utf8(b).unwrap();
