@@ -272,19 +272,21 @@ guard limited $((per_h1 + 1000))
 extra limited $((worker_limited - worker_h1)) 480 \
   "the plain request on the worker thread (target: 420)" "a rate-limited route"
 # A route with a 10 000-entry deny list, over the plain request, on the worker thread.
-# Target 100; measured 104–152 (110–128 on 2026-12-06; the worker's heartbeats, paced by
-# the clock, move a run by ±15): about 40 is the step (the peer's address searched in the
-# list's /16 index), about 75 the chain any route with a policy runs (docs/performance.md,
-# "Who may come in"); the guard holds 165.
+# Target 100; measured 78–90 on 2026-12-06 (104–152 before the chain's cell lost its
+# downcast and the hold its 24 extra bytes; the worker's heartbeats, paced by the clock,
+# move a run by ±15): about 40 is the step (the peer's address searched in the list's /16
+# index), the rest the chain any route with a policy runs (docs/performance.md, "Who may
+# come in"); the guard holds 130.
 guard access $((per_h1 + 1000))
-extra access $((worker_access - worker_h1)) 165 \
+extra access $((worker_access - worker_h1)) 130 \
   "the plain request on the worker thread (target: 100)" "a route's allow/deny list"
 # A route that checks a bearer token, with a good one remembered since the first request,
 # over the same request (the same token, whose bytes cost their reading and forwarding)
 # through the same route without the check, in the process's total (the one signature
 # check cancels out between the two runs). Target 500: measured 440–467 until 2026-12-04,
 # 461–517 on 2026-12-05 with the step's own code unchanged (the chain's and the route
-# step's inlining moved it); the guard holds 530 (docs/performance.md, "Who may come in").
+# step's inlining moved it), 437 on 2026-12-06; the guard holds 530 (docs/performance.md,
+# "Who may come in").
 guard bearer $((per_h1 + 4000))
 guard jwt $((per_bearer + 1000))
 extra jwt $((per_jwt - per_bearer)) 530 "the same request on a route without jwt (target: 500)" \
