@@ -160,7 +160,7 @@ impl Collect {
     /// The request these fields make.
     fn finish(mut self) -> Result<Request, BlockError> {
         let malformed = BlockError::Malformed;
-        let (method, uri) = self.target()?;
+        let (method, target) = self.target()?;
         match (self.authority, self.host) {
             (Some(a), Some(h)) if !self.bytes(a).eq_ignore_ascii_case(self.bytes(h)) => {
                 return Err(malformed("a Host other than :authority"))
@@ -179,7 +179,9 @@ impl Collect {
             let (vs, vl) = self.keep(&cookie);
             self.spans.push((ns, nl, vs, vl));
         }
-        let fields = ClientFields::new(Spans::new(Bytes::from(self.buf), self.spans));
+        let buf = Bytes::from(self.buf);
+        let uri = target.uri(&buf)?;
+        let fields = ClientFields::new(Spans::new(buf, self.spans));
         Ok(Request {
             method,
             uri,
@@ -192,39 +194,79 @@ impl Collect {
     /// The method and target of the pseudo-fields (RFC 9113 §8.3.1): `:method`,
     /// `:scheme` and a non-empty `:path` for every method but CONNECT, which has only an
     /// `:authority` (or, extended, all four and `:protocol`).
-    fn target(&self) -> Result<(Method, Uri), BlockError> {
+    fn target(&self) -> Result<(Method, Target), BlockError> {
         let malformed = BlockError::Malformed;
         let method = self.method.ok_or(malformed("no :method"))?;
         let method =
             Method::from_bytes(self.bytes(method)).map_err(|_| malformed("an invalid :method"))?;
-        let authority = self.authority.map(|a| self.bytes(a));
         if method == Method::CONNECT && !self.protocol {
             if self.scheme.is_some() || self.path.is_some() {
                 return Err(malformed("CONNECT with :scheme or :path"));
             }
-            let authority = authority.ok_or(malformed("CONNECT without :authority"))?;
-            let uri = Uri::try_from(authority).map_err(|_| malformed("an invalid :authority"))?;
-            return Ok((method, uri));
+            let authority = self
+                .authority
+                .ok_or(malformed("CONNECT without :authority"))?;
+            return Ok((method, Target::Authority(authority)));
         }
         if self.protocol && method != Method::CONNECT {
             return Err(malformed(":protocol on a method other than CONNECT"));
         }
         let scheme = self.scheme.ok_or(malformed("no :scheme"))?;
-        let path = self.path.map(|p| self.bytes(p)).unwrap_or_default();
-        if path.is_empty() {
-            return Err(malformed("no :path"));
-        }
-        let uri = match authority {
-            Some(a) => Uri::builder()
-                .scheme(self.bytes(scheme))
-                .authority(a)
-                .path_and_query(path)
-                .build(),
-            None => Uri::builder().path_and_query(path).build(),
+        let path = self.path.filter(|p| p.1 > 0).ok_or(malformed("no :path"))?;
+        let (authority, scheme) = match self.authority {
+            Some(a) => (Some(a), Some(scheme_of(self.bytes(scheme))?)),
+            None => (None, None),
         };
-        let uri = uri.map_err(|_| malformed("an invalid :scheme, :authority or :path"))?;
-        Ok((method, uri))
+        Ok((method, Target::Origin(scheme, authority, path)))
     }
+}
+
+/// A request's target as its pseudo-fields give it, before it is a [`Uri`].
+enum Target {
+    /// CONNECT's `:authority`.
+    Authority(Span),
+    /// `:scheme` (kept with an `:authority` only), `:authority` and `:path`.
+    Origin(Option<http::uri::Scheme>, Option<Span>, Span),
+}
+
+impl Target {
+    /// The target as a [`Uri`] whose authority and path are slices of `buf`, the
+    /// block's own buffer, rather than copies: `http`'s builder copied each into an
+    /// allocation of its own, and its steps moved the parts through one `Result` after
+    /// another (about 500 instructions a request; `docs/performance.md`, "The target
+    /// shared with its block").
+    fn uri(self, buf: &Bytes) -> Result<Uri, BlockError> {
+        let slice = |(at, len): Span| buf.slice(at as usize..(at + len) as usize);
+        match self {
+            Target::Authority(a) => Uri::from_maybe_shared(slice(a))
+                .map_err(|_| BlockError::Malformed("an invalid :authority")),
+            Target::Origin(scheme, authority, path) => {
+                let mut parts = http::uri::Parts::default();
+                parts.scheme = scheme;
+                if let Some(a) = authority {
+                    let a = http::uri::Authority::from_maybe_shared(slice(a)).map_err(invalid)?;
+                    parts.authority = Some(a);
+                }
+                let path = http::uri::PathAndQuery::from_maybe_shared(slice(path));
+                parts.path_and_query = Some(path.map_err(invalid)?);
+                Uri::from_parts(parts).map_err(invalid)
+            }
+        }
+    }
+}
+
+/// `:scheme`'s value: `http` and `https` without a parse.
+fn scheme_of(s: &[u8]) -> Result<http::uri::Scheme, BlockError> {
+    match s {
+        b"http" => Ok(http::uri::Scheme::HTTP),
+        b"https" => Ok(http::uri::Scheme::HTTPS),
+        _ => http::uri::Scheme::try_from(s).map_err(invalid),
+    }
+}
+
+/// A target that is not a URI's.
+fn invalid<E>(_: E) -> BlockError {
+    BlockError::Malformed("an invalid :scheme, :authority or :path")
 }
 
 /// The decoder of a connection's header blocks.
