@@ -575,6 +575,26 @@ mod tests {
         let mut raw = huffman_coded(b"a", 0xff);
         raw.push(0xff);
         assert_eq!(huffman(&raw, &mut out), Err(Invalid));
+        // EOS after a symbol: `a` (00011), then EOS's thirty ones, then one of padding.
+        assert_eq!(
+            huffman(&[0x1f, 0xff, 0xff, 0xff, 0xff], &mut out),
+            Err(Invalid)
+        );
+        // Seven bits of padding are taken, eight or more are not: five `a`s (00011 each)
+        // are 25 bits, padded with seven ones; a byte of ones after them makes fifteen.
+        out.clear();
+        let five = huffman_coded(b"aaaaa", 0xff);
+        assert_eq!(five.len(), 4);
+        assert_eq!(huffman(&five, &mut out), Ok(()));
+        assert_eq!(out, b"aaaaa");
+        let mut longer = five.clone();
+        longer.push(0xff);
+        assert_eq!(huffman(&longer, &mut out), Err(Invalid));
+        // `0` (00000) padded with three ones; with a byte of ones more, eleven.
+        out.clear();
+        assert_eq!(huffman(&[0x07], &mut out), Ok(()));
+        assert_eq!(out, b"0");
+        assert_eq!(huffman(&[0x07, 0xff], &mut out), Err(Invalid));
         out.clear();
         assert_eq!(huffman(&huffman_coded(b"/cost?1", 0xff), &mut out), Ok(()));
         assert_eq!(out, b"/cost?1");

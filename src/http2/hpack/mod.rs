@@ -643,7 +643,12 @@ mod tests {
 
     proptest::proptest! {
         #[test]
-        fn control_characters_are_found_eight_at_a_time(value in proptest::collection::vec(proptest::sample::select(vec![0u8, 9, 10, 31, 32, 65, 126, 127, 128, 200, 255]), 0..40)) {
+        fn control_characters_are_found_eight_at_a_time(
+            value in proptest::collection::vec(proptest::prop_oneof![
+                proptest::sample::select(vec![0u8, 9, 10, 31, 32, 65, 126, 127, 128, 200, 255]),
+                proptest::num::u8::ANY,
+            ], 0..40),
+        ) {
             let byte_by_byte = value.iter().any(|&c| (c < b' ' && c != b'\t') || c == 0x7f);
             proptest::prop_assert_eq!(has_control(&value), byte_by_byte);
         }

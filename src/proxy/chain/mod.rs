@@ -298,7 +298,8 @@ impl Chain {
     /// The chain of the route whose policies are `route`, built the first time.
     #[inline]
     pub(super) fn of(route: &RoutePolicy) -> &Chain {
-        // SAFETY: this is the cell's one reader, and it reads a `Chain`.
+        // SAFETY: this is the only call of `Kept::get_or_init` on `RoutePolicy::steps`,
+        // and it names `Chain` (a second caller must name `Chain` too).
         unsafe { route.steps.get_or_init(|| Chain::build(&route.spec)) }
     }
 
