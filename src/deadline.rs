@@ -16,7 +16,7 @@
 
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll, Waker};
 
 use tokio::time::Sleep;
 
@@ -25,11 +25,26 @@ use crate::clock::Stamp;
 /// A deadline backed by one lazily re-armed timer (see the module documentation).
 #[derive(Debug)]
 pub(crate) struct Deadline {
-    /// Armed on first use, for the stamp beside it; never later than `at`.
-    timer: Option<(Pin<Box<Sleep>>, Stamp)>,
+    /// Armed on first use; boxed with what its polls need, so that a deadline is two
+    /// words in what carries it (a response body moves with every request).
+    timer: Option<Box<Timer>>,
     /// On the request path's clock: moving the deadline reads no tokio instant, and
     /// only arming the timer converts (`Stamp::to_tokio`).
     at: Stamp,
+}
+
+/// An armed deadline's timer.
+#[derive(Debug)]
+struct Timer {
+    sleep: Pin<Box<Sleep>>,
+    /// What it is armed for: never later than the deadline.
+    armed: Stamp,
+    /// The waker it was last polled with. Polled again by the same task before it has
+    /// gone off, the timer is not polled: it holds that waker already. A poll of
+    /// tokio's timer registers the waker anew and draws on the task's budget, about 230
+    /// instructions, and a connection's deadlines are polled whenever the connection is
+    /// (`docs/performance.md`, "Timers polled only when due").
+    polled_by: Option<Waker>,
 }
 
 impl Deadline {
@@ -43,10 +58,11 @@ impl Deadline {
     #[inline]
     pub(crate) fn set(&mut self, at: Stamp) {
         self.at = at;
-        if let Some((t, armed)) = &mut self.timer {
-            if *armed > at {
-                t.as_mut().reset(at.to_tokio());
-                *armed = at;
+        if let Some(t) = &mut self.timer {
+            if t.armed > at {
+                t.sleep.as_mut().reset(at.to_tokio());
+                t.armed = at;
+                t.polled_by = None;
             }
         }
     }
@@ -54,17 +70,34 @@ impl Deadline {
     /// Ready once the deadline has passed.
     pub(crate) fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         let at = self.at;
-        let (timer, armed) = self
-            .timer
-            .get_or_insert_with(|| (Box::pin(tokio::time::sleep_until(at.to_tokio())), at));
+        let t = self.timer.get_or_insert_with(|| {
+            Box::new(Timer {
+                sleep: Box::pin(tokio::time::sleep_until(at.to_tokio())),
+                armed: at,
+                polled_by: None,
+            })
+        });
+        // Whether it went off is one load of its state, no clock read.
+        let same_task = t
+            .polled_by
+            .as_ref()
+            .is_some_and(|w| w.will_wake(cx.waker()));
+        if same_task && !t.sleep.is_elapsed() {
+            return Poll::Pending;
+        }
         loop {
-            ready!(timer.as_mut().poll(cx));
+            if t.sleep.as_mut().poll(cx).is_pending() {
+                if !same_task {
+                    t.polled_by = Some(cx.waker().clone());
+                }
+                return Poll::Pending;
+            }
             if Stamp::now() >= self.at {
                 return Poll::Ready(());
             }
             // It went off for an earlier deadline: wait on for the current one.
-            timer.as_mut().reset(self.at.to_tokio());
-            *armed = self.at;
+            t.sleep.as_mut().reset(self.at.to_tokio());
+            t.armed = self.at;
         }
     }
 

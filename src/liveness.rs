@@ -33,6 +33,9 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::watch;
 
+use crate::clock::Stamp;
+use crate::deadline::Deadline;
+
 /// How long a client connection may have no request open before it is closed
 /// gracefully, on every front end: HTTP/1.1's keep-alive, HTTP/2 and HTTP/3 alike
 /// (`docs/operations.md`, "Limits").
@@ -315,6 +318,9 @@ pub(crate) struct Watchdog {
     last: Reading,
     idle_for: Duration,
     stalled_for: Duration,
+    /// When the next look is due: a lazily re-armed timer, polled only when due
+    /// (`crate::deadline`), as the watchdog is polled whenever its connection is.
+    tick: Deadline,
 }
 
 impl Watchdog {
@@ -330,13 +336,15 @@ impl Watchdog {
             last,
             idle_for: Duration::ZERO,
             stalled_for: Duration::ZERO,
+            tick: Deadline::new(Stamp::now().after(period)),
         }
     }
 
     /// Resolves when a timeout has run out.
     pub(crate) async fn verdict(&mut self) -> Verdict {
         loop {
-            tokio::time::sleep(self.period).await;
+            self.tick.expired().await;
+            self.tick.set(Stamp::now().after(self.period));
             if let Some(v) = self.look() {
                 return v;
             }
