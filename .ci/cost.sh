@@ -285,7 +285,7 @@ extra access $((worker_access - worker_h1)) 130 \
 # through the same route without the check, in the process's total (the one signature
 # check cancels out between the two runs). Target 500: measured 440–467 until 2026-12-04,
 # 461–517 on 2026-12-05 with the step's own code unchanged (the chain's and the route
-# step's inlining moved it), 437 on 2026-12-06; the guard holds 530 (docs/performance.md,
+# step's inlining moved it), 437–494 on 2026-12-06 (three runs); the guard holds 530 (docs/performance.md,
 # "Who may come in").
 guard bearer $((per_h1 + 4000))
 guard jwt $((per_bearer + 1000))
