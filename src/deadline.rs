@@ -39,8 +39,9 @@ struct Timer {
     sleep: Pin<Box<Sleep>>,
     /// What it is armed for: never later than the deadline.
     armed: Stamp,
-    /// The waker it was last polled with. Polled again by the same task before it has
-    /// gone off, the timer is not polled: it holds that waker already. A poll of
+    /// The waker it was last polled with and kept (a poll the task's budget refused
+    /// keeps none). Polled again by the same task before it has gone off, the timer is
+    /// not polled: it holds that waker already. A poll of
     /// tokio's timer registers the waker anew and draws on the task's budget, about 230
     /// instructions, and a connection's deadlines are polled whenever the connection is
     /// (`docs/performance.md`, "Timers polled only when due").
@@ -86,12 +87,25 @@ impl Deadline {
             return Poll::Pending;
         }
         loop {
+            // A task out of budget is refused before the timer is looked at: its waker is
+            // not left with the timer then, and the next poll must poll it again.
+            let ran = tokio::task::coop::has_budget_remaining();
             if t.sleep.as_mut().poll(cx).is_pending() {
-                if !same_task {
-                    t.polled_by = Some(cx.waker().clone());
+                match ran {
+                    false => t.polled_by = None,
+                    true if !t
+                        .polled_by
+                        .as_ref()
+                        .is_some_and(|w| w.will_wake(cx.waker())) =>
+                    {
+                        t.polled_by = Some(cx.waker().clone())
+                    }
+                    true => {}
                 }
                 return Poll::Pending;
             }
+            // Gone off: the timer gave its waker away.
+            t.polled_by = None;
             if Stamp::now() >= self.at {
                 return Poll::Ready(());
             }
@@ -127,6 +141,52 @@ mod tests {
         d.set(t0.after(ms(600)));
         d.expired().await;
         assert!(Stamp::now() >= t0.after(ms(600)));
+    }
+
+    #[tokio::test]
+    async fn a_deadline_first_polled_out_of_budget_still_goes_off() {
+        // A channel with more messages than a task's budget: taking them until one is
+        // refused spends the budget within one poll.
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        for i in 0..1000 {
+            tx.send(i).ok();
+        }
+        let t0 = Stamp::now();
+        let mut d = Deadline::new(t0.after(ms(30)));
+        let mut first = true;
+        let waited = tokio::time::timeout(
+            Duration::from_secs(5),
+            poll_fn(|cx| {
+                if std::mem::take(&mut first) {
+                    while rx.poll_recv(cx).is_ready() {}
+                    // Refused for want of budget: the timer keeps no waker.
+                    assert!(d.poll_expired(cx).is_pending());
+                }
+                d.poll_expired(cx)
+            }),
+        )
+        .await;
+        assert!(waited.is_ok(), "the deadline never went off");
+        assert!(Stamp::now() >= t0.after(ms(30)));
+    }
+
+    #[tokio::test]
+    async fn a_deadline_polled_again_by_its_task_is_not_polled_until_due() {
+        let t0 = Stamp::now();
+        let mut d = Deadline::new(t0.after(ms(40)));
+        let mut polls = 0;
+        poll_fn(|cx| {
+            polls += 1;
+            // Polled over and over by the same task: each poll after the first skips
+            // the timer, and the timer still wakes the task when it goes off.
+            if polls < 50 {
+                cx.waker().wake_by_ref();
+            }
+            d.poll_expired(cx)
+        })
+        .await;
+        assert!(Stamp::now() >= t0.after(ms(40)));
+        assert!(polls >= 50, "{polls}");
     }
 
     #[tokio::test]

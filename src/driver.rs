@@ -697,10 +697,6 @@ impl ClientConn<'_> {
         }
         loop {
             tokio::select! {
-                // In order, without drawing a random start on every poll: the connection
-                // first; the others are ready rarely, and none starves for it (a ready
-                // connection ends the loop).
-                biased;
                 r = served.as_mut() => return r.map_err(Into::into),
                 v = dog.verdict() => match v {
                     Verdict::Stalled => return Err("send timeout: the client took nothing of an answer".into()),
