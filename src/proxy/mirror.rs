@@ -416,3 +416,14 @@ impl Body for Tee {
         self.inner.size_hint()
     }
 }
+
+/// An answer of fulcrum's own to the client (no backend answered), through the
+/// comparison when the request has a `watch` ([`copy`]): its status only. A backend's
+/// answer is matched on where it is, so that one not compared is not moved.
+#[inline(always)]
+pub(super) fn watched_own(watch: Option<Box<Watch>>, r: ProxyResponse) -> ProxyResponse {
+    match watch {
+        None => r,
+        Some(w) => (*w).primary(r, None),
+    }
+}

@@ -214,30 +214,7 @@ impl Proxy {
         peer: &'a Peer,
         (trusted, id): (bool, RequestId),
     ) -> impl std::future::Future<Output = ProxyResponse> + 'a {
-        let mut fin = Pending::new(
-            Finish {
-                started: Stamp::now(),
-                method: head.method.clone(),
-                path: head
-                    .uri
-                    .path_and_query()
-                    .cloned()
-                    .unwrap_or_else(|| PathAndQuery::from_static("/")),
-                client: peer.addr.ip(),
-                version: head.version,
-                status: 0,
-                upstream: None,
-                retries: 0,
-                id: id.clone(),
-                extra: (self.rec).extra(|| head.combined_fields(), peer.client_cert.as_ref()),
-                split: false,
-                trace: crate::trace::begin(
-                    || head.first_value(&request_id::TRACEPARENT),
-                    || head.first_value(&request_id::TRACESTATE),
-                ),
-            },
-            self.rec,
-        );
+        let mut fin = self.record(&head, peer, &id);
         if let (Some(first), false) = (&self.settings.plain_first, peer.tls) {
             if let Some(r) = first.answer(&head) {
                 return Either::Left(std::future::ready(self.own(&mut fin, None, r)));
@@ -286,6 +263,37 @@ impl Proxy {
                 Either::Right(self.forward(req, fin, permit, routed.policies))
             }
         }
+    }
+
+    /// The request's record, begun as it arrives: what its access log line, its span and
+    /// its counters will say (`proxy::record`). Inlined: the record is returned by value
+    /// into the request's own state.
+    #[inline(always)]
+    fn record(&self, head: &RequestHead, peer: &Peer, id: &RequestId) -> Pending {
+        Pending::new(
+            Finish {
+                started: Stamp::now(),
+                method: head.method.clone(),
+                path: head
+                    .uri
+                    .path_and_query()
+                    .cloned()
+                    .unwrap_or_else(|| PathAndQuery::from_static("/")),
+                client: peer.addr.ip(),
+                version: head.version,
+                status: 0,
+                upstream: None,
+                retries: 0,
+                id: id.clone(),
+                extra: (self.rec).extra(|| head.combined_fields(), peer.client_cert.as_ref()),
+                split: false,
+                trace: crate::trace::begin(
+                    || head.first_value(&request_id::TRACEPARENT),
+                    || head.first_value(&request_id::TRACESTATE),
+                ),
+            },
+            self.rec,
+        )
     }
 
     /// Admission: the head-size limit, the head's own rules ([`validate`]), then
@@ -379,15 +387,15 @@ impl Proxy {
                     }
                 };
                 match tried {
-                    // Two paths: an answer that is not compared is not touched.
+                    // Two paths: an answer that is not compared is not touched (moved
+                    // through no match before `on_answer`).
                     Ok(r) => {
                         return match watch {
                             None => self.on_answer(req, chain, r),
-                            Some(w) => self.on_answer(
-                                req,
-                                chain,
-                                (*w).primary(r, fin.upstream.map(|l| l.get())),
-                            ),
+                            Some(w) => {
+                                let latency = fin.upstream.map(record::Latency::get);
+                                self.on_answer(req, chain, (*w).primary(r, latency))
+                            }
                         }
                     }
                     Err(miss) => {
@@ -397,10 +405,7 @@ impl Proxy {
                     }
                 }
             }
-            match watch {
-                None => self.give_up(req, fin, tries.last),
-                Some(w) => (*w).primary(self.give_up(req, fin, tries.last), None),
-            }
+            mirror::watched_own(watch, self.give_up(req, fin, tries.last))
         }
     }
 
