@@ -299,11 +299,16 @@ async fn explain_says_why_a_backend_is_not_a_candidate_and_refuses_a_bad_questio
         r#"{"path": "no slash"}"#,
         r#"{"speed": 1}"#,
         "[1]",
+        // Whitespace to Rust but not to JSON (RFC 8259 §2): not an empty question.
+        "\x0c",
+        " \x0b ",
     ] {
         let r = admin(&c, "POST", &f.admin_url("/admin/explain"), bad).await;
         assert_eq!(r.status, 400, "{bad}: {}", r.text());
         assert!(r.json()["error"].is_string(), "{bad}");
     }
+    // JSON's own whitespace is no body at all: the default question.
+    assert_eq!(explain(&c, &f, " \r\n\t").await["backend"], 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -179,6 +179,14 @@ fn parse_body<T: DeserializeOwned>(body: &Bytes) -> ApiResult<T> {
     serde_json::from_value(v).map_err(|e| ApiError::bad(format!("invalid JSON body: {e}")))
 }
 
+/// True for a body with nothing but JSON's own whitespace (RFC 8259 §2: space, tab,
+/// LF, CR), which an endpoint with an optional body reads as "no body". A form feed or
+/// any other byte is not JSON and gets the usual 400.
+fn is_json_blank(body: &[u8]) -> bool {
+    body.iter()
+        .all(|b| matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
+}
+
 fn parse_id(raw: &str) -> ApiResult<u64> {
     raw.bytes()
         .all(|c| c.is_ascii_digit())
@@ -690,7 +698,7 @@ async fn explain(
     State(ctx): State<AdminCtx>,
     body: Bytes,
 ) -> ApiResult<Json<crate::proxy::explain::Explanation>> {
-    let q = match body.iter().all(u8::is_ascii_whitespace) {
+    let q = match is_json_blank(&body) {
         true => Default::default(),
         false => parse_body(&body)?,
     };
