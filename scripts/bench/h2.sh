@@ -9,7 +9,9 @@
 # the proxies taking turns run by run (medians printed; figures land in
 # docs/performance.md, "HTTP/2 from clients"):
 #   saturated  h2load -c 20 -m 10 -n 200000: requests/s, and the proxy's CPU-µs per
-#              request;
+#              request; and CPU 0's (h2load's and the backend's, "cpu0"): when that
+#              times the rate comes near 1 000 000 µs a second, CPU 0 was the limit and
+#              the rate no longer tells the proxies apart;
 #   rate       a fixed 5 000 requests/s (h2load -c 50 -m 1 --rps 100 -D 8): the proxy's
 #              CPU-µs per request at equal load;
 #   rss        peak RSS (VmHWM) of the proxy's processes after the runs (nginx: master
@@ -73,23 +75,33 @@ start() {
   sleep 1
 }
 
-# Runs h2load on CPU 0; prints "succeeded req/s".
+# Seconds of CPU the shell's waited-for children used, from `times` saved in file $1.
+children_s() { awk 'NR == 2 { s = 0; for (i = 1; i <= 2; i++) { split($i, t, "m"); s += t[1] * 60 + t[2] } print s }' "$1"; }
+# Runs h2load on CPU 0; prints "succeeded req/s cpu0": the last, in clock ticks, the CPU time
+# spent on CPU 0 — h2load's own and the backend's. When it is about the run's length, CPU 0
+# was the limit, not the proxy.
 load() {
+  local b0 b1 ok rps
+  b0=$(cpu "$backend_pid")
+  times >"$work/times.0" # a builtin: no fork, so h2load is the only child in between
   taskset -c 0 h2load "$@" >"$work/h2load.out" 2>&1 || true
-  local ok rps
+  times >"$work/times.1"
+  b1=$(cpu "$backend_pid")
   ok=$(awk '/^requests:/ {print $8}' "$work/h2load.out")
   rps=$(awk '/^finished in/ {print $4}' "$work/h2load.out")
-  echo "${ok:-0} ${rps:-0}"
+  awk -v a="$(children_s "$work/times.0")" -v b="$(children_s "$work/times.1")" -v hz="$hz" \
+    -v bt=$((b1 - b0)) -v n="${ok:-0}" -v r="${rps:-0}" \
+    'BEGIN { printf "%d %s %.0f\n", n, r, (b - a) * hz + bt }'
 }
-# CPU-µs per request of `pid` over one h2load run; prints "µs/req req/s".
+# CPU-µs per request of `pid` over one h2load run; prints "µs/req req/s cpu0-µs/req".
 measure() {
   local pid=$1; shift
-  local before ticks ok rps
+  local before ticks ok rps cpu0
   before=$(cpu "$pid")
-  read -r ok rps < <(load "$@")
+  read -r ok rps cpu0 < <(load "$@")
   ticks=$(( $(cpu "$pid") - before ))
-  awk -v t="$ticks" -v hz="$hz" -v n="$ok" -v r="$rps" \
-    'BEGIN { if (n == 0) { print "nan", 0 } else { printf "%.1f %.0f\n", t / hz * 1e6 / n, r } }'
+  awk -v t="$ticks" -v c="$cpu0" -v hz="$hz" -v n="$ok" -v r="$rps" \
+    'BEGIN { if (n == 0) { print "nan", 0, "nan" } else { printf "%.1f %.0f %.1f\n", t / hz * 1e6 / n, r, c / hz * 1e6 / n } }'
 }
 median() { sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 
@@ -98,11 +110,11 @@ for mode in $modes; do
   start "$mode"
   scheme=http; [ "$mode" = tls ] && scheme=https
   echo "== h2 $mode: median of $runs (saturated: -c 20 -m 10 -n $total; rate: 5000 req/s for ${seconds}s)"
-  printf '%-8s %12s %12s %12s %10s\n' proxy "sat req/s" "sat µs/req" "rate µs/req" "rss MiB"
+  printf '%-8s %12s %12s %12s %12s %10s\n' proxy "sat req/s" "sat µs/req" "cpu0 µs/req" "rate µs/req" "rss MiB"
   for name in fulcrum nginx haproxy; do
     port=${!name}
     load -c 20 -m 10 -n 20000 "$scheme://127.0.0.1:$port/" >/dev/null # warm up
-    : >"$work/$name.sat_rps"; : >"$work/$name.sat_us"; : >"$work/$name.rate_us"
+    : >"$work/$name.sat_rps"; : >"$work/$name.sat_us"; : >"$work/$name.cpu0_us"; : >"$work/$name.rate_us"
   done
   # The proxies take turns, run by run: this machine's speed drifts by more than the
   # proxies differ over a few minutes, and a drift then touches all three alike.
@@ -110,8 +122,9 @@ for mode in $modes; do
     for name in fulcrum nginx haproxy; do
       port=${!name} pid_var=${name}_pid; pid=${!pid_var}
       url="$scheme://127.0.0.1:$port/"
-      read -r us rps < <(measure "$pid" -c 20 -m 10 -n "$total" "$url")
+      read -r us rps cpu0 < <(measure "$pid" -c 20 -m 10 -n "$total" "$url")
       echo "$rps" >>"$work/$name.sat_rps"; echo "$us" >>"$work/$name.sat_us"
+      echo "$cpu0" >>"$work/$name.cpu0_us"
       read -r us _ < <(measure "$pid" -c 50 -m 1 --rps 100 -D "$seconds" "$url")
       echo "$us" >>"$work/$name.rate_us"
     done
@@ -119,9 +132,9 @@ for mode in $modes; do
   for name in fulcrum nginx haproxy; do
     pid_var=${name}_pid; pid=${!pid_var}
     mib=$(awk -v k="$(rss "$pid")" 'BEGIN { printf "%.1f", k / 1024 }')
-    printf '%-8s %12s %12s %12s %10s   (runs: %s | %s | %s)\n' "$name" \
+    printf '%-8s %12s %12s %12s %12s %10s   (runs: %s | %s | %s)\n' "$name" \
       "$(median <"$work/$name.sat_rps")" "$(median <"$work/$name.sat_us")" \
-      "$(median <"$work/$name.rate_us")" "$mib" "$(paste -sd, "$work/$name.sat_rps")" \
+      "$(median <"$work/$name.cpu0_us")" "$(median <"$work/$name.rate_us")" "$mib" "$(paste -sd, "$work/$name.sat_rps")" \
       "$(paste -sd, "$work/$name.sat_us")" "$(paste -sd, "$work/$name.rate_us")"
   done
   kill "$fulcrum_pid" "$nginx_pid" "$haproxy_pid" 2>/dev/null || true
