@@ -212,6 +212,10 @@ async fn round_trip(mut send: h2::client::SendRequest<Bytes>, seed: u64, authori
             .count(),
         c.pad / 1000
     );
+    // The request's id, on the answer as on the request the backend saw.
+    let id = h["x-request-id"].to_str().unwrap();
+    assert_eq!(id.len(), 32, "case {seed}: {id}");
+    assert_eq!(h["x-echo-request-id"], id, "case {seed}");
     let mut got = Vec::new();
     let mut recv = answer.into_body();
     while let Some(data) = recv.data().await {

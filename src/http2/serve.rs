@@ -22,6 +22,7 @@ use super::conn::{Conn, Incoming, MAX_FRAME};
 use super::frame::{Head, HEAD_LEN};
 use super::{hpack, Reason};
 use crate::liveness::{Activity, Opened, Watched};
+use crate::proxy::request_id::RequestId;
 use crate::proxy::{ClientBody, Peer, Proxy, ProxyResponse, RequestFields, RequestHead, RespBody};
 
 /// The client connection preface (RFC 9113 §3.4).
@@ -76,6 +77,8 @@ impl Wake for Flag {
 enum Phase<F> {
     Answering {
         future: Pin<Box<F>>,
+        /// The request's id, for the answer's head.
+        id: Option<RequestId>,
         head_only: bool,
         /// The stream's place in the connection's activity, moved to the body.
         opened: Option<Opened>,
@@ -103,9 +106,11 @@ enum Left {
     Done,
 }
 
-/// What serves a connection: `M` makes a request's answer future `F`.
+/// What serves a connection: `M` begins a request, making its answer future `F`
+/// ([`Proxy::begin`]).
 struct Server<'a, T, M, F> {
     io: T,
+    peer: &'a Peer,
     conn: Conn<Task<F>>,
     make: M,
     /// The boxes of answer futures that finished, taken again by the next requests
@@ -146,7 +151,8 @@ where
     let mut s = Server {
         io: conn.io,
         conn: Conn::new(crate::proxy::MAX_HEADER_BYTES),
-        make: move |head, body| proxy.answer_head(head, body, None, peer),
+        peer,
+        make: move |head, body, id: &mut _| proxy.begin(head, body, None, peer, id),
         reusable: Vec::new(),
         started: 0,
         read: BytesMut::with_capacity(2 * (MAX_FRAME + HEAD_LEN)),
@@ -169,7 +175,7 @@ where
 impl<'a, T, M, F> Server<'a, T, M, F>
 where
     T: AsyncRead + AsyncWrite + Unpin,
-    M: Fn(RequestHead, Option<ClientBody>) -> F,
+    M: Fn(RequestHead, Option<ClientBody>, &mut Option<RequestId>) -> F,
     F: Future<Output = ProxyResponse>,
 {
     /// Reads and acts on what came, runs the streams that can go on, writes what they
@@ -287,7 +293,8 @@ where
             fields: RequestFields::Spans(request.fields),
         };
         let body = body.map(ClientBody::stream);
-        let fresh = (self.make)(head, body);
+        let mut id = None;
+        let fresh = (self.make)(head, body, &mut id);
         self.started += 1;
         let future = match self.reusable.pop() {
             Some(mut reused) => {
@@ -305,6 +312,7 @@ where
             flag,
             phase: Phase::Answering {
                 future,
+                id,
                 head_only,
                 opened: Some(self.activity.open()),
             },
@@ -354,11 +362,17 @@ where
             let sent = match &mut task.phase {
                 Phase::Answering {
                     future,
+                    id: request_id,
                     head_only,
                     opened,
                 } => match future.as_mut().poll(&mut cx) {
                     Poll::Pending => return Left::Waiting,
-                    Poll::Ready(answer) => {
+                    Poll::Ready(mut answer) => {
+                        if let Some(request_id) = request_id.take() {
+                            answer
+                                .head
+                                .stamp(request_id, self.peer, http::Version::HTTP_2);
+                        }
                         match self.send_head(id, answer, *head_only, opened.take()) {
                             Some(phase) => {
                                 let answered = std::mem::replace(&mut task.phase, phase);
