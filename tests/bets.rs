@@ -299,7 +299,8 @@ async fn explain_says_why_a_backend_is_not_a_candidate_and_refuses_a_bad_questio
         r#"{"path": "no slash"}"#,
         r#"{"speed": 1}"#,
         "[1]",
-        // Whitespace to Rust but not to JSON (RFC 8259 §2): not an empty question.
+        // A form feed (whitespace to `u8::is_ascii_whitespace`) and a vertical tab are
+        // not JSON's whitespace (RFC 8259 §2): not an empty question.
         "\x0c",
         " \x0b ",
     ] {

@@ -212,7 +212,8 @@ async fn round_trip(mut send: h2::client::SendRequest<Bytes>, seed: u64, authori
             .count(),
         c.pad / 1000
     );
-    // The request's id, on the answer as on the request the backend saw.
+    // The request's id, once, on the answer as on the request the backend saw.
+    assert_eq!(h.get_all("x-request-id").iter().count(), 1, "case {seed}");
     let id = h["x-request-id"].to_str().unwrap();
     assert_eq!(id.len(), 32, "case {seed}: {id}");
     assert_eq!(h["x-echo-request-id"], id, "case {seed}");
@@ -246,6 +247,33 @@ async fn requests_and_answers_cross_the_codec_as_the_h2_client_sent_them() {
     for call in calls {
         call.await.unwrap();
     }
+}
+
+/// An answer fulcrum makes itself (no backend takes the request: 502) carries the
+/// request id too, once, over HTTP/2 as over HTTP/1.1; a client's own `X-Request-Id` is
+/// not taken from an untrusted peer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_fulcrum_makes_itself_carries_one_request_id() {
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    let f = Fulcrum::start(&["--backend", &dead, "--health-interval", "60s"]);
+    let mut send = h2_client(f.proxy).await;
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let r = http::Request::builder()
+            .uri("http://a.test/x")
+            .header("x-request-id", "mine")
+            .body(())
+            .unwrap();
+        let (answer, _) = send.send_request(r, true).unwrap();
+        let answer = answer.await.unwrap();
+        assert_eq!(answer.status(), 502);
+        let ids: Vec<_> = answer.headers().get_all("x-request-id").iter().collect();
+        assert_eq!(ids.len(), 1, "{ids:?}");
+        assert_eq!(ids[0].len(), 32, "{ids:?}");
+        seen.push(ids[0].clone());
+        send = send.ready().await.unwrap();
+    }
+    assert_ne!(seen[0], seen[1], "each request its own id");
 }
 
 /// 128 MiB up and 128 MiB down through one stream each (128 windows' worth; a

@@ -19,6 +19,7 @@
 # CPU time is read from /proc/PID/stat (utime + stime) before and after each run.
 # Tools: Debian's nginx, haproxy, nghttp2-client (h2load) and openssl.
 set -euo pipefail
+export LC_ALL=C # `times` and awk read and write a decimal point
 cd "$(dirname "$0")/../.."
 bin=${FULCRUM_BIN:-target/release/fulcrum}
 runs=3 total=200000 seconds=8
