@@ -296,7 +296,7 @@ guard access $((per_h1 + 1000))
 extra access $((worker_access - worker_h1)) 130 \
   "the plain request on the worker thread (target: 100)" "a route's allow/deny list"
 # The same in fulcrum's own functions only, which the clock-paced work does not move:
-# 98–100 in each of eight runs on 2026-12-06 (two builds) while the figure above read
+# 97–100 in each of nine runs on 2026-12-06 (three builds) while the figure above read
 # 88–116 (docs/performance.md, "Who may come in"); target 100, guard 110.
 extra access $(own_extra access) 110 \
   "the plain request in fulcrum's own functions (target: 100)" "a route's allow/deny list"

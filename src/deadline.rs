@@ -90,18 +90,10 @@ impl Deadline {
             // A task out of budget is refused before the timer is looked at: its waker is
             // not left with the timer then, and the next poll must poll it again.
             let ran = tokio::task::coop::has_budget_remaining();
+            // Pending here means another task's waker, or none, was kept (the same
+            // task's returned above): keep this one, when the poll ran.
             if t.sleep.as_mut().poll(cx).is_pending() {
-                match ran {
-                    false => t.polled_by = None,
-                    true if !t
-                        .polled_by
-                        .as_ref()
-                        .is_some_and(|w| w.will_wake(cx.waker())) =>
-                    {
-                        t.polled_by = Some(cx.waker().clone())
-                    }
-                    true => {}
-                }
+                t.polled_by = ran.then(|| cx.waker().clone());
                 return Poll::Pending;
             }
             // Gone off: the timer gave its waker away.
