@@ -302,14 +302,17 @@ extra access $(own_extra access) 110 \
   "the plain request in fulcrum's own functions (target: 100)" "a route's allow/deny list"
 # A route that checks a bearer token, with a good one remembered since the first request,
 # over the same request (the same token, whose bytes cost their reading and forwarding)
-# through the same route without the check, in the process's total (the one signature
-# check cancels out between the two runs). Target 500: measured 440–467 until 2026-12-04,
-# 461–517 on 2026-12-05 with the step's own code unchanged (the chain's and the route
-# step's inlining moved it), 437–494 on 2026-12-06 (three runs); the guard holds 530 (docs/performance.md,
-# "Who may come in").
+# through the same route without the check, on the worker thread like the other routes'
+# extras (the one signature check, on the first request, cancels out between the two
+# runs). Target 500. The process's total read 437–571 with the step's code unchanged (the
+# other threads' clock-paced work moves it by about ±60: 542 failed CI on 2026-12-06),
+# while the worker thread read 447–481; with the remembered path made one function,
+# 390–398 (docs/performance.md, "Who may come in"). The guard holds 470, the total only
+# its budget.
 guard bearer $((per_h1 + 4000))
 guard jwt $((per_bearer + 1000))
-extra jwt $((per_jwt - per_bearer)) 530 "the same request on a route without jwt (target: 500)" \
+extra jwt $((worker_jwt - worker_bearer)) 470 \
+  "the same request on a route without jwt, on the worker thread (target: 500)" \
   "a remembered bearer token"
 # A route split between two pools, over the plain request, on the worker thread: target
 # and guard 150, measured 108–128 (the side's pick about 40, the pool its access log line

@@ -140,12 +140,18 @@ impl JwtStep {
         cx.route.jwks.as_ref()?.keys()
     }
 
-    /// The request's token, looked up among those remembered at `now`.
+    /// The request's token, looked up among those remembered at `now`. Inlined, with
+    /// [`Self::lookup`], into the step: a remembered token's path is then one function's
+    /// straight line (`docs/performance.md`, "Who may come in").
+    #[inline(always)]
     fn seen(&self, head: &RequestHead, keys: &Arc<KeySet>, now: Stamp) -> Seen {
         let mut seen = match head.sole_value(&header::AUTHORIZATION) {
             // Two sets of credentials: which would the backend read? Neither is taken.
             Some((_, true)) => return Seen::New(String::new()),
-            Some((v, false)) => bearer(v).map_or(Seen::Missing, |t| self.lookup(t, keys, now)),
+            Some((v, false)) => match bearer(v) {
+                Some(t) => self.lookup(t, keys, now),
+                None => Seen::Missing,
+            },
             None => Seen::Missing,
         };
         if let (Seen::Missing, Some(name)) = (&seen, &self.spec.token_cookie) {
@@ -185,6 +191,7 @@ impl JwtStep {
         found.filter(|t| !t.is_empty())
     }
 
+    #[inline(always)]
     fn lookup(&self, token: &[u8], keys: &Arc<KeySet>, now: Stamp) -> Seen {
         if token.is_empty() {
             return Seen::Missing;
@@ -196,11 +203,7 @@ impl JwtStep {
             }
         }
         drop(cache);
-        match std::str::from_utf8(token) {
-            Ok(t) => Seen::New(t.to_string()),
-            // Not even text: it cannot be a JWS.
-            Err(_) => Seen::New(String::new()),
-        }
+        unknown(token)
     }
 
     /// Verifies `token`; remembers it when it is good.
@@ -280,6 +283,17 @@ impl JwtStep {
                 }
             }
         })
+    }
+}
+
+/// A token not remembered, to verify (out of line: the remembered path stays short).
+#[cold]
+#[inline(never)]
+fn unknown(token: &[u8]) -> Seen {
+    match std::str::from_utf8(token) {
+        Ok(t) => Seen::New(t.to_string()),
+        // Not even text: it cannot be a JWS.
+        Err(_) => Seen::New(String::new()),
     }
 }
 
