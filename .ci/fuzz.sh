@@ -28,6 +28,10 @@ fuzz_one() {
 # core, so each target still gets its whole time while the run takes a lane's share.
 lanes=$(nproc)
 mapfile -t targets < <(cargo fuzz list)
+if [ "${#targets[@]}" -eq 0 ]; then
+    echo "fuzz: cargo fuzz list named no target" >&2
+    exit 1
+fi
 pids=()
 for ((lane = 0; lane < lanes; lane++)); do
     (

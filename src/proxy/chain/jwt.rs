@@ -191,6 +191,7 @@ impl JwtStep {
         found.filter(|t| !t.is_empty())
     }
 
+    /// `token` among those remembered at `now` with `keys`; one not found is to verify.
     #[inline(always)]
     fn lookup(&self, token: &[u8], keys: &Arc<KeySet>, now: Stamp) -> Seen {
         if token.is_empty() {
