@@ -199,7 +199,9 @@ async fn a_routes_long_lists_judge_an_untrusted_peer_by_its_own_address() {
          [[routes]]\npool = \"web\"\npath_prefix = \"/shut\"\ndeny = [{list}, \"127.0.0.0/31\"]\n\
          [[routes]]\npool = \"web\"\npath_prefix = \"/near\"\ndeny = [{list}, \"126.255.255.255\", \"127.0.0.2\"]\n\
          [[routes]]\npool = \"web\"\npath_prefix = \"/only\"\nallow = [{list}]\n\
-         [[routes]]\npool = \"web\"\npath_prefix = \"/mine\"\nallow = [{list}, \"127.0.0.1\"]\n",
+         [[routes]]\npool = \"web\"\npath_prefix = \"/mine\"\nallow = [{list}, \"127.0.0.1\"]\n\
+         [[routes]]\npool = \"web\"\npath_prefix = \"/metered\"\nallow = [{list}, \"127.0.0.1\"]\n\
+         rate_limit = {{ rate = 1, per = \"1h\" }}\n",
         a.url()
     );
     let f = start_with("long", &text);
@@ -215,9 +217,14 @@ async fn a_routes_long_lists_judge_an_untrusted_peer_by_its_own_address() {
         let answer = exchange(f.proxy, &get_line(path, forged)).unwrap();
         assert_eq!(status_of(&answer), want, "{path}: {answer}");
     }
+    // A client the list lets by still meets the route's next step: its rate limit.
+    for want in [200, 429] {
+        let answer = exchange(f.proxy, &get_line("/metered", "")).unwrap();
+        assert_eq!(status_of(&answer), want, "/metered: {answer}");
+    }
     assert_eq!(
         a.requests() - before,
-        2,
+        3,
         "no refused request reached the backend"
     );
     assert_eq!(denied(&f, "route").await, 2);

@@ -450,7 +450,12 @@ impl Proxy {
             None => (None, None),
             Some(route) => {
                 let chain = Chain::of(route);
-                match chain.run(0, &mut self.before_cx(req, route, now)) {
+                let from = chain.first_to_run(req.peer, req.peer_trusted);
+                let ran = match from == chain.len() {
+                    true => Ran::Done,
+                    false => chain.run(from, &mut self.before_cx(req, route, now)),
+                };
+                match ran {
                     Ran::Done => (Some(chain), None),
                     Ran::Answer(r, step) => return Before::Refused(r, step),
                     Ran::Wait(next, wait) => (Some(chain), Some((route, next, wait))),

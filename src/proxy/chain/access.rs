@@ -6,13 +6,15 @@
 
 use http::StatusCode;
 
-use super::{Before, Explain, Next, Step};
+use std::sync::Arc;
+
+use super::{Before, Explain, Gate, Next, Step};
 use crate::config::policy::Policies;
 use crate::ipset::Admission;
 use crate::proxy::answer::ProxyResponse;
 
 #[derive(Debug)]
-struct Access(Admission);
+struct Access(Arc<Admission>);
 
 impl Access {
     /// Whether the client (any address, `trusted_proxies` honoured) may come in.
@@ -27,7 +29,7 @@ pub(super) fn build(p: &Policies) -> Option<Box<dyn Step>> {
         deny: p.deny.clone().unwrap_or_default(),
         allow: p.allow.clone().unwrap_or_default(),
     };
-    (!access.is_open()).then(|| Box::new(Access(access)) as Box<dyn Step>)
+    (!access.is_open()).then(|| Box::new(Access(Arc::new(access))) as Box<dyn Step>)
 }
 
 impl Step for Access {
@@ -55,6 +57,10 @@ impl Step for Access {
                 "route {index} does not let client {ip} in (allow/deny): 403"
             )),
         }
+    }
+
+    fn gate(&self) -> Option<Gate> {
+        Some(Gate(Arc::clone(&self.0)))
     }
 }
 

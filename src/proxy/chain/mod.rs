@@ -132,6 +132,31 @@ pub(super) trait Step: Send + Sync + std::fmt::Debug {
     fn explain(&self, _cx: &Explain<'_>) -> Option<String> {
         None
     }
+
+    /// The addresses the step lets by when it decides by the client's address alone
+    /// (allow/deny): as a chain's first step, it is asked through this [`Gate`] before
+    /// the request's context is built (`docs/performance.md`, "Who may come in").
+    fn gate(&self) -> Option<Gate> {
+        None
+    }
+}
+
+/// A first step that lets an untrusted IPv4 peer by on its address alone: the chain
+/// skips the step for a client it admits, and asks the step's `before` (which refuses,
+/// counts and answers) for every other one. A request on a route whose chain is only
+/// this pays for a lookup in the list, not for the context the steps see.
+#[derive(Debug, Clone)]
+pub(super) struct Gate(pub(super) std::sync::Arc<crate::ipset::Admission>);
+
+impl Gate {
+    /// Whether the peer (untrusted, IPv4) is surely admitted.
+    #[inline(always)]
+    fn passes(&self, peer: &Peer, trusted: bool) -> bool {
+        match (trusted, peer.addr) {
+            (false, SocketAddr::V4(a)) => self.0.admits_v4(u32::from(*a.ip())),
+            _ => false,
+        }
+    }
 }
 
 /// What the steps found about a request that its answer needs.
@@ -290,6 +315,8 @@ pub(super) struct Explain<'a> {
 #[derive(Debug)]
 pub(super) struct Chain {
     steps: Vec<Box<dyn Step>>,
+    /// The first step's [`Gate`], when it has one.
+    gate: Option<Gate>,
     edits_request: bool,
     edits_answer: bool,
 }
@@ -306,6 +333,7 @@ impl Chain {
     fn build(spec: &Policies) -> Chain {
         let steps: Vec<Box<dyn Step>> = STEPS.iter().filter_map(|build| build(spec)).collect();
         Chain {
+            gate: steps.first().and_then(|s| s.gate()),
             edits_request: steps.iter().any(|s| s.edits_request()),
             edits_answer: steps.iter().any(|s| s.edits_answer()),
             steps,
@@ -315,6 +343,22 @@ impl Chain {
     /// The name of step `i`.
     pub(super) fn step_name(&self, i: usize) -> Option<&'static str> {
         self.steps.get(i).map(|s| s.name())
+    }
+
+    /// The first step whose `before` is to run: past the first when its [`Gate`] lets the
+    /// peer by. When it is the chain's length, the request goes on with no step run.
+    #[inline(always)]
+    pub(super) fn first_to_run(&self, peer: &Peer, trusted: bool) -> usize {
+        match &self.gate {
+            Some(g) if g.passes(peer, trusted) => 1,
+            _ => 0,
+        }
+    }
+
+    /// The number of steps.
+    #[inline(always)]
+    pub(super) fn len(&self) -> usize {
+        self.steps.len()
     }
 
     /// Runs the steps' `before` in order from the step `from` on, up to the first that
@@ -372,5 +416,45 @@ impl Chain {
     /// goes on to the pool.
     pub(super) fn explain(&self, cx: &Explain<'_>) -> Option<(&'static str, String)> {
         (self.steps.iter()).find_map(|s| Some((s.name(), s.explain(cx)?)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn chain(keys: serde_json::Value) -> Chain {
+        let mut p = Policies::default();
+        for (k, v) in keys.as_object().unwrap() {
+            p.set(k, v).unwrap();
+        }
+        Chain::build(&p)
+    }
+
+    fn peer(addr: &str) -> Peer {
+        let local = "127.0.0.1:80".parse().unwrap();
+        Peer::new(addr.parse().unwrap(), local, false, -1)
+    }
+
+    #[test]
+    fn the_gate_lets_an_admitted_untrusted_ipv4_peer_past_the_first_step_only() {
+        let c = chain(json!({"deny": ["192.0.2.0/24"], "rate_limit": {"rate": 1, "per": "1s"}}));
+        assert_eq!(c.len(), 2);
+        assert_eq!(c.first_to_run(&peer("198.51.100.1:9"), false), 1);
+        // Denied, trusted (its forwarding fields decide) or IPv6: the step itself asks.
+        assert_eq!(c.first_to_run(&peer("192.0.2.7:9"), false), 0);
+        assert_eq!(c.first_to_run(&peer("198.51.100.1:9"), true), 0);
+        assert_eq!(c.first_to_run(&peer("[2001:db8::1]:9"), false), 0);
+    }
+
+    #[test]
+    fn only_a_first_step_is_a_gate() {
+        let redirect =
+            json!({"redirect": {"to": "https://example.com{path}"}, "deny": ["192.0.2.0/24"]});
+        let c = chain(redirect);
+        assert_eq!(c.first_to_run(&peer("198.51.100.1:9"), false), 0);
+        let open = chain(json!({"rate_limit": {"rate": 1, "per": "1s"}}));
+        assert_eq!(open.first_to_run(&peer("198.51.100.1:9"), false), 0);
     }
 }
