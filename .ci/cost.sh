@@ -345,7 +345,14 @@ extra trace0 h1 100 150 "" "tracing with sample = 0"
 guard trace1 $((per_h1 + 45000))
 extra trace1 h1 2300 2400 3000 "tracing every request"
 echo "cost guard (trace1): $((per_trace1 - per_h1)) instructions over the plain request in the process's total (the exporter's thread included)"
-# The access log to a file rather than stderr: at most 1 % more.
-guard file $((per_h1 + per_h1 / 100))
-echo "cost guard (file): $((per_file - per_h1)) instructions over the access log on stderr (guard: 1 %)"
+# The access log to a file rather than stderr: at most 1 % more on the worker thread,
+# which writes the lines (a batch at a time, from its heartbeat). The process's total
+# moved this comparison by up to +185 on CI (the other threads' clock-paced work), where
+# the worker thread moves it by tens.
+guard file $((per_h1 + 1000))
+echo "cost guard (file): $((worker_file - worker_h1)) instructions over the access log on stderr on the worker thread (guard: 1 %)"
+if [ $((worker_file - worker_h1)) -gt $((worker_h1 / 100)) ]; then
+  echo "cost guard (file): over its guard: the access log to a file got more expensive" >&2
+  status=1
+fi
 exit $status
