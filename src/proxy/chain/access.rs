@@ -4,9 +4,9 @@
 //! `403 forbidden`, counted, and nothing reaches a backend. First of the steps after a
 //! redirect: a refused client costs nothing more.
 
-use http::StatusCode;
-
 use std::sync::Arc;
+
+use http::StatusCode;
 
 use super::{Before, Explain, Gate, Next, Step};
 use crate::config::policy::Policies;

@@ -145,7 +145,7 @@ pub(super) trait Step: Send + Sync + std::fmt::Debug {
 /// skips the step for a client it admits, and asks the step's `before` (which refuses,
 /// counts and answers) for every other one. A request on a route whose chain is only
 /// this pays for a lookup in the list, not for the context the steps see.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(super) struct Gate(pub(super) std::sync::Arc<crate::ipset::Admission>);
 
 impl Gate {
