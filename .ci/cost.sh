@@ -295,14 +295,14 @@ extra() {
     status=1
   fi
 }
-# A rate-limited route: target 420 over the plain request; measured 419–429 since the
-# policy chain's gate (438–455 with the one finisher of the answer's head, 272–294 before
-# the chain; docs/performance.md, "Route policies"). The total only has to stay within
+# A rate-limited route: target 420 over the plain request; measured 414–427 in the
+# connection's task on 2026-12-06 (438–455 on the worker thread with the one finisher of
+# the answer's head, 272–294 before the chain; docs/performance.md, "Route policies"). The total only has to stay within
 # sight of the plain request's.
 guard limited $((per_h1 + 1000))
 extra limited h1 480 540 420 "a rate-limited route"
 # A route with a 10 000-entry deny list, over the plain request: target 100; measured
-# 56–59 since the chain asks the list as its gate, before the steps' context is built
+# 50–68 since the chain asks the list as its gate, before the steps' context is built
 # (97–104 before it): about 25 the lookup in the list's /16 index, the rest the route's
 # chain found and its answer's hooks skipped (docs/performance.md, "Who may come in").
 guard access $((per_h1 + 1000))

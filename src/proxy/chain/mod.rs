@@ -152,10 +152,7 @@ impl Gate {
     /// Whether the peer (untrusted, IPv4) is surely admitted.
     #[inline(always)]
     fn passes(&self, peer: &Peer, trusted: bool) -> bool {
-        match (trusted, peer.addr) {
-            (false, SocketAddr::V4(a)) => self.0.admits_v4(u32::from(*a.ip())),
-            _ => false,
-        }
+        untrusted_v4(peer, trusted).is_some_and(|x| self.0.admits_v4(x))
     }
 }
 
@@ -237,10 +234,7 @@ impl Before<'_> {
     /// and matched on again (`docs/performance.md`, "Who may come in").
     #[inline(always)]
     pub(super) fn peer_v4(&self) -> Option<u32> {
-        match (self.peer_trusted, self.peer.addr) {
-            (false, SocketAddr::V4(a)) => Some(u32::from(*a.ip())),
-            _ => None,
-        }
+        untrusted_v4(self.peer, self.peer_trusted)
     }
 
     /// The client's IP as a trusted peer's forwarding fields give it, kept.
@@ -255,6 +249,15 @@ impl Before<'_> {
         };
         self.found.client_ip = Some(ip);
         ip
+    }
+}
+
+/// The peer's IPv4 address as a number when the peer is the client (not a trusted proxy).
+#[inline(always)]
+fn untrusted_v4(peer: &Peer, trusted: bool) -> Option<u32> {
+    match (trusted, peer.addr) {
+        (false, SocketAddr::V4(a)) => Some(u32::from(*a.ip())),
+        _ => None,
     }
 }
 
